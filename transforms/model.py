@@ -1,0 +1,148 @@
+"""Frozen values passed between the pipeline's stages.
+
+Stream source ──ChangeRecord / ShardClosed──▶ mapping ──MappedChange / ShardClosed──▶
+Bigtable sink ──DeadLetter──▶ (dead-letter output, also stored durably)
+
+Timestamps are integer milliseconds since the Unix epoch everywhere: Bigtable's
+emulator and service accept only whole-millisecond cell timestamps, and keeping
+them integral from the start means no rounding can ever differ between a write
+and its replay.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Union
+
+AttributeValue = Mapping[str, Any]  # boto3 low-level form: {"S": "x"}, {"N": "1"}, {"B": b"..."}
+Item = Mapping[str, AttributeValue]
+
+INSERT = "INSERT"
+MODIFY = "MODIFY"
+REMOVE = "REMOVE"
+EVENT_NAMES = (INSERT, MODIFY, REMOVE)
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_ONE_MS = _dt.timedelta(milliseconds=1)
+
+
+def datetime_to_ms(value: Any) -> int:
+    """Whole milliseconds since the epoch, rounded down, from what boto3 gives for
+    ``ApproximateCreationDateTime`` (a datetime; numbers are taken as seconds)."""
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return (value - _EPOCH) // _ONE_MS  # integer arithmetic: no float rounding
+    if isinstance(value, (int, float)):
+        return int(value * 1000)
+    raise TypeError(f"not a timestamp: {type(value).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPosition:
+    """Where a record sits in a DynamoDB stream. Sequence numbers are decimal
+    strings of up to 40 digits; they only grow within a shard."""
+
+    stream_arn: str
+    shard_id: str
+    sequence_number: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRecord:
+    """One DynamoDB change, as read from a stream (or synthesised by a backfill).
+
+    ``change_ms`` is the cell timestamp the change is written with (contract §1):
+    the record's ApproximateCreationDateTime for stream records, the handoff time
+    minus one millisecond for backfill records.
+    """
+
+    event_name: str
+    keys: Item
+    new_image: Optional[Item]
+    old_image: Optional[Item]
+    change_ms: int
+    position: Optional[StreamPosition] = None
+    event_id: str = ""
+    # True for TTL expiries (userIdentity principal dynamodb.amazonaws.com).
+    is_ttl_delete: bool = False
+    size_bytes: int = 0
+
+    @property
+    def item(self) -> Optional[Item]:
+        """The image describing the item for key and rule purposes."""
+        return self.new_image if self.new_image is not None else self.old_image
+
+
+@dataclass(frozen=True, slots=True)
+class SetCell:
+    family: str
+    qualifier: bytes
+    value: bytes
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteCells:
+    """Delete every version of one column in ``[start_ms, end_ms)``: time-bounded,
+    so a replay can never erase data newer than the change that caused it."""
+
+    family: str
+    qualifier: bytes
+    start_ms: int
+    end_ms: int
+
+
+Mutation = Union[SetCell, DeleteCells]
+
+
+@dataclass(frozen=True, slots=True)
+class RowChange:
+    """The effect of one source change on one Bigtable row, in order."""
+
+    table: str
+    row_key: bytes
+    mutations: tuple  # tuple[Mutation, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        total = len(self.row_key)
+        for m in self.mutations:
+            total += len(m.family) + len(m.qualifier) + 16
+            if isinstance(m, SetCell):
+                total += len(m.value)
+        return total
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record that could not be applied, with why. Stored durably and counted;
+    ``ddb2bt dlq list`` shows them."""
+
+    reason: str  # short stable code, e.g. "row_key_too_long", "unknown_family"
+    error_class: str
+    message: str
+    stage: str  # "map" or "write"
+    record: ChangeRecord
+    failed_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class MappedChange:
+    """A record and everything mapping it produced: either row changes or (if it
+    could not be mapped) one dead letter; possibly neither (a skipped record)."""
+
+    record: ChangeRecord
+    rows: tuple = ()  # tuple[RowChange, ...]
+    dead_letter: Optional[DeadLetter] = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardClosed:
+    """Marker: the reader reached the end of a closed shard. The sink records the
+    shard as finished only after every write before this marker is acknowledged,
+    which is what lets the shard's children start (per-key order, contract §1)."""
+
+    stream_arn: str
+    shard_id: str
+    last_sequence_number: Optional[str] = None
