@@ -1,0 +1,185 @@
+"""DynamoDB AttributeValues: shape checks, DynamoDB-JSON ⇄ boto3 form, and the
+canonical JSON used for maps, lists and serialized items.
+
+Values are kept in boto3's low-level form end to end (``{"N": "30"}``, ``{"B": b".."}``)
+so numbers keep the exact digits DynamoDB holds and binary is never double-encoded.
+
+Canonical JSON (documented in the README): UTF-8, keys sorted by code point, no
+insignificant whitespace, numbers as JSON numbers with DynamoDB's digits (only
+re-spelled where DynamoDB's spelling is not valid JSON, e.g. ``.5`` → ``0.5``),
+binary as standard base64 strings, sets as arrays sorted by value, NULL as null.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any, Mapping
+
+from transforms.errors import MappingError
+
+TYPE_TAGS = ("S", "N", "B", "BOOL", "NULL", "SS", "NS", "BS", "M", "L")
+_JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?\Z")
+
+
+def type_of(value: Any, where: str = "value") -> str:
+    """The single type tag of an AttributeValue, or MappingError('bad_attribute')."""
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise MappingError(f"{where}: not a DynamoDB AttributeValue", reason="bad_attribute")
+    (tag,) = value.keys()
+    if tag not in TYPE_TAGS:
+        raise MappingError(f"{where}: unknown DynamoDB type {tag!r}", reason="bad_attribute")
+    return tag
+
+
+def parse_number(text: Any, where: str = "value") -> Decimal:
+    if not isinstance(text, str):
+        raise MappingError(f"{where}: N must be a string of digits", reason="bad_attribute")
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        raise MappingError(f"{where}: {text!r} is not a number", reason="bad_attribute") from None
+    if not number.is_finite():
+        raise MappingError(f"{where}: {text!r} is not a finite number", reason="bad_attribute")
+    return number
+
+
+def json_number(text: str, where: str = "value") -> str:
+    """DynamoDB's digits as a JSON number token (unchanged when already valid JSON)."""
+    if _JSON_NUMBER.match(text):
+        return text
+    number = parse_number(text, where)
+    spelled = format(number, "f") if -30 < number.adjusted() < 30 else format(number, "E")
+    if not _JSON_NUMBER.match(spelled):  # e.g. "1E+2" → "1E+2" is valid; guard anyway
+        spelled = format(number.normalize(), "E")
+    return spelled
+
+
+def _dump_str(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _sorted_numbers(values: list, where: str) -> list:
+    return sorted(values, key=lambda t: (parse_number(t, where), t))
+
+
+def canonical_json(value: Any, where: str = "value") -> str:
+    """Canonical JSON of one AttributeValue (untyped: ``{"M": {"a": {"N": "1"}}}`` → ``{"a":1}``)."""
+    tag = type_of(value, where)
+    inner = value[tag]
+    if tag == "S":
+        return _dump_str(inner)
+    if tag == "N":
+        return json_number(inner, where)
+    if tag == "B":
+        return _dump_str(base64.b64encode(as_bytes(inner, where)).decode("ascii"))
+    if tag == "BOOL":
+        return "true" if inner else "false"
+    if tag == "NULL":
+        return "null"
+    if tag == "SS":
+        return "[" + ",".join(_dump_str(s) for s in sorted(inner)) + "]"
+    if tag == "NS":
+        return "[" + ",".join(json_number(n, where) for n in _sorted_numbers(list(inner), where)) + "]"
+    if tag == "BS":
+        members = sorted(as_bytes(b, where) for b in inner)
+        return "[" + ",".join(_dump_str(base64.b64encode(b).decode("ascii")) for b in members) + "]"
+    if tag == "M":
+        parts = [f"{_dump_str(k)}:{canonical_json(v, f'{where}.{k}')}" for k, v in sorted(inner.items())]
+        return "{" + ",".join(parts) + "}"
+    # L
+    return "[" + ",".join(canonical_json(v, f"{where}[{i}]") for i, v in enumerate(inner)) + "]"
+
+
+def canonical_typed_json(value: Any, where: str = "value") -> str:
+    """Canonical JSON of the *typed* AttributeValue (``{"N":"1"}``): reversible to
+    the exact DynamoDB type without any schema."""
+    tag = type_of(value, where)
+    inner = value[tag]
+    if tag in ("S", "N"):
+        body = _dump_str(inner)
+    elif tag == "B":
+        body = _dump_str(base64.b64encode(as_bytes(inner, where)).decode("ascii"))
+    elif tag in ("BOOL", "NULL"):
+        body = "true" if inner else "false"
+    elif tag == "SS":
+        body = "[" + ",".join(_dump_str(s) for s in sorted(inner)) + "]"
+    elif tag == "NS":
+        body = "[" + ",".join(_dump_str(n) for n in _sorted_numbers(list(inner), where)) + "]"
+    elif tag == "BS":
+        members = sorted(as_bytes(b, where) for b in inner)
+        body = "[" + ",".join(_dump_str(base64.b64encode(b).decode("ascii")) for b in members) + "]"
+    elif tag == "M":
+        body = "{" + ",".join(
+            f"{_dump_str(k)}:{canonical_typed_json(v, f'{where}.{k}')}" for k, v in sorted(inner.items())
+        ) + "}"
+    else:
+        body = "[" + ",".join(canonical_typed_json(v, f"{where}[{i}]") for i, v in enumerate(inner)) + "]"
+    return "{" + _dump_str(tag) + ":" + body + "}"
+
+
+def as_bytes(value: Any, where: str = "value") -> bytes:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise MappingError(f"{where}: binary value is not bytes", reason="bad_attribute")
+
+
+def from_dynamodb_json(value: Any) -> Any:
+    """DynamoDB JSON as found in files and exports (B as base64 text) → boto3 form."""
+    tag = type_of(value)
+    inner = value[tag]
+    if tag == "B":
+        return {"B": base64.b64decode(inner, validate=True)}
+    if tag == "BS":
+        return {"BS": [base64.b64decode(b, validate=True) for b in inner]}
+    if tag == "M":
+        return {"M": {k: from_dynamodb_json(v) for k, v in inner.items()}}
+    if tag == "L":
+        return {"L": [from_dynamodb_json(v) for v in inner]}
+    return {tag: inner}
+
+
+def item_from_dynamodb_json(item: Mapping[str, Any]) -> dict:
+    return {name: from_dynamodb_json(v) for name, v in item.items()}
+
+
+def to_dynamodb_json(value: Any) -> Any:
+    """boto3 form → JSON-serialisable DynamoDB JSON (B as base64 text)."""
+    tag = type_of(value)
+    inner = value[tag]
+    if tag == "B":
+        return {"B": base64.b64encode(as_bytes(inner)).decode("ascii")}
+    if tag == "BS":
+        return {"BS": [base64.b64encode(as_bytes(b)).decode("ascii") for b in inner]}
+    if tag == "M":
+        return {"M": {k: to_dynamodb_json(v) for k, v in inner.items()}}
+    if tag == "L":
+        return {"L": [to_dynamodb_json(v) for v in inner]}
+    return {tag: inner}
+
+
+def item_to_dynamodb_json(item: Mapping[str, Any]) -> dict:
+    return {name: to_dynamodb_json(v) for name, v in item.items()}
+
+
+def from_plain(value: Any) -> Any:
+    """Plain JSON (as a person writes it for ``explain``) → AttributeValue.
+    ints/floats become N, str S, bool BOOL, None NULL, dict M, list L."""
+    if isinstance(value, bool):
+        return {"BOOL": value}
+    if value is None:
+        return {"NULL": True}
+    if isinstance(value, (int, Decimal)):
+        return {"N": str(value)}
+    if isinstance(value, float):
+        return {"N": repr(value)}
+    if isinstance(value, str):
+        return {"S": value}
+    if isinstance(value, (bytes, bytearray)):
+        return {"B": bytes(value)}
+    if isinstance(value, Mapping):
+        return {"M": {str(k): from_plain(v) for k, v in value.items()}}
+    if isinstance(value, (list, tuple)):
+        return {"L": [from_plain(v) for v in value]}
+    raise MappingError(f"cannot convert {type(value).__name__} to a DynamoDB value", reason="bad_attribute")

@@ -1,0 +1,388 @@
+"""The mapping file: model, loading and validation.
+
+A mapping file (YAML) says which DynamoDB table is replicated into which Bigtable
+table and how every item becomes a row. Validation is complete and happens before
+anything runs: each problem raises ``ConfigError`` naming the field path
+(``rules[0].columns.Price.encoding``) and the bad value.
+
+See README "Mapping language" for the reference; ``examples/*.yaml`` for real files.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from transforms.encoding import ENCODINGS
+from transforms.errors import ConfigError
+from transforms.rowkey import KeyTemplate, parse_template
+
+SUPPORTED_VERSIONS = (1,)
+_FAMILY_NAME = re.compile(r"[_a-zA-Z0-9][-_.a-zA-Z0-9]*\Z")
+_TABLE_ID = re.compile(r"[_a-zA-Z0-9][-_.a-zA-Z0-9]{0,49}\Z")
+_DDB_TABLE = re.compile(r"[a-zA-Z0-9_.-]{3,255}\Z")
+MAX_FAMILIES = 100  # Bigtable's recommended ceiling per table
+OTHER_MODES = ("column", "ignore", "dead_letter")
+MATCH_KINDS = ("equals", "prefix", "regex", "present")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    table: str
+    partition_key: str
+    sort_key: Optional[str] = None
+    region: Optional[str] = None
+
+    @property
+    def key_attributes(self) -> tuple:
+        return (self.partition_key,) + ((self.sort_key,) if self.sort_key else ())
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    project: str
+    instance: str
+    table: str
+    app_profile: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    name: str
+    max_versions: Optional[int] = None
+    max_age_seconds: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ColumnConfig:
+    attribute: str
+    family: str
+    qualifier: bytes
+    encoding: str
+
+
+@dataclass(frozen=True)
+class OtherAttributes:
+    """What happens to attributes a rule does not list."""
+
+    mode: str = "column"  # column → family:<attribute name>; ignore; dead_letter
+    family: Optional[str] = None
+    encoding: str = "auto"
+
+
+@dataclass(frozen=True)
+class MatchCondition:
+    attribute: str
+    kind: str  # equals | prefix | regex | present
+    value: Any = None
+    pattern: Optional[re.Pattern] = None
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    name: str
+    conditions: tuple  # tuple[MatchCondition, ...]; empty = matches every item
+    skip: bool = False
+    row_key: Optional[KeyTemplate] = None
+    columns: tuple = ()  # tuple[ColumnConfig, ...]
+    other: OtherAttributes = OtherAttributes()
+    include_key_attributes: bool = False
+
+    def column_for(self, attribute: str) -> Optional[ColumnConfig]:
+        for column in self.columns:
+            if column.attribute == attribute:
+                return column
+        return None
+
+
+@dataclass(frozen=True)
+class MappingConfig:
+    name: str
+    source: SourceConfig
+    target: TargetConfig
+    families: tuple  # tuple[FamilyConfig, ...]
+    rules: tuple  # tuple[RuleConfig, ...]
+    delimiter: str = "#"
+    unmatched: str = "dead_letter"  # what to do with items no rule matches: dead_letter | skip
+    version: int = 1
+    origin: str = "<memory>"
+
+    @property
+    def family_names(self) -> frozenset:
+        return frozenset(f.name for f in self.families)
+
+    def with_overrides(
+        self, project: Optional[str] = None, instance: Optional[str] = None, table: Optional[str] = None
+    ) -> "MappingConfig":
+        target = replace(
+            self.target,
+            project=project or self.target.project,
+            instance=instance or self.target.instance,
+            table=table or self.target.table,
+        )
+        return replace(self, target=target)
+
+
+# --- parsing ---------------------------------------------------------------------
+
+
+class _Node:
+    """A dict being read, which knows its path and rejects unknown keys."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"must be a mapping, got {type(data).__name__}", path or "<root>")
+        self.data = data
+        self.path = path
+        self.used: set = set()
+
+    def sub(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, default: Any = None, required: bool = False) -> Any:
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None:
+            if required:
+                raise ConfigError("is required", self.sub(key))
+            return default
+        return self.data[key]
+
+    def string(self, key: str, required: bool = False, default: Optional[str] = None) -> Optional[str]:
+        value = self.get(key, default, required)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ConfigError(f"must be a non-empty string, got {value!r}", self.sub(key))
+        return value
+
+    def integer(self, key: str, minimum: int = 0) -> Optional[int]:
+        value = self.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"must be an integer ≥ {minimum}, got {value!r}", self.sub(key))
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"must be true or false, got {value!r}", self.sub(key))
+        return value
+
+    def choice(self, key: str, choices: tuple, default: str) -> str:
+        value = self.get(key, default)
+        if value not in choices:
+            raise ConfigError(f"must be one of {', '.join(choices)}; got {value!r}", self.sub(key))
+        return value
+
+    def node(self, key: str, required: bool = False) -> Optional["_Node"]:
+        value = self.get(key, None, required)
+        return None if value is None else _Node(value, self.sub(key))
+
+    def done(self) -> None:
+        unknown = [k for k in self.data if k not in self.used]
+        if unknown:
+            key = unknown[0]
+            hint = difflib.get_close_matches(str(key), sorted(self.used), n=1)
+            suffix = f" (did you mean {hint[0]!r}?)" if hint else f" (known: {', '.join(sorted(self.used))})"
+            raise ConfigError(f"unknown field{suffix}", self.sub(str(key)))
+
+
+def parse_mapping(data: Any, origin: str = "<memory>") -> MappingConfig:
+    root = _Node(data, "")
+    version = root.get("version", 1)
+    if version not in SUPPORTED_VERSIONS:
+        raise ConfigError(f"unsupported version {version!r} (supported: {SUPPORTED_VERSIONS})", "version")
+
+    src = root.node("source", required=True)
+    source_table = src.string("table", required=True)
+    if not _DDB_TABLE.match(source_table):
+        raise ConfigError(f"{source_table!r} is not a valid DynamoDB table name", src.sub("table"))
+    key = src.node("key", required=True)
+    source = SourceConfig(
+        table=source_table,
+        partition_key=key.string("partition", required=True),
+        sort_key=key.string("sort"),
+        region=src.string("region"),
+    )
+    key.done()
+    src.done()
+
+    tgt = root.node("target", required=True)
+    target = TargetConfig(
+        project=tgt.string("project", required=True),
+        instance=tgt.string("instance", required=True),
+        table=tgt.string("table", required=True),
+        app_profile=tgt.string("app_profile"),
+    )
+    if not _TABLE_ID.match(target.table):
+        raise ConfigError(f"{target.table!r} is not a valid Bigtable table id", tgt.sub("table"))
+    tgt.done()
+
+    delimiter = root.string("delimiter", default="#")
+    if len(delimiter) != 1 or delimiter == "\\" or delimiter in "{}|":
+        raise ConfigError(f"must be a single character other than \\ {{ }} |, got {delimiter!r}", "delimiter")
+
+    families = _parse_families(root)
+    family_names = {f.name for f in families}
+    rules_data = root.get("rules", required=True)
+    if not isinstance(rules_data, list) or not rules_data:
+        raise ConfigError("must be a non-empty list of rules", "rules")
+    rules = tuple(
+        _parse_rule(r, f"rules[{i}]", delimiter, family_names, source) for i, r in enumerate(rules_data)
+    )
+    names = [r.name for r in rules]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"duplicate rule name {name!r}", f"rules[{i}].name")
+
+    mapping = MappingConfig(
+        name=root.string("name", default=target.table),
+        source=source,
+        target=target,
+        families=families,
+        rules=rules,
+        delimiter=delimiter,
+        unmatched=root.choice("unmatched", ("dead_letter", "skip"), "dead_letter"),
+        version=version,
+        origin=origin,
+    )
+    root.done()
+    return mapping
+
+
+def _parse_families(root: _Node) -> tuple:
+    fams = root.node("families", required=True)
+    if not fams.data:
+        raise ConfigError("declare at least one column family", "families")
+    if len(fams.data) > MAX_FAMILIES:
+        raise ConfigError(f"{len(fams.data)} families; Bigtable allows about {MAX_FAMILIES} per table", "families")
+    out = []
+    for name in fams.data:
+        path = fams.sub(str(name))
+        if not isinstance(name, str) or not _FAMILY_NAME.match(name):
+            raise ConfigError(f"{name!r} is not a valid column family name", path)
+        spec = fams.get(name) or {}
+        node = _Node(spec, path)
+        out.append(
+            FamilyConfig(name=name, max_versions=node.integer("max_versions", 1), max_age_seconds=node.integer("max_age_seconds", 1))
+        )
+        node.done()
+    fams.done()
+    return tuple(out)
+
+
+def _parse_column(attribute: str, spec: Any, path: str, family_names: set) -> ColumnConfig:
+    if isinstance(spec, str):
+        spec = {"column": spec}
+    node = _Node(spec, path)
+    column = node.string("column", required=True)
+    family, sep, qualifier = column.partition(":")
+    if not sep or not family or not qualifier:
+        raise ConfigError(f"must be 'family:qualifier', got {column!r}", node.sub("column"))
+    if family not in family_names:
+        raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("column"))
+    encoding = node.choice("encoding", ENCODINGS, "auto")
+    node.done()
+    return ColumnConfig(attribute=attribute, family=family, qualifier=qualifier.encode("utf-8"), encoding=encoding)
+
+
+def _parse_match(data: Any, path: str) -> tuple:
+    if data is None:
+        return ()
+    items = data if isinstance(data, list) else [data]
+    out = []
+    for i, spec in enumerate(items):
+        node = _Node(spec, f"{path}[{i}]" if isinstance(data, list) else path)
+        attribute = node.string("attribute", required=True)
+        kinds = [k for k in MATCH_KINDS if k in node.data]
+        if len(kinds) != 1:
+            raise ConfigError(f"give exactly one of {', '.join(MATCH_KINDS)}", node.path)
+        kind = kinds[0]
+        value = node.get(kind)
+        pattern = None
+        if kind == "regex":
+            try:
+                pattern = re.compile(value)
+            except (re.error, TypeError) as exc:
+                raise ConfigError(f"invalid regular expression {value!r}: {exc}", node.sub("regex")) from None
+        elif kind == "prefix" and (not isinstance(value, str) or not value):
+            raise ConfigError("must be a non-empty string", node.sub("prefix"))
+        elif kind == "present" and not isinstance(value, bool):
+            raise ConfigError("must be true or false", node.sub("present"))
+        node.done()
+        out.append(MatchCondition(attribute=attribute, kind=kind, value=value, pattern=pattern))
+    return tuple(out)
+
+
+def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source: SourceConfig) -> RuleConfig:
+    node = _Node(data, path)
+    name = node.string("name", default=path)
+    conditions = _parse_match(node.get("match"), node.sub("match"))
+    skip = node.boolean("skip", False)
+    if skip:
+        node.done()
+        return RuleConfig(name=name, conditions=conditions, skip=True)
+    template = parse_template(node.get("row_key", required=True), delimiter, node.sub("row_key"))
+    cols = node.node("columns")
+    columns = []
+    if cols is not None:
+        for attribute in cols.data:
+            columns.append(_parse_column(str(attribute), cols.get(attribute), cols.sub(str(attribute)), family_names))
+        cols.done()
+    seen: dict = {}
+    for c in columns:
+        where = (c.family, c.qualifier)
+        if where in seen:
+            raise ConfigError(
+                f"attributes {seen[where]!r} and {c.attribute!r} both map to {c.family}:{c.qualifier.decode()}",
+                node.sub("columns"),
+            )
+        seen[where] = c.attribute
+    other = _parse_other(node.node("other_attributes"), family_names)
+    include_keys = node.boolean("include_key_attributes", False)
+    node.done()
+    return RuleConfig(
+        name=name,
+        conditions=conditions,
+        row_key=template,
+        columns=tuple(columns),
+        other=other,
+        include_key_attributes=include_keys,
+    )
+
+
+def _parse_other(node: Optional[_Node], family_names: set) -> OtherAttributes:
+    if node is None:
+        # Loses nothing by default: an attribute the mapping does not place is a
+        # dead letter until the user says where it goes (or to ignore it).
+        return OtherAttributes(mode="dead_letter")
+    mode = node.choice("mode", OTHER_MODES, "column")
+    family = node.string("family")
+    if mode == "column":
+        if family is None:
+            raise ConfigError("is required when mode is 'column'", node.sub("family"))
+        if family not in family_names:
+            raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("family"))
+    encoding = node.choice("encoding", ENCODINGS, "auto")
+    node.done()
+    return OtherAttributes(mode=mode, family=family, encoding=encoding)
+
+
+def load_mapping(path: str | Path) -> MappingConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read mapping file: {exc.strerror}", str(p)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", str(p)) from None
+    return parse_mapping(data, origin=str(p))
+
+
+def mapping_from_text(text: str, origin: str = "<text>") -> MappingConfig:
+    return parse_mapping(yaml.safe_load(text), origin=origin)

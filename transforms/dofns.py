@@ -1,0 +1,50 @@
+"""Thin Beam wrappers around the pure mapping engine."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import apache_beam as beam
+
+from transforms.config import MappingConfig
+from transforms.errors import MappingError
+from transforms.mapping import map_change
+from transforms.model import ChangeRecord, DeadLetter, MappedChange
+
+
+def map_record(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[], int]) -> MappedChange:
+    """ChangeRecord → MappedChange; a record that cannot be mapped becomes a dead
+    letter (whole, so nothing is half-applied) instead of an exception."""
+    try:
+        return MappedChange(record=record, rows=map_change(mapping, record))
+    except MappingError as exc:
+        return MappedChange(
+            record=record,
+            dead_letter=DeadLetter(
+                reason=exc.reason,
+                error_class=type(exc).__name__,
+                message=exc.message,
+                stage="map",
+                record=record,
+                failed_at_ms=now_ms(),
+            ),
+        )
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MapChangesFn(beam.DoFn):
+    """ChangeRecord → MappedChange; other elements (shard markers) pass through in
+    order, because the sink needs them in stream order to checkpoint correctly."""
+
+    def __init__(self, mapping: MappingConfig, now_ms: Callable[[], int] = _wall_ms) -> None:
+        self._mapping = mapping
+        self._now_ms = now_ms
+
+    def process(self, element) -> Iterator:
+        if isinstance(element, ChangeRecord):
+            yield map_record(self._mapping, element, self._now_ms)
+        else:
+            yield element

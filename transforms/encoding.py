@@ -1,0 +1,211 @@
+"""Cell value encodings. Each is reversible: ``decode(enc, encode(enc, v))``
+gives back ``v`` (for ``auto``, given the attribute's DynamoDB type). A value that
+does not fit its declared encoding raises ``MappingError(reason="encoding")`` —
+never a silent coercion.
+
+=============  ==========================  ===============================================
+encoding       accepts                     bytes in the cell
+=============  ==========================  ===============================================
+utf8           S                           the string, UTF-8
+int64          N, integral, 64-bit range   8-byte big-endian two's complement (Increment-compatible)
+decimal        N                           the number's digits as ASCII, exactly as DynamoDB holds them
+float64        N exactly representable     8-byte IEEE-754 big-endian double
+               by its shortest repr
+bytes          B                           the raw bytes (never base64: no double encoding)
+bool           BOOL                        one byte, 0x01 true / 0x00 false
+null           NULL                        empty
+json           any                         canonical JSON (see ``transforms.attrs``)
+dynamodb_json  any                         canonical JSON of the typed value: {"N":"30"}
+auto           any                         S→utf8, N→decimal, B→bytes, BOOL→bool, NULL→null,
+                                           SS/NS/BS/M/L→json
+=============  ==========================  ===============================================
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+from decimal import Decimal
+from typing import Any, Callable, Optional
+
+from transforms.attrs import (
+    as_bytes,
+    canonical_json,
+    canonical_typed_json,
+    json_number,
+    parse_number,
+    type_of,
+)
+from transforms.errors import MappingError
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+_INT64 = struct.Struct(">q")
+_FLOAT64 = struct.Struct(">d")
+TRUE_BYTE = b"\x01"
+FALSE_BYTE = b"\x00"
+
+
+def _want(value: Any, tags: tuple, encoding: str, where: str) -> Any:
+    tag = type_of(value, where)
+    if tag not in tags:
+        raise MappingError(
+            f"{where}: encoding {encoding!r} needs {'/'.join(tags)}, got {tag}", reason="encoding"
+        )
+    return value[tag]
+
+
+def _utf8(value: Any, where: str) -> bytes:
+    text = _want(value, ("S",), "utf8", where)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates cannot be stored as UTF-8
+        raise MappingError(f"{where}: string is not valid Unicode", reason="encoding") from None
+
+
+def _int64(value: Any, where: str) -> bytes:
+    number = parse_number(_want(value, ("N",), "int64", where), where)
+    if number != number.to_integral_value():
+        raise MappingError(f"{where}: {number} is not an integer (encoding int64)", reason="encoding")
+    integer = int(number)
+    if not INT64_MIN <= integer <= INT64_MAX:
+        raise MappingError(f"{where}: {integer} does not fit in 64 bits (encoding int64)", reason="encoding")
+    return _INT64.pack(integer)
+
+
+def _decimal(value: Any, where: str) -> bytes:
+    text = _want(value, ("N",), "decimal", where)
+    parse_number(text, where)
+    return text.encode("ascii")
+
+
+def _float64(value: Any, where: str) -> bytes:
+    number = parse_number(_want(value, ("N",), "float64", where), where)
+    as_float = float(number)
+    if math.isinf(as_float) or Decimal(repr(as_float)) != number:
+        raise MappingError(f"{where}: {number} is not exactly representable as float64", reason="encoding")
+    return _FLOAT64.pack(as_float)
+
+
+def _bytes(value: Any, where: str) -> bytes:
+    return as_bytes(_want(value, ("B",), "bytes", where), where)
+
+
+def _bool(value: Any, where: str) -> bytes:
+    flag = _want(value, ("BOOL",), "bool", where)
+    return TRUE_BYTE if flag else FALSE_BYTE
+
+
+def _null(value: Any, where: str) -> bytes:
+    _want(value, ("NULL",), "null", where)
+    return b""
+
+
+def _json(value: Any, where: str) -> bytes:
+    return canonical_json(value, where).encode("utf-8")
+
+
+def _dynamodb_json(value: Any, where: str) -> bytes:
+    return canonical_typed_json(value, where).encode("utf-8")
+
+
+_AUTO = {"S": _utf8, "N": _decimal, "B": _bytes, "BOOL": _bool, "NULL": _null}
+
+
+def _auto(value: Any, where: str) -> bytes:
+    return _AUTO.get(type_of(value, where), _json)(value, where)
+
+
+ENCODERS: dict[str, Callable[[Any, str], bytes]] = {
+    "utf8": _utf8,
+    "int64": _int64,
+    "decimal": _decimal,
+    "float64": _float64,
+    "bytes": _bytes,
+    "bool": _bool,
+    "null": _null,
+    "json": _json,
+    "dynamodb_json": _dynamodb_json,
+    "auto": _auto,
+}
+ENCODINGS = tuple(ENCODERS)
+
+
+def encode(encoding: str, value: Any, where: str = "value") -> bytes:
+    return ENCODERS[encoding](value, where)
+
+
+# --- decoding (used by verification and `explain`) ---------------------------------
+
+
+def _from_json(obj: Any) -> Any:
+    """Untyped canonical JSON → AttributeValue (numbers → N with their digits)."""
+    if isinstance(obj, bool):
+        return {"BOOL": obj}
+    if obj is None:
+        return {"NULL": True}
+    if isinstance(obj, Decimal):
+        return {"N": str(obj)}
+    if isinstance(obj, str):
+        return {"S": obj}
+    if isinstance(obj, dict):
+        return {"M": {k: _from_json(v) for k, v in obj.items()}}
+    return {"L": [_from_json(v) for v in obj]}
+
+
+def _from_typed_json(obj: Any) -> Any:
+    (tag, inner), = obj.items()
+    if tag == "B":
+        return {"B": base64.b64decode(inner)}
+    if tag == "BS":
+        return {"BS": [base64.b64decode(b) for b in inner]}
+    if tag == "M":
+        return {"M": {k: _from_typed_json(v) for k, v in inner.items()}}
+    if tag == "L":
+        return {"L": [_from_typed_json(v) for v in inner]}
+    if tag == "NULL":
+        return {"NULL": True}
+    return {tag: inner}
+
+
+def decode(encoding: str, data: bytes, dynamodb_type: Optional[str] = None) -> Any:
+    """Bytes from a cell → AttributeValue. ``json`` cannot tell a set from a list
+    or binary from a string; pass ``dynamodb_type`` (the source attribute's type)
+    where it matters, or use ``dynamodb_json``."""
+    if encoding == "auto":
+        encoding = {"S": "utf8", "N": "decimal", "B": "bytes", "BOOL": "bool", "NULL": "null"}.get(
+            dynamodb_type or "", "json"
+        )
+    if encoding == "utf8":
+        return {"S": data.decode("utf-8")}
+    if encoding == "int64":
+        return {"N": str(_INT64.unpack(data)[0])}
+    if encoding == "decimal":
+        return {"N": data.decode("ascii")}
+    if encoding == "float64":
+        return {"N": repr(_FLOAT64.unpack(data)[0])}
+    if encoding == "bytes":
+        return {"B": bytes(data)}
+    if encoding == "bool":
+        return {"BOOL": data == TRUE_BYTE}
+    if encoding == "null":
+        return {"NULL": True}
+    if encoding == "dynamodb_json":
+        return _from_typed_json(json.loads(data.decode("utf-8")))
+    if encoding == "json":
+        value = _from_json(json.loads(data.decode("utf-8"), parse_float=Decimal, parse_int=Decimal))
+        if dynamodb_type in ("SS", "NS", "BS") and "L" in value:
+            members = value["L"]
+            if dynamodb_type == "SS":
+                return {"SS": [m["S"] for m in members]}
+            if dynamodb_type == "NS":
+                return {"NS": [m["N"] for m in members]}
+            return {"BS": [base64.b64decode(m["S"]) for m in members]}
+        if dynamodb_type == "B" and "S" in value:
+            return {"B": base64.b64decode(value["S"])}
+        return value
+    raise ValueError(f"unknown encoding {encoding!r}")
+
+
+__all__ = ["ENCODINGS", "encode", "decode", "json_number"]

@@ -1,0 +1,60 @@
+"""Bigtable's hard limits, enforced by us before writing: the emulator accepts
+what the service rejects (5 KiB keys, 1 MiB qualifiers), so a pipeline tested only
+on the emulator would otherwise fail for the first time in production.
+"""
+from __future__ import annotations
+
+from transforms.errors import MappingError
+from transforms.model import RowChange, SetCell
+
+KIB = 1024
+MIB = 1024 * KIB
+
+MAX_ROW_KEY_BYTES = 4 * KIB
+MAX_QUALIFIER_BYTES = 16 * KIB
+MAX_CELL_VALUE_BYTES = 100 * MIB
+MAX_FAMILY_NAME_CHARS = 64
+# One MutateRows request may carry at most 100,000 mutations in total; one row's
+# change is never split across requests, so it must fit in one on its own.
+MAX_MUTATIONS_PER_REQUEST = 100_000
+# The service rejects requests over 256 MiB; stay far below so one oversized
+# batch can never be the reason a healthy row fails.
+MAX_REQUEST_BYTES = 200 * MIB
+# Bigtable timestamps are microseconds in a signed 64-bit integer; we use whole
+# milliseconds, so the largest timestamp we may write is this many ms.
+MAX_TIMESTAMP_MS = (2**63 - 1) // 1000
+
+
+def check_row_change(change: RowChange) -> None:
+    """Raise MappingError (a dead-letter reason) if the change breaks a limit."""
+    if not change.row_key:
+        raise MappingError("row key is empty", reason="row_key_empty")
+    if len(change.row_key) > MAX_ROW_KEY_BYTES:
+        raise MappingError(
+            f"row key is {len(change.row_key)} bytes, Bigtable's limit is {MAX_ROW_KEY_BYTES}",
+            reason="row_key_too_long",
+        )
+    if len(change.mutations) > MAX_MUTATIONS_PER_REQUEST:
+        raise MappingError(
+            f"{len(change.mutations)} mutations for one row, limit {MAX_MUTATIONS_PER_REQUEST}",
+            reason="too_many_mutations",
+        )
+    for m in change.mutations:
+        if len(m.qualifier) > MAX_QUALIFIER_BYTES:
+            raise MappingError(
+                f"qualifier in family {m.family!r} is {len(m.qualifier)} bytes, limit {MAX_QUALIFIER_BYTES}",
+                reason="qualifier_too_long",
+            )
+        if isinstance(m, SetCell):
+            if len(m.value) > MAX_CELL_VALUE_BYTES:
+                raise MappingError(
+                    f"cell {m.family}:… is {len(m.value)} bytes, limit {MAX_CELL_VALUE_BYTES}",
+                    reason="cell_too_large",
+                )
+            if not 0 <= m.timestamp_ms <= MAX_TIMESTAMP_MS:
+                raise MappingError(f"cell timestamp {m.timestamp_ms} ms out of range", reason="timestamp")
+    if change.size_bytes > MAX_REQUEST_BYTES:
+        raise MappingError(
+            f"row change is {change.size_bytes} bytes, over the {MAX_REQUEST_BYTES}-byte request budget",
+            reason="row_too_large",
+        )
