@@ -1,0 +1,21 @@
+"""Where data moves: DynamoDB Streams → mapping → Bigtable.
+
+Stages of the live pipeline (``pipeline.graph.build_live_pipeline``) and what
+passes between them (all frozen dataclasses from ``transforms.model``)::
+
+  Impulse ─▶ StreamPartitions ─▶ ReadStream (SDF) ──ChangeRecord│ShardClosed──▶
+     MapChanges ──MappedChange│ShardClosed──▶ WriteToBigtable ──DeadLetter──▶ (output)
+
+* ``ReadStream`` (``pipeline.stream_source``): an unbounded splittable DoFn; one
+  element per partition of the stream's shards (shard id hash mod N), so every
+  shard has exactly one reader. It discovers shards continuously, reads a child
+  only after the sink recorded its parent as finished, and claims each record's
+  sequence number, so a checkpoint resumes with AFTER_SEQUENCE_NUMBER.
+* ``MapChanges`` (``transforms.dofns``): the pure mapping engine.
+* ``WriteToBigtable`` (``pipeline.sink``): coalesces per row in stream order,
+  writes MutateRows with per-entry retry, dead-letters permanent failures
+  durably, then advances each shard's checkpoint in the state table.
+
+There is deliberately no Reshuffle or GroupByKey between reading and writing:
+it would break per-row order (design notes §1); ``tests`` assert its absence.
+"""

@@ -1,0 +1,398 @@
+"""``ddb2bt``: replicate a live DynamoDB table into Bigtable.
+
+Run ``ddb2bt <command> --help`` for each command's options and examples.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from transforms.errors import ConfigError, Ddb2btError, PermanentError
+
+log = logging.getLogger("ddb2bt")
+
+EPILOG = """\
+examples:
+  ddb2bt demo                                    # everything local: emulators, writes, replication
+  ddb2bt local up --detach && eval "$(ddb2bt local env)"
+  ddb2bt create-table --mapping examples/product_catalog.yaml
+  ddb2bt run --mapping examples/product_catalog.yaml --until-idle 5
+  ddb2bt dlq list --mapping examples/product_catalog.yaml
+  ddb2bt run --mapping m.yaml --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp
+"""
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
+               "msg": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Beam, gRPC and boto are chatty at INFO and may echo request details.
+    for noisy in ("apache_beam", "botocore", "boto3", "urllib3", "google", "grpc", "werkzeug"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+# --- shared options --------------------------------------------------------------
+
+
+def add_mapping_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--mapping", "-m", required=required, metavar="FILE",
+                   help="mapping file (YAML): source table, target table, and how items become rows")
+    p.add_argument("--project", help="override the mapping's target.project")
+    p.add_argument("--instance", help="override the mapping's target.instance")
+    p.add_argument("--table", help="override the mapping's target.table")
+
+
+def add_state_args(p: argparse.ArgumentParser) -> None:
+    from pipeline.state import DEFAULT_STATE_TABLE
+
+    p.add_argument("--state-table", default=DEFAULT_STATE_TABLE,
+                   help="Bigtable table for checkpoints and dead letters, created on first use (default %(default)s)")
+    p.add_argument("--job-name", help="name under which state is kept (default: the mapping's name)")
+
+
+def load(args):
+    from transforms.config import load_mapping
+
+    return load_mapping(args.mapping).with_overrides(args.project, args.instance, args.table)
+
+
+def state_spec(args, mapping, include_values: bool = True):
+    from pipeline.connections import BigtableSpec, StateSpec
+
+    return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile),
+                     job=args.job_name or mapping.name, table=args.state_table, include_values=include_values)
+
+
+# --- commands --------------------------------------------------------------------
+
+
+def cmd_validate(args) -> int:
+    mapping = load(args)
+    rules = ", ".join(r.name for r in mapping.rules)
+    print(f"OK: {args.mapping}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
+          f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from transforms.attrs import from_plain, item_from_dynamodb_json, type_of
+    from transforms.errors import MappingError
+    from transforms.mapping import map_change
+    from transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
+
+    mapping = load(args)
+    raw = json.loads(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
+    try:
+        item = item_from_dynamodb_json(raw)
+        for v in item.values():
+            type_of(v)
+    except Exception:
+        item = {k: from_plain(v) for k, v in raw.items()}
+    keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+    ts = args.timestamp_ms
+    for event, new, old in ((INSERT, item, None), (REMOVE, None, item)):
+        print(f"== {event} at {ts} ms")
+        try:
+            changes = map_change(mapping, ChangeRecord(event, keys, new, old, ts))
+        except MappingError as exc:
+            print(f"  dead letter [{exc.reason}]: {exc.message}")
+            continue
+        if not changes:
+            print("  (skipped by the mapping)")
+        for ch in changes:
+            print(f"  table {ch.table} row {ch.row_key!r}")
+            for m in ch.mutations:
+                if isinstance(m, SetCell):
+                    print(f"    set    {m.family}:{m.qualifier.decode('utf-8', 'replace')} = {m.value[:80]!r} @{m.timestamp_ms}")
+                else:
+                    print(f"    delete {m.family}:{m.qualifier.decode('utf-8', 'replace')} in [{m.start_ms}, {m.end_ms}) ms")
+    return 0
+
+
+def cmd_create_table(args) -> int:
+    from pipeline.bigtable_io import ensure_mapping_table
+    from pipeline.preflight import ensure_state_table
+
+    mapping = load(args)
+    changes = ensure_mapping_table(mapping)
+    changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
+                                                            args.state_table)]
+    for line in changes or ["nothing to do: tables and families already match the mapping"]:
+        print(line)
+    return 0
+
+
+def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
+    if port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    from pipeline.metrics import default_metrics
+
+    default_metrics()
+    server, _ = start_http_server(port, addr=host)
+    url = f"http://{host}:{server.server_port}/metrics"
+    log.info("metrics at %s", url)
+    return url
+
+
+def build_live_job(args, mapping):
+    from pipeline.connections import StreamsClientFactory, dynamodb_client
+    from pipeline.graph import LiveJob, is_local
+    from pipeline.preflight import check_target, ensure_state_table, resolve_stream
+    from pipeline.stream_source import ReaderOptions
+
+    source = resolve_stream(mapping, dynamodb_client(mapping.source.region))
+    warning = check_target(mapping)
+    if warning:
+        log.warning(warning)
+    ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+    reader = ReaderOptions(
+        start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
+        discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
+        sleep_when_idle=is_local(args.beam_args),
+    )
+    return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader,
+                   state=state_spec(args, mapping, args.dlq_include_values),
+                   partitions=args.partitions, client_factory=StreamsClientFactory(mapping.source.region))
+
+
+def cmd_run(args) -> int:
+    from pipeline.graph import add_live_replication, make_pipeline
+
+    mapping = load(args)
+    job = build_live_job(args, mapping)
+    start_metrics_server(args.metrics_port, args.metrics_host)
+    log.info("replicating %s (%s) → %s/%s/%s, %d partition(s), start=%s%s", mapping.source.table,
+             job.stream_arn.rsplit("/", 1)[-1], mapping.target.project, mapping.target.instance,
+             mapping.target.table, job.partitions, job.reader.start,
+             f", until idle {args.until_idle}s" if args.until_idle else "")
+    p = make_pipeline(args.beam_args)
+    add_live_replication(p, job)
+    result = p.run()
+    result.wait_until_finish()
+    log.info("pipeline finished: %s", getattr(result, "state", "DONE"))
+    return 0
+
+
+def cmd_dlq_list(args) -> int:
+    mapping = load(args)
+    store = state_spec(args, mapping).store()
+    since = int(args.since * 1000) if args.since is not None else None
+    letters = store.list_dead_letters(reason=args.reason, since_ms=since)
+    if args.json:
+        for entry in letters[: args.limit]:
+            print(json.dumps(entry, ensure_ascii=False))
+        return 0
+    by_reason: dict = {}
+    for entry in letters:
+        by_reason[entry.get("reason", "?")] = by_reason.get(entry.get("reason", "?"), 0) + 1
+    print(f"{len(letters)} dead letter(s)" + (": " + ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items()))
+                                              if letters else ""))
+    for entry in letters[: args.limit]:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
+        print(f"  {when}  {entry.get('reason')}  [{entry.get('stage')}] {entry.get('message')}  "
+              f"(at {entry.get('position', 'n/a')})")
+    return 0
+
+
+def cmd_local(args) -> int:
+    from pipeline import local_stack as ls
+
+    if args.local_cmd == "env":
+        state = ls.load_state()
+        if state is None:
+            print("# no local stack is running; start one with: ddb2bt local up --detach", file=sys.stderr)
+            return 1
+        for k, v in state["env"].items():
+            print(f"export {k}={v}")
+        return 0
+    if args.local_cmd == "down":
+        stopped = ls.stop_detached()
+        print("local stack stopped" if stopped else "no local stack was running")
+        return 0
+    stack = ls.LocalStack(log_dir=Path(".ddb2bt/logs"))
+    if args.local_cmd == "run":
+        command = [c for c in args.command if c != "--"]
+        if not command:
+            raise ConfigError("give a command after --, e.g. ddb2bt local run -- pytest", "command")
+        with stack:
+            env = dict(os.environ)
+            env.update(stack.env())
+            return subprocess.call(command, env=env)
+    # up
+    if args.detach:
+        stack.start()
+        ls.save_state(stack)
+        # Detach: the servers live in their own sessions; forget them here.
+        stack._procs.clear()
+        print("local stack running; use it with:  eval \"$(ddb2bt local env)\"   stop it with: ddb2bt local down")
+        return 0
+    with stack:
+        for k, v in stack.env().items():
+            print(f"export {k}={v}")
+        print("# local stack running; Ctrl-C stops it", flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from pipeline.demo import run_demo
+
+    return run_demo(args)
+
+
+# --- parser ----------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddb2bt", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Replicate a live DynamoDB table into Cloud Bigtable (change data capture on Apache Beam).",
+        epilog=EPILOG)
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--log-format", default="text", choices=("text", "json"),
+                        help="json: one JSON object per line, for log collectors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
+
+    p = sub.add_parser("demo", help="run everything locally: emulators, a changing table, live replication",
+                       formatter_class=raw, description=(
+                           "Starts cbtemulator and moto on 127.0.0.1, creates the ProductCatalog table with a "
+                           "stream, writes a realistic stream of changes while the pipeline replicates them on "
+                           "the local runner, shows progress and lag, and ends with a summary and a row read "
+                           "back from Bigtable. Needs no cloud account."),
+                       epilog="example:\n  ddb2bt demo --changes 2000 --rate 300")
+    p.add_argument("--changes", type=int, default=1500, help="changes to write (default %(default)s)")
+    p.add_argument("--items", type=int, default=300, help="distinct products (default %(default)s)")
+    p.add_argument("--rate", type=float, default=250.0, help="target writes per second (default %(default)s)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: a free port; -1: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
+                       epilog="example:\n  ddb2bt validate --mapping examples/product_catalog.yaml")
+    add_mapping_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",
+                       formatter_class=raw,
+                       epilog="example:\n  echo '{\"pk\":\"hats\",\"sk\":\"fedoras#brandA\",\"Price\":30}' | "
+                              "ddb2bt explain -m examples/product_catalog.yaml --item -")
+    add_mapping_args(p)
+    p.add_argument("--item", required=True, help="item file: DynamoDB JSON or plain JSON ('-' for stdin)")
+    p.add_argument("--timestamp-ms", type=int, default=1_700_000_000_000, help="change time to show")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("create-table", help="create or update the Bigtable table (and the state table)",
+                       formatter_class=raw, description=(
+                           "Idempotent: creates the target table with the mapping's families and GC policies, "
+                           "adds missing families, updates changed GC policies, and creates the state table."),
+                       epilog="example:\n  ddb2bt create-table --mapping examples/product_catalog.yaml")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.set_defaults(func=cmd_create_table)
+
+    p = sub.add_parser("run", help="replicate the live stream (Beam job)", formatter_class=raw, description=(
+        "Reads the source table's DynamoDB stream and applies every change to Bigtable. Resumes from the "
+        "checkpoints in the state table when there are any. Unrecognised options go to Beam: locally the "
+        "job uses the pure-Python FnApiRunner; pass --runner=DataflowRunner and the usual Dataflow options "
+        "for production."),
+        epilog="examples:\n  ddb2bt run -m examples/product_catalog.yaml --until-idle 5\n"
+               "  ddb2bt run -m m.yaml --metrics-port 9464\n"
+               "  ddb2bt run -m m.yaml --runner=DataflowRunner --project=P --region=us-central1 "
+               "--temp_location=gs://bucket/tmp")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon",
+                   help="where shards without a checkpoint start (default %(default)s: the oldest record kept)")
+    p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
+                   help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
+                        "from the oldest record with a loud warning")
+    p.add_argument("--until-idle", type=float, metavar="SECONDS",
+                   help="stop once every shard has been at the stream head this long (tests, catch-up runs)")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls of an idle shard")
+    p.add_argument("--discovery-interval", type=float, default=10.0, help="seconds between shard discoveries")
+    p.add_argument("--partitions", type=int, default=1,
+                   help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
+    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True,
+                   help="store item images in dead letters (off: keys only, redacted)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
+    p.set_defaults(func=cmd_run, beam=True)
+
+    p = sub.add_parser("dlq", help="inspect dead letters", formatter_class=raw,
+                       epilog="examples:\n  ddb2bt dlq list -m examples/product_catalog.yaml\n"
+                              "  ddb2bt dlq list -m m.yaml --reason row_key_too_long --json")
+    dsub = p.add_subparsers(dest="dlq_cmd", required=True)
+    pl = dsub.add_parser("list", help="list dead letters with their reasons")
+    add_mapping_args(pl)
+    add_state_args(pl)
+    pl.add_argument("--reason", help="only this reason (e.g. unknown_family)")
+    pl.add_argument("--since", type=float, help="only those at or after this Unix time (seconds)")
+    pl.add_argument("--limit", type=int, default=50)
+    pl.add_argument("--json", action="store_true", help="one JSON object per line")
+    pl.set_defaults(func=cmd_dlq_list)
+
+    p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto)", formatter_class=raw,
+                       epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"
+                              "  ddb2bt local up --detach && eval \"$(ddb2bt local env)\"\n"
+                              "  ddb2bt local run -- pytest tests/e2e\n  ddb2bt local down")
+    lsub = p.add_subparsers(dest="local_cmd", required=True)
+    up = lsub.add_parser("up", help="start both servers on free 127.0.0.1 ports")
+    up.add_argument("--detach", action="store_true", help="keep running in the background")
+    lsub.add_parser("env", help="print export lines for a detached stack")
+    lsub.add_parser("down", help="stop a detached stack")
+    run = lsub.add_parser("run", help="start the stack, run a command with its variables, stop it")
+    run.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_local)
+    return parser
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "beam", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.beam_args = unknown
+    setup_logging(args.log_level, args.log_format)
+    try:
+        return args.func(args) or 0
+    except ConfigError as exc:
+        print(f"ddb2bt: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except PermanentError as exc:
+        print(f"ddb2bt: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ddb2bt: interrupted; state is checkpointed, run the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

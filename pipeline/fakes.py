@@ -1,0 +1,251 @@
+"""Fakes for what the emulators cannot do, behind the same interfaces as the real
+clients: an in-memory Bigtable (a MutationWriter and StateBackend, with fault
+injection) and a DynamoDB Streams client with boto3's interface (shard splits,
+closed shards, trimming, expired iterators, throttling).
+
+Used by unit tests, the fault suites and the benchmarks; never by the pipeline
+itself.
+"""
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from botocore.exceptions import ClientError
+
+from pipeline.bigtable_io import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
+from transforms.model import DeleteCells, SetCell
+
+# --- Bigtable -------------------------------------------------------------------
+
+
+class InMemoryBigtable:
+    """Bigtable's write semantics in memory: cells keyed by timestamp, a SetCell at
+    an existing timestamp replaces it, DeleteFromColumn honours [start, end).
+
+    ``families``: {table: set of families}; writing to an unknown family fails the
+    entry like the emulator does (INTERNAL "unknown family"). ``fault``: called with
+    (table, entries, call number) before applying; may raise BigtableRetryable /
+    BigtablePermanent or return a list of EntryStatus|None (None = apply normally).
+    """
+
+    def __init__(self, families: Optional[dict] = None,
+                 fault: Optional[Callable[[str, Sequence, int], Optional[list]]] = None) -> None:
+        self.families = families if families is not None else {}
+        self.fault = fault
+        self.tables: dict = {}
+        self.calls: list = []  # [(table, [row keys])] in call order
+        self._lock = threading.Lock()
+
+    def mutate_rows(self, table_id: str, entries: Sequence) -> list:
+        with self._lock:
+            call_no = len(self.calls)
+            self.calls.append((table_id, [k for k, _ in entries]))
+            injected = self.fault(table_id, entries, call_no) if self.fault else None
+            out = []
+            for i, (row_key, mutations) in enumerate(entries):
+                if injected is not None and injected[i] is not None:
+                    out.append(injected[i])
+                    continue
+                out.append(self._apply(table_id, row_key, mutations))
+            return out
+
+    def _apply(self, table_id: str, row_key: bytes, mutations: Sequence) -> EntryStatus:
+        known = self.families.get(table_id)
+        if known is not None:
+            for m in mutations:
+                if m.family not in known:
+                    return EntryStatus(13, f'unknown family "{m.family}"')
+        rows = self.tables.setdefault(table_id, {})
+        row = rows.setdefault(row_key, {})
+        for m in mutations:
+            column = row.setdefault((m.family, m.qualifier), {})
+            if isinstance(m, SetCell):
+                column[m.timestamp_ms] = m.value
+            elif isinstance(m, DeleteCells):
+                end = m.end_ms if m.end_ms > 0 else float("inf")
+                for ts in [t for t in column if m.start_ms <= t < end]:
+                    del column[ts]
+            if not column:
+                del row[(m.family, m.qualifier)]
+        if not row:
+            del rows[row_key]
+        return ENTRY_OK
+
+    def close(self) -> None:
+        pass
+
+    # StateBackend
+    def write_rows(self, rows: Sequence) -> None:
+        statuses = self.mutate_rows("__state__", rows)
+        if not all(s.ok for s in statuses):
+            raise BigtableRetryable("state write failed")
+
+    def read_prefix(self, prefix: bytes) -> dict:
+        return {k: v for k, v in self.latest("__state__").items() if k.startswith(prefix)}
+
+    def latest(self, table_id: str) -> dict:
+        """{row_key: {(family, qualifier): newest value}}."""
+        with self._lock:
+            return {
+                key: {col: versions[max(versions)] for col, versions in row.items()}
+                for key, row in self.tables.get(table_id, {}).items()
+            }
+
+    def versions(self, table_id: str) -> dict:
+        with self._lock:
+            return copy.deepcopy(self.tables.get(table_id, {}))
+
+
+# --- DynamoDB Streams --------------------------------------------------------------
+
+
+def client_error(code: str, message: str = "", operation: str = "GetRecords", status: int = 400) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": message or code},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
+
+
+@dataclass
+class FakeShard:
+    shard_id: str
+    parent_id: Optional[str] = None
+    records: list = field(default_factory=list)  # boto3-form records
+    closed: bool = False
+    trimmed_before: int = 0  # records with index < this are gone (TrimmedDataAccess)
+    listed: bool = True  # False once the shard aged out of the stream
+
+
+class FakeStreamsClient:
+    """boto3 ``dynamodbstreams`` client interface over in-memory shards.
+
+    Iterators are opaque strings ``shard|index|generation``; ``expire_iterators()``
+    makes every outstanding iterator raise ExpiredIteratorException once.
+    ``faults``: a list of ClientErrors raised by the next calls (FIFO), to inject
+    throttling storms and 500s. ``page_size`` caps records per GetRecords.
+    """
+
+    def __init__(self, table: str = "Fake", page_size: int = 1000, describe_page: int = 100) -> None:
+        self.stream_arn = f"arn:aws:dynamodb:us-east-1:000000000000:table/{table}/stream/2024-01-01T00:00:00.000"
+        self.table = table
+        self.shards: dict = {}
+        self.page_size = page_size
+        self.describe_page = describe_page
+        self.faults: list = []
+        self.calls: list = []
+        self.view_type = "NEW_AND_OLD_IMAGES"
+        self.stream_status = "ENABLED"
+        self._generation = 0
+        self._seq = 100000000000000000000
+        self._lock = threading.Lock()
+        self._clock_ms = 1_700_000_000_000
+
+    # -- building the stream
+    def add_shard(self, shard_id: str, parent_id: Optional[str] = None) -> FakeShard:
+        shard = self.shards[shard_id] = FakeShard(shard_id, parent_id)
+        return shard
+
+    def put(self, shard_id: str, event: str, keys: dict, new: Optional[dict] = None, old: Optional[dict] = None,
+            created_ms: Optional[int] = None) -> str:
+        with self._lock:
+            self._seq += 1
+            seq = str(self._seq)
+            if created_ms is None:
+                self._clock_ms += 1
+                created_ms = self._clock_ms
+            ddb = {"Keys": keys, "SequenceNumber": seq, "SizeBytes": 100, "StreamViewType": self.view_type,
+                   "ApproximateCreationDateTime": dt.datetime.fromtimestamp(created_ms / 1000, dt.timezone.utc)}
+            if new is not None:
+                ddb["NewImage"] = new
+            if old is not None:
+                ddb["OldImage"] = old
+            self.shards[shard_id].records.append(
+                {"eventID": f"e{seq}", "eventName": event, "eventSource": "aws:dynamodb", "dynamodb": ddb}
+            )
+            return seq
+
+    def close_shard(self, shard_id: str) -> None:
+        self.shards[shard_id].closed = True
+
+    def split(self, parent_id: str, *child_ids: str) -> list:
+        self.close_shard(parent_id)
+        return [self.add_shard(c, parent_id) for c in child_ids]
+
+    def expire_iterators(self) -> None:
+        self._generation += 1
+
+    # -- boto3 interface
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if self.faults:
+            fault = self.faults.pop(0)
+            if fault is not None:
+                raise fault
+
+    def describe_stream(self, StreamArn: str, Limit: int = 100, ExclusiveStartShardId: Optional[str] = None) -> dict:
+        self._call("DescribeStream")
+        if StreamArn != self.stream_arn:
+            raise client_error("ResourceNotFoundException", f"Requested resource not found: {StreamArn}",
+                               "DescribeStream")
+        listed = [s for s in self.shards.values() if s.listed]
+        ids = [s.shard_id for s in listed]
+        start = ids.index(ExclusiveStartShardId) + 1 if ExclusiveStartShardId in ids else 0
+        page = listed[start:start + min(Limit, self.describe_page)]
+        shards = []
+        for s in page:
+            seq_range = {"StartingSequenceNumber": s.records[0]["dynamodb"]["SequenceNumber"] if s.records else "0"}
+            if s.closed and s.records:
+                seq_range["EndingSequenceNumber"] = s.records[-1]["dynamodb"]["SequenceNumber"]
+            entry = {"ShardId": s.shard_id, "SequenceNumberRange": seq_range}
+            if s.parent_id:
+                entry["ParentShardId"] = s.parent_id
+            shards.append(entry)
+        desc = {"StreamArn": self.stream_arn, "StreamStatus": self.stream_status,
+                "StreamViewType": self.view_type, "TableName": self.table, "Shards": shards}
+        if start + len(page) < len(listed):
+            desc["LastEvaluatedShardId"] = page[-1].shard_id
+        return {"StreamDescription": desc}
+
+    def get_shard_iterator(self, StreamArn: str, ShardId: str, ShardIteratorType: str,
+                           SequenceNumber: Optional[str] = None) -> dict:
+        self._call("GetShardIterator")
+        shard = self.shards.get(ShardId)
+        if shard is None or not shard.listed:
+            raise client_error("ResourceNotFoundException", f"shard {ShardId} not found", "GetShardIterator")
+        seqs = [r["dynamodb"]["SequenceNumber"] for r in shard.records]
+        if ShardIteratorType == "TRIM_HORIZON":
+            index = shard.trimmed_before
+        elif ShardIteratorType == "LATEST":
+            index = len(seqs)
+        elif ShardIteratorType in ("AFTER_SEQUENCE_NUMBER", "AT_SEQUENCE_NUMBER"):
+            if SequenceNumber not in seqs:
+                raise client_error("ValidationException", f"unknown sequence number {SequenceNumber}",
+                                   "GetShardIterator")
+            index = seqs.index(SequenceNumber) + (1 if ShardIteratorType == "AFTER_SEQUENCE_NUMBER" else 0)
+            if index < shard.trimmed_before:
+                raise client_error("TrimmedDataAccessException", "the requested data was trimmed",
+                                   "GetShardIterator")
+        else:
+            raise client_error("ValidationException", f"bad iterator type {ShardIteratorType}", "GetShardIterator")
+        return {"ShardIterator": f"{ShardId}|{index}|{self._generation}"}
+
+    def get_records(self, ShardIterator: str, Limit: int = 1000) -> dict:
+        self._call("GetRecords")
+        try:
+            shard_id, index_text, generation = ShardIterator.rsplit("|", 2)
+            index = int(index_text)
+        except ValueError:
+            raise client_error("ValidationException", "invalid iterator") from None
+        if int(generation) != self._generation:
+            raise client_error("ExpiredIteratorException", "Iterator expired")
+        shard = self.shards[shard_id]
+        if index < shard.trimmed_before:
+            raise client_error("TrimmedDataAccessException", "the requested data was trimmed")
+        page = shard.records[index:index + min(Limit, self.page_size)]
+        nxt = index + len(page)
+        out = {"Records": copy.deepcopy(page)}
+        if not (shard.closed and nxt >= len(shard.records)):
+            out["NextShardIterator"] = f"{shard_id}|{nxt}|{self._generation}"
+        return out

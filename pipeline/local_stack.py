@@ -1,0 +1,270 @@
+"""The local stack: cbtemulator (Bigtable) and moto's server (DynamoDB + Streams +
+S3) on free 127.0.0.1 ports, for `ddb2bt local`, `ddb2bt demo` and the tests.
+
+Both servers bind to loopback only. ``LocalStack.env()`` gives the standard
+variables every client here honours: ``BIGTABLE_EMULATOR_HOST``,
+``AWS_ENDPOINT_URL_DYNAMODB``, ``AWS_ENDPOINT_URL_DYNAMODBSTREAMS`` (and
+``AWS_ENDPOINT_URL_DYNAMODB_STREAMS``, the spelling botocore reads),
+``AWS_ENDPOINT_URL_S3``, dummy credentials and a region.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from transforms.errors import PermanentError
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT_S = 30.0
+READY_POLL_S = 0.05
+STOP_GRACE_S = 5.0
+DEFAULT_REGION = "us-east-1"
+# Dummy credentials: moto accepts anything; real ones must never be needed locally.
+DUMMY_KEY_ID = "testing"
+DUMMY_SECRET = "testing"
+STATE_FILE = Path(".ddb2bt") / "local-stack.json"
+
+INSTALL_HELP = """\
+cbtemulator (the Cloud Bigtable emulator) was not found.
+Looked on PATH, in $CBTEMULATOR, and under the Google Cloud CLI's SDK root
+(platform/bigtable-emulator/cbtemulator). Install it with one of:
+  gcloud components install bigtable                       # gcloud from the installer
+  sudo apt-get install google-cloud-cli-bigtable-emulator  # gcloud from Debian/Ubuntu apt
+or point CBTEMULATOR at the binary."""
+
+
+class StackError(PermanentError):
+    """The local stack could not be started."""
+
+
+def _sdk_roots() -> list:
+    roots = []
+    gcloud = shutil.which("gcloud")
+    if gcloud:
+        try:
+            out = subprocess.run(
+                [gcloud, "info", "--format=value(installation.sdk_root)"],
+                capture_output=True, text=True, timeout=30, check=False,
+            ).stdout.strip()
+            if out:
+                roots.append(Path(out))
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        # gcloud is usually <root>/bin/gcloud (possibly via a symlink)
+        roots.append(Path(os.path.realpath(gcloud)).parent.parent)
+    roots += [Path("/usr/lib/google-cloud-sdk"), Path("/usr/share/google-cloud-sdk"),
+              Path.home() / "google-cloud-sdk", Path("/opt/google-cloud-sdk")]
+    return roots
+
+
+def find_cbtemulator() -> str:
+    """Path of the cbtemulator binary, or StackError with install instructions."""
+    explicit = os.environ.get("CBTEMULATOR")
+    if explicit:
+        if os.access(explicit, os.X_OK):
+            return explicit
+        raise StackError(f"CBTEMULATOR={explicit} is not an executable file.\n{INSTALL_HELP}")
+    on_path = shutil.which("cbtemulator")
+    if on_path:
+        return on_path
+    for root in _sdk_roots():
+        candidate = root / "platform" / "bigtable-emulator" / "cbtemulator"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise StackError(INSTALL_HELP)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def _wait_tcp(port: int, proc: subprocess.Popen, name: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(f"{name} exited with code {proc.returncode} before it was ready")
+        try:
+            with socket.create_connection((LOOPBACK, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(READY_POLL_S)
+    raise StackError(f"{name} did not accept connections on {LOOPBACK}:{port} within {READY_TIMEOUT_S:.0f}s")
+
+
+def _wait_http(url: str, proc: subprocess.Popen, name: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StackError(f"{name} exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 - loopback only
+                if resp.status < 500:
+                    return
+        except OSError:
+            time.sleep(READY_POLL_S)
+    raise StackError(f"{name} did not answer {url} within {READY_TIMEOUT_S:.0f}s")
+
+
+def stack_env(bigtable_port: int, moto_port: int, region: str = DEFAULT_REGION) -> dict:
+    aws = f"http://{LOOPBACK}:{moto_port}"
+    return {
+        "BIGTABLE_EMULATOR_HOST": f"{LOOPBACK}:{bigtable_port}",
+        "AWS_ENDPOINT_URL_DYNAMODB": aws,
+        "AWS_ENDPOINT_URL_DYNAMODBSTREAMS": aws,
+        # What botocore actually reads for the "DynamoDB Streams" service id.
+        "AWS_ENDPOINT_URL_DYNAMODB_STREAMS": aws,
+        "AWS_ENDPOINT_URL_S3": aws,
+        "AWS_ACCESS_KEY_ID": DUMMY_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
+        "AWS_DEFAULT_REGION": region,
+        "AWS_REGION": region,
+    }
+
+
+@dataclass
+class LocalStack:
+    """cbtemulator + moto server. Use as a context manager, or start()/stop()."""
+
+    region: str = DEFAULT_REGION
+    log_dir: Optional[Path] = None
+    bigtable_port: int = 0
+    moto_port: int = 0
+    _procs: dict = field(default_factory=dict)
+    _logs: list = field(default_factory=list)
+
+    def start(self) -> "LocalStack":
+        binary = find_cbtemulator()
+        self.bigtable_port = self.bigtable_port or free_port()
+        self.moto_port = self.moto_port or free_port()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        try:
+            self._procs["bigtable"] = self._spawn(
+                "cbtemulator", [binary, "-host", LOOPBACK, "-port", str(self.bigtable_port)]
+            )
+            self._procs["moto"] = self._spawn(
+                "moto", [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.moto_port)]
+            )
+            _wait_tcp(self.bigtable_port, self._procs["bigtable"], "cbtemulator", deadline)
+            _wait_http(f"http://{LOOPBACK}:{self.moto_port}/moto-api/", self._procs["moto"], "moto server", deadline)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("local stack up: bigtable %s:%d, moto %s:%d", LOOPBACK, self.bigtable_port, LOOPBACK, self.moto_port)
+        return self
+
+    def _spawn(self, name: str, argv: list) -> subprocess.Popen:
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{name}.log", "ab")
+            self._logs.append(out)
+        else:
+            out = subprocess.DEVNULL
+        env = dict(os.environ)
+        env.update(stack_env(self.bigtable_port, self.moto_port, self.region))
+        # start_new_session: Ctrl-C in the terminal reaches us, and we stop the
+        # servers in order, instead of them dying half-way through a write.
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def env(self) -> dict:
+        return stack_env(self.bigtable_port, self.moto_port, self.region)
+
+    def apply_env(self) -> dict:
+        """Set the variables in this process; returns the previous values."""
+        previous = {k: os.environ.get(k) for k in self.env()}
+        os.environ.update(self.env())
+        return previous
+
+    def restart_bigtable(self) -> None:
+        """Kill and restart the emulator on the same port (it loses all data)."""
+        proc = self._procs.pop("bigtable", None)
+        if proc:
+            _terminate(proc)
+        self._procs["bigtable"] = self._spawn(
+            "cbtemulator", [find_cbtemulator(), "-host", LOOPBACK, "-port", str(self.bigtable_port)]
+        )
+        _wait_tcp(self.bigtable_port, self._procs["bigtable"], "cbtemulator", time.monotonic() + READY_TIMEOUT_S)
+
+    @property
+    def pids(self) -> dict:
+        return {name: p.pid for name, p in self._procs.items()}
+
+    def stop(self) -> None:
+        for name in ("moto", "bigtable"):
+            proc = self._procs.pop(name, None)
+            if proc is not None:
+                _terminate(proc)
+        for handle in self._logs:
+            handle.close()
+        self._logs.clear()
+
+    def __enter__(self) -> "LocalStack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# --- a detached stack for `ddb2bt local up --detach` / `local env` / `local down` ----
+
+
+def save_state(stack: LocalStack, path: Path = STATE_FILE) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pids": stack.pids, "env": stack.env()}, indent=2))
+
+
+def load_state(path: Path = STATE_FILE) -> Optional[dict]:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    alive = all(_alive(pid) for pid in state.get("pids", {}).values())
+    return state if alive else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def stop_detached(path: Path = STATE_FILE) -> bool:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    for pid in state.get("pids", {}).values():
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    path.unlink(missing_ok=True)
+    return True

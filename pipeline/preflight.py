@@ -1,0 +1,76 @@
+"""Checks made before a job starts, each failing fast with what to do."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from transforms.config import MappingConfig
+from transforms.errors import ConfigError, PermanentError
+from pipeline.bigtable_io import BigtableAdmin
+from pipeline.state import STATE_FAMILIES
+
+REQUIRED_VIEW = "NEW_AND_OLD_IMAGES"
+
+
+@dataclass(frozen=True)
+class SourceStream:
+    table: str
+    stream_arn: str
+    view_type: str
+    item_count: int
+
+
+def resolve_stream(mapping: MappingConfig, dynamodb) -> SourceStream:
+    """The source table's current stream; fails unless it is enabled with
+    NEW_AND_OLD_IMAGES (deletes and removed attributes need the old image)."""
+    table = mapping.source.table
+    try:
+        desc = dynamodb.describe_table(TableName=table)["Table"]
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "ResourceNotFoundException":
+            raise ConfigError(f"DynamoDB table {table!r} does not exist (in this account and region)",
+                              "source.table") from None
+        raise PermanentError(f"DescribeTable {table}: {code}: {exc.response['Error'].get('Message', '')}") from None
+    except BotoCoreError as exc:
+        raise PermanentError(f"cannot reach DynamoDB: {exc}") from None
+    spec = desc.get("StreamSpecification") or {}
+    arn = desc.get("LatestStreamArn")
+    if not spec.get("StreamEnabled") or not arn:
+        raise ConfigError(
+            f"table {table!r} has no stream enabled. Enable one with NEW_AND_OLD_IMAGES: aws dynamodb "
+            f"update-table --table-name {table} --stream-specification "
+            f"StreamEnabled=true,StreamViewType={REQUIRED_VIEW}", "source.table")
+    view = spec.get("StreamViewType", "")
+    if view != REQUIRED_VIEW:
+        raise ConfigError(
+            f"the stream of {table!r} is {view}; ddb2bt needs {REQUIRED_VIEW} to apply deletes and "
+            "removed attributes exactly", "source.table")
+    key_names = {k["AttributeName"]: k["KeyType"] for k in desc.get("KeySchema", [])}
+    expected = {mapping.source.partition_key: "HASH"}
+    if mapping.source.sort_key:
+        expected[mapping.source.sort_key] = "RANGE"
+    if key_names and key_names != expected:
+        raise ConfigError(f"the table's key schema is {key_names}, the mapping says {expected}", "source.key")
+    return SourceStream(table, arn, view, int(desc.get("ItemCount", 0)))
+
+
+def ensure_state_table(project: str, instance: str, table_id: str) -> list:
+    return BigtableAdmin(project, instance).ensure_table(table_id, STATE_FAMILIES)
+
+
+def check_target(mapping: MappingConfig) -> Optional[str]:
+    """A warning when the target misses families (their cells will dead-letter),
+    or ConfigError when the table does not exist."""
+    admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
+    if not admin.exists(mapping.target.table):
+        raise ConfigError(
+            f"Bigtable table {mapping.target.table!r} does not exist; create it with: "
+            f"ddb2bt create-table --mapping {mapping.origin}", "target.table")
+    missing = sorted(mapping.family_names - admin.families(mapping.target.table))
+    if missing:
+        return (f"table {mapping.target.table} lacks families {', '.join(missing)}: their cells go to the "
+                f"dead-letter output; run ddb2bt create-table --mapping {mapping.origin} to add them")
+    return None

@@ -1,0 +1,80 @@
+"""ChangeRecord ⇄ JSON (dead letters, `explain`, fixtures) and boto3 stream record →
+ChangeRecord. The one place the stream's wire shape is interpreted."""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Optional
+
+from transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
+from transforms.model import ChangeRecord, StreamPosition, datetime_to_ms
+
+TTL_PRINCIPAL = "dynamodb.amazonaws.com"
+
+
+def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -> ChangeRecord:
+    """A record from GetRecords (boto3 form) → ChangeRecord. Missing fields are kept
+    missing (not invented) so the mapping dead-letters them with a precise reason."""
+    ddb = raw.get("dynamodb") or {}
+    identity = raw.get("userIdentity") or {}
+    seq = ddb.get("SequenceNumber", "")
+    created = ddb.get("ApproximateCreationDateTime")
+    return ChangeRecord(
+        event_name=raw.get("eventName", ""),
+        keys=ddb.get("Keys") or {},
+        new_image=ddb.get("NewImage"),
+        old_image=ddb.get("OldImage"),
+        change_ms=datetime_to_ms(created) if created is not None else -1,
+        position=StreamPosition(stream_arn, shard_id, seq),
+        event_id=raw.get("eventID", ""),
+        is_ttl_delete=identity.get("Type") == "Service" and identity.get("PrincipalId") == TTL_PRINCIPAL,
+        size_bytes=int(ddb.get("SizeBytes") or 0),
+    )
+
+
+def record_to_json(record: ChangeRecord, include_values: bool = True) -> str:
+    """JSON for a dead letter. Without values, only the keys are kept (still enough
+    to find the item and re-read it for a redrive)."""
+    out: dict = {
+        "eventName": record.event_name,
+        "eventID": record.event_id,
+        "changeMs": record.change_ms,
+        "keys": item_to_dynamodb_json(record.keys) if include_values else _redacted(record.keys),
+        "ttlDelete": record.is_ttl_delete,
+    }
+    if record.position is not None:
+        out["position"] = {
+            "streamArn": record.position.stream_arn,
+            "shardId": record.position.shard_id,
+            "sequenceNumber": record.position.sequence_number,
+        }
+    if include_values:
+        for name, image in (("newImage", record.new_image), ("oldImage", record.old_image)):
+            if image is not None:
+                out[name] = _safe_image(image)
+    return json.dumps(out, sort_keys=True, separators=(",", ":"))
+
+
+def _safe_image(image: Mapping) -> Any:
+    try:
+        return item_to_dynamodb_json(image)
+    except Exception:  # a malformed image is exactly what a dead letter must keep
+        return repr(image)
+
+
+def _redacted(keys: Mapping) -> dict:
+    return {name: "<redacted>" for name in keys}
+
+
+def record_from_json(text: str) -> ChangeRecord:
+    data = json.loads(text)
+    pos = data.get("position")
+    return ChangeRecord(
+        event_name=data["eventName"],
+        keys=item_from_dynamodb_json(data["keys"]),
+        new_image=item_from_dynamodb_json(data["newImage"]) if "newImage" in data else None,
+        old_image=item_from_dynamodb_json(data["oldImage"]) if "oldImage" in data else None,
+        change_ms=data["changeMs"],
+        position=StreamPosition(pos["streamArn"], pos["shardId"], pos["sequenceNumber"]) if pos else None,
+        event_id=data.get("eventID", ""),
+        is_ttl_delete=data.get("ttlDelete", False),
+    )

@@ -1,0 +1,411 @@
+"""The Bigtable sink: ``BatchingWriter`` (pure logic, writer and clock passed in)
+and ``WriteToBigtableFn`` (the thin DoFn around it).
+
+Per flush, in this order:
+  1. Coalesce: all changes to one (table, row key) in the buffer become ONE
+     MutateRows entry with their mutations in stream order — Bigtable applies the
+     entries of a request in any order, even for the same row, but the mutations
+     of one entry in order.
+  2. Write: MutateRows in requests bounded by entries, bytes and the 100,000-
+     mutation limit; retry only the entries that failed with a retryable code,
+     with jittered exponential backoff and a total deadline. Flushes are
+     synchronous, so a row's next change is never sent while its previous one is
+     unacknowledged or being retried.
+  3. Isolate: an entry that failed permanently and holds several changes is
+     re-sent one change at a time, in order, so only the bad change is
+     dead-lettered and its neighbours still apply.
+  4. Dead letters are stored durably, then each shard's checkpoint advances to the
+     last record the flush covered, then closed shards are marked finished.
+If the deadline passes with retryable failures left, the flush raises (the bundle
+fails, nothing is checkpointed, the runner or a restart replays: no loss).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+from transforms.errors import MappingError, PermanentError
+from transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
+from transforms.model import DeadLetter, MappedChange, RowChange, ShardClosed
+from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
+from pipeline.metrics import PipelineMetrics
+from pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
+from pipeline.state import ShardCheckpoint, StateStore
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    # 1,000 entries ≈ 1 MB of 1 KB rows: large enough to amortise the RPC, small
+    # enough that a retry resends little.
+    max_batch_rows: int = 1000
+    max_batch_bytes: int = 16 * MIB
+    max_batch_mutations: int = MAX_MUTATIONS_PER_REQUEST
+    retry: RetryPolicy = DEFAULT_POLICY
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_batch_mutations <= MAX_MUTATIONS_PER_REQUEST:
+            raise ValueError(f"max_batch_mutations must be in 1..{MAX_MUTATIONS_PER_REQUEST}")
+        if not 0 < self.max_batch_bytes <= MAX_REQUEST_BYTES:
+            raise ValueError(f"max_batch_bytes must be in 1..{MAX_REQUEST_BYTES}")
+        if self.max_batch_rows <= 0:
+            raise ValueError("max_batch_rows must be positive")
+
+
+@dataclass
+class _Row:
+    table: str
+    row_key: bytes
+    mutations: list = field(default_factory=list)
+    parts: list = field(default_factory=list)  # [(MappedChange, RowChange)] in stream order
+
+
+class _StillFailing(BigtableRetryable):
+    pass
+
+
+# Whole-call failures no retry or isolation can fix.
+FATAL_CODES = ("NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED")
+INVALID_ARGUMENT = 3
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class BatchingWriter:
+    """Buffers mapped changes, writes them, and checkpoints. Not thread-safe: one
+    per DoFn instance, as Beam uses them."""
+
+    def __init__(
+        self,
+        writer: MutationWriter,
+        state: Optional[StateStore],
+        config: SinkConfig = SinkConfig(),
+        metrics: Optional[PipelineMetrics] = None,
+        known_families: Optional[Callable[[str], Optional[frozenset]]] = None,
+        now_ms: Callable[[], int] = _wall_ms,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._writer = writer
+        self._state = state
+        self._config = config
+        self._metrics = metrics
+        self._known_families = known_families or (lambda table: None)
+        self._now_ms = now_ms
+        self._sleep = sleep
+        self._reset()
+
+    def _reset(self) -> None:
+        self._rows: dict = {}
+        self._mutations = 0
+        self._bytes = 0
+        self._dead: list = []
+        self._positions: dict = {}  # (stream, shard) -> ShardCheckpoint
+        self._applied: dict = {}  # (stream, shard) -> [count, max change ms]
+        self._events: list = []  # (table, event, change_ms) for metrics after ack
+        self._closed: list = []
+        self._elements: list = []  # every MappedChange since the last flush, in order
+
+    @property
+    def pending_rows(self) -> int:
+        return len(self._rows)
+
+    # -- adding ---------------------------------------------------------------------
+    def add(self, element) -> list:
+        """Buffer one element; returns dead letters of any flush it caused."""
+        if isinstance(element, ShardClosed):
+            self._closed.append(element)
+            return []
+        if not isinstance(element, MappedChange):
+            raise TypeError(f"sink got {type(element).__name__}, expected MappedChange or ShardClosed")
+        flushed: list = []
+        rows = self._prevalidate(element)
+        size = sum(r.size_bytes for r in rows)
+        count = sum(len(r.mutations) for r in rows)
+        new_rows = sum(1 for r in rows if (r.table, r.row_key) not in self._rows)
+        if self._rows and (
+            len(self._rows) + new_rows > self._config.max_batch_rows
+            or self._bytes + size > self._config.max_batch_bytes
+            or self._mutations + count > self._config.max_batch_mutations
+        ):
+            flushed = self.flush()
+        for row in rows:
+            key = (row.table, row.row_key)
+            pending = self._rows.get(key)
+            if pending is None:
+                pending = self._rows[key] = _Row(row.table, row.row_key)
+            elif self._metrics:
+                self._metrics.changes_coalesced.labels(row.table).inc()
+            pending.mutations.extend(row.mutations)
+            pending.parts.append((element, row))
+        self._bytes += size
+        self._mutations += count
+        self._track(element)
+        self._elements.append(element)
+        return flushed
+
+    def _prevalidate(self, element: MappedChange) -> tuple:
+        """Dead-letter changes that name a family the table lacks: the emulator
+        reports them as INTERNAL (which looks retryable) and the service rejects
+        them — either way they must not be retried."""
+        if element.dead_letter is not None:
+            self._dead.append(element.dead_letter)
+            return ()
+        for row in element.rows:
+            families = self._known_families(row.table)
+            if families is None:
+                continue
+            missing = sorted({m.family for m in row.mutations if m.family not in families})
+            if missing:
+                self._dead.append(self._dead_letter(
+                    element, "unknown_family",
+                    f"table {row.table} has no column family {', '.join(missing)} (run ddb2bt create-table)",
+                    "UnknownFamily",
+                ))
+                return ()
+        return element.rows
+
+    def _track(self, element: MappedChange) -> None:
+        pos = element.record.position
+        if pos is None:
+            return
+        key = (pos.stream_arn, pos.shard_id)
+        self._positions[key] = ShardCheckpoint(
+            stream_arn=pos.stream_arn, shard_id=pos.shard_id, sequence_number=pos.sequence_number,
+            change_ms=element.record.change_ms,
+        )
+        counts = self._applied.setdefault(key, [0, None])
+        counts[0] += 1
+        counts[1] = element.record.change_ms if counts[1] is None else max(counts[1], element.record.change_ms)
+
+    def _dead_letter(self, element: MappedChange, reason: str, message: str, error_class: str) -> DeadLetter:
+        return DeadLetter(reason=reason, error_class=error_class, message=message, stage="write",
+                          record=element.record, failed_at_ms=self._now_ms())
+
+    # -- flushing -------------------------------------------------------------------
+    def flush(self) -> list:
+        """Write everything buffered, store dead letters, checkpoint. Returns the
+        dead letters (also stored)."""
+        if not (self._rows or self._dead or self._positions or self._closed):
+            return []
+        by_table: dict = {}
+        for row in self._rows.values():
+            by_table.setdefault(row.table, []).append(row)
+        dead = list(self._dead)
+        for table, rows in by_table.items():
+            for row, status in self._write_all(table, rows):
+                dead.extend(self._isolate(row, status))
+        ack_ms = self._now_ms()
+        if self._state is not None:
+            if dead:
+                self._state.save_dead_letters(dead)
+            checkpoints = list(self._positions.values()) + [
+                ShardCheckpoint(c.stream_arn, c.shard_id, c.last_sequence_number, finished=True)
+                for c in self._closed
+            ]
+            self._state.save_checkpoints(_merge_checkpoints(checkpoints))
+        self._report(dead, ack_ms)
+        self._reset()
+        return dead
+
+    def _report(self, dead: list, ack_ms: int) -> None:
+        m = self._metrics
+        if m is None:
+            return
+        dead_ids = {id(d.record) for d in dead}
+        for element in self._elements:
+            table = _table_of(element.record)
+            if id(element.record) in dead_ids:
+                continue
+            if not element.rows:
+                m.changes_skipped.labels(table).inc()
+                continue
+            m.applied(table, element.record.event_name)
+            m.observe_lag(ack_ms - element.record.change_ms)
+        for d in dead:
+            m.dead_lettered(_table_of(d.record), d.stage, d.reason)
+        for (stream, shard), (count, change_ms) in self._applied.items():
+            m.lag.on_applied(stream, shard, change_ms, count)
+        m.checkpoint_time.set(ack_ms / 1000)
+
+    def _requests(self, rows: list) -> Iterable:
+        """Split rows into requests within the entry/byte/mutation limits; a row is
+        never split across requests."""
+        batch: list = []
+        size = mutations = 0
+        for row in rows:
+            row_size = len(row.row_key) + sum(len(m.qualifier) + len(getattr(m, "value", b"")) + 16 for m in row.mutations)
+            if batch and (len(batch) >= self._config.max_batch_rows
+                          or size + row_size > self._config.max_batch_bytes
+                          or mutations + len(row.mutations) > self._config.max_batch_mutations):
+                yield batch
+                batch, size, mutations = [], 0, 0
+            batch.append(row)
+            size += row_size
+            mutations += len(row.mutations)
+        if batch:
+            yield batch
+
+    def _write_all(self, table: str, rows: list) -> list:
+        """[(row, permanent EntryStatus)] for rows that failed for good."""
+        failed: list = []
+        for batch in self._requests(rows):
+            failed.extend(self._write_with_retry(table, batch))
+        return failed
+
+    def _write_with_retry(self, table: str, rows: list) -> list:
+        pending = list(rows)
+        permanent: list = []
+
+        def attempt() -> None:
+            nonlocal pending
+            started = time.perf_counter()
+            sent = len(pending)
+            try:
+                statuses = self._writer.mutate_rows(table, [(r.row_key, r.mutations) for r in pending])
+            except BigtablePermanent as exc:
+                if getattr(exc, "code", "") in FATAL_CODES:
+                    raise  # table missing or no permission: nothing can succeed, stop loudly
+                rejected, pending = pending, []
+                if len(rejected) == 1:
+                    permanent.append((rejected[0], EntryStatus(INVALID_ARGUMENT, exc.message)))
+                    return
+                # The request as a whole was rejected: find the culprit row by row.
+                for row in rejected:
+                    permanent.extend(self._write_with_retry(table, [row]))
+                return
+            finally:
+                if self._metrics:
+                    self._metrics.mutate_latency.observe(time.perf_counter() - started)
+                    self._metrics.batch_rows.observe(sent)
+            retry = []
+            for row, status in zip(pending, statuses):
+                if status.ok:
+                    continue
+                if status.retryable:
+                    retry.append(row)
+                    if self._metrics:
+                        self._metrics.bigtable_retries.labels(code_name(status.code)).inc()
+                else:
+                    permanent.append((row, status))
+            pending = retry
+            if pending:
+                raise _StillFailing(f"{len(pending)} entries of {table} still failing")
+
+        def count_rpc_retry(exc: BaseException) -> None:
+            if self._metrics and not isinstance(exc, _StillFailing):
+                self._metrics.bigtable_retries.labels(getattr(exc, "code", "RPC")).inc(len(pending))
+
+        try:
+            retrying(self._config.retry, f"MutateRows on {table}", count_rpc_retry, self._sleep)(attempt)
+        except BigtableRetryable as exc:
+            raise BigtableRetryable(
+                f"gave up writing to {table} after {self._config.retry.deadline_s:.0f}s: {exc.message}"
+            ) from exc
+        return permanent
+
+    def _isolate(self, row: _Row, status: EntryStatus) -> list:
+        """A coalesced entry failed for good: apply its changes one by one, in
+        order, and dead-letter only those that fail."""
+        reason = status.permanent_reason or "write_failed"
+        if len(row.parts) == 1:
+            element, _ = row.parts[0]
+            return [self._dead_letter(element, reason, status.message or reason, "BigtableWriteError")]
+        dead = []
+        for element, change in row.parts:
+            single = _Row(row.table, row.row_key, list(change.mutations), [(element, change)])
+            for failed_row, failed_status in self._write_with_retry(row.table, [single]):
+                dead.append(self._dead_letter(element, failed_status.permanent_reason or "write_failed",
+                                              failed_status.message, "BigtableWriteError"))
+        return dead
+
+
+def _table_of(record) -> str:
+    """Source table name for metric labels (never a key or a value)."""
+    if record.position is None:
+        return "backfill"
+    return record.position.stream_arn.split(":table/", 1)[-1].split("/", 1)[0]
+
+
+def _merge_checkpoints(checkpoints: list) -> list:
+    merged: dict = {}
+    for c in checkpoints:
+        key = (c.stream_arn, c.shard_id)
+        prev = merged.get(key)
+        if prev is None:
+            merged[key] = c
+        else:
+            merged[key] = ShardCheckpoint(
+                c.stream_arn, c.shard_id, c.sequence_number or prev.sequence_number,
+                finished=prev.finished or c.finished, change_ms=c.change_ms or prev.change_ms,
+            )
+    return list(merged.values())
+
+
+# --- Beam ------------------------------------------------------------------------
+
+import apache_beam as beam  # noqa: E402  (kept below the pure part on purpose)
+from apache_beam.transforms.window import GlobalWindows  # noqa: E402
+
+FAMILY_CACHE_S = 60.0
+
+
+class _FamilyCache:
+    """Column families per table, refreshed at most once a minute, so a family
+    added by `create-table` while the job runs is picked up."""
+
+    def __init__(self, spec, now: Callable[[], float] = time.monotonic) -> None:
+        from pipeline.bigtable_io import BigtableAdmin
+
+        self._admin = BigtableAdmin(spec.project, spec.instance)
+        self._now = now
+        self._cache: dict = {}
+
+    def __call__(self, table: str) -> Optional[frozenset]:
+        cached = self._cache.get(table)
+        if cached is not None and self._now() - cached[0] < FAMILY_CACHE_S:
+            return cached[1]
+        try:
+            families = frozenset(self._admin.families(table))
+        except Exception as exc:  # no admin permission: fall back to the write's own answer
+            log.warning("cannot list column families of %s (%s); relying on write errors", table, type(exc).__name__)
+            families = None
+        self._cache[table] = (self._now(), families)
+        return families
+
+
+class WriteToBigtableFn(beam.DoFn):
+    """MappedChange | ShardClosed → (writes, checkpoints) → DeadLetter output."""
+
+    def __init__(self, bigtable, state_spec, config: SinkConfig = SinkConfig(),
+                 check_families: bool = True) -> None:
+        self._bigtable = bigtable
+        self._state_spec = state_spec
+        self._config = config
+        self._check_families = check_families
+
+    def setup(self) -> None:
+        from pipeline.metrics import default_metrics
+
+        self._writer = self._bigtable.writer()
+        self._state = self._state_spec.store(self._writer) if self._state_spec else None
+        self._families = _FamilyCache(self._bigtable) if self._check_families else None
+        self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families)
+
+    def process(self, element):
+        yield from self._batcher.add(element)
+
+    def finish_bundle(self):
+        for dead in self._batcher.flush():
+            yield GlobalWindows.windowed_value(dead)
+
+    def teardown(self) -> None:
+        writer = getattr(self, "_writer", None)
+        if writer is not None:
+            writer.close()

@@ -1,0 +1,197 @@
+"""Durable job state in a Bigtable table: per-shard checkpoints and dead letters.
+
+Row keys (``job`` is the mapping name unless ``--job-name`` says otherwise)::
+
+  {job}#ckpt#{stream label}#{shard id}   ckpt:seq, ckpt:finished, ckpt:change_ms, ckpt:updated_ms
+  {job}#dlq#{failed at ms, 13 digits}#{n} dlq:reason, dlq:error_class, dlq:message,
+                                          dlq:stage, dlq:record (JSON), dlq:position
+
+A checkpoint is written only after every write it covers is acknowledged by
+Bigtable, and a dead letter is written before the checkpoint that passes it, so
+a crash at any moment loses nothing: a restart replays from the checkpoint and
+the replay is harmless (explicit timestamps, time-bounded deletes).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Protocol, Sequence
+
+from transforms.config import FamilyConfig
+from transforms.model import DeadLetter, SetCell, DeleteCells
+from pipeline.records import record_to_json
+
+DEFAULT_STATE_TABLE = "ddb2bt_state"
+CKPT = "ckpt"
+DLQ = "dlq"
+META = "meta"
+STATE_FAMILIES = (
+    FamilyConfig(CKPT, max_versions=1),
+    FamilyConfig(DLQ, max_versions=1),
+    FamilyConfig(META, max_versions=1),
+)
+TS_DIGITS = 13  # ms since epoch fit in 13 digits until the year 2286
+
+
+class StateBackend(Protocol):
+    """Rows in and out of the state table; Bigtable in production, a dict in tests."""
+
+    def write_rows(self, rows: Sequence) -> None:
+        """rows: (row_key, [SetCell|DeleteCells...]); durable when this returns."""
+
+    def read_prefix(self, prefix: bytes) -> dict:
+        """{row_key: {(family, qualifier): value}} latest versions only."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardCheckpoint:
+    stream_arn: str
+    shard_id: str
+    sequence_number: Optional[str]
+    finished: bool = False
+    change_ms: Optional[int] = None  # time of the last applied change
+    updated_ms: int = 0
+
+
+def stream_label(stream_arn: str) -> str:
+    """The stream's label (the part after /stream/), e.g. 2024-01-01T00:00:00.000.
+    A disabled-and-re-enabled stream has a new label, so its shards never reuse
+    the old stream's checkpoints."""
+    return stream_arn.rsplit("/stream/", 1)[-1] if "/stream/" in stream_arn else hashlib.sha1(
+        stream_arn.encode()).hexdigest()[:16]
+
+
+class StateStore:
+    def __init__(self, backend: StateBackend, job: str, now_ms: Callable[[], int],
+                 include_values: bool = True) -> None:
+        self._backend = backend
+        self._job = job
+        self._now_ms = now_ms
+        self._include_values = include_values
+        self._dlq_counter = itertools.count()
+
+    # -- checkpoints
+    def _ckpt_prefix(self, stream_arn: str) -> bytes:
+        return f"{self._job}#ckpt#{stream_label(stream_arn)}#".encode()
+
+    def save_checkpoints(self, checkpoints: Iterable[ShardCheckpoint]) -> None:
+        now = self._now_ms()
+        rows = []
+        for c in checkpoints:
+            cells = {b"updated_ms": str(now).encode(), b"stream_arn": c.stream_arn.encode()}
+            if c.sequence_number is not None:
+                cells[b"seq"] = c.sequence_number.encode()
+            if c.change_ms is not None:
+                cells[b"change_ms"] = str(c.change_ms).encode()
+            if c.finished:
+                cells[b"finished"] = b"1"
+            rows.append((self._ckpt_prefix(c.stream_arn) + c.shard_id.encode(), _set_latest(CKPT, cells, now)))
+        if rows:
+            self._backend.write_rows(rows)
+
+    def load_checkpoints(self, stream_arn: str) -> dict:
+        prefix = self._ckpt_prefix(stream_arn)
+        out = {}
+        for key, cells in self._backend.read_prefix(prefix).items():
+            shard_id = key[len(prefix):].decode()
+            seq = cells.get((CKPT, b"seq"))
+            change = cells.get((CKPT, b"change_ms"))
+            out[shard_id] = ShardCheckpoint(
+                stream_arn=stream_arn,
+                shard_id=shard_id,
+                sequence_number=seq.decode() if seq else None,
+                finished=cells.get((CKPT, b"finished")) == b"1",
+                change_ms=int(change) if change else None,
+                updated_ms=int(cells.get((CKPT, b"updated_ms"), b"0")),
+            )
+        return out
+
+    # -- dead letters
+    def save_dead_letters(self, letters: Sequence[DeadLetter]) -> None:
+        now = self._now_ms()
+        rows = []
+        for dl in letters:
+            pos = dl.record.position
+            unique = hashlib.sha1(
+                f"{pos.shard_id if pos else ''}:{pos.sequence_number if pos else ''}:{next(self._dlq_counter)}:{now}".encode()
+            ).hexdigest()[:12]
+            key = f"{self._job}#dlq#{dl.failed_at_ms:0{TS_DIGITS}d}#{unique}".encode()
+            cells = {
+                b"reason": dl.reason.encode(),
+                b"error_class": dl.error_class.encode(),
+                b"message": dl.message.encode("utf-8", "replace"),
+                b"stage": dl.stage.encode(),
+                b"failed_at_ms": str(dl.failed_at_ms).encode(),
+                b"record": record_to_json(dl.record, self._include_values).encode(),
+            }
+            if pos is not None:
+                cells[b"position"] = f"{pos.shard_id}/{pos.sequence_number}".encode()
+            rows.append((key, _set_latest(DLQ, cells, now)))
+        if rows:
+            self._backend.write_rows(rows)
+
+    def list_dead_letters(self, reason: Optional[str] = None, since_ms: Optional[int] = None) -> list:
+        prefix = f"{self._job}#dlq#".encode()
+        out = []
+        for key, cells in sorted(self._backend.read_prefix(prefix).items()):
+            entry = {q.decode(): v.decode("utf-8", "replace") for (fam, q), v in cells.items() if fam == DLQ}
+            entry["id"] = key[len(prefix):].decode()
+            if reason and entry.get("reason") != reason:
+                continue
+            if since_ms is not None and int(entry.get("failed_at_ms", "0")) < since_ms:
+                continue
+            out.append(entry)
+        return out
+
+    # -- job metadata (phase etc.)
+    def save_meta(self, name: str, value: str) -> None:
+        now = self._now_ms()
+        self._backend.write_rows([(f"{self._job}#meta#{name}".encode(), _set_latest(META, {b"value": value.encode()}, now))])
+
+    def load_meta(self, name: str) -> Optional[str]:
+        rows = self._backend.read_prefix(f"{self._job}#meta#{name}".encode())
+        for cells in rows.values():
+            value = cells.get((META, b"value"))
+            return value.decode() if value is not None else None
+        return None
+
+
+def _set_latest(family: str, cells: dict, ts_ms: int) -> list:
+    """SetCell at ``ts_ms`` plus removal of older versions, per column."""
+    out = []
+    for qualifier, value in sorted(cells.items()):
+        out.append(SetCell(family, qualifier, value, ts_ms))
+        out.append(DeleteCells(family, qualifier, 0, ts_ms))
+    return out
+
+
+class BigtableStateBackend:
+    """StateBackend on a Bigtable table, through the same MutationWriter as the sink."""
+
+    def __init__(self, writer, project: str, instance: str, table_id: str) -> None:
+        self._writer = writer
+        self._project = project
+        self._instance = instance
+        self._table_id = table_id
+
+    def write_rows(self, rows: Sequence) -> None:
+        from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable
+        from pipeline.retry import retry_call
+
+        def attempt():
+            statuses = self._writer.mutate_rows(self._table_id, rows)
+            bad = [s for s in statuses if not s.ok]
+            if any(not s.retryable for s in bad):
+                raise BigtablePermanent(f"state table write failed: {bad[0].message}")
+            if bad:
+                raise BigtableRetryable(f"state table write failed: {bad[0].message}")
+
+        retry_call(attempt, what="state table write")
+
+    def read_prefix(self, prefix: bytes) -> dict:
+        from pipeline.bigtable_io import read_table
+
+        rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True)
+        return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}

@@ -1,0 +1,468 @@
+"""DynamoDB Streams source: an unbounded splittable DoFn over *partitions* of a
+stream's shards.
+
+Why partitions, not one element per shard: shard discovery has to run for as long
+as the job does, and on the local FnApiRunner a discovery SDF feeding a reader SDF
+runs as two sequential stages (the reader would never start). So each element is
+``StreamPartition(stream, i, n)``; it owns the shards with ``crc32(shard id) % n == i``
+(exactly one reader per shard, far below the limit of 2), discovers shards itself
+and reads its shards round-robin. On Dataflow, n partitions spread over workers.
+
+Correctness, per design notes §1:
+* a shard is read sequentially, one GetRecords page per round, from its last
+  claimed sequence number (AFTER_SEQUENCE_NUMBER); the restriction is the set of
+  shard positions, so a checkpoint split resumes exactly after the last record
+  emitted;
+* a child shard starts only when the state table says its parent is finished — the
+  sink writes that after acknowledging the parent's last writes — or when the
+  parent is gone from the stream; so all changes of a key stay in order;
+* a closed shard (no NextShardIterator) emits ``ShardClosed`` and leaves the
+  restriction;
+* expired iterators are renewed from the last position; throttling and 5xx back
+  off with jitter (bounded); trimmed data stops the job (``ChangesLostError``)
+  unless ``on_trimmed="restart"``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Optional
+
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
+
+from transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
+from transforms.model import ShardClosed
+from pipeline.metrics import PipelineMetrics
+from pipeline.records import from_stream_record
+from pipeline.retry import RetryPolicy, retrying
+from pipeline.state import ShardCheckpoint
+
+log = logging.getLogger(__name__)
+
+TRIM_HORIZON = "trim_horizon"
+LATEST = "latest"
+START_MODES = (TRIM_HORIZON, LATEST)
+ON_TRIMMED = ("fail", "restart")
+GET_RECORDS_LIMIT = 1000  # the service's maximum per call
+DESCRIBE_LIMIT = 100  # the service's maximum shards per DescribeStream page
+
+THROTTLE_CODES = frozenset({
+    "LimitExceededException", "ProvisionedThroughputExceededException", "ThrottlingException",
+    "RequestLimitExceeded", "InternalServerError", "ServiceUnavailable", "InternalFailure",
+})
+
+
+class StreamThrottled(RetryableError):
+    """DynamoDB Streams asked us to slow down (or failed transiently)."""
+
+
+class IteratorExpired(RetryableError):
+    """A shard iterator is older than 15 minutes (or otherwise invalid): renew it."""
+
+
+def classify_stream_error(exc: Exception, operation: str) -> Exception:
+    """Map a boto3 failure to our taxonomy, once, where it enters."""
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        message = exc.response.get("Error", {}).get("Message", "")
+        if code == "ExpiredIteratorException":
+            return IteratorExpired(f"{operation}: {message}")
+        if code == "TrimmedDataAccessException":
+            return ChangesLostError(f"{operation}: {message}")
+        if code == "ResourceNotFoundException":
+            return StreamGoneError(f"{operation}: {message}")
+        if code in THROTTLE_CODES or status >= 500:
+            return StreamThrottled(f"{operation}: {code or status}: {message}", code=code or str(status))
+        return PermanentError(f"{operation}: {code}: {message}")
+    if isinstance(exc, (BotoConnectionError, BotoCoreError)):
+        return StreamThrottled(f"{operation}: {type(exc).__name__}: {exc}", code=type(exc).__name__)
+    return exc
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    start: str = TRIM_HORIZON
+    on_trimmed: str = "fail"
+    poll_interval_s: float = 1.0
+    discovery_interval_s: float = 10.0
+    until_idle_s: Optional[float] = None
+    # On the local FnApiRunner a deferral's delay is ignored: sleep when idle instead.
+    sleep_when_idle: bool = True
+    retry: RetryPolicy = RetryPolicy(initial_s=0.2, max_backoff_s=20.0, deadline_s=300.0)
+
+    def __post_init__(self) -> None:
+        if self.start not in START_MODES:
+            raise ValueError(f"start must be one of {START_MODES}")
+        if self.on_trimmed not in ON_TRIMMED:
+            raise ValueError(f"on_trimmed must be one of {ON_TRIMMED}")
+
+
+@dataclass(frozen=True)
+class StreamPartition:
+    stream_arn: str
+    index: int
+    count: int
+
+    def owns(self, shard_id: str) -> bool:
+        return zlib.crc32(shard_id.encode()) % self.count == self.index
+
+
+@dataclass(frozen=True)
+class ShardPos:
+    """Where to resume a shard: after a sequence number, or at a start mode."""
+
+    after: Optional[str] = None
+    mode: str = TRIM_HORIZON
+
+    def iterator_args(self) -> dict:
+        if self.after is not None:
+            return {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": self.after}
+        return {"ShardIteratorType": self.mode.upper()}
+
+
+@dataclass(frozen=True)
+class PartitionRestriction:
+    """The SDF restriction: every active shard's position, the shards already read
+    to their end (so discovery does not restart them), idle bookkeeping."""
+
+    positions: tuple = ()  # ((shard_id, ShardPos), ...) sorted by shard id
+    closed: frozenset = frozenset()
+    discovered_once: bool = False
+    idle_since_ms: Optional[int] = None
+    done: bool = False
+
+    def position_map(self) -> dict:
+        return dict(self.positions)
+
+
+# Claims, in the order the reader makes them.
+@dataclass(frozen=True)
+class ClaimStart:
+    shard_id: str
+    pos: ShardPos
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    shard_id: str
+    sequence_number: str
+
+
+@dataclass(frozen=True)
+class ClaimClosed:
+    shard_id: str
+
+
+@dataclass(frozen=True)
+class ClaimForget:
+    shard_id: str
+
+
+@dataclass(frozen=True)
+class ClaimIdle:
+    since_ms: Optional[int]
+
+
+@dataclass(frozen=True)
+class ClaimDiscovered:
+    pass
+
+
+@dataclass(frozen=True)
+class ClaimEnd:
+    pass
+
+
+def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
+    """Pure restriction update for one claim."""
+    if isinstance(claim, ClaimRecord):
+        pos = r.position_map()
+        pos[claim.shard_id] = ShardPos(after=claim.sequence_number)
+        return replace(r, positions=tuple(sorted(pos.items())), idle_since_ms=None)
+    if isinstance(claim, ClaimStart):
+        pos = r.position_map()
+        pos[claim.shard_id] = claim.pos
+        return replace(r, positions=tuple(sorted(pos.items())))
+    if isinstance(claim, ClaimClosed):
+        pos = r.position_map()
+        pos.pop(claim.shard_id, None)
+        return replace(r, positions=tuple(sorted(pos.items())), closed=r.closed | {claim.shard_id})
+    if isinstance(claim, ClaimForget):
+        return replace(r, closed=r.closed - {claim.shard_id})
+    if isinstance(claim, ClaimIdle):
+        return replace(r, idle_since_ms=claim.since_ms)
+    if isinstance(claim, ClaimDiscovered):
+        return replace(r, discovered_once=True)
+    if isinstance(claim, ClaimEnd):
+        return replace(r, done=True)
+    raise TypeError(f"unknown claim {claim!r}")
+
+
+@dataclass
+class Listing:
+    shards: dict = field(default_factory=dict)  # shard id -> parent id or None
+    closed_ids: frozenset = frozenset()
+
+
+def list_shards(client, stream_arn: str, call: Callable) -> Listing:
+    """All shards of the stream (DescribeStream, paginated)."""
+    shards: dict = {}
+    closed = set()
+    start: Optional[str] = None
+    while True:
+        kwargs = {"StreamArn": stream_arn, "Limit": DESCRIBE_LIMIT}
+        if start:
+            kwargs["ExclusiveStartShardId"] = start
+        desc = call("DescribeStream", lambda: client.describe_stream(**kwargs))["StreamDescription"]
+        for s in desc.get("Shards", []):
+            shards[s["ShardId"]] = s.get("ParentShardId")
+            if s.get("SequenceNumberRange", {}).get("EndingSequenceNumber"):
+                closed.add(s["ShardId"])
+        start = desc.get("LastEvaluatedShardId")
+        if not start:
+            return Listing(shards, frozenset(closed))
+
+
+def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestriction,
+                checkpoints: dict, start_mode: str) -> tuple:
+    """Pure lineage planning: ([ClaimStart/ClaimClosed/ClaimForget...], waiting ids).
+
+    A shard of ours that is neither active nor known-closed starts when it has no
+    parent, its parent is no longer listed (aged out), or its parent is recorded
+    finished in the state table. Shards present at the very first discovery of a
+    fresh job (no checkpoint) start at ``start_mode``; later ones are new children
+    and start at TRIM_HORIZON so nothing between discovery rounds is missed.
+    """
+    claims: list = []
+    waiting: list = []
+    active = r.position_map()
+    for shard_id in sorted(listing.shards):
+        if not partition.owns(shard_id) or shard_id in active or shard_id in r.closed:
+            continue
+        ckpt: Optional[ShardCheckpoint] = checkpoints.get(shard_id)
+        if ckpt is not None and ckpt.finished:
+            claims.append(ClaimClosed(shard_id))
+            continue
+        parent = listing.shards[shard_id]
+        parent_ckpt = checkpoints.get(parent) if parent else None
+        parent_done = parent is None or parent not in listing.shards or (parent_ckpt is not None and parent_ckpt.finished)
+        if not parent_done:
+            waiting.append(shard_id)
+            continue
+        if ckpt is not None and ckpt.sequence_number:
+            pos = ShardPos(after=ckpt.sequence_number)
+        elif not r.discovered_once and (parent is None or parent not in listing.shards):
+            pos = ShardPos(mode=start_mode)
+        else:
+            pos = ShardPos(mode=TRIM_HORIZON)
+        claims.append(ClaimStart(shard_id, pos))
+    for shard_id in sorted(r.closed):
+        if shard_id not in listing.shards:  # aged out of the stream: stop remembering it
+            claims.append(ClaimForget(shard_id))
+    return claims, waiting
+
+
+@dataclass
+class RoundResult:
+    records: int = 0
+    at_head: bool = True
+    finished: bool = False  # the partition is done (until-idle reached)
+    stopped: bool = False  # a claim failed: the runner split us, return now
+
+
+class PartitionReader:
+    """Reads one partition's shards, one round at a time. Beam-free: the SDF calls
+    ``read_round`` with its tracker's claim function; tests call it directly."""
+
+    def __init__(self, client, partition: StreamPartition, options: ReaderOptions,
+                 load_checkpoints: Callable[[str], dict], metrics: Optional[PipelineMetrics] = None,
+                 now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._client = client
+        self._partition = partition
+        self._options = options
+        self._load_checkpoints = load_checkpoints
+        self._metrics = metrics
+        self._now_ms = now_ms
+        self._sleep = sleep
+        self._iterators: dict = {}  # shard id -> (ShardPos it was made for, iterator)
+        self._last_discovery_ms: Optional[int] = None
+        self._waiting: list = []
+        self._table = partition.stream_arn.split(":table/", 1)[-1].split("/", 1)[0]
+
+    # -- remote calls with one retry policy
+    def _call(self, operation: str, fn: Callable):
+        def attempt():
+            try:
+                return fn()
+            except (ClientError, BotoCoreError) as exc:
+                raise classify_stream_error(exc, operation) from exc
+
+        def count(exc: BaseException) -> None:
+            if self._metrics and isinstance(exc, StreamThrottled):
+                self._metrics.dynamodb_throttles.labels(operation).inc()
+
+        policy = self._options.retry
+        return retrying(policy, operation, count, self._sleep, retry_on=(StreamThrottled,))(attempt)
+
+    # -- discovery
+    def discover(self, tracker) -> bool:
+        r = tracker.current_restriction()
+        claim = tracker.try_claim
+        listing = list_shards(self._client, self._partition.stream_arn, self._call)
+        checkpoints = self._load_checkpoints(self._partition.stream_arn)
+        claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints, self._options.start)
+        for c in claims + [ClaimDiscovered()]:
+            if not claim(c):
+                return False
+        self._last_discovery_ms = self._now_ms()
+        if self._metrics:
+            self._metrics.shards.labels("open").set(len(listing.shards) - len(listing.closed_ids))
+            self._metrics.shards.labels("closed").set(len(listing.closed_ids))
+            self._metrics.shards.labels("waiting_for_parent").set(len(self._waiting))
+        return True
+
+    def _discovery_due(self, r: PartitionRestriction) -> bool:
+        if not r.discovered_once or self._last_discovery_ms is None:
+            return True
+        return self._now_ms() - self._last_discovery_ms >= self._options.discovery_interval_s * 1000
+
+    # -- reading
+    def _iterator(self, shard_id: str, pos: ShardPos) -> str:
+        cached = self._iterators.get(shard_id)
+        if cached is not None and cached[0] == pos:
+            return cached[1]
+        try:
+            it = self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
+                StreamArn=self._partition.stream_arn, ShardId=shard_id, **pos.iterator_args()))["ShardIterator"]
+        except ChangesLostError:
+            it = self._on_trimmed(shard_id, pos)
+        self._iterators[shard_id] = (pos, it)
+        return it
+
+    def _on_trimmed(self, shard_id: str, pos: ShardPos) -> str:
+        where = f"after sequence number {pos.after}" if pos.after else pos.mode
+        message = (
+            f"shard {shard_id} of {self._partition.stream_arn} no longer holds the changes {where}: "
+            "they were trimmed (older than the stream's 24 h retention) before being applied, so "
+            "changes were LOST. Recover with a fresh backfill (ddb2bt migrate) of this table; "
+            "or rerun with --on-trimmed=restart to continue from the oldest available record "
+            "(the lost changes stay lost)."
+        )
+        if self._options.on_trimmed != "restart":
+            raise ChangesLostError(message)
+        log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart.", message)
+        if self._metrics:
+            self._metrics.trimmed_restarts.inc()
+        return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
+            StreamArn=self._partition.stream_arn, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
+
+    def _get_records(self, shard_id: str, pos: ShardPos) -> dict:
+        for _ in range(3):  # an iterator can expire between renewal and use; renew at most twice
+            iterator = self._iterator(shard_id, pos)
+            try:
+                return self._call("GetRecords", lambda: self._client.get_records(
+                    ShardIterator=iterator, Limit=GET_RECORDS_LIMIT))
+            except IteratorExpired:
+                self._iterators.pop(shard_id, None)
+                if self._metrics:
+                    self._metrics.iterator_refreshes.inc()
+            except ChangesLostError:
+                self._iterators.pop(shard_id, None)
+                self._iterators[shard_id] = (pos, self._on_trimmed(shard_id, pos))
+        raise StreamThrottled(f"GetRecords on {shard_id}: iterator kept expiring")
+
+    def read_round(self, tracker) -> Iterator:
+        """Discover if due, then read one page from every active shard, yielding
+        ChangeRecord / ShardClosed; returns (as the generator's value) a RoundResult.
+        ``tracker.try_claim(c) -> bool`` updates the restriction; False means the
+        runner split us and the round must stop at once."""
+        result = RoundResult()
+        claim = tracker.try_claim
+        if self._discovery_due(tracker.current_restriction()):
+            if not self.discover(tracker):
+                result.stopped = True
+                return result
+        for shard_id, pos in tracker.current_restriction().positions:
+            page = self._get_records(shard_id, pos)
+            records = page.get("Records", [])
+            for raw in records:
+                rec = from_stream_record(raw, self._partition.stream_arn, shard_id)
+                if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
+                    result.stopped = True
+                    return result
+                if self._metrics:
+                    self._metrics.changes_read.labels(self._table, rec.event_name).inc()
+                    self._metrics.lag.on_read(self._partition.stream_arn, shard_id, rec.change_ms)
+                yield rec
+                result.records += 1
+                result.at_head = False
+            new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
+            nxt = page.get("NextShardIterator")
+            if nxt is None:
+                if not claim(ClaimClosed(shard_id)):
+                    result.stopped = True
+                    return result
+                self._iterators.pop(shard_id, None)
+                yield ShardClosed(self._partition.stream_arn, shard_id, new_pos.after)
+                # Discover again next round: this shard's children can start as
+                # soon as the sink has recorded it finished.
+                self._last_discovery_ms = None
+                result.at_head = False
+            else:
+                self._iterators[shard_id] = (new_pos, nxt)
+                if not records and self._metrics:
+                    self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
+        return result
+
+    @property
+    def waiting(self) -> list:
+        return list(self._waiting)
+
+    def idle_decision(self, tracker, result: RoundResult) -> str:
+        """After a round: "continue" (more data), "poll" (idle, wait), "end"."""
+        r = tracker.current_restriction()
+        if not result.at_head:
+            if r.idle_since_ms is not None:
+                tracker.try_claim(ClaimIdle(None))
+            return "continue"
+        now = self._now_ms()
+        if r.idle_since_ms is None:
+            tracker.try_claim(ClaimIdle(now))
+            return "poll"
+        until = self._options.until_idle_s
+        if until is not None and not self._waiting and now - r.idle_since_ms >= until * 1000:
+            return "end"
+        return "poll"
+
+
+class LocalTracker:
+    """A restriction tracker without Beam, for tests and one-shot tools."""
+
+    def __init__(self, restriction: PartitionRestriction = PartitionRestriction()) -> None:
+        self._r = restriction
+        self.claims: list = []
+
+    def current_restriction(self) -> PartitionRestriction:
+        return self._r
+
+    def try_claim(self, claim) -> bool:
+        if self._r.done:
+            return False
+        self.claims.append(claim)
+        self._r = apply_claim(self._r, claim)
+        return True
+
+
+def drain_round(reader: PartitionReader, tracker) -> tuple:
+    """Run one round to completion: (elements, RoundResult). For tests and tools."""
+    out: list = []
+    gen = reader.read_round(tracker)
+    while True:
+        try:
+            out.append(next(gen))
+        except StopIteration as stop:
+            return out, stop.value
