@@ -249,3 +249,16 @@ class FakeStreamsClient:
         if not (shard.closed and nxt >= len(shard.records)):
             out["NextShardIterator"] = f"{shard_id}|{nxt}|{self._generation}"
         return out
+
+
+# Beam pickles DoFns; a fake client (with its lock) cannot travel, so tests register
+# it here and hand the pipeline a picklable factory that looks it up in-process.
+FAKE_CLIENTS: dict = {}
+
+
+@dataclass(frozen=True)
+class RegisteredClient:
+    name: str
+
+    def __call__(self):
+        return FAKE_CLIENTS[self.name]

@@ -1,0 +1,253 @@
+"""The stream reader's lineage, checkpoint and fault logic over the fake stream."""
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pipeline.fakes import FakeStreamsClient, InMemoryBigtable, client_error
+from pipeline.metrics import PipelineMetrics
+from pipeline.retry import RetryPolicy
+from pipeline.state import ShardCheckpoint, StateStore
+from pipeline.stream_sdf import PartitionTracker
+from pipeline.stream_source import (
+    ClaimRecord, LocalTracker, PartitionReader, PartitionRestriction, ReaderOptions, StreamPartition,
+    drain_round, plan_starts, Listing,
+)
+from transforms.errors import ChangesLostError, StreamGoneError
+from transforms.model import ChangeRecord, ShardClosed
+
+FAST = RetryPolicy(initial_s=0.001, max_backoff_s=0.002, deadline_s=5.0)
+
+
+class Clock:
+    def __init__(self):
+        self.ms = 1_000_000
+
+    def __call__(self):
+        return self.ms
+
+
+def setup(options=None, partitions=1, index=0, client=None):
+    client = client or FakeStreamsClient()
+    state = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    metrics = PipelineMetrics(CollectorRegistry())
+    clock = Clock()
+    opts = options or ReaderOptions(retry=FAST, discovery_interval_s=0)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, index, partitions), opts,
+                             state.load_checkpoints, metrics, now_ms=clock, sleep=lambda s: None)
+    return client, state, metrics, reader, clock
+
+
+def put(client, shard, n, start=0):
+    return [client.put(shard, "INSERT", {"pk": {"S": f"k{start + i}"}}, {"pk": {"S": f"k{start + i}"}})
+            for i in range(n)]
+
+
+def records(elements):
+    return [e for e in elements if isinstance(e, ChangeRecord)]
+
+
+def seqs(elements):
+    return [e.position.sequence_number for e in records(elements)]
+
+
+def sample(metrics, name, **labels):
+    return metrics.registry.get_sample_value(name, labels) or 0
+
+
+def test_child_shards_wait_for_the_parent_to_be_recorded_finished():
+    client, state, _, reader, _ = setup()
+    client.add_shard("p")
+    parent_seqs = put(client, "p", 3)
+    c1, c2 = client.split("p", "c1", "c2")
+    child_seqs = put(client, "c1", 2, 10) + put(client, "c2", 1, 20)
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert seqs(out) == parent_seqs  # children not started: parent not finished yet
+    assert isinstance(out[-1], ShardClosed) and out[-1].last_sequence_number == parent_seqs[-1]
+    assert sorted(reader.waiting) == ["c1", "c2"]
+    out, _ = drain_round(reader, tracker)
+    assert records(out) == []  # still waiting: the sink has not recorded the parent finished
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "p", parent_seqs[-1], finished=True)])
+    out, _ = drain_round(reader, tracker)
+    assert sorted(seqs(out)) == sorted(child_seqs)
+
+
+def test_child_of_a_parent_gone_from_the_stream_starts_at_once():
+    client, _, _, reader, _ = setup()
+    client.add_shard("old").listed = False
+    client.add_shard("child", parent_id="old")
+    s = put(client, "child", 2)
+    out, _ = drain_round(reader, LocalTracker())
+    assert seqs(out) == s
+
+
+def test_parent_and_children_in_one_listing_with_pagination():
+    client, state, _, reader, _ = setup(client=FakeStreamsClient(describe_page=2))
+    for root in ("a", "b", "c"):
+        client.add_shard(root)
+        put(client, root, 1)
+    client.split("a", "a1")
+    put(client, "a1", 1)
+    out, _ = drain_round(reader, LocalTracker())
+    assert {r.position.shard_id for r in records(out)} == {"a", "b", "c"}
+    assert client.calls.count("DescribeStream") == 2
+
+
+def test_every_shard_belongs_to_exactly_one_partition():
+    ids = [f"shardId-{i:08d}-{'x' * 8}" for i in range(200)]
+    owners = [[i for i in range(3) if StreamPartition("arn", i, 3).owns(s)] for s in ids]
+    assert all(len(o) == 1 for o in owners)
+    assert {o[0] for o in owners} == {0, 1, 2}
+
+
+def test_resume_after_checkpoint_uses_after_sequence_number():
+    client, state, _, reader, _ = setup()
+    client.add_shard("s")
+    s = put(client, "s", 5)
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[1])])
+    out, _ = drain_round(reader, LocalTracker())
+    assert seqs(out) == s[2:]
+
+
+def test_finished_shard_in_the_state_table_is_not_read_again():
+    client, state, _, reader, _ = setup()
+    client.add_shard("s")
+    s = put(client, "s", 2)
+    client.close_shard("s")
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1], finished=True)])
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert out == [] and "s" in tracker.current_restriction().closed
+
+
+def test_start_latest_skips_existing_records_only_on_the_first_discovery():
+    client, _, _, reader, _ = setup(ReaderOptions(start="latest", retry=FAST, discovery_interval_s=0))
+    client.add_shard("s")
+    put(client, "s", 3)
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert records(out) == []
+    new = put(client, "s", 2, 100)
+    out, _ = drain_round(reader, tracker)
+    assert seqs(out) == new
+
+
+def test_expired_iterator_is_renewed_from_the_last_position():
+    client, _, metrics, reader, _ = setup()
+    client.page_size = 2
+    client.add_shard("s")
+    s = put(client, "s", 5)
+    tracker = LocalTracker()
+    first, _ = drain_round(reader, tracker)
+    client.expire_iterators()
+    rest = []
+    for _ in range(3):
+        out, _ = drain_round(reader, tracker)
+        rest += out
+    assert seqs(first) + seqs(rest) == s  # nothing lost, nothing twice
+    assert sample(metrics, "ddb2bt_iterator_refreshes_total") == 1
+
+
+def test_throttling_and_server_errors_back_off_and_are_counted():
+    client, _, metrics, reader, _ = setup()
+    client.add_shard("s")
+    s = put(client, "s", 2)
+    client.faults = [None, None,  # DescribeStream, GetShardIterator succeed
+                     client_error("LimitExceededException"), client_error("ProvisionedThroughputExceededException"),
+                     client_error("InternalServerError", status=500)]
+    out, _ = drain_round(reader, LocalTracker())
+    assert seqs(out) == s
+    assert sample(metrics, "ddb2bt_dynamodb_throttles_total", operation="GetRecords") == 3
+
+
+def test_throttling_beyond_the_deadline_fails():
+    client, _, _, reader, _ = setup(ReaderOptions(retry=RetryPolicy(0.001, 0.001, 0.05), discovery_interval_s=0))
+    client.add_shard("s")
+    client.faults = [client_error("LimitExceededException", operation="DescribeStream")] * 10_000
+    with pytest.raises(Exception, match="LimitExceededException"):
+        drain_round(reader, LocalTracker())
+
+
+def test_trimmed_checkpoint_stops_loudly_with_recovery_instructions():
+    client, state, _, reader, _ = setup()
+    client.add_shard("s")
+    s = put(client, "s", 4)
+    client.shards["s"].trimmed_before = 3
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[0])])
+    with pytest.raises(ChangesLostError) as err:
+        drain_round(reader, LocalTracker())
+    assert "LOST" in str(err.value) and "backfill" in str(err.value) and "--on-trimmed=restart" in str(err.value)
+
+
+def test_trimmed_with_restart_continues_from_the_oldest_record_and_counts_it():
+    client, state, metrics, reader, _ = setup(ReaderOptions(on_trimmed="restart", retry=FAST, discovery_interval_s=0))
+    client.add_shard("s")
+    s = put(client, "s", 4)
+    client.shards["s"].trimmed_before = 3
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[0])])
+    out, _ = drain_round(reader, LocalTracker())
+    assert seqs(out) == s[3:]
+    assert sample(metrics, "ddb2bt_trimmed_restarts_total") == 1
+
+
+def test_deleted_stream_is_reported():
+    client, _, _, _, _ = setup()
+    other = FakeStreamsClient(table="Other")
+    reader = PartitionReader(other, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
+                             lambda arn: {}, None, sleep=lambda s: None)
+    with pytest.raises(StreamGoneError):
+        drain_round(reader, LocalTracker())
+
+
+def test_until_idle_ends_only_after_the_idle_period_with_nothing_waiting():
+    client, _, _, reader, clock = setup(ReaderOptions(until_idle_s=2, retry=FAST, discovery_interval_s=0))
+    client.add_shard("s")
+    put(client, "s", 1)
+    tracker = LocalTracker()
+    _, result = drain_round(reader, tracker)
+    assert reader.idle_decision(tracker, result) == "continue"
+    _, result = drain_round(reader, tracker)  # at head
+    assert reader.idle_decision(tracker, result) == "poll"
+    clock.ms += 1500
+    _, result = drain_round(reader, tracker)
+    assert reader.idle_decision(tracker, result) == "poll"
+    clock.ms += 600
+    _, result = drain_round(reader, tracker)
+    assert reader.idle_decision(tracker, result) == "end"
+
+
+def test_checkpoint_split_resumes_right_after_the_last_claimed_record():
+    client, _, _, reader, _ = setup()
+    client.add_shard("s")
+    s = put(client, "s", 6)
+    tracker = PartitionTracker(PartitionRestriction())
+    gen = reader.read_round(tracker)
+    emitted = [next(gen) for _ in range(2)]
+    primary, residual = tracker.try_split(0)
+    assert primary.done and not residual.done
+    assert dict(residual.positions)["s"].after == s[1]
+    with pytest.raises(StopIteration):
+        next(gen)  # the claim after the split fails: the round stops at once
+    tracker.check_done()
+    reader2 = setup(client=client)[3]
+    out, _ = drain_round(reader2, LocalTracker(residual))
+    assert seqs(emitted) + seqs(out) == s
+
+
+def test_only_checkpoint_splits_are_allowed():
+    tracker = PartitionTracker(PartitionRestriction())
+    assert tracker.try_split(0.5) is None
+    with pytest.raises(ValueError):
+        tracker.check_done()
+
+
+def test_plan_starts_is_pure_lineage_planning():
+    listing = Listing({"p": None, "c": "p", "g": "c"})
+    part = StreamPartition("arn", 0, 1)
+    claims, waiting = plan_starts(listing, part, PartitionRestriction(), {}, "trim_horizon")
+    assert [c.shard_id for c in claims] == ["p"] and waiting == ["c", "g"]
+    done = {"p": ShardCheckpoint("arn", "p", "9", finished=True)}
+    claims, waiting = plan_starts(listing, part, PartitionRestriction(discovered_once=True), done, "latest")
+    kinds = {type(c).__name__: c for c in claims}
+    assert kinds["ClaimClosed"].shard_id == "p"
+    assert kinds["ClaimStart"].shard_id == "c" and kinds["ClaimStart"].pos.mode == "trim_horizon"
+    assert waiting == ["g"]
