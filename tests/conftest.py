@@ -1,0 +1,50 @@
+"""Shared fixtures. The emulator stack is started once per session by the same
+code as `ddb2bt local`; if cbtemulator or moto is missing the fixture raises and
+every test that needs it FAILS (it never skips)."""
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.local_stack import LocalStack
+
+warnings.filterwarnings("ignore", message="Connecting to Bigtable emulator")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    s = LocalStack(log_dir=tmp_path_factory.mktemp("stack-logs"))
+    s.start()  # raises StackError with install instructions when cbtemulator is absent
+    previous = s.apply_env()
+    yield s
+    s.stop()
+    for k, v in previous.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def unique():
+    return uuid.uuid4().hex[:8]
+
+
+def write_mapping(tmp_path: Path, base: str = "product_catalog.yaml", **changes) -> Path:
+    """A copy of an example mapping with some fields replaced (dotted paths)."""
+    data = yaml.safe_load((ROOT / "examples" / base).read_text())
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split("__")
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        node[last] = value
+    path = tmp_path / f"mapping-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    return path
