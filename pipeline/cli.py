@@ -40,6 +40,10 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str, fmt: str) -> None:
+    import warnings
+
+    # The Bigtable client warns on every connection to the emulator; say it once in our own log.
+    warnings.filterwarnings("ignore", message="Connecting to Bigtable emulator")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One-time (idempotent) local set-up: a virtualenv in .venv with ddb2bt and its
+# test tools, and a check that the Bigtable emulator is installed.
+#   deploy/local/setup.sh && .venv/bin/ddb2bt demo
+#   deploy/local/setup.sh && .venv/bin/python -m pytest
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+echo "setup: installing ddb2bt and its dependencies (first time: ~1-2 min)"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+
+# The Bigtable emulator ships with the Google Cloud CLI. Find it the way the
+# product does; if it is missing, try the Debian package, else explain.
+if ! .venv/bin/python -c "from pipeline.local_stack import find_cbtemulator; find_cbtemulator()" 2>/dev/null; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: cbtemulator not found; trying apt-get install google-cloud-cli-bigtable-emulator"
+    apt-get install -y -qq google-cloud-cli-bigtable-emulator >/dev/null 2>&1 || true
+  fi
+  .venv/bin/python -c "from pipeline.local_stack import find_cbtemulator; print('setup: cbtemulator at', find_cbtemulator())"
+else
+  .venv/bin/python -c "from pipeline.local_stack import find_cbtemulator; print('setup: cbtemulator at', find_cbtemulator())"
+fi
+echo "setup: done"

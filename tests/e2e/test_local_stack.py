@@ -1,0 +1,57 @@
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from pipeline import local_stack
+from pipeline.local_stack import LocalStack, StackError, find_cbtemulator
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+def test_servers_bind_to_loopback_and_answer(stack):
+    env = stack.env()
+    host, port = env["BIGTABLE_EMULATOR_HOST"].split(":")
+    assert host == "127.0.0.1"
+    socket.create_connection((host, int(port)), timeout=2).close()
+    assert env["AWS_ENDPOINT_URL_DYNAMODB"].startswith("http://127.0.0.1:")
+    assert env["AWS_ENDPOINT_URL_DYNAMODB_STREAMS"] == env["AWS_ENDPOINT_URL_DYNAMODB"]
+    with urllib.request.urlopen(env["AWS_ENDPOINT_URL_DYNAMODB"] + "/moto-api/") as resp:
+        assert resp.status == 200
+
+
+def test_missing_emulator_gives_install_instructions(monkeypatch, tmp_path):
+    monkeypatch.setenv("CBTEMULATOR", str(tmp_path / "nope"))
+    with pytest.raises(StackError) as err:
+        find_cbtemulator()
+    assert "google-cloud-cli-bigtable-emulator" in str(err.value)
+    assert "gcloud components install bigtable" in str(err.value)
+
+
+def test_local_run_sets_the_variables_for_the_command(tmp_path):
+    script = "import os; print(os.environ['BIGTABLE_EMULATOR_HOST'], os.environ['AWS_ENDPOINT_URL_DYNAMODBSTREAMS'])"
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "local", "run", "--", sys.executable, "-c", script],
+                         capture_output=True, text=True, cwd=tmp_path, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
+    bigtable, aws = out.split()
+    assert bigtable.startswith("127.0.0.1:") and aws.startswith("http://127.0.0.1:")
+
+
+def test_detached_stack_up_env_down(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "pipeline.cli", "local", *a], capture_output=True,
+                                    text=True, cwd=tmp_path, env=env)
+    assert run("up", "--detach").returncode == 0
+    try:
+        printed = run("env")
+        assert printed.returncode == 0
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in printed.stdout.splitlines())
+        host, port = exports["BIGTABLE_EMULATOR_HOST"].split(":")
+        socket.create_connection((host, int(port)), timeout=2).close()
+    finally:
+        assert "stopped" in run("down").stdout
+    assert run("env").returncode == 1
