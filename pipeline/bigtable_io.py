@@ -217,7 +217,9 @@ def _gc_rule(family: FamilyConfig):
         rules.append(cf.MaxAgeGCRule(dt.timedelta(seconds=family.max_age_seconds)))
     if not rules:
         return None
-    return rules[0] if len(rules) == 1 else cf.GCRuleUnion(rules=rules)
+    if len(rules) == 1:
+        return rules[0]
+    return cf.GCRuleIntersection(rules=rules) if family.gc == "intersection" else cf.GCRuleUnion(rules=rules)
 
 
 class BigtableAdmin:
@@ -270,8 +272,12 @@ class BigtableAdmin:
 
 
 def ensure_mapping_table(mapping: MappingConfig) -> list:
+    """Create or update every table the mapping writes (target and index tables)."""
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
-    return admin.ensure_table(mapping.target.table, mapping.families)
+    changes = []
+    for table, families in mapping.table_families().items():
+        changes += admin.ensure_table(table, families)
+    return changes
 
 
 # --- reads -------------------------------------------------------------------------

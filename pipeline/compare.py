@@ -1,23 +1,38 @@
 """Expected Bigtable layout of a set of items through a mapping, and the
-difference from what a table holds. The first brick of `verify`."""
+difference from what the tables hold. The core of `verify`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from transforms.config import MappingConfig
-from transforms.mapping import expected_row
+from transforms.mapping import expected_cells
+
+SINGLE, VERSIONS, LIST = "single", "versions", "list"
+
+
+@dataclass
+class Expect:
+    """What one column should hold: one value (at any timestamp), exact versions
+    {timestamp ms: value}, or a list of values in timestamp order."""
+
+    kind: str
+    value: object
 
 
 def expected_layout(mapping: MappingConfig, items) -> dict:
-    """{row_key: {(family, qualifier): value}} for items (boto3 form)."""
-    out: dict = {}
+    """{table: {row_key: {(family, qualifier): Expect}}} for items (boto3 form)."""
+    out: dict = {t: {} for t in mapping.tables}
     for item in items:
-        row = expected_row(mapping, item)
-        if row is None:
-            continue
-        key, cells = row
-        if cells:
-            out.setdefault(key, {}).update(cells)
+        for cell in expected_cells(mapping, item).values():
+            row = out.setdefault(cell.table, {}).setdefault(cell.row_key, {})
+            col = (cell.family, cell.qualifier)
+            if cell.values is not None:
+                row[col] = Expect(LIST, cell.values)
+            elif cell.version_ms is None:
+                row[col] = Expect(SINGLE, cell.value)
+            else:
+                row.setdefault(col, Expect(VERSIONS, {})).value[cell.version_ms] = cell.value
     return out
 
 
@@ -26,9 +41,9 @@ class LayoutDiff:
     missing_rows: list = field(default_factory=list)
     extra_rows: list = field(default_factory=list)
     missing_cells: list = field(default_factory=list)  # (row, family, qualifier)
-    extra_cells: list = field(default_factory=list)  # cells no item owns
-    different_cells: list = field(default_factory=list)
-    extra_versions: list = field(default_factory=list)  # columns holding more than one version
+    extra_cells: list = field(default_factory=list)  # columns no item owns
+    different_cells: list = field(default_factory=list)  # value, versions or list differ
+    extra_versions: list = field(default_factory=list)  # single-value columns holding older versions too
 
     @property
     def identical(self) -> bool:
@@ -41,23 +56,35 @@ class LayoutDiff:
                 f"different cells {len(self.different_cells)}, multi-version columns {len(self.extra_versions)}")
 
 
+def _column_matches(want: Expect, have: list) -> bool:
+    """``have``: [(timestamp ms, value)] newest first."""
+    if want.kind == SINGLE:
+        return have[0][1] == want.value
+    if want.kind == VERSIONS:
+        return dict(have) == want.value and len(have) == len(want.value)
+    return tuple(v for _, v in sorted(have)) == tuple(want.value)
+
+
 def diff_layout(expected: dict, actual_versions: dict) -> LayoutDiff:
-    """``actual_versions``: read_table() output (all versions, newest first)."""
+    """One table. ``expected``: {row: {col: Expect}}; ``actual_versions``:
+    read_table() output (all versions, newest first)."""
     d = LayoutDiff()
-    for key in sorted(set(expected) - set(actual_versions)):
-        d.missing_rows.append(key)
-    for key in sorted(set(actual_versions) - set(expected)):
-        d.extra_rows.append(key)
+    d.missing_rows = sorted(set(expected) - set(actual_versions))
+    d.extra_rows = sorted(set(actual_versions) - set(expected))
     for key in sorted(set(expected) & set(actual_versions)):
-        want = expected[key]
-        have = actual_versions[key]
-        for col in sorted(set(want) - set(have)):
-            d.missing_cells.append((key, *col))
-        for col in sorted(set(have) - set(want)):
-            d.extra_cells.append((key, *col))
+        want, have = expected[key], actual_versions[key]
+        d.missing_cells += [(key, *col) for col in sorted(set(want) - set(have))]
+        d.extra_cells += [(key, *col) for col in sorted(set(have) - set(want))]
         for col in sorted(set(want) & set(have)):
-            if have[col][0][1] != want[col]:
+            if not _column_matches(want[col], have[col]):
                 d.different_cells.append((key, *col))
-            if len(have[col]) > 1:
+            elif want[col].kind == SINGLE and len(have[col]) > 1:
                 d.extra_versions.append((key, *col))
     return d
+
+
+def compare_mapping(mapping: MappingConfig, items, read: Callable[[str], dict]) -> dict:
+    """{table: LayoutDiff} for every table the mapping writes; ``read(table)``
+    returns read_table() output."""
+    expected = expected_layout(mapping, items)
+    return {table: diff_layout(expected.get(table, {}), read(table)) for table in mapping.tables}

@@ -131,7 +131,7 @@ def run_demo(args) -> int:
 
         items = workload.scan_all(ddb, mapping.source.table)
         actual = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
-        diff = diff_layout(expected_layout(mapping, items), actual)
+        diff = diff_layout(expected_layout(mapping, items)[mapping.target.table], actual)
         applied = int(_counter_total(metrics.changes_applied))
         dead = int(_counter_total(metrics.dead_letters))
         read = int(_counter_total(metrics.changes_read))

@@ -55,14 +55,62 @@ class FamilyConfig:
     name: str
     max_versions: Optional[int] = None
     max_age_seconds: Optional[int] = None
+    # With both limits: "union" deletes a cell when either says so (Bigtable's usual
+    # choice); "intersection" only when both do.
+    gc: str = "union"
+
+
+TIMESTAMP_FORMATS = ("iso8601", "epoch_seconds", "epoch_millis")
+COLUMN_KINDS = ("value", "set", "map", "list_versions")
+SET_MARKERS = {"empty": b"", "zero": b"\x00"}
+
+
+@dataclass(frozen=True)
+class TimestampSource:
+    """Cell timestamp taken from an attribute (versioned columns): each distinct
+    value is its own version, and a delete removes exactly that version."""
+
+    attribute: str
+    format: str = "iso8601"
 
 
 @dataclass(frozen=True)
 class ColumnConfig:
     attribute: str
     family: str
-    qualifier: bytes
+    qualifier: bytes  # literal qualifier (when no template)
     encoding: str
+    kind: str = "value"  # value | set | map | list_versions
+    qualifier_template: Optional[KeyTemplate] = None
+    timestamp: Optional[TimestampSource] = None
+    set_marker: bytes = b""
+
+    @property
+    def versioned(self) -> bool:
+        return self.timestamp is not None
+
+
+@dataclass(frozen=True)
+class ItemColumn:
+    """The whole item serialized into one column (for changing or unknown queries)."""
+
+    family: str
+    qualifier: bytes
+    encoding: str = "json"
+    include_keys: bool = True
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """Rows that replace a GSI: one per item whose image matches, keyed by a
+    template that includes the item's key; kept correct on update and delete."""
+
+    name: str
+    row_key: KeyTemplate
+    family: str
+    table: Optional[str] = None  # None: the mapping's target table
+    conditions: tuple = ()
+    project: tuple = ()  # attributes copied into the index row (auto encoding)
 
 
 @dataclass(frozen=True)
@@ -91,12 +139,27 @@ class RuleConfig:
     columns: tuple = ()  # tuple[ColumnConfig, ...]
     other: OtherAttributes = OtherAttributes()
     include_key_attributes: bool = False
+    item_column: Optional[ItemColumn] = None
+    indexes: tuple = ()  # tuple[IndexConfig, ...]
+    hook: Optional[str] = None  # "module:function" escape hatch
+    # Attributes the rule uses up in templates and timestamps: placed, not "other".
+    consumed: frozenset = frozenset()
 
     def column_for(self, attribute: str) -> Optional[ColumnConfig]:
         for column in self.columns:
             if column.attribute == attribute:
                 return column
         return None
+
+
+@dataclass(frozen=True)
+class TtlConfig:
+    """DynamoDB TTL: the attribute holding the expiry, and whether the stream's TTL
+    deletions (userIdentity principal dynamodb.amazonaws.com) are applied or ignored
+    (then a family max-age usually expires the data in Bigtable instead)."""
+
+    attribute: str
+    deletions: str = "apply"  # apply | ignore
 
 
 @dataclass(frozen=True)
@@ -108,8 +171,31 @@ class MappingConfig:
     rules: tuple  # tuple[RuleConfig, ...]
     delimiter: str = "#"
     unmatched: str = "dead_letter"  # what to do with items no rule matches: dead_letter | skip
+    ttl: Optional["TtlConfig"] = None
     version: int = 1
     origin: str = "<memory>"
+
+    def table_families(self) -> dict:
+        """{table id: [FamilyConfig]} for create-table: the target gets every
+        declared family; an index table gets its index family (one version)."""
+        out = {self.target.table: list(self.families)}
+        for rule in self.rules:
+            for index in rule.indexes:
+                if index.table:
+                    fams = out.setdefault(index.table, [])
+                    if all(f.name != index.family for f in fams):
+                        fams.append(FamilyConfig(index.family, max_versions=1))
+        return out
+
+    @property
+    def tables(self) -> tuple:
+        """Every Bigtable table the mapping writes (target first, then index tables)."""
+        out = [self.target.table]
+        for rule in self.rules:
+            for index in rule.indexes:
+                if index.table and index.table not in out:
+                    out.append(index.table)
+        return tuple(out)
 
     @property
     def family_names(self) -> frozenset:
@@ -246,6 +332,7 @@ def parse_mapping(data: Any, origin: str = "<memory>") -> MappingConfig:
         rules=rules,
         delimiter=delimiter,
         unmatched=root.choice("unmatched", ("dead_letter", "skip"), "dead_letter"),
+        ttl=_parse_ttl(root.node("ttl")),
         version=version,
         origin=origin,
     )
@@ -266,27 +353,66 @@ def _parse_families(root: _Node) -> tuple:
             raise ConfigError(f"{name!r} is not a valid column family name", path)
         spec = fams.get(name) or {}
         node = _Node(spec, path)
-        out.append(
-            FamilyConfig(name=name, max_versions=node.integer("max_versions", 1), max_age_seconds=node.integer("max_age_seconds", 1))
+        family = FamilyConfig(
+            name=name,
+            max_versions=node.integer("max_versions", 1),
+            max_age_seconds=node.integer("max_age_seconds", 1),
+            gc=node.choice("gc", ("union", "intersection"), "union"),
         )
+        if family.gc == "intersection" and not (family.max_versions and family.max_age_seconds):
+            raise ConfigError("gc: intersection needs both max_versions and max_age_seconds", node.sub("gc"))
+        out.append(family)
         node.done()
     fams.done()
     return tuple(out)
 
 
-def _parse_column(attribute: str, spec: Any, path: str, family_names: set) -> ColumnConfig:
+def _family_of(column: str, path: str, family_names: set, delimiter: str) -> tuple:
+    family, sep, qualifier = column.partition(":")
+    if not sep or not family or not qualifier:
+        raise ConfigError(f"must be 'family:qualifier', got {column!r}", path)
+    if family not in family_names:
+        raise ConfigError(f"family {family!r} is not declared under 'families'", path)
+    template = parse_template(qualifier, delimiter, path) if "{" in qualifier else None
+    return family, qualifier.encode("utf-8"), template
+
+
+def _parse_timestamp(node: Optional[_Node]) -> Optional[TimestampSource]:
+    if node is None:
+        return None
+    ts = TimestampSource(
+        attribute=node.string("attribute", required=True),
+        format=node.choice("format", TIMESTAMP_FORMATS, "iso8601"),
+    )
+    node.done()
+    return ts
+
+
+def _parse_column(attribute: str, spec: Any, path: str, family_names: set, delimiter: str) -> ColumnConfig:
     if isinstance(spec, str):
         spec = {"column": spec}
     node = _Node(spec, path)
-    column = node.string("column", required=True)
-    family, sep, qualifier = column.partition(":")
-    if not sep or not family or not qualifier:
-        raise ConfigError(f"must be 'family:qualifier', got {column!r}", node.sub("column"))
-    if family not in family_names:
-        raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("column"))
+    kind = node.choice("as", COLUMN_KINDS, "value")
+    if kind in ("set", "map"):
+        family = node.string("family", required=True)
+        if family not in family_names:
+            raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("family"))
+        if "column" in node.data:
+            raise ConfigError(f"a {kind} fills a whole family: give 'family', not 'column'", node.sub("column"))
+        qualifier, template = b"", None
+    else:
+        family, qualifier, template = _family_of(node.string("column", required=True), node.sub("column"),
+                                                 family_names, delimiter)
     encoding = node.choice("encoding", ENCODINGS, "auto")
+    marker = node.choice("marker", tuple(SET_MARKERS), "empty")
+    if kind != "set" and "marker" in node.data:
+        raise ConfigError("only a set (as: set) has a marker", node.sub("marker"))
+    timestamp = _parse_timestamp(node.node("timestamp"))
+    if timestamp is not None and kind != "value":
+        raise ConfigError(f"a {kind} cannot take its timestamp from an attribute", node.sub("timestamp"))
     node.done()
-    return ColumnConfig(attribute=attribute, family=family, qualifier=qualifier.encode("utf-8"), encoding=encoding)
+    return ColumnConfig(attribute=attribute, family=family, qualifier=qualifier, encoding=encoding, kind=kind,
+                        qualifier_template=template, timestamp=timestamp, set_marker=SET_MARKERS[marker])
 
 
 def _parse_match(data: Any, path: str) -> tuple:
@@ -317,6 +443,30 @@ def _parse_match(data: Any, path: str) -> tuple:
     return tuple(out)
 
 
+def _parse_index(data: Any, path: str, delimiter: str, family_names: set, source: SourceConfig) -> IndexConfig:
+    node = _Node(data, path)
+    name = node.string("name", required=True)
+    template = parse_template(node.get("row_key", required=True), delimiter, node.sub("row_key"))
+    missing = [k for k in source.key_attributes if k not in template.sources]
+    if missing:
+        raise ConfigError(
+            f"must include the item's key ({', '.join('{' + k + '}' for k in missing)} missing): "
+            "one index row per item, so two items can never share one", node.sub("row_key"))
+    family = node.string("family", required=True)
+    table = node.string("table")
+    if table is None and family not in family_names:
+        raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("family"))
+    if table is not None and not _TABLE_ID.match(table):
+        raise ConfigError(f"{table!r} is not a valid Bigtable table id", node.sub("table"))
+    project = node.get("project", [])
+    if not isinstance(project, list) or not all(isinstance(p, str) and p for p in project):
+        raise ConfigError("must be a list of attribute names", node.sub("project"))
+    index = IndexConfig(name=name, row_key=template, family=family, table=table,
+                        conditions=_parse_match(node.get("match"), node.sub("match")), project=tuple(project))
+    node.done()
+    return index
+
+
 def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source: SourceConfig) -> RuleConfig:
     node = _Node(data, path)
     name = node.string("name", default=path)
@@ -325,24 +475,55 @@ def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source:
     if skip:
         node.done()
         return RuleConfig(name=name, conditions=conditions, skip=True)
+    hook = node.string("hook")
+    if hook is not None:
+        resolve_hook(hook, node.sub("hook"))
+        node.done()
+        return RuleConfig(name=name, conditions=conditions, hook=hook)
     template = parse_template(node.get("row_key", required=True), delimiter, node.sub("row_key"))
     cols = node.node("columns")
     columns = []
     if cols is not None:
         for attribute in cols.data:
-            columns.append(_parse_column(str(attribute), cols.get(attribute), cols.sub(str(attribute)), family_names))
+            columns.append(_parse_column(str(attribute), cols.get(attribute), cols.sub(str(attribute)),
+                                         family_names, delimiter))
         cols.done()
     seen: dict = {}
     for c in columns:
+        if c.qualifier_template is not None or c.kind in ("set", "map"):
+            continue
         where = (c.family, c.qualifier)
-        if where in seen:
+        if where in seen and not (c.versioned and next(x for x in columns if x.attribute == seen[where]).versioned):
             raise ConfigError(
                 f"attributes {seen[where]!r} and {c.attribute!r} both map to {c.family}:{c.qualifier.decode()}",
                 node.sub("columns"),
             )
         seen[where] = c.attribute
+    item_node = node.node("item_column")
+    item_column = None
+    if item_node is not None:
+        family, qualifier, template_q = _family_of(item_node.string("column", required=True),
+                                                   item_node.sub("column"), family_names, delimiter)
+        if template_q is not None:
+            raise ConfigError("the item column's qualifier must be a literal", item_node.sub("column"))
+        item_column = ItemColumn(family=family, qualifier=qualifier,
+                                 encoding=item_node.choice("encoding", ("json", "dynamodb_json"), "json"),
+                                 include_keys=item_node.boolean("include_keys", True))
+        item_node.done()
     other = _parse_other(node.node("other_attributes"), family_names)
     include_keys = node.boolean("include_key_attributes", False)
+    indexes_data = node.get("indexes", [])
+    if not isinstance(indexes_data, list):
+        raise ConfigError("must be a list", node.sub("indexes"))
+    indexes = tuple(_parse_index(d, f"{node.sub('indexes')}[{i}]", delimiter, family_names, source)
+                    for i, d in enumerate(indexes_data))
+    consumed = set(template.sources)
+    for c in columns:
+        if c.qualifier_template is not None:
+            consumed |= set(c.qualifier_template.sources)
+        if c.timestamp is not None:
+            consumed.add(c.timestamp.attribute)
+    consumed -= {c.attribute for c in columns}
     node.done()
     return RuleConfig(
         name=name,
@@ -351,7 +532,27 @@ def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source:
         columns=tuple(columns),
         other=other,
         include_key_attributes=include_keys,
+        item_column=item_column,
+        indexes=indexes,
+        consumed=frozenset(consumed),
     )
+
+
+def resolve_hook(spec: str, field: str = "hook"):
+    """Import ``module:function`` (validated at start-up, so a typo fails fast)."""
+    import importlib
+
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ConfigError(f"must be 'module:function', got {spec!r}", field)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}", field) from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ConfigError(f"{module_name!r} has no function {func_name!r}", field)
+    return func
 
 
 def _parse_other(node: Optional[_Node], family_names: set) -> OtherAttributes:
@@ -369,6 +570,15 @@ def _parse_other(node: Optional[_Node], family_names: set) -> OtherAttributes:
     encoding = node.choice("encoding", ENCODINGS, "auto")
     node.done()
     return OtherAttributes(mode=mode, family=family, encoding=encoding)
+
+
+def _parse_ttl(node: Optional[_Node]) -> Optional[TtlConfig]:
+    if node is None:
+        return None
+    ttl = TtlConfig(attribute=node.string("attribute", required=True),
+                    deletions=node.choice("deletions", ("apply", "ignore"), "apply"))
+    node.done()
+    return ttl
 
 
 def load_mapping(path: str | Path) -> MappingConfig:

@@ -1,27 +1,39 @@
 """The pure heart of the replicator: ``map_change(mapping, record)``.
 
-One DynamoDB change becomes the ordered mutations of the Bigtable rows it owns,
-following the correctness contract (design notes §1):
+Model: a mapping says which **cells an item owns** — in its own row, in rows it
+shares with other items (Example 2 folds a video's items into one row), and in
+index rows that replace GSIs. A change's mutations are the *difference* between
+the cells the old image owned and the cells the new image owns, written per the
+correctness contract (design notes §1):
 
-* every SetCell carries the change's own timestamp (whole ms), never -1;
-* a written column also deletes its *older* versions (``[0, ts)``), so each owned
-  column holds exactly one version without depending on garbage collection, and a
-  replay of an older change can never remove the newer value;
-* a removed attribute or item deletes the columns the *old* image names over
-  ``[0, ts + 1 ms)`` — time-bounded, never DeleteFromRow, so replays are harmless.
+* an ordinary cell is written at the change's own timestamp (whole ms, never -1)
+  and its older versions are deleted (``[0, ts)``), so each such column holds
+  exactly one version and a replay of an older change never wins;
+* a *versioned* cell (timestamp from an attribute, e.g. a comment's CreatedAt) is
+  written at that timestamp and deleted as exactly that version ``[v, v + 1 ms)``;
+* a *list* column holds one version per element at ``ts − (n−1−i)`` ms (newest
+  last), older versions deleted below the first element;
+* a cell the old image owned and the new one does not is deleted over
+  ``[0, ts + 1 ms)`` (versioned: exactly its version) — time-bounded, never
+  DeleteFromRow, so replays are harmless. This one rule removes attributes,
+  deletes items, moves index rows whose key changed, and follows an item that
+  changed entity type.
 
 The same function serves the live tail, the backfill (records synthesised from
-scanned items at the handoff timestamp) and verification (the expected layout).
+scanned items) and verification (``expected_cells``).
 """
 from __future__ import annotations
 
+import datetime as _dt
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Iterable, Mapping, Optional
 
-from transforms.attrs import type_of
-from transforms.config import MappingConfig, MatchCondition, RuleConfig
+from transforms.attrs import as_bytes, canonical_json, canonical_typed_json, parse_number, type_of
+from transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, resolve_hook
 from transforms.encoding import encode
 from transforms.errors import MappingError
-from transforms.limits import check_row_change
+from transforms.limits import MAX_TIMESTAMP_MS, check_row_change
 from transforms.model import (
     EVENT_NAMES,
     INSERT,
@@ -37,12 +49,39 @@ from transforms.rowkey import build_key
 
 # Bigtable's delete range end is exclusive: +1 ms makes the change's own cells part of it.
 _INCLUSIVE_END_MS = 1
+INDEX_POINTER = b"row"  # the index row's cell holding the main row key
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedCell:
+    """A cell an item owns. ``version_ms`` None: written at the change time, one
+    version. ``values`` is set for list columns (one version per element)."""
+
+    table: str
+    row_key: bytes
+    family: str
+    qualifier: bytes
+    version_ms: Optional[int] = None
+    value: Optional[bytes] = None
+    values: Optional[tuple] = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.table, self.row_key, self.family, self.qualifier, self.version_ms, self.values is not None)
+
+
+# --- rule selection -------------------------------------------------------------
+
+
+def _lookup(keys: Item, item: Optional[Item], name: str):
+    value = keys.get(name)
+    if value is None and item is not None:
+        value = item.get(name)
+    return value
 
 
 def _matches(cond: MatchCondition, keys: Item, item: Optional[Item], captures: dict) -> bool:
-    value = keys.get(cond.attribute)
-    if value is None and item is not None:
-        value = item.get(cond.attribute)
+    value = _lookup(keys, item, cond.attribute)
     if cond.kind == "present":
         return (value is not None) == cond.value
     if value is None:
@@ -52,6 +91,8 @@ def _matches(cond: MatchCondition, keys: Item, item: Optional[Item], captures: d
     if cond.kind == "equals":
         if isinstance(cond.value, bool):
             return tag == "BOOL" and scalar == cond.value
+        if tag == "N" and isinstance(cond.value, (int, float)):
+            return parse_number(scalar) == Decimal(str(cond.value))
         return tag in ("S", "N") and str(scalar) == str(cond.value)
     if tag != "S":
         return False
@@ -64,57 +105,229 @@ def _matches(cond: MatchCondition, keys: Item, item: Optional[Item], captures: d
     return True
 
 
+def conditions_hold(conditions: tuple, keys: Item, item: Optional[Item], captures: Optional[dict] = None) -> bool:
+    found: dict = {}
+    ok = all(_matches(c, keys, item, found) for c in conditions)
+    if ok and captures is not None:
+        captures.update(found)
+    return ok
+
+
 def select_rule(mapping: MappingConfig, keys: Item, item: Optional[Item]) -> tuple:
     """First rule whose conditions all hold → (rule, captures), or (None, {})."""
     for rule in mapping.rules:
         captures: dict = {}
-        if all(_matches(c, keys, item, captures) for c in rule.conditions):
+        if conditions_hold(rule.conditions, keys, item, captures):
             return rule, captures
     return None, {}
 
 
-def _placed_attributes(rule: RuleConfig, mapping: MappingConfig, image: Item) -> Iterable:
-    """(attribute, family, qualifier, encoding) for every attribute of the image
-    that the rule places in a column; raises for attributes it must not drop."""
+# --- owned cells ----------------------------------------------------------------
+
+
+def parse_timestamp_ms(value, fmt: str, where: str) -> int:
+    """A cell timestamp from an attribute value, in whole milliseconds (rounded
+    down: Bigtable accepts only whole-ms timestamps)."""
+    tag = type_of(value, where)
+    raw = value[tag]
+    try:
+        if fmt == "iso8601":
+            if tag != "S":
+                raise ValueError("an ISO-8601 timestamp must be a string")
+            parsed = _dt.datetime.fromisoformat(raw)
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=_dt.timezone.utc)
+            ms = (parsed - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)) // _dt.timedelta(milliseconds=1)
+        else:
+            if tag not in ("N", "S"):
+                raise ValueError("an epoch timestamp must be a number")
+            number = parse_number(raw, where)
+            scaled = number * 1000 if fmt == "epoch_seconds" else number
+            ms = int(scaled.to_integral_value(rounding="ROUND_FLOOR"))
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise MappingError(f"{where}: cannot read {raw!r} as a {fmt} timestamp ({exc})", reason="timestamp") from None
+    if not 0 <= ms <= MAX_TIMESTAMP_MS:
+        raise MappingError(f"{where}: timestamp {ms} ms is out of range", reason="timestamp")
+    return ms
+
+
+def _set_members(value, where: str) -> list:
+    tag = type_of(value, where)
+    if tag == "SS":
+        return [m.encode("utf-8") for m in value["SS"]]
+    if tag == "NS":
+        return [m.encode("ascii") for m in value["NS"]]
+    if tag == "BS":
+        return [as_bytes(m, where) for m in value["BS"]]
+    if tag == "L":  # a list used as a set: only scalar members
+        return [_scalar_bytes(v, f"{where}[{i}]") for i, v in enumerate(value["L"])]
+    raise MappingError(f"{where}: 'as: set' needs SS, NS, BS or L, got {tag}", reason="encoding")
+
+
+def _scalar_bytes(value, where: str) -> bytes:
+    tag = type_of(value, where)
+    if tag == "S":
+        return value["S"].encode("utf-8")
+    if tag == "N":
+        return value["N"].encode("ascii")
+    if tag == "B":
+        return as_bytes(value["B"], where)
+    raise MappingError(f"{where}: set members must be S, N or B, got {tag}", reason="encoding")
+
+
+class _Owner:
+    """Collects the cells of one image, refusing two claims on one cell."""
+
+    def __init__(self, with_values: bool) -> None:
+        self.with_values = with_values
+        self.cells: dict = {}
+
+    def add(self, cell: OwnedCell, what: str) -> None:
+        if cell.key in self.cells:
+            raise MappingError(
+                f"{what} and another attribute both map to {cell.family}:{cell.qualifier.decode('utf-8', 'replace')}",
+                reason="column_collision")
+        self.cells[cell.key] = cell
+
+
+def _column_cells(owner: _Owner, col: ColumnConfig, value, table: str, row: bytes, keys: Item, image: Item,
+                  captures: Mapping) -> None:
+    where = col.attribute
+    values = owner.with_values
+    if col.kind == "set":
+        for member in _set_members(value, where):
+            owner.add(OwnedCell(table, row, col.family, member, value=col.set_marker if values else None), where)
+        return
+    if col.kind == "map":
+        if type_of(value, where) != "M":
+            raise MappingError(f"{where}: 'as: map' needs M, got {type_of(value, where)}", reason="encoding")
+        for k, v in value["M"].items():
+            cell_value = encode(col.encoding, v, f"{where}.{k}") if values else None
+            owner.add(OwnedCell(table, row, col.family, k.encode("utf-8"), value=cell_value), f"{where}.{k}")
+        return
+    qualifier = col.qualifier
+    if col.qualifier_template is not None:
+        qualifier = build_key(col.qualifier_template, keys, image, captures, where=f"{where} qualifier")
+    if col.kind == "list_versions":
+        if type_of(value, where) != "L":
+            raise MappingError(f"{where}: 'as: list_versions' needs L", reason="encoding")
+        elements = tuple(encode(col.encoding, v, f"{where}[{i}]") for i, v in enumerate(value["L"])) if values else ()
+        owner.add(OwnedCell(table, row, col.family, qualifier, values=elements), where)
+        return
+    version = None
+    if col.timestamp is not None:
+        ts_value = _lookup(keys, image, col.timestamp.attribute)
+        if ts_value is None:
+            raise MappingError(f"{where}: timestamp attribute {col.timestamp.attribute!r} is missing",
+                               reason="timestamp")
+        version = parse_timestamp_ms(ts_value, col.timestamp.format, col.timestamp.attribute)
+    cell_value = encode(col.encoding, value, where) if values else None
+    owner.add(OwnedCell(table, row, col.family, qualifier, version, cell_value), where)
+
+
+def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: Item, image: Item,
+                captures: Mapping) -> None:
+    table = mapping.target.table
+    if rule.hook is not None:
+        _hook_cells(owner, rule, keys, image)
+        return
+    row = build_key(rule.row_key, keys, image, captures)
     key_attrs = mapping.source.key_attributes
     for name in sorted(image):
-        if name in key_attrs and not rule.include_key_attributes and rule.column_for(name) is None:
-            continue
         column = rule.column_for(name)
         if column is not None:
-            yield name, column.family, column.qualifier, column.encoding
-        elif rule.other.mode == "column":
-            yield name, rule.other.family, name.encode("utf-8"), rule.other.encoding
+            _column_cells(owner, column, image[name], table, row, keys, image, captures)
+            continue
+        if name in key_attrs and not rule.include_key_attributes:
+            continue
+        if name in rule.consumed:
+            continue  # used by the row key, a qualifier or a timestamp
+        if rule.item_column is not None and rule.other.mode == "dead_letter":
+            continue  # the item column already keeps every attribute
+        if rule.other.mode == "column":
+            value = encode(rule.other.encoding, image[name], name) if owner.with_values else None
+            owner.add(OwnedCell(table, row, rule.other.family, name.encode("utf-8"), value=value), name)
         elif rule.other.mode == "dead_letter":
             raise MappingError(
                 f"attribute {name!r} is not mapped by rule {rule.name!r} "
                 "(add it under columns, or set other_attributes)",
                 reason="unmapped_attribute",
             )
+    if rule.item_column is not None:
+        ic = rule.item_column
+        whole = {k: v for k, v in image.items() if ic.include_keys or k not in key_attrs}
+        value = None
+        if owner.with_values:
+            text = canonical_json({"M": whole}) if ic.encoding == "json" else canonical_typed_json({"M": whole})
+            value = text.encode("utf-8")
+        owner.add(OwnedCell(table, row, ic.family, ic.qualifier, value=value), "item_column")
+    for index in rule.indexes:
+        _index_cells(owner, mapping, index, keys, image, row)
 
 
-def owned_columns(rule: RuleConfig, mapping: MappingConfig, image: Item) -> list:
-    """The (family, qualifier) columns an image's item owns; no values encoded, so
-    a delete never fails because an old value would not encode any more."""
-    out = []
-    key_attrs = mapping.source.key_attributes
-    for name in sorted(image):
-        if name in key_attrs and not rule.include_key_attributes and rule.column_for(name) is None:
-            continue
-        column = rule.column_for(name)
-        if column is not None:
-            out.append((column.family, column.qualifier))
-        elif rule.other.mode == "column":
-            out.append((rule.other.family, name.encode("utf-8")))
-    return out
+def _index_cells(owner: _Owner, mapping: MappingConfig, index: IndexConfig, keys: Item, image: Item,
+                 main_row: bytes) -> None:
+    if not conditions_hold(index.conditions, keys, image):
+        return
+    try:
+        row = build_key(index.row_key, keys, image, where=f"index {index.name}")
+    except MappingError as exc:
+        if exc.reason == "missing_key_attribute":
+            return  # sparse, like a GSI: items without the index attributes are not indexed
+        raise
+    table = index.table or mapping.target.table
+    owner.add(OwnedCell(table, row, index.family, INDEX_POINTER, value=main_row if owner.with_values else None),
+              f"index {index.name}")
+    for name in index.project:
+        if name in image:
+            value = encode("auto", image[name], name) if owner.with_values else None
+            owner.add(OwnedCell(table, row, index.family, name.encode("utf-8"), value=value), f"index {index.name}")
 
 
-def cells_for_item(rule: RuleConfig, mapping: MappingConfig, image: Item) -> dict:
-    """{(family, qualifier): value bytes} that the item should hold."""
-    cells = {}
-    for name, family, qualifier, encoding in _placed_attributes(rule, mapping, image):
-        cells[(family, qualifier)] = encode(encoding, image[name], where=name)
-    return cells
+def _hook_cells(owner: _Owner, rule: RuleConfig, keys: Item, image: Item) -> None:
+    """``module:function(keys, image)`` returns cells as (table, row_key, family,
+    qualifier, value, version_ms or None); the engine turns them into mutations."""
+    func = resolve_hook(rule.hook)
+    try:
+        produced = list(func(dict(keys), dict(image)))
+    except MappingError:
+        raise
+    except Exception as exc:  # a bug in user code is this record's problem, not the job's
+        raise MappingError(f"hook {rule.hook} failed: {type(exc).__name__}: {exc}", reason="hook_error") from None
+    for i, cell in enumerate(produced):
+        try:
+            table, row, family, qualifier, value, version = cell
+            ok = (isinstance(table, str) and isinstance(row, bytes) and isinstance(family, str)
+                  and isinstance(qualifier, bytes) and isinstance(value, bytes)
+                  and (version is None or isinstance(version, int)))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise MappingError(f"hook {rule.hook} cell {i} is not (table, row_key bytes, family, qualifier "
+                               "bytes, value bytes, version_ms|None)", reason="hook_error")
+        owner.add(OwnedCell(table, row, family, qualifier, version, value if owner.with_values else None),
+                  f"hook cell {i}")
+
+
+def owned_cells(mapping: MappingConfig, keys: Item, image: Optional[Item], with_values: bool = True) -> dict:
+    """{cell key: OwnedCell} the item owns (empty when skipped or absent). Without
+    values, nothing is encoded: a delete never fails because an old value would
+    not encode any more."""
+    if image is None:
+        return {}
+    rule, captures = select_rule(mapping, keys, image)
+    if rule is None:
+        if mapping.unmatched == "skip":
+            return {}
+        raise MappingError("no mapping rule matches this item", reason="no_matching_rule")
+    if rule.skip:
+        return {}
+    owner = _Owner(with_values)
+    _rule_cells(owner, mapping, rule, keys, image, captures)
+    return owner.cells
+
+
+# --- change → mutations ---------------------------------------------------------
 
 
 def validate_record(record: ChangeRecord) -> None:
@@ -134,46 +347,75 @@ def validate_record(record: ChangeRecord) -> None:
         raise MappingError(f"negative change time {record.change_ms}", reason="bad_record")
 
 
+def _write(cell: OwnedCell, ts: int) -> list:
+    if cell.values is not None:
+        n = len(cell.values)
+        first = ts - n + 1  # element i at ts-(n-1-i): the newest element at the change time
+        if n == 0:
+            return [DeleteCells(cell.family, cell.qualifier, 0, ts + _INCLUSIVE_END_MS)]
+        if first < 1:
+            raise MappingError(f"list of {n} elements needs timestamps before the epoch", reason="timestamp")
+        out = [DeleteCells(cell.family, cell.qualifier, 0, first)]
+        out += [SetCell(cell.family, cell.qualifier, v, first + i) for i, v in enumerate(cell.values)]
+        return out
+    if cell.version_ms is not None:
+        return [SetCell(cell.family, cell.qualifier, cell.value, cell.version_ms)]
+    out = [SetCell(cell.family, cell.qualifier, cell.value, ts)]
+    if ts > 0:  # an end of 0 would mean "no end" on the wire
+        out.append(DeleteCells(cell.family, cell.qualifier, 0, ts))
+    return out
+
+
+def _delete(cell: OwnedCell, ts: int) -> DeleteCells:
+    if cell.version_ms is not None:
+        return DeleteCells(cell.family, cell.qualifier, cell.version_ms, cell.version_ms + _INCLUSIVE_END_MS)
+    return DeleteCells(cell.family, cell.qualifier, 0, ts + _INCLUSIVE_END_MS)
+
+
 def map_change(mapping: MappingConfig, record: ChangeRecord) -> tuple:
-    """ChangeRecord → tuple[RowChange, ...] (empty when a rule skips the item).
+    """ChangeRecord → tuple[RowChange, ...], one per touched row, mutations in a
+    deterministic order. Empty when nothing changes (skipped item, key-only item,
+    TTL deletion the mapping ignores).
 
     Raises MappingError (with a dead-letter ``reason``) when the record cannot be
     mapped; the caller dead-letters the whole record so nothing is half-applied.
     """
     validate_record(record)
+    if record.is_ttl_delete and mapping.ttl is not None and mapping.ttl.deletions == "ignore":
+        return ()
     ts = record.change_ms
-    rule, captures = select_rule(mapping, record.keys, record.item)
-    if rule is None:
-        if mapping.unmatched == "skip":
-            return ()
-        raise MappingError("no mapping rule matches this item", reason="no_matching_rule")
-    if rule.skip:
-        return ()
+    new = owned_cells(mapping, record.keys, record.new_image) if record.event_name != REMOVE else {}
+    old = owned_cells(mapping, record.keys, record.old_image, with_values=False)
+    rows: dict = {}  # (table, row_key) -> [mutations]; insertion order = first touch
+    for key in sorted(new):
+        cell = new[key]
+        rows.setdefault((cell.table, cell.row_key), []).extend(_write(cell, ts))
+    for key in sorted(old):
+        if key not in new:
+            cell = old[key]
+            rows.setdefault((cell.table, cell.row_key), []).append(_delete(cell, ts))
+    changes = tuple(RowChange(table=t, row_key=k, mutations=tuple(m)) for (t, k), m in rows.items() if m)
+    for change in changes:
+        check_row_change(change)
+    return changes
 
-    row_key = build_key(rule.row_key, record.keys, record.item, captures)
-    mutations: list = []
-    new_cells = cells_for_item(rule, mapping, record.new_image) if record.event_name != REMOVE else {}
-    for (family, qualifier), value in sorted(new_cells.items()):
-        mutations.append(SetCell(family, qualifier, value, ts))
-        if ts > 0:  # an end of 0 would mean "no end" on the wire
-            # Older versions go: exactly one version per owned column, replay-safe.
-            mutations.append(DeleteCells(family, qualifier, 0, ts))
-    if record.old_image is not None:
-        for family, qualifier in sorted(set(owned_columns(rule, mapping, record.old_image))):
-            if (family, qualifier) not in new_cells:
-                mutations.append(DeleteCells(family, qualifier, 0, ts + _INCLUSIVE_END_MS))
-    if not mutations:
-        return ()
-    change = RowChange(table=mapping.target.table, row_key=row_key, mutations=tuple(mutations))
-    check_row_change(change)
-    return (change,)
+
+# --- expected layout (verification) --------------------------------------------
+
+
+def expected_cells(mapping: MappingConfig, item: Item) -> dict:
+    """{cell key: OwnedCell} the final item should have in Bigtable."""
+    keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+    return owned_cells(mapping, keys, item)
 
 
 def expected_row(mapping: MappingConfig, item: Item) -> Optional[tuple]:
-    """(row_key, {(family, qualifier): value}) an item should produce, for
-    verification and tests; None when the item is skipped."""
-    keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
-    rule, captures = select_rule(mapping, keys, item)
-    if rule is None or rule.skip:
+    """(row_key, {(family, qualifier): value}) of the item's main-table ordinary
+    cells; None when skipped. Kept for simple single-row mappings."""
+    cells = expected_cells(mapping, item)
+    if not cells:
         return None
-    return build_key(rule.row_key, keys, item, captures), cells_for_item(rule, mapping, item)
+    main = [c for c in cells.values() if c.table == mapping.target.table]
+    if not main:
+        return None
+    return main[0].row_key, {(c.family, c.qualifier): c.value for c in main if c.values is None}

@@ -21,10 +21,13 @@ Transforms (applied left to right to the value's text):
   max_minus       2**63-1 − integer, zero-padded to 19 digits (newest first)
   strip_prefix:P  drop a required prefix P (``Invoice-0123`` → ``0123``)
   hex             binary key part as lowercase hex (keys stay readable)
+  salt:N          the value's deterministic shard 0..N-1 (CRC-32 mod N), zero-padded:
+                  a readable write-sharding prefix (``{OrderId|salt:15}#…``)
 """
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable, Mapping, Optional
@@ -62,6 +65,11 @@ def _max_minus(value: str, arg: str, where: str) -> str:
     return str(MAX_INT64 - integer).zfill(MAX_INT64_DIGITS)
 
 
+def _salt(value: str, arg: str, where: str) -> str:
+    buckets = int(arg)
+    return str(zlib.crc32(value.encode("utf-8")) % buckets).zfill(len(str(buckets - 1)))
+
+
 def _strip_prefix(value: str, arg: str, where: str) -> str:
     if not value.startswith(arg):
         raise MappingError(f"{where}: value does not start with {arg!r}", reason="row_key")
@@ -76,6 +84,7 @@ TRANSFORMS: dict[str, tuple[bool, Callable[[str, str, str], str]]] = {
     "max_minus": (False, _max_minus),
     "strip_prefix": (True, _strip_prefix),
     "hex": (False, lambda v, a, w: v),  # handled on bytes, see _part_value
+    "salt": (True, _salt),
 }
 
 
@@ -146,6 +155,8 @@ def _parse_placeholder(body: str, field: str) -> Placeholder:
             raise ConfigError(f"key transform {name!r} needs an argument, e.g. {name}:10", field)
         if name == "pad" and not arg.isdigit():
             raise ConfigError(f"pad needs a digit count, got {arg!r}", field)
+        if name == "salt" and (not arg.isdigit() or not 2 <= int(arg) <= 1000):
+            raise ConfigError(f"salt needs a bucket count between 2 and 1000, got {arg!r}", field)
         if not takes_arg and arg:
             raise ConfigError(f"key transform {name!r} takes no argument", field)
         transforms.append((name, arg))

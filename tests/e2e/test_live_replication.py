@@ -37,7 +37,7 @@ def setup_tables(stack, tmp_path, unique, **changes):
 def check_identical(mapping, ddb):
     items = workload.scan_all(ddb, mapping.source.table)
     actual = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
-    diff = diff_layout(expected_layout(mapping, items), actual)
+    diff = diff_layout(expected_layout(mapping, items)[mapping.target.table], actual)
     assert diff.identical, diff.summary()
     assert diff.extra_versions == [], "every owned column must hold exactly one version"
     return items, actual

@@ -73,7 +73,7 @@ def test_shard_splits_keep_per_key_order_through_the_pipeline(stack, tmp_path, u
             final[k] = new
     run(mapping, client)
     actual = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
-    diff = diff_layout(expected_layout(mapping, final.values()), actual)
+    diff = diff_layout(expected_layout(mapping, final.values())[mapping.target.table], actual)
     assert diff.identical, diff.summary()
     from pipeline.state import StateStore  # every closed shard was recorded finished
     store = StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
