@@ -133,6 +133,33 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_lint(args) -> int:
+    from transforms.lint import WARN, lint
+
+    mapping = load(args)
+    items = None
+    if args.sample:
+        from pipeline.connections import dynamodb_client
+
+        ddb = dynamodb_client(mapping.source.region)
+        items, start = [], None
+        while len(items) < args.sample:
+            kwargs = {"TableName": mapping.source.table, "Limit": min(1000, args.sample - len(items))}
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            page = ddb.scan(**kwargs)
+            items += page.get("Items", [])
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                break
+    findings = lint(mapping, items)
+    for f in findings:
+        print(f)
+    warnings = sum(1 for f in findings if f.level == WARN)
+    print(f"{warnings} warning(s), {len(findings) - warnings} note(s)")
+    return 1 if warnings and args.strict else 0
+
+
 def cmd_create_table(args) -> int:
     from pipeline.bigtable_io import ensure_mapping_table
     from pipeline.preflight import ensure_state_table
@@ -311,6 +338,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--item", required=True, help="item file: DynamoDB JSON or plain JSON ('-' for stdin)")
     p.add_argument("--timestamp-ms", type=int, default=1_700_000_000_000, help="change time to show")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("lint", help="check a mapping against Bigtable's rules and schema best practices",
+                       formatter_class=raw, description=(
+                           "Reports timestamp-first or sequential keys (hotspots), keys and qualifiers near the "
+                           "limits, families whose GC would drop versions or that mix retention needs, "
+                           "attributes that look like personal data in row keys, and — with --sample — items "
+                           "that match no rule or cannot be mapped."),
+                       epilog="examples:\n  ddb2bt lint -m examples/hr_orders.yaml\n"
+                              "  ddb2bt lint -m m.yaml --sample 1000 --strict")
+    add_mapping_args(p)
+    p.add_argument("--sample", type=int, default=0, metavar="N", help="also check N items scanned from the table")
+    p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
+    p.set_defaults(func=cmd_lint)
 
     p = sub.add_parser("create-table", help="create or update the Bigtable table (and the state table)",
                        formatter_class=raw, description=(

@@ -144,7 +144,7 @@ def parse_timestamp_ms(value, fmt: str, where: str) -> int:
             number = parse_number(raw, where)
             scaled = number * 1000 if fmt == "epoch_seconds" else number
             ms = int(scaled.to_integral_value(rounding="ROUND_FLOOR"))
-    except (ValueError, TypeError, ArithmeticError) as exc:
+    except (ValueError, TypeError, ArithmeticError, MappingError) as exc:
         raise MappingError(f"{where}: cannot read {raw!r} as a {fmt} timestamp ({exc})", reason="timestamp") from None
     if not 0 <= ms <= MAX_TIMESTAMP_MS:
         raise MappingError(f"{where}: timestamp {ms} ms is out of range", reason="timestamp")
