@@ -7,7 +7,7 @@ from pipeline.cli import build_parser, main
 from pipeline.graph import is_local
 from tests.conftest import ROOT
 
-COMMANDS = [["demo"], ["validate"], ["explain"], ["create-table"], ["run"], ["dlq"], ["dlq", "list"],
+COMMANDS = [["demo"], ["validate"], ["explain"], ["lint"], ["create-table"], ["run"], ["dlq"], ["dlq", "list"],
             ["local"], ["local", "up"]]
 
 
@@ -67,3 +67,29 @@ def test_console_script_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "pipeline.cli", "--help"], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     assert "Replicate a live DynamoDB table" in out
+
+
+def test_explain_reproduces_the_seed_layouts_of_examples_2_and_3(tmp_path, capsys):
+    comment = tmp_path / "comment.json"
+    comment.write_text('{"pk": {"S": "0123"}, "sk": {"S": "VideoComment#98765481"}, '
+                       '"Content": {"S": "I really like this. Special effects are amazing."}, '
+                       '"CreatedAt": {"S": "2023-09-10T19:01:15"}}')
+    assert main(["explain", "-m", str(ROOT / "examples/videos.yaml"), "--item", str(comment)]) == 0
+    out = capsys.readouterr().out
+    assert "table videos row b'0123'" in out
+    assert "set    comments:UserComments = b'I really like this. Special effects are amazing.' @1694372475000" in out
+    assert "delete comments:UserComments in [1694372475000, 1694372475001) ms" in out  # exactly its version
+    payment = tmp_path / "payment.json"
+    payment.write_text('{"pk": "Invoice-0123", "sk": "Payment-0680", "DateCreated": "2023-09-10T15:21:40", '
+                       '"Details": {"amount_usd": 120, "bill_to": "John", "address": "123 Abc St"}}')
+    assert main(["explain", "-m", str(ROOT / "examples/invoices.yaml"), "--item", str(payment)]) == 0
+    out = capsys.readouterr().out
+    assert "table invoices row b'0123'" in out
+    assert 'set    Payment:0680 = b\'{"address":"123 Abc St","amount_usd":120,"bill_to":"John"}\' @1694359300000' in out
+
+
+def test_lint_command_reports_and_strict_fails(capsys):
+    assert main(["lint", "-m", str(ROOT / "examples/hr_orders.yaml")]) == 0
+    assert "pii_in_row_key" in capsys.readouterr().out
+    assert main(["lint", "-m", str(ROOT / "examples/hr_orders.yaml"), "--strict"]) == 1
+    assert main(["lint", "-m", str(ROOT / "examples/product_catalog.yaml"), "--strict"]) == 0
