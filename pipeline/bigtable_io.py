@@ -30,6 +30,8 @@ EMULATOR_ENV = "BIGTABLE_EMULATOR_HOST"
 DEFAULT_ENDPOINT = "bigtable.googleapis.com:443"
 DATA_SCOPES = ("https://www.googleapis.com/auth/bigtable.data",)
 MUTATE_ROWS_METHOD = "/google.bigtable.v2.Bigtable/MutateRows"
+CHECK_AND_MUTATE_METHOD = "/google.bigtable.v2.Bigtable/CheckAndMutateRow"
+READ_ROWS_METHOD = "/google.bigtable.v2.Bigtable/ReadRows"
 US_PER_MS = 1000
 DEFAULT_RPC_TIMEOUT_S = 60.0
 # gRPC's default 4 MiB receive limit is too small for wide rows read back by verify.
@@ -105,7 +107,42 @@ class MutationWriter(Protocol):
         Raises BigtableRetryable / BigtablePermanent when the call as a whole fails."""
         ...
 
+    def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
+        """CheckAndMutateRow: apply ``mutations`` unless the row has a version of
+        unless.family:unless.qualifier at or after unless.since_ms. Returns True
+        when applied. Raises like mutate_rows."""
+        ...
+
+    def cells_since(self, table_id: str, row_keys: Sequence, family: str, since_ms: int) -> set:
+        """{(row_key, qualifier)} of cells in ``family`` with a version at or after
+        ``since_ms``, in the given rows (one ReadRows call)."""
+        ...
+
     def close(self) -> None: ...
+
+
+def regex_literal(data: bytes) -> bytes:
+    """An RE2 pattern matching exactly ``data`` (every byte but [A-Za-z0-9] hex-escaped)."""
+    return b"".join(bytes([b]) if chr(b).isalnum() and b < 128 else b"\\x%02x" % b for b in data)
+
+
+def build_mutations(container, mutations: Sequence) -> None:
+    for m in mutations:
+        pb = container.add()
+        if isinstance(m, SetCell):
+            sc = pb.set_cell
+            sc.family_name = m.family
+            sc.column_qualifier = m.qualifier
+            sc.timestamp_micros = m.timestamp_ms * US_PER_MS
+            sc.value = m.value
+        elif isinstance(m, DeleteCells):
+            dc = pb.delete_from_column
+            dc.family_name = m.family
+            dc.column_qualifier = m.qualifier
+            dc.time_range.start_timestamp_micros = m.start_ms * US_PER_MS
+            dc.time_range.end_timestamp_micros = m.end_ms * US_PER_MS
+        else:  # pragma: no cover - the model has only these two
+            raise TypeError(f"unknown mutation {type(m).__name__}")
 
 
 def make_channel(endpoint: Optional[str] = None) -> grpc.Channel:
@@ -135,22 +172,7 @@ def build_request(request_cls, table_name: str, app_profile: Optional[str], entr
         request.app_profile_id = app_profile
     for row_key, mutations in entries:
         entry = request.entries.add(row_key=row_key)
-        for m in mutations:
-            pb = entry.mutations.add()
-            if isinstance(m, SetCell):
-                sc = pb.set_cell
-                sc.family_name = m.family
-                sc.column_qualifier = m.qualifier
-                sc.timestamp_micros = m.timestamp_ms * US_PER_MS
-                sc.value = m.value
-            elif isinstance(m, DeleteCells):
-                dc = pb.delete_from_column
-                dc.family_name = m.family
-                dc.column_qualifier = m.qualifier
-                dc.time_range.start_timestamp_micros = m.start_ms * US_PER_MS
-                dc.time_range.end_timestamp_micros = m.end_ms * US_PER_MS
-            else:  # pragma: no cover - the model has only these two
-                raise TypeError(f"unknown mutation {type(m).__name__}")
+        build_mutations(entry.mutations, mutations)
     return request
 
 
@@ -178,15 +200,76 @@ class GrpcMutationWriter:
             request_serializer=self._request_cls.SerializeToString,
             response_deserializer=response_cls.FromString,
         )
+        from google.cloud.bigtable_v2.types import bigtable as bigtable_types
+
+        self._read_cls = bigtable_types.ReadRowsRequest.pb()
+        self._read = self._channel.unary_stream(
+            READ_ROWS_METHOD,
+            request_serializer=self._read_cls.SerializeToString,
+            response_deserializer=bigtable_types.ReadRowsResponse.pb().FromString,
+        )
+        self._cam_cls = bigtable_types.CheckAndMutateRowRequest.pb()
+        self._cam = self._channel.unary_unary(
+            CHECK_AND_MUTATE_METHOD,
+            request_serializer=self._cam_cls.SerializeToString,
+            response_deserializer=bigtable_types.CheckAndMutateRowResponse.pb().FromString,
+        )
+
+    def _params(self, table_name: str) -> tuple:
+        params = f"table_name={table_name}" + (f"&app_profile_id={self._app_profile}" if self._app_profile else "")
+        return (("x-goog-request-params", params),)
+
+    def cells_since(self, table_id: str, row_keys: Sequence, family: str, since_ms: int) -> set:
+        table_name = self._prefix + table_id
+        request = self._read_cls(table_name=table_name)
+        if self._app_profile:
+            request.app_profile_id = self._app_profile
+        request.rows.row_keys.extend(sorted(set(row_keys)))
+        chain = request.filter.chain.filters
+        chain.add().family_name_regex_filter = "^" + re.escape(family) + "$"
+        chain.add().timestamp_range_filter.start_timestamp_micros = since_ms * US_PER_MS
+        chain.add().strip_value_transformer = True
+        found: set = set()
+        row: list = []
+        key = b""
+        try:
+            for response in self._read(request, timeout=self._timeout_s, metadata=self._params(table_name)):
+                for chunk in response.chunks:
+                    if chunk.row_key:
+                        key = chunk.row_key
+                    if chunk.HasField("qualifier"):
+                        row.append((key, chunk.qualifier.value))
+                    if chunk.reset_row:
+                        row = []
+                    elif chunk.commit_row:
+                        found.update(row)
+                        row = []
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc) from None
+        return found
+
+    def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
+        table_name = self._prefix + table_id
+        request = self._cam_cls(table_name=table_name, row_key=row_key)
+        if self._app_profile:
+            request.app_profile_id = self._app_profile
+        chain = request.predicate_filter.chain.filters
+        chain.add().family_name_regex_filter = "^" + re.escape(unless.family) + "$"
+        chain.add().column_qualifier_regex_filter = regex_literal(unless.qualifier)
+        chain.add().timestamp_range_filter.start_timestamp_micros = unless.since_ms * US_PER_MS
+        build_mutations(request.false_mutations, mutations)
+        try:
+            response = self._cam(request, timeout=self._timeout_s, metadata=self._params(table_name))
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc) from None
+        return not response.predicate_matched
 
     def mutate_rows(self, table_id: str, entries: Sequence[Entry]) -> list:
         table_name = self._prefix + table_id
         request = build_request(self._request_cls, table_name, self._app_profile, entries)
-        params = f"table_name={table_name}" + (f"&app_profile_id={self._app_profile}" if self._app_profile else "")
         statuses: list = [None] * len(entries)
         try:
-            for response in self._call(request, timeout=self._timeout_s,
-                                       metadata=(("x-goog-request-params", params),)):
+            for response in self._call(request, timeout=self._timeout_s, metadata=self._params(table_name)):
                 for e in response.entries:
                     statuses[e.index] = ENTRY_OK if e.status.code == OK else EntryStatus(e.status.code, e.status.message)
         except grpc.RpcError as exc:

@@ -53,6 +53,29 @@ class InMemoryBigtable:
                 out.append(self._apply(table_id, row_key, mutations))
             return out
 
+    def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
+        with self._lock:
+            call_no = len(self.calls)
+            self.calls.append((table_id, [row_key]))
+            if self.fault:
+                injected = self.fault(table_id, [(row_key, mutations)], call_no)
+                if injected is not None and injected[0] is not None and not injected[0].ok:
+                    status = injected[0]
+                    raise (BigtableRetryable if status.retryable else BigtablePermanent)(status.message)
+            column = self.tables.get(table_id, {}).get(row_key, {}).get((unless.family, unless.qualifier), {})
+            if any(ts >= unless.since_ms for ts in column):
+                return False
+            status = self._apply(table_id, row_key, mutations)
+            if not status.ok:
+                raise BigtablePermanent(status.message)
+            return True
+
+    def cells_since(self, table_id: str, row_keys: Sequence, family: str, since_ms: int) -> set:
+        with self._lock:
+            rows = self.tables.get(table_id, {})
+            return {(k, q) for k in set(row_keys) for (f, q), versions in rows.get(k, {}).items()
+                    if f == family and any(ts >= since_ms for ts in versions)}
+
     def _apply(self, table_id: str, row_key: bytes, mutations: Sequence) -> EntryStatus:
         known = self.families.get(table_id)
         if known is not None:

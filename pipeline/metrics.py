@@ -164,6 +164,16 @@ class PipelineMetrics:
         self.trimmed_restarts = Counter(f"{NAMESPACE}_trimmed_restarts",
                                         "Shards restarted at TRIM_HORIZON after trimmed data (--on-trimmed=restart)",
                                         registry=r)
+        self.backfill_superseded = Counter(f"{NAMESPACE}_backfill_superseded",
+                                           "Backfill rows skipped because the live tail already applied a newer "
+                                           "change of the item", registry=r)
+        self.backfill_items = Counter(f"{NAMESPACE}_backfill_items_scanned", "Items read by the backfill",
+                                      ["source"], registry=r)
+        self.backfill_expected = Gauge(f"{NAMESPACE}_backfill_items_expected",
+                                       "Items the backfill expects to read (table item count or export manifest)",
+                                       registry=r)
+        self.migration_phase = Gauge(f"{NAMESPACE}_migration_phase",
+                                     "1 for the current phase of the migration", ["phase"], registry=r)
         self.checkpoint_time = Gauge(f"{NAMESPACE}_checkpoint_timestamp_seconds",
                                      "Wall time of the last durable checkpoint", registry=r)
         self.shards = Gauge(f"{NAMESPACE}_shards", "Shards by state", ["state"], registry=r)

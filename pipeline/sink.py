@@ -28,11 +28,12 @@ from typing import Callable, Iterable, Optional
 
 from transforms.errors import MappingError, PermanentError
 from transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
-from transforms.model import DeadLetter, MappedChange, RowChange, ShardClosed
+from transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedChange, PartDone, RowChange, SetCell,
+                              ShardClosed)
 from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
 from pipeline.metrics import PipelineMetrics
 from pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
-from pipeline.state import ShardCheckpoint, StateStore
+from pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ class BatchingWriter:
         self._events: list = []  # (table, event, change_ms) for metrics after ack
         self._closed: list = []
         self._elements: list = []  # every MappedChange since the last flush, in order
+        self._conditional: list = []  # [(MappedChange, RowChange)] written with CheckAndMutateRow
+        self._guarded: list = []  # backfill RowChanges to repair if the tail touched their item
+        self._backfill: dict = {}  # (source, part) -> BackfillCheckpoint
 
     @property
     def pending_rows(self) -> int:
@@ -121,6 +125,10 @@ class BatchingWriter:
         """Buffer one element; returns dead letters of any flush it caused."""
         if isinstance(element, ShardClosed):
             self._closed.append(element)
+            return []
+        if isinstance(element, PartDone):
+            self._backfill[(element.source, element.part)] = BackfillCheckpoint(
+                element.source, element.part, None, element.count, done=True)
             return []
         if not isinstance(element, MappedChange):
             raise TypeError(f"sink got {type(element).__name__}, expected MappedChange or ShardClosed")
@@ -136,6 +144,11 @@ class BatchingWriter:
         ):
             flushed = self.flush()
         for row in rows:
+            if row.guard is not None and row.guard.conditional:
+                self._conditional.append((element, row))
+                continue
+            if row.guard is not None:
+                self._guarded.append(row)
             key = (row.table, row.row_key)
             pending = self._rows.get(key)
             if pending is None:
@@ -175,6 +188,9 @@ class BatchingWriter:
         pos = element.record.position
         if pos is None:
             return
+        if isinstance(pos, BackfillPosition):
+            self._backfill[(pos.source, pos.part)] = BackfillCheckpoint(pos.source, pos.part, pos.resume, pos.count)
+            return
         key = (pos.stream_arn, pos.shard_id)
         self._positions[key] = ShardCheckpoint(
             stream_arn=pos.stream_arn, shard_id=pos.shard_id, sequence_number=pos.sequence_number,
@@ -192,7 +208,8 @@ class BatchingWriter:
     def flush(self) -> list:
         """Write everything buffered, store dead letters, checkpoint. Returns the
         dead letters (also stored)."""
-        if not (self._rows or self._dead or self._positions or self._closed):
+        if not (self._rows or self._dead or self._positions or self._closed or self._conditional
+                or self._backfill):
             return []
         by_table: dict = {}
         for row in self._rows.values():
@@ -201,6 +218,8 @@ class BatchingWriter:
         for table, rows in by_table.items():
             for row, status in self._write_all(table, rows):
                 dead.extend(self._isolate(row, status))
+        dead.extend(self._write_conditional())
+        self._repair_touched()
         ack_ms = self._now_ms()
         if self._state is not None:
             if dead:
@@ -210,6 +229,8 @@ class BatchingWriter:
                 for c in self._closed
             ]
             self._state.save_checkpoints(_merge_checkpoints(checkpoints))
+            if self._backfill:
+                self._state.save_backfill_progress(list(self._backfill.values()))
         self._report(dead, ack_ms)
         self._reset()
         return dead
@@ -309,6 +330,53 @@ class BatchingWriter:
                 f"gave up writing to {table} after {self._config.retry.deadline_s:.0f}s: {exc.message}"
             ) from exc
         return permanent
+
+    def _repair_touched(self) -> None:
+        """After the batch is acknowledged: backfill rows whose item the live tail
+        touched since the handoff lose the backfill's own cells again (deletes over
+        [0, backfill_ms + 1) never reach the tail's cells, all newer)."""
+        by_table: dict = {}
+        for change in self._guarded:
+            by_table.setdefault(change.table, []).append(change)
+        for table, changes in by_table.items():
+            since = min(c.guard.since_ms for c in changes)
+            family = changes[0].guard.family
+            touched = retrying(self._config.retry, f"touch markers of {table}", None, self._sleep)(
+                lambda: self._writer.cells_since(table, [c.row_key for c in changes], family, since))
+            repairs: dict = {}
+            for c in changes:
+                if (c.row_key, c.guard.qualifier) not in touched:
+                    continue
+                end = c.guard.backfill_ms + 1
+                columns = sorted({(m.family, m.qualifier) for m in c.mutations if isinstance(m, SetCell)})
+                repairs.setdefault(c.row_key, []).extend(DeleteCells(f, q, 0, end) for f, q in columns)
+            if repairs:
+                rows = [_Row(table, key, muts) for key, muts in repairs.items()]
+                failed = self._write_all(table, rows)
+                if failed:
+                    raise BigtablePermanent(f"repair of backfill rows in {table} failed: {failed[0][1].message}")
+                if self._metrics:
+                    self._metrics.backfill_superseded.inc(len(repairs))
+
+    def _write_conditional(self) -> list:
+        """Backfill rows holding versioned cells, one CheckAndMutateRow each, in
+        order: skipped when the live tail touched the item after the handoff."""
+        dead = []
+        for element, change in self._conditional:
+            def attempt():
+                return self._writer.check_and_mutate(change.table, change.row_key, change.guard, change.mutations)
+            try:
+                applied = retrying(self._config.retry, f"CheckAndMutateRow on {change.table}", None,
+                                   self._sleep)(attempt)
+            except BigtablePermanent as exc:
+                if getattr(exc, "code", "") in FATAL_CODES:
+                    raise
+                reason = EntryStatus(INVALID_ARGUMENT, exc.message).permanent_reason or "write_failed"
+                dead.append(self._dead_letter(element, reason, exc.message, "BigtableWriteError"))
+                continue
+            if not applied and self._metrics:
+                self._metrics.backfill_superseded.inc()
+        return dead
 
     def _isolate(self, row: _Row, status: EntryStatus) -> list:
         """A coalesced entry failed for good: apply its changes one by one, in

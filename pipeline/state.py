@@ -63,6 +63,15 @@ def stream_label(stream_arn: str) -> str:
         stream_arn.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True, slots=True)
+class BackfillCheckpoint:
+    source: str  # scan | export
+    part: str
+    resume: Optional[str]  # token to resume after (None: from the start)
+    count: int  # items of this part applied so far
+    done: bool = False
+
+
 class StateStore:
     def __init__(self, backend: StateBackend, job: str, now_ms: Callable[[], int],
                  include_values: bool = True) -> None:
@@ -107,6 +116,40 @@ class StateStore:
                 updated_ms=int(cells.get((CKPT, b"updated_ms"), b"0")),
             )
         return out
+
+    # -- backfill progress
+    def save_backfill_progress(self, parts: Iterable[BackfillCheckpoint]) -> None:
+        now = self._now_ms()
+        rows = []
+        for p in parts:
+            cells = {b"count": str(p.count).encode(), b"updated_ms": str(now).encode(),
+                     b"done": b"1" if p.done else b"0"}
+            cells[b"resume"] = (p.resume or "").encode()
+            rows.append((f"{self._job}#bf#{p.source}#{p.part}".encode(), _set_latest(CKPT, cells, now)))
+        if rows:
+            self._backend.write_rows(rows)
+
+    def load_backfill_progress(self, source: Optional[str] = None) -> dict:
+        """{(source, part): BackfillCheckpoint}."""
+        prefix = f"{self._job}#bf#{source + '#' if source else ''}".encode()
+        out = {}
+        for key, cells in self._backend.read_prefix(prefix).items():
+            src, part = key.decode().split("#bf#", 1)[1].split("#", 1)
+            resume = cells.get((CKPT, b"resume"), b"").decode()
+            out[(src, part)] = BackfillCheckpoint(src, part, resume or None, int(cells.get((CKPT, b"count"), b"0")),
+                                                  cells.get((CKPT, b"done")) == b"1")
+        return out
+
+    def clear_backfill_progress(self) -> None:
+        """Forget backfill progress (a new backfill with a new handoff time)."""
+        rows = self._backend.read_prefix(f"{self._job}#bf#".encode())
+        now = self._now_ms()
+        deletes = [(key, [DeleteCells(fam, q, 0, now + 1) for (fam, q) in cells]) for key, cells in rows.items()]
+        if deletes:
+            self._backend.write_rows(deletes)
+
+    def count_dead_letters(self) -> int:
+        return len(self._backend.read_prefix(f"{self._job}#dlq#".encode()))
 
     # -- dead letters
     def save_dead_letters(self, letters: Sequence[DeadLetter]) -> None:

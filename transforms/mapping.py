@@ -44,12 +44,18 @@ from transforms.model import (
     Item,
     RowChange,
     SetCell,
+    Guard,
 )
 from transforms.rowkey import build_key
 
 # Bigtable's delete range end is exclusive: +1 ms makes the change's own cells part of it.
 _INCLUSIVE_END_MS = 1
 INDEX_POINTER = b"row"  # the index row's cell holding the main row key
+# Touch markers (backfill/tail overlap, versioned columns only): a family of ours
+# in the target table, garbage-collected after a week; never compared by verify.
+MARKER_FAMILY = "ddb2bt_touch"
+MARKER_MAX_AGE_S = 7 * 24 * 3600
+MARKER_PREFIX = b"t#"
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,10 +378,32 @@ def _delete(cell: OwnedCell, ts: int) -> DeleteCells:
     return DeleteCells(cell.family, cell.qualifier, 0, ts + _INCLUSIVE_END_MS)
 
 
-def map_change(mapping: MappingConfig, record: ChangeRecord) -> tuple:
+def marker_qualifier(keys: Item) -> bytes:
+    """The touch-marker qualifier of an item: its key as canonical typed JSON."""
+    return MARKER_PREFIX + canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+
+
+def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool = False) -> tuple:
     """ChangeRecord → tuple[RowChange, ...], one per touched row, mutations in a
     deterministic order. Empty when nothing changes (skipped item, key-only item,
     TTL deletion the mapping ignores).
+
+    The backfill/tail overlap (design notes §1). Backfill cells carry the handoff
+    second minus 1 ms, so a scanned value never overrides a streamed one. But a
+    delete leaves no tombstone in Bigtable: if the tail applies an item's delete
+    (or an attribute's removal) *before* a slower backfill batch writes the item's
+    older scanned state, that state would be resurrected; and cells timestamped by
+    an attribute (comments) are not older than the tail's at all. So:
+    * while a backfill runs (``mark_touched``), every tail change also sets a touch
+      marker for the item in each row it writes — same row entry, so atomic with
+      the item's cells;
+    * a backfill record (``record.backfill_since_ms`` set) gets a Guard per row:
+      rows with versioned cells are written with CheckAndMutateRow, only if the
+      item's marker has no version since the handoff second; other rows are
+      written in batches and, once acknowledged, if the item's marker shows a
+      touch, the backfill's own cells (timestamp ≤ handoff − 1 ms) are deleted
+      again. Either way an item the tail touched after the handoff ends up exactly
+      as the tail wrote it — a full image, since the stream has NEW_AND_OLD_IMAGES.
 
     Raises MappingError (with a dead-letter ``reason``) when the record cannot be
     mapped; the caller dead-letters the whole record so nothing is half-applied.
@@ -394,10 +422,46 @@ def map_change(mapping: MappingConfig, record: ChangeRecord) -> tuple:
         if key not in new:
             cell = old[key]
             rows.setdefault((cell.table, cell.row_key), []).append(_delete(cell, ts))
-    changes = tuple(RowChange(table=t, row_key=k, mutations=tuple(m)) for (t, k), m in rows.items() if m)
+    qualifier = marker_qualifier(record.keys) if (mark_touched or record.backfill_since_ms is not None) else b""
+    if mark_touched and record.backfill_since_ms is None:
+        for row in rows.values():
+            row.append(SetCell(MARKER_FAMILY, qualifier, b"", ts))
+    versioned_rows = {(c.table, c.row_key) for c in new.values() if c.version_ms is not None}
+    changes = []
+    for (t, k), m in rows.items():
+        if not m:
+            continue
+        guard = None
+        if record.backfill_since_ms is not None:
+            guard = Guard(MARKER_FAMILY, qualifier, record.backfill_since_ms,
+                          conditional=(t, k) in versioned_rows, backfill_ms=ts)
+        changes.append(RowChange(table=t, row_key=k, mutations=tuple(m), guard=guard))
     for change in changes:
         check_row_change(change)
-    return changes
+    return tuple(changes)
+
+
+def backfill_record(keys: Item, item: Item, handoff_ms: int, position=None) -> ChangeRecord:
+    """A scanned or exported item as a change: an INSERT one millisecond before the
+    handoff second, guarded against the live tail (see map_change)."""
+    since = handoff_second_ms(handoff_ms)
+    return ChangeRecord(INSERT, keys, item, None, since - 1, position=position, backfill_since_ms=since)
+
+
+def handoff_second_ms(handoff_ms: int) -> int:
+    """The handoff time rounded down to the whole second (AWS stream timestamps
+    are whole seconds: every change after the handoff is at or after this)."""
+    return handoff_ms - handoff_ms % 1000
+
+
+def has_versioned_columns(mapping: MappingConfig) -> bool:
+    return any(c.versioned for rule in mapping.rules for c in rule.columns) or any(
+        rule.hook for rule in mapping.rules)
+
+
+def marker_tables(mapping: MappingConfig) -> tuple:
+    """Tables that receive touch markers: every table the mapping writes."""
+    return mapping.tables
 
 
 # --- expected layout (verification) --------------------------------------------

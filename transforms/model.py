@@ -49,6 +49,28 @@ class StreamPosition:
 
 
 @dataclass(frozen=True, slots=True)
+class BackfillPosition:
+    """Where a backfilled item sits: a scan segment or an export data file, and
+    the token to resume from so that nothing before this item is read again
+    needlessly and nothing after it is skipped (the *previous* page's key for all
+    but a page's last item). ``count`` is the item's ordinal in its part."""
+
+    source: str  # "scan" | "export"
+    part: str  # e.g. "segment-0003-of-0016" or a data file name
+    resume: Optional[str]
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartDone:
+    """Marker: a backfill part (segment or file) was read to its end."""
+
+    source: str
+    part: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class ChangeRecord:
     """One DynamoDB change, as read from a stream (or synthesised by a backfill).
 
@@ -67,6 +89,9 @@ class ChangeRecord:
     # True for TTL expiries (userIdentity principal dynamodb.amazonaws.com).
     is_ttl_delete: bool = False
     size_bytes: int = 0
+    # Backfill only: the handoff second. Rows holding versioned cells are written
+    # only if the live tail has not touched the item since then (see mapping.py).
+    backfill_since_ms: Optional[int] = None
 
     @property
     def item(self) -> Optional[Item]:
@@ -97,12 +122,31 @@ Mutation = Union[SetCell, DeleteCells]
 
 
 @dataclass(frozen=True, slots=True)
+class Guard:
+    """How a backfill row is protected against the live tail (mapping.py explains).
+
+    The row's touch marker is ``family:qualifier``; the tail touched the item
+    after the handoff when the marker has a version at or after ``since_ms``.
+    ``conditional``: write with CheckAndMutateRow, only if not touched (rows with
+    versioned cells). Otherwise write normally and, once acknowledged, if the
+    item was touched, delete the backfill's own cells (``[0, backfill_ms + 1)``,
+    never the tail's, which are all at or after ``since_ms``)."""
+
+    family: str
+    qualifier: bytes
+    since_ms: int
+    conditional: bool
+    backfill_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class RowChange:
     """The effect of one source change on one Bigtable row, in order."""
 
     table: str
     row_key: bytes
     mutations: tuple  # tuple[Mutation, ...]
+    guard: Optional[Guard] = None  # backfill rows only
 
     @property
     def size_bytes(self) -> int:
