@@ -226,6 +226,230 @@ def cmd_run(args) -> int:
     return 0
 
 
+# --- backfill, migrate, verify, status -------------------------------------------------
+
+RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
+TAIL_STOP_WAIT_S = 60.0
+DAY_MS = 24 * 3600 * 1000
+
+
+def _counter_total(counter) -> float:
+    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+def watch(worker, total: Optional[int], desc: str, value) -> None:
+    """Show a progress bar (items/s and ETA) while ``worker`` runs; in logs (not a
+    terminal) a line every few seconds."""
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    with tqdm(total=total or None, unit="item", desc=desc, dynamic_ncols=True, file=sys.stderr,
+              mininterval=0.5 if tty else 10.0) as bar:
+        while worker.is_alive():
+            worker.join(0.5)
+            bar.n = int(value())
+            bar.update(0)
+        bar.n = int(value())
+        bar.refresh()
+    worker.check()
+
+
+def backfill_source(args, mapping):
+    """(source, spec dict, handoff ms or None, expected items)."""
+    from pipeline.backfill import ExportSource, ScanSource
+    from pipeline.connections import dynamodb_client
+
+    if args.from_export:
+        source = ExportSource(args.from_export, mapping.source.region)
+        handoff = source.export_time_ms()
+        age = time.time_ns() // 1_000_000 - handoff
+        if age > DAY_MS - RETENTION_MARGIN_MS:
+            raise ConfigError(
+                f"the export is {age / 3600000:.1f}h old: the stream keeps 24h, so changes made since the export "
+                "may already be trimmed. Take a new export, or back-fill with a scan (no --from-export)",
+                "--from-export")
+        parts = source.parts()
+        return source, {"kind": "export", "location": args.from_export, "parts": len(parts)}, handoff, \
+            source.item_count()
+    if not 1 <= args.page_size <= 10_000:
+        raise ConfigError("must be between 1 and 10000", "--page-size")
+    source = ScanSource(mapping.source.table, args.segments, mapping.source.region, args.consistent_read,
+                        args.max_rcu, args.page_size)
+    count = dynamodb_client(mapping.source.region).describe_table(TableName=mapping.source.table)["Table"].get(
+        "ItemCount", 0)
+    return source, {"kind": "scan", "segments": args.segments, "parts": args.segments}, None, int(count)
+
+
+def run_backfill(args, mapping, spec, marking_wait=True) -> None:
+    from pipeline.backfill import BackfillJob, add_backfill
+    from pipeline.connections import DynamoDBClientFactory
+    from pipeline.graph import is_local, make_pipeline
+    from pipeline.metrics import default_metrics
+    from pipeline.migrate import Migration, Worker
+
+    store = spec.store()
+    migration = Migration(store)
+    source, source_spec, export_time, expected = backfill_source(args, mapping)
+    handoff = migration.resume_or_begin(source_spec, args.restart, export_time,
+                                        sleep=time.sleep if marking_wait else (lambda s: None))
+    store.save_meta("backfill_expected", str(expected))
+    metrics = default_metrics()
+    metrics.backfill_expected.set(expected)
+    log.info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
+             handoff, handoff - handoff % 1000 - 1)
+    job = BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks)
+
+    def pipeline() -> None:
+        p = make_pipeline(args.beam_args)
+        add_backfill(p, job, mapping, spec, _sink_config(), DynamoDBClientFactory(mapping.source.region),
+                     reshuffle=not is_local(args.beam_args))
+        p.run().wait_until_finish()
+
+    start = _counter_total(metrics.backfill_items)
+    worker = Worker("backfill", pipeline)
+    worker.start()
+    watch(worker, expected, "backfill", lambda: _counter_total(metrics.backfill_items) - start)
+    migration.finish_backfill()
+
+
+def _sink_config():
+    from pipeline.sink import SinkConfig
+
+    return SinkConfig()
+
+
+def cmd_backfill(args) -> int:
+    from pipeline.preflight import check_target, ensure_state_table
+
+    mapping = load(args)
+    warning = check_target(mapping)
+    if warning:
+        log.warning(warning)
+    ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+    run_backfill(args, mapping, state_spec(args, mapping, args.dlq_include_values))
+    print("backfill complete; phase CATCHING_UP: keep the live tail running (ddb2bt run) and check ddb2bt status")
+    return 0
+
+
+def cmd_migrate(args) -> int:
+    from pipeline.graph import add_live_replication, make_pipeline
+    from pipeline.metrics import default_metrics
+    from pipeline.migrate import BACKFILLING, LIVE, Migration, PhaseMarking, Worker
+    from dataclasses import replace
+
+    import uuid
+
+    from pipeline.stream_source import request_stop
+
+    mapping = load(args)
+    job = build_live_job(args, mapping)
+    spec = job.state
+    migration = Migration(spec.store())
+    stop_token = uuid.uuid4().hex
+    job = replace(job, marking=PhaseMarking(spec), reader=replace(job.reader, stop_token=stop_token))
+    start_metrics_server(args.metrics_port, args.metrics_host)
+    metrics = default_metrics()
+
+    def tail() -> None:
+        p = make_pipeline(args.beam_args)
+        add_live_replication(p, job)
+        p.run().wait_until_finish()
+
+    phase = migration.phase
+    log.info("migrate %s → %s: phase %s", mapping.source.table, mapping.target.table, phase or "new")
+    tail_worker = Worker("tail", tail)
+    tail_worker.start()  # the tail first: changes after the handoff are never missed
+    try:
+        if phase in (None, BACKFILLING):
+            run_backfill(args, mapping, spec)
+        tail_worker.check()
+    except BaseException:
+        # Stop the tail cleanly (what it read is written and checkpointed), then fail.
+        request_stop(stop_token)
+        tail_worker.join(TAIL_STOP_WAIT_S)
+        raise
+    if args.until_idle is not None:
+        tail_worker.join()
+        tail_worker.check()
+        # One more pass until idle after the backfill: the tail may have gone idle
+        # (and ended) while the backfill was still running.
+        final = Worker("tail-catch-up", tail)
+        final.start()
+        final.join()
+        final.check()
+        migration.set_phase(LIVE)
+        print("migration LIVE (tail idle); verify with: ddb2bt verify --mapping", args.mapping)
+        return 0
+    while tail_worker.is_alive() and metrics.lag.max_lag_seconds() > 0:
+        tail_worker.join(1.0)
+    tail_worker.check()
+    if migration.phase != LIVE:
+        migration.set_phase(LIVE)
+    print("migration LIVE; the tail keeps running (Ctrl-C stops it; a restart resumes)")
+    tail_worker.join()
+    tail_worker.check()
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from pipeline.bigtable_io import read_rows, read_table
+    from pipeline.connections import dynamodb_client
+    from pipeline.migrate import Worker
+    from pipeline.preflight import ensure_state_table
+    from pipeline.verify import print_report, verify
+
+    mapping = load(args)
+    if not 0 < args.sample_rate <= 1:
+        raise ConfigError("must be in (0, 1]", "--sample-rate")
+    ddb = dynamodb_client(mapping.source.region)
+    t = mapping.target
+    expected = ddb.describe_table(TableName=mapping.source.table)["Table"].get("ItemCount", 0)
+    scanned = [0]
+    result: list = []
+
+    def run() -> None:
+        result.append(verify(mapping, ddb, lambda table: read_table(t.project, t.instance, table),
+                             lambda table, keys: read_rows(t.project, t.instance, table, keys),
+                             segments=args.segments, sample_rate=args.sample_rate,
+                             consistent=not args.eventually_consistent, show_values=args.show_values,
+                             on_page=lambda n: scanned.__setitem__(0, scanned[0] + n)))
+
+    worker = Worker("verify", run)
+    worker.start()
+    watch(worker, expected, "verify", lambda: scanned[0])
+    report = result[0]
+    print_report(report)
+    if args.report:
+        Path(args.report).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    ensure_state_table(t.project, t.instance, args.state_table)
+    summary = {k: v for k, v in report.to_json().items() if k != "tables"}
+    state_spec(args, mapping).store().save_meta("verify", json.dumps(summary))
+    return 0 if report.identical else 1
+
+
+def cmd_status(args) -> int:
+    from pipeline.connections import StreamsClientFactory, dynamodb_client
+    from pipeline.status import assess, gather, render
+
+    mapping = load(args)
+    arn = None
+    try:
+        arn = dynamodb_client(mapping.source.region).describe_table(
+            TableName=mapping.source.table)["Table"].get("LatestStreamArn")
+    except Exception as exc:  # status must work even when the source is unreachable
+        log.warning("cannot describe %s: %s", mapping.source.table, exc)
+    facts = gather(state_spec(args, mapping).store(), StreamsClientFactory(mapping.source.region)(), arn)
+    ready, reasons = assess(facts)
+    if args.json:
+        print(json.dumps({"ready": ready, "reasons": reasons, "phase": facts.phase, "handoff_ms": facts.handoff_ms,
+                          "dead_letters": facts.dead_letters, "last_verify": facts.last_verify,
+                          "shards": [vars(s) for s in facts.shards]}, indent=2))
+    else:
+        for line in render(facts):
+            print(line)
+    return 0 if ready else 1
+
+
 def cmd_dlq_list(args) -> int:
     mapping = load(args)
     store = state_spec(args, mapping).store()
@@ -388,6 +612,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
     p.set_defaults(func=cmd_run, beam=True)
+
+    def add_backfill_args(p) -> None:
+        p.add_argument("--segments", type=int, default=8, help="parallel Scan segments (default %(default)s)")
+        p.add_argument("--tasks", type=int, default=1,
+                       help="Beam elements the parts are spread over (Dataflow: about the worker count)")
+        p.add_argument("--max-rcu", type=float, help="read budget in capacity units per second (whole job)")
+        p.add_argument("--consistent-read", action="store_true", help="strongly consistent Scan (2x the RCUs)")
+        p.add_argument("--page-size", type=int, default=1000,
+                       help="items per Scan page (smaller: finer resume points and a smoother read budget)")
+        p.add_argument("--from-export", metavar="DIR_OR_S3",
+                       help="back-fill from a DynamoDB export (the directory or s3://bucket/prefix holding "
+                            "manifest-summary.json); its ExportTime is the handoff time")
+        p.add_argument("--restart", action="store_true",
+                       help="begin a new backfill (new handoff time) instead of resuming the one in progress")
+
+    p = sub.add_parser("backfill", help="copy the existing table (parallel Scan or an export)", formatter_class=raw,
+                       description=(
+                           "Copies every item through the mapping with cells one millisecond older than the "
+                           "handoff second, so changes streamed after it always win. Resumes per segment/file. "
+                           "Run the live tail alongside (ddb2bt run), or use ddb2bt migrate for both."),
+                       epilog="examples:\n  ddb2bt backfill -m m.yaml --segments 16 --max-rcu 2000\n"
+                              "  ddb2bt backfill -m m.yaml --from-export s3://bucket/AWSDynamoDB/01234-abcd/")
+    add_mapping_args(p)
+    add_state_args(p)
+    add_backfill_args(p)
+    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True)
+    p.set_defaults(func=cmd_backfill, beam=True)
+
+    p = sub.add_parser("migrate", help="the whole cutover: live tail + backfill + catch-up, resumable",
+                       formatter_class=raw, description=(
+                           "Starts the live tail, records the handoff time, back-fills alongside, and keeps "
+                           "tailing. Phases BACKFILLING → CATCHING_UP → LIVE are stored in the state table "
+                           "(ddb2bt status shows them); rerun the same command after a stop or crash and every "
+                           "part resumes where it stopped."),
+                       epilog="examples:\n  ddb2bt migrate -m m.yaml --segments 16 --metrics-port 9464\n"
+                              "  ddb2bt migrate -m m.yaml --until-idle 5     # tests: stop once caught up")
+    add_mapping_args(p)
+    add_state_args(p)
+    add_backfill_args(p)
+    p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon")
+    p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail")
+    p.add_argument("--until-idle", type=float, metavar="SECONDS",
+                   help="after the backfill, stop once the tail has been idle this long (phase LIVE)")
+    p.add_argument("--poll-interval", type=float, default=1.0)
+    p.add_argument("--discovery-interval", type=float, default=10.0)
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--metrics-port", type=int)
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.set_defaults(func=cmd_migrate, beam=True)
+
+    p = sub.add_parser("verify", help="prove Bigtable equals the mapping of the DynamoDB table", formatter_class=raw,
+                       description=(
+                           "Reads the source (parallel Scan) and the target and reports missing rows, extra "
+                           "rows, missing cells, cells no item owns (orphans) and differing cells, with a few "
+                           "examples (values redacted unless --show-values). Exit code 0 only when identical."),
+                       epilog="examples:\n  ddb2bt verify -m m.yaml --report verify.json\n"
+                              "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.add_argument("--segments", type=int, default=8, help="parallel Scan segments")
+    p.add_argument("--sample-rate", type=float, default=1.0, help="fraction of items to check (default: all)")
+    p.add_argument("--show-values", action="store_true", help="show cell values in examples")
+    p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")
+    p.add_argument("--report", metavar="FILE.json", help="write the machine-readable report here")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("status", help="phase, lag, backfill progress, READY / NOT READY for cutover",
+                       formatter_class=raw,
+                       epilog="examples:\n  ddb2bt status -m m.yaml\n  ddb2bt status -m m.yaml --json\n"
+                              "exit code: 0 READY, 1 NOT READY")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("dlq", help="inspect dead letters", formatter_class=raw,
                        epilog="examples:\n  ddb2bt dlq list -m examples/product_catalog.yaml\n"

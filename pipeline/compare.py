@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from transforms.config import MappingConfig
-from transforms.mapping import expected_cells
+from transforms.mapping import MARKER_FAMILY, expected_cells
 
 SINGLE, VERSIONS, LIST = "single", "versions", "list"
 
@@ -69,6 +69,10 @@ def diff_layout(expected: dict, actual_versions: dict) -> LayoutDiff:
     """One table. ``expected``: {row: {col: Expect}}; ``actual_versions``:
     read_table() output (all versions, newest first)."""
     d = LayoutDiff()
+    # Touch markers are ddb2bt's own bookkeeping, not mapped data.
+    actual_versions = {row: cols for row, cols in (
+        (row, {c: v for c, v in cols.items() if c[0] != MARKER_FAMILY}) for row, cols in actual_versions.items())
+        if cols}
     d.missing_rows = sorted(set(expected) - set(actual_versions))
     d.extra_rows = sorted(set(actual_versions) - set(expected))
     for key in sorted(set(expected) & set(actual_versions)):

@@ -61,3 +61,17 @@ def dynamodb_client(region: Optional[str] = None):
     import boto3
 
     return boto3.client("dynamodb", region_name=region)
+
+
+@dataclass(frozen=True)
+class DynamoDBClientFactory:
+    """boto3 ``dynamodb`` client for the backfill's Scan (created on the worker)."""
+
+    region: Optional[str] = None
+
+    def __call__(self):
+        import boto3
+        from botocore.config import Config
+
+        config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=10, read_timeout=60)
+        return boto3.client("dynamodb", region_name=self.region, config=config)

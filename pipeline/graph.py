@@ -39,6 +39,7 @@ class LiveJob:
     partitions: int = 1
     sink: SinkConfig = SinkConfig()
     client_factory: Callable = field(default_factory=StreamsClientFactory)
+    marking: Optional[object] = None  # PhaseMarking during a migration: tail changes set touch markers
 
 
 def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
@@ -50,7 +51,7 @@ def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
         p
         | STEP_PARTITIONS >> beam.Create(partitions)
         | STEP_READ >> beam.ParDo(ReadStreamPartitionsFn(job.reader, job.client_factory, job.state))
-        | STEP_MAP >> beam.ParDo(MapChangesFn(job.mapping))
+        | STEP_MAP >> beam.ParDo(MapChangesFn(job.mapping, marking=job.marking))
         | STEP_WRITE >> beam.ParDo(WriteToBigtableFn(bigtable, job.state, job.sink))
     )
 

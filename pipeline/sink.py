@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Optional
 from transforms.errors import MappingError, PermanentError
 from transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
 from transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedChange, PartDone, RowChange, SetCell,
-                              ShardClosed)
+                              ShardClosed, StreamPosition)
 from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
 from pipeline.metrics import PipelineMetrics
 from pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
@@ -396,7 +396,7 @@ class BatchingWriter:
 
 def _table_of(record) -> str:
     """Source table name for metric labels (never a key or a value)."""
-    if record.position is None:
+    if not isinstance(record.position, StreamPosition):
         return "backfill"
     return record.position.stream_arn.split(":table/", 1)[-1].split("/", 1)[0]
 

@@ -20,6 +20,7 @@ from pipeline.stream_source import (
     ReaderOptions,
     StreamPartition,
     apply_claim,
+    stop_requested,
 )
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,9 @@ class ReadStreamPartitionsFn(beam.DoFn):
         watermark=beam.DoFn.WatermarkEstimatorParam(_WalltimeProvider()),
     ):
         if tracker.current_restriction().done:
+            return
+        if stop_requested(self._options.stop_token):
+            tracker.try_claim(ClaimEnd())
             return
         reader = self._reader(partition)
         result = yield from reader.read_round(tracker)

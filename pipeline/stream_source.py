@@ -48,6 +48,17 @@ ON_TRIMMED = ("fail", "restart")
 GET_RECORDS_LIMIT = 1000  # the service's maximum per call
 DESCRIBE_LIMIT = 100  # the service's maximum shards per DescribeStream page
 
+_STOP_REQUESTS: set = set()
+
+
+def request_stop(token: str) -> None:
+    _STOP_REQUESTS.add(token)
+
+
+def stop_requested(token: Optional[str]) -> bool:
+    return token is not None and token in _STOP_REQUESTS
+
+
 THROTTLE_CODES = frozenset({
     "LimitExceededException", "ProvisionedThroughputExceededException", "ThrottlingException",
     "RequestLimitExceeded", "InternalServerError", "ServiceUnavailable", "InternalFailure",
@@ -91,6 +102,9 @@ class ReaderOptions:
     until_idle_s: Optional[float] = None
     # On the local FnApiRunner a deferral's delay is ignored: sleep when idle instead.
     sleep_when_idle: bool = True
+    # In-process stop requests (local runs): `request_stop(token)` ends the reading
+    # cleanly at the next round, everything read so far written and checkpointed.
+    stop_token: Optional[str] = None
     retry: RetryPolicy = RetryPolicy(initial_s=0.2, max_backoff_s=20.0, deadline_s=300.0)
 
     def __post_init__(self) -> None:

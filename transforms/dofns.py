@@ -12,11 +12,12 @@ from transforms.mapping import map_change
 from transforms.model import ChangeRecord, DeadLetter, MappedChange
 
 
-def map_record(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[], int]) -> MappedChange:
+def map_record(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[], int],
+               mark_touched: bool = False) -> MappedChange:
     """ChangeRecord → MappedChange; a record that cannot be mapped becomes a dead
     letter (whole, so nothing is half-applied) instead of an exception."""
     try:
-        return MappedChange(record=record, rows=map_change(mapping, record))
+        return MappedChange(record=record, rows=map_change(mapping, record, mark_touched))
     except MappingError as exc:
         return MappedChange(
             record=record,
@@ -37,14 +38,23 @@ def _wall_ms() -> int:
 
 class MapChangesFn(beam.DoFn):
     """ChangeRecord → MappedChange; other elements (shard markers) pass through in
-    order, because the sink needs them in stream order to checkpoint correctly."""
+    order, because the sink needs them in stream order to checkpoint correctly.
 
-    def __init__(self, mapping: MappingConfig, now_ms: Callable[[], int] = _wall_ms) -> None:
+    ``marking``: an object with ``setup()`` and ``active() -> bool`` telling whether
+    a backfill is running (then tail changes carry touch markers); None: never."""
+
+    def __init__(self, mapping: MappingConfig, now_ms: Callable[[], int] = _wall_ms, marking=None) -> None:
         self._mapping = mapping
         self._now_ms = now_ms
+        self._marking = marking
+
+    def setup(self) -> None:
+        if self._marking is not None:
+            self._marking.setup()
 
     def process(self, element) -> Iterator:
         if isinstance(element, ChangeRecord):
-            yield map_record(self._mapping, element, self._now_ms)
+            mark = self._marking is not None and element.backfill_since_ms is None and self._marking.active()
+            yield map_record(self._mapping, element, self._now_ms, mark)
         else:
             yield element

@@ -1,0 +1,363 @@
+"""Backfill sources: a parallel Scan of the live table, or a DynamoDB export
+(the real point-in-time layout), as ChangeRecords for the same mapping and sink.
+
+Graph: BackfillTasks (Create) → ReadBackfill → MapChanges → WriteToBigtable.
+Each task holds several *parts* (scan segments or export data files) that one
+DoFn element reads in parallel threads through a bounded queue (so segments run
+in parallel on the local runner too; on Dataflow, tasks spread over workers).
+
+Every item becomes an INSERT at the handoff second minus 1 ms, guarded against
+the live tail (``transforms.mapping.map_change``). Progress is checkpointed per
+part in the state table by the sink, after the writes it covers: a scan segment
+resumes from its last evaluated key, an export file from its line number.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import apache_beam as beam
+from botocore.exceptions import BotoCoreError, ClientError
+
+from transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
+from transforms.errors import ConfigError, PermanentError
+from transforms.mapping import backfill_record
+from transforms.model import BackfillPosition, PartDone
+from pipeline.metrics import default_metrics
+from pipeline.retry import RetryPolicy, retrying
+from pipeline.stream_source import StreamThrottled, classify_stream_error
+
+log = logging.getLogger(__name__)
+
+SCAN, EXPORT = "scan", "export"
+QUEUE_ITEMS = 10_000  # bounded: readers wait for the writer instead of filling memory
+MAX_THREADS = 16
+SCAN_PAGE_LIMIT = 1000
+_DONE = object()
+
+
+def segment_name(segment: int, total: int) -> str:
+    return f"segment-{segment:04d}-of-{total:04d}"
+
+
+def parse_segment(name: str) -> tuple:
+    _, seg, _, total = name.split("-")
+    return int(seg), int(total)
+
+
+class TokenBucket:
+    """Read budget in capacity units per second, shared by the threads of one
+    worker. Consumption is charged after each page (the service reports it), so
+    the budget is met on average: a page that overdraws makes the next wait."""
+
+    def __init__(self, rate: Optional[float], clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = rate or 0.0
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def consume(self, units: float) -> None:
+        if not self._rate:
+            return
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self._rate, self._tokens + (now - self._last) * self._rate) - units
+            self._last = now
+            wait = -self._tokens / self._rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._sleep(wait)
+
+
+@dataclass(frozen=True)
+class ScanSource:
+    table: str
+    segments: int
+    region: Optional[str] = None
+    consistent_read: bool = False
+    max_rcu: Optional[float] = None  # per second, for the whole job (split over tasks)
+    page_limit: int = SCAN_PAGE_LIMIT
+
+    def parts(self) -> list:
+        return [segment_name(i, self.segments) for i in range(self.segments)]
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """A DynamoDB point-in-time export: a local directory or s3://bucket/prefix that
+    holds manifest-summary.json, manifest-files.json and data/*.json.gz."""
+
+    location: str
+    region: Optional[str] = None
+
+    @property
+    def is_s3(self) -> bool:
+        return self.location.startswith("s3://")
+
+    def _s3(self):
+        import boto3
+
+        return boto3.client("s3", region_name=self.region)
+
+    def _split(self, key: str) -> tuple:
+        bucket, _, prefix = self.location[len("s3://"):].partition("/")
+        return bucket, f"{prefix.rstrip('/')}/{key}" if prefix else key
+
+    def read_bytes(self, name: str) -> bytes:
+        if self.is_s3:
+            bucket, key = self._split(name)
+            return self._s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return (Path(self.location) / name).read_bytes()
+
+    def summary(self) -> dict:
+        try:
+            return json.loads(self.read_bytes("manifest-summary.json"))
+        except (OSError, ClientError) as exc:
+            raise ConfigError(f"no manifest-summary.json in {self.location} ({exc}); give the export's directory "
+                              "(the one holding manifest-summary.json)", "--from-export") from None
+
+    def export_time_ms(self) -> int:
+        from transforms.mapping import parse_timestamp_ms
+
+        text = self.summary().get("exportTime")
+        if not text:
+            raise ConfigError("manifest-summary.json has no exportTime", "--from-export")
+        return parse_timestamp_ms({"S": text.replace("Z", "+00:00")}, "iso8601", "exportTime")
+
+    def parts(self) -> list:
+        """Data files (names relative to the export directory), from manifest-files.json."""
+        files = []
+        for line in self.read_bytes("manifest-files.json").decode("utf-8").splitlines():
+            if line.strip():
+                key = json.loads(line)["dataFileS3Key"]
+                files.append("data/" + key.rsplit("/data/", 1)[-1] if "/data/" in key else key)
+        if not files:
+            raise ConfigError("manifest-files.json lists no data files", "--from-export")
+        return files
+
+    def item_count(self) -> int:
+        return int(self.summary().get("itemCount", 0))
+
+    def open_lines(self, part: str) -> Iterator[bytes]:
+        if self.is_s3:
+            bucket, key = self._split(part)
+            body = self._s3().get_object(Bucket=bucket, Key=key)["Body"]
+            stream = gzip.GzipFile(fileobj=body) if part.endswith(".gz") else body
+        else:
+            path = Path(self.location) / part
+            stream = gzip.open(path, "rb") if part.endswith(".gz") else open(path, "rb")
+        with stream:
+            yield from io.BufferedReader(stream) if not hasattr(stream, "readline") else stream
+
+
+@dataclass(frozen=True)
+class BackfillTask:
+    parts: tuple
+
+
+def plan_tasks(parts: list, tasks: int) -> list:
+    """Spread parts over ``tasks`` elements (round-robin: neighbours differ)."""
+    tasks = max(1, min(tasks, len(parts)))
+    return [BackfillTask(tuple(parts[i::tasks])) for i in range(tasks)]
+
+
+def _token(key: Optional[dict]) -> Optional[str]:
+    return json.dumps(item_to_dynamodb_json(key), sort_keys=True) if key else None
+
+
+def _untoken(token: Optional[str]) -> Optional[dict]:
+    return item_from_dynamodb_json(json.loads(token)) if token else None
+
+
+class PartReaders:
+    """Reads parts (the I/O); Beam-free so tests can drive it directly."""
+
+    def __init__(self, source, key_attributes: tuple, handoff_ms: int, client=None,
+                 bucket: Optional[TokenBucket] = None, retry: RetryPolicy = RetryPolicy(0.2, 20.0, 600.0),
+                 on_items: Callable[[int], None] = lambda n: None) -> None:
+        self._source = source
+        self._keys = key_attributes
+        self._handoff_ms = handoff_ms
+        self._client = client
+        self._bucket = bucket or TokenBucket(None)
+        self._retry = retry
+        self._on_items = on_items
+
+    def _record(self, item: dict, position: BackfillPosition):
+        keys = {k: item[k] for k in self._keys if k in item}
+        return backfill_record(keys, item, self._handoff_ms, position)
+
+    def read(self, part: str, resume: Optional[str], count: int) -> Iterator:
+        if isinstance(self._source, ScanSource):
+            yield from self._scan(part, resume, count)
+        else:
+            yield from self._export(part, resume)
+
+    def _scan(self, part: str, resume: Optional[str], count: int) -> Iterator:
+        segment, total = parse_segment(part)
+        start = _untoken(resume)
+        src = self._source
+
+        def call(kwargs):
+            def attempt():
+                try:
+                    return self._client.scan(**kwargs)
+                except (ClientError, BotoCoreError) as exc:
+                    raise classify_stream_error(exc, "Scan") from exc
+            return retrying(self._retry, f"Scan {part}", None, retry_on=(StreamThrottled,))(attempt)
+
+        while True:
+            kwargs = {"TableName": src.table, "Segment": segment, "TotalSegments": total,
+                      "ConsistentRead": src.consistent_read, "Limit": src.page_limit,
+                      "ReturnConsumedCapacity": "TOTAL"}
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            page = call(kwargs)
+            self._bucket.consume(float((page.get("ConsumedCapacity") or {}).get("CapacityUnits", 0.0)))
+            items = page.get("Items", [])
+            last_key = page.get("LastEvaluatedKey")
+            page_token = _token(start)
+            self._on_items(len(items))
+            for i, item in enumerate(items):
+                last = i == len(items) - 1
+                # Only the page's last item may carry the next page's start: a crash
+                # after a partial flush must re-read this page, not skip its rest.
+                position = BackfillPosition(SCAN, part, _token(last_key) if last and last_key else page_token,
+                                            count + len(items) if last and last_key else count)
+                yield self._record(item, position)
+            count += len(items)
+            if not last_key:
+                yield PartDone(SCAN, part, count)
+                return
+            start = last_key
+
+    def _export(self, part: str, resume: Optional[str]) -> Iterator:
+        skip = int(resume or 0)
+        line_no = 0
+        batch = 0
+        for raw in self._source.open_lines(part):
+            if not raw.strip():
+                continue
+            line_no += 1
+            if line_no <= skip:
+                continue
+            try:
+                item = item_from_dynamodb_json(json.loads(raw)["Item"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise PermanentError(f"{part} line {line_no}: not a DynamoDB JSON export line ({exc})") from None
+            batch += 1
+            if batch >= 1000:
+                self._on_items(batch)
+                batch = 0
+            yield self._record(item, BackfillPosition(EXPORT, part, str(line_no), line_no))
+        self._on_items(batch)
+        yield PartDone(EXPORT, part, line_no)
+
+
+@dataclass(frozen=True)
+class BackfillJob:
+    source: object  # ScanSource | ExportSource
+    key_attributes: tuple
+    handoff_ms: int
+    tasks: int = 1
+
+
+class ReadBackfillFn(beam.DoFn):
+    """BackfillTask → ChangeRecord | PartDone, reading the task's parts in threads."""
+
+    def __init__(self, job: BackfillJob, state_factory: Callable, client_factory: Optional[Callable] = None) -> None:
+        self._job = job
+        self._state_factory = state_factory
+        self._client_factory = client_factory
+
+    def setup(self) -> None:
+        self._state = self._state_factory()
+        self._metrics = default_metrics()
+        self._client = self._client_factory() if self._client_factory else None
+        src = self._job.source
+        rate = src.max_rcu / self._job.tasks if isinstance(src, ScanSource) and src.max_rcu else None
+        self._bucket = TokenBucket(rate)
+
+    def process(self, task: BackfillTask):
+        kind = SCAN if isinstance(self._job.source, ScanSource) else EXPORT
+        progress = self._state.load_backfill_progress(kind)
+        todo = [(p, progress.get((kind, p))) for p in task.parts]
+        todo = [(p, c) for p, c in todo if not (c and c.done)]
+        if not todo:
+            return
+        counter = self._metrics.backfill_items.labels(kind)
+        readers = PartReaders(self._job.source, self._job.key_attributes, self._job.handoff_ms, self._client,
+                              self._bucket, on_items=counter.inc)
+        out: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        stop = threading.Event()
+
+        def run(part: str, ckpt) -> None:
+            try:
+                for element in readers.read(part, ckpt.resume if ckpt else None, ckpt.count if ckpt else 0):
+                    while not stop.is_set():
+                        try:
+                            out.put(element, timeout=0.5)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                out.put(_DONE)
+            except BaseException as exc:  # surfaced in the main thread below
+                out.put(exc)
+
+        threads = [threading.Thread(target=run, args=(p, c), daemon=True, name=f"backfill-{p}")
+                   for p, c in todo[:MAX_THREADS]]
+        pending = list(todo[MAX_THREADS:])
+        for t in threads:
+            t.start()
+        running = len(threads)
+        try:
+            while running:
+                element = out.get()
+                if element is _DONE:
+                    running -= 1
+                    if pending:
+                        p, c = pending.pop(0)
+                        t = threading.Thread(target=run, args=(p, c), daemon=True, name=f"backfill-{p}")
+                        t.start()
+                        running += 1
+                    continue
+                if isinstance(element, BaseException):
+                    raise element
+                yield element
+        finally:
+            stop.set()
+
+
+def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config, client_factory=None,
+                 reshuffle: bool = False) -> beam.PCollection:
+    """Add the backfill path to ``p``; returns the dead-letter PCollection."""
+    from pipeline.connections import BigtableSpec
+    from pipeline.sink import WriteToBigtableFn
+    from transforms.dofns import MapChangesFn
+
+    target = mapping.target
+    tasks = plan_tasks(job.source.parts(), job.tasks)
+    pcoll = p | "BackfillTasks" >> beam.Create(tasks)
+    if reshuffle:
+        # Spread tasks over workers. Safe: this is before reading, not between
+        # reading and writing (per-row order is not at stake in a backfill anyway).
+        pcoll = pcoll | "SpreadTasks" >> beam.Reshuffle()
+    return (
+        pcoll
+        | "ReadBackfill" >> beam.ParDo(ReadBackfillFn(job, state, client_factory))
+        | "MapBackfill" >> beam.ParDo(MapChangesFn(mapping))
+        | "WriteBackfill" >> beam.ParDo(WriteToBigtableFn(BigtableSpec(target.project, target.instance,
+                                                                        target.app_profile), state, sink_config))
+    )

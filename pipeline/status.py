@@ -1,0 +1,164 @@
+"""`ddb2bt status`: where the migration stands and whether readers may switch.
+
+Facts are gathered from the state table and the stream; ``assess`` (pure) turns
+them into READY / NOT READY with every reason.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from botocore.exceptions import ClientError
+
+from pipeline.migrate import BACKFILLING, CATCHING_UP, LIVE, Migration
+from transforms.model import datetime_to_ms
+
+RETENTION_MS = 24 * 3600 * 1000
+HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
+LAG_READY_MS = 60 * 1000
+
+
+@dataclass
+class ShardStatus:
+    shard_id: str
+    sequence_number: Optional[str]
+    finished: bool
+    pending_since_ms: Optional[int]  # creation time of the oldest record not applied yet
+    last_applied_ms: Optional[int]
+
+    def lag_ms(self, now_ms: int) -> int:
+        return 0 if self.pending_since_ms is None else max(0, now_ms - self.pending_since_ms)
+
+
+@dataclass
+class Facts:
+    now_ms: int
+    phase: Optional[str]
+    handoff_ms: Optional[int]
+    backfill_parts: int
+    backfill_done_parts: int
+    backfill_items: int
+    backfill_expected: Optional[int]
+    backfill_done_ms: Optional[int]
+    shards: list = field(default_factory=list)
+    dead_letters: int = 0
+    last_verify: Optional[dict] = None
+    stream_arn: Optional[str] = None
+
+
+def assess(f: Facts) -> tuple:
+    """(ready, [reasons it is not])."""
+    reasons = []
+    if f.phase is None:
+        reasons.append("no migration recorded for this job: run ddb2bt migrate")
+    elif f.phase == BACKFILLING:
+        reasons.append(f"backfill running: {f.backfill_done_parts}/{f.backfill_parts} parts done")
+    elif f.phase == CATCHING_UP:
+        reasons.append("backfill done; the tail is still catching up")
+    lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
+    if lagging:
+        worst = max(s.lag_ms(f.now_ms) for s in lagging)
+        reasons.append(f"{len(lagging)} shard(s) behind by up to {worst / 1000:.0f}s (threshold {LAG_READY_MS // 1000}s)")
+    headroom = retention_headroom_ms(f)
+    if headroom < HEADROOM_READY_MS:
+        reasons.append(f"retention headroom {headroom / 3600000:.1f}h < 6h: changes risk being trimmed")
+    if f.dead_letters:
+        reasons.append(f"{f.dead_letters} dead letter(s): inspect with ddb2bt dlq list")
+    v = f.last_verify
+    if not v:
+        reasons.append("never verified: run ddb2bt verify")
+    elif not v.get("identical"):
+        reasons.append("the last verify found differences")
+    elif v.get("sampled"):
+        reasons.append("the last verify was sampled: run a full ddb2bt verify before cutover")
+    elif f.backfill_done_ms and v.get("checked_at_ms", 0) < f.backfill_done_ms:
+        reasons.append("the last verify is older than the end of the backfill: verify again")
+    return (not reasons, reasons)
+
+
+def retention_headroom_ms(f: Facts) -> int:
+    pending = [s.pending_since_ms for s in f.shards if s.pending_since_ms is not None and not s.finished]
+    oldest_age = max((f.now_ms - p for p in pending), default=0)
+    return RETENTION_MS - oldest_age
+
+
+def pending_since(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> Optional[int]:
+    """Creation time of the first record after ``after`` (None: nothing pending)."""
+    args = {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": after} if after else \
+        {"ShardIteratorType": "TRIM_HORIZON"}
+    try:
+        it = streams.get_shard_iterator(StreamArn=stream_arn, ShardId=shard_id, **args)["ShardIterator"]
+        records = streams.get_records(ShardIterator=it, Limit=1).get("Records", [])
+    except ClientError:
+        return None
+    if not records:
+        return None
+    return datetime_to_ms(records[0]["dynamodb"]["ApproximateCreationDateTime"])
+
+
+def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = None) -> Facts:
+    m = Migration(store)
+    progress = store.load_backfill_progress()
+    spec = m.source_spec() or {}
+    done_ms = store.load_meta("backfill_done_ms")
+    verify_text = store.load_meta("verify")
+    facts = Facts(
+        now_ms=now_ms or time.time_ns() // 1_000_000,
+        phase=m.phase,
+        handoff_ms=m.handoff_ms,
+        backfill_parts=int(spec.get("parts", len(progress))),
+        backfill_done_parts=sum(1 for p in progress.values() if p.done),
+        backfill_items=sum(p.count for p in progress.values()),
+        backfill_expected=int(store.load_meta("backfill_expected") or 0) or None,
+        backfill_done_ms=int(done_ms) if done_ms else None,
+        dead_letters=store.count_dead_letters(),
+        last_verify=json.loads(verify_text) if verify_text else None,
+        stream_arn=stream_arn,
+    )
+    if stream_arn:
+        listed = {}
+        start = None
+        while True:
+            kwargs = {"StreamArn": stream_arn}
+            if start:
+                kwargs["ExclusiveStartShardId"] = start
+            desc = streams.describe_stream(**kwargs)["StreamDescription"]
+            for s in desc.get("Shards", []):
+                listed[s["ShardId"]] = s
+            start = desc.get("LastEvaluatedShardId")
+            if not start:
+                break
+        ckpts = store.load_checkpoints(stream_arn)
+        for shard_id in sorted(listed):
+            c = ckpts.get(shard_id)
+            finished = bool(c and c.finished)
+            seq = c.sequence_number if c else None
+            facts.shards.append(ShardStatus(
+                shard_id, seq, finished,
+                None if finished else pending_since(streams, stream_arn, shard_id, seq),
+                c.change_ms if c else None))
+    return facts
+
+
+def render(f: Facts) -> list:
+    ready, reasons = assess(f)
+    when = lambda ms: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000)) if ms else "-"
+    lines = [f"phase: {f.phase or '-'}    handoff: {when(f.handoff_ms)}"]
+    expected = f" of ~{f.backfill_expected}" if f.backfill_expected else ""
+    lines.append(f"backfill: {f.backfill_done_parts}/{f.backfill_parts} parts done, {f.backfill_items} items"
+                 f"{expected}; finished {when(f.backfill_done_ms)}")
+    lines.append(f"stream: {f.stream_arn or '-'}")
+    for s in f.shards:
+        state = "finished" if s.finished else ("at head" if s.pending_since_ms is None else
+                                               f"lag {s.lag_ms(f.now_ms) / 1000:.1f}s")
+        lines.append(f"  {s.shard_id}: {state}; position {s.sequence_number or 'start'}")
+    lines.append(f"retention headroom: {retention_headroom_ms(f) / 3600000:.1f}h")
+    lines.append(f"dead letters: {f.dead_letters}")
+    v = f.last_verify
+    lines.append("last verify: " + ("-" if not v else
+                                    f"{'IDENTICAL' if v.get('identical') else 'DIFFERENT'} "
+                                    f"({'sampled' if v.get('sampled') else 'full'}) at {when(v.get('checked_at_ms'))}"))
+    lines.append("READY for cutover" if ready else "NOT READY: " + "; ".join(reasons))
+    return lines

@@ -1,0 +1,261 @@
+"""Backfill + live tail cutover on the emulators: migrate under a concurrent
+writer, crashes during the backfill and during the tail, verify's detection of
+each kind of divergence, status, and back-fill from an export (real layout)."""
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from pipeline import workload
+from pipeline.bigtable_io import GrpcMutationWriter, read_table
+from pipeline.cli import main as ddb2bt
+from pipeline.compare import compare_mapping
+from pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
+from pipeline.migrate import Migration
+from tests.conftest import ROOT, write_mapping
+from transforms.attrs import item_to_dynamodb_json
+from transforms.config import load_mapping
+from transforms.model import DeleteCells, SetCell
+
+pytestmark = pytest.mark.e2e
+BATCH = 25  # BatchWriteItem's limit
+
+
+def setup(tmp_path, unique, base="product_catalog.yaml"):
+    names = {"product_catalog.yaml": ("Catalog", "catalog"), "videos.yaml": ("Vids", "vids")}[base]
+    path = write_mapping(tmp_path, base, source__table=f"{names[0]}_{unique}", target__table=f"{names[1]}_{unique}",
+                         name=f"{names[1]}_{unique}")
+    mapping = load_mapping(path)
+    ddb = dynamodb_client()
+    workload.create_table(ddb, mapping.source.table)
+    assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
+    return path, mapping, ddb
+
+
+def preload(ddb, table, n, seed=1):
+    rng = random.Random(seed)
+    items = [workload.random_item(rng, workload.product_key(rng, 10**6) | {}) for _ in range(n)]
+    unique = {(i["pk"]["S"], i["sk"]["S"]): i for i in items}
+    batch = []
+    for it in unique.values():
+        batch.append({"PutRequest": {"Item": it}})
+        if len(batch) == BATCH:
+            ddb.batch_write_item(RequestItems={table: batch})
+            batch = []
+    if batch:
+        ddb.batch_write_item(RequestItems={table: batch})
+    return list(unique.values())
+
+
+def random_changes(ddb, table, items, count, seed, stop=None):
+    """Updates, deletes, re-inserts and attribute removals on existing keys."""
+    rng = random.Random(seed)
+    keys = [{"pk": i["pk"], "sk": i["sk"]} for i in items]
+    for n in range(count):
+        if stop is not None and stop.is_set():
+            return n
+        key = rng.choice(keys)
+        roll = rng.random()
+        if roll < 0.3:
+            op = workload.Op("update", key, set_attrs={"Price": {"N": str(rng.randint(1, 999))},
+                                                       "Stock": {"N": str(rng.randint(0, 9))}})
+        elif roll < 0.5:
+            op = workload.Op("remove_attrs", key, remove_attrs=("Thumbnail", "Stock"))
+        elif roll < 0.75:
+            op = workload.Op("delete", key)
+        else:
+            op = workload.Op("put", key, item=workload.random_item(rng, key))
+        workload.apply_quietly(ddb, table, op)
+    return count
+
+
+def identical(mapping, ddb):
+    items = workload.scan_all(ddb, mapping.source.table)
+    t = mapping.target
+    diffs = compare_mapping(mapping, items, lambda table: read_table(t.project, t.instance, table))
+    return all(d.identical for d in diffs.values()), {k: d.summary() for k, d in diffs.items()}
+
+
+def store_of(mapping):
+    return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
+
+
+def test_migrate_under_a_concurrent_writer_then_verify(stack, tmp_path, unique, capsys):
+    path, mapping, ddb = setup(tmp_path, unique)
+    items = preload(ddb, mapping.source.table, 5200)
+    assert len(items) > 5000
+    stop = threading.Event()
+    changes = []
+    writer = threading.Thread(target=lambda: changes.append(
+        random_changes(ddb, mapping.source.table, items, 1500, seed=2, stop=stop)), daemon=True)
+    writer.start()
+    try:
+        assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "4", "--until-idle", "2",
+                       "--poll-interval", "0.2"]) == 0
+    finally:
+        writer.join()
+    assert changes[0] == 1500
+    # the writer may have finished after the tail's last look: one catch-up run
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    ok, summary = identical(mapping, ddb)
+    assert ok, summary  # the independent check, reading Bigtable directly
+    capsys.readouterr()
+    report = tmp_path / "verify.json"
+    assert ddb2bt(["verify", "--mapping", str(path), "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    assert data["identical"] and data["items"] == len(workload.scan_all(ddb, mapping.source.table))
+    assert Migration(store_of(mapping)).phase == "LIVE"
+    capsys.readouterr()
+    assert ddb2bt(["status", "--mapping", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "phase: LIVE" in out and "READY for cutover" in out and "4/4 parts done" in out
+
+
+def _wait(predicate, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _spawn(args):
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, env=dict(os.environ),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _kill(proc):
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_crash_during_backfill_and_during_tail_still_converges(stack, tmp_path, unique):
+    path, mapping, ddb = setup(tmp_path, unique)
+    items = preload(ddb, mapping.source.table, 3000, seed=3)
+    store = store_of(mapping)
+    # 1. killed in the middle of the backfill (a page budget slows it down enough to catch it)
+    proc = _spawn(["migrate", "--mapping", str(path), "--segments", "4", "--max-rcu", "4", "--page-size", "40",
+                   "--poll-interval", "0.2"])
+    _wait(lambda: any(p.count for p in store.load_backfill_progress().values()), what="backfill progress")
+    random_changes(ddb, mapping.source.table, items, 200, seed=4)
+    _kill(proc)
+    progress = store.load_backfill_progress()
+    assert not all(p.done for p in progress.values()), "the crash should hit the backfill mid-way"
+    assert Migration(store).phase == "BACKFILLING"
+    handoff = Migration(store).handoff_ms
+    # 2. restarted: resumes the same backfill (same handoff), then killed during the tail
+    proc = _spawn(["migrate", "--mapping", str(path), "--segments", "4", "--max-rcu", "4", "--page-size", "40",
+                   "--poll-interval", "0.2"])
+    _wait(lambda: Migration(store).phase in ("CATCHING_UP", "LIVE"), what="the end of the backfill")
+    assert Migration(store).handoff_ms == handoff
+    random_changes(ddb, mapping.source.table, items, 200, seed=5)
+    time.sleep(1.0)
+    _kill(proc)
+    # 3. restarted once more: tail only, until idle
+    assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "4", "--max-rcu", "4", "--page-size", "40",
+                   "--until-idle", "1.5", "--poll-interval", "0.2"]) == 0
+    ok, summary = identical(mapping, ddb)
+    assert ok, summary
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0
+
+
+def test_verify_detects_each_kind_of_divergence(stack, tmp_path, unique, capsys):
+    path, mapping, ddb = setup(tmp_path, unique)
+    preload(ddb, mapping.source.table, 60, seed=6)
+    assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "2", "--until-idle", "1",
+                   "--poll-interval", "0.2"]) == 0
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0
+    t = mapping.target
+    rows = read_table(t.project, t.instance, t.table)
+    keys = sorted(rows)
+    writer = GrpcMutationWriter(t.project, t.instance)
+    ts = 4_000_000_000_000
+    writer.mutate_rows(t.table, [
+        (keys[0], [DeleteCells(f, q, 0, ts) for (f, q) in rows[keys[0]]]),            # missing row
+        (b"zz#not-an-item", [SetCell("SKU", b"Price", b"\x00" * 8, ts)]),            # extra row
+        (keys[1], [DeleteCells("SKU", b"Price", 0, ts)]),                             # missing cell
+        (keys[2], [SetCell("SKU", b"Orphan", b"left behind", ts)]),                   # orphan cell
+        (keys[3], [SetCell("SKU", b"Description", b"tampered", ts)]),                 # different cell
+    ])
+    capsys.readouterr()
+    report = tmp_path / "report.json"
+    assert ddb2bt(["verify", "--mapping", str(path), "--report", str(report)]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERENT" in out and "tampered" not in out  # values redacted by default
+    counts = {k: v["count"] for k, v in json.loads(report.read_text())["tables"][t.table].items()}
+    assert counts["missing_rows"] == 1 and counts["extra_rows"] == 1 and counts["missing_cells"] == 1
+    assert counts["extra_cells"] == 1 and counts["different_cells"] == 1
+    assert ddb2bt(["verify", "--mapping", str(path), "--show-values"]) == 1
+    assert "tampered" in capsys.readouterr().out
+    assert ddb2bt(["status", "--mapping", str(path)]) == 1
+    assert "the last verify found differences" in capsys.readouterr().out
+    # a sampled verify checks the sampled items' rows
+    assert ddb2bt(["verify", "--mapping", str(path), "--sample-rate", "0.5"]) in (0, 1)
+
+
+def write_export(root, items, export_time):
+    """A DynamoDB export in the real layout (moto writes no manifests)."""
+    data = root / "data"
+    data.mkdir(parents=True)
+    files = []
+    for n in range(3):
+        chunk = items[n::3]
+        name = f"data/{n:04d}abcd.json.gz"
+        with gzip.open(root / name, "wt", encoding="utf-8") as fh:
+            for it in chunk:
+                fh.write(json.dumps({"Item": item_to_dynamodb_json(it)}) + "\n")
+        files.append({"itemCount": len(chunk), "md5Checksum": "x", "etag": "y",
+                      "dataFileS3Key": f"AWSDynamoDB/01700000000000-abcd/{name}"})
+    (root / "manifest-files.json").write_text("\n".join(json.dumps(f) for f in files) + "\n")
+    (root / "manifest-summary.json").write_text(json.dumps({
+        "version": "2020-06-30", "exportTime": export_time, "itemCount": len(items),
+        "outputFormat": "DYNAMODB_JSON", "manifestFilesS3Key": "AWSDynamoDB/01700000000000-abcd/manifest-files.json"}))
+
+
+def test_backfill_from_a_local_and_an_s3_export(stack, tmp_path, unique):
+    import boto3
+
+    path, mapping, ddb = setup(tmp_path, unique)
+    items = preload(ddb, mapping.source.table, 400, seed=7)
+    export_time = dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    time.sleep(1.1)  # changes after the export time, which the tail applies
+    random_changes(ddb, mapping.source.table, items, 100, seed=8)
+    export = tmp_path / "export"
+    write_export(export, items, export_time)
+    assert ddb2bt(["backfill", "--mapping", str(path), "--from-export", str(export)]) == 0
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    ok, summary = identical(mapping, ddb)
+    assert ok, summary
+    # the same export from S3, into a fresh target
+    s3 = boto3.client("s3")
+    bucket = f"exports-{unique}"
+    s3.create_bucket(Bucket=bucket)
+    for f in sorted(export.rglob("*")):
+        if f.is_file():
+            s3.upload_file(str(f), bucket, f"AWSDynamoDB/x/{f.relative_to(export)}")
+    path2 = write_mapping(tmp_path, source__table=mapping.source.table, target__table=f"s3copy_{unique}",
+                          name=f"s3copy_{unique}")
+    assert ddb2bt(["create-table", "--mapping", str(path2)]) == 0
+    assert ddb2bt(["backfill", "--mapping", str(path2), "--from-export", f"s3://{bucket}/AWSDynamoDB/x"]) == 0
+    assert ddb2bt(["run", "--mapping", str(path2), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    ok, summary = identical(load_mapping(path2), ddb)
+    assert ok, summary
+
+
+def test_an_export_older_than_the_stream_retention_is_refused(stack, tmp_path, unique, capsys):
+    path, mapping, ddb = setup(tmp_path, unique)
+    old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=30)).isoformat()
+    write_export(tmp_path / "old", [], old)
+    assert ddb2bt(["backfill", "--mapping", str(path), "--from-export", str(tmp_path / "old")]) == 2
+    assert "Take a new export" in capsys.readouterr().err
