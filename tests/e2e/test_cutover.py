@@ -259,3 +259,59 @@ def test_an_export_older_than_the_stream_retention_is_refused(stack, tmp_path, u
     write_export(tmp_path / "old", [], old)
     assert ddb2bt(["backfill", "--mapping", str(path), "--from-export", str(tmp_path / "old")]) == 2
     assert "Take a new export" in capsys.readouterr().err
+
+
+def test_versioned_columns_survive_the_overlap(stack, tmp_path, unique):
+    """Comments (cells timestamped by CreatedAt) deleted or edited while the backfill
+    runs are never resurrected by a late backfill write."""
+    from tests.unit.test_examples import item
+
+    path = write_mapping(tmp_path, "videos.yaml", source__table=f"Vids_{unique}", target__table=f"vids_{unique}",
+                         name=f"vids_{unique}")
+    mapping = load_mapping(path)
+    ddb = dynamodb_client()
+    workload.create_table(ddb, mapping.source.table)
+    assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
+    table = mapping.source.table
+    comments = []
+    for v in range(40):
+        pk = f"{v:04d}"
+        ddb.put_item(TableName=table, Item=item(pk=pk, sk="Video", UploadDate="2023-09-10T15:21:48",
+                                                Formats={"480": f"https://s/{pk}"}))
+        ddb.put_item(TableName=table, Item=item(pk=pk, sk="VideoStatsLikes", Count=v))
+        for c in range(5):
+            it = item(pk=pk, sk=f"VideoComment#{c}", Content=f"comment {c}",
+                      CreatedAt=f"2023-09-1{c}T10:00:{v:02d}")
+            ddb.put_item(TableName=table, Item=it)
+            comments.append(it)
+    rng = random.Random(9)
+    stop = threading.Event()
+    store = store_of(mapping)
+
+    def churn():
+        # Churn while the backfill runs (and a little before), then stop so the
+        # tail can go idle and migrate can finish.
+        deadline = time.monotonic() + 120
+        while not stop.is_set() and time.monotonic() < deadline:
+            if Migration(store).phase in ("CATCHING_UP", "LIVE"):
+                return
+            c = rng.choice(comments)
+            key = {"pk": c["pk"], "sk": c["sk"]}
+            if rng.random() < 0.5:
+                ddb.delete_item(TableName=table, Key=key)
+            else:
+                ddb.put_item(TableName=table, Item=dict(c, Content={"S": f"edited {rng.random()}"}))
+            time.sleep(0.01)
+
+    writer = threading.Thread(target=churn, daemon=True)
+    writer.start()
+    try:
+        assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "3", "--page-size", "10", "--max-rcu", "20",
+                       "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    finally:
+        stop.set()
+        writer.join()
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    ok, summary = identical(mapping, ddb)
+    assert ok, summary
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0

@@ -1,0 +1,151 @@
+import gzip
+import json
+
+import pytest
+
+from pipeline.backfill import (ExportSource, PartReaders, ScanSource, TokenBucket, parse_segment, plan_tasks,
+                               segment_name)
+from pipeline.fakes import client_error
+from pipeline.retry import RetryPolicy
+from pipeline.status import Facts, ShardStatus, assess
+from transforms.errors import ConfigError, PermanentError
+from transforms.model import BackfillPosition, ChangeRecord, PartDone
+
+HANDOFF = 1_700_000_123_456
+
+
+class FakeScan:
+    """boto3 Scan over sorted keys, pages of ``page`` items; ``faults`` raise first."""
+
+    def __init__(self, n, page):
+        self.items = [{"pk": {"S": f"k{i:03d}"}, "v": {"N": str(i)}} for i in range(n)]
+        self.page = page
+        self.faults = []
+        self.calls = []
+
+    def scan(self, **kw):
+        self.calls.append(kw)
+        if self.faults:
+            raise self.faults.pop(0)
+        start = 0
+        if "ExclusiveStartKey" in kw:
+            start = [i["pk"] for i in self.items].index(kw["ExclusiveStartKey"]["pk"]) + 1
+        chunk = self.items[start:start + self.page]
+        out = {"Items": chunk, "ConsumedCapacity": {"CapacityUnits": 2.0}}
+        if start + self.page < len(self.items):
+            out["LastEvaluatedKey"] = {"pk": chunk[-1]["pk"]}
+        return out
+
+
+def readers(client, **kw):
+    return PartReaders(ScanSource("T", 1, page_limit=client.page, **kw), ("pk",), HANDOFF, client,
+                       retry=RetryPolicy(0.001, 0.001, 2.0))
+
+
+def test_scan_records_are_backfill_inserts_just_before_the_handoff_second():
+    out = list(readers(FakeScan(5, 2)).read(segment_name(0, 1), None, 0))
+    records = [e for e in out if isinstance(e, ChangeRecord)]
+    assert len(records) == 5 and isinstance(out[-1], PartDone) and out[-1].count == 5
+    assert {r.change_ms for r in records} == {1_700_000_122_999}
+    assert {r.backfill_since_ms for r in records} == {1_700_000_123_000}
+    assert all(r.event_name == "INSERT" and r.old_image is None for r in records)
+
+
+def test_only_a_pages_last_item_carries_the_next_page_start():
+    client = FakeScan(5, 2)
+    out = [e for e in readers(client).read(segment_name(0, 1), None, 0) if isinstance(e, ChangeRecord)]
+    positions = [r.position for r in out]
+    # page 1: k000 k001 → k000 resumes from the start, k001 from after k001
+    assert positions[0].resume is None and positions[0].count == 0
+    assert json.loads(positions[1].resume) == {"pk": {"S": "k001"}} and positions[1].count == 2
+    # page 2: k002 resumes from after k001 (a crash after a partial flush re-reads the page)
+    assert json.loads(positions[2].resume) == {"pk": {"S": "k001"}} and positions[2].count == 2
+    # resuming from k002's token reads k002.. again, nothing skipped
+    resumed = [e for e in readers(FakeScan(5, 2)).read(segment_name(0, 1), positions[2].resume, 2)
+               if isinstance(e, ChangeRecord)]
+    assert [r.keys["pk"]["S"] for r in resumed] == ["k002", "k003", "k004"]
+
+
+def test_scan_backs_off_on_throughput_exceeded():
+    client = FakeScan(3, 10)
+    client.faults = [client_error("ProvisionedThroughputExceededException", operation="Scan")] * 2
+    out = list(readers(client).read(segment_name(0, 1), None, 0))
+    assert len(out) == 4 and len(client.calls) == 3
+
+
+def test_token_bucket_holds_the_average_rate():
+    clock = [0.0]
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+
+    bucket = TokenBucket(10.0, clock=lambda: clock[0], sleep=sleep)
+    for _ in range(20):
+        bucket.consume(5.0)  # 100 units at 10/s: about 9 s of waiting after the first burst
+    assert 8.5 <= sum(slept) <= 10.5
+    TokenBucket(None).consume(1e9)  # no budget: never waits
+
+
+def test_segments_and_tasks():
+    assert parse_segment(segment_name(3, 16)) == (3, 16)
+    tasks = plan_tasks([segment_name(i, 8) for i in range(8)], 3)
+    assert sorted(p for t in tasks for p in t.parts) == sorted(segment_name(i, 8) for i in range(8))
+    assert len(tasks) == 3
+
+
+def write_export(root, lines, summary=None):
+    (root / "data").mkdir(parents=True)
+    with gzip.open(root / "data" / "a.json.gz", "wt") as fh:
+        fh.write("\n".join(lines) + "\n")
+    (root / "manifest-files.json").write_text(json.dumps({"dataFileS3Key": "AWSDynamoDB/x/data/a.json.gz"}) + "\n")
+    (root / "manifest-summary.json").write_text(json.dumps(summary or {"exportTime": "2023-09-10T15:21:48.123Z",
+                                                                       "itemCount": len(lines)}))
+
+
+def test_export_reading_resume_and_handoff(tmp_path):
+    lines = [json.dumps({"Item": {"pk": {"S": f"k{i}"}, "b": {"B": "AAE="}}}) for i in range(4)]
+    write_export(tmp_path, lines)
+    src = ExportSource(str(tmp_path))
+    assert src.parts() == ["data/a.json.gz"] and src.item_count() == 4
+    assert src.export_time_ms() == 1694359308123
+    r = PartReaders(src, ("pk",), src.export_time_ms())
+    out = list(r.read("data/a.json.gz", "2", 2))
+    assert [e.keys["pk"]["S"] for e in out if isinstance(e, ChangeRecord)] == ["k2", "k3"]
+    assert out[0].new_image["b"] == {"B": b"\x00\x01"}  # base64 in the file, raw bytes in the record
+    assert out[0].position == BackfillPosition("export", "data/a.json.gz", "3", 3)
+
+
+def test_bad_export_line_and_missing_manifest_are_clear_errors(tmp_path):
+    write_export(tmp_path / "bad", ['{"NotItem": 1}'])
+    with pytest.raises(PermanentError, match="line 1: not a DynamoDB JSON export line"):
+        list(PartReaders(ExportSource(str(tmp_path / "bad")), ("pk",), 0).read("data/a.json.gz", None, 0))
+    with pytest.raises(ConfigError, match="no manifest-summary.json"):
+        ExportSource(str(tmp_path / "nowhere")).summary()
+
+
+def facts(**kw):
+    base = dict(now_ms=10**13, phase="LIVE", handoff_ms=1, backfill_parts=4, backfill_done_parts=4,
+                backfill_items=100, backfill_expected=100, backfill_done_ms=5,
+                last_verify={"identical": True, "sampled": False, "checked_at_ms": 10})
+    base.update(kw)
+    return Facts(**base)
+
+
+def test_ready_only_when_everything_holds():
+    assert assess(facts()) == (True, [])
+    cases = {
+        "backfill running": facts(phase="BACKFILLING", backfill_done_parts=1),
+        "catching up": facts(phase="CATCHING_UP"),
+        "shard(s) behind": facts(shards=[ShardStatus("s", "1", False, 10**13 - 120_000, None)]),
+        "retention headroom": facts(shards=[ShardStatus("s", "1", False, 10**13 - 20 * 3600_000, None)]),
+        "dead letter": facts(dead_letters=2),
+        "never verified": facts(last_verify=None),
+        "found differences": facts(last_verify={"identical": False}),
+        "was sampled": facts(last_verify={"identical": True, "sampled": True, "checked_at_ms": 10}),
+        "older than the end of the backfill": facts(backfill_done_ms=20),
+    }
+    for fragment, f in cases.items():
+        ready, reasons = assess(f)
+        assert not ready and any(fragment in r for r in reasons), (fragment, reasons)
