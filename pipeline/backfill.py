@@ -341,7 +341,7 @@ class ReadBackfillFn(beam.DoFn):
 
 
 def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config, client_factory=None,
-                 reshuffle: bool = False) -> beam.PCollection:
+                 reshuffle: bool = False, pushgateway: Optional[str] = None) -> beam.PCollection:
     """Add the backfill path to ``p``; returns the dead-letter PCollection."""
     from pipeline.connections import BigtableSpec
     from pipeline.sink import WriteToBigtableFn
@@ -359,5 +359,6 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
         | "ReadBackfill" >> beam.ParDo(ReadBackfillFn(job, state, client_factory))
         | "MapBackfill" >> beam.ParDo(MapChangesFn(mapping))
         | "WriteBackfill" >> beam.ParDo(WriteToBigtableFn(BigtableSpec(target.project, target.instance,
-                                                                        target.app_profile), state, sink_config))
+                                                                        target.app_profile), state, sink_config,
+                                                           pushgateway=pushgateway))
     )

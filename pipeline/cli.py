@@ -30,10 +30,24 @@ examples:
 """
 
 
+STAGES = (("pipeline.stream", "source"), ("pipeline.sink", "sink"), ("pipeline.backfill", "backfill"),
+          ("transforms", "mapping"), ("pipeline.migrate", "migrate"), ("pipeline.verify", "verify"),
+          ("pipeline.retry", "retry"), ("pipeline.local_stack", "local"), ("pipeline.metrics", "metrics"))
+
+
+def stage_of(logger: str) -> str:
+    for prefix, stage in STAGES:
+        if logger.startswith(prefix):
+            return stage
+    return "cli" if logger.startswith("ddb2bt") else "other"
+
+
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the pipeline stage that logged it."""
+
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
-               "msg": record.getMessage()}
+        out = {"ts": round(record.created, 3), "level": record.levelname, "stage": stage_of(record.name),
+               "logger": record.name, "msg": record.getMessage()}
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
@@ -205,7 +219,8 @@ def build_live_job(args, mapping):
     )
     return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader,
                    state=state_spec(args, mapping, args.dlq_include_values),
-                   partitions=args.partitions, client_factory=StreamsClientFactory(mapping.source.region))
+                   partitions=args.partitions, client_factory=StreamsClientFactory(mapping.source.region),
+                   pushgateway=getattr(args, "metrics_pushgateway", None))
 
 
 def cmd_run(args) -> int:
@@ -302,7 +317,7 @@ def run_backfill(args, mapping, spec, marking_wait=True) -> None:
     def pipeline() -> None:
         p = make_pipeline(args.beam_args)
         add_backfill(p, job, mapping, spec, _sink_config(), DynamoDBClientFactory(mapping.source.region),
-                     reshuffle=not is_local(args.beam_args))
+                     reshuffle=not is_local(args.beam_args), pushgateway=getattr(args, "metrics_pushgateway", None))
         p.run().wait_until_finish()
 
     start = _counter_total(metrics.backfill_items)
@@ -326,6 +341,7 @@ def cmd_backfill(args) -> int:
     if warning:
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+    start_metrics_server(args.metrics_port, args.metrics_host)
     run_backfill(args, mapping, state_spec(args, mapping, args.dlq_include_values))
     print("backfill complete; phase CATCHING_UP: keep the live tail running (ddb2bt run) and check ddb2bt status")
     return 0
@@ -611,6 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store item images in dead letters (off: keys only, redacted)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
+    p.add_argument("--metrics-pushgateway", metavar="URL",
+                   help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
+                        "(for Dataflow, whose workers cannot be scraped)")
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
@@ -638,6 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(p)
     add_backfill_args(p)
     p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-pushgateway", metavar="URL", help="push metrics to a Prometheus Pushgateway")
     p.set_defaults(func=cmd_backfill, beam=True)
 
     p = sub.add_parser("migrate", help="the whole cutover: live tail + backfill + catch-up, resumable",
@@ -659,8 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--discovery-interval", type=float, default=10.0)
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--metrics-port", type=int)
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-pushgateway", metavar="URL", help="push metrics to a Prometheus Pushgateway")
     p.set_defaults(func=cmd_migrate, beam=True)
 
     p = sub.add_parser("verify", help="prove Bigtable equals the mapping of the DynamoDB table", formatter_class=raw,

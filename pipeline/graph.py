@@ -40,6 +40,7 @@ class LiveJob:
     sink: SinkConfig = SinkConfig()
     client_factory: Callable = field(default_factory=StreamsClientFactory)
     marking: Optional[object] = None  # PhaseMarking during a migration: tail changes set touch markers
+    pushgateway: Optional[str] = None  # workers push metrics here (Dataflow)
 
 
 def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
@@ -52,7 +53,7 @@ def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
         | STEP_PARTITIONS >> beam.Create(partitions)
         | STEP_READ >> beam.ParDo(ReadStreamPartitionsFn(job.reader, job.client_factory, job.state))
         | STEP_MAP >> beam.ParDo(MapChangesFn(job.mapping, marking=job.marking))
-        | STEP_WRITE >> beam.ParDo(WriteToBigtableFn(bigtable, job.state, job.sink))
+        | STEP_WRITE >> beam.ParDo(WriteToBigtableFn(bigtable, job.state, job.sink, pushgateway=job.pushgateway))
     )
 
 

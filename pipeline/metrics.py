@@ -10,6 +10,7 @@ not yet applied (or of the last applied one), so a stalled shard keeps growing.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -110,10 +111,22 @@ class LagTracker:
 
 
 class _LagCollector:
-    def __init__(self, tracker: LagTracker) -> None:
+    def __init__(self, tracker: LagTracker, backfill_rate: "RateWindow", backfill_items, backfill_expected) -> None:
         self._tracker = tracker
+        self._rate = backfill_rate
+        self._items = backfill_items
+        self._expected = backfill_expected
 
     def collect(self):
+        done = sum(s.value for m in self._items.collect() for s in m.samples if s.name.endswith("_total"))
+        expected = next((s.value for m in self._expected.collect() for s in m.samples), 0.0)
+        rate = self._rate.rate(done)
+        eta = GaugeMetricFamily(f"{NAMESPACE}_backfill_eta_seconds",
+                                "Estimated seconds until the backfill has read the expected items "
+                                "(from the last minute's rate; absent while unknown)")
+        if expected and rate > 0:
+            eta.add_metric([], max(0.0, (expected - done) / rate))
+        yield eta
         lag = GaugeMetricFamily(f"{NAMESPACE}_replication_lag_seconds",
                                 "Event-time lag of each shard: 0 at the stream head with nothing pending",
                                 labels=["stream", "shard"])
@@ -126,6 +139,24 @@ class _LagCollector:
         for stream, value in sorted(self._tracker.retention_headroom_seconds().items()):
             headroom.add_metric([_stream_name(stream)], value)
         yield headroom
+
+
+class RateWindow:
+    """Items per second over the last ``window_s`` seconds, from a growing total."""
+
+    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._window = window_s
+        self._clock = clock
+        self._points: list = []
+        self._lock = threading.Lock()
+
+    def rate(self, total: float) -> float:
+        now = self._clock()
+        with self._lock:
+            self._points.append((now, total))
+            self._points = [p for p in self._points if now - p[0] <= self._window] or [(now, total)]
+            (t0, v0), (t1, v1) = self._points[0], self._points[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else 0.0
 
 
 def _stream_name(stream_arn: str) -> str:
@@ -178,11 +209,24 @@ class PipelineMetrics:
                                      "Wall time of the last durable checkpoint", registry=r)
         self.shards = Gauge(f"{NAMESPACE}_shards", "Shards by state", ["state"], registry=r)
         self.build = Info(f"{NAMESPACE}_build", "Build information", registry=r)
-        r.register(_LagCollector(self.lag))
+        self.build.info(build_info())
+        r.register(_LagCollector(self.lag, RateWindow(), self.backfill_items, self.backfill_expected))
         # Beam mirrors, visible in the Dataflow UI where workers cannot be scraped.
         self._beam_applied = BeamMetrics.counter(NAMESPACE, "changes_applied")
         self._beam_dead = BeamMetrics.counter(NAMESPACE, "dead_letters")
         self._beam_lag = BeamMetrics.distribution(NAMESPACE, "end_to_end_lag_ms")
+        self._beam_max_lag = BeamMetrics.gauge(NAMESPACE, "max_replication_lag_ms")
+        self._beam_dead_by_reason: dict = {}
+
+    def set_phase(self, phase: str) -> None:
+        from pipeline.migrate import PHASES
+
+        for p in PHASES:
+            self.migration_phase.labels(p).set(1 if p == phase else 0)
+
+    def publish_lag(self) -> None:
+        """Mirror the current max shard lag as a Beam gauge (Dataflow's UI)."""
+        self._beam_max_lag.set(int(self.lag.max_lag_seconds() * 1000))
 
     def applied(self, table: str, event: str, count: int = 1) -> None:
         self.changes_applied.labels(table, event).inc(count)
@@ -191,10 +235,69 @@ class PipelineMetrics:
     def dead_lettered(self, table: str, stage: str, reason: str) -> None:
         self.dead_letters.labels(table, stage, reason).inc()
         self._beam_dead.inc()
+        counter = self._beam_dead_by_reason.get(reason)
+        if counter is None:
+            counter = self._beam_dead_by_reason[reason] = BeamMetrics.counter(NAMESPACE, f"dead_letters_{reason}")
+        counter.inc()
 
     def observe_lag(self, lag_ms: int) -> None:
         self.end_to_end_lag.observe(max(lag_ms, 0) / 1000)
         self._beam_lag.update(max(lag_ms, 0))
+
+
+def build_info() -> dict:
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {"version": version("ddb2bt"), "python": platform.python_version(),
+            "apache_beam": version("apache-beam"), "google_cloud_bigtable": version("google-cloud-bigtable")}
+
+
+# --- Pushgateway (Dataflow workers cannot be scraped) ------------------------------
+
+PUSH_INTERVAL_S = 15.0
+_PUSHERS: dict = {}
+_PUSHERS_LOCK = threading.Lock()
+
+
+def grouping_key(worker: Optional[str] = None) -> dict:
+    import os
+    import socket
+
+    return {"worker": worker or f"{socket.gethostname()}-{os.getpid()}"}
+
+
+def start_pusher(url: str, job: str, registry: CollectorRegistry = REGISTRY, interval_s: float = PUSH_INTERVAL_S,
+                 worker: Optional[str] = None) -> threading.Thread:
+    """Push the process's metrics to a Prometheus Pushgateway every ``interval_s``,
+    grouped by job and worker; one pusher per (url, job) per process."""
+    from prometheus_client import push_to_gateway
+
+    key = (url, job)
+    with _PUSHERS_LOCK:
+        existing = _PUSHERS.get(key)
+        if existing is not None and existing.is_alive():
+            return existing
+        group = grouping_key(worker)
+
+        def loop() -> None:
+            while True:
+                try:
+                    push_to_gateway(url, job=job, registry=registry, grouping_key=group, timeout=10)
+                except Exception as exc:  # the job must not fail because monitoring is down
+                    logging.getLogger(__name__).warning("push to %s failed: %s", url, type(exc).__name__)
+                time.sleep(interval_s)
+
+        thread = threading.Thread(target=loop, name="metrics-pusher", daemon=True)
+        thread.start()
+        _PUSHERS[key] = thread
+        return thread
 
 
 _DEFAULT: Optional[PipelineMetrics] = None

@@ -69,8 +69,11 @@ class Migration:
         return self.store.load_meta("phase")
 
     def set_phase(self, phase: str) -> None:
+        from pipeline.metrics import default_metrics
+
         self.store.save_meta("phase", phase)
         self.store.save_meta("phase_changed_ms", str(time.time_ns() // 1_000_000))
+        default_metrics().set_phase(phase)
         log.info("migration phase: %s", phase)
 
     @property

@@ -254,6 +254,7 @@ class BatchingWriter:
         for (stream, shard), (count, change_ms) in self._applied.items():
             m.lag.on_applied(stream, shard, change_ms, count)
         m.checkpoint_time.set(ack_ms / 1000)
+        m.publish_lag()
 
     def _requests(self, rows: list) -> Iterable:
         """Split rows into requests within the entry/byte/mutation limits; a row is
@@ -452,14 +453,18 @@ class WriteToBigtableFn(beam.DoFn):
     """MappedChange | ShardClosed → (writes, checkpoints) → DeadLetter output."""
 
     def __init__(self, bigtable, state_spec, config: SinkConfig = SinkConfig(),
-                 check_families: bool = True) -> None:
+                 check_families: bool = True, pushgateway: Optional[str] = None) -> None:
         self._bigtable = bigtable
         self._state_spec = state_spec
         self._config = config
         self._check_families = check_families
+        self._pushgateway = pushgateway
 
     def setup(self) -> None:
-        from pipeline.metrics import default_metrics
+        from pipeline.metrics import default_metrics, start_pusher
+
+        if self._pushgateway:  # Dataflow workers cannot be scraped: they push
+            start_pusher(self._pushgateway, job=f"ddb2bt-{self._state_spec.job if self._state_spec else 'job'}")
 
         self._writer = self._bigtable.writer()
         self._state = self._state_spec.store(self._writer) if self._state_spec else None

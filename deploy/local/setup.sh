@@ -26,4 +26,17 @@ if ! .venv/bin/python -c "from pipeline.local_stack import find_cbtemulator; fin
 else
   .venv/bin/python -c "from pipeline.local_stack import find_cbtemulator; print('setup: cbtemulator at', find_cbtemulator())"
 fi
+# promtool (Debian package "prometheus") validates and unit-tests the alert rules.
+if ! command -v promtool >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing promtool (Debian package prometheus)"
+    # Never let the package start a Prometheus server: we only need the tool.
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    apt-get update -qq >/dev/null 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || true
+    rm -f /usr/sbin/policy-rc.d
+  fi
+  command -v promtool >/dev/null 2>&1 && echo "setup: promtool $(promtool --version 2>&1 | head -1 | cut -d' ' -f3)" \
+    || echo "setup: WARNING promtool not installed (apt-get install prometheus); the alert-rule tests will fail"
+fi
 echo "setup: done"

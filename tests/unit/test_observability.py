@@ -1,0 +1,190 @@
+"""Metrics semantics, alert rules (promtool), dashboard, Pushgateway, JSON logs."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from pipeline.cli import JsonFormatter
+from pipeline.fakes import FakeStreamsClient, InMemoryBigtable
+from pipeline.metrics import PipelineMetrics, start_pusher
+from pipeline.retry import RetryPolicy
+from pipeline.state import StateStore
+from pipeline.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain_round
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMTOOL_HELP = "promtool is missing: install the Debian package 'prometheus' (deploy/local/setup.sh does it)"
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    assert path, PROMTOOL_HELP  # a missing tool fails the suite, it never skips
+    return path
+
+
+def test_alert_rules_are_valid():
+    out = subprocess.run([promtool(), "check", "rules", "deploy/prometheus/alerts.yml"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "6 rules found" in out.stdout
+
+
+def test_alert_rules_unit_tests_pass():
+    out = subprocess.run([promtool(), "test", "rules", "alerts_test.yml"], cwd=ROOT / "deploy/prometheus",
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def exposed_names() -> set:
+    metrics = PipelineMetrics(CollectorRegistry())
+    metrics.lag.on_read("arn:aws:dynamodb:r:1:table/T/stream/x", "s", 0)
+    metrics.backfill_expected.set(10)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "info": ("_info",),
+                "gauge": ("",), "unknown": ("",)}
+    names = set()
+    for family in metrics.registry.collect():  # labelled metrics have no samples until used
+        names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
+        names.update(s.name for s in family.samples)
+    return names
+
+
+def referenced(text: str) -> set:
+    return set(re.findall(r"\bddb2bt_[a-z0-9_]+", text))
+
+
+def test_every_metric_the_dashboard_queries_exists():
+    dash = json.loads((ROOT / "deploy/grafana/dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    used = referenced(exprs)
+    assert len(used) >= 12
+    missing = used - exposed_names()
+    assert not missing, f"dashboard queries metrics nobody exports: {missing}"
+    titles = {p["title"] for p in dash["panels"]}
+    for needed in ("Replication lag per shard", "End-to-end lag p50 / p99", "Throughput (changes/s)",
+                   "Errors and retries (/s)", "Retention headroom", "Backfill progress"):
+        assert needed in titles
+
+
+def test_every_metric_the_alerts_use_exists():
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    used = referenced(" ".join(r["expr"] for g in rules["groups"] for r in g["rules"]))
+    assert used and not used - exposed_names()
+
+
+def test_no_row_keys_or_values_in_labels():
+    allowed = {"table", "event", "stage", "reason", "code", "operation", "state", "stream", "shard", "phase",
+               "source", "le", "version", "python", "apache_beam", "google_cloud_bigtable"}
+    metrics = PipelineMetrics(CollectorRegistry())
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            assert set(sample.labels) <= allowed, (family.name, sample.labels)
+
+
+class Clock:
+    def __init__(self):
+        self.s = 1_700_000_100.0
+
+    def __call__(self):
+        return self.s
+
+
+def reader_with_metrics():
+    client = FakeStreamsClient()
+    clock = Clock()
+    metrics = PipelineMetrics(CollectorRegistry(), clock=clock)
+    state = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1),
+                             ReaderOptions(retry=RetryPolicy(0.001, 0.001, 1.0), discovery_interval_s=0),
+                             state.load_checkpoints, metrics, now_ms=lambda: int(clock() * 1000), sleep=lambda s: None)
+    return client, clock, metrics, reader
+
+
+def lag(metrics, shard="s"):
+    return metrics.registry.get_sample_value("ddb2bt_replication_lag_seconds", {"stream": "Fake/stream/2024-01-01T00:00:00.000", "shard": shard})
+
+
+def test_idle_shard_lag_is_zero_not_the_age_of_the_last_record():
+    client, clock, metrics, reader = reader_with_metrics()
+    client.add_shard("s")
+    client.put("s", "INSERT", {"k": {"S": "1"}}, {"k": {"S": "1"}}, created_ms=int(clock() * 1000) - 5000)
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert 4.9 <= lag(metrics) <= 5.1  # read, not yet applied: 5 s behind
+    metrics.lag.on_applied(client.stream_arn, "s", out[0].change_ms, 1)
+    drain_round(reader, tracker)  # empty page: at the stream head
+    clock.s += 3600  # an hour of silence
+    assert lag(metrics) == 0.0
+    headroom = metrics.registry.get_sample_value("ddb2bt_retention_headroom_seconds",
+                                                 {"stream": "Fake/stream/2024-01-01T00:00:00.000"})
+    assert headroom == 24 * 3600
+
+
+def test_stalled_shard_lag_keeps_growing():
+    client, clock, metrics, reader = reader_with_metrics()
+    client.add_shard("s")
+    now_ms = int(clock() * 1000)
+    client.put("s", "INSERT", {"k": {"S": "1"}}, {"k": {"S": "1"}}, created_ms=now_ms - 1000)
+    drain_round(reader, LocalTracker())  # read, but the sink never acknowledges (stalled)
+    first = lag(metrics)
+    clock.s += 600
+    assert lag(metrics) == first + 600
+    headroom = metrics.registry.get_sample_value("ddb2bt_retention_headroom_seconds",
+                                                 {"stream": "Fake/stream/2024-01-01T00:00:00.000"})
+    assert headroom == 24 * 3600 - first - 600
+
+
+def test_backfill_eta_appears_once_a_rate_is_known():
+    metrics = PipelineMetrics(CollectorRegistry())
+    metrics.backfill_expected.set(1000)
+    assert metrics.registry.get_sample_value("ddb2bt_backfill_eta_seconds") is None
+    metrics.backfill_items.labels("scan").inc(100)
+    generate_latest(metrics.registry)
+    import time
+    time.sleep(0.05)
+    metrics.backfill_items.labels("scan").inc(100)
+    eta = metrics.registry.get_sample_value("ddb2bt_backfill_eta_seconds")
+    assert eta is not None and eta > 0
+
+
+def test_pushgateway_receives_grouped_metrics():
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_PUT(self):
+            received.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        do_POST = do_PUT
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        registry = CollectorRegistry()
+        PipelineMetrics(registry)
+        start_pusher(f"127.0.0.1:{server.server_port}", "ddb2bt-test", registry, interval_s=0.05, worker="w1")
+        deadline = __import__("time").monotonic() + 5
+        while not received and __import__("time").monotonic() < deadline:
+            __import__("time").sleep(0.02)
+    finally:
+        server.shutdown()
+    path, body = received[0]
+    assert path == "/metrics/job/ddb2bt-test/worker/w1"
+    assert b"ddb2bt_build_info" in body
+
+
+def test_json_logs_carry_the_stage():
+    record = logging.LogRecord("pipeline.sink", logging.WARNING, __file__, 1, "retrying %s", ("x",), None)
+    line = json.loads(JsonFormatter().format(record))
+    assert line["stage"] == "sink" and line["msg"] == "retrying x" and line["level"] == "WARNING"
