@@ -75,9 +75,13 @@ def setup_logging(level: str, fmt: str) -> None:
 def add_mapping_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--mapping", "-m", required=required, metavar="FILE",
                    help="mapping file (YAML): source table, target table, and how items become rows")
-    p.add_argument("--project", help="override the mapping's target.project")
-    p.add_argument("--instance", help="override the mapping's target.instance")
-    p.add_argument("--table", help="override the mapping's target.table")
+    # Not --project: that is Beam's (the Dataflow job's project), passed through.
+    p.add_argument("--bigtable-project", dest="project", metavar="PROJECT",
+                   help="override the mapping's target.project")
+    p.add_argument("--bigtable-instance", "--instance", dest="instance", metavar="INSTANCE",
+                   help="override the mapping's target.instance")
+    p.add_argument("--bigtable-table", "--table", dest="table", metavar="TABLE",
+                   help="override the mapping's target.table")
 
 
 def add_state_args(p: argparse.ArgumentParser) -> None:
@@ -89,9 +93,27 @@ def add_state_args(p: argparse.ArgumentParser) -> None:
 
 
 def load(args):
-    from transforms.config import load_mapping
+    from transforms.config import load_mapping, mapping_from_text
 
-    return load_mapping(args.mapping).with_overrides(args.project, args.instance, args.table)
+    if args.mapping.startswith("gs://"):  # Flex Template launches read it from GCS
+        from pipeline.dataflow import read_text
+
+        mapping = mapping_from_text(read_text(args.mapping), origin=args.mapping)
+    else:
+        mapping = load_mapping(args.mapping)
+    return mapping.with_overrides(args.project, args.instance, args.table)
+
+
+def submitted(result, args) -> int:
+    """After launching on a remote runner: say what was launched (or dry-run)."""
+    job = getattr(result, "job", None)
+    if job is not None and getattr(job, "proto", None) is not None:
+        kind = "streaming" if job.proto.type == 2 else "batch"
+        print(f"{'dry run: built' if args.dry else 'launched'} {kind} job {job.proto.name or ''} "
+              f"{job.proto.id or ''}".rstrip())
+    else:
+        print("launched")
+    return 0
 
 
 def state_spec(args, mapping, include_values: bool = True):
@@ -224,7 +246,7 @@ def build_live_job(args, mapping):
 
 
 def cmd_run(args) -> int:
-    from pipeline.graph import add_live_replication, make_pipeline
+    from pipeline.graph import add_live_replication, is_local, make_pipeline
 
     mapping = load(args)
     job = build_live_job(args, mapping)
@@ -236,6 +258,8 @@ def cmd_run(args) -> int:
     p = make_pipeline(args.beam_args)
     add_live_replication(p, job)
     result = p.run()
+    if not is_local(args.beam_args):
+        return submitted(result, args)  # a streaming job runs on; drain it to stop
     result.wait_until_finish()
     log.info("pipeline finished: %s", getattr(result, "state", "DONE"))
     return 0
@@ -295,7 +319,7 @@ def backfill_source(args, mapping):
     return source, {"kind": "scan", "segments": args.segments, "parts": args.segments}, None, int(count)
 
 
-def run_backfill(args, mapping, spec, marking_wait=True) -> None:
+def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
     from pipeline.backfill import BackfillJob, add_backfill
     from pipeline.connections import DynamoDBClientFactory
     from pipeline.graph import is_local, make_pipeline
@@ -314,10 +338,20 @@ def run_backfill(args, mapping, spec, marking_wait=True) -> None:
              handoff, handoff - handoff % 1000 - 1)
     job = BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks)
 
-    def pipeline() -> None:
-        p = make_pipeline(args.beam_args)
+    def build(p) -> None:
         add_backfill(p, job, mapping, spec, _sink_config(), DynamoDBClientFactory(mapping.source.region),
                      reshuffle=not is_local(args.beam_args), pushgateway=getattr(args, "metrics_pushgateway", None))
+
+    if not is_local(args.beam_args):
+        # On Dataflow the backfill is a batch job; the tail's workers move the
+        # phase to CATCHING_UP once every part is done (see PhaseMarking).
+        p = make_pipeline(args.beam_args, streaming=False)
+        build(p)
+        return submitted(p.run(), args)
+
+    def pipeline() -> None:
+        p = make_pipeline(args.beam_args)
+        build(p)
         p.run().wait_until_finish()
 
     start = _counter_total(metrics.backfill_items)
@@ -325,6 +359,7 @@ def run_backfill(args, mapping, spec, marking_wait=True) -> None:
     worker.start()
     watch(worker, expected, "backfill", lambda: _counter_total(metrics.backfill_items) - start)
     migration.finish_backfill()
+    return None
 
 
 def _sink_config():
@@ -342,13 +377,15 @@ def cmd_backfill(args) -> int:
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     start_metrics_server(args.metrics_port, args.metrics_host)
-    run_backfill(args, mapping, state_spec(args, mapping, args.dlq_include_values))
+    launched = run_backfill(args, mapping, state_spec(args, mapping, args.dlq_include_values))
+    if launched is not None:
+        return launched
     print("backfill complete; phase CATCHING_UP: keep the live tail running (ddb2bt run) and check ddb2bt status")
     return 0
 
 
 def cmd_migrate(args) -> int:
-    from pipeline.graph import add_live_replication, make_pipeline
+    from pipeline.graph import add_live_replication, is_local, make_pipeline
     from pipeline.metrics import default_metrics
     from pipeline.migrate import BACKFILLING, LIVE, Migration, PhaseMarking, Worker
     from dataclasses import replace
@@ -373,6 +410,8 @@ def cmd_migrate(args) -> int:
 
     phase = migration.phase
     log.info("migrate %s → %s: phase %s", mapping.source.table, mapping.target.table, phase or "new")
+    if not is_local(args.beam_args):
+        return launch_migrate(args, mapping, job, migration)
     tail_worker = Worker("tail", tail)
     tail_worker.start()  # the tail first: changes after the handoff are never missed
     try:
@@ -405,6 +444,32 @@ def cmd_migrate(args) -> int:
     tail_worker.join()
     tail_worker.check()
     return 0
+
+
+def launch_migrate(args, mapping, job, migration) -> int:
+    """Dataflow: ONE streaming job with the tail and the backfill side by side.
+    The handoff is fixed here, before launch; the workers' PhaseMarking moves
+    BACKFILLING → CATCHING_UP when every part is done, and the readers move
+    CATCHING_UP → LIVE once at the stream head."""
+    from dataclasses import replace
+
+    from pipeline.backfill import BackfillJob, add_backfill
+    from pipeline.connections import DynamoDBClientFactory
+    from pipeline.graph import add_live_replication, make_pipeline
+    from pipeline.migrate import BACKFILLING
+
+    p = make_pipeline(args.beam_args, streaming=True)
+    job = replace(job, reader=replace(job.reader, promote_live=True))
+    add_live_replication(p, job)
+    if migration.phase in (None, BACKFILLING):
+        source, source_spec, export_time, expected = backfill_source(args, mapping)
+        sleep = (lambda s: None) if args.dry else time.sleep
+        handoff = migration.resume_or_begin(source_spec, args.restart, export_time, sleep=sleep)
+        migration.store.save_meta("backfill_expected", str(expected))
+        add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks), mapping,
+                     job.state, _sink_config(), DynamoDBClientFactory(mapping.source.region), reshuffle=True,
+                     pushgateway=job.pushgateway)
+    return submitted(p.run(), args)
 
 
 def cmd_verify(args) -> int:
@@ -746,6 +811,9 @@ def main(argv: Optional[list] = None) -> int:
     if unknown and not getattr(args, "beam", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.beam_args = unknown
+    from pipeline.graph import is_dry_run
+
+    args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)
     try:
         return args.func(args) or 0

@@ -76,12 +76,19 @@ def is_local(beam_args: list) -> bool:
     return runner in LOCAL_RUNNERS
 
 
-def make_pipeline(beam_args: list) -> beam.Pipeline:
+def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:
     if is_local(beam_args):
         args = [a for a in beam_args if not a.startswith("--runner")]
         # One worker: the FnApiRunner corrupts keyed state with more, and the
         # stream's parallelism is the partitions, not the runner's threads.
         options = PipelineOptions(args + ["--direct_num_workers=1"], save_main_session=False)
         return beam.Pipeline(runner=local_runner(), options=options)
-    options = PipelineOptions(beam_args, streaming=True, save_main_session=False)
+    from pipeline.dataflow import validate_options
+
+    validate_options(beam_args)
+    options = PipelineOptions(beam_args, streaming=streaming, save_main_session=False)
     return beam.Pipeline(options=options)
+
+
+def is_dry_run(beam_args: list) -> bool:
+    return any(a in ("--dry_run", "--dry_run=True", "--dry_run=true") for a in beam_args)

@@ -285,16 +285,18 @@ def start_pusher(url: str, job: str, registry: CollectorRegistry = REGISTRY, int
         if existing is not None and existing.is_alive():
             return existing
         group = grouping_key(worker)
+        stop = threading.Event()
 
         def loop() -> None:
-            while True:
+            while not stop.is_set():
                 try:
                     push_to_gateway(url, job=job, registry=registry, grouping_key=group, timeout=10)
                 except Exception as exc:  # the job must not fail because monitoring is down
                     logging.getLogger(__name__).warning("push to %s failed: %s", url, type(exc).__name__)
-                time.sleep(interval_s)
+                stop.wait(interval_s)
 
         thread = threading.Thread(target=loop, name="metrics-pusher", daemon=True)
+        thread.stop = stop.set  # type: ignore[attr-defined]
         thread.start()
         _PUSHERS[key] = thread
         return thread

@@ -36,7 +36,9 @@ MARKING_WAIT_S = 2 * PHASE_CACHE_S + 1.0
 
 
 class PhaseMarking:
-    """Whether the live tail must set touch markers: while a backfill runs."""
+    """Whether the live tail must set touch markers: while a backfill runs. Also
+    moves BACKFILLING → CATCHING_UP once every backfill part is recorded done
+    (after its writes: the sink records a part done only then)."""
 
     def __init__(self, state_spec, now: Callable[[], float] = time.monotonic) -> None:
         self._spec = state_spec
@@ -47,11 +49,22 @@ class PhaseMarking:
         self._checked = None
         self._active = True  # until the first read: marking is never wrong, only extra work
 
+    def _backfill_complete(self) -> bool:
+        spec = self._store.load_meta("backfill_source")
+        if not spec or not self._store.load_meta("handoff_ms"):
+            return False
+        parts = json.loads(spec).get("parts", 0)
+        done = sum(1 for p in self._store.load_backfill_progress().values() if p.done)
+        return parts > 0 and done >= parts
+
     def active(self) -> bool:
         now = self._now()
         if self._checked is None or now - self._checked >= PHASE_CACHE_S:
             try:
                 self._active = self._store.load_meta("phase") == BACKFILLING
+                if self._active and self._backfill_complete():
+                    Migration(self._store).finish_backfill()  # no controller on Dataflow: the tail moves it
+                    self._active = False
                 self._checked = now
             except Exception as exc:  # keep the last answer; marking stays safe
                 log.warning("cannot read the migration phase (%s); keeping %s", type(exc).__name__, self._active)

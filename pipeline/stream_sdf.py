@@ -24,6 +24,7 @@ from pipeline.stream_source import (
 )
 
 log = logging.getLogger(__name__)
+PHASE_CHECK_S = 10.0  # how often an idle reader looks at the migration phase
 
 
 class PartitionTracker(RestrictionTracker):
@@ -133,6 +134,8 @@ class ReadStreamPartitionsFn(beam.DoFn):
                      partition.stream_arn, self._options.until_idle_s)
             tracker.try_claim(ClaimEnd())
             return
+        if decision == "poll" and self._options.promote_live:
+            self._maybe_promote()
         if decision == "poll":
             if self._options.sleep_when_idle:
                 # FnApiRunner ignores deferral delays; sleeping here keeps an idle
@@ -143,6 +146,17 @@ class ReadStreamPartitionsFn(beam.DoFn):
                 tracker.defer_remainder(Duration.of(self._options.poll_interval_s))
             return
         tracker.defer_remainder(Duration.of(0))
+
+    def _maybe_promote(self) -> None:
+        from pipeline.migrate import CATCHING_UP, LIVE, Migration
+
+        now = time.monotonic()
+        if now - getattr(self, "_phase_checked", -1e9) < PHASE_CHECK_S:
+            return
+        self._phase_checked = now
+        migration = Migration(self._state)
+        if migration.phase == CATCHING_UP:
+            migration.set_phase(LIVE)
 
     def teardown(self) -> None:
         close = getattr(self._client, "close", None)

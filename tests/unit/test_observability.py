@@ -173,10 +173,13 @@ def test_pushgateway_receives_grouped_metrics():
     try:
         registry = CollectorRegistry()
         PipelineMetrics(registry)
-        start_pusher(f"127.0.0.1:{server.server_port}", "ddb2bt-test", registry, interval_s=0.05, worker="w1")
+        pusher = start_pusher(f"127.0.0.1:{server.server_port}", "ddb2bt-test", registry, interval_s=0.05,
+                              worker="w1")
         deadline = __import__("time").monotonic() + 5
         while not received and __import__("time").monotonic() < deadline:
             __import__("time").sleep(0.02)
+        pusher.stop()
+        pusher.join(2)
     finally:
         server.shutdown()
     path, body = received[0]

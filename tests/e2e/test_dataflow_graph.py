@@ -1,0 +1,93 @@
+"""The production job graphs, built offline with the DataflowRunner's dry run
+(apache-beam[gcp], the `dataflow` extra), through the same CLI path as a launch."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline import cli
+from pipeline import workload
+from pipeline.connections import dynamodb_client
+from pipeline.dataflow import graph_facts, validate_options
+from tests.conftest import write_mapping
+from transforms.errors import ConfigError
+
+pytestmark = pytest.mark.e2e
+DATAFLOW = ["--runner=DataflowRunner", "--dry_run=True", "--project=my-project", "--region=us-central1",
+            "--temp_location=gs://my-bucket/tmp", "--staging_location=gs://my-bucket/staging"]
+ORDERED = ("ReadStream", "WriteToBigtable")
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    results = []
+
+    def capture(result, args):
+        results.append(result)
+        return 0
+    monkeypatch.setattr(cli, "submitted", capture)
+    return results
+
+
+def setup(tmp_path, unique):
+    path = write_mapping(tmp_path, source__table=f"Flow_{unique}", target__table=f"flow_{unique}",
+                         name=f"flow_{unique}")
+    ddb = dynamodb_client()
+    workload.create_table(ddb, f"Flow_{unique}")
+    assert cli.main(["create-table", "--mapping", str(path)]) == 0
+    return path
+
+
+def test_run_is_a_streaming_job_without_shuffles_on_the_ordered_path(stack, tmp_path, unique, launched):
+    path = setup(tmp_path, unique)
+    assert cli.main(["run", "--mapping", str(path), "--partitions", "8"] + DATAFLOW) == 0
+    facts = graph_facts(launched[0].job, [ORDERED])
+    assert facts.streaming
+    for step in ("StreamPartitions", "ReadStream", "MapChanges", "WriteToBigtable"):
+        assert step in facts.transforms
+    assert facts.ordered_path_shuffles == ()
+
+
+def test_backfill_is_a_batch_job(stack, tmp_path, unique, launched):
+    path = setup(tmp_path, unique)
+    assert cli.main(["backfill", "--mapping", str(path), "--segments", "16", "--tasks", "4"] + DATAFLOW) == 0
+    facts = graph_facts(launched[0].job, [("ReadBackfill", "WriteBackfill")])
+    assert not facts.streaming
+    for step in ("BackfillTasks", "SpreadTasks", "ReadBackfill", "MapBackfill", "WriteBackfill"):
+        assert step in facts.transforms
+    assert facts.ordered_path_shuffles == ()
+
+
+def test_migrate_is_one_streaming_job_with_tail_and_backfill(stack, tmp_path, unique, launched):
+    path = setup(tmp_path, unique)
+    assert cli.main(["migrate", "--mapping", str(path), "--segments", "16", "--tasks", "4"] + DATAFLOW) == 0
+    facts = graph_facts(launched[0].job, [ORDERED, ("ReadBackfill", "WriteBackfill")])
+    assert facts.streaming
+    for step in ("ReadStream", "MapChanges", "WriteToBigtable", "ReadBackfill", "WriteBackfill"):
+        assert step in facts.transforms
+    assert facts.ordered_path_shuffles == ()
+
+
+def test_the_shuffle_check_can_fail():
+    """A Reshuffle inserted between read and write is detected."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    p = beam.Pipeline(options=PipelineOptions(DATAFLOW + ["--streaming"]))
+    (p | "ReadStream" >> beam.Create([1]) | "Shuffle" >> beam.Reshuffle() | "WriteToBigtable" >> beam.Map(str))
+    facts = graph_facts(p.run().job, [ORDERED])
+    assert facts.ordered_path_shuffles
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--region=us-central1", "--temp_location=gs://bkt/t"], "--project"),
+    (["--project=My_Project", "--region=us-central1", "--temp_location=gs://bkt/t"], "--project"),
+    (["--project=my-project", "--temp_location=gs://bkt/t"], "--region"),
+    (["--project=my-project", "--region=us-central1"], "--temp_location"),
+    (["--project=my-project", "--region=us-central1", "--temp_location=/tmp/x"], "--temp_location"),
+    (["--project=my-project", "--region=us-central1", "--temp_location=gs://bkt/t", "--staging_location=s3://x"],
+     "--staging_location"),
+])
+def test_options_are_validated_before_launch(args, field):
+    with pytest.raises(ConfigError) as err:
+        validate_options(args)
+    assert str(err.value).startswith(field)
