@@ -1,12 +1,12 @@
-# ddb2bt image: the Dataflow custom SDK worker container and, through the Flex
-# Template launcher copied in below, the Flex Template launcher image.
-# The Beam SDK base image's version must match the pinned apache-beam (2.77).
+# ddb2bt image: the Dataflow custom SDK worker container and, with the Flex
+# Template launcher copied in, the Flex Template launcher image (one image, so
+# the launcher and the workers always run the same code).
+# The Beam SDK base image's version must match the pinned apache-beam (2.77.0).
 ARG BEAM_VERSION=2.77.0
-ARG PYTHON_VERSION=3.11
 
-FROM gcr.io/dataflow-templates-base/python311-template-launcher-base:latest AS launcher
+FROM gcr.io/dataflow-templates-base/python311-template-launcher-base:flex_templates_base_image_release_20251027_RC00 AS launcher
 
-FROM apache/beam_python${PYTHON_VERSION}_sdk:${BEAM_VERSION}
+FROM apache/beam_python3.11_sdk:${BEAM_VERSION}
 
 COPY --from=launcher /opt/google/dataflow/python_template_launcher /opt/google/dataflow/python_template_launcher
 
@@ -15,12 +15,17 @@ COPY pyproject.toml README.md ./
 COPY transforms/ transforms/
 COPY pipeline/ pipeline/
 COPY examples/ examples/
+# Installs this project; its dependency ranges are pinned in pyproject.toml.
+# hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[dataflow]"
 
-# Flex Template: the launcher runs this file with the template's parameters.
-ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/cli.py \
+# The Flex Template launcher runs this file with the template's parameters.
+ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/flex_main.py \
     PYTHONPATH=/opt/ddb2bt \
     PYTHONUNBUFFERED=1
 
-# The Beam SDK harness is the entrypoint of the base image (worker mode).
+# Root stays: the Beam SDK harness (/opt/apache/beam/boot) and the Flex Template
+# launcher set up their work directories as root, and Dataflow runs custom SDK
+# containers as root; the image holds no secrets (credentials come from the
+# worker's service account and Secret Manager at run time, see deploy/iam.md).
 ENTRYPOINT ["/opt/apache/beam/boot"]

