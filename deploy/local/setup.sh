@@ -13,7 +13,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 echo "setup: installing ddb2bt and its dependencies (first time: ~1-2 min)"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,dataflow]"
 
 # The Bigtable emulator ships with the Google Cloud CLI. Find it the way the
 # product does; if it is missing, try the Debian package, else explain.
