@@ -217,6 +217,7 @@ class PipelineMetrics:
         self._beam_lag = BeamMetrics.distribution(NAMESPACE, "end_to_end_lag_ms")
         self._beam_max_lag = BeamMetrics.gauge(NAMESPACE, "max_replication_lag_ms")
         self._beam_dead_by_reason: dict = {}
+        self._children: dict = {}
 
     def set_phase(self, phase: str) -> None:
         from pipeline.migrate import PHASES
@@ -228,9 +229,23 @@ class PipelineMetrics:
         """Mirror the current max shard lag as a Beam gauge (Dataflow's UI)."""
         self._beam_max_lag.set(int(self.lag.max_lag_seconds() * 1000))
 
+    def _child(self, metric, *labels):
+        """Labelled children cached: ``labels()`` is a lock and a dict walk per call."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def applied(self, table: str, event: str, count: int = 1) -> None:
-        self.changes_applied.labels(table, event).inc(count)
+        self._child(self.changes_applied, table, event).inc(count)
         self._beam_applied.inc(count)
+
+    def coalesced(self, table: str) -> None:
+        self._child(self.changes_coalesced, table).inc()
+
+    def read(self, table: str, event: str) -> None:
+        self._child(self.changes_read, table, event).inc()
 
     def dead_lettered(self, table: str, stage: str, reason: str) -> None:
         self.dead_letters.labels(table, stage, reason).inc()

@@ -64,6 +64,7 @@ class _Row:
     row_key: bytes
     mutations: list = field(default_factory=list)
     parts: list = field(default_factory=list)  # [(MappedChange, RowChange)] in stream order
+    size: int = 0  # bytes, summed as changes are added (not recomputed per request)
 
 
 class _StillFailing(BigtableRetryable):
@@ -134,7 +135,8 @@ class BatchingWriter:
             raise TypeError(f"sink got {type(element).__name__}, expected MappedChange or ShardClosed")
         flushed: list = []
         rows = self._prevalidate(element)
-        size = sum(r.size_bytes for r in rows)
+        sizes = [r.size_bytes for r in rows]
+        size = sum(sizes)
         count = sum(len(r.mutations) for r in rows)
         new_rows = sum(1 for r in rows if (r.table, r.row_key) not in self._rows)
         if self._rows and (
@@ -143,7 +145,7 @@ class BatchingWriter:
             or self._mutations + count > self._config.max_batch_mutations
         ):
             flushed = self.flush()
-        for row in rows:
+        for row, row_size in zip(rows, sizes):
             if row.guard is not None and row.guard.conditional:
                 self._conditional.append((element, row))
                 continue
@@ -154,9 +156,10 @@ class BatchingWriter:
             if pending is None:
                 pending = self._rows[key] = _Row(row.table, row.row_key)
             elif self._metrics:
-                self._metrics.changes_coalesced.labels(row.table).inc()
+                self._metrics.coalesced(row.table)
             pending.mutations.extend(row.mutations)
             pending.parts.append((element, row))
+            pending.size += row_size
         self._bytes += size
         self._mutations += count
         self._track(element)
@@ -262,7 +265,8 @@ class BatchingWriter:
         batch: list = []
         size = mutations = 0
         for row in rows:
-            row_size = len(row.row_key) + sum(len(m.qualifier) + len(getattr(m, "value", b"")) + 16 for m in row.mutations)
+            row_size = row.size or len(row.row_key) + sum(
+                len(m.qualifier) + len(getattr(m, "value", b"")) + 16 for m in row.mutations)
             if batch and (len(batch) >= self._config.max_batch_rows
                           or size + row_size > self._config.max_batch_bytes
                           or mutations + len(row.mutations) > self._config.max_batch_mutations):

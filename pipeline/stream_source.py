@@ -411,7 +411,7 @@ class PartitionReader:
                     result.stopped = True
                     return result
                 if self._metrics:
-                    self._metrics.changes_read.labels(self._table, rec.event_name).inc()
+                    self._metrics.read(self._table, rec.event_name)
                     self._metrics.lag.on_read(self._partition.stream_arn, shard_id, rec.change_ms)
                 yield rec
                 result.records += 1

@@ -20,11 +20,16 @@ from typing import Any, Mapping
 from transforms.errors import MappingError
 
 TYPE_TAGS = ("S", "N", "B", "BOOL", "NULL", "SS", "NS", "BS", "M", "L")
+_TAG_SET = frozenset(TYPE_TAGS)
 _JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?\Z")
 
 
 def type_of(value: Any, where: str = "value") -> str:
     """The single type tag of an AttributeValue, or MappingError('bad_attribute')."""
+    if type(value) is dict and len(value) == 1:  # the hot path: boto3 gives plain dicts
+        for tag in value:
+            if tag in _TAG_SET:
+                return tag
     if not isinstance(value, Mapping) or len(value) != 1:
         raise MappingError(f"{where}: not a DynamoDB AttributeValue", reason="bad_attribute")
     (tag,) = value.keys()

@@ -146,10 +146,11 @@ class RuleConfig:
     consumed: frozenset = frozenset()
 
     def column_for(self, attribute: str) -> Optional[ColumnConfig]:
-        for column in self.columns:
-            if column.attribute == attribute:
-                return column
-        return None
+        by_attribute = self.__dict__.get("_by_attribute")
+        if by_attribute is None:  # built once: this is on the per-attribute hot path
+            by_attribute = {c.attribute: c for c in self.columns}
+            object.__setattr__(self, "_by_attribute", by_attribute)
+        return by_attribute.get(attribute)
 
 
 @dataclass(frozen=True)

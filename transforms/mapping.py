@@ -189,11 +189,12 @@ class _Owner:
         self.cells: dict = {}
 
     def add(self, cell: OwnedCell, what: str) -> None:
-        if cell.key in self.cells:
+        key = cell.key
+        if key in self.cells:
             raise MappingError(
                 f"{what} and another attribute both map to {cell.family}:{cell.qualifier.decode('utf-8', 'replace')}",
                 reason="column_collision")
-        self.cells[cell.key] = cell
+        self.cells[key] = cell
 
 
 def _column_cells(owner: _Owner, col: ColumnConfig, value, table: str, row: bytes, keys: Item, image: Item,

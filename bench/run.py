@@ -1,0 +1,408 @@
+"""ddb2bt benchmarks: throughput against what users would use instead, lag,
+backfill speed and memory — one machine, one run, same emulator.
+
+    .venv/bin/python bench/run.py            # quick mode (< 5 min)
+    .venv/bin/python bench/run.py --full     # the larger sizes
+
+Unit of work: replicate N stream records of a realistic item shape (~10
+attributes, ~1 KB; 60 % inserts, 30 % modifies, 10 % removes) from the same
+pre-generated stream pages (a fake stream client, so DynamoDB's emulator is not
+the bottleneck) into the same running cbtemulator, each contestant into its own
+fresh table. Contestants:
+
+  handwritten  what a Lambda handler does: map each record, mutate_row per row
+  beam_sink    FnApiRunner, map to DirectRow, apache_beam.io.gcp.bigtableio.WriteToBigTable
+  bulk         the same mutations through the data client's bulk_mutate_rows, 1,000 per batch
+  ddb2bt       the real pipeline: source SDF over the fake client, mapping, sink
+  ceiling      pre-built MutateRowsRequest protobufs through the raw gRPC call
+
+Reported: changes/s, CPU seconds per 1M changes (this process and the emulator
+separately), ratios ddb2bt / each; as a table and as JSON in bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import string
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+
+from pipeline.local_stack import LocalStack  # noqa: E402
+from transforms.config import load_mapping  # noqa: E402
+from transforms.mapping import map_change  # noqa: E402
+from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell  # noqa: E402
+
+MAPPING = load_mapping(ROOT / "examples/product_catalog.yaml")
+RESULTS = ROOT / "bench" / "results"
+ITEM_BYTES = 1000
+
+
+def make_item(rng: random.Random, key: dict, size: int = ITEM_BYTES) -> dict:
+    item = dict(key)
+    filler = size - 250
+    item["Description"] = {"S": "".join(rng.choices(string.ascii_letters + " ", k=max(10, filler)))}
+    item["Price"] = {"N": str(rng.randint(1, 100000))}
+    item["Thumbnail"] = {"S": f"https://storage.example.com/{rng.randrange(10**9)}.png"}
+    item["Stock"] = {"N": str(rng.randint(0, 500))}
+    item["Brand"] = {"S": rng.choice(["brandA", "brandB", "brandC"])}
+    item["Color"] = {"SS": ["red", "blue"]}
+    item["Rating"] = {"N": f"{rng.randint(0, 4)}.{rng.randint(0, 9)}"}
+    item["Active"] = {"BOOL": rng.random() < 0.9}
+    return item
+
+
+def stream_records(n: int, seed: int = 1, keys: int = 5000, size: int = ITEM_BYTES) -> list:
+    """(event, keys, new, old, ts) tuples: 60 % inserts, 30 % modifies, 10 % removes."""
+    rng = random.Random(seed)
+    state: dict = {}
+    out = []
+    now = 1_700_000_000_000
+    for _ in range(n):
+        k = rng.randrange(keys)
+        key = {"pk": {"S": f"cat{k % 50:02d}"}, "sk": {"S": f"item#{k:06d}"}}
+        old = state.get(k)
+        roll = rng.random()
+        now += 1
+        if old is not None and roll < 0.1:
+            del state[k]
+            out.append((REMOVE, key, None, old, now))
+        elif old is not None and roll < 0.45:
+            new = dict(old, Price={"N": str(rng.randint(1, 100000))})
+            state[k] = new
+            out.append((MODIFY, key, new, old, now))
+        else:
+            new = make_item(rng, key, size)
+            state[k] = new
+            out.append((MODIFY if old else INSERT, key, new, old, now))
+    return out
+
+
+class Meter:
+    """Wall time, this process's CPU and the emulator's CPU over a block."""
+
+    def __init__(self, emulator_pid: int) -> None:
+        self._emu = psutil.Process(emulator_pid)
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        self.cpu0 = time.process_time()
+        t = self._emu.cpu_times()
+        self.emu0 = t.user + t.system
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
+        self.cpu = time.process_time() - self.cpu0
+        t = self._emu.cpu_times()
+        self.emu = t.user + t.system - self.emu0
+
+
+def fresh_table(project: str, instance: str) -> str:
+    from pipeline.bigtable_io import BigtableAdmin
+
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    BigtableAdmin(project, instance).ensure_table(name, MAPPING.table_families()[MAPPING.target.table])
+    return name
+
+
+def mapped(records: list, table: str) -> list:
+    """The RowChanges of every record, mapped once (for the non-pipeline contestants
+    mapping is timed inside them; this is only used by the ceiling)."""
+    out = []
+    for event, keys, new, old, ts in records:
+        rec = ChangeRecord(event, keys, new, old, ts)
+        for ch in map_change(MAPPING, rec):
+            out.append((ch.row_key, ch.mutations))
+    return out
+
+
+def to_client_mutations(mutations) -> list:
+    from google.cloud.bigtable.data import DeleteRangeFromColumn
+    from google.cloud.bigtable.data import SetCell as CSetCell
+
+    out = []
+    for m in mutations:
+        if isinstance(m, SetCell):
+            out.append(CSetCell(m.family, m.qualifier, m.value, m.timestamp_ms * 1000))
+        else:
+            out.append(DeleteRangeFromColumn(m.family, m.qualifier, m.start_ms * 1000, m.end_ms * 1000))
+    return out
+
+
+def run_handwritten(records, project, instance, table) -> None:
+    from google.cloud.bigtable.data import BigtableDataClient
+
+    with BigtableDataClient(project=project) as client, client.get_table(instance, table) as t:
+        for event, keys, new, old, ts in records:
+            for ch in map_change(MAPPING, ChangeRecord(event, keys, new, old, ts)):
+                t.mutate_row(ch.row_key, to_client_mutations(ch.mutations))
+
+
+def run_bulk(records, project, instance, table) -> None:
+    from google.cloud.bigtable.data import BigtableDataClient, RowMutationEntry
+
+    batch = []
+    with BigtableDataClient(project=project) as client, client.get_table(instance, table) as t:
+        for event, keys, new, old, ts in records:
+            for ch in map_change(MAPPING, ChangeRecord(event, keys, new, old, ts)):
+                batch.append(RowMutationEntry(ch.row_key, to_client_mutations(ch.mutations)))
+            if len(batch) >= 1000:
+                t.bulk_mutate_rows(batch)
+                batch = []
+        if batch:
+            t.bulk_mutate_rows(batch)
+
+
+def run_beam_sink(records, project, instance, table) -> None:
+    import apache_beam as beam
+    from apache_beam.io.gcp.bigtableio import WriteToBigTable
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from google.cloud.bigtable.row import DirectRow
+    from google.cloud.bigtable.row_filters import TimestampRange
+
+    from pipeline.graph import local_runner
+
+    def to_rows(rec):
+        event, keys, new, old, ts = rec
+        for ch in map_change(MAPPING, ChangeRecord(event, keys, new, old, ts)):
+            row = DirectRow(ch.row_key)
+            for m in ch.mutations:
+                if isinstance(m, SetCell):
+                    row.set_cell(m.family, m.qualifier, m.value,
+                                 timestamp=dt.datetime.fromtimestamp(m.timestamp_ms / 1000, dt.timezone.utc))
+                else:
+                    row.delete_cell(m.family, m.qualifier, time_range=TimestampRange(
+                        start=dt.datetime.fromtimestamp(m.start_ms / 1000, dt.timezone.utc),
+                        end=dt.datetime.fromtimestamp(m.end_ms / 1000, dt.timezone.utc)))
+            yield row
+
+    options = PipelineOptions(["--direct_num_workers=1"])
+    with beam.Pipeline(runner=local_runner(), options=options) as p:
+        (p | beam.Create(records) | beam.FlatMap(to_rows)
+         | WriteToBigTable(project_id=project, instance_id=instance, table_id=table))
+
+
+def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
+    """Returns the wall time until every record was applied (the idle wait at the
+    end, which only exists to stop a local run, is excluded)."""
+    from dataclasses import replace
+
+    from pipeline.connections import BigtableSpec, StateSpec
+    from pipeline.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
+    from pipeline.graph import LiveJob, add_live_replication, make_pipeline
+    from pipeline.metrics import default_metrics
+    from pipeline.preflight import ensure_state_table
+    from pipeline.stream_source import ReaderOptions
+
+    client = FakeStreamsClient(table=f"B{uuid.uuid4().hex[:6]}")
+    shards = [f"shardId-{i:04d}" for i in range(partitions)]
+    for s in shards:
+        client.add_shard(s)
+    for i, (event, keys, new, old, ts) in enumerate(records):
+        shard = shards[hash(keys["sk"]["S"]) % len(shards)]
+        client.put(shard, event, keys, new, old, created_ms=ts)
+    FAKE_CLIENTS[client.table] = client
+    ensure_state_table(project, instance, "ddb2bt_state")
+    mapping = MAPPING.with_overrides(table=table)
+    job = LiveJob(mapping=mapping, stream_arn=client.stream_arn,
+                  reader=ReaderOptions(until_idle_s=0.5, poll_interval_s=0.05, discovery_interval_s=60),
+                  state=StateSpec(BigtableSpec(project, instance), job=f"bench_{table}"),
+                  partitions=partitions, client_factory=RegisteredClient(client.table))
+    metrics = default_metrics()
+    done_at = []
+    applied0 = _total(metrics.changes_applied) + _total(metrics.changes_skipped)
+
+    def watch():
+        while not done_at:
+            if _total(metrics.changes_applied) + _total(metrics.changes_skipped) - applied0 >= len(records):
+                done_at.append(time.perf_counter())
+                return
+            time.sleep(0.005)
+
+    threading.Thread(target=watch, daemon=True).start()
+    start = time.perf_counter()
+    p = make_pipeline([])
+    add_live_replication(p, job)
+    p.run().wait_until_finish()
+    return (done_at[0] if done_at else time.perf_counter()) - start
+
+
+def _total(counter) -> float:
+    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+def run_ceiling(requests, writer, table) -> None:
+    for req in requests:
+        for _ in writer._call(req, timeout=60):
+            pass
+
+
+def throughput(n: int, stack, project: str, instance: str) -> dict:
+    from pipeline.bigtable_io import GrpcMutationWriter, build_request
+
+    records = stream_records(n)
+    pid = stack.pids["bigtable"]
+    out = {}
+
+    def measure(name, fn):
+        table = fresh_table(project, instance)
+        with Meter(pid) as m:
+            wall = fn(table)
+        wall = wall if isinstance(wall, float) else m.wall
+        out[name] = {"changes": n, "seconds": round(wall, 3), "changes_per_s": round(n / wall),
+                     "client_cpu_s_per_1M": round(m.cpu / n * 1e6, 1),
+                     "emulator_cpu_s_per_1M": round(m.emu / n * 1e6, 1)}
+        print(f"  {name:<12} {out[name]['changes_per_s']:>8,} changes/s", flush=True)
+
+    measure("handwritten", lambda t: run_handwritten(records[: n // 4], project, instance, t) or None)
+    # the hand-written consumer is slow: measured on a quarter, scaled per change
+    q = n // 4
+    hw = out["handwritten"]
+    hw["changes"] = q
+    hw["changes_per_s"] = round(q / hw["seconds"])
+    hw["client_cpu_s_per_1M"] = round(hw["client_cpu_s_per_1M"] * 4, 1)
+    hw["emulator_cpu_s_per_1M"] = round(hw["emulator_cpu_s_per_1M"] * 4, 1)
+    print(f"  (handwritten measured on {q:,} changes: {hw['changes_per_s']:,} changes/s)")
+    measure("beam_sink", lambda t: run_beam_sink(records, project, instance, t))
+    measure("bulk", lambda t: run_bulk(records, project, instance, t))
+    measure("ddb2bt", lambda t: run_ddb2bt(records, project, instance, t))
+    writer = GrpcMutationWriter(project, instance)
+    table = fresh_table(project, instance)
+    entries = mapped(records, table)
+    req_cls = writer._request_cls
+    name = f"projects/{project}/instances/{instance}/tables/{table}"
+    requests = [build_request(req_cls, name, None, entries[i:i + 1000]) for i in range(0, len(entries), 1000)]
+    with Meter(pid) as m:
+        run_ceiling(requests, writer, table)
+    out["ceiling"] = {"changes": n, "seconds": round(m.wall, 3), "changes_per_s": round(n / m.wall),
+                      "client_cpu_s_per_1M": round(m.cpu / n * 1e6, 1),
+                      "emulator_cpu_s_per_1M": round(m.emu / n * 1e6, 1),
+                      "note": "requests pre-built (not timed)"}
+    print(f"  {'ceiling':<12} {out['ceiling']['changes_per_s']:>8,} changes/s")
+    d = out["ddb2bt"]["changes_per_s"]
+    for k, v in out.items():
+        v["ddb2bt_ratio"] = round(d / v["changes_per_s"], 2)
+    return out
+
+
+def memory_backlog(n: int, stack, project: str, instance: str) -> dict:
+    """Peak RSS of a fresh process draining an n-change backlog."""
+    import subprocess
+
+    code = (f"import sys, resource; sys.path.insert(0, {str(ROOT)!r}); from bench.run import *; "
+            f"from bench.run import _drain; _drain({n}, {project!r}, {instance!r}); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    env = dict(os.environ)
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    peak_kib = int(out.stdout.strip().splitlines()[-1])
+    return {"changes": n, "peak_rss_mib": round(peak_kib / 1024), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+class LazyRecords:
+    """A shard's records generated on demand (a sequence the fake client slices),
+    so a million-change backlog costs no memory before the pipeline reads it —
+    as with a real stream, where the backlog lives in DynamoDB."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self._n = n
+        self._size = size
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _make(self, i: int) -> dict:
+        rng = random.Random(i)
+        key = {"pk": {"S": f"cat{i % 50:02d}"}, "sk": {"S": f"item#{i % 200000:07d}"}}
+        new = make_item(rng, key, self._size)
+        ddb = {"Keys": key, "NewImage": new, "SequenceNumber": str(10**20 + i), "SizeBytes": self._size,
+               "StreamViewType": "NEW_AND_OLD_IMAGES",
+               "ApproximateCreationDateTime": dt.datetime.fromtimestamp(1_700_000_000 + i / 1000, dt.timezone.utc)}
+        return {"eventID": str(i), "eventName": "INSERT", "dynamodb": ddb}
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._make(i) for i in range(*index.indices(self._n))]
+        return self._make(index % self._n)
+
+
+def _drain(n: int, project: str, instance: str) -> None:
+    """Drain an n-change backlog through the real pipeline (lazily generated)."""
+    from pipeline.connections import BigtableSpec, StateSpec
+    from pipeline.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
+    from pipeline.graph import LiveJob, add_live_replication, make_pipeline
+    from pipeline.preflight import ensure_state_table
+    from pipeline.stream_source import ReaderOptions
+
+    table = fresh_table(project, instance)
+    client = FakeStreamsClient(table="Backlog")
+    client.add_shard("shardId-0000").records = LazyRecords(n, 300)
+    FAKE_CLIENTS[client.table] = client
+    ensure_state_table(project, instance, "ddb2bt_state")
+    job = LiveJob(mapping=MAPPING.with_overrides(table=table), stream_arn=client.stream_arn,
+                  reader=ReaderOptions(until_idle_s=0.5, poll_interval_s=0.05, discovery_interval_s=60),
+                  state=StateSpec(BigtableSpec(project, instance), job=f"drain_{table}"),
+                  client_factory=RegisteredClient(client.table))
+    p = make_pipeline([])
+    add_live_replication(p, job)
+    p.run().wait_until_finish()
+
+
+def machine() -> dict:
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def table_md(results: dict) -> str:
+    lines = ["| contestant | changes/s | client CPU s / 1M | emulator CPU s / 1M | ddb2bt ÷ it |",
+             "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['changes_per_s']:,} | {r['client_cpu_s_per_1M']} | "
+                     f"{r['emulator_cpu_s_per_1M']} | {r['ddb2bt_ratio']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="larger sizes (takes longer)")
+    parser.add_argument("--changes", type=int, help="changes per contestant (default 20,000; full 100,000)")
+    parser.add_argument("--memory-changes", type=int, help="backlog for the memory run (default 100k; full 1M)")
+    args = parser.parse_args()
+    n = args.changes or (100_000 if args.full else 20_000)
+    mem_n = args.memory_changes or (1_000_000 if args.full else 100_000)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    project, instance = MAPPING.target.project, MAPPING.target.instance
+    with LocalStack() as stack:
+        stack.apply_env()
+        print(f"throughput: {n:,} changes per contestant")
+        results = {"machine": machine(), "throughput": throughput(n, stack, project, instance)}
+        print(f"memory: draining a {mem_n:,}-change backlog")
+        results["memory"] = memory_backlog(mem_n, stack, project, instance)
+        print(f"  peak RSS {results['memory']['peak_rss_mib']} MiB")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = RESULTS / f"bench-{stamp}.json"
+    path.write_text(json.dumps(results, indent=2))
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=2))
+    print()
+    print(table_md(results["throughput"]))
+    print(f"\nresults: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
