@@ -240,7 +240,9 @@ def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
 
 
 def _total(counter) -> float:
-    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+    from pipeline.metrics import counter_total
+
+    return counter_total(counter)
 
 
 def run_ceiling(requests, writer, table) -> None:
@@ -256,25 +258,19 @@ def throughput(n: int, stack, project: str, instance: str) -> dict:
     pid = stack.pids["bigtable"]
     out = {}
 
-    def measure(name, fn):
+    def measure(name, fn, count=n):
         table = fresh_table(project, instance)
         with Meter(pid) as m:
             wall = fn(table)
         wall = wall if isinstance(wall, float) else m.wall
-        out[name] = {"changes": n, "seconds": round(wall, 3), "changes_per_s": round(n / wall),
-                     "client_cpu_s_per_1M": round(m.cpu / n * 1e6, 1),
-                     "emulator_cpu_s_per_1M": round(m.emu / n * 1e6, 1)}
+        out[name] = {"changes": count, "seconds": round(wall, 3), "changes_per_s": round(count / wall),
+                     "client_cpu_s_per_1M": round(m.cpu / count * 1e6, 1),
+                     "emulator_cpu_s_per_1M": round(m.emu / count * 1e6, 1)}
         print(f"  {name:<12} {out[name]['changes_per_s']:>8,} changes/s", flush=True)
 
-    measure("handwritten", lambda t: run_handwritten(records[: n // 4], project, instance, t) or None)
-    # the hand-written consumer is slow: measured on a quarter, scaled per change
+    # the hand-written consumer is slow: measured on a quarter, figures per change
     q = n // 4
-    hw = out["handwritten"]
-    hw["changes"] = q
-    hw["changes_per_s"] = round(q / hw["seconds"])
-    hw["client_cpu_s_per_1M"] = round(hw["client_cpu_s_per_1M"] * 4, 1)
-    hw["emulator_cpu_s_per_1M"] = round(hw["emulator_cpu_s_per_1M"] * 4, 1)
-    print(f"  (handwritten measured on {q:,} changes: {hw['changes_per_s']:,} changes/s)")
+    measure("handwritten", lambda t: run_handwritten(records[:q], project, instance, t) or None, count=q)
     measure("beam_sink", lambda t: run_beam_sink(records, project, instance, t))
     measure("bulk", lambda t: run_bulk(records, project, instance, t))
     measure("ddb2bt", lambda t: run_ddb2bt(records, project, instance, t))
@@ -362,6 +358,146 @@ def _drain(n: int, project: str, instance: str) -> None:
     p.run().wait_until_finish()
 
 
+def percentile(values: list, q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def lag(seconds: float, rate: float, stack, project: str, instance: str) -> dict:
+    """Source write → visible in Bigtable, with a writer at a steady rate into the
+    moto-backed table and a reader polling Bigtable (poll interval included)."""
+    from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery, RowRange
+
+    from pipeline import workload
+    from pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
+    from pipeline.graph import LiveJob, add_live_replication, make_pipeline
+    from pipeline.preflight import ensure_state_table
+    from pipeline.stream_source import ReaderOptions
+
+    ddb = dynamodb_client()
+    name = f"Lag{uuid.uuid4().hex[:6]}"
+    arn = workload.create_table(ddb, name)
+    table = fresh_table(project, instance)
+    ensure_state_table(project, instance, "ddb2bt_state")
+    job = LiveJob(mapping=MAPPING.with_overrides(table=table), stream_arn=arn,
+                  reader=ReaderOptions(until_idle_s=2.0, poll_interval_s=0.05, discovery_interval_s=30),
+                  state=StateSpec(BigtableSpec(project, instance), job=f"lag_{table}"),
+                  client_factory=StreamsClientFactory())
+    written: dict = {}
+    seen: dict = {}
+    stop = threading.Event()
+
+    def writer():
+        rng = random.Random(5)
+        interval, next_at, i = 1.0 / rate, time.perf_counter(), 0
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            key = {"pk": {"S": "lag"}, "sk": {"S": f"{i:08d}"}}
+            written[i] = time.perf_counter()
+            ddb.put_item(TableName=name, Item=make_item(rng, key, 400))
+            i += 1
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+
+    def reader():
+        poll = 0.02  # Bigtable polled every 20 ms: part of the measured lag
+        with BigtableDataClient(project=project) as c, c.get_table(instance, table) as t:
+            while not stop.is_set():
+                for row in t.read_rows(ReadRowsQuery(row_ranges=RowRange(start_key=b"lag#", end_key=b"lag$"))):
+                    i = int(row.row_key.split(b"#")[1])
+                    seen.setdefault(i, time.perf_counter())
+                time.sleep(poll)
+
+    threading.Thread(target=reader, daemon=True).start()
+    w = threading.Thread(target=writer, daemon=True)
+    w.start()
+    p = make_pipeline([])
+    add_live_replication(p, job)
+    p.run().wait_until_finish()
+    w.join()
+    time.sleep(0.5)
+    stop.set()
+    lags = [seen[i] - written[i] for i in written if i in seen]
+    return {"seconds": seconds, "rate_per_s": rate, "written": len(written), "visible": len(lags),
+            "p50_s": round(percentile(lags, 0.5), 3), "p99_s": round(percentile(lags, 0.99), 3),
+            "max_s": round(max(lags), 3) if lags else None}
+
+
+def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dict:
+    """Items/s from a local export (real layout) and from a parallel Scan of the
+    moto table, against what the source alone delivers."""
+    import gzip
+
+    from pipeline import workload
+    from pipeline.backfill import BackfillJob, ExportSource, PartReaders, ScanSource, add_backfill
+    from pipeline.connections import BigtableSpec, DynamoDBClientFactory, StateSpec, dynamodb_client
+    from pipeline.graph import make_pipeline
+    from pipeline.preflight import ensure_state_table
+    from pipeline.sink import SinkConfig
+    from transforms.attrs import item_to_dynamodb_json
+
+    rng = random.Random(3)
+    items = [make_item(rng, {"pk": {"S": f"cat{i % 50:02d}"}, "sk": {"S": f"item#{i:07d}"}}) for i in range(n)]
+    export = tmp / f"export-{uuid.uuid4().hex[:6]}"
+    (export / "data").mkdir(parents=True)
+    files = []
+    for f in range(4):
+        name = f"data/{f:04d}.json.gz"
+        with gzip.open(export / name, "wt") as fh:
+            for it in items[f::4]:
+                fh.write(json.dumps({"Item": item_to_dynamodb_json(it)}) + "\n")
+        files.append(json.dumps({"dataFileS3Key": f"AWSDynamoDB/x/{name}"}))
+    (export / "manifest-files.json").write_text("\n".join(files) + "\n")
+    (export / "manifest-summary.json").write_text(json.dumps({"exportTime": "2030-01-01T00:00:00Z", "itemCount": n}))
+    ensure_state_table(project, instance, "ddb2bt_state")
+    out = {}
+    source = ExportSource(str(export))
+    t0 = time.perf_counter()
+    readers = PartReaders(source, ("pk", "sk"), 1_900_000_000_000)
+    raw = sum(1 for part in source.parts() for _ in readers.read(part, None, 0))
+    out["export_source_only_items_per_s"] = round(n / (time.perf_counter() - t0))
+
+    def run(src, label, client_factory=None):
+        table = fresh_table(project, instance)
+        spec = StateSpec(BigtableSpec(project, instance), job=f"bf_{table}")
+        p = make_pipeline([])
+        add_backfill(p, BackfillJob(src, ("pk", "sk"), 1_900_000_000_000), MAPPING.with_overrides(table=table),
+                     spec, SinkConfig(), client_factory)
+        t = time.perf_counter()
+        p.run().wait_until_finish()
+        out[label] = round(n / (time.perf_counter() - t))
+
+    run(source, "export_items_per_s")
+    ddb = dynamodb_client()
+    name = f"Bf{uuid.uuid4().hex[:6]}"
+    workload.create_table(ddb, name)
+    for i in range(0, n, 25):
+        ddb.batch_write_item(RequestItems={name: [{"PutRequest": {"Item": it}} for it in items[i:i + 25]]})
+    scan = ScanSource(name, 4)
+    t0 = time.perf_counter()
+    scanned = 0
+    for seg in scan.parts():
+        scanned += sum(1 for _ in PartReaders(scan, ("pk", "sk"), 1_900_000_000_000, ddb).read(seg, None, 0))
+    out["scan_source_only_items_per_s"] = round(n / (time.perf_counter() - t0))
+    run(scan, "scan_items_per_s", DynamoDBClientFactory())
+    out["items"] = n
+    return out
+
+
+def scaling(n: int, stack, project: str, instance: str) -> dict:
+    out = {}
+    for shards in (1, 2, 4):
+        records = stream_records(n)
+        wall = run_ddb2bt(records, project, instance, fresh_table(project, instance), partitions=shards)
+        out[f"shards_{shards}"] = round(n / wall)
+    for size in (256, 1000, 64 * 1024):
+        m = n if size < 10_000 else max(1000, n // 10)
+        records = stream_records(m, size=size)
+        wall = run_ddb2bt(records, project, instance, fresh_table(project, instance))
+        out[f"item_{size}B"] = round(m / wall)
+    return out
+
+
 def machine() -> dict:
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30), "python": platform.python_version(),
@@ -382,6 +518,8 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="larger sizes (takes longer)")
     parser.add_argument("--changes", type=int, help="changes per contestant (default 20,000; full 100,000)")
     parser.add_argument("--memory-changes", type=int, help="backlog for the memory run (default 100k; full 1M)")
+    parser.add_argument("--lag-seconds", type=float, default=60.0, help="duration of the lag run (default 60)")
+    parser.add_argument("--lag-rate", type=float, default=200.0, help="writes/s during the lag run (default 200)")
     args = parser.parse_args()
     n = args.changes or (100_000 if args.full else 20_000)
     mem_n = args.memory_changes or (1_000_000 if args.full else 100_000)
@@ -394,6 +532,19 @@ def main() -> int:
         print(f"memory: draining a {mem_n:,}-change backlog")
         results["memory"] = memory_backlog(mem_n, stack, project, instance)
         print(f"  peak RSS {results['memory']['peak_rss_mib']} MiB")
+        print(f"lag: {args.lag_seconds:.0f} s at {args.lag_rate:.0f} writes/s")
+        results["lag"] = lag(args.lag_seconds, args.lag_rate, stack, project, instance)
+        print(f"  p50 {results['lag']['p50_s']} s, p99 {results['lag']['p99_s']} s, max {results['lag']['max_s']} s")
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            bf_n = 50_000 if args.full else 10_000
+            print(f"backfill: {bf_n:,} items from an export and from a Scan")
+            results["backfill"] = backfill_speed(bf_n, stack, project, instance, Path(tmp))
+            print(f"  {results['backfill']}")
+        print("scaling: shards and item sizes")
+        results["scaling"] = scaling(n // 2, stack, project, instance)
+        print(f"  {results['scaling']}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = RESULTS / f"bench-{stamp}.json"
     path.write_text(json.dumps(results, indent=2))

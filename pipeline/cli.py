@@ -92,6 +92,36 @@ def add_state_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job-name", help="name under which state is kept (default: the mapping's name)")
 
 
+def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True,
+                   help="store item images in dead letters (off: keys only, redacted)")
+
+
+def add_tail_args(p: argparse.ArgumentParser) -> None:
+    """Options of the live tail (run and migrate)."""
+    p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon",
+                   help="where shards without a checkpoint start (default %(default)s: the oldest record kept)")
+    p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
+                   help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
+                        "from the oldest record with a loud warning")
+    p.add_argument("--until-idle", type=float, metavar="SECONDS",
+                   help="stop once every shard has been at the stream head this long (tests, catch-up runs; "
+                        "migrate: after the backfill, then phase LIVE)")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls of an idle shard")
+    p.add_argument("--discovery-interval", type=float, default=10.0, help="seconds between shard discoveries")
+    p.add_argument("--partitions", type=int, default=1,
+                   help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
+    add_dlq_values_arg(p)
+
+
+def add_metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
+    p.add_argument("--metrics-pushgateway", metavar="URL",
+                   help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
+                        "(for Dataflow, whose workers cannot be scraped)")
+
+
 def load(args):
     from transforms.config import load_mapping, mapping_from_text
 
@@ -272,10 +302,6 @@ TAIL_STOP_WAIT_S = 60.0
 DAY_MS = 24 * 3600 * 1000
 
 
-def _counter_total(counter) -> float:
-    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
-
-
 def watch(worker, total: Optional[int], desc: str, value) -> None:
     """Show a progress bar (items/s and ETA) while ``worker`` runs; in logs (not a
     terminal) a line every few seconds."""
@@ -323,7 +349,7 @@ def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
     from pipeline.backfill import BackfillJob, add_backfill
     from pipeline.connections import DynamoDBClientFactory
     from pipeline.graph import is_local, make_pipeline
-    from pipeline.metrics import default_metrics
+    from pipeline.metrics import counter_total as _counter_total, default_metrics
     from pipeline.migrate import Migration, Worker
 
     store = spec.store()
@@ -677,24 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
                "--temp_location=gs://bucket/tmp")
     add_mapping_args(p)
     add_state_args(p)
-    p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon",
-                   help="where shards without a checkpoint start (default %(default)s: the oldest record kept)")
-    p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
-                   help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
-                        "from the oldest record with a loud warning")
-    p.add_argument("--until-idle", type=float, metavar="SECONDS",
-                   help="stop once every shard has been at the stream head this long (tests, catch-up runs)")
-    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls of an idle shard")
-    p.add_argument("--discovery-interval", type=float, default=10.0, help="seconds between shard discoveries")
-    p.add_argument("--partitions", type=int, default=1,
-                   help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
-    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True,
-                   help="store item images in dead letters (off: keys only, redacted)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
-    p.add_argument("--metrics-pushgateway", metavar="URL",
-                   help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
-                        "(for Dataflow, whose workers cannot be scraped)")
+    add_tail_args(p)
+    add_metrics_args(p)
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
@@ -721,10 +731,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_mapping_args(p)
     add_state_args(p)
     add_backfill_args(p)
-    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1")
-    p.add_argument("--metrics-pushgateway", metavar="URL", help="push metrics to a Prometheus Pushgateway")
+    add_dlq_values_arg(p)
+    add_metrics_args(p)
     p.set_defaults(func=cmd_backfill, beam=True)
 
     p = sub.add_parser("migrate", help="the whole cutover: live tail + backfill + catch-up, resumable",
@@ -738,17 +746,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_mapping_args(p)
     add_state_args(p)
     add_backfill_args(p)
-    p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon")
-    p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail")
-    p.add_argument("--until-idle", type=float, metavar="SECONDS",
-                   help="after the backfill, stop once the tail has been idle this long (phase LIVE)")
-    p.add_argument("--poll-interval", type=float, default=1.0)
-    p.add_argument("--discovery-interval", type=float, default=10.0)
-    p.add_argument("--partitions", type=int, default=1)
-    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1")
-    p.add_argument("--metrics-pushgateway", metavar="URL", help="push metrics to a Prometheus Pushgateway")
+    add_tail_args(p)
+    add_metrics_args(p)
     p.set_defaults(func=cmd_migrate, beam=True)
 
     p = sub.add_parser("verify", help="prove Bigtable equals the mapping of the DynamoDB table", formatter_class=raw,

@@ -22,10 +22,6 @@ DEMO_IDLE_S = 4.0  # the writer never pauses this long; the pipeline ends this l
 PROGRESS_TICK_S = 0.25
 
 
-def _counter_total(counter) -> float:
-    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
-
-
 def _histogram_quantile(hist, q: float) -> float:
     """Upper bound of the bucket holding quantile q (what Prometheus would report)."""
     buckets = [(float(s.labels["le"]), s.value) for m in hist.collect() for s in m.samples
@@ -46,7 +42,7 @@ def run_demo(args) -> int:
     from pipeline.compare import diff_layout, expected_layout
     from pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
     from pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from pipeline.metrics import default_metrics
+    from pipeline.metrics import counter_total as _counter_total, default_metrics
     from pipeline.preflight import ensure_state_table
     from pipeline.stream_source import ReaderOptions
     from pipeline import workload

@@ -260,6 +260,11 @@ class PipelineMetrics:
         self._beam_lag.update(max(lag_ms, 0))
 
 
+def counter_total(counter) -> float:
+    """Sum of a (labelled) counter over all its children."""
+    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+
 def build_info() -> dict:
     import platform
     from importlib import metadata
