@@ -297,9 +297,11 @@ def memory_backlog(n: int, stack, project: str, instance: str) -> dict:
     """Peak RSS of a fresh process draining an n-change backlog."""
     import subprocess
 
-    code = (f"import sys, resource; sys.path.insert(0, {str(ROOT)!r}); from bench.run import *; "
+    # Peak RSS from VmHWM: ru_maxrss survives exec on Linux and would report the
+    # (large) bench parent's size at fork time instead of the drain's own peak.
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.run import *; "
             f"from bench.run import _drain; _drain({n}, {project!r}, {instance!r}); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))")
     env = dict(os.environ)
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
