@@ -111,6 +111,9 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--discovery-interval", type=float, default=10.0, help="seconds between shard discoveries")
     p.add_argument("--partitions", type=int, default=1,
                    help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
+    p.add_argument("--new-stream", action="store_true",
+                   help="accept that the table's stream was replaced since the last run (changes in between "
+                        "are lost; prefer a new backfill)")
     add_dlq_values_arg(p)
 
 
@@ -259,11 +262,14 @@ def build_live_job(args, mapping):
     from pipeline.preflight import check_target, ensure_state_table, resolve_stream
     from pipeline.stream_source import ReaderOptions
 
+    from pipeline.preflight import check_stream_continuity
+
     source = resolve_stream(mapping, dynamodb_client(mapping.source.region))
     warning = check_target(mapping)
     if warning:
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+    check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
     reader = ReaderOptions(
         start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
         discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
@@ -578,6 +584,63 @@ def cmd_dlq_list(args) -> int:
     return 0
 
 
+def cmd_dlq_show(args) -> int:
+    mapping = load(args)
+    letters = [e for e in state_spec(args, mapping).store().list_dead_letters() if e["id"] == args.id]
+    if not letters:
+        print(f"no dead letter {args.id}", file=sys.stderr)
+        return 1
+    entry = dict(letters[0])
+    entry["record"] = json.loads(entry["record"])
+    print(json.dumps(entry, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_dlq_redrive(args) -> int:
+    """Re-apply dead letters with the current mapping and table, oldest first. Each
+    change keeps its own timestamp, so a redriven old change can never override a
+    newer one already applied (its cells are older; its deletes end at its time)."""
+    from pipeline.records import record_from_json
+    from pipeline.sink import BatchingWriter
+    from transforms.dofns import map_record
+
+    mapping = load(args)
+    spec = state_spec(args, mapping)
+    store = spec.store()
+    since = int(args.since * 1000) if args.since is not None else None
+    letters = store.list_dead_letters(reason=args.reason, since_ms=since)
+    writer = spec.bigtable.writer()
+    # No state store: a redrive must not move the stream checkpoints.
+    batcher = BatchingWriter(writer, None, _sink_config())
+    fixed, still, skipped = [], 0, 0
+    try:
+        for entry in letters:  # ids sort by failure time: stream order per shard
+            record = record_from_json(entry["record"])
+            if record.new_image is None and record.old_image is None and record.event_name != "REMOVE":
+                skipped += 1  # stored without values (--no-dlq-include-values): nothing to re-apply
+                continue
+            mapped = map_record(mapping, record, lambda: time.time_ns() // 1_000_000)
+            if mapped.dead_letter is not None:
+                still += 1
+                continue
+            if args.dry_run:
+                fixed.append(entry["id"])
+                continue
+            batcher.add(mapped)
+            if batcher.flush():
+                still += 1
+            else:
+                fixed.append(entry["id"])
+        if not args.dry_run:
+            store.delete_dead_letters(fixed)
+    finally:
+        writer.close()
+    verb = "would re-apply" if args.dry_run else "re-applied"
+    print(f"{verb} {len(fixed)} dead letter(s); {still} still failing (kept); {skipped} without stored values "
+          "(kept: re-read the item from DynamoDB or back-fill)")
+    return 0 if still == 0 else 1
+
+
 def cmd_local(args) -> int:
     from pipeline import local_stack as ls
 
@@ -777,7 +840,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dlq", help="inspect dead letters", formatter_class=raw,
                        epilog="examples:\n  ddb2bt dlq list -m examples/product_catalog.yaml\n"
-                              "  ddb2bt dlq list -m m.yaml --reason row_key_too_long --json")
+                              "  ddb2bt dlq list -m m.yaml --reason row_key_too_long --json\n"
+                              "  ddb2bt dlq show -m m.yaml 1700000000123#ab12cd34ef56\n"
+                              "  ddb2bt dlq redrive -m m.yaml --reason unknown_family")
     dsub = p.add_subparsers(dest="dlq_cmd", required=True)
     pl = dsub.add_parser("list", help="list dead letters with their reasons")
     add_mapping_args(pl)
@@ -787,6 +852,21 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--limit", type=int, default=50)
     pl.add_argument("--json", action="store_true", help="one JSON object per line")
     pl.set_defaults(func=cmd_dlq_list)
+    ps = dsub.add_parser("show", help="one dead letter in full (the original record included)")
+    add_mapping_args(ps)
+    add_state_args(ps)
+    ps.add_argument("id", help="the id printed by dlq list --json")
+    ps.set_defaults(func=cmd_dlq_show)
+    pr = dsub.add_parser("redrive", help="re-apply dead letters once the cause is fixed (e.g. the mapping)",
+                         description="Re-applies stored dead letters, oldest first, with the current mapping; "
+                                     "those that now succeed are removed, the others kept. Idempotent, and "
+                                     "safe against newer changes: every change keeps its own timestamp.")
+    add_mapping_args(pr)
+    add_state_args(pr)
+    pr.add_argument("--reason", help="only this reason")
+    pr.add_argument("--since", type=float, help="only those at or after this Unix time (seconds)")
+    pr.add_argument("--dry-run", action="store_true", help="only report which dead letters now map; write nothing")
+    pr.set_defaults(func=cmd_dlq_redrive)
 
     p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto)", formatter_class=raw,
                        epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"

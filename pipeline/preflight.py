@@ -74,3 +74,17 @@ def check_target(mapping: MappingConfig) -> Optional[str]:
         return (f"table {mapping.target.table} lacks families {', '.join(missing)}: their cells go to the "
                 f"dead-letter output; run ddb2bt create-table --mapping {mapping.origin} to add them")
     return None
+
+
+def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> None:
+    """A disabled-and-re-enabled stream has a new ARN and starts empty: changes made
+    while it was off are lost. Refuse to carry on silently."""
+    from pipeline.state import stream_label
+
+    known = store.known_stream_labels()
+    current = stream_label(stream_arn)
+    if known and current not in known and not accept_new_stream:
+        raise PermanentError(
+            f"the table's stream was replaced: checkpoints are for stream {', '.join(sorted(known))}, the table "
+            f"now has {current}. Changes made while the stream was disabled are LOST. Back-fill again "
+            "(ddb2bt migrate --restart), or pass --new-stream to tail the new stream anyway.")

@@ -33,6 +33,7 @@ STATE_FAMILIES = (
     FamilyConfig(META, max_versions=1),
 )
 TS_DIGITS = 13  # ms since epoch fit in 13 digits until the year 2286
+DLQ_QUALIFIERS = (b"reason", b"error_class", b"message", b"stage", b"failed_at_ms", b"record", b"position")
 
 
 class StateBackend(Protocol):
@@ -100,6 +101,11 @@ class StateStore:
         if rows:
             self._backend.write_rows(rows)
 
+    def known_stream_labels(self) -> set:
+        """Labels of every stream this job has checkpoints for."""
+        prefix = f"{self._job}#ckpt#".encode()
+        return {key[len(prefix):].split(b"#", 1)[0].decode() for key in self._backend.read_prefix(prefix)}
+
     def load_checkpoints(self, stream_arn: str) -> dict:
         prefix = self._ckpt_prefix(stream_arn)
         out = {}
@@ -147,6 +153,16 @@ class StateStore:
         deletes = [(key, [DeleteCells(fam, q, 0, now + 1) for (fam, q) in cells]) for key, cells in rows.items()]
         if deletes:
             self._backend.write_rows(deletes)
+
+    def delete_dead_letters(self, ids: Sequence) -> None:
+        """Remove dead letters by id (after a successful redrive)."""
+        now = self._now_ms()
+        rows = []
+        for dl_id in ids:
+            key = f"{self._job}#dlq#{dl_id}".encode()
+            rows.append((key, [DeleteCells(DLQ, q, 0, now + 1) for q in DLQ_QUALIFIERS]))
+        if rows:
+            self._backend.write_rows(rows)
 
     def count_dead_letters(self) -> int:
         return len(self._backend.read_prefix(f"{self._job}#dlq#".encode()))

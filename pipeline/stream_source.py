@@ -84,7 +84,10 @@ def classify_stream_error(exc: Exception, operation: str) -> Exception:
         if code == "TrimmedDataAccessException":
             return ChangesLostError(f"{operation}: {message}")
         if code == "ResourceNotFoundException":
-            return StreamGoneError(f"{operation}: {message}")
+            return StreamGoneError(
+                f"{operation}: {message}. The table was deleted or its stream disabled; a re-enabled stream "
+                "has a new ARN and starts empty, so changes made meanwhile are lost: back-fill again "
+                "(ddb2bt migrate --restart)")
         if code in THROTTLE_CODES or status >= 500:
             return StreamThrottled(f"{operation}: {code or status}: {message}", code=code or str(status))
         return PermanentError(f"{operation}: {code}: {message}")

@@ -24,18 +24,43 @@ _TAG_SET = frozenset(TYPE_TAGS)
 _JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?\Z")
 
 
+_BYTES = (bytes, bytearray, memoryview)
+_PAYLOAD_OK = {
+    "S": lambda v: isinstance(v, str),
+    "N": lambda v: isinstance(v, str),
+    "B": lambda v: isinstance(v, _BYTES),
+    "BOOL": lambda v: isinstance(v, bool),
+    "NULL": lambda v: v is True,
+    "SS": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "NS": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "BS": lambda v: isinstance(v, list) and all(isinstance(x, _BYTES) for x in v),
+    "M": lambda v: isinstance(v, Mapping) and all(isinstance(k, str) for k in v),
+    "L": lambda v: isinstance(v, list),
+}
+
+
 def type_of(value: Any, where: str = "value") -> str:
-    """The single type tag of an AttributeValue, or MappingError('bad_attribute')."""
+    """The single type tag of an AttributeValue, or MappingError('bad_attribute').
+    The payload's shape is checked too ({"S": 1} is refused here, once, instead of
+    failing somewhere inside an encoder)."""
     if type(value) is dict and len(value) == 1:  # the hot path: boto3 gives plain dicts
-        for tag in value:
-            if tag in _TAG_SET:
+        for tag, payload in value.items():
+            if tag in _TAG_SET and _PAYLOAD_OK[tag](payload):
                 return tag
     if not isinstance(value, Mapping) or len(value) != 1:
         raise MappingError(f"{where}: not a DynamoDB AttributeValue", reason="bad_attribute")
-    (tag,) = value.keys()
+    ((tag, payload),) = value.items()
     if tag not in TYPE_TAGS:
         raise MappingError(f"{where}: unknown DynamoDB type {tag!r}", reason="bad_attribute")
+    if not _PAYLOAD_OK[tag](payload):
+        raise MappingError(f"{where}: a {tag} value must be {_EXPECTED[tag]}, got {type(payload).__name__}",
+                           reason="bad_attribute")
     return tag
+
+
+_EXPECTED = {"S": "a string", "N": "a string of digits", "B": "bytes", "BOOL": "true or false",
+             "NULL": "true", "SS": "a list of strings", "NS": "a list of number strings",
+             "BS": "a list of bytes", "M": "a map with string keys", "L": "a list"}
 
 
 def parse_number(text: Any, where: str = "value") -> Decimal:
@@ -130,9 +155,19 @@ def as_bytes(value: Any, where: str = "value") -> bytes:
     raise MappingError(f"{where}: binary value is not bytes", reason="bad_attribute")
 
 
+def _tag(value: Any, where: str = "value") -> str:
+    """The type tag only (DynamoDB JSON carries B as base64 text, not bytes)."""
+    if not isinstance(value, Mapping) or len(value) != 1:
+        raise MappingError(f"{where}: not a DynamoDB AttributeValue", reason="bad_attribute")
+    (tag,) = value.keys()
+    if tag not in TYPE_TAGS:
+        raise MappingError(f"{where}: unknown DynamoDB type {tag!r}", reason="bad_attribute")
+    return tag
+
+
 def from_dynamodb_json(value: Any) -> Any:
     """DynamoDB JSON as found in files and exports (B as base64 text) → boto3 form."""
-    tag = type_of(value)
+    tag = _tag(value)
     inner = value[tag]
     if tag == "B":
         return {"B": base64.b64decode(inner, validate=True)}

@@ -143,3 +143,40 @@ def test_oversized_key_and_unknown_family_are_dead_lettered_while_the_rest_repli
         assert record["eventName"] == "INSERT" and "newImage" in record  # the original record is kept
     assert ddb2bt(["dlq", "list", "--mapping", str(path)]) == 0
     assert "2 dead letter(s): row_key_too_long 1, unknown_family 1" in capsys.readouterr().out
+
+
+def test_redrive_reapplies_fixed_dead_letters_without_overriding_newer_changes(stack, tmp_path, unique, capsys):
+    from pipeline.bigtable_io import BigtableAdmin
+    from transforms.config import FamilyConfig
+
+    path, mapping, ddb = setup_tables(
+        stack, tmp_path, unique, families={"SKU": {"max_versions": 1}, "Extra": {}},
+        rules__0__columns={"Price": {"column": "SKU:Price", "encoding": "int64"},
+                           "Note": {"column": "Extra:Note", "encoding": "utf8"}})
+    BigtableAdmin(mapping.target.project, mapping.target.instance).ensure_table(
+        mapping.target.table, [FamilyConfig("SKU", max_versions=1)])  # no Extra family yet
+    table = mapping.source.table
+    ddb.put_item(TableName=table, Item={"pk": {"S": "a"}, "sk": {"S": "1"}, "Note": {"S": "old"}})
+    ddb.put_item(TableName=table, Item={"pk": {"S": "a"}, "sk": {"S": "2"}, "Note": {"S": "only"}})
+    run = ["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]
+    assert ddb2bt(run) == 0
+    capsys.readouterr()
+    assert ddb2bt(["dlq", "list", "--mapping", str(path), "--json"]) == 0
+    letters = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [l["reason"] for l in letters] == ["unknown_family", "unknown_family"]
+    assert ddb2bt(["dlq", "show", "--mapping", str(path), letters[0]["id"]]) == 0
+    assert '"eventName": "INSERT"' in capsys.readouterr().out
+    # the cause is fixed; then item 1 changes again before the redrive
+    assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
+    time.sleep(1.1)
+    ddb.put_item(TableName=table, Item={"pk": {"S": "a"}, "sk": {"S": "1"}, "Note": {"S": "newer"}})
+    assert ddb2bt(run) == 0
+    capsys.readouterr()
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(path), "--reason", "unknown_family"]) == 0
+    assert "re-applied 2 dead letter(s); 0 still failing" in capsys.readouterr().out
+    rows = read_table(mapping.target.project, mapping.target.instance, mapping.target.table, latest_only=True)
+    assert rows[b"a#1"][("Extra", b"Note")][0][1] == b"newer"  # the old change did not override it
+    assert rows[b"a#2"][("Extra", b"Note")][0][1] == b"only"  # the lost change is there now
+    assert ddb2bt(["dlq", "list", "--mapping", str(path)]) == 0
+    assert "0 dead letter(s)" in capsys.readouterr().out
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(path)]) == 0  # idempotent: nothing left

@@ -251,3 +251,25 @@ def test_plan_starts_is_pure_lineage_planning():
     assert kinds["ClaimClosed"].shard_id == "p"
     assert kinds["ClaimStart"].shard_id == "c" and kinds["ClaimStart"].pos.mode == "trim_horizon"
     assert waiting == ["g"]
+
+
+def test_a_replaced_stream_is_detected_and_reported():
+    from pipeline.preflight import check_stream_continuity
+    from transforms.errors import PermanentError
+
+    client, state, _, _, _ = setup()
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", "1")])
+    new_arn = client.stream_arn.rsplit("/", 1)[0] + "/2025-06-01T00:00:00.000"
+    check_stream_continuity(state, client.stream_arn, False)  # same stream: fine
+    with pytest.raises(PermanentError, match="stream was replaced.*LOST.*--new-stream"):
+        check_stream_continuity(state, new_arn, False)
+    check_stream_continuity(state, new_arn, True)  # acknowledged
+
+
+def test_vanished_stream_message_says_how_to_recover():
+    client, _, _, _, _ = setup()
+    other = FakeStreamsClient(table="Other")
+    reader = PartitionReader(other, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
+                             lambda arn: {}, None, sleep=lambda s: None)
+    with pytest.raises(StreamGoneError, match="re-enabled stream has a new ARN.*back-fill again"):
+        drain_round(reader, LocalTracker())
