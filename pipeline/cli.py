@@ -905,6 +905,12 @@ def main(argv: Optional[list] = None) -> int:
     except KeyboardInterrupt:
         print("ddb2bt: interrupted; state is checkpointed, run the same command to resume", file=sys.stderr)
         return 130
+    except Exception as exc:  # a pipeline failure (Beam may wrap ours): one clear line, the detail in the log
+        log.debug("failure", exc_info=True)
+        print(f"ddb2bt: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+              "(nothing after the last checkpoint was acknowledged; rerun to resume; --log-level DEBUG for "
+              "details)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

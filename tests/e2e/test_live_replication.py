@@ -180,3 +180,21 @@ def test_redrive_reapplies_fixed_dead_letters_without_overriding_newer_changes(s
     assert ddb2bt(["dlq", "list", "--mapping", str(path)]) == 0
     assert "0 dead letter(s)" in capsys.readouterr().out
     assert ddb2bt(["dlq", "redrive", "--mapping", str(path)]) == 0  # idempotent: nothing left
+
+
+def test_credentials_never_reach_logs_or_dead_letters(stack, tmp_path, unique, capfd, monkeypatch):
+    canary = "CANARY-SECRET-" + unique
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", canary)  # moto accepts any secret
+    path, mapping, ddb = setup_tables(stack, tmp_path, unique)
+    assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
+    table = mapping.source.table
+    ddb.put_item(TableName=table, Item={"pk": {"S": "a"}, "sk": {"S": "1"}, "Price": {"N": "1.5"}})  # dead letter
+    ddb.put_item(TableName=table, Item={"pk": {"S": "a"}, "sk": {"S": "2"}, "Price": {"N": "2"},
+                                        "Description": {"S": "private item text"}})
+    assert ddb2bt(["--log-level", "DEBUG", "--log-format", "json", "run", "--mapping", str(path),
+                   "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    assert ddb2bt(["dlq", "list", "--mapping", str(path), "--json"]) == 0
+    out, err = capfd.readouterr()
+    assert canary not in out and canary not in err
+    assert "private item text" not in err  # item contents are not logged
+    assert '"stage":' in err  # JSON logs carry the stage

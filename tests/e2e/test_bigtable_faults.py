@@ -1,0 +1,46 @@
+"""Bigtable going away mid-run: the job must fail clearly (or recover) — never
+report success with data missing."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pipeline import workload
+from pipeline.cli import main as ddb2bt
+from pipeline.connections import dynamodb_client
+from pipeline.local_stack import LocalStack
+from tests.conftest import write_mapping
+
+pytestmark = pytest.mark.e2e
+
+
+def test_emulator_restart_mid_run_fails_the_job_loudly(tmp_path, monkeypatch, capsys):
+    with LocalStack(log_dir=tmp_path / "logs") as own:  # its own stack: the restart wipes everything
+        for k, v in own.env().items():
+            monkeypatch.setenv(k, v)
+        path = write_mapping(tmp_path, name="restart_job")
+        ddb = dynamodb_client()
+        workload.create_table(ddb, "ProductCatalog")
+        assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
+        result = []
+        started = threading.Event()
+
+        def run():
+            started.set()
+            result.append(ddb2bt(["run", "--mapping", str(path), "--until-idle", "3", "--poll-interval", "0.1"]))
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        started.wait()
+        ops = workload.operations(3, 400, 50)
+        for i, op in enumerate(ops):
+            workload.apply_quietly(ddb, "ProductCatalog", op)
+            if i == 150:
+                own.restart_bigtable()  # all tables gone, including the state table
+        t.join(180)
+        assert not t.is_alive()
+        assert result == [1], "a run that lost its target must not report success"
+        err = capsys.readouterr().err
+        assert "ddb2bt: error:" in err and "not found" in err.lower()
