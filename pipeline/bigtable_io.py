@@ -152,7 +152,9 @@ def make_channel(endpoint: Optional[str] = None) -> grpc.Channel:
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
     emulator = os.environ.get(EMULATOR_ENV)
     if emulator and not endpoint:
-        return grpc.insecure_channel(emulator, options=options)
+        from pipeline.fakes import maybe_inject_faults  # DDB2BT_INJECT_FAULTS: tests and soaks only
+
+        return maybe_inject_faults(grpc.insecure_channel(emulator, options=options))
     from google.api_core import grpc_helpers  # imported late: only the cloud path needs auth
 
     return grpc_helpers.create_channel(

@@ -44,3 +44,33 @@ def test_emulator_restart_mid_run_fails_the_job_loudly(tmp_path, monkeypatch, ca
         assert result == [1], "a run that lost its target must not report success"
         err = capsys.readouterr().err
         assert "ddb2bt: error:" in err and "not found" in err.lower()
+
+
+def test_replication_converges_under_injected_grpc_faults(stack, tmp_path, unique, monkeypatch):
+    """UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED on a share of calls,
+    per-entry UNAVAILABLE inside MutateRows responses (applied but reported failed)
+    and added latency: every change still lands exactly once in effect."""
+    from pipeline import fakes
+    from pipeline.bigtable_io import read_table
+    from pipeline.compare import diff_layout, expected_layout
+    from transforms.config import load_mapping
+
+    path = write_mapping(tmp_path, source__table=f"Faulty_{unique}", target__table=f"faulty_{unique}",
+                         name=f"faulty_{unique}")
+    mapping = load_mapping(path)
+    ddb = dynamodb_client()
+    workload.create_table(ddb, mapping.source.table)
+    assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
+    for op in workload.operations(13, 500, 80):
+        workload.apply_quietly(ddb, mapping.source.table, op)
+    fakes.INJECTED.clear()
+    monkeypatch.setenv(fakes.FAULTS_ENV, "unavailable=0.15,deadline_exceeded=0.05,resource_exhausted=0.05,"
+                                          "entry_unavailable=0.2,latency_ms=5,seed=7")
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1.5", "--poll-interval", "0.2"]) == 0
+    monkeypatch.delenv(fakes.FAULTS_ENV)
+    assert sum(fakes.INJECTED.values()) >= 3, fakes.INJECTED
+    assert fakes.INJECTED.get("entry_unavailable", 0) >= 1
+    items = workload.scan_all(ddb, mapping.source.table)
+    actual = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+    diff = diff_layout(expected_layout(mapping, items)[mapping.target.table], actual)
+    assert diff.identical, diff.summary()
