@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import os as _os
+import random as _random
 import threading
+import time as _time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import grpc as _grpc
 from botocore.exceptions import ClientError
 
 from pipeline.bigtable_io import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
@@ -290,12 +294,6 @@ class RegisteredClient:
 
 
 # --- Bigtable faults at the gRPC layer (real emulator, injected failures) -----------
-
-import os as _os
-import random as _random
-import time as _time
-
-import grpc as _grpc
 
 FAULTS_ENV = "DDB2BT_INJECT_FAULTS"
 _CALL_FAULTS = {"unavailable": _grpc.StatusCode.UNAVAILABLE, "deadline_exceeded": _grpc.StatusCode.DEADLINE_EXCEEDED,
