@@ -70,7 +70,8 @@ def soak(mode: str, trials: int, faults: str, seed: int, workdir: Path) -> dict:
             written[0] += 1
             time.sleep(0.01)
 
-    fault_env = dict(env, DDB2BT_INJECT_FAULTS=faults) if faults else env
+    fault_log = workdir / f"faults-{mode}.log"
+    fault_env = dict(env, DDB2BT_INJECT_FAULTS=faults, DDB2BT_FAULTS_LOG=str(fault_log)) if faults else env
     args = ["run", "--mapping", str(path), "--poll-interval", "0.2"] if mode == "tail" else \
         ["migrate", "--mapping", str(path), "--segments", "4", "--page-size", "25", "--max-rcu", "20",
          "--poll-interval", "0.2"]
@@ -101,7 +102,11 @@ def soak(mode: str, trials: int, faults: str, seed: int, workdir: Path) -> dict:
     verify = subprocess.run([sys.executable, "-m", "pipeline.cli", "verify", "--mapping", str(path)], cwd=ROOT,
                             env=env, capture_output=True, text=True)
     store = StateSpec(BigtableSpec(t.project, t.instance), job=mapping.name).store()
-    return {"mode": mode, "trials": trials, "sigkills": sum(1 for k in kills if not isinstance(k, str)),
+    injected: dict = {}
+    if fault_log.exists():
+        for line in fault_log.read_text().split():
+            injected[line] = injected.get(line, 0) + 1
+    return {"faults_injected": injected, "mode": mode, "trials": trials, "sigkills": sum(1 for k in kills if not isinstance(k, str)),
             "kill_after_s": kills, "faults": faults or "none", "changes_written_during_soak": written[0],
             "items": len(items), "catch_up_exit": catch_up.returncode, "verify_exit": verify.returncode,
             "divergent_cells": divergent, "dead_letters": store.count_dead_letters(),
@@ -122,8 +127,9 @@ def main() -> int:
             print(f"soak: {mode}, {args.trials} trials, faults: {args.faults or 'none'}", flush=True)
             results.append(soak(mode, args.trials, args.faults, args.seed, Path(tmp)))
             r = results[-1]
-            print(f"  SIGKILLs {r['sigkills']}, catch-up exit {r['catch_up_exit']}, verify exit {r['verify_exit']}, "
-                  f"divergent cells {r['divergent_cells']}, dead letters {r['dead_letters']}", flush=True)
+            print(f"  SIGKILLs {r['sigkills']}, faults injected {r['faults_injected']}, catch-up exit "
+                  f"{r['catch_up_exit']}, verify exit {r['verify_exit']}, divergent cells {r['divergent_cells']}, "
+                  f"dead letters {r['dead_letters']}", flush=True)
     out = ROOT / "bench" / "results" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

@@ -93,8 +93,16 @@ def add_state_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=True,
-                   help="store item images in dead letters (off: keys only, redacted)")
+    p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=None,
+                   help="store item images in dead letters, so they can be redriven (default: on for local "
+                        "runs, off on Dataflow, where dead letters then keep keys only, redacted)")
+
+
+def dlq_values(args) -> bool:
+    from pipeline.graph import is_local
+
+    explicit = getattr(args, "dlq_include_values", None)
+    return is_local(args.beam_args) if explicit is None else explicit
 
 
 def add_tail_args(p: argparse.ArgumentParser) -> None:
@@ -276,7 +284,7 @@ def build_live_job(args, mapping):
         sleep_when_idle=is_local(args.beam_args),
     )
     return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader,
-                   state=state_spec(args, mapping, args.dlq_include_values),
+                   state=state_spec(args, mapping, dlq_values(args)),
                    partitions=args.partitions, client_factory=StreamsClientFactory(mapping.source.region),
                    pushgateway=getattr(args, "metrics_pushgateway", None))
 
@@ -409,7 +417,7 @@ def cmd_backfill(args) -> int:
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     start_metrics_server(args.metrics_port, args.metrics_host)
-    launched = run_backfill(args, mapping, state_spec(args, mapping, args.dlq_include_values))
+    launched = run_backfill(args, mapping, state_spec(args, mapping, dlq_values(args)))
     if launched is not None:
         return launched
     print("backfill complete; phase CATCHING_UP: keep the live tail running (ddb2bt run) and check ddb2bt status")

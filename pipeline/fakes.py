@@ -296,9 +296,18 @@ class RegisteredClient:
 # --- Bigtable faults at the gRPC layer (real emulator, injected failures) -----------
 
 FAULTS_ENV = "DDB2BT_INJECT_FAULTS"
+FAULTS_LOG_ENV = "DDB2BT_FAULTS_LOG"  # optional file: one line per injected fault (survives SIGKILL)
 _CALL_FAULTS = {"unavailable": _grpc.StatusCode.UNAVAILABLE, "deadline_exceeded": _grpc.StatusCode.DEADLINE_EXCEEDED,
                 "resource_exhausted": _grpc.StatusCode.RESOURCE_EXHAUSTED}
 INJECTED: dict = {}  # kind -> count, for tests and the soak report
+
+
+def _count(kind: str) -> None:
+    INJECTED[kind] = INJECTED.get(kind, 0) + 1
+    path = _os.environ.get(FAULTS_LOG_ENV)
+    if path:
+        with open(path, "a") as fh:  # appended and closed at once: a killed process loses nothing
+            fh.write(kind + "\n")
 
 
 class _InjectedRpcError(_grpc.RpcError):
@@ -353,7 +362,7 @@ class FaultInterceptor(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClien
         for kind, code in _CALL_FAULTS.items():
             edge += self._rates.get(kind, 0.0)
             if roll < edge:
-                INJECTED[kind] = INJECTED.get(kind, 0) + 1
+                _count(kind)
                 return kind
         return None
 
@@ -377,7 +386,7 @@ class FaultInterceptor(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClien
                 if hit and entry.status.code == 0:
                     entry.status.code = _grpc.StatusCode.UNAVAILABLE.value[0]
                     entry.status.message = "injected per-entry UNAVAILABLE"
-                    INJECTED["entry_unavailable"] = INJECTED.get("entry_unavailable", 0) + 1
+                    _count("entry_unavailable")
             yield response
 
     def intercept_unary_unary(self, continuation, details, request):
