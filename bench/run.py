@@ -42,7 +42,7 @@ import psutil  # noqa: E402
 from pipeline.local_stack import LocalStack  # noqa: E402
 from transforms.config import load_mapping  # noqa: E402
 from transforms.mapping import map_change  # noqa: E402
-from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell  # noqa: E402
+from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell  # noqa: E402
 
 MAPPING = load_mapping(ROOT / "examples/product_catalog.yaml")
 RESULTS = ROOT / "bench" / "results"
@@ -197,7 +197,6 @@ def run_beam_sink(records, project, instance, table) -> None:
 def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
     """Returns the wall time until every record was applied (the idle wait at the
     end, which only exists to stop a local run, is excluded)."""
-    from dataclasses import replace
 
     from pipeline.connections import BigtableSpec, StateSpec
     from pipeline.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
@@ -456,7 +455,11 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
     source = ExportSource(str(export))
     t0 = time.perf_counter()
     readers = PartReaders(source, ("pk", "sk"), 1_900_000_000_000)
-    raw = sum(1 for part in source.parts() for _ in readers.read(part, None, 0))
+    from transforms.model import ChangeRecord as _Record
+
+    read = sum(1 for part in source.parts() for e in readers.read(part, None, 0) if isinstance(e, _Record))
+    if read != n:  # the source must deliver every item exactly once
+        raise RuntimeError(f"export source read {read} items, expected {n}")
     out["export_source_only_items_per_s"] = round(n / (time.perf_counter() - t0))
 
     def run(src, label, client_factory=None):

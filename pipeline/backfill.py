@@ -288,6 +288,12 @@ class ReadBackfillFn(beam.DoFn):
         rate = src.max_rcu / self._job.tasks if isinstance(src, ScanSource) and src.max_rcu else None
         self._bucket = TokenBucket(rate)
 
+    def teardown(self) -> None:
+        for resource in (getattr(self, "_state", None), getattr(self, "_client", None)):
+            close = getattr(resource, "close", None)
+            if close:
+                close()
+
     def process(self, task: BackfillTask):
         kind = SCAN if isinstance(self._job.source, ScanSource) else EXPORT
         progress = self._state.load_backfill_progress(kind)

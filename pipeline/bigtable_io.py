@@ -374,49 +374,52 @@ def data_client(project: str):
     return BigtableDataClient(project=project)
 
 
+def _row_cells(row) -> dict:
+    """{(family, qualifier): [(timestamp_ms, value), ...] newest first} of one row."""
+    cells: dict = {}
+    for cell in row.cells:
+        cells.setdefault((cell.family, cell.qualifier), []).append((cell.timestamp_micros // US_PER_MS, cell.value))
+    return cells
+
+
+def _read(project: str, instance: str, table_id: str, queries: Iterable, client=None) -> dict:
+    """Run ReadRows queries; with ``client`` given it is reused and left open (callers
+    reading often keep one), otherwise a client lives for this call only."""
+    own = client is None
+    client = client or data_client(project)
+    out: dict = {}
+    try:
+        with client.get_table(instance, table_id) as table:
+            for query in queries:
+                for row in table.read_rows(query):
+                    out[row.row_key] = _row_cells(row)
+    finally:
+        if own:
+            client.close()
+    return out
+
+
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
-               latest_only: bool = False) -> dict:
+               latest_only: bool = False, client=None) -> dict:
     """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import row_filters
 
     query = ReadRowsQuery()
     if prefix is not None:
-        end = _prefix_end(prefix)
-        query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=end))
+        query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
     if latest_only:
         query.filter = row_filters.CellsColumnLimitFilter(1)
-    out: dict = {}
-    with data_client(project) as client:
-        with client.get_table(instance, table_id) as table:
-            for row in table.read_rows(query):
-                cells: dict = {}
-                for cell in row.cells:
-                    cells.setdefault((cell.family, cell.qualifier), []).append(
-                        (cell.timestamp_micros // US_PER_MS, cell.value)
-                    )
-                out[row.row_key] = cells
-    return out
+    return _read(project, instance, table_id, [query], client)
 
 
-def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence) -> dict:
+def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, client=None) -> dict:
     """Like read_table, for the given rows only (missing rows are absent)."""
     from google.cloud.bigtable.data import ReadRowsQuery
 
-    out: dict = {}
     keys = list(row_keys)
-    if not keys:
-        return out
-    with data_client(project) as client:
-        with client.get_table(instance, table_id) as table:
-            for start in range(0, len(keys), READ_BATCH_ROWS):
-                for row in table.read_rows(ReadRowsQuery(row_keys=keys[start:start + READ_BATCH_ROWS])):
-                    cells: dict = {}
-                    for cell in row.cells:
-                        cells.setdefault((cell.family, cell.qualifier), []).append(
-                            (cell.timestamp_micros // US_PER_MS, cell.value))
-                    out[row.row_key] = cells
-    return out
+    queries = [ReadRowsQuery(row_keys=keys[i:i + READ_BATCH_ROWS]) for i in range(0, len(keys), READ_BATCH_ROWS)]
+    return _read(project, instance, table_id, queries, client) if queries else {}
 
 
 READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from transforms.errors import ConfigError, Ddb2btError, PermanentError
+from transforms.errors import ConfigError, PermanentError
 
 log = logging.getLogger("ddb2bt")
 

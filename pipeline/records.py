@@ -3,7 +3,7 @@ ChangeRecord. The one place the stream's wire shape is interpreted."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 from transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
 from transforms.model import ChangeRecord, StreamPosition, datetime_to_ms

@@ -26,9 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-from transforms.errors import MappingError, PermanentError
 from transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
-from transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedChange, PartDone, RowChange, SetCell,
+from transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedChange, PartDone, SetCell,
                               ShardClosed, StreamPosition)
 from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
 from pipeline.metrics import PipelineMetrics
@@ -483,6 +482,9 @@ class WriteToBigtableFn(beam.DoFn):
             yield GlobalWindows.windowed_value(dead)
 
     def teardown(self) -> None:
+        state = getattr(self, "_state", None)
+        if state is not None:
+            state.close()
         writer = getattr(self, "_writer", None)
         if writer is not None:
             writer.close()

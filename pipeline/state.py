@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
@@ -164,6 +163,11 @@ class StateStore:
         if rows:
             self._backend.write_rows(rows)
 
+    def close(self) -> None:
+        close = getattr(self._backend, "close", None)
+        if close:
+            close()
+
     def count_dead_letters(self) -> int:
         return len(self._backend.read_prefix(f"{self._job}#dlq#".encode()))
 
@@ -234,6 +238,7 @@ class BigtableStateBackend:
         self._project = project
         self._instance = instance
         self._table_id = table_id
+        self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
     def write_rows(self, rows: Sequence) -> None:
         from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable
@@ -252,5 +257,15 @@ class BigtableStateBackend:
     def read_prefix(self, prefix: bytes) -> dict:
         from pipeline.bigtable_io import read_table
 
-        rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True)
+        from pipeline.bigtable_io import data_client
+
+        if self._client is None:
+            self._client = data_client(self._project)
+        rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
+                          client=self._client)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

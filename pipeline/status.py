@@ -12,7 +12,7 @@ from typing import Optional
 
 from botocore.exceptions import ClientError
 
-from pipeline.migrate import BACKFILLING, CATCHING_UP, LIVE, Migration
+from pipeline.migrate import BACKFILLING, CATCHING_UP, Migration
 from transforms.model import datetime_to_ms
 
 RETENTION_MS = 24 * 3600 * 1000

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from dataclasses import replace
+from typing import Callable
 
 import apache_beam as beam
 from apache_beam.io.iobase import RestrictionProgress, RestrictionTracker
@@ -162,3 +162,6 @@ class ReadStreamPartitionsFn(beam.DoFn):
         close = getattr(self._client, "close", None)
         if close:
             close()
+        state = getattr(self, "_state", None)
+        if state is not None:
+            state.close()

@@ -15,7 +15,7 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
 from transforms.attrs import canonical_typed_json
 from transforms.config import MappingConfig

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from transforms.config import MappingConfig, RuleConfig
+from transforms.config import MappingConfig
 from transforms.errors import MappingError
 from transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
 from transforms.mapping import expected_cells, select_rule

@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Iterable, Mapping, Optional
+from typing import Mapping, Optional
 
 from transforms.attrs import as_bytes, canonical_json, canonical_typed_json, parse_number, type_of
 from transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, resolve_hook
@@ -453,16 +453,6 @@ def handoff_second_ms(handoff_ms: int) -> int:
     """The handoff time rounded down to the whole second (AWS stream timestamps
     are whole seconds: every change after the handoff is at or after this)."""
     return handoff_ms - handoff_ms % 1000
-
-
-def has_versioned_columns(mapping: MappingConfig) -> bool:
-    return any(c.versioned for rule in mapping.rules for c in rule.columns) or any(
-        rule.hook for rule in mapping.rules)
-
-
-def marker_tables(mapping: MappingConfig) -> tuple:
-    """Tables that receive touch markers: every table the mapping writes."""
-    return mapping.tables
 
 
 # --- expected layout (verification) --------------------------------------------

@@ -11,7 +11,7 @@ and its replay.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
 AttributeValue = Mapping[str, Any]  # boto3 low-level form: {"S": "x"}, {"N": "1"}, {"B": b"..."}

@@ -29,7 +29,6 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, Callable, Mapping, Optional
 
 from transforms.attrs import as_bytes, parse_number, type_of

@@ -3,7 +3,6 @@ report success with data missing."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 

@@ -6,8 +6,7 @@ import urllib.request
 
 import pytest
 
-from pipeline import local_stack
-from pipeline.local_stack import LocalStack, StackError, find_cbtemulator
+from pipeline.local_stack import StackError, find_cbtemulator
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e

@@ -64,7 +64,6 @@ def test_scraped_metrics_tell_the_truth(stack, tmp_path, unique):
     time.sleep(3.0)
     port = free_port()
     before = {}
-    samples_seen: list = []
     done = threading.Event()
     result = []
 
@@ -88,7 +87,6 @@ def test_scraped_metrics_tell_the_truth(stack, tmp_path, unique):
                       "dead": total(samples, "ddb2bt_dead_letters_total")}
         lag = total(samples, "ddb2bt_replication_lag_seconds")
         max_lag = max(max_lag, lag)
-        samples_seen = samples
         time.sleep(0.1)
     assert result == [0]
     # the metrics server outlives the run in this process: scrape the final state

@@ -75,7 +75,6 @@ def test_shard_splits_keep_per_key_order_through_the_pipeline(stack, tmp_path, u
     actual = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
     diff = diff_layout(expected_layout(mapping, final.values())[mapping.target.table], actual)
     assert diff.identical, diff.summary()
-    from pipeline.state import StateStore  # every closed shard was recorded finished
     store = StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
     ckpts = store.load_checkpoints(client.stream_arn)
     assert {s for s, c in ckpts.items() if c.finished} == {"shard-0", "shard-1a", "shard-1b"}
@@ -86,7 +85,8 @@ def test_trimmed_data_stops_the_pipeline_loudly(stack, tmp_path, unique):
     mapping = load_mapping(write_mapping(tmp_path, target__table=f"trim_{unique}", name=f"trim_{unique}"))
     client = FakeStreamsClient(table=f"Trim{unique}")
     client.add_shard("s")
-    seqs = [client.put("s", "INSERT", keys(item("hats", f"k{i}", i)), item("hats", f"k{i}", i)) for i in range(5)]
+    for i in range(5):
+        client.put("s", "INSERT", keys(item("hats", f"k{i}", i)), item("hats", f"k{i}", i))
     run(mapping, client, partitions=1)
     # the job is stopped; meanwhile the stream trims past its checkpoint
     client.put("s", "INSERT", keys(item("hats", "late", 9)), item("hats", "late", 9))

@@ -94,7 +94,6 @@ def test_backfill_and_tail_converge_under_any_interleaving(case, data):
         world.op(*o)
     handoff_ms = world.now_ms + data.draw(st.integers(1, 999), label="handoff offset")
     world.now_ms = handoff_ms
-    since = handoff_second_ms(handoff_ms)
     tail = BatchingWriter(world.bt, None, FAST, sleep=lambda s: None)
     backfill = BatchingWriter(world.bt, None, FAST, sleep=lambda s: None)
     applied = 0  # tail position

@@ -1,5 +1,4 @@
 """Column kinds, timestamps, TTL, hooks, and their validation."""
-import struct
 
 import pytest
 

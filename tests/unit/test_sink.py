@@ -2,7 +2,7 @@
 checkpoints, against the in-memory Bigtable with injected faults."""
 import pytest
 
-from pipeline.bigtable_io import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
+from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus
 from pipeline.fakes import InMemoryBigtable
 from pipeline.metrics import PipelineMetrics
 from pipeline.retry import RetryPolicy
@@ -193,3 +193,13 @@ def test_config_limits_are_validated():
         SinkConfig(max_batch_mutations=100_001)
     with pytest.raises(ValueError):
         SinkConfig(max_batch_rows=0)
+
+
+def test_batches_are_bounded_by_bytes_and_a_row_is_never_split():
+    bt, state, w, _ = make(config=SinkConfig(max_batch_bytes=2500, retry=FAST))
+    for i in range(5):  # ~1 KB each: two fit under 2,500 bytes, a third does not
+        w.add(change(i, row=b"r%d" % i, value=b"x" * 1000))
+    w.flush()
+    calls = [keys for table, keys in bt.calls if table == "t"]
+    assert [len(c) for c in calls] == [2, 2, 1]
+    assert all(len(v) == 1000 for row in bt.latest("t").values() for v in row.values())

@@ -8,7 +8,7 @@ from pipeline.retry import RetryPolicy
 from pipeline.state import ShardCheckpoint, StateStore
 from pipeline.stream_sdf import PartitionTracker
 from pipeline.stream_source import (
-    ClaimRecord, LocalTracker, PartitionReader, PartitionRestriction, ReaderOptions, StreamPartition,
+    LocalTracker, PartitionReader, PartitionRestriction, ReaderOptions, StreamPartition,
     drain_round, plan_starts, Listing,
 )
 from transforms.errors import ChangesLostError, StreamGoneError
