@@ -41,12 +41,17 @@ import psutil  # noqa: E402
 
 from pipeline.local_stack import LocalStack  # noqa: E402
 from transforms.config import load_mapping  # noqa: E402
+from transforms.limits import DEFAULT_POLL_INTERVAL_S  # noqa: E402
 from transforms.mapping import map_change  # noqa: E402
 from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell  # noqa: E402
 
 MAPPING = load_mapping(ROOT / "examples/product_catalog.yaml")
 RESULTS = ROOT / "bench" / "results"
 ITEM_BYTES = 1000
+# Lag run: the reader polls Bigtable this often (part of the measured lag), and
+# rows are awaited this long at the end.
+LAG_READ_POLL_S = 0.02
+LAG_GRACE_S = 10.0
 
 
 def make_item(rng: random.Random, key: dict, size: int = ITEM_BYTES) -> dict:
@@ -366,62 +371,105 @@ def percentile(values: list, q: float) -> float:
 
 def lag(seconds: float, rate: float, stack, project: str, instance: str) -> dict:
     """Source write → visible in Bigtable, with a writer at a steady rate into the
-    moto-backed table and a reader polling Bigtable (poll interval included)."""
-    from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery, RowRange
+    moto-backed table and a reader polling Bigtable for the rows not yet seen
+    (poll interval included). Writer and reader run in their own process
+    (``_lag_probe``) so they do not share the pipeline's interpreter lock; the
+    pipeline runs here and is stopped cleanly once the probe is done."""
+    import subprocess
 
     from pipeline import workload
     from pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
     from pipeline.graph import LiveJob, add_live_replication, make_pipeline
     from pipeline.preflight import ensure_state_table
-    from pipeline.stream_source import ReaderOptions
+    from pipeline.stream_source import ReaderOptions, request_stop
 
-    ddb = dynamodb_client()
     name = f"Lag{uuid.uuid4().hex[:6]}"
-    arn = workload.create_table(ddb, name)
+    arn = workload.create_table(dynamodb_client(), name)
     table = fresh_table(project, instance)
     ensure_state_table(project, instance, "ddb2bt_state")
+    token = f"lag-{uuid.uuid4().hex}"
     job = LiveJob(mapping=MAPPING.with_overrides(table=table), stream_arn=arn,
-                  reader=ReaderOptions(until_idle_s=2.0, poll_interval_s=0.05, discovery_interval_s=30),
+                  reader=ReaderOptions(discovery_interval_s=30, stop_token=token),  # the default poll interval
                   state=StateSpec(BigtableSpec(project, instance), job=f"lag_{table}"),
                   client_factory=StreamsClientFactory())
-    written: dict = {}
-    seen: dict = {}
-    stop = threading.Event()
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.run import _lag_probe; "
+            f"_lag_probe({seconds!r}, {rate!r}, {name!r}, {project!r}, {instance!r}, {table!r})")
+    probe = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    result: dict = {}
 
-    def writer():
-        rng = random.Random(5)
-        interval, next_at, i = 1.0 / rate, time.perf_counter(), 0
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            key = {"pk": {"S": "lag"}, "sk": {"S": f"{i:08d}"}}
-            written[i] = time.perf_counter()
-            ddb.put_item(TableName=name, Item=make_item(rng, key, 400))
-            i += 1
-            next_at += interval
-            time.sleep(max(0.0, next_at - time.perf_counter()))
+    def wait_probe():
+        out, _ = probe.communicate()
+        result.update(json.loads(out.strip().splitlines()[-1]) if probe.returncode == 0 else {})
+        request_stop(token)
 
-    def reader():
-        poll = 0.02  # Bigtable polled every 20 ms: part of the measured lag
-        with BigtableDataClient(project=project) as c, c.get_table(instance, table) as t:
-            while not stop.is_set():
-                for row in t.read_rows(ReadRowsQuery(row_ranges=RowRange(start_key=b"lag#", end_key=b"lag$"))):
-                    i = int(row.row_key.split(b"#")[1])
-                    seen.setdefault(i, time.perf_counter())
-                time.sleep(poll)
-
-    threading.Thread(target=reader, daemon=True).start()
-    w = threading.Thread(target=writer, daemon=True)
-    w.start()
+    waiter = threading.Thread(target=wait_probe, daemon=True)
+    waiter.start()
     p = make_pipeline([])
     add_live_replication(p, job)
     p.run().wait_until_finish()
-    w.join()
-    time.sleep(0.5)
-    stop.set()
-    lags = [seen[i] - written[i] for i in written if i in seen]
-    return {"seconds": seconds, "rate_per_s": rate, "written": len(written), "visible": len(lags),
-            "p50_s": round(percentile(lags, 0.5), 3), "p99_s": round(percentile(lags, 0.99), 3),
-            "max_s": round(max(lags), 3) if lags else None}
+    waiter.join()
+    if not result:
+        raise RuntimeError(f"lag probe failed (exit {probe.returncode})")
+    return result
+
+
+def _lag_probe(seconds: float, rate: float, name: str, project: str, instance: str, table: str) -> None:
+    """Writer + reader of the lag run (own process). A sentinel item is written
+    first and waited for, so the timed writes start once the pipeline is live
+    (its start-up is not replication lag). Prints the result as JSON."""
+    from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery
+
+    from pipeline.connections import dynamodb_client
+
+    ddb = dynamodb_client()
+    rng = random.Random(5)
+    row_key = lambda i: f"lag#{i:08d}".encode()  # noqa: E731 — the mapping's row key for sk=i
+    written: dict = {}
+    seen: dict = {}
+    with BigtableDataClient(project=project) as c, c.get_table(instance, table) as t:
+        def visible(keys) -> set:
+            return {r.row_key for r in t.read_rows(ReadRowsQuery(row_keys=list(keys)))} if keys else set()
+
+        ddb.put_item(TableName=name, Item=make_item(rng, {"pk": {"S": "lag"}, "sk": {"S": "sentinel"}}, 400))
+        deadline = time.perf_counter() + 60
+        while not visible([b"lag#sentinel"]):
+            if time.perf_counter() > deadline:
+                raise SystemExit("pipeline did not start within 60 s")
+            time.sleep(0.05)
+        stop = threading.Event()
+
+        def writer():
+            interval, next_at, i = 1.0 / rate, time.perf_counter(), 0
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                key = {"pk": {"S": "lag"}, "sk": {"S": f"{i:08d}"}}
+                written[row_key(i)] = time.perf_counter()
+                ddb.put_item(TableName=name, Item=make_item(rng, key, 400))
+                i += 1
+                next_at += interval
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+            stop.set()
+
+        w = threading.Thread(target=writer, daemon=True)
+        w.start()
+        final = None
+        while final is None or time.perf_counter() < final:
+            if stop.is_set() and final is None:
+                final = time.perf_counter() + LAG_GRACE_S  # late rows still count, up to this long
+            pending = [k for k in list(written) if k not in seen]
+            now_visible = visible(pending)
+            at = time.perf_counter()
+            for k in now_visible:
+                seen[k] = at
+            if final is not None and len(seen) == len(written):
+                break
+            time.sleep(LAG_READ_POLL_S)
+        w.join()
+    lags = [seen[k] - written[k] for k in written if k in seen]
+    print(json.dumps({"seconds": seconds, "rate_per_s": rate, "written": len(written), "visible": len(lags),
+                      "p50_s": round(percentile(lags, 0.5), 3), "p99_s": round(percentile(lags, 0.99), 3),
+                      "max_s": round(max(lags), 3) if lags else None, "reader_poll_s": LAG_READ_POLL_S,
+                      "stream_poll_s": DEFAULT_POLL_INTERVAL_S}))
 
 
 def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from transforms.errors import ConfigError, PermanentError
+from transforms.limits import DEFAULT_POLL_INTERVAL_S
 
 log = logging.getLogger("ddb2bt")
 
@@ -115,7 +116,9 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--until-idle", type=float, metavar="SECONDS",
                    help="stop once every shard has been at the stream head this long (tests, catch-up runs; "
                         "migrate: after the backfill, then phase LIVE)")
-    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls of an idle shard")
+    p.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL_S,
+                   help="seconds between polls of an idle shard (default %(default)s: 4 GetRecords/s, "
+                        "under the stream's 5/s per-shard limit)")
     p.add_argument("--discovery-interval", type=float, default=10.0, help="seconds between shard discoveries")
     p.add_argument("--partitions", type=int, default=1,
                    help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")

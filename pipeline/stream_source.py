@@ -33,6 +33,7 @@ from typing import Callable, Iterator, Optional
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
 
 from transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
+from transforms.limits import DEFAULT_POLL_INTERVAL_S
 from transforms.model import ShardClosed
 from pipeline.metrics import PipelineMetrics
 from pipeline.records import from_stream_record
@@ -100,7 +101,7 @@ def classify_stream_error(exc: Exception, operation: str) -> Exception:
 class ReaderOptions:
     start: str = TRIM_HORIZON
     on_trimmed: str = "fail"
-    poll_interval_s: float = 1.0
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     discovery_interval_s: float = 10.0
     until_idle_s: Optional[float] = None
     # On the local FnApiRunner a deferral's delay is ignored: sleep when idle instead.

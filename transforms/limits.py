@@ -23,6 +23,11 @@ MAX_REQUEST_BYTES = 200 * MIB
 # Bigtable timestamps are microseconds in a signed 64-bit integer; we use whole
 # milliseconds, so the largest timestamp we may write is this many ms.
 MAX_TIMESTAMP_MS = (2**63 - 1) // 1000
+# DynamoDB Streams allows 5 GetRecords calls per second per shard. Idle shards are
+# polled one call/s below that (4/s, as AWS Lambda's poller): an idle shard's next
+# change then waits 125 ms on average.
+STREAM_GET_RECORDS_PER_SHARD_S = 5
+DEFAULT_POLL_INTERVAL_S = 1 / (STREAM_GET_RECORDS_PER_SHARD_S - 1)
 
 
 def check_row_change(change: RowChange) -> None:
