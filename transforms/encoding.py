@@ -56,12 +56,32 @@ def _want(value: Any, tags: tuple, encoding: str, where: str) -> Any:
     return value[tag]
 
 
-def _utf8(value: Any, where: str) -> bytes:
-    text = _want(value, ("S",), "utf8", where)
+# Payload encoders (the value inside {"S": ...}): shared by the declared encodings,
+# which check the type first, and by ``auto``, which already knows it.
+
+
+def _utf8_payload(text: str, where: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates cannot be stored as UTF-8
         raise MappingError(f"{where}: string is not valid Unicode", reason="encoding") from None
+
+
+def _decimal_payload(text: str, where: str) -> bytes:
+    parse_number(text, where)
+    return text.encode("ascii")
+
+
+def _bool_payload(flag: bool, where: str) -> bytes:
+    return TRUE_BYTE if flag else FALSE_BYTE
+
+
+def _null_payload(_: Any, where: str) -> bytes:
+    return b""
+
+
+def _utf8(value: Any, where: str) -> bytes:
+    return _utf8_payload(_want(value, ("S",), "utf8", where), where)
 
 
 def _int64(value: Any, where: str) -> bytes:
@@ -75,9 +95,7 @@ def _int64(value: Any, where: str) -> bytes:
 
 
 def _decimal(value: Any, where: str) -> bytes:
-    text = _want(value, ("N",), "decimal", where)
-    parse_number(text, where)
-    return text.encode("ascii")
+    return _decimal_payload(_want(value, ("N",), "decimal", where), where)
 
 
 def _float64(value: Any, where: str) -> bytes:
@@ -93,13 +111,11 @@ def _bytes(value: Any, where: str) -> bytes:
 
 
 def _bool(value: Any, where: str) -> bytes:
-    flag = _want(value, ("BOOL",), "bool", where)
-    return TRUE_BYTE if flag else FALSE_BYTE
+    return _bool_payload(_want(value, ("BOOL",), "bool", where), where)
 
 
 def _null(value: Any, where: str) -> bytes:
-    _want(value, ("NULL",), "null", where)
-    return b""
+    return _null_payload(_want(value, ("NULL",), "null", where), where)
 
 
 def _json(value: Any, where: str) -> bytes:
@@ -110,11 +126,14 @@ def _dynamodb_json(value: Any, where: str) -> bytes:
     return canonical_typed_json(value, where).encode("utf-8")
 
 
-_AUTO = {"S": _utf8, "N": _decimal, "B": _bytes, "BOOL": _bool, "NULL": _null}
+_AUTO_PAYLOAD = {"S": _utf8_payload, "N": _decimal_payload, "B": as_bytes, "BOOL": _bool_payload,
+                 "NULL": _null_payload}
 
 
 def _auto(value: Any, where: str) -> bytes:
-    return _AUTO.get(type_of(value, where), _json)(value, where)
+    tag = type_of(value, where)  # checked once here; the payload encoders trust it
+    scalar = _AUTO_PAYLOAD.get(tag)
+    return scalar(value[tag], where) if scalar is not None else _json(value, where)
 
 
 ENCODERS: dict[str, Callable[[Any, str], bytes]] = {

@@ -25,9 +25,8 @@ scanned items) and verification (``expected_cells``).
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Mapping, Optional
+from typing import Mapping, NamedTuple, Optional
 
 from transforms.attrs import as_bytes, canonical_json, canonical_typed_json, parse_number, type_of
 from transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, resolve_hook
@@ -58,10 +57,10 @@ MARKER_MAX_AGE_S = 7 * 24 * 3600
 MARKER_PREFIX = b"t#"
 
 
-@dataclass(frozen=True, slots=True)
-class OwnedCell:
+class OwnedCell(NamedTuple):
     """A cell an item owns. ``version_ms`` None: written at the change time, one
-    version. ``values`` is set for list columns (one version per element)."""
+    version. ``values`` is set for list columns (one version per element).
+    A NamedTuple: an image of ten attributes builds ten of these per change."""
 
     table: str
     row_key: bytes
@@ -354,7 +353,7 @@ def validate_record(record: ChangeRecord) -> None:
         raise MappingError(f"negative change time {record.change_ms}", reason="bad_record")
 
 
-def _write(cell: OwnedCell, ts: int) -> list:
+def _write(cell: OwnedCell, ts: int, prune: bool) -> list:
     if cell.values is not None:
         n = len(cell.values)
         first = ts - n + 1  # element i at ts-(n-1-i): the newest element at the change time
@@ -367,10 +366,9 @@ def _write(cell: OwnedCell, ts: int) -> list:
         return out
     if cell.version_ms is not None:
         return [SetCell(cell.family, cell.qualifier, cell.value, cell.version_ms)]
-    out = [SetCell(cell.family, cell.qualifier, cell.value, ts)]
-    if ts > 0:  # an end of 0 would mean "no end" on the wire
-        out.append(DeleteCells(cell.family, cell.qualifier, 0, ts))
-    return out
+    if not prune or ts == 0:  # an end of 0 would mean "no end" on the wire
+        return [SetCell(cell.family, cell.qualifier, cell.value, ts)]
+    return [SetCell(cell.family, cell.qualifier, cell.value, ts), DeleteCells(cell.family, cell.qualifier, 0, ts)]
 
 
 def _delete(cell: OwnedCell, ts: int) -> DeleteCells:
@@ -416,9 +414,18 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
     new = owned_cells(mapping, record.keys, record.new_image) if record.event_name != REMOVE else {}
     old = owned_cells(mapping, record.keys, record.old_image, with_values=False)
     rows: dict = {}  # (table, row_key) -> [mutations]; insertion order = first touch
+    # Each write deletes the column's older versions, so a column holds one version.
+    # Not needed for a stream INSERT: the item did not exist just before it, and
+    # the REMOVE that ended any earlier life deleted every cell it owned up to its
+    # own time (a replay re-applies that REMOVE before this INSERT again). It is a
+    # third of the mutations of a typical stream, so it is worth skipping. Kept for
+    # backfill records (older tail writes may sit below their handoff time) and
+    # when TTL deletions are ignored (the expired life's cells were kept).
+    prune = (record.event_name != INSERT or record.backfill_since_ms is not None
+             or (mapping.ttl is not None and mapping.ttl.deletions == "ignore"))
     for key in sorted(new):
         cell = new[key]
-        rows.setdefault((cell.table, cell.row_key), []).extend(_write(cell, ts))
+        rows.setdefault((cell.table, cell.row_key), []).extend(_write(cell, ts, prune))
     for key in sorted(old):
         if key not in new:
             cell = old[key]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 AttributeValue = Mapping[str, Any]  # boto3 low-level form: {"S": "x"}, {"N": "1"}, {"B": b"..."}
 Item = Mapping[str, AttributeValue]
@@ -99,16 +99,17 @@ class ChangeRecord:
         return self.new_image if self.new_image is not None else self.old_image
 
 
-@dataclass(frozen=True, slots=True)
-class SetCell:
+# Mutations are NamedTuples, not frozen dataclasses: equally immutable and typed,
+# but built ~3x faster, and a typical change builds 10-20 of them (the frozen
+# dataclass __init__ was a tenth of the pipeline's CPU).
+class SetCell(NamedTuple):
     family: str
     qualifier: bytes
     value: bytes
     timestamp_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class DeleteCells:
+class DeleteCells(NamedTuple):
     """Delete every version of one column in ``[start_ms, end_ms)``: time-bounded,
     so a replay can never erase data newer than the change that caused it."""
 

@@ -1,13 +1,14 @@
 import struct
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from pipeline.compare import expected_layout
 from pipeline.fakes import InMemoryBigtable
-from transforms.config import load_mapping, mapping_from_text
+from transforms.config import TtlConfig, load_mapping, mapping_from_text
 from transforms.errors import MappingError
-from transforms.mapping import map_change
+from transforms.mapping import backfill_record, map_change
 from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
 
 M = load_mapping("examples/product_catalog.yaml")
@@ -50,14 +51,31 @@ def test_example_1_golden_layout():
     assert all(list(v) == [TS] for row in versions.values() for v in row.values())
 
 
-def test_insert_sets_cells_and_prunes_older_versions():
+def test_insert_sets_cells_without_pruning():
+    """A stream INSERT's item did not exist: no older versions to prune."""
     i = item("hats", "x", Price={"N": "30"}, Extra={"SS": ["b", "a"]})
     (ch,) = map_change(M, ChangeRecord(INSERT, keys_of(i), i, None, TS))
     assert ch.row_key == b"hats#x"
+    assert ch.mutations == (SetCell("SKU", b"Extra", b'["a","b"]', TS), SetCell("SKU", b"Price", struct.pack(">q", 30), TS))
+
+
+def test_modify_sets_cells_and_prunes_older_versions():
+    old = item("hats", "x", Price={"N": "29"})
+    i = item("hats", "x", Price={"N": "30"}, Extra={"SS": ["b", "a"]})
+    (ch,) = map_change(M, ChangeRecord(MODIFY, keys_of(i), i, old, TS))
     assert ch.mutations == (
         SetCell("SKU", b"Extra", b'["a","b"]', TS), DeleteCells("SKU", b"Extra", 0, TS),
         SetCell("SKU", b"Price", struct.pack(">q", 30), TS), DeleteCells("SKU", b"Price", 0, TS),
     )
+
+
+def test_insert_prunes_for_backfill_records_and_when_ttl_deletions_are_ignored():
+    i = item("hats", "x", Price={"N": "30"})
+    (bf,) = map_change(M, backfill_record(keys_of(i), i, TS))
+    assert DeleteCells("SKU", b"Price", 0, bf.mutations[0].timestamp_ms) in bf.mutations
+    keep = replace(M, ttl=TtlConfig(attribute="expires", deletions="ignore"))
+    (ch,) = map_change(keep, ChangeRecord(INSERT, keys_of(i), i, None, TS))
+    assert ch.mutations == (SetCell("SKU", b"Price", struct.pack(">q", 30), TS), DeleteCells("SKU", b"Price", 0, TS))
 
 
 def test_modify_removing_an_attribute_deletes_its_column_time_bounded():
