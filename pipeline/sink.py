@@ -107,7 +107,7 @@ class BatchingWriter:
         self._mutations = 0
         self._bytes = 0
         self._dead: list = []
-        self._positions: dict = {}  # (stream, shard) -> ShardCheckpoint
+        self._positions: dict = {}  # (stream, shard) -> (sequence number, change ms) of the latest change
         self._applied: dict = {}  # (stream, shard) -> [count, max change ms]
         self._events: list = []  # (table, event, change_ms) for metrics after ack
         self._closed: list = []
@@ -193,14 +193,18 @@ class BatchingWriter:
         if isinstance(pos, BackfillPosition):
             self._backfill[(pos.source, pos.part)] = BackfillCheckpoint(pos.source, pos.part, pos.resume, pos.count)
             return
+        # Per change only the latest position is kept (cheap); the checkpoint value
+        # is built once per shard at flush time.
         key = (pos.stream_arn, pos.shard_id)
-        self._positions[key] = ShardCheckpoint(
-            stream_arn=pos.stream_arn, shard_id=pos.shard_id, sequence_number=pos.sequence_number,
-            change_ms=element.record.change_ms,
-        )
-        counts = self._applied.setdefault(key, [0, None])
-        counts[0] += 1
-        counts[1] = element.record.change_ms if counts[1] is None else max(counts[1], element.record.change_ms)
+        change_ms = element.record.change_ms
+        self._positions[key] = (pos.sequence_number, change_ms)
+        counts = self._applied.get(key)
+        if counts is None:
+            self._applied[key] = [1, change_ms]
+        else:
+            counts[0] += 1
+            if change_ms > counts[1]:
+                counts[1] = change_ms
 
     def _dead_letter(self, element: MappedChange, reason: str, message: str, error_class: str) -> DeadLetter:
         return DeadLetter(reason=reason, error_class=error_class, message=message, stage="write",
@@ -226,7 +230,8 @@ class BatchingWriter:
         if self._state is not None:
             if dead:
                 self._state.save_dead_letters(dead)
-            checkpoints = list(self._positions.values()) + [
+            checkpoints = [ShardCheckpoint(stream_arn=stream, shard_id=shard, sequence_number=seq, change_ms=ms)
+                           for (stream, shard), (seq, ms) in self._positions.items()] + [
                 ShardCheckpoint(c.stream_arn, c.shard_id, c.last_sequence_number, finished=True)
                 for c in self._closed
             ]
@@ -242,15 +247,22 @@ class BatchingWriter:
         if m is None:
             return
         dead_ids = {id(d.record) for d in dead}
+        applied: dict = {}  # (table, event) -> count: one counter update per label set
+        skipped: dict = {}
         for element in self._elements:
-            table = _table_of(element.record)
-            if id(element.record) in dead_ids:
+            record = element.record
+            if dead_ids and id(record) in dead_ids:
                 continue
+            table = _table_of(record)
             if not element.rows:
-                m.changes_skipped.labels(table).inc()
+                skipped[table] = skipped.get(table, 0) + 1
                 continue
-            m.applied(table, element.record.event_name)
-            m.observe_lag(ack_ms - element.record.change_ms)
+            applied[(table, record.event_name)] = applied.get((table, record.event_name), 0) + 1
+            m.observe_lag(ack_ms - record.change_ms)
+        for (table, event), count in applied.items():
+            m.applied(table, event, count)
+        for table, count in skipped.items():
+            m.changes_skipped.labels(table).inc(count)
         for d in dead:
             m.dead_lettered(_table_of(d.record), d.stage, d.reason)
         for (stream, shard), (count, change_ms) in self._applied.items():

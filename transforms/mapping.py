@@ -30,7 +30,7 @@ from typing import Mapping, NamedTuple, Optional
 
 from transforms.attrs import as_bytes, canonical_json, canonical_typed_json, parse_number, type_of
 from transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, resolve_hook
-from transforms.encoding import encode
+from transforms.encoding import ENCODERS, encode
 from transforms.errors import MappingError
 from transforms.limits import MAX_TIMESTAMP_MS, check_row_change
 from transforms.model import (
@@ -231,6 +231,45 @@ def _column_cells(owner: _Owner, col: ColumnConfig, value, table: str, row: byte
     owner.add(OwnedCell(table, row, col.family, qualifier, version, cell_value), where)
 
 
+# What to do with an attribute, decided once per (rule, attribute name) and cached:
+# the per-attribute checks (listed column? key? consumed? other attributes?) are
+# the same for every item, and this loop runs for every attribute of every image.
+_SKIP = 0  # not placed (key attribute, consumed by a template, ignored)
+_PLAIN = 1  # one cell at the change time: (_PLAIN, family, qualifier, encoder)
+_COLUMN = 2  # a listed column needing the general path: (_COLUMN, ColumnConfig)
+_UNMAPPED = 3  # other_attributes: dead_letter
+# Distinct attribute names whose plan is cached per rule; items with unbounded
+# dynamic attribute names get their plan computed each time beyond this.
+MAX_PLANNED_ATTRIBUTES = 10_000
+
+
+def _attribute_plan(rule: RuleConfig, key_attrs: tuple, name: str) -> tuple:
+    column = rule.column_for(name)
+    if column is not None:
+        if column.kind == "value" and column.qualifier_template is None and column.timestamp is None:
+            return (_PLAIN, column.family, column.qualifier, ENCODERS[column.encoding])
+        return (_COLUMN, column)
+    if name in key_attrs and not rule.include_key_attributes:
+        return (_SKIP,)
+    if name in rule.consumed:
+        return (_SKIP,)  # used by the row key, a qualifier or a timestamp
+    if rule.item_column is not None and rule.other.mode == "dead_letter":
+        return (_SKIP,)  # the item column already keeps every attribute
+    if rule.other.mode == "column":
+        return (_PLAIN, rule.other.family, name.encode("utf-8"), ENCODERS[rule.other.encoding])
+    if rule.other.mode == "dead_letter":
+        return (_UNMAPPED,)
+    return (_SKIP,)
+
+
+def _plans(rule: RuleConfig) -> dict:
+    plans = rule.__dict__.get("_attribute_plans")
+    if plans is None:
+        plans = {}
+        object.__setattr__(rule, "_attribute_plans", plans)  # a cache on a frozen config
+    return plans
+
+
 def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: Item, image: Item,
                 captures: Mapping) -> None:
     table = mapping.target.table
@@ -239,21 +278,27 @@ def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: I
         return
     row = build_key(rule.row_key, keys, image, captures)
     key_attrs = mapping.source.key_attributes
+    plans = _plans(rule)
+    cells = owner.cells
+    with_values = owner.with_values
     for name in sorted(image):
-        column = rule.column_for(name)
-        if column is not None:
-            _column_cells(owner, column, image[name], table, row, keys, image, captures)
-            continue
-        if name in key_attrs and not rule.include_key_attributes:
-            continue
-        if name in rule.consumed:
-            continue  # used by the row key, a qualifier or a timestamp
-        if rule.item_column is not None and rule.other.mode == "dead_letter":
-            continue  # the item column already keeps every attribute
-        if rule.other.mode == "column":
-            value = encode(rule.other.encoding, image[name], name) if owner.with_values else None
-            owner.add(OwnedCell(table, row, rule.other.family, name.encode("utf-8"), value=value), name)
-        elif rule.other.mode == "dead_letter":
+        plan = plans.get(name)
+        if plan is None:
+            plan = _attribute_plan(rule, key_attrs, name)
+            if len(plans) < MAX_PLANNED_ATTRIBUTES:
+                plans[name] = plan
+        kind = plan[0]
+        if kind == _PLAIN:
+            _, family, qualifier, encoder = plan
+            cell = OwnedCell(table, row, family, qualifier, None,
+                             encoder(image[name], name) if with_values else None, None)
+            key = (table, row, family, qualifier, None, False)  # == cell.key, without the call
+            if key in cells:
+                owner.add(cell, name)  # raises: two attributes claim one cell
+            cells[key] = cell
+        elif kind == _COLUMN:
+            _column_cells(owner, plan[1], image[name], table, row, keys, image, captures)
+        elif kind == _UNMAPPED:
             raise MappingError(
                 f"attribute {name!r} is not mapped by rule {rule.name!r} "
                 "(add it under columns, or set other_attributes)",
