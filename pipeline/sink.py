@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Optional
 
 from transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
 from transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedChange, PartDone, SetCell,
-                              ShardClosed, StreamPosition)
+                              ShardClosed, StreamPosition, mutations_size)
 from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
 from pipeline.metrics import PipelineMetrics
 from pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
@@ -276,8 +276,7 @@ class BatchingWriter:
         batch: list = []
         size = mutations = 0
         for row in rows:
-            row_size = row.size or len(row.row_key) + sum(
-                len(m.qualifier) + len(getattr(m, "value", b"")) + 16 for m in row.mutations)
+            row_size = row.size or mutations_size(row.row_key, row.mutations)
             if batch and (len(batch) >= self._config.max_batch_rows
                           or size + row_size > self._config.max_batch_bytes
                           or mutations + len(row.mutations) > self._config.max_batch_mutations):

@@ -47,6 +47,10 @@ LATEST = "latest"
 START_MODES = (TRIM_HORIZON, LATEST)
 ON_TRIMMED = ("fail", "restart")
 GET_RECORDS_LIMIT = 1000  # the service's maximum per call
+# Full pages read from one shard in one round (bundle): up to 10,000 changes, so a
+# backlog is drained in large bundles while a bundle's unacknowledged work stays
+# small enough to redo quickly after a failure.
+PAGES_PER_ROUND = 10
 DESCRIBE_LIMIT = 100  # the service's maximum shards per DescribeStream page
 
 _STOP_REQUESTS: set = set()
@@ -396,7 +400,8 @@ class PartitionReader:
         raise StreamThrottled(f"GetRecords on {shard_id}: iterator kept expiring")
 
     def read_round(self, tracker) -> Iterator:
-        """Discover if due, then read one page from every active shard, yielding
+        """Discover if due, then read every active shard (a page, or up to
+        PAGES_PER_ROUND while its pages come back full), yielding
         ChangeRecord / ShardClosed; returns (as the generator's value) a RoundResult.
         ``tracker.try_claim(c) -> bool`` updates the restriction; False means the
         runner split us and the round must stop at once."""
@@ -407,35 +412,42 @@ class PartitionReader:
                 result.stopped = True
                 return result
         for shard_id, pos in tracker.current_restriction().positions:
-            page = self._get_records(shard_id, pos)
-            records = page.get("Records", [])
-            for raw in records:
-                rec = from_stream_record(raw, self._partition.stream_arn, shard_id)
-                if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
-                    result.stopped = True
-                    return result
-                if self._metrics:
-                    self._metrics.read(self._table, rec.event_name)
-                    self._metrics.lag.on_read(self._partition.stream_arn, shard_id, rec.change_ms)
-                yield rec
-                result.records += 1
-                result.at_head = False
-            new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
-            nxt = page.get("NextShardIterator")
-            if nxt is None:
-                if not claim(ClaimClosed(shard_id)):
-                    result.stopped = True
-                    return result
-                self._iterators.pop(shard_id, None)
-                yield ShardClosed(self._partition.stream_arn, shard_id, new_pos.after)
-                # Discover again next round: this shard's children can start as
-                # soon as the sink has recorded it finished.
-                self._last_discovery_ms = None
-                result.at_head = False
-            else:
+            # A shard with a backlog gets up to PAGES_PER_ROUND full pages in one
+            # round (one bundle): fewer bundles amortise the runner's per-bundle
+            # cost. A short page means the shard is at its head: next shard.
+            for _ in range(PAGES_PER_ROUND):
+                page = self._get_records(shard_id, pos)
+                records = page.get("Records", [])
+                for raw in records:
+                    rec = from_stream_record(raw, self._partition.stream_arn, shard_id)
+                    if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
+                        result.stopped = True
+                        return result
+                    if self._metrics:
+                        self._metrics.read(self._table, rec.event_name)
+                        self._metrics.lag.on_read(self._partition.stream_arn, shard_id, rec.change_ms)
+                    yield rec
+                    result.records += 1
+                    result.at_head = False
+                new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
+                nxt = page.get("NextShardIterator")
+                if nxt is None:
+                    if not claim(ClaimClosed(shard_id)):
+                        result.stopped = True
+                        return result
+                    self._iterators.pop(shard_id, None)
+                    yield ShardClosed(self._partition.stream_arn, shard_id, new_pos.after)
+                    # Discover again next round: this shard's children can start as
+                    # soon as the sink has recorded it finished.
+                    self._last_discovery_ms = None
+                    result.at_head = False
+                    break
                 self._iterators[shard_id] = (new_pos, nxt)
                 if not records and self._metrics:
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
+                if len(records) < GET_RECORDS_LIMIT:
+                    break
+                pos = new_pos
         return result
 
     @property

@@ -5,7 +5,7 @@ on the emulator would otherwise fail for the first time in production.
 from __future__ import annotations
 
 from transforms.errors import MappingError
-from transforms.model import RowChange, SetCell
+from transforms.model import MUTATION_OVERHEAD_BYTES, RowChange, SetCell
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -30,36 +30,49 @@ STREAM_GET_RECORDS_PER_SHARD_S = 5
 DEFAULT_POLL_INTERVAL_S = 1 / (STREAM_GET_RECORDS_PER_SHARD_S - 1)
 
 
-def check_row_change(change: RowChange) -> None:
-    """Raise MappingError (a dead-letter reason) if the change breaks a limit."""
-    if not change.row_key:
+def checked_size(row_key: bytes, mutations: tuple) -> int:
+    """The request bytes of one row's change (``RowChange.size_bytes``), checked
+    against Bigtable's limits in the same pass: MappingError (a dead-letter
+    reason) if the change breaks one."""
+    if not row_key:
         raise MappingError("row key is empty", reason="row_key_empty")
-    if len(change.row_key) > MAX_ROW_KEY_BYTES:
+    if len(row_key) > MAX_ROW_KEY_BYTES:
         raise MappingError(
-            f"row key is {len(change.row_key)} bytes, Bigtable's limit is {MAX_ROW_KEY_BYTES}",
+            f"row key is {len(row_key)} bytes, Bigtable's limit is {MAX_ROW_KEY_BYTES}",
             reason="row_key_too_long",
         )
-    if len(change.mutations) > MAX_MUTATIONS_PER_REQUEST:
+    if len(mutations) > MAX_MUTATIONS_PER_REQUEST:
         raise MappingError(
-            f"{len(change.mutations)} mutations for one row, limit {MAX_MUTATIONS_PER_REQUEST}",
+            f"{len(mutations)} mutations for one row, limit {MAX_MUTATIONS_PER_REQUEST}",
             reason="too_many_mutations",
         )
-    for m in change.mutations:
-        if len(m.qualifier) > MAX_QUALIFIER_BYTES:
+    size = len(row_key)
+    for m in mutations:
+        qualifier = len(m.qualifier)
+        if qualifier > MAX_QUALIFIER_BYTES:
             raise MappingError(
-                f"qualifier in family {m.family!r} is {len(m.qualifier)} bytes, limit {MAX_QUALIFIER_BYTES}",
+                f"qualifier in family {m.family!r} is {qualifier} bytes, limit {MAX_QUALIFIER_BYTES}",
                 reason="qualifier_too_long",
             )
-        if isinstance(m, SetCell):
-            if len(m.value) > MAX_CELL_VALUE_BYTES:
+        size += len(m.family) + qualifier + MUTATION_OVERHEAD_BYTES
+        if type(m) is SetCell:
+            value = len(m.value)
+            if value > MAX_CELL_VALUE_BYTES:
                 raise MappingError(
-                    f"cell {m.family}:… is {len(m.value)} bytes, limit {MAX_CELL_VALUE_BYTES}",
+                    f"cell {m.family}:… is {value} bytes, limit {MAX_CELL_VALUE_BYTES}",
                     reason="cell_too_large",
                 )
             if not 0 <= m.timestamp_ms <= MAX_TIMESTAMP_MS:
                 raise MappingError(f"cell timestamp {m.timestamp_ms} ms out of range", reason="timestamp")
-    if change.size_bytes > MAX_REQUEST_BYTES:
+            size += value
+    if size > MAX_REQUEST_BYTES:
         raise MappingError(
-            f"row change is {change.size_bytes} bytes, over the {MAX_REQUEST_BYTES}-byte request budget",
+            f"row change is {size} bytes, over the {MAX_REQUEST_BYTES}-byte request budget",
             reason="row_too_large",
         )
+    return size
+
+
+def check_row_change(change: RowChange) -> None:
+    """Raise MappingError (a dead-letter reason) if the change breaks a limit."""
+    checked_size(change.row_key, change.mutations)

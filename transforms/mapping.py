@@ -32,7 +32,7 @@ from transforms.attrs import as_bytes, canonical_json, canonical_typed_json, par
 from transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, resolve_hook
 from transforms.encoding import ENCODERS, encode
 from transforms.errors import MappingError
-from transforms.limits import MAX_TIMESTAMP_MS, check_row_change
+from transforms.limits import MAX_TIMESTAMP_MS, checked_size
 from transforms.model import (
     EVENT_NAMES,
     INSERT,
@@ -488,9 +488,8 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
         if record.backfill_since_ms is not None:
             guard = Guard(MARKER_FAMILY, qualifier, record.backfill_since_ms,
                           conditional=(t, k) in versioned_rows, backfill_ms=ts)
-        changes.append(RowChange(table=t, row_key=k, mutations=tuple(m), guard=guard))
-    for change in changes:
-        check_row_change(change)
+        mutations = tuple(m)
+        changes.append(RowChange(t, k, mutations, guard, checked_size(k, mutations)))
     return tuple(changes)
 
 

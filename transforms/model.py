@@ -148,15 +148,27 @@ class RowChange:
     row_key: bytes
     mutations: tuple  # tuple[Mutation, ...]
     guard: Optional[Guard] = None  # backfill rows only
+    # Request bytes this row adds to a batch. The mapping computes it while it
+    # checks the limits (one pass); computed here when not given.
+    size_bytes: int = -1
 
-    @property
-    def size_bytes(self) -> int:
-        total = len(self.row_key)
-        for m in self.mutations:
-            total += len(m.family) + len(m.qualifier) + 16
-            if isinstance(m, SetCell):
-                total += len(m.value)
-        return total
+    def __post_init__(self) -> None:
+        if self.size_bytes < 0:
+            object.__setattr__(self, "size_bytes", mutations_size(self.row_key, self.mutations))
+
+
+# A mutation's framing in a request beyond its family, qualifier and value bytes
+# (tags, lengths, timestamps): an estimate, used only to keep batches under limits.
+MUTATION_OVERHEAD_BYTES = 16
+
+
+def mutations_size(row_key: bytes, mutations) -> int:
+    total = len(row_key)
+    for m in mutations:
+        total += len(m.family) + len(m.qualifier) + MUTATION_OVERHEAD_BYTES
+        if type(m) is SetCell:
+            total += len(m.value)
+    return total
 
 
 @dataclass(frozen=True, slots=True)

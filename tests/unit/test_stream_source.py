@@ -273,3 +273,23 @@ def test_vanished_stream_message_says_how_to_recover():
                              lambda arn: {}, None, sleep=lambda s: None)
     with pytest.raises(StreamGoneError, match="re-enabled stream has a new ARN.*back-fill again"):
         drain_round(reader, LocalTracker())
+
+
+def test_a_backlog_is_read_in_rounds_of_up_to_pages_per_round_full_pages():
+    from pipeline.stream_source import GET_RECORDS_LIMIT, PAGES_PER_ROUND
+
+    client, _, _, reader, _ = setup()
+    client.add_shard("a")
+    client.add_shard("b")
+    backlog = GET_RECORDS_LIMIT * PAGES_PER_ROUND + 5
+    a = put(client, "a", backlog)
+    b = put(client, "b", 3, start=backlog)
+    tracker = LocalTracker()
+    first, _ = drain_round(reader, tracker)
+    # shard a: every full page until the round's cap; shard b: its one short page
+    assert seqs([e for e in first if e.position.shard_id == "a"]) == a[:GET_RECORDS_LIMIT * PAGES_PER_ROUND]
+    assert seqs([e for e in first if e.position.shard_id == "b"]) == b
+    second, _ = drain_round(reader, tracker)
+    assert seqs(second) == a[GET_RECORDS_LIMIT * PAGES_PER_ROUND:]
+    # round 1: a reads PAGES_PER_ROUND pages, b one; round 2: a its short rest, b its empty head
+    assert client.calls.count("GetRecords") == PAGES_PER_ROUND + 1 + 2
