@@ -1,5 +1,7 @@
 """BatchingWriter: coalescing, limits, retries, isolation, dead letters and
 checkpoints, against the in-memory Bigtable with injected faults."""
+import threading
+
 import pytest
 
 from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus
@@ -23,12 +25,13 @@ def change(seq, row=b"r", value=b"v", ts=1000, shard="s1", family="f", table="t"
     return MappedChange(rec, rows)
 
 
-def make(fault=None, config=SinkConfig(retry=FAST), families=None):
+def make(fault=None, config=SinkConfig(retry=FAST), families=None, overlap=False):
     bt = InMemoryBigtable(families={"t": {"f"}} if families is None else families, fault=fault)
     state = StateStore(bt, "job", lambda: 5)
     metrics = PipelineMetrics(CollectorRegistry())
     known = (lambda table: frozenset(bt.families[table])) if families is None else (lambda t: None)
-    writer = BatchingWriter(bt, state, config, metrics, known, now_ms=lambda: 5, sleep=lambda s: None)
+    writer = BatchingWriter(bt, state, config, metrics, known, now_ms=lambda: 5, sleep=lambda s: None,
+                            overlap=overlap)
     return bt, state, writer, metrics
 
 
@@ -203,3 +206,43 @@ def test_batches_are_bounded_by_bytes_and_a_row_is_never_split():
     calls = [keys for table, keys in bt.calls if table == "t"]
     assert [len(c) for c in calls] == [2, 2, 1]
     assert all(len(v) == 1000 for row in bt.latest("t").values() for v in row.values())
+
+
+def test_overlap_buffers_the_next_batch_while_one_is_in_flight_and_sends_it_only_after_the_ack():
+    entered, release = threading.Event(), threading.Event()
+
+    def hold_first_write(table, entries, n):
+        if table == "t" and not release.is_set():
+            entered.set()
+            assert release.wait(10)
+
+    bt, state, w, metrics = make(fault=hold_first_write, config=SinkConfig(retry=FAST, max_batch_rows=2),
+                                 overlap=True)
+    w.add(change(1, row=b"a", value=b"old"))
+    w.add(change(2, row=b"b"))
+    assert w.add(change(3, row=b"c")) == []  # {a, b} is full: written on the sink thread
+    assert entered.wait(10)
+    w.add(change(4, row=b"a", value=b"new"))  # buffered meanwhile, not sent: a is in flight
+    assert w.pending_rows == 2
+    assert [sorted(keys) for table, keys in bt.calls if table == "t"] == [[b"a", b"b"]]
+    release.set()
+    w.flush()  # waits for {a, b}, then writes {c, a}
+    assert [sorted(keys) for table, keys in bt.calls if table == "t"] == [[b"a", b"b"], [b"a", b"c"]]
+    assert bt.latest("t")[b"a"][("f", b"q")] == b"new"
+    assert state.load_checkpoints(ARN)["s1"].sequence_number == "4"
+    assert sample(metrics, "ddb2bt_changes_applied_total", table="T", event="MODIFY") == 4
+    w.close()
+
+
+def test_overlap_a_batch_failing_on_the_sink_thread_fails_the_next_flush_without_checkpointing():
+    def table_gone(table, entries, n):
+        if table == "t":
+            raise BigtablePermanent("NOT_FOUND: table", code="NOT_FOUND")
+
+    bt, state, w, _ = make(fault=table_gone, config=SinkConfig(retry=FAST, max_batch_rows=1), overlap=True)
+    w.add(change(1, row=b"a"))
+    w.add(change(2, row=b"b"))  # {a} goes to the sink thread and fails there
+    with pytest.raises(BigtablePermanent, match="NOT_FOUND"):
+        w.flush()
+    assert state.load_checkpoints(ARN) == {}
+    w.close()
