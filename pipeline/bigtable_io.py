@@ -121,11 +121,6 @@ class MutationWriter(Protocol):
     def close(self) -> None: ...
 
 
-def regex_literal(data: bytes) -> bytes:
-    """An RE2 pattern matching exactly ``data`` (every byte but [A-Za-z0-9] hex-escaped)."""
-    return b"".join(bytes([b]) if chr(b).isalnum() and b < 128 else b"\\x%02x" % b for b in data)
-
-
 def build_mutations(container, mutations: Sequence) -> None:
     for m in mutations:
         pb = container.add()
@@ -228,7 +223,10 @@ class GrpcMutationWriter:
             request.app_profile_id = self._app_profile
         request.rows.row_keys.extend(sorted(set(row_keys)))
         chain = request.filter.chain.filters
-        chain.add().family_name_regex_filter = "^" + re.escape(family) + "$"
+        # A column range naming the family, not a family regex: the emulator
+        # compiles a regex filter again for every row (~80 us a row, more than
+        # writing it); a column range is a plain comparison everywhere.
+        chain.add().column_range_filter.family_name = family
         chain.add().timestamp_range_filter.start_timestamp_micros = since_ms * US_PER_MS
         chain.add().strip_value_transformer = True
         found: set = set()
@@ -256,8 +254,10 @@ class GrpcMutationWriter:
         if self._app_profile:
             request.app_profile_id = self._app_profile
         chain = request.predicate_filter.chain.filters
-        chain.add().family_name_regex_filter = "^" + re.escape(unless.family) + "$"
-        chain.add().column_qualifier_regex_filter = regex_literal(unless.qualifier)
+        column = chain.add().column_range_filter  # exactly family:qualifier, no regex (see cells_since)
+        column.family_name = unless.family
+        column.start_qualifier_closed = unless.qualifier
+        column.end_qualifier_closed = unless.qualifier
         chain.add().timestamp_range_filter.start_timestamp_micros = unless.since_ms * US_PER_MS
         build_mutations(request.false_mutations, mutations)
         try:
