@@ -1,3 +1,4 @@
+import json
 import struct
 from decimal import Decimal
 
@@ -160,3 +161,11 @@ def test_every_encoding_is_documented_and_decodable():
     for enc, value in samples.items():
         tag = next(iter(value))
         assert _normalise(decode(enc, encode(enc, value), tag)) == _normalise(value), enc
+
+
+@given(st.text())
+@settings(max_examples=2000)
+def test_the_fast_string_quoting_is_exactly_json_dumps(text):
+    from transforms.attrs import _dump_str
+
+    assert _dump_str(text) == json.dumps(text, ensure_ascii=False)
