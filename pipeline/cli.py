@@ -270,6 +270,7 @@ def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
 def build_live_job(args, mapping):
     from pipeline.connections import StreamsClientFactory, dynamodb_client
     from pipeline.graph import LiveJob, is_local
+    from pipeline.migrate import PhaseMarking
     from pipeline.preflight import check_target, ensure_state_table, resolve_stream
     from pipeline.stream_source import ReaderOptions
 
@@ -286,10 +287,12 @@ def build_live_job(args, mapping):
         discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
         sleep_when_idle=is_local(args.beam_args),
     )
-    return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader,
-                   state=state_spec(args, mapping, dlq_values(args)),
+    state = state_spec(args, mapping, dlq_values(args))
+    # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
+    # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
+    return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
                    partitions=args.partitions, client_factory=StreamsClientFactory(mapping.source.region),
-                   pushgateway=getattr(args, "metrics_pushgateway", None))
+                   marking=PhaseMarking(state), pushgateway=getattr(args, "metrics_pushgateway", None))
 
 
 def cmd_run(args) -> int:
@@ -430,7 +433,7 @@ def cmd_backfill(args) -> int:
 def cmd_migrate(args) -> int:
     from pipeline.graph import add_live_replication, is_local, make_pipeline
     from pipeline.metrics import default_metrics
-    from pipeline.migrate import BACKFILLING, LIVE, Migration, PhaseMarking, Worker
+    from pipeline.migrate import BACKFILLING, LIVE, Migration, Worker
     from dataclasses import replace
 
     import uuid
@@ -442,7 +445,7 @@ def cmd_migrate(args) -> int:
     spec = job.state
     migration = Migration(spec.store())
     stop_token = uuid.uuid4().hex
-    job = replace(job, marking=PhaseMarking(spec), reader=replace(job.reader, stop_token=stop_token))
+    job = replace(job, reader=replace(job.reader, stop_token=stop_token))
     start_metrics_server(args.metrics_port, args.metrics_host)
     metrics = default_metrics()
 

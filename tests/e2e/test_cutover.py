@@ -315,3 +315,33 @@ def test_versioned_columns_survive_the_overlap(stack, tmp_path, unique):
     ok, summary = identical(mapping, ddb)
     assert ok, summary
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
+
+
+def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp_path, unique):
+    """`ddb2bt backfill` next to a running `ddb2bt run` (not `migrate`): the tail
+    sees the phase and marks the items it writes, so the backfill's guards work."""
+    from pipeline.migrate import PHASE_CACHE_S
+    from transforms.mapping import MARKER_FAMILY
+
+    path, mapping, ddb = setup(tmp_path, unique)
+    table = mapping.source.table
+
+    def put(sk):
+        ddb.put_item(TableName=table, Item={"pk": {"S": "hats"}, "sk": {"S": sk}, "Price": {"N": "1"}})
+
+    def row(sk):
+        rows = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+        return rows.get(f"hats#{sk}".encode())
+
+    tail = _spawn(["run", "--mapping", str(path), "--poll-interval", "0.1"])
+    try:
+        put("before")
+        _wait(lambda: row("before") is not None, what="the tail to replicate")
+        assert not any(f == MARKER_FAMILY for f, _ in row("before")), "no backfill yet: no markers"
+        Migration(store_of(mapping)).begin_backfill({"kind": "scan", "segments": 1}, sleep=lambda s: None)
+        time.sleep(PHASE_CACHE_S + 1)  # the tail re-reads the phase this often
+        put("during")
+        _wait(lambda: row("during") is not None, what="the tail to replicate")
+        assert any(f == MARKER_FAMILY for f, _ in row("during")), "the tail must mark while a backfill runs"
+    finally:
+        _kill(tail)
