@@ -186,6 +186,8 @@ class _Owner:
     def __init__(self, with_values: bool) -> None:
         self.with_values = with_values
         self.cells: dict = {}
+        self.rule: Optional[RuleConfig] = None  # the rule and main row the image mapped to
+        self.row: Optional[bytes] = None
 
     def add(self, cell: OwnedCell, what: str) -> None:
         key = cell.key
@@ -277,6 +279,7 @@ def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: I
         _hook_cells(owner, rule, keys, image)
         return
     row = build_key(rule.row_key, keys, image, captures)
+    owner.rule, owner.row = rule, row
     key_attrs = mapping.source.key_attributes
     plans = _plans(rule)
     cells = owner.cells
@@ -378,6 +381,45 @@ def owned_cells(mapping: MappingConfig, keys: Item, image: Optional[Item], with_
     return owner.cells
 
 
+def _owned(mapping: MappingConfig, keys: Item, image: Item) -> _Owner:
+    """owned_cells of a new image, keeping the rule and row it mapped to."""
+    owner = _Owner(True)
+    rule, captures = select_rule(mapping, keys, image)
+    if rule is None:
+        if mapping.unmatched == "skip":
+            return owner
+        raise MappingError("no mapping rule matches this item", reason="no_matching_rule")
+    if not rule.skip:
+        _rule_cells(owner, mapping, rule, keys, image, captures)
+    return owner
+
+
+def _old_cells(mapping: MappingConfig, record: ChangeRecord, new: _Owner) -> dict:
+    """The cells the old image owned (keys only: nothing is encoded).
+
+    Fast path for the common MODIFY: when the old image maps with the same rule to
+    the same row, names no attribute the new image lacks, and every one of its
+    attributes is a plain cell or not placed, each of its cells is one of the new
+    image's cells too — nothing to delete, so nothing to compute (~25 % of a
+    MODIFY's mapping time)."""
+    old, keys = record.old_image, record.keys
+    if old is None:
+        return {}
+    rule = new.rule
+    if (rule is not None and record.new_image is not None and rule.hook is None and rule.item_column is None
+            and not rule.indexes and old.keys() <= record.new_image.keys()):
+        old_rule, captures = select_rule(mapping, keys, old)
+        plans = _plans(rule)
+        if (old_rule is rule and all(plans.get(name, _UNPLANNED)[0] in _SIMPLE for name in old)
+                and build_key(rule.row_key, keys, old, captures) == new.row):
+            return {}
+    return owned_cells(mapping, keys, old, with_values=False)
+
+
+_UNPLANNED = (None,)
+_SIMPLE = (_PLAIN, _SKIP)
+
+
 # --- change → mutations ---------------------------------------------------------
 
 
@@ -456,8 +498,9 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
     if record.is_ttl_delete and mapping.ttl is not None and mapping.ttl.deletions == "ignore":
         return ()
     ts = record.change_ms
-    new = owned_cells(mapping, record.keys, record.new_image) if record.event_name != REMOVE else {}
-    old = owned_cells(mapping, record.keys, record.old_image, with_values=False)
+    owner = _owned(mapping, record.keys, record.new_image) if record.event_name != REMOVE else _Owner(True)
+    new = owner.cells
+    old = _old_cells(mapping, record, owner)
     rows: dict = {}  # (table, row_key) -> [mutations]; insertion order = first touch
     # Each write deletes the column's older versions, so a column holds one version.
     # Not needed for a stream INSERT: the item did not exist just before it, and

@@ -210,3 +210,20 @@ def test_random_histories_converge_despite_duplicates_and_replays(ops, data):
     assert model.latest("product_catalog") == expected
     # exactly one version per owned column: nothing relies on garbage collection
     assert all(len(v) == 1 for row in model.versions("product_catalog").values() for v in row.values())
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(op, max_size=25))
+def test_the_modify_fast_path_produces_exactly_what_the_general_path_does(ops):
+    import transforms.mapping as engine
+
+    records, _ = history(ops)
+    fast = [map_change(M, r) for r in records]
+    general = engine._old_cells
+    try:
+        engine._old_cells = lambda mapping, record, new: engine.owned_cells(
+            mapping, record.keys, record.old_image, with_values=False)
+        slow = [map_change(M, r) for r in records]
+    finally:
+        engine._old_cells = general
+    assert fast == slow
