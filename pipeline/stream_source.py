@@ -202,10 +202,17 @@ class ClaimEnd:
 
 def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
     """Pure restriction update for one claim."""
-    if isinstance(claim, ClaimRecord):
-        pos = r.position_map()
-        pos[claim.shard_id] = ShardPos(after=claim.sequence_number)
-        return replace(r, positions=tuple(sorted(pos.items())), idle_since_ms=None)
+    if type(claim) is ClaimRecord:  # once per record: built directly, not with replace()
+        entry = (claim.shard_id, ShardPos(after=claim.sequence_number))
+        positions = r.positions
+        if len(positions) == 1 and positions[0][0] == claim.shard_id:
+            positions = (entry,)
+        else:
+            pos = dict(positions)
+            pos[claim.shard_id] = entry[1]
+            positions = tuple(sorted(pos.items()))
+        return PartitionRestriction(positions=positions, closed=r.closed, discovered_once=r.discovered_once,
+                                    idle_since_ms=None, done=r.done)
     if isinstance(claim, ClaimStart):
         pos = r.position_map()
         pos[claim.shard_id] = claim.pos
