@@ -16,6 +16,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.config import MappingConfig
 from transforms.dofns import MapChangesFn
+from transforms.model import StreamElement
+import pipeline.coders  # noqa: F401  (registers the StreamElement coder)
 from pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from pipeline.sink import SinkConfig, WriteToBigtableFn
 from pipeline.stream_sdf import ReadStreamPartitionsFn
@@ -52,7 +54,8 @@ def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
         p
         | STEP_PARTITIONS >> beam.Create(partitions)
         | STEP_READ >> beam.ParDo(ReadStreamPartitionsFn(job.reader, job.client_factory, job.state))
-        | STEP_MAP >> beam.ParDo(MapChangesFn(job.mapping, marking=job.marking))
+        .with_output_types(StreamElement)
+        | STEP_MAP >> beam.ParDo(MapChangesFn(job.mapping, marking=job.marking)).with_output_types(StreamElement)
         | STEP_WRITE >> beam.ParDo(WriteToBigtableFn(bigtable, job.state, job.sink, pushgateway=job.pushgateway))
     )
 

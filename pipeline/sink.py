@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
-from transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedChange, PartDone, SetCell,
+from transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedBatch, MappedChange, PartDone, SetCell,
                               ShardClosed, StreamPosition, mutations_size)
 from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
 from pipeline.metrics import PipelineMetrics
@@ -143,6 +143,11 @@ class BatchingWriter:
     # -- adding ---------------------------------------------------------------------
     def add(self, element) -> list:
         """Buffer one element; returns dead letters of any flush it caused."""
+        if type(element) is MappedBatch:
+            flushed: list = []
+            for change in element.changes:
+                flushed += self.add(change)
+            return flushed
         if isinstance(element, ShardClosed):
             self._buf.closed.append(element)
             return []
@@ -151,7 +156,7 @@ class BatchingWriter:
                 element.source, element.part, None, element.count, done=True)
             return []
         if not isinstance(element, MappedChange):
-            raise TypeError(f"sink got {type(element).__name__}, expected MappedChange or ShardClosed")
+            raise TypeError(f"sink got {type(element).__name__}, expected MappedChange(s) or a marker")
         flushed: list = []
         rows = self._prevalidate(element)
         sizes = [r.size_bytes for r in rows]

@@ -20,6 +20,7 @@ from pipeline.stream_source import (
     ReaderOptions,
     StreamPartition,
     apply_claim,
+    batch_records,
     stop_requested,
 )
 
@@ -92,7 +93,7 @@ class _WalltimeProvider(WatermarkEstimatorProvider):
 
 
 class ReadStreamPartitionsFn(beam.DoFn):
-    """StreamPartition → ChangeRecord | ShardClosed, unbounded."""
+    """StreamPartition → RecordBatch | ShardClosed, unbounded."""
 
     def __init__(self, options: ReaderOptions, client_factory: Callable, state_factory: Callable) -> None:
         self._options = options
@@ -125,7 +126,7 @@ class ReadStreamPartitionsFn(beam.DoFn):
             tracker.try_claim(ClaimEnd())
             return
         reader = self._reader(partition)
-        result = yield from reader.read_round(tracker)
+        result = yield from batch_records(reader.read_round(tracker))
         if result.stopped:
             return
         decision = reader.idle_decision(tracker, result)

@@ -9,7 +9,7 @@ import apache_beam as beam
 from transforms.config import MappingConfig
 from transforms.errors import MappingError
 from transforms.mapping import map_change
-from transforms.model import ChangeRecord, DeadLetter, MappedChange
+from transforms.model import ChangeRecord, DeadLetter, MappedBatch, MappedChange, RecordBatch
 
 
 def map_record(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[], int],
@@ -37,8 +37,9 @@ def _wall_ms() -> int:
 
 
 class MapChangesFn(beam.DoFn):
-    """ChangeRecord → MappedChange; other elements (shard markers) pass through in
-    order, because the sink needs them in stream order to checkpoint correctly.
+    """ChangeRecord → MappedChange, RecordBatch → MappedBatch; other elements
+    (shard markers) pass through in order, because the sink needs them in stream
+    order to checkpoint correctly.
 
     ``marking``: an object with ``setup()`` and ``active() -> bool`` telling whether
     a backfill is running (then tail changes carry touch markers); None: never."""
@@ -53,7 +54,12 @@ class MapChangesFn(beam.DoFn):
             self._marking.setup()
 
     def process(self, element) -> Iterator:
-        if isinstance(element, ChangeRecord):
+        if type(element) is RecordBatch:
+            mark = self._marking is not None and self._marking.active()
+            mapping, now_ms = self._mapping, self._now_ms
+            yield MappedBatch(tuple(map_record(mapping, r, now_ms, mark and r.backfill_since_ms is None)
+                                    for r in element.records))
+        elif isinstance(element, ChangeRecord):
             mark = self._marking is not None and element.backfill_since_ms is None and self._marking.active()
             yield map_record(self._mapping, element, self._now_ms, mark)
         else:

@@ -1,7 +1,8 @@
 """Frozen values passed between the pipeline's stages.
 
-Stream source ──ChangeRecord / ShardClosed──▶ mapping ──MappedChange / ShardClosed──▶
+Stream source ──RecordBatch / ShardClosed──▶ mapping ──MappedBatch / ShardClosed──▶
 Bigtable sink ──DeadLetter──▶ (dead-letter output, also stored durably)
+(the backfill source emits single ChangeRecords → MappedChanges; both are accepted)
 
 Timestamps are integer milliseconds since the Unix epoch everywhere: Bigtable's
 emulator and service accept only whole-millisecond cell timestamps, and keeping
@@ -194,8 +195,46 @@ class MappedChange:
     dead_letter: Optional[DeadLetter] = None
 
 
+class StreamElement:
+    """What the live path passes between its stages (RecordBatch, MappedBatch,
+    ShardClosed): one type, so the pipeline can give it one coder whose size
+    estimate is cheap (``pipeline.coders``)."""
+
+    __slots__ = ()
+
+    def estimated_bytes(self) -> int:
+        return ELEMENT_OVERHEAD_BYTES
+
+
+# A marker's size, and a record's beyond its image bytes, in size estimates.
+ELEMENT_OVERHEAD_BYTES = 100
+
+
 @dataclass(frozen=True, slots=True)
-class ShardClosed:
+class RecordBatch(StreamElement):
+    """Consecutive ChangeRecords of one read round, in stream order: what passes
+    from the stream source to the mapping. One element per page instead of per
+    record: the runner's cost per element (~12 us) was a tenth of the pipeline's
+    CPU. Markers (ShardClosed) still travel alone, in order."""
+
+    records: tuple  # tuple[ChangeRecord, ...]
+
+    def estimated_bytes(self) -> int:
+        return sum(r.size_bytes + ELEMENT_OVERHEAD_BYTES for r in self.records)
+
+
+@dataclass(frozen=True, slots=True)
+class MappedBatch(StreamElement):
+    """A RecordBatch mapped: its MappedChanges in the same order."""
+
+    changes: tuple  # tuple[MappedChange, ...]
+
+    def estimated_bytes(self) -> int:
+        return sum(2 * c.record.size_bytes + ELEMENT_OVERHEAD_BYTES for c in self.changes)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardClosed(StreamElement):
     """Marker: the reader reached the end of a closed shard. The sink records the
     shard as finished only after every write before this marker is acknowledged,
     which is what lets the shard's children start (per-key order, contract §1)."""

@@ -246,3 +246,30 @@ def test_overlap_a_batch_failing_on_the_sink_thread_fails_the_next_flush_without
         w.flush()
     assert state.load_checkpoints(ARN) == {}
     w.close()
+
+
+def test_page_batches_round_trip_through_their_coder_and_are_sized_without_encoding():
+    from pipeline.coders import StreamElementCoder
+    from transforms.model import MappedBatch, RecordBatch
+
+    records = tuple(change(i, row=b"r%d" % i).record for i in range(3))
+    batch = RecordBatch(tuple(ChangeRecord(r.event_name, r.keys, r.new_image, r.old_image, r.change_ms,
+                                           r.position, size_bytes=500) for r in records))
+    coder = StreamElementCoder()
+    assert coder.decode(coder.encode(batch)) == batch
+    closed = ShardClosed(ARN, "s1", "9")
+    assert coder.decode(coder.encode(closed)) == closed
+    coder.encode = None  # estimate_size must not encode
+    assert coder.estimate_size(batch) == 3 * (500 + 100)
+    mapped = MappedBatch(tuple(change(i) for i in range(2)))
+    assert coder.estimate_size(mapped) == 2 * 100
+
+
+def test_the_sink_takes_a_mapped_batch_as_its_changes_in_order():
+    from transforms.model import MappedBatch
+
+    bt, state, w, _ = make()
+    w.add(MappedBatch((change(1, value=b"a"), change(2, value=b"b"))))
+    w.flush()
+    assert bt.latest("t")[b"r"][("f", b"q")] == b"b"
+    assert state.load_checkpoints(ARN)["s1"].sequence_number == "2"

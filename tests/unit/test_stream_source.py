@@ -293,3 +293,55 @@ def test_a_backlog_is_read_in_rounds_of_up_to_pages_per_round_full_pages():
     assert seqs(second) == a[GET_RECORDS_LIMIT * PAGES_PER_ROUND:]
     # round 1: a reads PAGES_PER_ROUND pages, b one; round 2: a its short rest, b its empty head
     assert client.calls.count("GetRecords") == PAGES_PER_ROUND + 1 + 2
+
+
+def test_records_travel_in_page_batches_with_markers_between_them_in_order():
+    from pipeline.stream_source import batch_records
+    from transforms.model import RecordBatch
+
+    client, _, _, reader, _ = setup()
+    client.add_shard("a")
+    a = put(client, "a", 5)
+    client.close_shard("a")
+    out, result = drain_round(reader, LocalTracker())  # the round as the reader yields it
+    gen = batch_records(iter(out + ["end"]), size=2)
+    batched = []
+    while True:
+        try:
+            batched.append(next(gen))
+        except StopIteration as stop:
+            assert stop.value is None  # the inner generator's return value passes through
+            break
+    kinds = [type(e).__name__ if not isinstance(e, str) else e for e in batched]
+    assert kinds == ["RecordBatch", "RecordBatch", "RecordBatch", "ShardClosed", "end"]
+    assert [len(b.records) for b in batched[:3]] == [2, 2, 1]
+    assert [r.position.sequence_number for b in batched[:3] for r in b.records] == a
+    assert all(isinstance(b, RecordBatch) for b in batched[:3])
+
+
+def test_a_split_mid_round_still_emits_the_claimed_records_as_a_batch():
+    from pipeline.stream_source import batch_records
+
+    client, _, _, reader, _ = setup()
+    client.add_shard("s")
+    s = put(client, "s", 6)
+    tracker = PartitionTracker(PartitionRestriction())
+    inner = reader.read_round(tracker)
+    claimed = []
+
+    def claims_then_split():
+        for element in inner:  # split after the second record was claimed and yielded
+            claimed.append(element)
+            if len(claimed) == 2:
+                tracker.try_split(0)
+            yield element
+        return "round result"
+
+    batched, gen = [], batch_records(claims_then_split(), size=1000)
+    while True:
+        try:
+            batched.append(next(gen))
+        except StopIteration as stop:
+            assert stop.value == "round result"
+            break
+    assert [r.position.sequence_number for b in batched for r in b.records] == s[:2]
