@@ -30,7 +30,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
 from transforms.errors import ConfigError, PermanentError
 from transforms.mapping import backfill_record
-from transforms.model import BackfillPosition, PartDone
+from transforms.model import BackfillPosition, ChangeRecord, PartDone, RecordBatch, StreamElement
 from pipeline.metrics import default_metrics
 from pipeline.retry import RetryPolicy, retrying
 from pipeline.stream_source import StreamThrottled, classify_stream_error
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 SCAN, EXPORT = "scan", "export"
 QUEUE_ITEMS = 10_000  # bounded: readers wait for the writer instead of filling memory
 MAX_THREADS = 16
+BATCH_RECORDS = 1000  # records per runner element
 SCAN_PAGE_LIMIT = 1000
 _DONE = object()
 
@@ -273,7 +274,7 @@ class BackfillJob:
 
 
 class ReadBackfillFn(beam.DoFn):
-    """BackfillTask → ChangeRecord | PartDone, reading the task's parts in threads."""
+    """BackfillTask → RecordBatch | PartDone, reading the task's parts in threads."""
 
     def __init__(self, job: BackfillJob, state_factory: Callable, client_factory: Optional[Callable] = None) -> None:
         self._job = job
@@ -328,9 +329,18 @@ class ReadBackfillFn(beam.DoFn):
         for t in threads:
             t.start()
         running = len(threads)
+        # Records travel in batches (one runner element per batch, as on the live
+        # path): as many as are ready, up to BATCH_RECORDS; a PartDone after its
+        # part's records.
+        batch: list = []
         try:
             while running:
-                element = out.get()
+                try:
+                    element = out.get_nowait() if batch else out.get()
+                except queue.Empty:
+                    yield RecordBatch(tuple(batch))
+                    batch = []
+                    continue
                 if element is _DONE:
                     running -= 1
                     if pending:
@@ -341,7 +351,18 @@ class ReadBackfillFn(beam.DoFn):
                     continue
                 if isinstance(element, BaseException):
                     raise element
+                if type(element) is ChangeRecord:
+                    batch.append(element)
+                    if len(batch) >= BATCH_RECORDS:
+                        yield RecordBatch(tuple(batch))
+                        batch = []
+                    continue
+                if batch:
+                    yield RecordBatch(tuple(batch))
+                    batch = []
                 yield element
+            if batch:
+                yield RecordBatch(tuple(batch))
         finally:
             stop.set()
 
@@ -352,6 +373,7 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
     from pipeline.connections import BigtableSpec
     from pipeline.sink import WriteToBigtableFn
     from transforms.dofns import MapChangesFn
+    import pipeline.coders  # noqa: F401  (registers the StreamElement coder)
 
     target = mapping.target
     tasks = plan_tasks(job.source.parts(), job.tasks)
@@ -362,8 +384,8 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
         pcoll = pcoll | "SpreadTasks" >> beam.Reshuffle()
     return (
         pcoll
-        | "ReadBackfill" >> beam.ParDo(ReadBackfillFn(job, state, client_factory))
-        | "MapBackfill" >> beam.ParDo(MapChangesFn(mapping))
+        | "ReadBackfill" >> beam.ParDo(ReadBackfillFn(job, state, client_factory)).with_output_types(StreamElement)
+        | "MapBackfill" >> beam.ParDo(MapChangesFn(mapping)).with_output_types(StreamElement)
         | "WriteBackfill" >> beam.ParDo(WriteToBigtableFn(BigtableSpec(target.project, target.instance,
                                                                         target.app_profile), state, sink_config,
                                                            pushgateway=pushgateway))

@@ -2,7 +2,8 @@
 
 Stream source ──RecordBatch / ShardClosed──▶ mapping ──MappedBatch / ShardClosed──▶
 Bigtable sink ──DeadLetter──▶ (dead-letter output, also stored durably)
-(the backfill source emits single ChangeRecords → MappedChanges; both are accepted)
+(the backfill source likewise: RecordBatch / PartDone; single ChangeRecords and
+MappedChanges are accepted too)
 
 Timestamps are integer milliseconds since the Unix epoch everywhere: Bigtable's
 emulator and service accept only whole-millisecond cell timestamps, and keeping
@@ -62,8 +63,23 @@ class BackfillPosition:
     count: int
 
 
+class StreamElement:
+    """What passes between the pipelines' stages (RecordBatch, MappedBatch and
+    the ShardClosed / PartDone markers): one type, so the pipeline can give it one
+    coder whose size estimate is cheap (``pipeline.coders``)."""
+
+    __slots__ = ()
+
+    def estimated_bytes(self) -> int:
+        return ELEMENT_OVERHEAD_BYTES
+
+
+# A marker's size, and a record's beyond its image bytes, in size estimates.
+ELEMENT_OVERHEAD_BYTES = 100
+
+
 @dataclass(frozen=True, slots=True)
-class PartDone:
+class PartDone(StreamElement):
     """Marker: a backfill part (segment or file) was read to its end."""
 
     source: str
@@ -193,21 +209,6 @@ class MappedChange:
     record: ChangeRecord
     rows: tuple = ()  # tuple[RowChange, ...]
     dead_letter: Optional[DeadLetter] = None
-
-
-class StreamElement:
-    """What the live path passes between its stages (RecordBatch, MappedBatch,
-    ShardClosed): one type, so the pipeline can give it one coder whose size
-    estimate is cheap (``pipeline.coders``)."""
-
-    __slots__ = ()
-
-    def estimated_bytes(self) -> int:
-        return ELEMENT_OVERHEAD_BYTES
-
-
-# A marker's size, and a record's beyond its image bytes, in size estimates.
-ELEMENT_OVERHEAD_BYTES = 100
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,3 +149,26 @@ def test_ready_only_when_everything_holds():
     for fragment, f in cases.items():
         ready, reasons = assess(f)
         assert not ready and any(fragment in r for r in reasons), (fragment, reasons)
+
+
+def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp_path, monkeypatch):
+    import pipeline.backfill as backfill
+    from pipeline.backfill import BackfillJob, BackfillTask, ReadBackfillFn
+    from pipeline.fakes import InMemoryBigtable
+    from pipeline.metrics import PipelineMetrics
+    from pipeline.state import StateStore
+    from prometheus_client import CollectorRegistry
+    from transforms.model import RecordBatch
+
+    monkeypatch.setattr(backfill, "BATCH_RECORDS", 3)
+    monkeypatch.setattr(backfill, "default_metrics", lambda: PipelineMetrics(CollectorRegistry()))
+    lines = [json.dumps({"Item": {"pk": {"S": f"k{i}"}}}) for i in range(7)]
+    write_export(tmp_path, lines)
+    state = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    fn = ReadBackfillFn(BackfillJob(ExportSource(str(tmp_path)), ("pk",), HANDOFF), lambda: state)
+    fn.setup()
+    out = list(fn.process(BackfillTask(("data/a.json.gz",))))
+    assert isinstance(out[-1], PartDone) and out[-1].count == 7
+    batches = out[:-1]
+    assert all(isinstance(b, RecordBatch) and 1 <= len(b.records) <= 3 for b in batches)
+    assert [r.keys["pk"]["S"] for b in batches for r in b.records] == [f"k{i}" for i in range(7)]
