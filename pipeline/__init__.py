@@ -1,10 +1,13 @@
 """Where data moves: DynamoDB Streams → mapping → Bigtable.
 
-Stages of the live pipeline (``pipeline.graph.build_live_pipeline``) and what
+Stages of the live pipeline (``pipeline.graph.add_live_replication``) and what
 passes between them (all frozen dataclasses from ``transforms.model``)::
 
-  Impulse ─▶ StreamPartitions ─▶ ReadStream (SDF) ──ChangeRecord│ShardClosed──▶
-     MapChanges ──MappedChange│ShardClosed──▶ WriteToBigtable ──DeadLetter──▶ (output)
+  Impulse ─▶ StreamPartitions ─▶ ReadStream (SDF) ──RecordBatch│ShardClosed──▶
+     MapChanges ──MappedBatch│ShardClosed──▶ WriteToBigtable ──DeadLetter──▶ (output)
+
+(a RecordBatch is a page of ChangeRecords in stream order; ``pipeline.coders``
+gives these elements a coder that estimates their size without encoding them)
 
 * ``ReadStream`` (``pipeline.stream_source``): an unbounded splittable DoFn; one
   element per partition of the stream's shards (shard id hash mod N), so every
@@ -14,7 +17,9 @@ passes between them (all frozen dataclasses from ``transforms.model``)::
 * ``MapChanges`` (``transforms.dofns``): the pure mapping engine.
 * ``WriteToBigtable`` (``pipeline.sink``): coalesces per row in stream order,
   writes MutateRows with per-entry retry, dead-letters permanent failures
-  durably, then advances each shard's checkpoint in the state table.
+  durably, then advances each shard's checkpoint in the state table. A full
+  batch is written on the sink's thread while the next is buffered; one batch
+  in flight, the next sent only after its acknowledgement.
 
 There is deliberately no Reshuffle or GroupByKey between reading and writing:
 it would break per-row order (design notes §1); ``tests`` assert its absence.
