@@ -30,8 +30,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
 from transforms.errors import ConfigError, PermanentError
 from transforms.mapping import backfill_record
-from transforms.model import BackfillPosition, ChangeRecord, PartDone, RecordBatch, StreamElement
+from transforms.model import BackfillPosition, PartDone, StreamElement
 from pipeline.metrics import default_metrics
+from pipeline.records import FLUSH, batch_records
 from pipeline.retry import RetryPolicy, retrying
 from pipeline.stream_source import StreamThrottled, classify_stream_error
 
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 SCAN, EXPORT = "scan", "export"
 QUEUE_ITEMS = 10_000  # bounded: readers wait for the writer instead of filling memory
 MAX_THREADS = 16
-BATCH_RECORDS = 1000  # records per runner element
 SCAN_PAGE_LIMIT = 1000
 _DONE = object()
 
@@ -329,18 +329,15 @@ class ReadBackfillFn(beam.DoFn):
         for t in threads:
             t.start()
         running = len(threads)
-        # Records travel in batches (one runner element per batch, as on the live
-        # path): as many as are ready, up to BATCH_RECORDS; a PartDone after its
-        # part's records.
-        batch: list = []
-        try:
+
+        def elements():
+            nonlocal running
             while running:
                 try:
-                    element = out.get_nowait() if batch else out.get()
+                    element = out.get_nowait()
                 except queue.Empty:
-                    yield RecordBatch(tuple(batch))
-                    batch = []
-                    continue
+                    yield FLUSH  # nothing ready: send the records so far before waiting
+                    element = out.get()
                 if element is _DONE:
                     running -= 1
                     if pending:
@@ -351,18 +348,12 @@ class ReadBackfillFn(beam.DoFn):
                     continue
                 if isinstance(element, BaseException):
                     raise element
-                if type(element) is ChangeRecord:
-                    batch.append(element)
-                    if len(batch) >= BATCH_RECORDS:
-                        yield RecordBatch(tuple(batch))
-                        batch = []
-                    continue
-                if batch:
-                    yield RecordBatch(tuple(batch))
-                    batch = []
                 yield element
-            if batch:
-                yield RecordBatch(tuple(batch))
+
+        try:
+            # Records travel in batches, as on the live path: as many as are ready,
+            # up to a page; a part's PartDone after its records.
+            yield from batch_records(elements())
         finally:
             stop.set()
 

@@ -3,12 +3,16 @@ ChangeRecord. The one place the stream's wire shape is interpreted."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
-from transforms.model import ChangeRecord, StreamPosition, datetime_to_ms
+from transforms.model import ChangeRecord, RecordBatch, StreamPosition, datetime_to_ms
 
 TTL_PRINCIPAL = "dynamodb.amazonaws.com"
+# Records per runner element: a full GetRecords page.
+BATCH_RECORDS = 1000
+# Yielded by a producer that has nothing ready: the records so far go out now.
+FLUSH = object()
 
 
 def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -> ChangeRecord:
@@ -78,3 +82,32 @@ def record_from_json(text: str) -> ChangeRecord:
         event_id=data.get("eventID", ""),
         is_ttl_delete=data.get("ttlDelete", False),
     )
+
+
+def batch_records(elements: Iterator, size: int = 0) -> Iterator:
+    """Consecutive ChangeRecords → RecordBatch of up to ``size`` (default
+    BATCH_RECORDS), in order; other elements (markers) pass alone between them;
+    ``FLUSH`` sends the records so far. Returns (as the generator's value) what
+    ``elements`` returned. Used by the stream reader, whose records were each
+    claimed before they were batched (a round stopped by a split still emits the
+    primary's), and by the backfill reader."""
+    size = size or BATCH_RECORDS
+    batch: list = []
+    while True:
+        try:
+            element = next(elements)
+        except StopIteration as stop:
+            if batch:
+                yield RecordBatch(tuple(batch))
+            return stop.value
+        if type(element) is ChangeRecord:
+            batch.append(element)
+            if len(batch) >= size:
+                yield RecordBatch(tuple(batch))
+                batch = []
+            continue
+        if batch:
+            yield RecordBatch(tuple(batch))
+            batch = []
+        if element is not FLUSH:
+            yield element

@@ -13,6 +13,7 @@ from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorP
 from apache_beam.utils.timestamp import Duration
 
 from pipeline.metrics import default_metrics
+from pipeline.records import batch_records
 from pipeline.stream_source import (
     ClaimEnd,
     PartitionReader,
@@ -20,7 +21,6 @@ from pipeline.stream_source import (
     ReaderOptions,
     StreamPartition,
     apply_claim,
-    batch_records,
     stop_requested,
 )
 

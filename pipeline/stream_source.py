@@ -34,7 +34,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as B
 
 from transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
 from transforms.limits import DEFAULT_POLL_INTERVAL_S
-from transforms.model import ChangeRecord, RecordBatch, ShardClosed
+from transforms.model import ShardClosed
 from pipeline.metrics import PipelineMetrics
 from pipeline.records import from_stream_record
 from pipeline.retry import RetryPolicy, retrying
@@ -506,27 +506,3 @@ def drain_round(reader: PartitionReader, tracker) -> tuple:
         except StopIteration as stop:
             return out, stop.value
 
-
-def batch_records(elements: Iterator, size: int = GET_RECORDS_LIMIT) -> Iterator:
-    """Consecutive ChangeRecords → RecordBatch of up to ``size``, in order; other
-    elements (ShardClosed) pass alone between them. Returns (as the generator's
-    value) what ``elements`` returned. Every record was claimed before it was
-    batched, so the batch of a round stopped by a split is still the primary's."""
-    batch: list = []
-    while True:
-        try:
-            element = next(elements)
-        except StopIteration as stop:
-            if batch:
-                yield RecordBatch(tuple(batch))
-            return stop.value
-        if type(element) is ChangeRecord:
-            batch.append(element)
-            if len(batch) >= size:
-                yield RecordBatch(tuple(batch))
-                batch = []
-            continue
-        if batch:
-            yield RecordBatch(tuple(batch))
-            batch = []
-        yield element

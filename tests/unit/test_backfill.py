@@ -160,7 +160,7 @@ def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp
     from prometheus_client import CollectorRegistry
     from transforms.model import RecordBatch
 
-    monkeypatch.setattr(backfill, "BATCH_RECORDS", 3)
+    monkeypatch.setattr("pipeline.records.BATCH_RECORDS", 3)
     monkeypatch.setattr(backfill, "default_metrics", lambda: PipelineMetrics(CollectorRegistry()))
     lines = [json.dumps({"Item": {"pk": {"S": f"k{i}"}}}) for i in range(7)]
     write_export(tmp_path, lines)

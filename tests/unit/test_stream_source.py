@@ -296,7 +296,7 @@ def test_a_backlog_is_read_in_rounds_of_up_to_pages_per_round_full_pages():
 
 
 def test_records_travel_in_page_batches_with_markers_between_them_in_order():
-    from pipeline.stream_source import batch_records
+    from pipeline.records import batch_records
     from transforms.model import RecordBatch
 
     client, _, _, reader, _ = setup()
@@ -320,7 +320,7 @@ def test_records_travel_in_page_batches_with_markers_between_them_in_order():
 
 
 def test_a_split_mid_round_still_emits_the_claimed_records_as_a_batch():
-    from pipeline.stream_source import batch_records
+    from pipeline.records import batch_records
 
     client, _, _, reader, _ = setup()
     client.add_shard("s")
@@ -345,3 +345,14 @@ def test_a_split_mid_round_still_emits_the_claimed_records_as_a_batch():
             assert stop.value == "round result"
             break
     assert [r.position.sequence_number for b in batched for r in b.records] == s[:2]
+
+
+def test_flush_sends_the_records_so_far_and_is_not_an_element():
+    from pipeline.records import FLUSH, batch_records
+
+    client, _, _, reader, _ = setup()
+    client.add_shard("s")
+    s = put(client, "s", 3)
+    recs = records(drain_round(reader, LocalTracker())[0])
+    out = list(batch_records(iter([recs[0], FLUSH, FLUSH, recs[1], recs[2]]), size=10))
+    assert [[r.position.sequence_number for r in b.records] for b in out] == [s[:1], s[1:]]
