@@ -496,13 +496,17 @@ class LocalTracker:
         return True
 
 
-def drain_round(reader: PartitionReader, tracker) -> tuple:
-    """Run one round to completion: (elements, RoundResult). For tests and tools."""
+def drain(gen: Iterator) -> tuple:
+    """Run a generator to completion: (elements, its return value)."""
     out: list = []
-    gen = reader.read_round(tracker)
     while True:
         try:
             out.append(next(gen))
         except StopIteration as stop:
             return out, stop.value
+
+
+def drain_round(reader: PartitionReader, tracker) -> tuple:
+    """Run one round to completion: (elements, RoundResult). For tests and tools."""
+    return drain(reader.read_round(tracker))
 

@@ -13,7 +13,7 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import yaml
 
@@ -130,6 +130,16 @@ class MatchCondition:
     pattern: Optional[re.Pattern] = None
 
 
+def memo(config, name: str, build: Callable[[], Any]) -> Any:
+    """A value derived from a frozen config object, built on first use and kept on
+    the object (the hot paths look these up per attribute of every record)."""
+    value = config.__dict__.get(name)
+    if value is None:
+        value = build()
+        object.__setattr__(config, name, value)
+    return value
+
+
 @dataclass(frozen=True)
 class RuleConfig:
     name: str
@@ -146,11 +156,8 @@ class RuleConfig:
     consumed: frozenset = frozenset()
 
     def column_for(self, attribute: str) -> Optional[ColumnConfig]:
-        by_attribute = self.__dict__.get("_by_attribute")
-        if by_attribute is None:  # built once: this is on the per-attribute hot path
-            by_attribute = {c.attribute: c for c in self.columns}
-            object.__setattr__(self, "_by_attribute", by_attribute)
-        return by_attribute.get(attribute)
+        # built once: this is on the per-attribute hot path
+        return memo(self, "_by_attribute", lambda: {c.attribute: c for c in self.columns}).get(attribute)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from decimal import Decimal
 from typing import Mapping, NamedTuple, Optional
 
 from transforms.attrs import as_bytes, canonical_json, canonical_typed_json, parse_number, type_of
-from transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, resolve_hook
+from transforms.config import (ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, memo,
+                               resolve_hook)
 from transforms.encoding import ENCODERS, encode
 from transforms.errors import MappingError
 from transforms.limits import MAX_TIMESTAMP_MS, checked_size
@@ -265,11 +266,7 @@ def _attribute_plan(rule: RuleConfig, key_attrs: tuple, name: str) -> tuple:
 
 
 def _plans(rule: RuleConfig) -> dict:
-    plans = rule.__dict__.get("_attribute_plans")
-    if plans is None:
-        plans = {}
-        object.__setattr__(rule, "_attribute_plans", plans)  # a cache on a frozen config
-    return plans
+    return memo(rule, "_attribute_plans", dict)
 
 
 def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: Item, image: Item,

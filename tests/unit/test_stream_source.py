@@ -9,7 +9,7 @@ from pipeline.state import ShardCheckpoint, StateStore
 from pipeline.stream_sdf import PartitionTracker
 from pipeline.stream_source import (
     LocalTracker, PartitionReader, PartitionRestriction, ReaderOptions, StreamPartition,
-    drain_round, plan_starts, Listing,
+    drain, drain_round, plan_starts, Listing,
 )
 from transforms.errors import ChangesLostError, StreamGoneError
 from transforms.model import ChangeRecord, ShardClosed
@@ -304,14 +304,8 @@ def test_records_travel_in_page_batches_with_markers_between_them_in_order():
     a = put(client, "a", 5)
     client.close_shard("a")
     out, result = drain_round(reader, LocalTracker())  # the round as the reader yields it
-    gen = batch_records(iter(out + ["end"]), size=2)
-    batched = []
-    while True:
-        try:
-            batched.append(next(gen))
-        except StopIteration as stop:
-            assert stop.value is None  # the inner generator's return value passes through
-            break
+    batched, returned = drain(batch_records(iter(out + ["end"]), size=2))
+    assert returned is None  # the inner generator's return value passes through
     kinds = [type(e).__name__ if not isinstance(e, str) else e for e in batched]
     assert kinds == ["RecordBatch", "RecordBatch", "RecordBatch", "ShardClosed", "end"]
     assert [len(b.records) for b in batched[:3]] == [2, 2, 1]
@@ -337,13 +331,8 @@ def test_a_split_mid_round_still_emits_the_claimed_records_as_a_batch():
             yield element
         return "round result"
 
-    batched, gen = [], batch_records(claims_then_split(), size=1000)
-    while True:
-        try:
-            batched.append(next(gen))
-        except StopIteration as stop:
-            assert stop.value == "round result"
-            break
+    batched, returned = drain(batch_records(claims_then_split(), size=1000))
+    assert returned == "round result"
     assert [r.position.sequence_number for b in batched for r in b.records] == s[:2]
 
 
