@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
-from pipeline.local_stack import LocalStack  # noqa: E402
-from transforms.config import load_mapping  # noqa: E402
-from transforms.limits import DEFAULT_POLL_INTERVAL_S  # noqa: E402
-from transforms.mapping import map_change  # noqa: E402
-from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell  # noqa: E402
+from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
+from ddb2bt.transforms.config import load_mapping  # noqa: E402
+from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S  # noqa: E402
+from ddb2bt.transforms.mapping import map_change  # noqa: E402
+from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell  # noqa: E402
 
 MAPPING = load_mapping(ROOT / "examples/product_catalog.yaml")
 RESULTS = ROOT / "bench" / "results"
@@ -129,7 +129,7 @@ class Meter:
 
 
 def fresh_table(project: str, instance: str) -> str:
-    from pipeline.bigtable_io import BigtableAdmin
+    from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
 
     name = f"bench_{uuid.uuid4().hex[:8]}"
     BigtableAdmin(project, instance).ensure_table(name, MAPPING.table_families()[MAPPING.target.table])
@@ -191,7 +191,7 @@ def run_beam_sink(records, project, instance, table) -> None:
     from google.cloud.bigtable.row import DirectRow
     from google.cloud.bigtable.row_filters import TimestampRange
 
-    from pipeline.graph import local_runner
+    from ddb2bt.pipeline.graph import local_runner
 
     def to_rows(rec):
         event, keys, new, old, ts = rec
@@ -217,12 +217,12 @@ def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
     """Returns the wall time until every record was applied (the idle wait at the
     end, which only exists to stop a local run, is excluded)."""
 
-    from pipeline.connections import BigtableSpec, StateSpec
-    from pipeline.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
-    from pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from pipeline.metrics import default_metrics
-    from pipeline.preflight import ensure_state_table
-    from pipeline.stream_source import ReaderOptions
+    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
+    from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
+    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
     client = FakeStreamsClient(table=f"B{uuid.uuid4().hex[:6]}")
     shards = [f"shardId-{i:04d}" for i in range(partitions)]
@@ -259,7 +259,7 @@ def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
 
 
 def _total(counter) -> float:
-    from pipeline.metrics import counter_total
+    from ddb2bt.pipeline.metrics import counter_total
 
     return counter_total(counter)
 
@@ -271,7 +271,7 @@ def run_ceiling(requests, writer, table) -> None:
 
 
 def throughput(n: int, stack, project: str, instance: str) -> dict:
-    from pipeline.bigtable_io import GrpcMutationWriter, build_request
+    from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter, build_request
 
     records = stream_records(n)
     settle()
@@ -360,11 +360,11 @@ class LazyRecords:
 
 def _drain(n: int, project: str, instance: str) -> None:
     """Drain an n-change backlog through the real pipeline (lazily generated)."""
-    from pipeline.connections import BigtableSpec, StateSpec
-    from pipeline.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
-    from pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from pipeline.preflight import ensure_state_table
-    from pipeline.stream_source import ReaderOptions
+    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
+    from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
+    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
     table = fresh_table(project, instance)
     client = FakeStreamsClient(table="Backlog")
@@ -393,11 +393,11 @@ def lag(seconds: float, rate: float, stack, project: str, instance: str) -> dict
     pipeline runs here and is stopped cleanly once the probe is done."""
     import subprocess
 
-    from pipeline import workload
-    from pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
-    from pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from pipeline.preflight import ensure_state_table
-    from pipeline.stream_source import ReaderOptions, request_stop
+    from ddb2bt.pipeline.local import workload
+    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
+    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions, request_stop
 
     name = f"Lag{uuid.uuid4().hex[:6]}"
     arn = workload.create_table(dynamodb_client(), name)
@@ -435,7 +435,7 @@ def _lag_probe(seconds: float, rate: float, name: str, project: str, instance: s
     (its start-up is not replication lag). Prints the result as JSON."""
     from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery
 
-    from pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connections import dynamodb_client
 
     ddb = dynamodb_client()
     rng = random.Random(5)
@@ -493,13 +493,13 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
     moto table, against what the source alone delivers."""
     import gzip
 
-    from pipeline import workload
-    from pipeline.backfill import BackfillJob, ExportSource, PartReaders, ScanSource, add_backfill
-    from pipeline.connections import BigtableSpec, DynamoDBClientFactory, StateSpec, dynamodb_client
-    from pipeline.graph import make_pipeline
-    from pipeline.preflight import ensure_state_table
-    from pipeline.sink import SinkConfig
-    from transforms.attrs import item_to_dynamodb_json
+    from ddb2bt.pipeline.local import workload
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, ExportSource, PartReaders, ScanSource, add_backfill
+    from ddb2bt.pipeline.connections import BigtableSpec, DynamoDBClientFactory, StateSpec, dynamodb_client
+    from ddb2bt.pipeline.graph import make_pipeline
+    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.sink.sink import SinkConfig
+    from ddb2bt.transforms.attrs import item_to_dynamodb_json
 
     rng = random.Random(3)
     items = [make_item(rng, {"pk": {"S": f"cat{i % 50:02d}"}, "sk": {"S": f"item#{i:07d}"}}) for i in range(n)]
@@ -519,7 +519,7 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
     source = ExportSource(str(export))
     t0 = time.perf_counter()
     readers = PartReaders(source, ("pk", "sk"), 1_900_000_000_000)
-    from transforms.model import ChangeRecord as _Record
+    from ddb2bt.transforms.model import ChangeRecord as _Record
 
     read = sum(1 for part in source.parts() for e in readers.read(part, None, 0) if isinstance(e, _Record))
     if read != n:  # the source must deliver every item exactly once

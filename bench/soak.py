@@ -27,18 +27,27 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from pipeline import workload  # noqa: E402
-from pipeline.bigtable_io import read_table  # noqa: E402
-from pipeline.compare import compare_mapping  # noqa: E402
-from pipeline.connections import BigtableSpec, StateSpec, dynamodb_client  # noqa: E402
-from pipeline.local_stack import LocalStack  # noqa: E402
-from transforms.config import load_mapping  # noqa: E402
+from ddb2bt.pipeline import workload  # noqa: E402
+from ddb2bt.pipeline.sink.bigtable_io import read_table  # noqa: E402
+from ddb2bt.pipeline.cutover.compare import compare_mapping  # noqa: E402
+from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client  # noqa: E402
+from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
+from ddb2bt.transforms.config import load_mapping  # noqa: E402
 
 DEFAULT_FAULTS = "unavailable=0.05,deadline_exceeded=0.02,resource_exhausted=0.02,entry_unavailable=0.05,latency_ms=2"
 
 
-def cli(args: list, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, env=env,
+def ddb2bt_argv(args: list, faults: str = "", fault_log: Path | None = None) -> list:
+    """The command line of a ddb2bt run, with Bigtable faults injected through the
+    testing package's runner when ``faults`` is set."""
+    if not faults:
+        return [sys.executable, "-m", "ddb2bt.pipeline.cli", *args]
+    log = ["--log", str(fault_log)] if fault_log else []
+    return [sys.executable, "-m", "ddb2bt.pipeline.testing.faults", faults, *log, "--", *args]
+
+
+def cli(args: list, env: dict, faults: str = "", fault_log: Path | None = None) -> subprocess.Popen:
+    return subprocess.Popen(ddb2bt_argv(args, faults, fault_log), cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -54,7 +63,7 @@ def soak(mode: str, trials: int, faults: str, seed: int, workdir: Path) -> dict:
     ddb = dynamodb_client()
     workload.create_table(ddb, mapping.source.table)
     env = dict(os.environ)
-    subprocess.run([sys.executable, "-m", "pipeline.cli", "create-table", "--mapping", str(path)], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "create-table", "--mapping", str(path)], cwd=ROOT,
                    env=env, check=True, capture_output=True)
     if mode == "migrate":  # something to back-fill
         for op in workload.operations(seed, 1500, 400):
@@ -71,7 +80,6 @@ def soak(mode: str, trials: int, faults: str, seed: int, workdir: Path) -> dict:
             time.sleep(0.01)
 
     fault_log = workdir / f"faults-{mode}.log"
-    fault_env = dict(env, DDB2BT_INJECT_FAULTS=faults, DDB2BT_FAULTS_LOG=str(fault_log)) if faults else env
     args = ["run", "--mapping", str(path), "--poll-interval", "0.2"] if mode == "tail" else \
         ["migrate", "--mapping", str(path), "--segments", "4", "--page-size", "25", "--max-rcu", "20",
          "--poll-interval", "0.2"]
@@ -79,7 +87,7 @@ def soak(mode: str, trials: int, faults: str, seed: int, workdir: Path) -> dict:
     kills = []
     started = time.monotonic()
     for trial in range(trials):
-        proc = cli(args, fault_env)
+        proc = cli(args, env, faults, fault_log)
         life = rng.uniform(1.0, 6.0)  # includes start-up: some kills land before the first write
         time.sleep(life)
         if proc.poll() is None:
@@ -92,14 +100,14 @@ def soak(mode: str, trials: int, faults: str, seed: int, workdir: Path) -> dict:
     time.sleep(0.5)
     final = ["run", "--mapping", str(path), "--until-idle", "2", "--poll-interval", "0.2"] if mode == "tail" else \
         ["migrate", "--mapping", str(path), "--segments", "4", "--until-idle", "2", "--poll-interval", "0.2"]
-    catch_up = subprocess.run([sys.executable, "-m", "pipeline.cli", *final], cwd=ROOT, env=fault_env,
+    catch_up = subprocess.run(ddb2bt_argv(final, faults, fault_log), cwd=ROOT, env=env,
                               capture_output=True, text=True)
     items = workload.scan_all(ddb, mapping.source.table)
     t = mapping.target
     diffs = compare_mapping(mapping, items, lambda table: read_table(t.project, t.instance, table))
     divergent = sum(len(getattr(d, k)) for d in diffs.values()
                     for k in ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells"))
-    verify = subprocess.run([sys.executable, "-m", "pipeline.cli", "verify", "--mapping", str(path)], cwd=ROOT,
+    verify = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "verify", "--mapping", str(path)], cwd=ROOT,
                             env=env, capture_output=True, text=True)
     store = StateSpec(BigtableSpec(t.project, t.instance), job=mapping.name).store()
     injected: dict = {}
@@ -117,7 +125,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--mode", choices=("tail", "migrate", "both"), default="both")
-    parser.add_argument("--faults", default=DEFAULT_FAULTS, help="DDB2BT_INJECT_FAULTS spec ('' for none)")
+    parser.add_argument("--faults", default=DEFAULT_FAULTS, help="fault spec (ddb2bt.pipeline.testing.faults) ('' for none)")
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args()
     results = []

@@ -1,21 +1,21 @@
 """Where data moves: DynamoDB Streams → mapping → Bigtable.
 
-Stages of the live pipeline (``pipeline.graph.add_live_replication``) and what
-passes between them (all frozen dataclasses from ``transforms.model``)::
+Stages of the live pipeline (``ddb2bt.pipeline.graph.add_live_replication``) and what
+passes between them (all frozen dataclasses from ``ddb2bt.transforms.model``)::
 
   Impulse ─▶ StreamPartitions ─▶ ReadStream (SDF) ──RecordBatch│ShardClosed──▶
      MapChanges ──MappedBatch│ShardClosed──▶ WriteToBigtable ──DeadLetter──▶ (output)
 
-(a RecordBatch is a page of ChangeRecords in stream order; ``pipeline.coders``
+(a RecordBatch is a page of ChangeRecords in stream order; ``ddb2bt.pipeline.source.coders``
 gives these elements a coder that estimates their size without encoding them)
 
-* ``ReadStream`` (``pipeline.stream_source``): an unbounded splittable DoFn; one
+* ``ReadStream`` (``ddb2bt.pipeline.source.stream_source``): an unbounded splittable DoFn; one
   element per partition of the stream's shards (shard id hash mod N), so every
   shard has exactly one reader. It discovers shards continuously, reads a child
   only after the sink recorded its parent as finished, and claims each record's
   sequence number, so a checkpoint resumes with AFTER_SEQUENCE_NUMBER.
-* ``MapChanges`` (``transforms.dofns``): the pure mapping engine.
-* ``WriteToBigtable`` (``pipeline.sink``): coalesces per row in stream order,
+* ``MapChanges`` (``ddb2bt.transforms.dofns``): the pure mapping engine.
+* ``WriteToBigtable`` (``ddb2bt.pipeline.sink.sink``): coalesces per row in stream order,
   writes MutateRows with per-entry retry, dead-letters permanent failures
   durably, then advances each shard's checkpoint in the state table. A full
   batch is written on the sink's thread while the next is buffered; one batch

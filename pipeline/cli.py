@@ -13,10 +13,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
-from transforms.errors import ConfigError, PermanentError
-from transforms.limits import DEFAULT_POLL_INTERVAL_S
+from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 
 log = logging.getLogger("ddb2bt")
 
@@ -31,9 +31,9 @@ examples:
 """
 
 
-STAGES = (("pipeline.stream", "source"), ("pipeline.sink", "sink"), ("pipeline.backfill", "backfill"),
-          ("transforms", "mapping"), ("pipeline.migrate", "migrate"), ("pipeline.verify", "verify"),
-          ("pipeline.retry", "retry"), ("pipeline.local_stack", "local"), ("pipeline.metrics", "metrics"))
+STAGES = (("pipeline.stream", "source"), ("ddb2bt.pipeline.sink.sink", "sink"), ("ddb2bt.pipeline.cutover.backfill", "backfill"),
+          ("transforms", "mapping"), ("ddb2bt.pipeline.cutover.phases", "migrate"), ("ddb2bt.pipeline.cutover.verify", "verify"),
+          ("ddb2bt.pipeline.retry", "retry"), ("ddb2bt.pipeline.local.local_stack", "local"), ("ddb2bt.pipeline.metrics", "metrics"))
 
 
 def stage_of(logger: str) -> str:
@@ -75,7 +75,8 @@ def setup_logging(level: str, fmt: str) -> None:
 
 def add_mapping_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--mapping", "-m", required=required, metavar="FILE",
-                   help="mapping file (YAML): source table, target table, and how items become rows")
+                   help="mapping file (YAML): source table, target table, and how items become rows; "
+                        "example:NAME takes a packaged example (see 'ddb2bt examples')")
     # Not --project: that is Beam's (the Dataflow job's project), passed through.
     p.add_argument("--bigtable-project", dest="project", metavar="PROJECT",
                    help="override the mapping's target.project")
@@ -86,7 +87,7 @@ def add_mapping_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def add_state_args(p: argparse.ArgumentParser) -> None:
-    from pipeline.state import DEFAULT_STATE_TABLE
+    from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE
 
     p.add_argument("--state-table", default=DEFAULT_STATE_TABLE,
                    help="Bigtable table for checkpoints and dead letters, created on first use (default %(default)s)")
@@ -100,7 +101,7 @@ def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
 
 
 def dlq_values(args) -> bool:
-    from pipeline.graph import is_local
+    from ddb2bt.pipeline.graph import is_local
 
     explicit = getattr(args, "dlq_include_values", None)
     return is_local(args.beam_args) if explicit is None else explicit
@@ -137,14 +138,16 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 
 def load(args):
-    from transforms.config import load_mapping, mapping_from_text
+    from ddb2bt.transforms.config import load_mapping, mapping_from_text
 
     if args.mapping.startswith("gs://"):  # Flex Template launches read it from GCS
-        from pipeline.dataflow import read_text
+        from ddb2bt.pipeline.dataflow import read_text
 
         mapping = mapping_from_text(read_text(args.mapping), origin=args.mapping)
     else:
-        mapping = load_mapping(args.mapping)
+        from ddb2bt.pipeline.local.examples import resolve_mapping_path
+
+        mapping = load_mapping(resolve_mapping_path(args.mapping))
     return mapping.with_overrides(args.project, args.instance, args.table)
 
 
@@ -161,9 +164,10 @@ def submitted(result, args) -> int:
 
 
 def state_spec(args, mapping, include_values: bool = True):
-    from pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
 
-    return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile),
+    return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
+                                  interceptors=tuple(getattr(args, "bigtable_interceptors", ()))),
                      job=args.job_name or mapping.name, table=args.state_table, include_values=include_values)
 
 
@@ -179,10 +183,10 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from transforms.attrs import from_plain, item_from_dynamodb_json, type_of
-    from transforms.errors import MappingError
-    from transforms.mapping import map_change
-    from transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
+    from ddb2bt.transforms.attrs import from_plain, item_from_dynamodb_json, type_of
+    from ddb2bt.transforms.errors import MappingError
+    from ddb2bt.transforms.mapping import map_change
+    from ddb2bt.transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
 
     mapping = load(args)
     raw = json.loads(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
@@ -214,12 +218,12 @@ def cmd_explain(args) -> int:
 
 
 def cmd_lint(args) -> int:
-    from transforms.lint import WARN, lint
+    from ddb2bt.transforms.lint import WARN, lint
 
     mapping = load(args)
     items = None
     if args.sample:
-        from pipeline.connections import dynamodb_client
+        from ddb2bt.pipeline.connections import dynamodb_client
 
         ddb = dynamodb_client(mapping.source.region)
         items, start = [], None
@@ -241,8 +245,8 @@ def cmd_lint(args) -> int:
 
 
 def cmd_create_table(args) -> int:
-    from pipeline.bigtable_io import ensure_mapping_table
-    from pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.sink.bigtable_io import ensure_mapping_table
+    from ddb2bt.pipeline.preflight import ensure_state_table
 
     mapping = load(args)
     changes = ensure_mapping_table(mapping)
@@ -258,7 +262,7 @@ def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
         return None
     from prometheus_client import start_http_server
 
-    from pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.metrics import default_metrics
 
     default_metrics()
     server, _ = start_http_server(port, addr=host)
@@ -268,13 +272,13 @@ def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
 
 
 def build_live_job(args, mapping):
-    from pipeline.connections import StreamsClientFactory, dynamodb_client
-    from pipeline.graph import LiveJob, is_local
-    from pipeline.migrate import PhaseMarking
-    from pipeline.preflight import check_target, ensure_state_table, resolve_stream
-    from pipeline.stream_source import ReaderOptions
+    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.graph import LiveJob, is_local
+    from ddb2bt.pipeline.cutover.phases import PhaseMarking
+    from ddb2bt.pipeline.preflight import check_target, ensure_state_table, resolve_stream
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
-    from pipeline.preflight import check_stream_continuity
+    from ddb2bt.pipeline.preflight import check_stream_continuity
 
     source = resolve_stream(mapping, dynamodb_client(mapping.source.region))
     warning = check_target(mapping)
@@ -296,7 +300,7 @@ def build_live_job(args, mapping):
 
 
 def cmd_run(args) -> int:
-    from pipeline.graph import add_live_replication, is_local, make_pipeline
+    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
 
     mapping = load(args)
     job = build_live_job(args, mapping)
@@ -341,8 +345,8 @@ def watch(worker, total: Optional[int], desc: str, value) -> None:
 
 def backfill_source(args, mapping):
     """(source, spec dict, handoff ms or None, expected items)."""
-    from pipeline.backfill import ExportSource, ScanSource
-    from pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
+    from ddb2bt.pipeline.connections import dynamodb_client
 
     if args.from_export:
         source = ExportSource(args.from_export, mapping.source.region)
@@ -366,11 +370,11 @@ def backfill_source(args, mapping):
 
 
 def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
-    from pipeline.backfill import BackfillJob, add_backfill
-    from pipeline.connections import DynamoDBClientFactory
-    from pipeline.graph import is_local, make_pipeline
-    from pipeline.metrics import counter_total as _counter_total, default_metrics
-    from pipeline.migrate import Migration, Worker
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
+    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.graph import is_local, make_pipeline
+    from ddb2bt.pipeline.metrics import counter_total as _counter_total, default_metrics
+    from ddb2bt.pipeline.cutover.phases import Migration, Worker
 
     store = spec.store()
     migration = Migration(store)
@@ -409,13 +413,13 @@ def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
 
 
 def _sink_config():
-    from pipeline.sink import SinkConfig
+    from ddb2bt.pipeline.sink.sink import SinkConfig
 
     return SinkConfig()
 
 
 def cmd_backfill(args) -> int:
-    from pipeline.preflight import check_target, ensure_state_table
+    from ddb2bt.pipeline.preflight import check_target, ensure_state_table
 
     mapping = load(args)
     warning = check_target(mapping)
@@ -431,14 +435,14 @@ def cmd_backfill(args) -> int:
 
 
 def cmd_migrate(args) -> int:
-    from pipeline.graph import add_live_replication, is_local, make_pipeline
-    from pipeline.metrics import default_metrics
-    from pipeline.migrate import BACKFILLING, LIVE, Migration, Worker
+    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
+    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration, Worker
     from dataclasses import replace
 
     import uuid
 
-    from pipeline.stream_source import request_stop
+    from ddb2bt.pipeline.source.stream_source import request_stop
 
     mapping = load(args)
     job = build_live_job(args, mapping)
@@ -499,10 +503,10 @@ def launch_migrate(args, mapping, job, migration) -> int:
     CATCHING_UP → LIVE once at the stream head."""
     from dataclasses import replace
 
-    from pipeline.backfill import BackfillJob, add_backfill
-    from pipeline.connections import DynamoDBClientFactory
-    from pipeline.graph import add_live_replication, make_pipeline
-    from pipeline.migrate import BACKFILLING
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
+    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
+    from ddb2bt.pipeline.cutover.phases import BACKFILLING
 
     p = make_pipeline(args.beam_args, streaming=True)
     job = replace(job, reader=replace(job.reader, promote_live=True))
@@ -519,11 +523,11 @@ def launch_migrate(args, mapping, job, migration) -> int:
 
 
 def cmd_verify(args) -> int:
-    from pipeline.bigtable_io import read_rows, read_table
-    from pipeline.connections import dynamodb_client
-    from pipeline.migrate import Worker
-    from pipeline.preflight import ensure_state_table
-    from pipeline.verify import print_report, verify
+    from ddb2bt.pipeline.sink.bigtable_io import read_rows, read_table
+    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.cutover.phases import Worker
+    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.cutover.verify import print_report, verify
 
     mapping = load(args)
     if not 0 < args.sample_rate <= 1:
@@ -555,8 +559,8 @@ def cmd_verify(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from pipeline.connections import StreamsClientFactory, dynamodb_client
-    from pipeline.status import assess, gather, render
+    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.cutover.status import assess, gather, render
 
     mapping = load(args)
     arn = None
@@ -614,9 +618,9 @@ def cmd_dlq_redrive(args) -> int:
     """Re-apply dead letters with the current mapping and table, oldest first. Each
     change keeps its own timestamp, so a redriven old change can never override a
     newer one already applied (its cells are older; its deletes end at its time)."""
-    from pipeline.records import record_from_json
-    from pipeline.sink import BatchingWriter
-    from transforms.dofns import map_record
+    from ddb2bt.pipeline.source.records import record_from_json
+    from ddb2bt.pipeline.sink.sink import BatchingWriter
+    from ddb2bt.transforms.dofns import map_record
 
     mapping = load(args)
     spec = state_spec(args, mapping)
@@ -656,7 +660,7 @@ def cmd_dlq_redrive(args) -> int:
 
 
 def cmd_local(args) -> int:
-    from pipeline import local_stack as ls
+    from ddb2bt.pipeline.local import local_stack as ls
 
     if args.local_cmd == "env":
         state = ls.load_state()
@@ -699,9 +703,22 @@ def cmd_local(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from pipeline.demo import run_demo
+    from ddb2bt.pipeline.local.demo import run_demo
 
     return run_demo(args)
+
+
+def cmd_examples(args) -> int:
+    from ddb2bt.pipeline.local.examples import EXAMPLE_PREFIX, copy_examples, example_names, example_path
+
+    if args.copy:
+        copied = copy_examples(Path(args.copy))
+        print(f"copied {len(copied)} example mapping(s) to {args.copy}"
+              + (" (existing files kept)" if len(copied) < len(example_names()) else ""))
+        return 0
+    for name in example_names():
+        print(f"{EXAMPLE_PREFIX}{name}\t{example_path(name)}")
+    return 0
 
 
 # --- parser ----------------------------------------------------------------------
@@ -717,6 +734,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="json: one JSON object per line, for log collectors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     raw = argparse.RawDescriptionHelpFormatter
+
+    p = sub.add_parser("examples", help="list the example mappings that ship with ddb2bt, or copy them",
+                       formatter_class=raw, description=(
+                           "Lists the packaged example mappings (one per seed layout) with their paths. Any "
+                           "--mapping option accepts example:NAME for one of them; --copy DIR copies them all "
+                           "into DIR to edit."),
+                       epilog="examples:\n  ddb2bt examples\n  ddb2bt explain -m example:product_catalog --item -\n"
+                              "  ddb2bt examples --copy ./mappings")
+    p.add_argument("--copy", metavar="DIR", help="copy every example into DIR (existing files are kept)")
+    p.set_defaults(func=cmd_examples)
 
     p = sub.add_parser("demo", help="run everything locally: emulators, a changing table, live replication",
                        formatter_class=raw, description=(
@@ -897,14 +924,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -> int:
+    """The ``ddb2bt`` command. ``bigtable_interceptors`` (gRPC client interceptors for
+    the Bigtable write channel) is for programs that embed the CLI, such as the
+    fault-injection runner in ``ddb2bt.pipeline.testing``; the command line has no
+    flag for it."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "beam", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.beam_args = unknown
-    from pipeline.graph import is_dry_run
+    args.bigtable_interceptors = tuple(bigtable_interceptors)
+    from ddb2bt.pipeline.graph import is_dry_run
 
     args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeline.bigtable_io import GrpcMutationWriter
-from pipeline.state import DEFAULT_STATE_TABLE, BigtableStateBackend, StateStore
+from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter
+from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE, BigtableStateBackend, StateStore
 
 
 def wall_ms() -> int:
@@ -21,9 +21,12 @@ class BigtableSpec:
     project: str
     instance: str
     app_profile: Optional[str] = None
+    # gRPC client interceptors for the write channel (picklable: they travel to the
+    # workers inside the DoFns). Tests pass the fault injector here.
+    interceptors: tuple = ()
 
     def writer(self) -> GrpcMutationWriter:
-        return GrpcMutationWriter(self.project, self.instance, self.app_profile)
+        return GrpcMutationWriter(self.project, self.instance, self.app_profile, interceptors=self.interceptors)
 
 
 @dataclass(frozen=True)

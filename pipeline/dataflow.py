@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from transforms.errors import ConfigError
+from ddb2bt.transforms.errors import ConfigError
 
 _PROJECT = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")

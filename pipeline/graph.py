@@ -14,14 +14,14 @@ from typing import Callable, Optional
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from transforms.config import MappingConfig
-from transforms.dofns import MapChangesFn
-from transforms.model import StreamElement
-import pipeline.coders  # noqa: F401  (registers the StreamElement coder)
-from pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
-from pipeline.sink import SinkConfig, WriteToBigtableFn
-from pipeline.stream_sdf import ReadStreamPartitionsFn
-from pipeline.stream_source import ReaderOptions, StreamPartition
+from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.dofns import MapChangesFn
+from ddb2bt.transforms.model import StreamElement
+import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
+from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
+from ddb2bt.pipeline.sink.sink import SinkConfig, WriteToBigtableFn
+from ddb2bt.pipeline.source.stream_sdf import ReadStreamPartitionsFn
+from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,7 @@ class LiveJob:
 
 def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
     """Add the live path to ``p``; returns the dead-letter PCollection."""
-    target = job.mapping.target
-    bigtable = BigtableSpec(target.project, target.instance, target.app_profile)
+    bigtable = job.state.bigtable  # the state table's connection settings are the target's
     partitions = [StreamPartition(job.stream_arn, i, job.partitions) for i in range(job.partitions)]
     return (
         p
@@ -86,7 +85,7 @@ def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:
         # stream's parallelism is the partitions, not the runner's threads.
         options = PipelineOptions(args + ["--direct_num_workers=1"], save_main_session=False)
         return beam.Pipeline(runner=local_runner(), options=options)
-    from pipeline.dataflow import validate_options
+    from ddb2bt.pipeline.dataflow import validate_options
 
     validate_options(beam_args)
     options = PipelineOptions(beam_args, streaming=streaming, save_main_session=False)

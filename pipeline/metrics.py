@@ -220,7 +220,7 @@ class PipelineMetrics:
         self._children: dict = {}
 
     def set_phase(self, phase: str) -> None:
-        from pipeline.migrate import PHASES
+        from ddb2bt.pipeline.cutover.phases import PHASES
 
         for p in PHASES:
             self.migration_phase.labels(p).set(1 if p == phase else 0)

@@ -6,10 +6,10 @@ from typing import Optional
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from transforms.config import MappingConfig
-from transforms.errors import ConfigError, PermanentError
-from pipeline.bigtable_io import BigtableAdmin
-from pipeline.state import STATE_FAMILIES
+from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+from ddb2bt.pipeline.state import STATE_FAMILIES
 
 REQUIRED_VIEW = "NEW_AND_OLD_IMAGES"
 
@@ -79,7 +79,7 @@ def check_target(mapping: MappingConfig) -> Optional[str]:
 def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> None:
     """A disabled-and-re-enabled stream has a new ARN and starts empty: changes made
     while it was off are lost. Refuse to carry on silently."""
-    from pipeline.state import stream_label
+    from ddb2bt.pipeline.state import stream_label
 
     known = store.known_stream_labels()
     current = stream_label(stream_arn)

@@ -15,7 +15,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from transforms.errors import RetryableError
+from ddb2bt.transforms.errors import RetryableError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

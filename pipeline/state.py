@@ -18,9 +18,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
-from transforms.config import FamilyConfig
-from transforms.model import DeadLetter, SetCell, DeleteCells
-from pipeline.records import record_to_json
+from ddb2bt.transforms.config import FamilyConfig
+from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells
+from ddb2bt.pipeline.source.records import record_to_json
 
 DEFAULT_STATE_TABLE = "ddb2bt_state"
 CKPT = "ckpt"
@@ -241,8 +241,8 @@ class BigtableStateBackend:
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
     def write_rows(self, rows: Sequence) -> None:
-        from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable
-        from pipeline.retry import retry_call
+        from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable
+        from ddb2bt.pipeline.retry import retry_call
 
         def attempt():
             statuses = self._writer.mutate_rows(self._table_id, rows)
@@ -255,9 +255,9 @@ class BigtableStateBackend:
         retry_call(attempt, what="state table write")
 
     def read_prefix(self, prefix: bytes) -> dict:
-        from pipeline.bigtable_io import read_table
+        from ddb2bt.pipeline.sink.bigtable_io import read_table
 
-        from pipeline.bigtable_io import data_client
+        from ddb2bt.pipeline.sink.bigtable_io import data_client
 
         if self._client is None:
             self._client = data_client(self._project)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.local_stack import LocalStack
+from ddb2bt.pipeline.local.local_stack import LocalStack
 
 warnings.filterwarnings("ignore", message="Connecting to Bigtable emulator")
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 """The mapping engine: DynamoDB change records → Bigtable row mutations.
 
-Everything in this package except :mod:`transforms.dofns` is pure Python with no
+Everything in this package except :mod:`ddb2bt.transforms.dofns` is pure Python with no
 I/O and no Beam, so the live path, the backfill and verification all apply one
 engine, and it is tested exhaustively without any service.
 

@@ -18,7 +18,7 @@ from decimal import Decimal, InvalidOperation
 from collections.abc import Mapping  # not typing.Mapping: isinstance on it is ~10x slower
 from typing import Any
 
-from transforms.errors import MappingError
+from ddb2bt.transforms.errors import MappingError
 
 TYPE_TAGS = ("S", "N", "B", "BOOL", "NULL", "SS", "NS", "BS", "M", "L")
 _TAG_SET = frozenset(TYPE_TAGS)

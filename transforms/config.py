@@ -17,9 +17,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import yaml
 
-from transforms.encoding import ENCODINGS
-from transforms.errors import ConfigError
-from transforms.rowkey import KeyTemplate, parse_template
+from ddb2bt.transforms.encoding import ENCODINGS
+from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.transforms.rowkey import KeyTemplate, parse_template
 
 SUPPORTED_VERSIONS = (1,)
 _FAMILY_NAME = re.compile(r"[_a-zA-Z0-9][-_.a-zA-Z0-9]*\Z")
@@ -186,7 +186,7 @@ class MappingConfig:
     def table_families(self) -> dict:
         """{table id: [FamilyConfig]} for create-table: the target gets every
         declared family; an index table gets its index family (one version)."""
-        from transforms.mapping import MARKER_FAMILY, MARKER_MAX_AGE_S
+        from ddb2bt.transforms.mapping import MARKER_FAMILY, MARKER_MAX_AGE_S
 
         out = {self.target.table: list(self.families)}
         for rule in self.rules:

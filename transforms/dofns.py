@@ -6,10 +6,10 @@ from typing import Callable, Iterator
 
 import apache_beam as beam
 
-from transforms.config import MappingConfig
-from transforms.errors import MappingError
-from transforms.mapping import map_change
-from transforms.model import ChangeRecord, DeadLetter, MappedBatch, MappedChange, RecordBatch
+from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.mapping import map_change
+from ddb2bt.transforms.model import ChangeRecord, DeadLetter, MappedBatch, MappedChange, RecordBatch
 
 
 def map_record(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[], int],

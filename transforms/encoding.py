@@ -14,7 +14,7 @@ float64        N exactly representable     8-byte IEEE-754 big-endian double
 bytes          B                           the raw bytes (never base64: no double encoding)
 bool           BOOL                        one byte, 0x01 true / 0x00 false
 null           NULL                        empty
-json           any                         canonical JSON (see ``transforms.attrs``)
+json           any                         canonical JSON (see ``ddb2bt.transforms.attrs``)
 dynamodb_json  any                         canonical JSON of the typed value: {"N":"30"}
 auto           any                         S→utf8, N→decimal, B→bytes, BOOL→bool, NULL→null,
                                            SS/NS/BS/M/L→json
@@ -29,7 +29,7 @@ import struct
 from decimal import Decimal
 from typing import Any, Callable, Optional
 
-from transforms.attrs import (
+from ddb2bt.transforms.attrs import (
     as_bytes,
     canonical_json,
     canonical_typed_json,
@@ -37,7 +37,7 @@ from transforms.attrs import (
     parse_number,
     type_of,
 )
-from transforms.errors import MappingError
+from ddb2bt.transforms.errors import MappingError
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

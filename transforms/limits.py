@@ -4,8 +4,8 @@ on the emulator would otherwise fail for the first time in production.
 """
 from __future__ import annotations
 
-from transforms.errors import MappingError
-from transforms.model import MUTATION_OVERHEAD_BYTES, RowChange, SetCell
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.model import MUTATION_OVERHEAD_BYTES, RowChange, SetCell
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -11,11 +11,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from transforms.config import MappingConfig
-from transforms.errors import MappingError
-from transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
-from transforms.mapping import expected_cells, select_rule
-from transforms.rowkey import KeyTemplate, Placeholder
+from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
+from ddb2bt.transforms.mapping import expected_cells, select_rule
+from ddb2bt.transforms.rowkey import KeyTemplate, Placeholder
 
 WARN, INFO = "WARN", "INFO"
 # Near a limit: 75% of it leaves no room for growth.

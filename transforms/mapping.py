@@ -28,13 +28,13 @@ import datetime as _dt
 from decimal import Decimal
 from typing import Mapping, NamedTuple, Optional
 
-from transforms.attrs import as_bytes, canonical_json, canonical_typed_json, parse_number, type_of
-from transforms.config import (ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, memo,
+from ddb2bt.transforms.attrs import as_bytes, canonical_json, canonical_typed_json, parse_number, type_of
+from ddb2bt.transforms.config import (ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, memo,
                                resolve_hook)
-from transforms.encoding import ENCODERS, encode
-from transforms.errors import MappingError
-from transforms.limits import MAX_TIMESTAMP_MS, checked_size
-from transforms.model import (
+from ddb2bt.transforms.encoding import ENCODERS, encode
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.limits import MAX_TIMESTAMP_MS, checked_size
+from ddb2bt.transforms.model import (
     EVENT_NAMES,
     INSERT,
     MODIFY,
@@ -46,7 +46,7 @@ from transforms.model import (
     SetCell,
     Guard,
 )
-from transforms.rowkey import build_key
+from ddb2bt.transforms.rowkey import build_key
 
 # Bigtable's delete range end is exclusive: +1 ms makes the change's own cells part of it.
 _INCLUSIVE_END_MS = 1

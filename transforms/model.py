@@ -66,7 +66,7 @@ class BackfillPosition:
 class StreamElement:
     """What passes between the pipelines' stages (RecordBatch, MappedBatch and
     the ShardClosed / PartDone markers): one type, so the pipeline can give it one
-    coder whose size estimate is cheap (``pipeline.coders``)."""
+    coder whose size estimate is cheap (``ddb2bt.pipeline.source.coders``)."""
 
     __slots__ = ()
 

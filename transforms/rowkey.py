@@ -31,8 +31,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from transforms.attrs import as_bytes, parse_number, type_of
-from transforms.errors import ConfigError, MappingError
+from ddb2bt.transforms.attrs import as_bytes, parse_number, type_of
+from ddb2bt.transforms.errors import ConfigError, MappingError
 
 ESCAPE = b"\\"
 MAX_INT64 = 2**63 - 1

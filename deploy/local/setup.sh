@@ -17,14 +17,14 @@ echo "setup: installing ddb2bt and its dependencies (first time: ~1-2 min)"
 
 # The Bigtable emulator ships with the Google Cloud CLI. Find it the way the
 # product does; if it is missing, try the Debian package, else explain.
-if ! .venv/bin/python -c "from pipeline.local_stack import find_cbtemulator; find_cbtemulator()" 2>/dev/null; then
+if ! .venv/bin/python -c "from ddb2bt.pipeline.local.local_stack import find_cbtemulator; find_cbtemulator()" 2>/dev/null; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "setup: cbtemulator not found; trying apt-get install google-cloud-cli-bigtable-emulator"
     apt-get install -y -qq google-cloud-cli-bigtable-emulator >/dev/null 2>&1 || true
   fi
-  .venv/bin/python -c "from pipeline.local_stack import find_cbtemulator; print('setup: cbtemulator at', find_cbtemulator())"
+  .venv/bin/python -c "from ddb2bt.pipeline.local.local_stack import find_cbtemulator; print('setup: cbtemulator at', find_cbtemulator())"
 else
-  .venv/bin/python -c "from pipeline.local_stack import find_cbtemulator; print('setup: cbtemulator at', find_cbtemulator())"
+  .venv/bin/python -c "from ddb2bt.pipeline.local.local_stack import find_cbtemulator; print('setup: cbtemulator at', find_cbtemulator())"
 fi
 # promtool (Debian package "prometheus") validates and unit-tests the alert rules.
 if ! command -v promtool >/dev/null 2>&1; then

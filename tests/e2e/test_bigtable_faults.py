@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from pipeline import workload
-from pipeline.cli import main as ddb2bt
-from pipeline.connections import dynamodb_client
-from pipeline.local_stack import LocalStack
+from ddb2bt.pipeline.local import workload
+from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.connections import dynamodb_client
+from ddb2bt.pipeline.local.local_stack import LocalStack
 from tests.conftest import write_mapping
 
 pytestmark = pytest.mark.e2e
@@ -45,14 +45,14 @@ def test_emulator_restart_mid_run_fails_the_job_loudly(tmp_path, monkeypatch, ca
         assert "ddb2bt: error:" in err and "not found" in err.lower()
 
 
-def test_replication_converges_under_injected_grpc_faults(stack, tmp_path, unique, monkeypatch):
+def test_replication_converges_under_injected_grpc_faults(stack, tmp_path, unique):
     """UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED on a share of calls,
     per-entry UNAVAILABLE inside MutateRows responses (applied but reported failed)
     and added latency: every change still lands exactly once in effect."""
-    from pipeline import fakes
-    from pipeline.bigtable_io import read_table
-    from pipeline.compare import diff_layout, expected_layout
-    from transforms.config import load_mapping
+    from ddb2bt.pipeline.testing import faults
+    from ddb2bt.pipeline.sink.bigtable_io import read_table
+    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+    from ddb2bt.transforms.config import load_mapping
 
     path = write_mapping(tmp_path, source__table=f"Faulty_{unique}", target__table=f"faulty_{unique}",
                          name=f"faulty_{unique}")
@@ -62,13 +62,13 @@ def test_replication_converges_under_injected_grpc_faults(stack, tmp_path, uniqu
     assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
     for op in workload.operations(13, 500, 80):
         workload.apply_quietly(ddb, mapping.source.table, op)
-    fakes.INJECTED.clear()
-    monkeypatch.setenv(fakes.FAULTS_ENV, "unavailable=0.15,deadline_exceeded=0.05,resource_exhausted=0.05,"
-                                          "entry_unavailable=0.2,latency_ms=5,seed=7")
-    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1.5", "--poll-interval", "0.2"]) == 0
-    monkeypatch.delenv(fakes.FAULTS_ENV)
-    assert sum(fakes.INJECTED.values()) >= 3, fakes.INJECTED
-    assert fakes.INJECTED.get("entry_unavailable", 0) >= 1
+    faults.INJECTED.clear()
+    injector = faults.FaultInterceptor.from_spec("unavailable=0.15,deadline_exceeded=0.05,resource_exhausted=0.05,"
+                                                 "entry_unavailable=0.2,latency_ms=5,seed=7")
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1.5", "--poll-interval", "0.2"],
+                  bigtable_interceptors=[injector]) == 0
+    assert sum(faults.INJECTED.values()) >= 3, faults.INJECTED
+    assert faults.INJECTED.get("entry_unavailable", 0) >= 1
     items = workload.scan_all(ddb, mapping.source.table)
     actual = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
     diff = diff_layout(expected_layout(mapping, items)[mapping.target.table], actual)

@@ -16,16 +16,16 @@ import time
 
 import pytest
 
-from pipeline import workload
-from pipeline.bigtable_io import GrpcMutationWriter, read_table
-from pipeline.cli import main as ddb2bt
-from pipeline.compare import compare_mapping
-from pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
-from pipeline.migrate import Migration
+from ddb2bt.pipeline.local import workload
+from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter, read_table
+from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
+from ddb2bt.pipeline.cutover.phases import Migration
 from tests.conftest import ROOT, write_mapping
-from transforms.attrs import item_to_dynamodb_json
-from transforms.config import load_mapping
-from transforms.model import DeleteCells, SetCell
+from ddb2bt.transforms.attrs import item_to_dynamodb_json
+from ddb2bt.transforms.config import load_mapping
+from ddb2bt.transforms.model import DeleteCells, SetCell
 
 pytestmark = pytest.mark.e2e
 BATCH = 25  # BatchWriteItem's limit
@@ -131,7 +131,7 @@ def _wait(predicate, timeout=120, what="condition"):
 
 
 def _spawn(args):
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=ROOT, env=dict(os.environ),
+    return subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.cli", *args], cwd=ROOT, env=dict(os.environ),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -320,8 +320,8 @@ def test_versioned_columns_survive_the_overlap(stack, tmp_path, unique):
 def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp_path, unique):
     """`ddb2bt backfill` next to a running `ddb2bt run` (not `migrate`): the tail
     sees the phase and marks the items it writes, so the backfill's guards work."""
-    from pipeline.migrate import PHASE_CACHE_S
-    from transforms.mapping import MARKER_FAMILY
+    from ddb2bt.pipeline.cutover.phases import PHASE_CACHE_S
+    from ddb2bt.transforms.mapping import MARKER_FAMILY
 
     path, mapping, ddb = setup(tmp_path, unique)
     table = mapping.source.table

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import cli
-from pipeline import workload
-from pipeline.connections import dynamodb_client
-from pipeline.dataflow import graph_facts, validate_options
+from ddb2bt.pipeline import cli
+from ddb2bt.pipeline.local import workload
+from ddb2bt.pipeline.connections import dynamodb_client
+from ddb2bt.pipeline.dataflow import graph_facts, validate_options
 from tests.conftest import write_mapping
-from transforms.errors import ConfigError
+from ddb2bt.transforms.errors import ConfigError
 
 pytestmark = pytest.mark.e2e
 DATAFLOW = ["--runner=DataflowRunner", "--dry_run=True", "--project=my-project", "--region=us-central1",

@@ -7,14 +7,14 @@ import struct
 
 import pytest
 
-from pipeline import workload
-from pipeline.bigtable_io import read_table
-from pipeline.cli import main as ddb2bt
-from pipeline.compare import compare_mapping
-from pipeline.connections import dynamodb_client
+from ddb2bt.pipeline.local import workload
+from ddb2bt.pipeline.sink.bigtable_io import read_table
+from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.connections import dynamodb_client
 from tests.conftest import write_mapping
 from tests.unit.test_examples import INVOICE_SEED, VIDEO_SEED, item, ms
-from transforms.config import load_mapping
+from ddb2bt.transforms.config import load_mapping
 
 pytestmark = pytest.mark.e2e
 

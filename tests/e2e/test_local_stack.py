@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from pipeline.local_stack import StackError, find_cbtemulator
+from ddb2bt.pipeline.local.local_stack import StackError, find_cbtemulator
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +33,7 @@ def test_missing_emulator_gives_install_instructions(monkeypatch, tmp_path):
 
 def test_local_run_sets_the_variables_for_the_command(tmp_path):
     script = "import os; print(os.environ['BIGTABLE_EMULATOR_HOST'], os.environ['AWS_ENDPOINT_URL_DYNAMODBSTREAMS'])"
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "local", "run", "--", sys.executable, "-c", script],
+    out = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", "run", "--", sys.executable, "-c", script],
                          capture_output=True, text=True, cwd=tmp_path, check=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     bigtable, aws = out.split()
@@ -42,7 +42,7 @@ def test_local_run_sets_the_variables_for_the_command(tmp_path):
 
 def test_detached_stack_up_env_down(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "pipeline.cli", "local", *a], capture_output=True,
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a], capture_output=True,
                                     text=True, cwd=tmp_path, env=env)
     assert run("up", "--detach").returncode == 0
     try:

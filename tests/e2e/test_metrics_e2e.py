@@ -8,11 +8,11 @@ import urllib.request
 
 import pytest
 
-from pipeline import workload
-from pipeline.cli import main as ddb2bt
-from pipeline.connections import StreamsClientFactory, dynamodb_client
+from ddb2bt.pipeline.local import workload
+from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
 from tests.conftest import write_mapping
-from transforms.config import load_mapping
+from ddb2bt.transforms.config import load_mapping
 
 pytestmark = pytest.mark.e2e
 SAMPLE = re.compile(r'^(ddb2bt_[a-z_]+)(\{[^}]*\})? (\S+)$', re.M)
@@ -47,7 +47,7 @@ def stream_records(arn: str) -> int:
 
 
 def test_scraped_metrics_tell_the_truth(stack, tmp_path, unique):
-    from pipeline.local_stack import free_port
+    from ddb2bt.pipeline.local.local_stack import free_port
 
     path = write_mapping(tmp_path, source__table=f"Metrics_{unique}", target__table=f"metrics_{unique}",
                          name=f"metrics_{unique}")

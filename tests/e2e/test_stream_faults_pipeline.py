@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.bigtable_io import ensure_mapping_table, read_table
-from pipeline.compare import diff_layout, expected_layout
-from pipeline.connections import BigtableSpec, StateSpec
-from pipeline.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
-from pipeline.graph import LiveJob, add_live_replication, make_pipeline
-from pipeline.preflight import ensure_state_table
-from pipeline.retry import RetryPolicy
-from pipeline.stream_source import ReaderOptions
+from ddb2bt.pipeline.sink.bigtable_io import ensure_mapping_table, read_table
+from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
+from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
+from ddb2bt.pipeline.preflight import ensure_state_table
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.source.stream_source import ReaderOptions
 from tests.conftest import write_mapping
-from transforms.config import load_mapping
+from ddb2bt.transforms.config import load_mapping
 
 pytestmark = pytest.mark.e2e
 

@@ -3,13 +3,13 @@ import json
 
 import pytest
 
-from pipeline.backfill import (ExportSource, PartReaders, ScanSource, TokenBucket, parse_segment, plan_tasks,
+from ddb2bt.pipeline.cutover.backfill import (ExportSource, PartReaders, ScanSource, TokenBucket, parse_segment, plan_tasks,
                                segment_name)
-from pipeline.fakes import client_error
-from pipeline.retry import RetryPolicy
-from pipeline.status import Facts, ShardStatus, assess
-from transforms.errors import ConfigError, PermanentError
-from transforms.model import BackfillPosition, ChangeRecord, PartDone
+from ddb2bt.pipeline.testing.fakes import client_error
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.cutover.status import Facts, ShardStatus, assess
+from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.transforms.model import BackfillPosition, ChangeRecord, PartDone
 
 HANDOFF = 1_700_000_123_456
 
@@ -152,15 +152,15 @@ def test_ready_only_when_everything_holds():
 
 
 def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp_path, monkeypatch):
-    import pipeline.backfill as backfill
-    from pipeline.backfill import BackfillJob, BackfillTask, ReadBackfillFn
-    from pipeline.fakes import InMemoryBigtable
-    from pipeline.metrics import PipelineMetrics
-    from pipeline.state import StateStore
+    import ddb2bt.pipeline.cutover.backfill as backfill
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, BackfillTask, ReadBackfillFn
+    from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.state import StateStore
     from prometheus_client import CollectorRegistry
-    from transforms.model import RecordBatch
+    from ddb2bt.transforms.model import RecordBatch
 
-    monkeypatch.setattr("pipeline.records.BATCH_RECORDS", 3)
+    monkeypatch.setattr("ddb2bt.pipeline.source.records.BATCH_RECORDS", 3)
     monkeypatch.setattr(backfill, "default_metrics", lambda: PipelineMetrics(CollectorRegistry()))
     lines = [json.dumps({"Item": {"pk": {"S": f"k{i}"}}}) for i in range(7)]
     write_export(tmp_path, lines)

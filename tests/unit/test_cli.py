@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from pipeline.cli import build_parser, main
-from pipeline.graph import is_local
+from ddb2bt.pipeline.cli import build_parser, main
+from ddb2bt.pipeline.graph import is_local
 from tests.conftest import ROOT
 
 COMMANDS = [["demo"], ["validate"], ["explain"], ["lint"], ["create-table"], ["run"], ["dlq"], ["dlq", "list"],
@@ -64,7 +64,7 @@ def test_local_runner_detection(args, local):
 
 
 def test_console_script_entry_point_runs():
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "--help"], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     assert "Replicate a live DynamoDB table" in out
 

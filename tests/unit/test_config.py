@@ -3,8 +3,8 @@ import copy
 import pytest
 import yaml
 
-from transforms.config import load_mapping, parse_mapping
-from transforms.errors import ConfigError
+from ddb2bt.transforms.config import load_mapping, parse_mapping
+from ddb2bt.transforms.errors import ConfigError
 
 BASE = yaml.safe_load(open("examples/product_catalog.yaml"))
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import build_parser
-from pipeline.flex_main import COMMANDS, PARAMETERS, translate
+from ddb2bt.pipeline.cli import build_parser
+from ddb2bt.pipeline.flex_main import COMMANDS, PARAMETERS, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 META = json.loads((ROOT / "deploy/dataflow/metadata.json").read_text())

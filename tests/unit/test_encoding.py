@@ -5,9 +5,9 @@ from decimal import Decimal
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from transforms.attrs import canonical_json, canonical_typed_json, from_dynamodb_json, to_dynamodb_json
-from transforms.encoding import ENCODINGS, decode, encode
-from transforms.errors import MappingError
+from ddb2bt.transforms.attrs import canonical_json, canonical_typed_json, from_dynamodb_json, to_dynamodb_json
+from ddb2bt.transforms.encoding import ENCODINGS, decode, encode
+from ddb2bt.transforms.errors import MappingError
 
 
 @pytest.mark.parametrize("encoding,value,expected", [
@@ -166,6 +166,6 @@ def test_every_encoding_is_documented_and_decodable():
 @given(st.text())
 @settings(max_examples=2000)
 def test_the_fast_string_quoting_is_exactly_json_dumps(text):
-    from transforms.attrs import _dump_str
+    from ddb2bt.transforms.attrs import _dump_str
 
     assert _dump_str(text) == json.dumps(text, ensure_ascii=False)

@@ -5,12 +5,12 @@ import struct
 
 from hypothesis import given, settings, strategies as st
 
-from pipeline.compare import expected_layout
-from pipeline.fakes import InMemoryBigtable
-from transforms.attrs import from_plain
-from transforms.config import load_mapping
-from transforms.mapping import map_change
-from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord
+from ddb2bt.pipeline.cutover.compare import expected_layout
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.transforms.attrs import from_plain
+from ddb2bt.transforms.config import load_mapping
+from ddb2bt.transforms.mapping import map_change
+from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord
 
 TS = 1_700_000_000_000
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from pipeline.records import from_stream_record
-from transforms.config import load_mapping
-from transforms.dofns import map_record
-from transforms.limits import check_row_change
+from ddb2bt.pipeline.source.records import from_stream_record
+from ddb2bt.transforms.config import load_mapping
+from ddb2bt.transforms.dofns import map_record
+from ddb2bt.transforms.limits import check_row_change
 
 MAPPINGS = [load_mapping(p) for p in sorted(Path("examples").glob("*.yaml"))]
 REASONS = {"row_key_too_long", "row_key_empty", "row_key", "qualifier_too_long", "cell_too_large", "encoding",

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from pipeline.compare import expected_layout
-from pipeline.fakes import InMemoryBigtable
-from pipeline.retry import RetryPolicy
-from pipeline.sink import BatchingWriter, SinkConfig
-from transforms.attrs import from_plain
-from transforms.config import load_mapping
-from transforms.dofns import map_record
-from transforms.mapping import MARKER_FAMILY, backfill_record, handoff_second_ms, map_change
-from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedChange
+from ddb2bt.pipeline.cutover.compare import expected_layout
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.transforms.attrs import from_plain
+from ddb2bt.transforms.config import load_mapping
+from ddb2bt.transforms.dofns import map_record
+from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record, handoff_second_ms, map_change
+from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedChange
 
 VIDEOS = load_mapping("examples/videos.yaml")
 CATALOG = load_mapping("examples/product_catalog.yaml")

@@ -1,6 +1,6 @@
-from transforms.attrs import from_plain
-from transforms.config import load_mapping, mapping_from_text
-from transforms.lint import lint
+from ddb2bt.transforms.attrs import from_plain
+from ddb2bt.transforms.config import load_mapping, mapping_from_text
+from ddb2bt.transforms.lint import lint
 
 HEAD = "source: {table: Things, key: {partition: id}}\ntarget: {project: p, instance: i, table: t}\n"
 

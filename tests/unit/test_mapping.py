@@ -4,12 +4,12 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pipeline.compare import expected_layout
-from pipeline.fakes import InMemoryBigtable
-from transforms.config import TtlConfig, load_mapping, mapping_from_text
-from transforms.errors import MappingError
-from transforms.mapping import backfill_record, map_change
-from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
+from ddb2bt.pipeline.cutover.compare import expected_layout
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.transforms.config import TtlConfig, load_mapping, mapping_from_text
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.mapping import backfill_record, map_change
+from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
 
 M = load_mapping("examples/product_catalog.yaml")
 TS = 1_694_359_308_000  # 2023-09-10T15:21:48Z
@@ -215,7 +215,7 @@ def test_random_histories_converge_despite_duplicates_and_replays(ops, data):
 @settings(max_examples=500, deadline=None)
 @given(st.lists(op, max_size=25))
 def test_the_modify_fast_path_produces_exactly_what_the_general_path_does(ops):
-    import transforms.mapping as engine
+    import ddb2bt.transforms.mapping as engine
 
     records, _ = history(ops)
     fast = [map_change(M, r) for r in records]

@@ -2,11 +2,11 @@
 
 import pytest
 
-from transforms.config import mapping_from_text
-from transforms.errors import ConfigError, MappingError
-from transforms.mapping import map_change
-from transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
-from pipeline.fakes import InMemoryBigtable
+from ddb2bt.transforms.config import mapping_from_text
+from ddb2bt.transforms.errors import ConfigError, MappingError
+from ddb2bt.transforms.mapping import map_change
+from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 
 TS = 1_700_000_000_000
 HEAD = """
@@ -100,7 +100,7 @@ def test_versioned_cells_use_the_attribute_and_deletes_remove_exactly_that_versi
     ({"N": "1694359308"}, "epoch_seconds", 1694359308000),
 ])
 def test_timestamp_formats_round_down_to_whole_milliseconds(value, fmt, expected):
-    from transforms.mapping import parse_timestamp_ms
+    from ddb2bt.transforms.mapping import parse_timestamp_ms
     assert parse_timestamp_ms(value, fmt, "At") == expected
 
 

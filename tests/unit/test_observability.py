@@ -13,12 +13,12 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from pipeline.cli import JsonFormatter
-from pipeline.fakes import FakeStreamsClient, InMemoryBigtable
-from pipeline.metrics import PipelineMetrics, start_pusher
-from pipeline.retry import RetryPolicy
-from pipeline.state import StateStore
-from pipeline.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain_round
+from ddb2bt.pipeline.cli import JsonFormatter
+from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
+from ddb2bt.pipeline.metrics import PipelineMetrics, start_pusher
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain_round
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMTOOL_HELP = "promtool is missing: install the Debian package 'prometheus' (deploy/local/setup.sh does it)"
@@ -188,6 +188,6 @@ def test_pushgateway_receives_grouped_metrics():
 
 
 def test_json_logs_carry_the_stage():
-    record = logging.LogRecord("pipeline.sink", logging.WARNING, __file__, 1, "retrying %s", ("x",), None)
+    record = logging.LogRecord("ddb2bt.pipeline.sink.sink", logging.WARNING, __file__, 1, "retrying %s", ("x",), None)
     line = json.loads(JsonFormatter().format(record))
     assert line["stage"] == "sink" and line["msg"] == "retrying x" and line["level"] == "WARNING"

@@ -1,8 +1,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from transforms.errors import ConfigError, MappingError
-from transforms.rowkey import build_key, escape, parse_template, split_key
+from ddb2bt.transforms.errors import ConfigError, MappingError
+from ddb2bt.transforms.rowkey import build_key, escape, parse_template, split_key
 
 
 def key(template, delimiter="#", **attrs):

@@ -4,14 +4,14 @@ import threading
 
 import pytest
 
-from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus
-from pipeline.fakes import InMemoryBigtable
-from pipeline.metrics import PipelineMetrics
-from pipeline.retry import RetryPolicy
-from pipeline.sink import BatchingWriter, SinkConfig
-from pipeline.state import StateStore
+from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.pipeline.state import StateStore
 from prometheus_client import CollectorRegistry
-from transforms.model import (DeadLetter, DeleteCells, MappedChange, RowChange, SetCell, ShardClosed,
+from ddb2bt.transforms.model import (DeadLetter, DeleteCells, MappedChange, RowChange, SetCell, ShardClosed,
                               StreamPosition, ChangeRecord)
 
 ARN = "arn:aws:dynamodb:us-east-1:1:table/T/stream/2024"
@@ -249,8 +249,8 @@ def test_overlap_a_batch_failing_on_the_sink_thread_fails_the_next_flush_without
 
 
 def test_page_batches_round_trip_through_their_coder_and_are_sized_without_encoding():
-    from pipeline.coders import StreamElementCoder
-    from transforms.model import MappedBatch, RecordBatch
+    from ddb2bt.pipeline.source.coders import StreamElementCoder
+    from ddb2bt.transforms.model import MappedBatch, RecordBatch
 
     records = tuple(change(i, row=b"r%d" % i).record for i in range(3))
     batch = RecordBatch(tuple(ChangeRecord(r.event_name, r.keys, r.new_image, r.old_image, r.change_ms,
@@ -266,7 +266,7 @@ def test_page_batches_round_trip_through_their_coder_and_are_sized_without_encod
 
 
 def test_the_sink_takes_a_mapped_batch_as_its_changes_in_order():
-    from transforms.model import MappedBatch
+    from ddb2bt.transforms.model import MappedBatch
 
     bt, state, w, _ = make()
     w.add(MappedBatch((change(1, value=b"a"), change(2, value=b"b"))))

@@ -2,17 +2,17 @@
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pipeline.fakes import FakeStreamsClient, InMemoryBigtable, client_error
-from pipeline.metrics import PipelineMetrics
-from pipeline.retry import RetryPolicy
-from pipeline.state import ShardCheckpoint, StateStore
-from pipeline.stream_sdf import PartitionTracker
-from pipeline.stream_source import (
+from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable, client_error
+from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.state import ShardCheckpoint, StateStore
+from ddb2bt.pipeline.source.stream_sdf import PartitionTracker
+from ddb2bt.pipeline.source.stream_source import (
     LocalTracker, PartitionReader, PartitionRestriction, ReaderOptions, StreamPartition,
     drain, drain_round, plan_starts, Listing,
 )
-from transforms.errors import ChangesLostError, StreamGoneError
-from transforms.model import ChangeRecord, ShardClosed
+from ddb2bt.transforms.errors import ChangesLostError, StreamGoneError
+from ddb2bt.transforms.model import ChangeRecord, ShardClosed
 
 FAST = RetryPolicy(initial_s=0.001, max_backoff_s=0.002, deadline_s=5.0)
 
@@ -254,8 +254,8 @@ def test_plan_starts_is_pure_lineage_planning():
 
 
 def test_a_replaced_stream_is_detected_and_reported():
-    from pipeline.preflight import check_stream_continuity
-    from transforms.errors import PermanentError
+    from ddb2bt.pipeline.preflight import check_stream_continuity
+    from ddb2bt.transforms.errors import PermanentError
 
     client, state, _, _, _ = setup()
     state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", "1")])
@@ -276,7 +276,7 @@ def test_vanished_stream_message_says_how_to_recover():
 
 
 def test_a_backlog_is_read_in_rounds_of_up_to_pages_per_round_full_pages():
-    from pipeline.stream_source import GET_RECORDS_LIMIT, PAGES_PER_ROUND
+    from ddb2bt.pipeline.source.stream_source import GET_RECORDS_LIMIT, PAGES_PER_ROUND
 
     client, _, _, reader, _ = setup()
     client.add_shard("a")
@@ -296,8 +296,8 @@ def test_a_backlog_is_read_in_rounds_of_up_to_pages_per_round_full_pages():
 
 
 def test_records_travel_in_page_batches_with_markers_between_them_in_order():
-    from pipeline.records import batch_records
-    from transforms.model import RecordBatch
+    from ddb2bt.pipeline.source.records import batch_records
+    from ddb2bt.transforms.model import RecordBatch
 
     client, _, _, reader, _ = setup()
     client.add_shard("a")
@@ -314,7 +314,7 @@ def test_records_travel_in_page_batches_with_markers_between_them_in_order():
 
 
 def test_a_split_mid_round_still_emits_the_claimed_records_as_a_batch():
-    from pipeline.records import batch_records
+    from ddb2bt.pipeline.source.records import batch_records
 
     client, _, _, reader, _ = setup()
     client.add_shard("s")
@@ -337,7 +337,7 @@ def test_a_split_mid_round_still_emits_the_claimed_records_as_a_batch():
 
 
 def test_flush_sends_the_records_so_far_and_is_not_an_element():
-    from pipeline.records import FLUSH, batch_records
+    from ddb2bt.pipeline.source.records import FLUSH, batch_records
 
     client, _, _, reader, _ = setup()
     client.add_shard("s")

@@ -12,9 +12,9 @@ from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration
 
-from pipeline.metrics import default_metrics
-from pipeline.records import batch_records
-from pipeline.stream_source import (
+from ddb2bt.pipeline.metrics import default_metrics
+from ddb2bt.pipeline.source.records import batch_records
+from ddb2bt.pipeline.source.stream_source import (
     ClaimEnd,
     PartitionReader,
     PartitionRestriction,
@@ -149,7 +149,7 @@ class ReadStreamPartitionsFn(beam.DoFn):
         tracker.defer_remainder(Duration.of(0))
 
     def _maybe_promote(self) -> None:
-        from pipeline.migrate import CATCHING_UP, LIVE, Migration
+        from ddb2bt.pipeline.cutover.phases import CATCHING_UP, LIVE, Migration
 
         now = time.monotonic()
         if now - getattr(self, "_phase_checked", -1e9) < PHASE_CHECK_S:

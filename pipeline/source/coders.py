@@ -1,4 +1,4 @@
-"""The coder of the live path's elements (``transforms.model.StreamElement``).
+"""The coder of the live path's elements (``ddb2bt.transforms.model.StreamElement``).
 
 Beam estimates the size of a sample of each stage's outputs by encoding them —
 at first every element, later ~10 in every N. With one element per page of
@@ -12,7 +12,7 @@ import pickle
 
 import apache_beam as beam
 
-from transforms.model import StreamElement
+from ddb2bt.transforms.model import StreamElement
 
 
 class StreamElementCoder(beam.coders.Coder):

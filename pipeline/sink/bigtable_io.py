@@ -4,7 +4,7 @@ row reads for the state table, verification and tests.
 Why raw protobufs: the data client's per-entry conversion costs ~75 µs per row
 (measured: 7.5 s CPU per 100k rows), several times the cost of the RPC itself;
 building ``MutateRowsRequest`` messages directly is ~8x cheaper. Retries and
-idempotency stay ours (``pipeline.sink``): every mutation carries an explicit
+idempotency stay ours (``ddb2bt.pipeline.sink.sink``): every mutation carries an explicit
 whole-millisecond timestamp, so re-sending an entry is always safe.
 
 Errors are classified here, once, where they enter: ``EntryStatus.retryable``
@@ -20,9 +20,9 @@ from typing import Iterable, Optional, Protocol, Sequence
 
 import grpc
 
-from transforms.config import FamilyConfig, MappingConfig
-from transforms.errors import PermanentError, RetryableError
-from transforms.model import DeleteCells, SetCell
+from ddb2bt.transforms.config import FamilyConfig, MappingConfig
+from ddb2bt.transforms.errors import PermanentError, RetryableError
+from ddb2bt.transforms.model import DeleteCells, SetCell
 
 log = logging.getLogger(__name__)
 
@@ -140,21 +140,26 @@ def build_mutations(container, mutations: Sequence) -> None:
             raise TypeError(f"unknown mutation {type(m).__name__}")
 
 
-def make_channel(endpoint: Optional[str] = None) -> grpc.Channel:
+def make_channel(endpoint: Optional[str] = None, interceptors: Sequence = ()) -> grpc.Channel:
     """A channel to the emulator (BIGTABLE_EMULATOR_HOST, insecure, loopback) or to
-    the service with Application Default Credentials."""
+    the service with Application Default Credentials.
+
+    ``interceptors`` are gRPC client interceptors wrapped around the channel, in
+    order (tracing, or the fault injector of ``ddb2bt.pipeline.testing``): the
+    caller passes them explicitly; nothing here reads them from the environment.
+    """
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
     emulator = os.environ.get(EMULATOR_ENV)
     if emulator and not endpoint:
-        from pipeline.fakes import maybe_inject_faults  # DDB2BT_INJECT_FAULTS: tests and soaks only
+        channel = grpc.insecure_channel(emulator, options=options)
+    else:
+        from google.api_core import grpc_helpers  # imported late: only the cloud path needs auth
 
-        return maybe_inject_faults(grpc.insecure_channel(emulator, options=options))
-    from google.api_core import grpc_helpers  # imported late: only the cloud path needs auth
-
-    return grpc_helpers.create_channel(
-        endpoint or DEFAULT_ENDPOINT, scopes=DATA_SCOPES, default_host=DEFAULT_ENDPOINT, options=options
-    )
+        channel = grpc_helpers.create_channel(
+            endpoint or DEFAULT_ENDPOINT, scopes=DATA_SCOPES, default_host=DEFAULT_ENDPOINT, options=options
+        )
+    return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
 
 
 def _pb_types():
@@ -186,8 +191,9 @@ class GrpcMutationWriter:
     """MutationWriter over a gRPC channel. One instance per DoFn (created in setup)."""
 
     def __init__(self, project: str, instance: str, app_profile: Optional[str] = None,
-                 channel: Optional[grpc.Channel] = None, timeout_s: float = DEFAULT_RPC_TIMEOUT_S) -> None:
-        self._channel = channel or make_channel()
+                 channel: Optional[grpc.Channel] = None, timeout_s: float = DEFAULT_RPC_TIMEOUT_S,
+                 interceptors: Sequence = ()) -> None:
+        self._channel = channel or make_channel(interceptors=interceptors)
         self._prefix = f"projects/{project}/instances/{instance}/tables/"
         self._app_profile = app_profile
         self._timeout_s = timeout_s

@@ -29,13 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
-from transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
-from transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedBatch, MappedChange, PartDone, SetCell,
+from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
+from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedBatch, MappedChange, PartDone, SetCell,
                               ShardClosed, StreamPosition, mutations_size)
-from pipeline.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
-from pipeline.metrics import PipelineMetrics
-from pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
-from pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
+from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
+from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
+from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -508,7 +508,7 @@ class _FamilyCache:
     added by `create-table` while the job runs is picked up."""
 
     def __init__(self, spec, now: Callable[[], float] = time.monotonic) -> None:
-        from pipeline.bigtable_io import BigtableAdmin
+        from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
 
         self._admin = BigtableAdmin(spec.project, spec.instance)
         self._now = now
@@ -539,7 +539,7 @@ class WriteToBigtableFn(beam.DoFn):
         self._pushgateway = pushgateway
 
     def setup(self) -> None:
-        from pipeline.metrics import default_metrics, start_pusher
+        from ddb2bt.pipeline.metrics import default_metrics, start_pusher
 
         if self._pushgateway:  # Dataflow workers cannot be scraped: they push
             start_pusher(self._pushgateway, job=f"ddb2bt-{self._state_spec.job if self._state_spec else 'job'}")

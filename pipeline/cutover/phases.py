@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from transforms.errors import ConfigError
+from ddb2bt.transforms.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Migration:
         return self.store.load_meta("phase")
 
     def set_phase(self, phase: str) -> None:
-        from pipeline.metrics import default_metrics
+        from ddb2bt.pipeline.metrics import default_metrics
 
         self.store.save_meta("phase", phase)
         self.store.save_meta("phase_changed_ms", str(time.time_ns() // 1_000_000))

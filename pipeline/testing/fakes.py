@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import os as _os
-import random as _random
 import threading
-import time as _time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-import grpc as _grpc
 from botocore.exceptions import ClientError
 
-from pipeline.bigtable_io import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
-from transforms.model import DeleteCells, SetCell
+from ddb2bt.pipeline.sink.bigtable_io import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
+from ddb2bt.transforms.model import DeleteCells, SetCell
 
 # --- Bigtable -------------------------------------------------------------------
 
@@ -291,119 +287,3 @@ class RegisteredClient:
 
     def __call__(self):
         return FAKE_CLIENTS[self.name]
-
-
-# --- Bigtable faults at the gRPC layer (real emulator, injected failures) -----------
-
-FAULTS_ENV = "DDB2BT_INJECT_FAULTS"
-FAULTS_LOG_ENV = "DDB2BT_FAULTS_LOG"  # optional file: one line per injected fault (survives SIGKILL)
-_CALL_FAULTS = {"unavailable": _grpc.StatusCode.UNAVAILABLE, "deadline_exceeded": _grpc.StatusCode.DEADLINE_EXCEEDED,
-                "resource_exhausted": _grpc.StatusCode.RESOURCE_EXHAUSTED}
-INJECTED: dict = {}  # kind -> count, for tests and the soak report
-
-
-def _count(kind: str) -> None:
-    INJECTED[kind] = INJECTED.get(kind, 0) + 1
-    path = _os.environ.get(FAULTS_LOG_ENV)
-    if path:
-        with open(path, "a") as fh:  # appended and closed at once: a killed process loses nothing
-            fh.write(kind + "\n")
-
-
-class _InjectedRpcError(_grpc.RpcError):
-    def __init__(self, code) -> None:
-        super().__init__(f"injected {code.name}")
-        self._code = code
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return f"injected {self._code.name}"
-
-
-class _FailingStream:
-    def __init__(self, code) -> None:
-        self._code = code
-
-    def __iter__(self):
-        raise _InjectedRpcError(self._code)
-
-
-class FaultInterceptor(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClientInterceptor):
-    """Injects call failures (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED),
-    per-entry UNAVAILABLE statuses inside MutateRows responses (the entry *was*
-    applied: an ambiguous failure, exactly what retries must survive) and latency.
-
-    Spec (env DDB2BT_INJECT_FAULTS): "unavailable=0.1,deadline_exceeded=0.05,
-    resource_exhausted=0.05,entry_unavailable=0.1,latency_ms=20,seed=1".
-    """
-
-    def __init__(self, rates: dict, latency_ms: float = 0.0, seed: Optional[int] = None) -> None:
-        self._rates = rates
-        self._latency = latency_ms / 1000
-        self._rng = _random.Random(seed)
-        self._lock = threading.Lock()
-
-    @classmethod
-    def from_spec(cls, spec: str) -> "FaultInterceptor":
-        values = dict(part.split("=", 1) for part in spec.split(",") if part.strip())
-        latency = float(values.pop("latency_ms", 0))
-        seed = values.pop("seed", None)
-        unknown = set(values) - set(_CALL_FAULTS) - {"entry_unavailable"}
-        if unknown:
-            raise ValueError(f"{FAULTS_ENV}: unknown fault kinds {sorted(unknown)}")
-        return cls({k: float(v) for k, v in values.items()}, latency, int(seed) if seed else None)
-
-    def _draw(self) -> Optional[str]:
-        with self._lock:
-            roll = self._rng.random()
-        edge = 0.0
-        for kind, code in _CALL_FAULTS.items():
-            edge += self._rates.get(kind, 0.0)
-            if roll < edge:
-                _count(kind)
-                return kind
-        return None
-
-    def intercept_unary_stream(self, continuation, details, request):
-        if self._latency:
-            _time.sleep(self._latency)
-        kind = self._draw()
-        if kind is not None:
-            return _FailingStream(_CALL_FAULTS[kind])
-        responses = continuation(details, request)
-        rate = self._rates.get("entry_unavailable", 0.0)
-        if not rate or not details.method.endswith("/MutateRows"):
-            return responses
-        return self._mangle(responses, rate)
-
-    def _mangle(self, responses, rate):
-        for response in responses:
-            for entry in response.entries:
-                with self._lock:
-                    hit = self._rng.random() < rate
-                if hit and entry.status.code == 0:
-                    entry.status.code = _grpc.StatusCode.UNAVAILABLE.value[0]
-                    entry.status.message = "injected per-entry UNAVAILABLE"
-                    _count("entry_unavailable")
-            yield response
-
-    def intercept_unary_unary(self, continuation, details, request):
-        if self._latency:
-            _time.sleep(self._latency)
-        kind = self._draw()
-        if kind is not None:
-            raise _InjectedRpcError(_CALL_FAULTS[kind])
-        return continuation(details, request)
-
-
-def maybe_inject_faults(channel):
-    spec = _os.environ.get(FAULTS_ENV)
-    if not spec:
-        return channel
-    import logging as _logging
-
-    _logging.getLogger(__name__).warning("injecting Bigtable faults (%s=%s): for tests and soaks only",
-                                         FAULTS_ENV, spec)
-    return _grpc.intercept_channel(channel, FaultInterceptor.from_spec(spec))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from transforms.config import MappingConfig
-from transforms.mapping import MARKER_FAMILY, expected_cells
+from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.mapping import MARKER_FAMILY, expected_cells
 
 SINGLE, VERSIONS, LIST = "single", "versions", "list"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from transforms.errors import PermanentError
+from ddb2bt.transforms.errors import PermanentError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 log = logging.getLogger("ddb2bt.demo")
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "product_catalog.yaml"
+DEMO_EXAMPLE = "product_catalog"
 DEMO_IDLE_S = 4.0  # the writer never pauses this long; the pipeline ends this long after it stops
 PROGRESS_TICK_S = 0.25
 
@@ -36,22 +36,21 @@ def _histogram_quantile(hist, q: float) -> float:
 def run_demo(args) -> int:
     import os
 
-    from pipeline import local_stack
-    from pipeline.bigtable_io import ensure_mapping_table, read_table
-    from pipeline.cli import start_metrics_server
-    from pipeline.compare import diff_layout, expected_layout
-    from pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
-    from pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from pipeline.metrics import counter_total as _counter_total, default_metrics
-    from pipeline.preflight import ensure_state_table
-    from pipeline.stream_source import ReaderOptions
-    from pipeline import workload
-    from transforms.config import load_mapping
-    from transforms.encoding import decode
+    from ddb2bt.pipeline.local import local_stack
+    from ddb2bt.pipeline.sink.bigtable_io import ensure_mapping_table, read_table
+    from ddb2bt.pipeline.cli import start_metrics_server
+    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
+    from ddb2bt.pipeline.metrics import counter_total as _counter_total, default_metrics
+    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions
+    from ddb2bt.pipeline.local import workload
+    from ddb2bt.pipeline.local.examples import example_path
+    from ddb2bt.transforms.config import load_mapping
+    from ddb2bt.transforms.encoding import decode
 
-    if not EXAMPLE.exists():
-        raise FileNotFoundError(f"{EXAMPLE} is missing: run the demo from a checkout of ddb2bt")
-    mapping = load_mapping(EXAMPLE)
+    mapping = load_mapping(example_path(DEMO_EXAMPLE))
     with local_stack.LocalStack(log_dir=Path(".ddb2bt/logs")) as stack:
         stack.apply_env()
         print(f"local stack: Bigtable emulator {os.environ['BIGTABLE_EMULATOR_HOST']}, "

@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from transforms.attrs import canonical_typed_json
-from transforms.config import MappingConfig
-from pipeline.compare import LayoutDiff, diff_layout, expected_layout
+from ddb2bt.transforms.attrs import canonical_typed_json
+from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.pipeline.cutover.compare import LayoutDiff, diff_layout, expected_layout
 
 EXAMPLES_PER_KIND = 5
 REDACTED = "<redacted: use --show-values>"

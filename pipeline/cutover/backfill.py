@@ -7,7 +7,7 @@ DoFn element reads in parallel threads through a bounded queue (so segments run
 in parallel on the local runner too; on Dataflow, tasks spread over workers).
 
 Every item becomes an INSERT at the handoff second minus 1 ms, guarded against
-the live tail (``transforms.mapping.map_change``). Progress is checkpointed per
+the live tail (``ddb2bt.transforms.mapping.map_change``). Progress is checkpointed per
 part in the state table by the sink, after the writes it covers: a scan segment
 resumes from its last evaluated key, an export file from its line number.
 """
@@ -27,14 +27,14 @@ from typing import Callable, Iterator, Optional
 import apache_beam as beam
 from botocore.exceptions import BotoCoreError, ClientError
 
-from transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
-from transforms.errors import ConfigError, PermanentError
-from transforms.mapping import backfill_record
-from transforms.model import BackfillPosition, PartDone, StreamElement
-from pipeline.metrics import default_metrics
-from pipeline.records import FLUSH, batch_records
-from pipeline.retry import RetryPolicy, retrying
-from pipeline.stream_source import StreamThrottled, classify_stream_error
+from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
+from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.transforms.mapping import backfill_record
+from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement
+from ddb2bt.pipeline.metrics import default_metrics
+from ddb2bt.pipeline.source.records import FLUSH, batch_records
+from ddb2bt.pipeline.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.source.stream_source import StreamThrottled, classify_stream_error
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class ExportSource:
                               "(the one holding manifest-summary.json)", "--from-export") from None
 
     def export_time_ms(self) -> int:
-        from transforms.mapping import parse_timestamp_ms
+        from ddb2bt.transforms.mapping import parse_timestamp_ms
 
         text = self.summary().get("exportTime")
         if not text:
@@ -361,12 +361,10 @@ class ReadBackfillFn(beam.DoFn):
 def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config, client_factory=None,
                  reshuffle: bool = False, pushgateway: Optional[str] = None) -> beam.PCollection:
     """Add the backfill path to ``p``; returns the dead-letter PCollection."""
-    from pipeline.connections import BigtableSpec
-    from pipeline.sink import WriteToBigtableFn
-    from transforms.dofns import MapChangesFn
-    import pipeline.coders  # noqa: F401  (registers the StreamElement coder)
+    from ddb2bt.pipeline.sink.sink import WriteToBigtableFn
+    from ddb2bt.transforms.dofns import MapChangesFn
+    import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
 
-    target = mapping.target
     tasks = plan_tasks(job.source.parts(), job.tasks)
     pcoll = p | "BackfillTasks" >> beam.Create(tasks)
     if reshuffle:
@@ -377,7 +375,6 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
         pcoll
         | "ReadBackfill" >> beam.ParDo(ReadBackfillFn(job, state, client_factory)).with_output_types(StreamElement)
         | "MapBackfill" >> beam.ParDo(MapChangesFn(mapping)).with_output_types(StreamElement)
-        | "WriteBackfill" >> beam.ParDo(WriteToBigtableFn(BigtableSpec(target.project, target.instance,
-                                                                        target.app_profile), state, sink_config,
+        | "WriteBackfill" >> beam.ParDo(WriteToBigtableFn(state.bigtable, state, sink_config,
                                                            pushgateway=pushgateway))
     )

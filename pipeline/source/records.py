@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Mapping
 
-from transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
-from transforms.model import ChangeRecord, RecordBatch, StreamPosition, datetime_to_ms
+from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
+from ddb2bt.transforms.model import ChangeRecord, RecordBatch, StreamPosition, datetime_to_ms
 
 TTL_PRINCIPAL = "dynamodb.amazonaws.com"
 # Records per runner element: a full GetRecords page.

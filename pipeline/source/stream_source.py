@@ -32,13 +32,13 @@ from typing import Callable, Iterator, Optional
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
 
-from transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
-from transforms.limits import DEFAULT_POLL_INTERVAL_S
-from transforms.model import ShardClosed
-from pipeline.metrics import PipelineMetrics
-from pipeline.records import from_stream_record
-from pipeline.retry import RetryPolicy, retrying
-from pipeline.state import ShardCheckpoint
+from ddb2bt.transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
+from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
+from ddb2bt.transforms.model import ShardClosed
+from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.source.records import from_stream_record
+from ddb2bt.pipeline.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.state import ShardCheckpoint
 
 log = logging.getLogger(__name__)
 

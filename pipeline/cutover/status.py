@@ -12,8 +12,8 @@ from typing import Optional
 
 from botocore.exceptions import ClientError
 
-from pipeline.migrate import BACKFILLING, CATCHING_UP, Migration
-from transforms.model import datetime_to_ms
+from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
+from ddb2bt.transforms.model import datetime_to_ms
 
 RETENTION_MS = 24 * 3600 * 1000
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
