@@ -15,12 +15,12 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from ddb2bt.transforms.config import MappingConfig
-from ddb2bt.transforms.dofns import MapChangesFn
+from ddb2bt.transforms.dofns import _MapChangesFn
 from ddb2bt.transforms.model import StreamElement
 import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
-from ddb2bt.pipeline.sink.sink import SinkConfig, WriteToBigtableFn
-from ddb2bt.pipeline.source.stream_sdf import ReadStreamPartitionsFn
+from ddb2bt.pipeline.sink.sink import SinkConfig, _WriteToBigtableFn
+from ddb2bt.pipeline.source.stream_sdf import _ReadStreamPartitionsFn
 from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition
 
 log = logging.getLogger(__name__)
@@ -52,10 +52,10 @@ def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
     return (
         p
         | STEP_PARTITIONS >> beam.Create(partitions)
-        | STEP_READ >> beam.ParDo(ReadStreamPartitionsFn(job.reader, job.client_factory, job.state))
+        | STEP_READ >> beam.ParDo(_ReadStreamPartitionsFn(job.reader, job.client_factory, job.state))
         .with_output_types(StreamElement)
-        | STEP_MAP >> beam.ParDo(MapChangesFn(job.mapping, marking=job.marking)).with_output_types(StreamElement)
-        | STEP_WRITE >> beam.ParDo(WriteToBigtableFn(bigtable, job.state, job.sink, pushgateway=job.pushgateway))
+        | STEP_MAP >> beam.ParDo(_MapChangesFn(job.mapping, marking=job.marking)).with_output_types(StreamElement)
+        | STEP_WRITE >> beam.ParDo(_WriteToBigtableFn(bigtable, job.state, job.sink, pushgateway=job.pushgateway))
     )
 
 

@@ -36,7 +36,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class MapChangesFn(beam.DoFn):
+class _MapChangesFn(beam.DoFn):
     """ChangeRecord → MappedChange, RecordBatch → MappedBatch; other elements
     (shard markers) pass through in order, because the sink needs them in stream
     order to checkpoint correctly.

@@ -273,7 +273,7 @@ class BackfillJob:
     tasks: int = 1
 
 
-class ReadBackfillFn(beam.DoFn):
+class _ReadBackfillFn(beam.DoFn):
     """BackfillTask → RecordBatch | PartDone, reading the task's parts in threads."""
 
     def __init__(self, job: BackfillJob, state_factory: Callable, client_factory: Optional[Callable] = None) -> None:
@@ -361,8 +361,8 @@ class ReadBackfillFn(beam.DoFn):
 def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config, client_factory=None,
                  reshuffle: bool = False, pushgateway: Optional[str] = None) -> beam.PCollection:
     """Add the backfill path to ``p``; returns the dead-letter PCollection."""
-    from ddb2bt.pipeline.sink.sink import WriteToBigtableFn
-    from ddb2bt.transforms.dofns import MapChangesFn
+    from ddb2bt.pipeline.sink.sink import _WriteToBigtableFn
+    from ddb2bt.transforms.dofns import _MapChangesFn
     import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
 
     tasks = plan_tasks(job.source.parts(), job.tasks)
@@ -373,8 +373,8 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
         pcoll = pcoll | "SpreadTasks" >> beam.Reshuffle()
     return (
         pcoll
-        | "ReadBackfill" >> beam.ParDo(ReadBackfillFn(job, state, client_factory)).with_output_types(StreamElement)
-        | "MapBackfill" >> beam.ParDo(MapChangesFn(mapping)).with_output_types(StreamElement)
-        | "WriteBackfill" >> beam.ParDo(WriteToBigtableFn(state.bigtable, state, sink_config,
+        | "ReadBackfill" >> beam.ParDo(_ReadBackfillFn(job, state, client_factory)).with_output_types(StreamElement)
+        | "MapBackfill" >> beam.ParDo(_MapChangesFn(mapping)).with_output_types(StreamElement)
+        | "WriteBackfill" >> beam.ParDo(_WriteToBigtableFn(state.bigtable, state, sink_config,
                                                            pushgateway=pushgateway))
     )

@@ -1,5 +1,5 @@
 """The Bigtable sink: ``BatchingWriter`` (pure logic, writer and clock passed in)
-and ``WriteToBigtableFn`` (the thin DoFn around it).
+and ``_WriteToBigtableFn`` (the thin DoFn around it).
 
 Per flush, in this order:
   1. Coalesce: all changes to one (table, row key) in the buffer become ONE
@@ -527,7 +527,7 @@ class _FamilyCache:
         return families
 
 
-class WriteToBigtableFn(beam.DoFn):
+class _WriteToBigtableFn(beam.DoFn):
     """MappedChange | ShardClosed → (writes, checkpoints) → DeadLetter output."""
 
     def __init__(self, bigtable, state_spec, config: SinkConfig = SinkConfig(),

@@ -92,7 +92,7 @@ class _WalltimeProvider(WatermarkEstimatorProvider):
         return WalltimeWatermarkEstimator(state)
 
 
-class ReadStreamPartitionsFn(beam.DoFn):
+class _ReadStreamPartitionsFn(beam.DoFn):
     """StreamPartition → RecordBatch | ShardClosed, unbounded."""
 
     def __init__(self, options: ReaderOptions, client_factory: Callable, state_factory: Callable) -> None:

@@ -153,7 +153,7 @@ def test_ready_only_when_everything_holds():
 
 def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp_path, monkeypatch):
     import ddb2bt.pipeline.cutover.backfill as backfill
-    from ddb2bt.pipeline.cutover.backfill import BackfillJob, BackfillTask, ReadBackfillFn
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, BackfillTask, _ReadBackfillFn
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
     from ddb2bt.pipeline.metrics import PipelineMetrics
     from ddb2bt.pipeline.state import StateStore
@@ -165,7 +165,7 @@ def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp
     lines = [json.dumps({"Item": {"pk": {"S": f"k{i}"}}}) for i in range(7)]
     write_export(tmp_path, lines)
     state = StateStore(InMemoryBigtable(), "job", lambda: 1)
-    fn = ReadBackfillFn(BackfillJob(ExportSource(str(tmp_path)), ("pk",), HANDOFF), lambda: state)
+    fn = _ReadBackfillFn(BackfillJob(ExportSource(str(tmp_path)), ("pk",), HANDOFF), lambda: state)
     fn.setup()
     out = list(fn.process(BackfillTask(("data/a.json.gz",))))
     assert isinstance(out[-1], PartDone) and out[-1].count == 7
