@@ -319,247 +319,75 @@ def cmd_run(args) -> int:
     return 0
 
 
-# --- backfill, migrate, verify, status -------------------------------------------------
-
-RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
-TAIL_STOP_WAIT_S = 60.0
-DAY_MS = 24 * 3600 * 1000
+# --- backfill, migrate, verify, status, dead letters ----------------------------------
+# The services live in ddb2bt.pipeline.cutover: here, options in, result out.
 
 
-def watch(worker, total: Optional[int], desc: str, value) -> None:
-    """Show a progress bar (items/s and ETA) while ``worker`` runs; in logs (not a
-    terminal) a line every few seconds."""
-    from tqdm import tqdm
+def backfill_options(args):
+    from ddb2bt.pipeline.cutover.controller import BackfillOptions
 
-    tty = sys.stderr.isatty()
-    with tqdm(total=total or None, unit="item", desc=desc, dynamic_ncols=True, file=sys.stderr,
-              mininterval=0.5 if tty else 10.0) as bar:
-        while worker.is_alive():
-            worker.join(0.5)
-            bar.n = int(value())
-            bar.update(0)
-        bar.n = int(value())
-        bar.refresh()
-    worker.check()
-
-
-def backfill_source(args, mapping):
-    """(source, spec dict, handoff ms or None, expected items)."""
-    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
-    from ddb2bt.pipeline.connections import dynamodb_client
-
-    if args.from_export:
-        source = ExportSource(args.from_export, mapping.source.region)
-        handoff = source.export_time_ms()
-        age = time.time_ns() // 1_000_000 - handoff
-        if age > DAY_MS - RETENTION_MARGIN_MS:
-            raise ConfigError(
-                f"the export is {age / 3600000:.1f}h old: the stream keeps 24h, so changes made since the export "
-                "may already be trimmed. Take a new export, or back-fill with a scan (no --from-export)",
-                "--from-export")
-        parts = source.parts()
-        return source, {"kind": "export", "location": args.from_export, "parts": len(parts)}, handoff, \
-            source.item_count()
-    if not 1 <= args.page_size <= 10_000:
-        raise ConfigError("must be between 1 and 10000", "--page-size")
-    source = ScanSource(mapping.source.table, args.segments, mapping.source.region, args.consistent_read,
-                        args.max_rcu, args.page_size)
-    count = dynamodb_client(mapping.source.region).describe_table(TableName=mapping.source.table)["Table"].get(
-        "ItemCount", 0)
-    return source, {"kind": "scan", "segments": args.segments, "parts": args.segments}, None, int(count)
-
-
-def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
-    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
-    from ddb2bt.pipeline.graph import is_local, make_pipeline
-    from ddb2bt.pipeline.metrics import counter_total as _counter_total, default_metrics
-    from ddb2bt.pipeline.cutover.phases import Migration, Worker
-
-    store = spec.store()
-    migration = Migration(store)
-    source, source_spec, export_time, expected = backfill_source(args, mapping)
-    handoff = migration.resume_or_begin(source_spec, args.restart, export_time,
-                                        sleep=time.sleep if marking_wait else (lambda s: None))
-    store.save_meta("backfill_expected", str(expected))
-    metrics = default_metrics()
-    metrics.backfill_expected.set(expected)
-    log.info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
-             handoff, handoff - handoff % 1000 - 1)
-    job = BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks)
-
-    def build(p) -> None:
-        add_backfill(p, job, mapping, spec, _sink_config(), DynamoDBClientFactory(mapping.source.region),
-                     reshuffle=not is_local(args.beam_args), pushgateway=getattr(args, "metrics_pushgateway", None))
-
-    if not is_local(args.beam_args):
-        # On Dataflow the backfill is a batch job; the tail's workers move the
-        # phase to CATCHING_UP once every part is done (see PhaseMarking).
-        p = make_pipeline(args.beam_args, streaming=False)
-        build(p)
-        return submitted(p.run(), args)
-
-    def pipeline() -> None:
-        p = make_pipeline(args.beam_args)
-        build(p)
-        p.run().wait_until_finish()
-
-    start = _counter_total(metrics.backfill_items)
-    worker = Worker("backfill", pipeline)
-    worker.start()
-    watch(worker, expected, "backfill", lambda: _counter_total(metrics.backfill_items) - start)
-    migration.finish_backfill()
-    return None
-
-
-def _sink_config():
-    from ddb2bt.pipeline.sink.sink import SinkConfig
-
-    return SinkConfig()
+    return BackfillOptions(segments=args.segments, tasks=args.tasks, max_rcu=args.max_rcu,
+                           consistent_read=args.consistent_read, page_size=args.page_size,
+                           from_export=args.from_export, restart=args.restart,
+                           pushgateway=getattr(args, "metrics_pushgateway", None))
 
 
 def cmd_backfill(args) -> int:
+    from ddb2bt.pipeline.cutover.controller import backfill
     from ddb2bt.pipeline.preflight import check_target, ensure_state_table
 
     mapping = load(args)
+    options = backfill_options(args)
     warning = check_target(mapping)
     if warning:
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     start_metrics_server(args.metrics_port, args.metrics_host)
-    launched = run_backfill(args, mapping, state_spec(args, mapping, dlq_values(args)))
-    if launched is not None:
-        return launched
-    print("backfill complete; phase CATCHING_UP: keep the live tail running (ddb2bt run) and check ddb2bt status")
+    outcome = backfill(mapping, state_spec(args, mapping, dlq_values(args)), options, args.beam_args)
+    if outcome.launched is not None:
+        return submitted(outcome.launched, args)
+    print(f"backfill complete; phase {outcome.phase}, touch markers removed: keep the live tail running "
+          "(ddb2bt run) and check ddb2bt status")
     return 0
 
 
 def cmd_migrate(args) -> int:
-    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
-    from ddb2bt.pipeline.metrics import default_metrics
-    from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration, Worker
-    from dataclasses import replace
-
-    import uuid
-
-    from ddb2bt.pipeline.source.stream_source import request_stop
+    from ddb2bt.pipeline.cutover.controller import migrate
 
     mapping = load(args)
+    options = backfill_options(args)
     job = build_live_job(args, mapping)
-    spec = job.state
-    migration = Migration(spec.store())
-    stop_token = uuid.uuid4().hex
-    job = replace(job, reader=replace(job.reader, stop_token=stop_token))
     start_metrics_server(args.metrics_port, args.metrics_host)
-    metrics = default_metrics()
-
-    def tail() -> None:
-        p = make_pipeline(args.beam_args)
-        add_live_replication(p, job)
-        p.run().wait_until_finish()
-
-    phase = migration.phase
-    log.info("migrate %s → %s: phase %s", mapping.source.table, mapping.target.table, phase or "new")
-    if not is_local(args.beam_args):
-        return launch_migrate(args, mapping, job, migration)
-    tail_worker = Worker("tail", tail)
-    tail_worker.start()  # the tail first: changes after the handoff are never missed
-    try:
-        if phase in (None, BACKFILLING):
-            run_backfill(args, mapping, spec)
-        tail_worker.check()
-    except BaseException:
-        # Stop the tail cleanly (what it read is written and checkpointed), then fail.
-        request_stop(stop_token)
-        tail_worker.join(TAIL_STOP_WAIT_S)
-        raise
+    outcome = migrate(mapping, job, options, args.beam_args, args.until_idle, dry_run=args.dry,
+                      on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
+                                            "; the tail keeps running (Ctrl-C stops it; a restart resumes)"),
+                                            flush=True))
+    if outcome.launched is not None:
+        return submitted(outcome.launched, args)
     if args.until_idle is not None:
-        tail_worker.join()
-        tail_worker.check()
-        # One more pass until idle after the backfill: the tail may have gone idle
-        # (and ended) while the backfill was still running.
-        final = Worker("tail-catch-up", tail)
-        final.start()
-        final.join()
-        final.check()
-        migration.set_phase(LIVE)
-        print("migration LIVE (tail idle); verify with: ddb2bt verify --mapping", args.mapping)
-        return 0
-    while tail_worker.is_alive() and metrics.lag.max_lag_seconds() > 0:
-        tail_worker.join(1.0)
-    tail_worker.check()
-    if migration.phase != LIVE:
-        migration.set_phase(LIVE)
-    print("migration LIVE; the tail keeps running (Ctrl-C stops it; a restart resumes)")
-    tail_worker.join()
-    tail_worker.check()
+        print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify --mapping "
+              f"{args.mapping}")
     return 0
 
 
-def launch_migrate(args, mapping, job, migration) -> int:
-    """Dataflow: ONE streaming job with the tail and the backfill side by side.
-    The handoff is fixed here, before launch; the workers' PhaseMarking moves
-    BACKFILLING → CATCHING_UP when every part is done, and the readers move
-    CATCHING_UP → LIVE once at the stream head."""
-    from dataclasses import replace
-
-    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
-    from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
-    from ddb2bt.pipeline.cutover.phases import BACKFILLING
-
-    p = make_pipeline(args.beam_args, streaming=True)
-    job = replace(job, reader=replace(job.reader, promote_live=True))
-    add_live_replication(p, job)
-    if migration.phase in (None, BACKFILLING):
-        source, source_spec, export_time, expected = backfill_source(args, mapping)
-        sleep = (lambda s: None) if args.dry else time.sleep
-        handoff = migration.resume_or_begin(source_spec, args.restart, export_time, sleep=sleep)
-        migration.store.save_meta("backfill_expected", str(expected))
-        add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks), mapping,
-                     job.state, _sink_config(), DynamoDBClientFactory(mapping.source.region), reshuffle=True,
-                     pushgateway=job.pushgateway)
-    return submitted(p.run(), args)
-
-
 def cmd_verify(args) -> int:
-    from ddb2bt.pipeline.sink.bigtable_io import read_rows, read_table
-    from ddb2bt.pipeline.connections import dynamodb_client
-    from ddb2bt.pipeline.cutover.phases import Worker
+    from ddb2bt.pipeline.cutover.verify import print_report, verify_target
     from ddb2bt.pipeline.preflight import ensure_state_table
-    from ddb2bt.pipeline.cutover.verify import print_report, verify
 
     mapping = load(args)
-    if not 0 < args.sample_rate <= 1:
-        raise ConfigError("must be in (0, 1]", "--sample-rate")
-    ddb = dynamodb_client(mapping.source.region)
-    t = mapping.target
-    expected = ddb.describe_table(TableName=mapping.source.table)["Table"].get("ItemCount", 0)
-    scanned = [0]
-    result: list = []
-
-    def run() -> None:
-        result.append(verify(mapping, ddb, lambda table: read_table(t.project, t.instance, table),
-                             lambda table, keys: read_rows(t.project, t.instance, table, keys),
-                             segments=args.segments, sample_rate=args.sample_rate,
-                             consistent=not args.eventually_consistent, show_values=args.show_values,
-                             on_page=lambda n: scanned.__setitem__(0, scanned[0] + n)))
-
-    worker = Worker("verify", run)
-    worker.start()
-    watch(worker, expected, "verify", lambda: scanned[0])
-    report = result[0]
+    ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+    report = verify_target(mapping, state_spec(args, mapping).store(), segments=args.segments,
+                           sample_rate=args.sample_rate, consistent=not args.eventually_consistent,
+                           show_values=args.show_values)
     print_report(report)
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
-    ensure_state_table(t.project, t.instance, args.state_table)
-    summary = {k: v for k, v in report.to_json().items() if k != "tables"}
-    state_spec(args, mapping).store().save_meta("verify", json.dumps(summary))
     return 0 if report.identical else 1
 
 
 def cmd_status(args) -> int:
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
     from ddb2bt.pipeline.cutover.status import assess, gather, render
 
     mapping = load(args)
@@ -569,11 +397,14 @@ def cmd_status(args) -> int:
             TableName=mapping.source.table)["Table"].get("LatestStreamArn")
     except Exception as exc:  # status must work even when the source is unreachable
         log.warning("cannot describe %s: %s", mapping.source.table, exc)
-    facts = gather(state_spec(args, mapping).store(), StreamsClientFactory(mapping.source.region)(), arn)
+    facts = gather(state_spec(args, mapping).store(), StreamsClientFactory(mapping.source.region)(), arn,
+                   bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
+                   tables=mapping.tables)
     ready, reasons = assess(facts)
     if args.json:
         print(json.dumps({"ready": ready, "reasons": reasons, "phase": facts.phase, "handoff_ms": facts.handoff_ms,
                           "dead_letters": facts.dead_letters, "last_verify": facts.last_verify,
+                          "bookkeeping_tables": facts.bookkeeping_tables,
                           "shards": [vars(s) for s in facts.shards]}, indent=2))
     else:
         for line in render(facts):
@@ -615,48 +446,29 @@ def cmd_dlq_show(args) -> int:
 
 
 def cmd_dlq_redrive(args) -> int:
-    """Re-apply dead letters with the current mapping and table, oldest first. Each
-    change keeps its own timestamp, so a redriven old change can never override a
-    newer one already applied (its cells are older; its deletes end at its time)."""
-    from ddb2bt.pipeline.source.records import record_from_json
-    from ddb2bt.pipeline.sink.sink import BatchingWriter
-    from ddb2bt.transforms.dofns import map_record
+    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.cutover.redrive import ItemReader, RedriveOptions, redrive
+    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 
     mapping = load(args)
     spec = state_spec(args, mapping)
-    store = spec.store()
-    since = int(args.since * 1000) if args.since is not None else None
-    letters = store.list_dead_letters(reason=args.reason, since_ms=since)
+    options = RedriveOptions(reason=args.reason, since_ms=int(args.since * 1000) if args.since is not None else None,
+                             dry_run=args.dry_run)
     writer = spec.bigtable.writer()
-    # No state store: a redrive must not move the stream checkpoints.
-    batcher = BatchingWriter(writer, None, _sink_config())
-    fixed, still, skipped = [], 0, 0
+    store = spec.store(writer)
+    # No state store in the writer: a redrive must not move the stream checkpoints.
+    batcher = BatchingWriter(writer, None, SinkConfig(overlap_writes=False), versions=store.versions())
     try:
-        for entry in letters:  # ids sort by failure time: stream order per shard
-            record = record_from_json(entry["record"])
-            if record.new_image is None and record.old_image is None and record.event_name != "REMOVE":
-                skipped += 1  # stored without values (--no-dlq-include-values): nothing to re-apply
-                continue
-            mapped = map_record(mapping, record, lambda: time.time_ns() // 1_000_000)
-            if mapped.dead_letter is not None:
-                still += 1
-                continue
-            if args.dry_run:
-                fixed.append(entry["id"])
-                continue
-            batcher.add(mapped)
-            if batcher.flush():
-                still += 1
-            else:
-                fixed.append(entry["id"])
-        if not args.dry_run:
-            store.delete_dead_letters(fixed)
+        result = redrive(mapping, store, batcher,
+                         ItemReader(DynamoDBClientFactory(mapping.source.region)(), mapping.source.table), options)
     finally:
+        batcher.close()
         writer.close()
-    verb = "would re-apply" if args.dry_run else "re-applied"
-    print(f"{verb} {len(fixed)} dead letter(s); {still} still failing (kept); {skipped} without stored values "
-          "(kept: re-read the item from DynamoDB or back-fill)")
-    return 0 if still == 0 else 1
+    verb = "would resolve" if args.dry_run else "resolved"
+    print(f"{verb} {result.resolved} dead letter(s) of {result.items} item(s): each item re-read from DynamoDB "
+          f"and written in its current state; kept {result.still_failing} still failing, {result.unstable} whose "
+          f"item kept changing (rerun), {result.redacted} stored without keys (back-fill instead)")
+    return 0 if result.kept == 0 else 1
 
 
 def cmd_local(args) -> int:
@@ -898,10 +710,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(ps)
     ps.add_argument("id", help="the id printed by dlq list --json")
     ps.set_defaults(func=cmd_dlq_show)
-    pr = dsub.add_parser("redrive", help="re-apply dead letters once the cause is fixed (e.g. the mapping)",
-                         description="Re-applies stored dead letters, oldest first, with the current mapping; "
-                                     "those that now succeed are removed, the others kept. Idempotent, and "
-                                     "safe against newer changes: every change keeps its own timestamp.")
+    pr = dsub.add_parser("redrive", help="resolve dead letters once the cause is fixed (e.g. the mapping)",
+                         description="For each item with dead letters: re-reads the item from DynamoDB "
+                                     "(consistent GetItem) and writes its CURRENT state with the current mapping, "
+                                     "removing the cells its stored images owned and it no longer does (nothing "
+                                     "if the item is gone). A stored change is never re-applied, so a later "
+                                     "delete or attribute removal stays applied. Resolved dead letters are "
+                                     "removed, the others kept. Idempotent; safe with the tail running.")
     add_mapping_args(pr)
     add_state_args(pr)
     pr.add_argument("--reason", help="only this reason")

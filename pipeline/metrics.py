@@ -198,6 +198,12 @@ class PipelineMetrics:
         self.backfill_superseded = Counter(f"{NAMESPACE}_backfill_superseded",
                                            "Backfill rows skipped because the live tail already applied a newer "
                                            "change of the item", registry=r)
+        self.markers_stripped = Counter(f"{NAMESPACE}_markers_stripped",
+                                        "Rows written again without touch markers because the marker family was "
+                                        "dropped by the migration's finish meanwhile", registry=r)
+        self.version_clashes = Counter(f"{NAMESPACE}_version_clashes",
+                                       "Changes refused because another item owns the same cell version",
+                                       registry=r)
         self.backfill_items = Counter(f"{NAMESPACE}_backfill_items_scanned", "Items read by the backfill",
                                       ["source"], registry=r)
         self.backfill_expected = Gauge(f"{NAMESPACE}_backfill_items_expected",

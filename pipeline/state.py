@@ -208,6 +208,16 @@ class StateStore:
             out.append(entry)
         return out
 
+    # -- versioned-cell ownership (sink/versions.py)
+    def versions(self):
+        """The version-ownership registry on this store's backend, or None when the
+        backend cannot do atomic claims."""
+        from ddb2bt.pipeline.sink.versions import VersionOwners
+
+        if not (hasattr(self._backend, "claim") and hasattr(self._backend, "read_keys")):
+            return None
+        return VersionOwners(self._backend, self._job, self._now_ms)
+
     # -- job metadata (phase etc.)
     def save_meta(self, name: str, value: str) -> None:
         now = self._now_ms()
@@ -254,16 +264,41 @@ class BigtableStateBackend:
 
         retry_call(attempt, what="state table write")
 
-    def read_prefix(self, prefix: bytes) -> dict:
-        from ddb2bt.pipeline.sink.bigtable_io import read_table
-
+    def _data_client(self):
         from ddb2bt.pipeline.sink.bigtable_io import data_client
 
         if self._client is None:
             self._client = data_client(self._project)
+        return self._client
+
+    def read_prefix(self, prefix: bytes) -> dict:
+        from ddb2bt.pipeline.sink.bigtable_io import read_table
+
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
-                          client=self._client)
+                          client=self._data_client())
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
+
+    def read_keys(self, keys: Sequence) -> dict:
+        """Like read_prefix, for exactly these rows (absent rows are absent)."""
+        from ddb2bt.pipeline.sink.bigtable_io import read_rows
+        from ddb2bt.pipeline.retry import retry_call
+        from ddb2bt.pipeline.sink.bigtable_io import BigtableRetryable
+
+        def attempt():
+            try:
+                return read_rows(self._project, self._instance, self._table_id, keys, client=self._data_client())
+            except Exception as exc:  # the data client's errors: transient for a read of known rows
+                raise BigtableRetryable(f"state table read failed: {type(exc).__name__}: {exc}") from exc
+
+        rows = retry_call(attempt, what="state table read")
+        return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
+
+    def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
+        """CheckAndMutateRow on the state table: apply unless ``unless`` holds."""
+        from ddb2bt.pipeline.retry import retry_call
+
+        return retry_call(lambda: self._writer.check_and_mutate(self._table_id, key, unless, mutations),
+                          what="state table claim")
 
     def close(self) -> None:
         if self._client is not None:

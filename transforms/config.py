@@ -185,9 +185,9 @@ class MappingConfig:
 
     def table_families(self) -> dict:
         """{table id: [FamilyConfig]} for create-table: the target gets every
-        declared family; an index table gets its index family (one version)."""
-        from ddb2bt.transforms.mapping import MARKER_FAMILY, MARKER_MAX_AGE_S
-
+        declared family; an index table gets its index family (one version).
+        The migration's touch-marker family is not here: the cutover creates it
+        when a backfill begins and drops it at the finish."""
         out = {self.target.table: list(self.families)}
         for rule in self.rules:
             for index in rule.indexes:
@@ -195,8 +195,6 @@ class MappingConfig:
                     fams = out.setdefault(index.table, [])
                     if all(f.name != index.family for f in fams):
                         fams.append(FamilyConfig(index.family, max_versions=1))
-        for fams in out.values():  # touch markers for the backfill/tail overlap, GC'd after a week
-            fams.append(FamilyConfig(MARKER_FAMILY, max_age_seconds=MARKER_MAX_AGE_S))
         return out
 
     @property

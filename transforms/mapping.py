@@ -520,6 +520,8 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
         for row in rows.values():
             row.append(SetCell(MARKER_FAMILY, qualifier, b"", ts))
     versioned_rows = {(c.table, c.row_key) for c in new.values() if c.version_ms is not None}
+    versions = _versions(new, old)
+    owner = canonical_typed_json({"M": dict(record.keys)}).encode("utf-8") if versions else b""
     changes = []
     for (t, k), m in rows.items():
         if not m:
@@ -529,8 +531,53 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
             guard = Guard(MARKER_FAMILY, qualifier, record.backfill_since_ms,
                           conditional=(t, k) in versioned_rows, backfill_ms=ts)
         mutations = tuple(m)
-        changes.append(RowChange(t, k, mutations, guard, checked_size(k, mutations)))
+        changes.append(RowChange(t, k, mutations, guard, checked_size(k, mutations),
+                                 versions.get((t, k), ()), owner))
     return tuple(changes)
+
+
+def _versions(new: dict, old: dict) -> dict:
+    """{(table, row): ((family, qualifier, version_ms, is_write), ...)} of the
+    versioned cells a change writes (new) or deletes (old and not new)."""
+    out: dict = {}
+    for key, cell in new.items():
+        if cell.version_ms is not None:
+            out.setdefault((cell.table, cell.row_key), []).append((cell.family, cell.qualifier, cell.version_ms, True))
+    for key, cell in old.items():
+        if cell.version_ms is not None and key not in new:
+            out.setdefault((cell.table, cell.row_key), []).append((cell.family, cell.qualifier, cell.version_ms, False))
+    return {row: tuple(sorted(entries)) for row, entries in out.items()}
+
+
+def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item], seen: tuple,
+                    ts: int) -> tuple:
+    """The row changes that make an item's cells equal what ``current`` owns
+    (None: the item is gone), for a replay that must never resurrect anything
+    (``ddb2bt dlq redrive``): ``current``'s cells are written at ``ts`` with their
+    older versions deleted, as a backfill writes them, and every cell that one of
+    the ``seen`` images owned and ``current`` does not is deleted up to ``ts``
+    (a versioned cell: exactly its version). No stored image is ever re-applied:
+    only the current state is written. An image that cannot be mapped any more
+    owned no cells and is passed over; ``current`` that cannot be mapped raises."""
+    new = owned_cells(mapping, keys, current) if current is not None else {}
+    old: dict = {}
+    for image in seen:
+        try:
+            old.update(owned_cells(mapping, keys, image, with_values=False))
+        except MappingError:
+            continue
+    rows: dict = {}
+    for key in sorted(new):
+        cell = new[key]
+        rows.setdefault((cell.table, cell.row_key), []).extend(_write(cell, ts, True))
+    for key in sorted(old):
+        if key not in new:
+            cell = old[key]
+            rows.setdefault((cell.table, cell.row_key), []).append(_delete(cell, ts))
+    versions = _versions(new, old)
+    owner = canonical_typed_json({"M": dict(keys)}).encode("utf-8") if versions else b""
+    return tuple(RowChange(t, k, tuple(m), None, checked_size(k, m), versions.get((t, k), ()), owner)
+                 for (t, k), m in rows.items() if m)
 
 
 def backfill_record(keys: Item, item: Item, handoff_ms: int, position=None) -> ChangeRecord:

@@ -168,6 +168,13 @@ class RowChange:
     # Request bytes this row adds to a batch. The mapping computes it while it
     # checks the limits (one pass); computed here when not given.
     size_bytes: int = -1
+    # Versioned cells (timestamp from an attribute) this change writes or deletes:
+    # ((family, qualifier, version_ms, is_write), ...), and the item that owns them
+    # (its key as canonical typed JSON). Two items may map to one version; the sink
+    # then refuses the later one (dead letter ``version_clash``) and never lets one
+    # item's delete remove another's version.
+    versioned: tuple = ()
+    owner: bytes = b""
 
     def __post_init__(self) -> None:
         if self.size_bytes < 0:

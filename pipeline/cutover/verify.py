@@ -5,7 +5,11 @@ table the mapping writes, and reports missing rows, extra rows, missing cells,
 cells no item owns any more (orphans) and differing cells. Sampled mode
 (``--sample-rate r``) picks items deterministically by key hash and compares only
 their rows (extra rows elsewhere cannot be seen then; the report says so).
-Touch markers (ddb2bt's own family) are ignored.
+Nothing is ignored: a cell of a family the mapping does not own (ddb2bt's own
+touch markers, should a migration not have finished, included) is an extra cell
+and a row without any owned cell an extra row — differences, not notes. Two
+items that map to the same cell version are a difference too (``version
+clashes``): the table can hold only one of them.
 """
 from __future__ import annotations
 
@@ -95,6 +99,11 @@ def _examples(diff: LayoutDiff, expected: dict, actual: dict, show: bool) -> dic
                 ex["actual"] = _show(have[0][1], show)
             shown.append(ex)
         out[kind] = {"count": len(entries), "examples": shown}
+    out["version_clashes"] = {"count": len(diff.version_clashes), "examples": [
+        {"row": c.row_key.decode("utf-8", "backslashreplace"),
+         "column": f"{c.family}:{c.qualifier.decode('utf-8', 'backslashreplace')}", "version_ms": c.version_ms,
+         "items": list(c.keys) if show else [REDACTED] * len(c.keys)}
+        for c in diff.version_clashes[:EXAMPLES_PER_KIND]]}
     out["multi_version_columns"] = {"count": len(diff.extra_versions),
                                     "note": "older versions below the newest; read paths never see them"}
     return out
@@ -108,7 +117,8 @@ def verify(mapping: MappingConfig, ddb, read_table: Callable, read_rows: Callabl
     keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
     keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
     items = scan_source(ddb, mapping.source.table, segments, consistent, on_page, keep)
-    expected = expected_layout(mapping, items)
+    clashes: list = []
+    expected = expected_layout(mapping, items, clashes)
     report = VerifyReport(identical=True, sampled=is_sample, items=len(items),
                           rows_expected=sum(len(rows) for rows in expected.values()),
                           checked_at_ms=time.time_ns() // 1_000_000)
@@ -118,6 +128,7 @@ def verify(mapping: MappingConfig, ddb, read_table: Callable, read_rows: Callabl
         diff = diff_layout(want, have)
         if is_sample:
             diff.extra_rows = []
+        diff.version_clashes = [c for c in clashes if c.table == table]
         report.tables[table] = _examples(diff, want, have, show_values)
         report.identical &= diff.identical
     return report
@@ -135,3 +146,31 @@ def print_report(report: VerifyReport, out=print) -> None:
                 out(f"    {kind}: {json.dumps(ex, ensure_ascii=False)}")
     if report.sampled:
         out("  (sampled: rows no sampled item owns — extra rows — are not checked)")
+
+
+def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate: float = 1.0,
+                  consistent: bool = True, show_values: bool = False, progress: bool = True) -> VerifyReport:
+    """`ddb2bt verify`: compare, with a progress bar, and record the summary in the
+    state table (``status`` reads it)."""
+    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.cutover.controller import run_in_thread
+    from ddb2bt.pipeline.sink.bigtable_io import read_rows, read_table
+    from ddb2bt.transforms.errors import ConfigError
+
+    if not 0 < sample_rate <= 1:
+        raise ConfigError("must be in (0, 1]", "--sample-rate")
+    ddb = dynamodb_client(mapping.source.region)
+    t = mapping.target
+    expected = ddb.describe_table(TableName=mapping.source.table)["Table"].get("ItemCount", 0)
+    scanned = [0]
+
+    def run() -> VerifyReport:
+        return verify(mapping, ddb, lambda table: read_table(t.project, t.instance, table),
+                      lambda table, keys: read_rows(t.project, t.instance, table, keys),
+                      segments=segments, sample_rate=sample_rate, consistent=consistent, show_values=show_values,
+                      on_page=lambda n: scanned.__setitem__(0, scanned[0] + n))
+
+    report = run_in_thread("verify", run, expected, (lambda: scanned[0]) if progress else None)
+    summary = {k: v for k, v in report.to_json().items() if k != "tables"}
+    store.save_meta("verify", json.dumps(summary))
+    return report

@@ -356,6 +356,23 @@ class BigtableAdmin:
                 changes.append(f"updated GC policy of family {f.name}")
         return changes
 
+    def add_family(self, table_id: str, family: FamilyConfig) -> None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            self.table(table_id).column_family(family.name, _gc_rule(family)).create()
+        except gexc.AlreadyExists:
+            pass  # added concurrently
+
+    def drop_family(self, table_id: str, name: str) -> None:
+        """Drop a column family and every cell in it (one ModifyColumnFamilies call)."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            self.table(table_id).column_family(name).delete()
+        except gexc.NotFound:
+            pass  # dropped concurrently
+
     def delete_table(self, table_id: str) -> None:
         table = self.table(table_id)
         if table.exists():

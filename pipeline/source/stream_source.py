@@ -113,8 +113,9 @@ class ReaderOptions:
     # In-process stop requests (local runs): `request_stop(token)` ends the reading
     # cleanly at the next round, everything read so far written and checkpointed.
     stop_token: Optional[str] = None
-    # Dataflow migrate: a reader at the stream head moves the phase CATCHING_UP → LIVE.
-    promote_live: bool = False
+    # A reader at the stream head moves a finished migration CATCHING_UP → LIVE
+    # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
+    promote_live: bool = True
     retry: RetryPolicy = RetryPolicy(initial_s=0.2, max_backoff_s=20.0, deadline_s=300.0)
 
     def __post_init__(self) -> None:
