@@ -320,6 +320,7 @@ def test_versioned_columns_survive_the_overlap(stack, tmp_path, unique):
 def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp_path, unique):
     """`ddb2bt backfill` next to a running `ddb2bt run` (not `migrate`): the tail
     sees the phase and marks the items it writes, so the backfill's guards work."""
+    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
     from ddb2bt.pipeline.cutover.phases import PHASE_CACHE_S
     from ddb2bt.transforms.mapping import MARKER_FAMILY
 
@@ -338,10 +339,28 @@ def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp
         put("before")
         _wait(lambda: row("before") is not None, what="the tail to replicate")
         assert not any(f == MARKER_FAMILY for f, _ in row("before")), "no backfill yet: no markers"
-        Migration(store_of(mapping)).begin_backfill({"kind": "scan", "segments": 1}, sleep=lambda s: None)
+        Migration(store_of(mapping), sleep=lambda s: None).begin_backfill(
+            {"kind": "scan", "segments": 1}, Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
+            mapping.tables)
         time.sleep(PHASE_CACHE_S + 1)  # the tail re-reads the phase this often
         put("during")
         _wait(lambda: row("during") is not None, what="the tail to replicate")
         assert any(f == MARKER_FAMILY for f, _ in row("during")), "the tail must mark while a backfill runs"
+        # The separate backfill command finishes like migrate: once it is done, the
+        # marker family is gone from the target, with every row that held only markers.
+        ddb.delete_item(TableName=table, Key={"pk": {"S": "hats"}, "sk": {"S": "during"}})
+        _wait(lambda: set(row("during") or {}) <= {(MARKER_FAMILY, q) for _, q in (row("during") or {})},
+              what="the delete to replicate (a marker-only row left behind)")
+        assert row("during"), "while backfilling, a deleted item leaves a row holding only its marker"
+        assert ddb2bt(["backfill", "--mapping", str(path), "--segments", "1", "--restart"]) == 0
+        rows = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+        assert not any(f == MARKER_FAMILY for cols in rows.values() for f, _ in cols), "markers left after finish"
+        assert row("during") is None, "the marker-only row is gone"
+        assert Bookkeeping.for_target(mapping.target.project, mapping.target.instance).remaining(mapping.tables) == []
+        put("after")  # the tail goes on, unmarked, without a dead letter
+        _wait(lambda: row("after") is not None, what="the tail to replicate after the finish")
+        assert not any(f == MARKER_FAMILY for f, _ in row("after"))
+        assert store_of(mapping).count_dead_letters() == 0
     finally:
         _kill(tail)
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0
