@@ -446,24 +446,12 @@ def cmd_dlq_show(args) -> int:
 
 
 def cmd_dlq_redrive(args) -> int:
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
-    from ddb2bt.pipeline.cutover.redrive import ItemReader, RedriveOptions, redrive
-    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+    from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive_job
 
     mapping = load(args)
-    spec = state_spec(args, mapping)
     options = RedriveOptions(reason=args.reason, since_ms=int(args.since * 1000) if args.since is not None else None,
                              dry_run=args.dry_run)
-    writer = spec.bigtable.writer()
-    store = spec.store(writer)
-    # No state store in the writer: a redrive must not move the stream checkpoints.
-    batcher = BatchingWriter(writer, None, SinkConfig(overlap_writes=False), versions=store.versions())
-    try:
-        result = redrive(mapping, store, batcher,
-                         ItemReader(DynamoDBClientFactory(mapping.source.region)(), mapping.source.table), options)
-    finally:
-        batcher.close()
-        writer.close()
+    result = redrive_job(mapping, state_spec(args, mapping), options)
     verb = "would resolve" if args.dry_run else "resolved"
     print(f"{verb} {result.resolved} dead letter(s) of {result.items} item(s): each item re-read from DynamoDB "
           f"and written in its current state; kept {result.still_failing} still failing, {result.unstable} whose "

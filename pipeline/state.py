@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from ddb2bt.transforms.config import FamilyConfig
-from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells
+from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells, StreamPosition
 from ddb2bt.pipeline.source.records import record_to_json
 
 DEFAULT_STATE_TABLE = "ddb2bt_state"
@@ -177,9 +177,10 @@ class StateStore:
         rows = []
         for dl in letters:
             pos = dl.record.position
-            unique = hashlib.sha1(
-                f"{pos.shard_id if pos else ''}:{pos.sequence_number if pos else ''}:{next(self._dlq_counter)}:{now}".encode()
-            ).hexdigest()[:12]
+            # A stream record's position, or a backfilled item's (source/part#ordinal).
+            where = (f"{pos.shard_id}/{pos.sequence_number}" if isinstance(pos, StreamPosition) else
+                     f"{pos.source}/{pos.part}#{pos.count}" if pos is not None else "")
+            unique = hashlib.sha1(f"{where}:{next(self._dlq_counter)}:{now}".encode()).hexdigest()[:12]
             key = f"{self._job}#dlq#{dl.failed_at_ms:0{TS_DIGITS}d}#{unique}".encode()
             cells = {
                 b"reason": dl.reason.encode(),
@@ -190,7 +191,7 @@ class StateStore:
                 b"record": record_to_json(dl.record, self._include_values).encode(),
             }
             if pos is not None:
-                cells[b"position"] = f"{pos.shard_id}/{pos.sequence_number}".encode()
+                cells[b"position"] = where.encode()
             rows.append((key, _set_latest(DLQ, cells, now)))
         if rows:
             self._backend.write_rows(rows)

@@ -210,3 +210,21 @@ def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, n
                 if current is not None:
                     seen[key].append(current)
                 pending.append(key)
+
+
+def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions()) -> RedriveResult:
+    """`ddb2bt dlq redrive` against the real services: the sink's writer (the same
+    limits, retries and version ownership as the pipeline, but no checkpoints: a
+    redrive must not move the stream's) and a consistent GetItem reader."""
+    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+
+    writer = state_spec.bigtable.writer()
+    store = state_spec.store(writer)
+    batcher = BatchingWriter(writer, None, SinkConfig(overlap_writes=False), versions=store.versions())
+    try:
+        reader = ItemReader(DynamoDBClientFactory(mapping.source.region)(), mapping.source.table)
+        return redrive(mapping, store, batcher, reader, options)
+    finally:
+        batcher.close()
+        writer.close()

@@ -51,6 +51,9 @@ _PERMANENT_MESSAGES = (
     (re.compile(r"invalid timestamp", re.I), "invalid_timestamp"),
 )
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+# Whole-call failures no retry or isolation can fix.
+FATAL_CODES = ("NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED")
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 def code_name(code: int) -> str:

@@ -30,10 +30,12 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
 
 from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
-from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedBatch, MappedChange, PartDone, SetCell,
-                              ShardClosed, StreamPosition, mutations_size)
-from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
+from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone,
+                                     ShardClosed, StreamPosition, mutations_size)
+from ddb2bt.pipeline.sink.bigtable_io import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, BigtableRetryable,
+                                              EntryStatus, MutationWriter, code_name)
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
+from ddb2bt.pipeline.cutover.guards import repair_touched, write_conditional
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
@@ -99,9 +101,6 @@ class _StillFailing(BigtableRetryable):
     pass
 
 
-# Whole-call failures no retry or isolation can fix.
-FATAL_CODES = ("NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED")
-INVALID_ARGUMENT = 3
 
 
 def _wall_ms() -> int:
@@ -432,51 +431,14 @@ class BatchingWriter:
         return permanent
 
     def _repair_touched(self, guarded: list) -> None:
-        """After the batch is acknowledged: backfill rows whose item the live tail
-        touched since the handoff lose the backfill's own cells again (deletes over
-        [0, backfill_ms + 1) never reach the tail's cells, all newer)."""
-        by_table: dict = {}
-        for change in guarded:
-            by_table.setdefault(change.table, []).append(change)
-        for table, changes in by_table.items():
-            since = min(c.guard.since_ms for c in changes)
-            family = changes[0].guard.family
-            touched = retrying(self._config.retry, f"touch markers of {table}", None, self._sleep)(
-                lambda: self._writer.cells_since(table, [c.row_key for c in changes], family, since))
-            repairs: dict = {}
-            for c in changes:
-                if (c.row_key, c.guard.qualifier) not in touched:
-                    continue
-                end = c.guard.backfill_ms + 1
-                columns = sorted({(m.family, m.qualifier) for m in c.mutations if isinstance(m, SetCell)})
-                repairs.setdefault(c.row_key, []).extend(DeleteCells(f, q, 0, end) for f, q in columns)
-            if repairs:
-                rows = [_Row(table, key, muts) for key, muts in repairs.items()]
-                failed = self._write_all(table, rows)
-                if failed:
-                    raise BigtablePermanent(f"repair of backfill rows in {table} failed: {failed[0][1].message}")
-                if self._metrics:
-                    self._metrics.backfill_superseded.inc(len(repairs))
+        if guarded:
+            repair_touched(self._writer, guarded, self._config.retry, self._sleep,
+                           lambda table, rows: self._write_all(table, [_Row(table, k, m) for k, m in rows]),
+                           self._metrics)
 
     def _write_conditional(self, conditional: list) -> list:
-        """Backfill rows holding versioned cells, one CheckAndMutateRow each, in
-        order: skipped when the live tail touched the item after the handoff."""
-        dead = []
-        for element, change in conditional:
-            def attempt():
-                return self._writer.check_and_mutate(change.table, change.row_key, change.guard, change.mutations)
-            try:
-                applied = retrying(self._config.retry, f"CheckAndMutateRow on {change.table}", None,
-                                   self._sleep)(attempt)
-            except BigtablePermanent as exc:
-                if getattr(exc, "code", "") in FATAL_CODES:
-                    raise
-                reason = EntryStatus(INVALID_ARGUMENT, exc.message).permanent_reason or "write_failed"
-                dead.append(self._dead_letter(element, reason, exc.message, "BigtableWriteError"))
-                continue
-            if not applied and self._metrics:
-                self._metrics.backfill_superseded.inc()
-        return dead
+        return write_conditional(self._writer, conditional, self._config.retry, self._sleep, self._dead_letter,
+                                 self._metrics)
 
     def _resolve_versions(self, batch: _Batch, settle: dict) -> list:
         """Refuse changes whose versioned cells another item owns and drop deletes
@@ -497,13 +459,15 @@ class BatchingWriter:
             if not any(id(e) in dead_ids or id(c) in replaced for e, c in row.parts):
                 continue
             parts = [(e, replaced.get(id(c), c)) for e, c in row.parts if id(e) not in dead_ids]
+            parts = [(e, c) for e, c in parts if c.mutations]  # only another item's version to delete: nothing
             if not parts:
                 del batch.rows[key]
                 continue
             row.parts = parts
             row.mutations = [m for _, c in parts for m in c.mutations]
             row.size = sum(c.size_bytes for _, c in parts)
-        batch.conditional = [(e, replaced.get(id(c), c)) for e, c in batch.conditional if id(e) not in dead_ids]
+        batch.conditional = [(e, c) for e, c in ((e, replaced.get(id(c), c)) for e, c in batch.conditional
+                                                 if id(e) not in dead_ids) if c.mutations]
         return dead
 
     def _without_markers(self, row: _Row) -> _Row:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional
 
-from ddb2bt.transforms.model import DeadLetter, DeleteCells, Guard, SetCell
+from ddb2bt.transforms.model import DeleteCells, Guard, SetCell
 
 OWNER_FAMILY = "meta"  # the state table's own family: no new family to create
 OWNER_QUALIFIER = b"owner"

@@ -45,7 +45,7 @@ def record_to_json(record: ChangeRecord, include_values: bool = True) -> str:
         "keys": item_to_dynamodb_json(record.keys) if include_values else _redacted(record.keys),
         "ttlDelete": record.is_ttl_delete,
     }
-    if record.position is not None:
+    if isinstance(record.position, StreamPosition):  # a backfilled item has no stream position
         out["position"] = {
             "streamArn": record.position.stream_arn,
             "shardId": record.position.shard_id,

@@ -86,6 +86,28 @@ def identical(mapping, ddb):
     return all(d.identical for d in diffs.values()), {k: d.summary() for k, d in diffs.items()}
 
 
+def assert_target_is_exactly_the_mapping(mapping, ddb):
+    """A raw ReadRows of every target table (all families, all versions) equals
+    the mapping applied to a Scan of the source, row for row and cell for cell:
+    no family of ours or anyone else's, no row without an owned cell."""
+    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+
+    items = workload.scan_all(ddb, mapping.source.table)
+    clashes: list = []
+    expected = expected_layout(mapping, items, clashes)
+    assert clashes == []
+    t = mapping.target
+    for table in mapping.tables:
+        raw = read_table(t.project, t.instance, table)
+        families = {f for cols in raw.values() for f, _ in cols}
+        assert families <= set(mapping.family_names), f"foreign families in {table}: {families}"
+        assert set(raw) == set(expected[table]), "rows differ (a phantom row, or a missing one)"
+        for key, cols in raw.items():
+            assert set(cols) == set(expected[table][key]), key
+        diff = diff_layout(expected[table], raw)
+        assert diff.identical, diff.summary()
+
+
 def store_of(mapping):
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
 
@@ -109,6 +131,8 @@ def test_migrate_under_a_concurrent_writer_then_verify(stack, tmp_path, unique, 
     assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
     ok, summary = identical(mapping, ddb)
     assert ok, summary  # the independent check, reading Bigtable directly
+    # Nothing of ours is left: no touch marker, no row holding only markers.
+    assert_target_is_exactly_the_mapping(mapping, ddb)
     capsys.readouterr()
     report = tmp_path / "verify.json"
     assert ddb2bt(["verify", "--mapping", str(path), "--report", str(report)]) == 0
@@ -119,6 +143,43 @@ def test_migrate_under_a_concurrent_writer_then_verify(stack, tmp_path, unique, 
     assert ddb2bt(["status", "--mapping", str(path)]) == 0
     out = capsys.readouterr().out
     assert "phase: LIVE" in out and "READY for cutover" in out and "4/4 parts done" in out
+    assert "bookkeeping in the target: none" in out
+    _planted_cells_are_differences(path, mapping, capsys)
+
+
+def _planted_cells_are_differences(path, mapping, capsys):
+    """verify exits non-zero with one planted phantom row (a row holding only a
+    touch marker, as a migration that never finished would leave) and,
+    separately, one planted foreign cell; status is NOT READY while the marker
+    family exists."""
+    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+    from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+    from ddb2bt.transforms.config import FamilyConfig
+    from ddb2bt.transforms.mapping import MARKER_FAMILY
+
+    t = mapping.target
+    bookkeeping = Bookkeeping.for_target(t.project, t.instance)
+    writer = GrpcMutationWriter(t.project, t.instance)
+    ts = 4_000_000_000_000
+    bookkeeping.ensure([t.table])
+    writer.mutate_rows(t.table, [(b"zz#deleted-item", [SetCell(MARKER_FAMILY, b't#{"pk":"zz"}', b"", ts)])])
+    capsys.readouterr()
+    report = path.parent / "phantom.json"
+    assert ddb2bt(["verify", "--mapping", str(path), "--report", str(report)]) == 1
+    counts = {k: v["count"] for k, v in json.loads(report.read_text())["tables"][t.table].items()}
+    assert counts["extra_rows"] == 1 and counts["extra_cells"] == 0, counts
+    assert ddb2bt(["status", "--mapping", str(path)]) == 1
+    assert "bookkeeping cells may remain" in capsys.readouterr().out
+    bookkeeping.drop([t.table])
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0, "the drop took the phantom row with it"
+    # a foreign cell in an item's row
+    BigtableAdmin(t.project, t.instance).add_family(t.table, FamilyConfig("foreign", max_versions=1))
+    key = sorted(read_table(t.project, t.instance, t.table))[0]
+    writer.mutate_rows(t.table, [(key, [SetCell("foreign", b"x", b"not the mapping's", ts)])])
+    assert ddb2bt(["verify", "--mapping", str(path), "--report", str(report)]) == 1
+    counts = {k: v["count"] for k, v in json.loads(report.read_text())["tables"][t.table].items()}
+    assert counts["extra_cells"] == 1 and counts["extra_rows"] == 0, counts
+    writer.close()
 
 
 def _wait(predicate, timeout=120, what="condition"):
@@ -364,3 +425,91 @@ def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp
     finally:
         _kill(tail)
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
+
+
+def test_redrive_converges_to_the_current_item_and_never_resurrects(stack, tmp_path, unique, capsys):
+    """Dead-lettered changes (a mapping that cannot encode Price 1.5 as int64)
+    followed by changes the tail does apply: the item's REMOVE, or a MODIFY
+    that removes an attribute. Once the mapping is fixed, `dlq redrive` leaves
+    the item deleted and the attribute removed (re-applying the stored INSERT at
+    its own time would bring both back: Bigtable keeps no tombstones)."""
+    path, mapping, ddb = setup(tmp_path, unique)
+    table = mapping.source.table
+
+    def key(sk):
+        return {"pk": {"S": "hats"}, "sk": {"S": sk}}
+
+    ddb.put_item(TableName=table, Item=key("gone") | {"Price": {"N": "1.5"}, "Description": {"S": "old"}})
+    ddb.delete_item(TableName=table, Key=key("gone"))
+    ddb.put_item(TableName=table, Item=key("kept") | {"Price": {"N": "1.5"}, "Description": {"S": "old"},
+                                                      "Thumbnail": {"S": "t.png"}})
+    ddb.update_item(TableName=table, Key=key("kept"), UpdateExpression="SET Price = :p REMOVE Description",
+                    ExpressionAttributeValues={":p": {"N": "2"}})
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    store = store_of(mapping)
+    assert sorted(e["reason"] for e in store.list_dead_letters()) == ["encoding", "encoding"]
+    fixed = write_mapping(tmp_path, source__table=table, target__table=mapping.target.table, name=mapping.name,
+                          rules__0__columns__Price__encoding="auto")
+    capsys.readouterr()
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(fixed), "--dry-run"]) == 0
+    assert "would resolve 2 dead letter(s) of 2 item(s)" in capsys.readouterr().out
+    assert store.count_dead_letters() == 2
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(fixed)]) == 0
+    assert "resolved 2 dead letter(s)" in capsys.readouterr().out
+    assert store.count_dead_letters() == 0
+    rows = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+    assert b"hats#gone" not in rows, "the deleted item stays deleted"
+    assert ("SKU", b"Description") not in rows[b"hats#kept"], "the removed attribute stays removed"
+    assert ddb2bt(["verify", "--mapping", str(fixed)]) == 0
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(fixed)]) == 0  # idempotent: nothing left
+
+
+def test_version_clashes_are_refused_loudly_and_never_delete_the_other_comment(stack, tmp_path, unique, capsys):
+    """Two comments on one video with the same CreatedAt map to one cell version:
+    the later one is refused as a dead letter naming both keys (from the backfill
+    and from the tail); verify reports the clash; deleting the refused comment
+    keeps the other's text; redrive of the refused (now deleted) comments too."""
+    from tests.unit.test_examples import item
+
+    path, mapping, ddb = setup(tmp_path, unique, "videos.yaml")
+    table = mapping.source.table
+    ddb.put_item(TableName=table, Item=item(pk="0001", sk="Video", UploadDate="2023-09-10T15:21:48",
+                                            Formats={"480": "https://s/1"}))
+    same = "2023-09-12T10:00:07"
+    for n in (1, 2):
+        ddb.put_item(TableName=table, Item=item(pk="0001", sk=f"VideoComment#{n}", Content=f"text {n}",
+                                                CreatedAt=same))
+    assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "2", "--until-idle", "1",
+                   "--poll-interval", "0.2"]) == 0
+    store = store_of(mapping)
+    letters = store.list_dead_letters()
+    # The stream holds the two puts too: the tail and the backfill each refuse
+    # whichever comment came second to the version (the same one: first come).
+    assert letters and {e["reason"] for e in letters} == {"version_clash"}
+    assert all("VideoComment#1" in e["message"] and "VideoComment#2" in e["message"] for e in letters)
+    refused_keys = {json.loads(e["record"])["keys"]["sk"]["S"] for e in letters}
+    assert len(refused_keys) == 1
+    refused = refused_keys.pop()
+    stored = ({"VideoComment#1", "VideoComment#2"} - {refused}).pop()
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 1, "verify sees the collapse"
+    # the tail refuses a third comment in the same second, too
+    ddb.put_item(TableName=table, Item=item(pk="0001", sk="VideoComment#3", Content="text 3", CreatedAt=same))
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    assert {json.loads(e["record"])["keys"]["sk"]["S"] for e in store.list_dead_letters()} == {
+        refused, "VideoComment#3"}
+
+    def comment_texts():
+        rows = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+        return [v for _, v in rows[b"0001"][("comments", b"UserComments")]]
+
+    assert comment_texts() == [f"text {stored[-1]}".encode()]
+    for sk in (refused, "VideoComment#3"):
+        ddb.delete_item(TableName=table, Key={"pk": {"S": "0001"}, "sk": {"S": sk}})
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    assert comment_texts() == [f"text {stored[-1]}".encode()], "deleting one comment kept the other's text"
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0
+    capsys.readouterr()
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(path)]) == 0
+    assert "of 2 item(s)" in capsys.readouterr().out and store.count_dead_letters() == 0
+    assert comment_texts() == [f"text {stored[-1]}".encode()], "a redrive of a deleted comment keeps the other"
+    assert_target_is_exactly_the_mapping(mapping, ddb)
