@@ -258,17 +258,9 @@ def cmd_create_table(args) -> int:
 
 
 def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
-    if port is None:
-        return None
-    from prometheus_client import start_http_server
+    from ddb2bt.pipeline.metrics import serve_metrics
 
-    from ddb2bt.pipeline.metrics import default_metrics
-
-    default_metrics()
-    server, _ = start_http_server(port, addr=host)
-    url = f"http://{host}:{server.server_port}/metrics"
-    log.info("metrics at %s", url)
-    return url
+    return serve_metrics(port, host)
 
 
 def build_live_job(args, mapping):

@@ -339,3 +339,17 @@ def default_metrics() -> PipelineMetrics:
         if _DEFAULT is None:
             _DEFAULT = PipelineMetrics()
         return _DEFAULT
+
+
+def serve_metrics(port: Optional[int], host: str = "127.0.0.1") -> Optional[str]:
+    """Serve Prometheus /metrics on ``host:port`` (0: a free port) in a daemon
+    thread; returns the URL, or None when ``port`` is None."""
+    if port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    default_metrics()
+    server, _ = start_http_server(port, addr=host)
+    url = f"http://{host}:{server.server_port}/metrics"
+    logging.getLogger(__name__).info("metrics at %s", url)
+    return url
