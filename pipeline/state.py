@@ -225,11 +225,11 @@ class StateStore:
         self._backend.write_rows([(f"{self._job}#meta#{name}".encode(), _set_latest(META, {b"value": value.encode()}, now))])
 
     def load_meta(self, name: str) -> Optional[str]:
-        rows = self._backend.read_prefix(f"{self._job}#meta#{name}".encode())
-        for cells in rows.values():
-            value = cells.get((META, b"value"))
-            return value.decode() if value is not None else None
-        return None
+        key = f"{self._job}#meta#{name}".encode()
+        # A prefix read also returns longer names ("phase" → "phase_changed_ms"): take the exact row.
+        cells = self._backend.read_prefix(key).get(key)
+        value = cells.get((META, b"value")) if cells else None
+        return value.decode() if value is not None else None
 
 
 def _set_latest(family: str, cells: dict, ts_ms: int) -> list:

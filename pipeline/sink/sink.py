@@ -298,7 +298,10 @@ class BatchingWriter:
             by_table.setdefault(row.table, []).append(row)
         for table, rows in by_table.items():
             for row, status in self._write_all(table, rows):
-                if status.permanent_reason == "unknown_family" and has_markers(row.mutations):
+                # The emulator says "unknown family", the service NOT_FOUND or
+                # INVALID_ARGUMENT: any permanent failure of a row with markers is
+                # tried once more without them; a real error fails again and is isolated.
+                if has_markers(row.mutations):
                     row = self._without_markers(row)
                     failed = self._write_with_retry(table, [row])
                     if not failed:
