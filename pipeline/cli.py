@@ -32,7 +32,8 @@ examples:
 
 
 STAGES = (("pipeline.stream", "source"), ("ddb2bt.pipeline.sink.sink", "sink"), ("ddb2bt.pipeline.cutover.backfill", "backfill"),
-          ("transforms", "mapping"), ("ddb2bt.pipeline.cutover.phases", "migrate"), ("ddb2bt.pipeline.cutover.verify", "verify"),
+          ("transforms", "mapping"), ("ddb2bt.pipeline.cutover.verify", "verify"),
+          ("ddb2bt.pipeline.cutover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
           ("ddb2bt.pipeline.retry", "retry"), ("ddb2bt.pipeline.local.local_stack", "local"), ("ddb2bt.pipeline.metrics", "metrics"))
 
 

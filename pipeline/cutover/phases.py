@@ -130,6 +130,9 @@ class Migration:
         self._now_ms = now_ms
         self._sleep = sleep
 
+    def now_ms(self) -> int:
+        return self._now_ms()
+
     # -- reading
     @property
     def phase(self) -> Optional[Phase]:
@@ -264,7 +267,7 @@ def advance(migration: Migration, bookkeeping, at_head: bool, promote_live: bool
         phase = CATCHING_UP
     if phase == CATCHING_UP and migration.finished_ms is None:
         changed = migration.phase_changed_ms or 0
-        if (migration._now_ms() - changed) / 1000 >= MARKING_WAIT_S:
+        if (migration.now_ms() - changed) / 1000 >= MARKING_WAIT_S:
             migration.finish(bookkeeping, wait=False)
     if phase == CATCHING_UP and promote_live and at_head and migration.finished_ms is not None:
         migration.go_live()
