@@ -174,7 +174,8 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
     if clashes:
         out.append(Finding(WARN, "version_clash", "sample",
                            f"{clashes} versioned cells are claimed by more than one item (same row, column and "
-                           "timestamp): only one survives"))
+                           "timestamp): the first written keeps it, later ones are refused as dead letters "
+                           "(version_clash); make the version unique (a finer timestamp attribute)"))
     out.append(Finding(INFO, "sampled", "sample", f"{count} items checked; longest row key {max_key} bytes"))
     return out
 
