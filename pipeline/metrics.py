@@ -20,8 +20,9 @@ from apache_beam.metrics import Metrics as BeamMetrics
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 
+from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S
+
 NAMESPACE = "ddb2bt"
-STREAM_RETENTION_S = 24 * 3600
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000)

@@ -19,13 +19,12 @@ import json
 import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import apache_beam as beam
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
 from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
 from ddb2bt.transforms.errors import ConfigError, PermanentError
@@ -33,15 +32,14 @@ from ddb2bt.transforms.mapping import backfill_record
 from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
-from ddb2bt.pipeline.retry import RetryPolicy, retrying
-from ddb2bt.pipeline.source.stream_source import StreamThrottled, classify_stream_error
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_pages
 
 log = logging.getLogger(__name__)
 
 SCAN, EXPORT = "scan", "export"
 QUEUE_ITEMS = 10_000  # bounded: readers wait for the writer instead of filling memory
 MAX_THREADS = 16
-SCAN_PAGE_LIMIT = 1000
 _DONE = object()
 
 
@@ -52,32 +50,6 @@ def segment_name(segment: int, total: int) -> str:
 def parse_segment(name: str) -> tuple:
     _, seg, _, total = name.split("-")
     return int(seg), int(total)
-
-
-class TokenBucket:
-    """Read budget in capacity units per second, shared by the threads of one
-    worker. Consumption is charged after each page (the service reports it), so
-    the budget is met on average: a page that overdraws makes the next wait."""
-
-    def __init__(self, rate: Optional[float], clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self._rate = rate
-        self._clock = clock
-        self._sleep = sleep
-        self._tokens = rate or 0.0
-        self._last = clock()
-        self._lock = threading.Lock()
-
-    def consume(self, units: float) -> None:
-        if not self._rate:
-            return
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self._rate, self._tokens + (now - self._last) * self._rate) - units
-            self._last = now
-            wait = -self._tokens / self._rate if self._tokens < 0 else 0.0
-        if wait > 0:
-            self._sleep(wait)
 
 
 @dataclass(frozen=True)
@@ -206,28 +178,13 @@ class PartReaders:
 
     def _scan(self, part: str, resume: Optional[str], count: int) -> Iterator:
         segment, total = parse_segment(part)
-        start = _untoken(resume)
         src = self._source
-
-        def call(kwargs):
-            def attempt():
-                try:
-                    return self._client.scan(**kwargs)
-                except (ClientError, BotoCoreError) as exc:
-                    raise classify_stream_error(exc, "Scan") from exc
-            return retrying(self._retry, f"Scan {part}", None, retry_on=(StreamThrottled,))(attempt)
-
-        while True:
-            kwargs = {"TableName": src.table, "Segment": segment, "TotalSegments": total,
-                      "ConsistentRead": src.consistent_read, "Limit": src.page_limit,
-                      "ReturnConsumedCapacity": "TOTAL"}
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            page = call(kwargs)
-            self._bucket.consume(float((page.get("ConsumedCapacity") or {}).get("CapacityUnits", 0.0)))
-            items = page.get("Items", [])
-            last_key = page.get("LastEvaluatedKey")
-            page_token = _token(start)
+        for page in scan_pages(self._client, src.table, segment=segment, total_segments=total,
+                               start_key=_untoken(resume), consistent_read=src.consistent_read,
+                               page_limit=src.page_limit, bucket=self._bucket, retry=self._retry,
+                               what=f"Scan {part}"):
+            items, last_key = page.items, page.last_key
+            page_token = _token(page.start_key)
             self._on_items(len(items))
             for i, item in enumerate(items):
                 last = i == len(items) - 1
@@ -237,10 +194,7 @@ class PartReaders:
                                             count + len(items) if last and last_key else count)
                 yield self._record(item, position)
             count += len(items)
-            if not last_key:
-                yield PartDone(SCAN, part, count)
-                return
-            start = last_key
+        yield PartDone(SCAN, part, count)
 
     def _export(self, part: str, resume: Optional[str]) -> Iterator:
         skip = int(resume or 0)

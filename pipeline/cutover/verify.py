@@ -10,16 +10,15 @@ Touch markers (ddb2bt's own family) are ignored.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.pipeline.cutover.compare import LayoutDiff, diff_layout, expected_layout
+from ddb2bt.pipeline.dynamodb import parallel_scan
 
 EXAMPLES_PER_KIND = 5
 REDACTED = "<redacted: use --show-values>"
@@ -33,27 +32,7 @@ def sampled(keys: dict, rate: float) -> bool:
 
 def scan_source(ddb, table: str, segments: int, consistent: bool, on_page: Callable[[int], None],
                 keep: Callable[[dict], bool] = lambda item: True) -> list:
-    items: list = []
-    lock = threading.Lock()
-
-    def segment(i: int) -> None:
-        start = None
-        while True:
-            kwargs = {"TableName": table, "Segment": i, "TotalSegments": segments, "ConsistentRead": consistent}
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            page = ddb.scan(**kwargs)
-            got = [it for it in page.get("Items", []) if keep(it)]
-            with lock:
-                items.extend(got)
-            on_page(len(page.get("Items", [])))
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return
-
-    with ThreadPoolExecutor(max_workers=min(segments, 16)) as pool:
-        list(pool.map(segment, range(segments)))
-    return items
+    return parallel_scan(ddb, table, segments, consistent_read=consistent, on_page=on_page, keep=keep)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, DeleteCells, 
                               ShardClosed, StreamPosition, mutations_size)
 from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter, code_name
 from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.dynamodb import table_of_stream
 from ddb2bt.pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 
@@ -477,7 +478,7 @@ def _table_of(record) -> str:
     """Source table name for metric labels (never a key or a value)."""
     if not isinstance(record.position, StreamPosition):
         return "backfill"
-    return record.position.stream_arn.split(":table/", 1)[-1].split("/", 1)[0]
+    return table_of_stream(record.position.stream_arn)
 
 
 def _merge_checkpoints(checkpoints: list) -> list:
