@@ -225,17 +225,10 @@ def cmd_lint(args) -> int:
     if args.sample:
         from ddb2bt.pipeline.connections import dynamodb_client
 
-        ddb = dynamodb_client(mapping.source.region)
-        items, start = [], None
-        while len(items) < args.sample:
-            kwargs = {"TableName": mapping.source.table, "Limit": min(1000, args.sample - len(items))}
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            page = ddb.scan(**kwargs)
-            items += page.get("Items", [])
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                break
+        from ddb2bt.pipeline.dynamodb import scan_items
+
+        items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
+                                consistent_read=False))
     findings = lint(mapping, items)
     for f in findings:
         print(f)
@@ -300,7 +293,8 @@ def build_live_job(args, mapping):
 
 
 def cmd_run(args) -> int:
-    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
+    from ddb2bt.pipeline.graph import is_local, make_pipeline
+    from ddb2bt.pipeline.io import ReplicateToBigtable
 
     mapping = load(args)
     job = build_live_job(args, mapping)
@@ -310,7 +304,7 @@ def cmd_run(args) -> int:
              mapping.target.table, job.partitions, job.reader.start,
              f", until idle {args.until_idle}s" if args.until_idle else "")
     p = make_pipeline(args.beam_args)
-    add_live_replication(p, job)
+    p | "ReplicateToBigtable" >> ReplicateToBigtable.from_job(job)
     result = p.run()
     if not is_local(args.beam_args):
         return submitted(result, args)  # a streaming job runs on; drain it to stop
