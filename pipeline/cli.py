@@ -17,6 +17,12 @@ from typing import Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
+from ddb2bt.pipeline.options import check_beam_args, number
+
+# Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
+# a page at 1 MB anyway, so a larger item limit would only cost memory.
+MAX_TOTAL_SEGMENTS = 1_000_000
+MAX_SCAN_PAGE = 10_000
 
 log = logging.getLogger("ddb2bt")
 
@@ -114,14 +120,14 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
                    help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
                         "from the oldest record with a loud warning")
-    p.add_argument("--until-idle", type=float, metavar="SECONDS",
+    p.add_argument("--until-idle", type=number(float, above=0), metavar="SECONDS",
                    help="stop once every shard has been at the stream head this long (tests, catch-up runs; "
                         "migrate: after the backfill, then phase LIVE)")
-    p.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL_S,
+    p.add_argument("--poll-interval", type=number(float, above=0), default=DEFAULT_POLL_INTERVAL_S,
                    help="seconds between polls of an idle shard (default %(default)s: 4 GetRecords/s, "
                         "under the stream's 5/s per-shard limit)")
-    p.add_argument("--discovery-interval", type=float, default=10.0, help="seconds between shard discoveries")
-    p.add_argument("--partitions", type=int, default=1,
+    p.add_argument("--discovery-interval", type=number(float, above=0), default=10.0, help="seconds between shard discoveries")
+    p.add_argument("--partitions", type=number(int, minimum=1), default=1,
                    help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
     p.add_argument("--new-stream", action="store_true",
                    help="accept that the table's stream was replaced since the last run (changes in between "
@@ -130,7 +136,7 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-port", type=number(int, minimum=0, maximum=65535), help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
     p.add_argument("--metrics-pushgateway", metavar="URL",
                    help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
@@ -258,7 +264,11 @@ def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
     from ddb2bt.pipeline.metrics import default_metrics
 
     default_metrics()
-    server, _ = start_http_server(port, addr=host)
+    try:
+        server, _ = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; the metrics port must be "
+                          "free (choose another, or 0 for any free port)", "--metrics-port") from None
     url = f"http://{host}:{server.server_port}/metrics"
     log.info("metrics at %s", url)
     return url
@@ -295,6 +305,7 @@ def build_live_job(args, mapping):
 def cmd_run(args) -> int:
     from ddb2bt.pipeline.graph import is_local, make_pipeline
     from ddb2bt.pipeline.io import ReplicateToBigtable
+    from ddb2bt.pipeline.metrics import default_metrics, outcome_counts
 
     mapping = load(args)
     job = build_live_job(args, mapping)
@@ -305,12 +316,25 @@ def cmd_run(args) -> int:
              f", until idle {args.until_idle}s" if args.until_idle else "")
     p = make_pipeline(args.beam_args)
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_job(job)
+    before = outcome_counts(default_metrics())
+    args.job_started = True
     result = p.run()
     if not is_local(args.beam_args):
         return submitted(result, args)  # a streaming job runs on; drain it to stop
     result.wait_until_finish()
-    log.info("pipeline finished: %s", getattr(result, "state", "DONE"))
+    after = outcome_counts(default_metrics())
+    print(report_outcome({k: after[k] - before[k] for k in after}, args.mapping))
     return 0
+
+
+def report_outcome(counts: dict, mapping_arg: str) -> str:
+    """The last line of a local run: what happened to the changes it read."""
+    line = (f"done: {counts['applied']} change(s) applied, {counts['dead_lettered']} dead-lettered, "
+            f"{counts['skipped']} skipped")
+    if counts["dead_lettered"]:
+        line += (f"\n  inspect the dead letters: ddb2bt dlq list --mapping {mapping_arg}"
+                 f"\n  after fixing the mapping:  ddb2bt dlq redrive --mapping {mapping_arg}")
+    return line
 
 
 # --- backfill, migrate, verify, status -------------------------------------------------
@@ -341,6 +365,7 @@ def backfill_source(args, mapping):
     """(source, spec dict, handoff ms or None, expected items)."""
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
     from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.dynamodb import describe_table
 
     if args.from_export:
         source = ExportSource(args.from_export, mapping.source.region)
@@ -358,8 +383,7 @@ def backfill_source(args, mapping):
         raise ConfigError("must be between 1 and 10000", "--page-size")
     source = ScanSource(mapping.source.table, args.segments, mapping.source.region, args.consistent_read,
                         args.max_rcu, args.page_size)
-    count = dynamodb_client(mapping.source.region).describe_table(TableName=mapping.source.table)["Table"].get(
-        "ItemCount", 0)
+    count = describe_table(dynamodb_client(mapping.source.region), mapping.source.table).get("ItemCount", 0)
     return source, {"kind": "scan", "segments": args.segments, "parts": args.segments}, None, int(count)
 
 
@@ -522,13 +546,14 @@ def cmd_verify(args) -> int:
     from ddb2bt.pipeline.cutover.phases import Worker
     from ddb2bt.pipeline.preflight import ensure_state_table
     from ddb2bt.pipeline.cutover.verify import print_report, verify
+    from ddb2bt.pipeline.dynamodb import describe_table
 
     mapping = load(args)
     if not 0 < args.sample_rate <= 1:
         raise ConfigError("must be in (0, 1]", "--sample-rate")
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
-    expected = ddb.describe_table(TableName=mapping.source.table)["Table"].get("ItemCount", 0)
+    expected = describe_table(ddb, mapping.source.table).get("ItemCount", 0)
     scanned = [0]
     result: list = []
 
@@ -555,12 +580,19 @@ def cmd_verify(args) -> int:
 def cmd_status(args) -> int:
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.status import assess, gather, render
+    from ddb2bt.pipeline.dynamodb import SourceTableMissing, describe_table
+    from ddb2bt.pipeline.retry import RetryPolicy
+
+    # status is read-only and often run when something is wrong: answer fast.
+    STATUS_READ_RETRY = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)
 
     mapping = load(args)
     arn = None
     try:
-        arn = dynamodb_client(mapping.source.region).describe_table(
-            TableName=mapping.source.table)["Table"].get("LatestStreamArn")
+        arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
+                             retry=STATUS_READ_RETRY).get("LatestStreamArn")
+    except SourceTableMissing:
+        raise  # no table, no stream: a retention headroom would be a made-up number
     except Exception as exc:  # status must work even when the source is unreachable
         log.warning("cannot describe %s: %s", mapping.source.table, exc)
     facts = gather(state_spec(args, mapping).store(), StreamsClientFactory(mapping.source.region)(), arn)
@@ -746,11 +778,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
                        epilog="example:\n  ddb2bt demo --changes 2000 --rate 300")
-    p.add_argument("--changes", type=int, default=1500, help="changes to write (default %(default)s)")
-    p.add_argument("--items", type=int, default=300, help="distinct products (default %(default)s)")
-    p.add_argument("--rate", type=float, default=250.0, help="target writes per second (default %(default)s)")
+    p.add_argument("--changes", type=number(int, minimum=1), default=1500, help="changes to write (default %(default)s)")
+    p.add_argument("--items", type=number(int, minimum=1), default=300, help="distinct products (default %(default)s)")
+    p.add_argument("--rate", type=number(float, above=0), default=250.0, help="target writes per second (default %(default)s)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: a free port; -1: off)")
+    p.add_argument("--metrics-port", type=number(int, minimum=-1, maximum=65535), default=0, help="serve /metrics here (0: a free port; -1: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.set_defaults(func=cmd_demo)
 
@@ -765,7 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "ddb2bt explain -m examples/product_catalog.yaml --item -")
     add_mapping_args(p)
     p.add_argument("--item", required=True, help="item file: DynamoDB JSON or plain JSON ('-' for stdin)")
-    p.add_argument("--timestamp-ms", type=int, default=1_700_000_000_000, help="change time to show")
+    p.add_argument("--timestamp-ms", type=number(int, minimum=0), default=1_700_000_000_000, help="change time to show")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("lint", help="check a mapping against Bigtable's rules and schema best practices",
@@ -777,7 +809,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="examples:\n  ddb2bt lint -m examples/hr_orders.yaml\n"
                               "  ddb2bt lint -m m.yaml --sample 1000 --strict")
     add_mapping_args(p)
-    p.add_argument("--sample", type=int, default=0, metavar="N", help="also check N items scanned from the table")
+    p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)
 
@@ -806,12 +838,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
-        p.add_argument("--segments", type=int, default=8, help="parallel Scan segments (default %(default)s)")
-        p.add_argument("--tasks", type=int, default=1,
+        p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
+                       help="parallel Scan segments (default %(default)s)")
+        p.add_argument("--tasks", type=number(int, minimum=1), default=1,
                        help="Beam elements the parts are spread over (Dataflow: about the worker count)")
-        p.add_argument("--max-rcu", type=float, help="read budget in capacity units per second (whole job)")
+        p.add_argument("--max-rcu", type=number(float, above=0), help="read budget in capacity units per second (whole job)")
         p.add_argument("--consistent-read", action="store_true", help="strongly consistent Scan (2x the RCUs)")
-        p.add_argument("--page-size", type=int, default=1000,
+        p.add_argument("--page-size", type=number(int, minimum=1, maximum=MAX_SCAN_PAGE), default=1000,
                        help="items per Scan page (smaller: finer resume points and a smoother read budget)")
         p.add_argument("--from-export", metavar="DIR_OR_S3",
                        help="back-fill from a DynamoDB export (the directory or s3://bucket/prefix holding "
@@ -857,8 +890,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash")
     add_mapping_args(p)
     add_state_args(p)
-    p.add_argument("--segments", type=int, default=8, help="parallel Scan segments")
-    p.add_argument("--sample-rate", type=float, default=1.0, help="fraction of items to check (default: all)")
+    p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
+                   help="parallel Scan segments")
+    p.add_argument("--sample-rate", type=number(float, above=0, maximum=1), default=1.0, help="fraction of items to check (default: all)")
     p.add_argument("--show-values", action="store_true", help="show cell values in examples")
     p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")
     p.add_argument("--report", metavar="FILE.json", help="write the machine-readable report here")
@@ -883,8 +917,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_mapping_args(pl)
     add_state_args(pl)
     pl.add_argument("--reason", help="only this reason (e.g. unknown_family)")
-    pl.add_argument("--since", type=float, help="only those at or after this Unix time (seconds)")
-    pl.add_argument("--limit", type=int, default=50)
+    pl.add_argument("--since", type=number(float, minimum=0), help="only those at or after this Unix time (seconds)")
+    pl.add_argument("--limit", type=number(int, minimum=1), default=50)
     pl.add_argument("--json", action="store_true", help="one JSON object per line")
     pl.set_defaults(func=cmd_dlq_list)
     ps = dsub.add_parser("show", help="one dead letter in full (the original record included)")
@@ -899,7 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mapping_args(pr)
     add_state_args(pr)
     pr.add_argument("--reason", help="only this reason")
-    pr.add_argument("--since", type=float, help="only those at or after this Unix time (seconds)")
+    pr.add_argument("--since", type=number(float, minimum=0), help="only those at or after this Unix time (seconds)")
     pr.add_argument("--dry-run", action="store_true", help="only report which dead letters now map; write nothing")
     pr.set_defaults(func=cmd_dlq_redrive)
 
@@ -918,6 +952,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STATUS_DEADLINE_S = 20.0  # read-only commands give up on an unreachable service within ~30 s
+RESUME_HINT = " (nothing after the last checkpoint was acknowledged; rerun to resume)"
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an unexpected failure, naming what users can act on."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError
+
+    if isinstance(exc, NoRegionError):
+        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION"
+    if isinstance(exc, NoCredentialsError):
+        return "no AWS credentials found (environment, ~/.aws, or the instance's role)"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def _option_strings(parser: argparse.ArgumentParser, args) -> list:
+    """Every option string the chosen (sub)command accepts, for "did you mean"."""
+    found = [o for a in parser._actions for o in a.option_strings]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = action.choices.get(getattr(args, "command", None))
+            if sub is not None:
+                found += _option_strings(sub, args)
+    return found
+
+
 def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -> int:
     """The ``ddb2bt`` command. ``bigtable_interceptors`` (gRPC client interceptors for
     the Bigtable write channel) is for programs that embed the CLI, such as the
@@ -926,8 +987,13 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
+    own = _option_strings(parser, args)
     if unknown and not getattr(args, "beam", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(check_beam_args(unknown, own, beam=False) or f"unrecognized arguments: {' '.join(unknown)}")
+    if getattr(args, "beam", False):
+        problem = check_beam_args(unknown, own)
+        if problem:
+            parser.error(problem)
     args.beam_args = unknown
     args.bigtable_interceptors = tuple(bigtable_interceptors)
     from ddb2bt.pipeline.graph import is_dry_run
@@ -945,11 +1011,15 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     except KeyboardInterrupt:
         print("ddb2bt: interrupted; state is checkpointed, run the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`ddb2bt dlq list | head`): not an error
+        # worth a word. Point stdout at devnull so the interpreter's final flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # a pipeline failure (Beam may wrap ours): one clear line, the detail in the log
         log.debug("failure", exc_info=True)
-        print(f"ddb2bt: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-              "(nothing after the last checkpoint was acknowledged; rerun to resume; --log-level DEBUG for "
-              "details)", file=sys.stderr)
+        print(f"ddb2bt: error: {describe_failure(exc)}{RESUME_HINT if getattr(args, 'job_started', False) else ''} "
+              "(--log-level DEBUG for details)", file=sys.stderr)
         return 1
 
 

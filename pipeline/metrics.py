@@ -266,6 +266,14 @@ def counter_total(counter) -> float:
     return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
 
 
+def outcome_counts(metrics: "PipelineMetrics") -> dict:
+    """{applied, dead_lettered, skipped}: totals of this process so far (take one
+    before a job and one after, and subtract)."""
+    return {"applied": int(counter_total(metrics.changes_applied)),
+            "dead_lettered": int(counter_total(metrics.dead_letters)),
+            "skipped": int(counter_total(metrics.changes_skipped))}
+
+
 def build_info() -> dict:
     import platform
     from importlib import metadata

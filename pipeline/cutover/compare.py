@@ -3,9 +3,10 @@ difference from what the tables hold. The core of `verify`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import MARKER_FAMILY, expected_cells
 
 SINGLE, VERSIONS, LIST = "single", "versions", "list"
@@ -20,11 +21,21 @@ class Expect:
     value: object
 
 
-def expected_layout(mapping: MappingConfig, items) -> dict:
-    """{table: {row_key: {(family, qualifier): Expect}}} for items (boto3 form)."""
+def expected_layout(mapping: MappingConfig, items,
+                    on_unmappable: Optional[Callable[[dict, MappingError], None]] = None) -> dict:
+    """{table: {row_key: {(family, qualifier): Expect}}} for items (boto3 form).
+    An item the mapping refuses raises, or goes to ``on_unmappable(item, error)``
+    and contributes nothing (its rows, if any, then show up as extra)."""
     out: dict = {t: {} for t in mapping.tables}
     for item in items:
-        for cell in expected_cells(mapping, item).values():
+        try:
+            cells = expected_cells(mapping, item)
+        except MappingError as exc:
+            if on_unmappable is None:
+                raise
+            on_unmappable(item, exc)
+            continue
+        for cell in cells.values():
             row = out.setdefault(cell.table, {}).setdefault(cell.row_key, {})
             col = (cell.family, cell.qualifier)
             if cell.values is not None:

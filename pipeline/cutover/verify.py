@@ -43,15 +43,27 @@ class VerifyReport:
     rows_expected: int
     tables: dict = field(default_factory=dict)  # table -> counts and examples
     checked_at_ms: int = 0
+    # Items the mapping refuses (they would be dead letters): count and examples.
+    unmappable_items: dict = field(default_factory=lambda: {"count": 0, "examples": []})
 
     def to_json(self) -> dict:
         return {"identical": self.identical, "sampled": self.sampled, "items": self.items,
                 "rows_expected": self.rows_expected, "tables": self.tables, "checked_at_ms": self.checked_at_ms,
+                "unmappable_items": self.unmappable_items,
                 "note": "extra rows are not checked in sampled mode" if self.sampled else ""}
 
 
 def _show(value: bytes, show: bool) -> str:
     return value.decode("utf-8", "backslashreplace") if show else REDACTED
+
+
+def _unmappable(found: list, show: bool) -> dict:
+    """Unmappable items as differences: the reason, and the item's key (its values
+    redacted like every value unless --show-values)."""
+    examples = [{"key": {name: (value if show else REDACTED) for name, value in keys.items()},
+                 "reason": exc.reason, "message": exc.message if show else exc.reason}
+                for keys, exc in found[:EXAMPLES_PER_KIND]]
+    return {"count": len(found), "examples": examples}
 
 
 def _examples(diff: LayoutDiff, expected: dict, actual: dict, show: bool) -> dict:
@@ -87,10 +99,12 @@ def verify(mapping: MappingConfig, ddb, read_table: Callable, read_rows: Callabl
     keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
     keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
     items = scan_source(ddb, mapping.source.table, segments, consistent, on_page, keep)
-    expected = expected_layout(mapping, items)
-    report = VerifyReport(identical=True, sampled=is_sample, items=len(items),
+    unmappable: list = []
+    expected = expected_layout(mapping, items, lambda item, exc: unmappable.append((keys_of(item), exc)))
+    report = VerifyReport(identical=not unmappable, sampled=is_sample, items=len(items),
                           rows_expected=sum(len(rows) for rows in expected.values()),
-                          checked_at_ms=time.time_ns() // 1_000_000)
+                          checked_at_ms=time.time_ns() // 1_000_000,
+                          unmappable_items=_unmappable(unmappable, show_values))
     for table in mapping.tables:
         want = expected.get(table, {})
         have = read_rows(table, sorted(want)) if is_sample else read_table(table)
@@ -106,6 +120,11 @@ def print_report(report: VerifyReport, out=print) -> None:
     mode = "sampled" if report.sampled else "full"
     out(f"verify ({mode}): {report.items} items, {report.rows_expected} expected rows → "
         + ("IDENTICAL" if report.identical else "DIFFERENT"))
+    if report.unmappable_items["count"]:
+        out(f"  unmappable items (the mapping refuses them; the live path dead-letters them): "
+            f"{report.unmappable_items['count']}")
+        for ex in report.unmappable_items["examples"]:
+            out(f"    unmappable: {json.dumps(ex, ensure_ascii=False)}")
     for table, kinds in report.tables.items():
         counts = ", ".join(f"{k.replace('_', ' ')} {v['count']}" for k, v in kinds.items())
         out(f"  {table}: {counts}")
