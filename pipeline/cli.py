@@ -698,9 +698,12 @@ def cmd_local(args) -> int:
         return 0
     if args.local_cmd == "down":
         stopped = ls.stop_detached()
-        print("local stack stopped" if stopped else "no local stack was running")
+        print(f"local stack stopped ({stopped})" if stopped else "no local stack was running")
         return 0
-    stack = ls.LocalStack(log_dir=Path(".ddb2bt/logs"))
+    if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
+        print(f"a local stack is already running ({ls.state_file()}); use it with:  eval \"$(ddb2bt local env)\"")
+        return 0
+    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs")
     if args.local_cmd == "run":
         command = [c for c in args.command if c != "--"]
         if not command:
@@ -973,7 +976,9 @@ def _option_strings(parser: argparse.ArgumentParser, args) -> list:
     found = [o for a in parser._actions for o in a.option_strings]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            sub = action.choices.get(getattr(args, "command", None))
+            name = getattr(args, "command", None)
+            # `local run -- CMD` keeps CMD (a list) in args.command as well.
+            sub = action.choices.get(name) if isinstance(name, str) else None
             if sub is not None:
                 found += _option_strings(sub, args)
     return found

@@ -51,7 +51,7 @@ def run_demo(args) -> int:
     from ddb2bt.transforms.encoding import decode
 
     mapping = load_mapping(example_path(DEMO_EXAMPLE))
-    with local_stack.LocalStack(log_dir=Path(".ddb2bt/logs")) as stack:
+    with local_stack.LocalStack(log_dir=local_stack.state_dir() / "logs") as stack:
         stack.apply_env()
         print(f"local stack: Bigtable emulator {os.environ['BIGTABLE_EMULATOR_HOST']}, "
               f"DynamoDB (moto) {os.environ['AWS_ENDPOINT_URL_DYNAMODB']}")
