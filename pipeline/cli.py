@@ -181,7 +181,15 @@ def state_spec(args, mapping, include_values: bool = True):
 
 
 def cmd_validate(args) -> int:
+    from ddb2bt.transforms.lint import placeholder_findings
+
     mapping = load(args)
+    warnings = placeholder_findings(mapping)
+    for finding in warnings:
+        print(finding)
+    if warnings and args.strict:
+        print(f"{len(warnings)} warning(s); --strict makes them errors", file=sys.stderr)
+        return 1
     rules = ", ".join(r.name for r in mapping.rules)
     print(f"OK: {args.mapping}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
           f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
@@ -792,6 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
                        epilog="example:\n  ddb2bt validate --mapping examples/product_catalog.yaml")
     add_mapping_args(p)
+    p.add_argument("--strict", action="store_true", help="warnings (e.g. an unknown row-key placeholder) fail")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",

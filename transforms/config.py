@@ -245,7 +245,10 @@ class _Node:
         self.used.add(key)
         if key not in self.data or self.data[key] is None:
             if required:
-                raise ConfigError("is required", self.sub(key))
+                # A required key that is missing is most often a misspelt one.
+                near = difflib.get_close_matches(key, [str(k) for k in self.data if k != key], n=1)
+                hint = f" (found {near[0]!r}: did you mean {key!r}?)" if near else ""
+                raise ConfigError(f"is required{hint}", self.sub(key))
             return default
         return self.data[key]
 

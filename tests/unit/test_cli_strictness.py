@@ -110,3 +110,20 @@ def test_a_closed_pipe_is_quiet():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_validate_suggests_a_misspelt_required_key(tmp_path, capsys):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text((ROOT / "examples/product_catalog.yaml").read_text().replace("  instance:", "  instanse:"))
+    assert main(["validate", "--mapping", str(bad)]) == 2
+    assert "target.instance: is required (found 'instanse': did you mean 'instance'?)" in capsys.readouterr().err
+
+
+def test_validate_warns_of_an_unknown_row_key_placeholder(tmp_path, capsys):
+    typo = tmp_path / "placeholder.yaml"
+    typo.write_text((ROOT / "examples/product_catalog.yaml").read_text().replace('"{pk}#{sk}"', '"{pk}#{skk}"'))
+    assert main(["validate", "--mapping", str(typo)]) == 0
+    out = capsys.readouterr().out
+    assert "unknown_placeholder" in out and "{skk}" in out and "did you mean {sk}?" in out
+    assert main(["validate", "--mapping", str(typo), "--strict"]) == 1
+    assert main(["validate", "--mapping", MAPPING, "--strict"]) == 0  # the examples are clean
