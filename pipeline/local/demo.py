@@ -11,7 +11,6 @@ import logging
 import sys
 import threading
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
