@@ -365,6 +365,10 @@ def watch(worker, total: Optional[int], desc: str, value) -> None:
             bar.n = int(value())
             bar.update(0)
         bar.n = int(value())
+        if worker.error is None:
+            # The expected total is an estimate (DescribeTable's ItemCount, items
+            # deleted meanwhile): a finished run is 100 % of what it really read.
+            bar.total = bar.n
         bar.refresh()
     worker.check()
 

@@ -183,17 +183,17 @@ class PartReaders:
                                start_key=_untoken(resume), consistent_read=src.consistent_read,
                                page_limit=src.page_limit, bucket=self._bucket, retry=self._retry,
                                what=f"Scan {part}"):
-            items, last_key = page.items, page.last_key
-            page_token = _token(page.start_key)
+            items = page.items
             self._on_items(len(items))
-            for i, item in enumerate(items):
-                last = i == len(items) - 1
-                # Only the page's last item may carry the next page's start: a crash
-                # after a partial flush must re-read this page, not skip its rest.
-                position = BackfillPosition(SCAN, part, _token(last_key) if last and last_key else page_token,
-                                            count + len(items) if last and last_key else count)
+            keys = self._keys
+            for item in items:
+                count += 1
+                # Resume right after this item: any item's primary key is a valid
+                # ExclusiveStartKey (LastEvaluatedKey is just the last one's), so a
+                # restart re-reads nothing that was written, even inside a page
+                # (a page can hold a whole segment).
+                position = BackfillPosition(SCAN, part, _token({k: item[k] for k in keys if k in item}), count)
                 yield self._record(item, position)
-            count += len(items)
         yield PartDone(SCAN, part, count)
 
     def _export(self, part: str, resume: Optional[str]) -> Iterator:
