@@ -4,7 +4,7 @@ is ``ReplicateToBigtable`` (``ddb2bt.pipeline.io``):
   StreamPartitions (Create) → ReadStream (SDF) → MapChanges → WriteToBigtable
 
 with no Reshuffle/GroupByKey after ReadStream: per-row order must survive from
-the shard to the MutateRows call (design notes §1).
+the shard to the MutateRows call (docs/design.md §4.3).
 """
 from __future__ import annotations
 

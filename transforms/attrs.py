@@ -4,7 +4,7 @@ canonical JSON used for maps, lists and serialized items.
 Values are kept in boto3's low-level form end to end (``{"N": "30"}``, ``{"B": b".."}``)
 so numbers keep the exact digits DynamoDB holds and binary is never double-encoded.
 
-Canonical JSON (documented in the README): UTF-8, keys sorted by code point, no
+Canonical JSON (documented in docs/mapping.md, Encodings): UTF-8, keys sorted by code point, no
 insignificant whitespace, numbers as JSON numbers with DynamoDB's digits (only
 re-spelled where DynamoDB's spelling is not valid JSON, e.g. ``.5`` → ``0.5``),
 binary as standard base64 strings, sets as arrays sorted by value, NULL as null.

@@ -5,7 +5,7 @@ table and how every item becomes a row. Validation is complete and happens befor
 anything runs: each problem raises ``ConfigError`` naming the field path
 (``rules[0].columns.Price.encoding``) and the bad value.
 
-See README "Mapping language" for the reference; ``examples/*.yaml`` for real files.
+See docs/mapping.md for the reference; ``examples/*.yaml`` for real files.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Model: a mapping says which **cells an item owns** — in its own row, in rows i
 shares with other items (Example 2 folds a video's items into one row), and in
 index rows that replace GSIs. A change's mutations are the *difference* between
 the cells the old image owned and the cells the new image owns, written per the
-correctness contract (design notes §1):
+correctness contract (docs/design.md §3 and §5):
 
 * an ordinary cell is written at the change's own timestamp (whole ms, never -1)
   and its older versions are deleted (``[0, ts)``), so each such column holds
@@ -471,7 +471,7 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
     deterministic order. Empty when nothing changes (skipped item, key-only item,
     TTL deletion the mapping ignores).
 
-    The backfill/tail overlap (design notes §1). Backfill cells carry the handoff
+    The backfill/tail overlap (docs/design.md §7). Backfill cells carry the handoff
     second minus 1 ms, so a scanned value never overrides a streamed one. But a
     delete leaves no tombstone in Bigtable: if the tail applies an item's delete
     (or an attribute's removal) *before* a slower backfill batch writes the item's

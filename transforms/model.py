@@ -91,7 +91,7 @@ class PartDone(StreamElement):
 class ChangeRecord:
     """One DynamoDB change, as read from a stream (or synthesised by a backfill).
 
-    ``change_ms`` is the cell timestamp the change is written with (contract §1):
+    ``change_ms`` is the cell timestamp the change is written with (docs/design.md §3):
     the record's ApproximateCreationDateTime for stream records, the handoff time
     minus one millisecond for backfill records.
     """
@@ -238,7 +238,7 @@ class MappedBatch(StreamElement):
 class ShardClosed(StreamElement):
     """Marker: the reader reached the end of a closed shard. The sink records the
     shard as finished only after every write before this marker is acknowledged,
-    which is what lets the shard's children start (per-key order, contract §1)."""
+    which is what lets the shard's children start (per-key order, docs/design.md §4.2)."""
 
     stream_arn: str
     shard_id: str

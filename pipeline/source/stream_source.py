@@ -8,7 +8,7 @@ runs as two sequential stages (the reader would never start). So each element is
 (exactly one reader per shard, far below the limit of 2), discovers shards itself
 and reads its shards round-robin. On Dataflow, n partitions spread over workers.
 
-Correctness, per design notes §1:
+Correctness, per docs/design.md §4 (per-row order) and §8 (trimmed data):
 * a shard is read sequentially, one GetRecords page per round, from its last
   claimed sequence number (AFTER_SEQUENCE_NUMBER); the restriction is the set of
   shard positions, so a checkpoint split resumes exactly after the last record

@@ -1,4 +1,4 @@
-"""Model-based test of the backfill/tail handoff (design notes §1).
+"""Model-based test of the backfill/tail handoff (docs/design.md §7).
 
 A random history of DynamoDB operations runs while a backfill scans items at
 random moments after the handoff time T and writes them in random batches, and
