@@ -30,9 +30,9 @@ EPILOG = """\
 examples:
   ddb2bt demo                                    # everything local: emulators, writes, replication
   ddb2bt local up --detach && eval "$(ddb2bt local env)"
-  ddb2bt create-table --mapping examples/product_catalog.yaml
-  ddb2bt run --mapping examples/product_catalog.yaml --until-idle 5
-  ddb2bt dlq list --mapping examples/product_catalog.yaml
+  ddb2bt create-table --mapping example:product_catalog
+  ddb2bt run --mapping example:product_catalog --until-idle 5
+  ddb2bt dlq list --mapping example:product_catalog
   ddb2bt run --mapping m.yaml --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp
 """
 
@@ -802,7 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
-                       epilog="example:\n  ddb2bt validate --mapping examples/product_catalog.yaml")
+                       epilog="example:\n  ddb2bt validate --mapping example:product_catalog")
     add_mapping_args(p)
     p.add_argument("--strict", action="store_true", help="warnings (e.g. an unknown row-key placeholder) fail")
     p.set_defaults(func=cmd_validate)
@@ -810,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",
                        formatter_class=raw,
                        epilog="example:\n  echo '{\"pk\":\"hats\",\"sk\":\"fedoras#brandA\",\"Price\":30}' | "
-                              "ddb2bt explain -m examples/product_catalog.yaml --item -")
+                              "ddb2bt explain -m example:product_catalog --item -")
     add_mapping_args(p)
     p.add_argument("--item", required=True, help="item file: DynamoDB JSON or plain JSON ('-' for stdin)")
     p.add_argument("--timestamp-ms", type=number(int, minimum=0), default=1_700_000_000_000, help="change time to show")
@@ -822,7 +822,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "limits, families whose GC would drop versions or that mix retention needs, "
                            "attributes that look like personal data in row keys, and — with --sample — items "
                            "that match no rule or cannot be mapped."),
-                       epilog="examples:\n  ddb2bt lint -m examples/hr_orders.yaml\n"
+                       epilog="examples:\n  ddb2bt lint -m example:hr_orders\n"
                               "  ddb2bt lint -m m.yaml --sample 1000 --strict")
     add_mapping_args(p)
     p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
@@ -833,7 +833,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=raw, description=(
                            "Idempotent: creates the target table with the mapping's families and GC policies, "
                            "adds missing families, updates changed GC policies, and creates the state table."),
-                       epilog="example:\n  ddb2bt create-table --mapping examples/product_catalog.yaml")
+                       epilog="example:\n  ddb2bt create-table --mapping example:product_catalog")
     add_mapping_args(p)
     add_state_args(p)
     p.set_defaults(func=cmd_create_table)
@@ -843,7 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints in the state table when there are any. Unrecognised options go to Beam: locally the "
         "job uses the pure-Python FnApiRunner; pass --runner=DataflowRunner and the usual Dataflow options "
         "for production."),
-        epilog="examples:\n  ddb2bt run -m examples/product_catalog.yaml --until-idle 5\n"
+        epilog="examples:\n  ddb2bt run -m example:product_catalog --until-idle 5\n"
                "  ddb2bt run -m m.yaml --metrics-port 9464\n"
                "  ddb2bt run -m m.yaml --runner=DataflowRunner --project=P --region=us-central1 "
                "--temp_location=gs://bucket/tmp")
@@ -924,7 +924,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("dlq", help="inspect dead letters", formatter_class=raw,
-                       epilog="examples:\n  ddb2bt dlq list -m examples/product_catalog.yaml\n"
+                       epilog="examples:\n  ddb2bt dlq list -m example:product_catalog\n"
                               "  ddb2bt dlq list -m m.yaml --reason row_key_too_long --json\n"
                               "  ddb2bt dlq show -m m.yaml 1700000000123#ab12cd34ef56\n"
                               "  ddb2bt dlq redrive -m m.yaml --reason unknown_family")
