@@ -76,6 +76,55 @@ def parse_number(text: Any, where: str = "value") -> Decimal:
     return number
 
 
+# DynamoDB's number type: up to 38 significant digits, and a magnitude (when not
+# zero) from 1E-130 to 9.9999999999999999999999999999999999999E+125. DynamoDB
+# refuses anything else, so a value outside it cannot come from the table.
+MAX_SIGNIFICANT_DIGITS = 38
+MIN_MAGNITUDE = Decimal("1E-130")
+MAX_MAGNITUDE = Decimal("9.9999999999999999999999999999999999999E+125")
+
+
+def _significant(number: Decimal) -> tuple:
+    """(digits without leading/trailing zeros, exponent of the last kept digit).
+    Done on the tuple: Decimal.normalize() would round to the context's 28 digits."""
+    _, digits, exponent = number.as_tuple()
+    digits = list(digits)
+    while digits and digits[-1] == 0:
+        digits.pop()
+        exponent += 1
+    while digits and digits[0] == 0:
+        digits.pop(0)
+    return tuple(digits), exponent
+
+
+def check_dynamodb_number(number: Decimal, where: str = "value") -> Decimal:
+    """``number`` if DynamoDB could hold it; otherwise MappingError('bad_number')
+    saying which of DynamoDB's limits it breaks."""
+    if not number.is_finite():
+        raise MappingError(f"{where}: {number} is not a finite number (DynamoDB has no NaN or Infinity)",
+                           reason="bad_number")
+    digits, _ = _significant(number)
+    if len(digits) > MAX_SIGNIFICANT_DIGITS:
+        raise MappingError(f"{where}: {len(digits)} significant digits; DynamoDB keeps at most "
+                           f"{MAX_SIGNIFICANT_DIGITS} (it would refuse this number)", reason="bad_number")
+    if digits and not MIN_MAGNITUDE <= number.copy_abs() <= MAX_MAGNITUDE:  # abs() would round to 28 digits
+        raise MappingError(f"{where}: magnitude out of DynamoDB's range 1E-130 to 9.99…E+125 (it would refuse "
+                           "this number)", reason="bad_number")
+    return number
+
+
+def canonical_number(number: Decimal) -> str:
+    """The number as DynamoDB spells it back: positional notation (no exponent),
+    no leading or trailing zeros, ``0`` for any zero. ``1.50`` → ``1.5``,
+    ``1e-7`` → ``0.0000001``, ``1E+2`` → ``100``."""
+    if not number.is_finite():
+        raise ValueError(f"{number} is not a finite number")
+    digits, exponent = _significant(number)
+    if not digits:
+        return "0"
+    return format(Decimal((number.is_signed(), digits, exponent)), "f")
+
+
 def json_number(text: str, where: str = "value") -> str:
     """DynamoDB's digits as a JSON number token (unchanged when already valid JSON)."""
     if _JSON_NUMBER.match(text):
