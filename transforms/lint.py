@@ -153,6 +153,7 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
     out: list = []
     unmatched = 0
     errors: Counter = Counter()
+    first_error: dict = {}  # reason -> the first item's message (an example for the finding)
     max_key = max_qual = 0
     first_parts: list = []
     versions: Counter = Counter()
@@ -167,6 +168,7 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
             cells = expected_cells(mapping, item)
         except MappingError as exc:
             errors[exc.reason] += 1
+            first_error.setdefault(exc.reason, exc.message)
             continue
         for cell in cells.values():
             max_key = max(max_key, len(cell.row_key))
@@ -181,6 +183,11 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
         out.append(Finding(WARN, "unmatched_items", "rules",
                            f"{unmatched} of {count} sampled items match no rule: they would be dead letters"))
     for reason, n in errors.most_common():
+        if reason == "timestamp_unit":
+            out.append(Finding(WARN, "timestamp_unit", "sample",
+                               f"{n} of {count} sampled items have a timestamp attribute in the other unit than "
+                               f"the column's format ({first_error[reason]}): they would be dead letters"))
+            continue
         out.append(Finding(WARN, "unmappable_items", "sample",
                            f"{n} of {count} sampled items cannot be mapped ({reason}): they would be dead letters"))
     if max_key > NEAR_LIMIT * MAX_ROW_KEY_BYTES:

@@ -24,6 +24,10 @@ MODIFY = "MODIFY"
 REMOVE = "REMOVE"
 EVENT_NAMES = (INSERT, MODIFY, REMOVE)
 
+# change_ms of a stream record that carried no ApproximateCreationDateTime: kept
+# missing (not invented) so the mapping dead-letters it saying exactly that.
+NO_CHANGE_TIME = -1
+
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 _ONE_MS = _dt.timedelta(milliseconds=1)
 
@@ -103,7 +107,7 @@ class ChangeRecord:
     change_ms: int
     position: Optional[StreamPosition] = None
     event_id: str = ""
-    # True for TTL expiries (userIdentity principal dynamodb.amazonaws.com).
+    # True for TTL expiries: a REMOVE by userIdentity principal dynamodb.amazonaws.com.
     is_ttl_delete: bool = False
     size_bytes: int = 0
     # Backfill only: the handoff second. Rows holding versioned cells are written

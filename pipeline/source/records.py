@@ -6,7 +6,8 @@ import json
 from typing import Any, Iterator, Mapping
 
 from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
-from ddb2bt.transforms.model import ChangeRecord, RecordBatch, StreamPosition, datetime_to_ms
+from ddb2bt.transforms.model import (NO_CHANGE_TIME, REMOVE, ChangeRecord, RecordBatch, StreamPosition,
+                                     datetime_to_ms)
 
 TTL_PRINCIPAL = "dynamodb.amazonaws.com"
 # Records per runner element: a full GetRecords page.
@@ -27,10 +28,13 @@ def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -
         keys=ddb.get("Keys") or {},
         new_image=ddb.get("NewImage"),
         old_image=ddb.get("OldImage"),
-        change_ms=datetime_to_ms(created) if created is not None else -1,
+        change_ms=datetime_to_ms(created) if created is not None else NO_CHANGE_TIME,
         position=StreamPosition(stream_arn, shard_id, seq),
         event_id=raw.get("eventID", ""),
-        is_ttl_delete=identity.get("Type") == "Service" and identity.get("PrincipalId") == TTL_PRINCIPAL,
+        # Only a REMOVE is a TTL expiry: the service identity on any other event is
+        # not a deletion, and `ttl.deletions: ignore` must not drop it.
+        is_ttl_delete=(raw.get("eventName") == REMOVE and identity.get("Type") == "Service"
+                       and identity.get("PrincipalId") == TTL_PRINCIPAL),
         size_bytes=int(ddb.get("SizeBytes") or 0),
     )
 
