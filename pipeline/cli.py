@@ -197,31 +197,40 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from ddb2bt.transforms.attrs import from_plain, item_from_dynamodb_json, type_of
+    from ddb2bt.pipeline.source.records import from_stream_record
     from ddb2bt.transforms.errors import MappingError
+    from ddb2bt.transforms.inputs import ITEM, parse_user_input
     from ddb2bt.transforms.mapping import map_change
     from ddb2bt.transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
 
     mapping = load(args)
-    raw = json.loads(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
-    try:
-        item = item_from_dynamodb_json(raw)
-        for v in item.values():
-            type_of(v)
-    except Exception:
-        item = {k: from_plain(v) for k, v in raw.items()}
-    keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
-    ts = args.timestamp_ms
-    for event, new, old in ((INSERT, item, None), (REMOVE, None, item)):
-        print(f"== {event} at {ts} ms")
+    # Parsed exactly (numbers keep their digits) and strictly: what DynamoDB would
+    # refuse is an error here, with the reason (transforms/inputs.py).
+    given = parse_user_input(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
+    print(f"# {given.shape}")
+    if given.kind == ITEM:
+        item = given.item
+        keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+        ts = args.timestamp_ms
+        changes = [(f"{INSERT} at {ts} ms", ChangeRecord(INSERT, keys, item, None, ts)),
+                   (f"{REMOVE} at {ts} ms", ChangeRecord(REMOVE, keys, None, item, ts))]
+    else:
+        changes = []
+        for i, raw in enumerate(given.records):
+            record = from_stream_record(raw, "explain", "-")
+            when = f"{record.change_ms} ms" if record.change_ms >= 0 else "no time"
+            changes.append((f"record {i + 1}: {record.event_name or '?'} at {when}"
+                            + (" (TTL deletion)" if record.is_ttl_delete else ""), record))
+    for title, record in changes:
+        print(f"== {title}")
         try:
-            changes = map_change(mapping, ChangeRecord(event, keys, new, old, ts))
+            mapped = map_change(mapping, record)
         except MappingError as exc:
             print(f"  dead letter [{exc.reason}]: {exc.message}")
             continue
-        if not changes:
+        if not mapped:
             print("  (skipped by the mapping)")
-        for ch in changes:
+        for ch in mapped:
             print(f"  table {ch.table} row {ch.row_key!r}")
             for m in ch.mutations:
                 if isinstance(m, SetCell):
@@ -812,7 +821,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example:\n  echo '{\"pk\":\"hats\",\"sk\":\"fedoras#brandA\",\"Price\":30}' | "
                               "ddb2bt explain -m example:product_catalog --item -")
     add_mapping_args(p)
-    p.add_argument("--item", required=True, help="item file: DynamoDB JSON or plain JSON ('-' for stdin)")
+    p.add_argument("--item", required=True,
+                   help="a DynamoDB JSON item, {\"Item\": …} (GetItem output, export line), a stream record or "
+                        "Lambda event, or a plain JSON item; a file or '-' for stdin")
     p.add_argument("--timestamp-ms", type=number(int, minimum=0), default=1_700_000_000_000, help="change time to show")
     p.set_defaults(func=cmd_explain)
 

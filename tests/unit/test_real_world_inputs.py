@@ -93,3 +93,92 @@ rules:
       Attrs: {family: g, as: map}
     other_attributes: {mode: column, family: h}
 """)
+
+
+# --- explain: every shape a user has at hand ---------------------------------------
+
+from ddb2bt.pipeline.cli import main  # noqa: E402
+from ddb2bt.transforms.inputs import ITEM, STREAM_RECORDS, parse_user_input  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+CATALOG = str(ROOT / "examples/product_catalog.yaml")
+DIGITS36 = "123456789012345678901234567890123456"
+
+
+@pytest.mark.parametrize("text,shape", [
+    ('{"pk": {"S": "hats"}, "n": {"N": "%s"}}' % DIGITS36, "DynamoDB JSON item"),
+    ('{"Item": {"pk": {"S": "hats"}, "n": {"N": "%s"}}}' % DIGITS36, '{"Item": …} (DynamoDB JSON)'),
+    ('{"Item": {"pk": {"S": "hats"}, "n": {"N": "%s"}}, "ConsumedCapacity": {"TableName": "T"}}' % DIGITS36,
+     '{"Item": …} (DynamoDB JSON)'),
+    ('{"pk": "hats", "n": %s}' % DIGITS36, "plain JSON item"),
+])
+def test_every_item_shape_gives_the_same_exact_item(text, shape):
+    given = parse_user_input(text)
+    assert (given.kind, given.shape) == (ITEM, shape)
+    assert given.item == {"pk": {"S": "hats"}, "n": {"N": DIGITS36}}
+
+
+@pytest.mark.parametrize("token,n", [("3.14159265358979323846264338327950288", "3.14159265358979323846264338327950288"),
+                                     ("1e-7", "0.0000001"), ("1.50", "1.5"), ("-0", "0"), ("1E+2", "100")])
+def test_plain_json_numbers_are_exact_and_spelled_as_dynamodb_spells_them(token, n):
+    assert parse_user_input('{"x": %s}' % token).item == {"x": {"N": n}}
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"x": 1%s}' % ("0" * 37 + "1"), "x: 39 significant digits; DynamoDB keeps at most 38"),
+    ('{"x": 1e-131}', "x: magnitude out of DynamoDB's range"),
+    ('{"x": {"N": "1e126"}}', "x: magnitude out of DynamoDB's range"),
+    ('{"x": {"B": "not base64!"}}', "x: 'not base64!' is not valid base64"),
+    ('{"Item": {"x": {"BS": ["AAE=", "%%%"]}}}', "Item.x[1]: '%%%' is not valid base64"),
+    ('{"x": {"N": 30}}', "x: N must be a string of digits (DynamoDB JSON quotes numbers)"),
+    ('{"x": {"SS": []}}', "x: an empty SS: DynamoDB does not allow empty sets"),
+    ('{"x": {"NS": ["1", "1.0"]}}', "x: NS has duplicate members"),
+    ('{"x": NaN}', "NaN is not a number DynamoDB can hold"),
+    ('[1]', "expected a JSON object"),
+])
+def test_what_dynamodb_would_refuse_is_refused_with_the_reason_not_reread_as_plain_json(text, message):
+    with pytest.raises(MappingError) as err:
+        parse_user_input(text)
+    assert err.value.message.startswith(message), err.value.message
+
+
+def test_a_stream_record_as_json_arrives_in_boto3_form():
+    given = parse_user_input('{"eventName": "INSERT", "dynamodb": {"ApproximateCreationDateTime": 1700000000.5, '
+                             '"Keys": {"pk": {"S": "a"}}, "NewImage": {"pk": {"S": "a"}, "b": {"B": "AAE="}}, '
+                             '"SequenceNumber": "42"}}')
+    assert given.kind == STREAM_RECORDS and given.shape == "stream record"
+    (raw,) = given.records
+    assert raw["dynamodb"]["NewImage"]["b"] == {"B": b"\x00\x01"}
+    assert raw["dynamodb"]["ApproximateCreationDateTime"].timestamp() == 1700000000.5
+    iso = parse_user_input('{"eventName": "INSERT", "dynamodb": {"ApproximateCreationDateTime": '
+                           '"2023-11-14T22:13:20Z", "Keys": {"pk": {"S": "a"}}}}')
+    assert iso.records[0]["dynamodb"]["ApproximateCreationDateTime"].timestamp() == 1700000000
+
+
+def test_explain_shows_a_get_item_output_with_a_36_digit_number_digit_for_digit(tmp_path, capsys):
+    item = tmp_path / "item.json"
+    item.write_text('{"Item": {"pk": {"S": "hats"}, "sk": {"S": "fedoras#brandA"}, "Weight": {"N": "%s"}}}'
+                    % DIGITS36)
+    assert main(["explain", "-m", CATALOG, "--item", str(item)]) == 0
+    out = capsys.readouterr().out
+    assert "table product_catalog row b'hats#fedoras#brandA'" in out
+    assert f"set    SKU:Weight = b'{DIGITS36}' @1700000000000" in out
+
+
+def test_explain_refuses_a_39_digit_plain_number_with_the_reason(tmp_path, capsys):
+    item = tmp_path / "item.json"
+    item.write_text('{"pk": "hats", "sk": "x", "Weight": 1%s}' % ("0" * 37 + "1"))
+    assert main(["explain", "-m", CATALOG, "--item", str(item)]) == 1
+    assert "Weight: 39 significant digits; DynamoDB keeps at most 38" in capsys.readouterr().err
+
+
+def test_explain_a_stream_record_uses_its_event_and_time(tmp_path, capsys):
+    record = tmp_path / "record.json"
+    record.write_text('{"eventName": "REMOVE", "userIdentity": {"type": "Service", "principalId": '
+                      '"dynamodb.amazonaws.com"}, "dynamodb": {"ApproximateCreationDateTime": 1700000001, '
+                      '"Keys": {"pk": {"S": "hats"}, "sk": {"S": "x"}}, '
+                      '"OldImage": {"pk": {"S": "hats"}, "sk": {"S": "x"}, "Price": {"N": "3"}}}}')
+    assert main(["explain", "-m", CATALOG, "--item", str(record)]) == 0
+    out = capsys.readouterr().out
+    assert "== record 1: REMOVE at 1700000001000 ms" in out
+    assert "delete SKU:Price in [0, 1700000001001) ms" in out
