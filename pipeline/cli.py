@@ -79,8 +79,20 @@ def setup_logging(level: str, fmt: str) -> None:
 # --- shared options --------------------------------------------------------------
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a repeated --mapping used to keep only the
+    last one silently, and one job replicates exactly one table."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            parser.error(f"argument {'/'.join(self.option_strings)}: given more than once; one job replicates one "
+                         "table, so run one job per mapping file")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
 def add_mapping_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--mapping", "-m", required=required, metavar="FILE",
+    p.add_argument("--mapping", "-m", required=required, metavar="FILE", action=_Once,
                    help="mapping file (YAML): source table, target table, and how items become rows; "
                         "example:NAME takes a packaged example (see 'ddb2bt examples')")
     # Not --project: that is Beam's (the Dataflow job's project), passed through.
@@ -642,11 +654,29 @@ def cmd_dlq_list(args) -> int:
         by_reason[entry.get("reason", "?")] = by_reason.get(entry.get("reason", "?"), 0) + 1
     print(f"{len(letters)} dead letter(s)" + (": " + ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items()))
                                               if letters else ""))
-    for entry in letters[: args.limit]:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
-        print(f"  {when}  {entry.get('reason')}  [{entry.get('stage')}] {entry.get('message')}  "
-              f"(at {entry.get('position', 'n/a')})")
+    for line in dead_letter_lines(letters[: args.limit], args.mapping):
+        print(line)
     return 0
+
+
+def dead_letter_lines(letters: list, mapping_arg: str) -> list:
+    """``dlq list``: per letter its time, reason, message, the item's key (redacted
+    where the letter was stored without values) and id; then how to act on them."""
+    from ddb2bt.pipeline.source.records import REDACTED, key_text
+
+    out = []
+    for entry in letters:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
+        out.append(f"  {when}  {entry.get('reason')}  [{entry.get('stage')}] {entry.get('message')}  "
+                   f"(at {entry.get('position', 'n/a')})")
+        out.append(f"      key {key_text(entry.get('record', '{}'))}  id {entry.get('id')}")
+    if letters:
+        out.append(f"inspect one: ddb2bt dlq show -m {mapping_arg} ID    re-apply once the cause is fixed: "
+                   f"ddb2bt dlq redrive -m {mapping_arg} [--reason R] [--dry-run]")
+        if any(REDACTED in key_text(e.get("record", "{}")) for e in letters):
+            out.append("(keys shown <redacted> were stored without values: look the item up by its stream position, "
+                       "or back-fill it)")
+    return out
 
 
 def cmd_dlq_show(args) -> int:

@@ -70,7 +70,33 @@ def _safe_image(image: Mapping) -> Any:
 
 
 def _redacted(keys: Mapping) -> dict:
-    return {name: "<redacted>" for name in keys}
+    return {name: REDACTED for name in keys}
+
+
+REDACTED = "<redacted>"
+
+
+def key_text(record_json: str) -> str:
+    """The item key of a stored dead letter, for a listing: ``pk="hats" sk="x#1"``
+    (strings quoted, numbers as digits, binary as base64, anything else as its
+    DynamoDB JSON); ``pk=<redacted>`` where the letter was stored without values."""
+    try:
+        keys = json.loads(record_json).get("keys") or {}
+    except (ValueError, AttributeError):
+        return "(unreadable record)"
+    parts = []
+    for name in sorted(keys):
+        value = keys[name]
+        if value == REDACTED:
+            shown = REDACTED
+        elif isinstance(value, dict) and len(value) == 1:
+            ((tag, inner),) = value.items()
+            shown = json.dumps(inner, ensure_ascii=False) if tag == "S" else (
+                inner if tag in ("N", "B") and isinstance(inner, str) else json.dumps(value, sort_keys=True))
+        else:
+            shown = json.dumps(value, sort_keys=True)
+        parts.append(f"{name}={shown}")
+    return " ".join(parts) or "(no key)"
 
 
 def record_from_json(text: str) -> ChangeRecord:

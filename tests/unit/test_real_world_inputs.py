@@ -182,3 +182,57 @@ def test_explain_a_stream_record_uses_its_event_and_time(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "== record 1: REMOVE at 1700000001000 ms" in out
     assert "delete SKU:Price in [0, 1700000001001) ms" in out
+
+
+# --- dlq list shows keys and what to do; --mapping once --------------------------------
+
+from types import SimpleNamespace  # noqa: E402
+
+from ddb2bt.pipeline.state import StateStore  # noqa: E402
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable  # noqa: E402
+from ddb2bt.transforms.model import DeadLetter, REMOVE, StreamPosition  # noqa: E402
+
+
+def _letter(keys, reason="unknown_family"):
+    record = ChangeRecord(REMOVE, keys, None, dict(keys, Secret={"S": "s3cr3t"}), 1_700_000_000_000,
+                          position=StreamPosition("arn", "shard-1", "42"))
+    return DeadLetter(reason, "MappingError", "family 'X' does not exist", "write", record, 1_700_000_000_500)
+
+
+@pytest.mark.parametrize("include_values,key_line", [
+    (True, 'key pk="hats" sk="fedoras#brandA"'),
+    (False, "key pk=<redacted> sk=<redacted>"),
+])
+def test_dlq_list_shows_each_letters_key_and_how_to_inspect_or_redrive_it(monkeypatch, capsys, include_values,
+                                                                         key_line):
+    import ddb2bt.pipeline.cli as cli
+
+    store = StateStore(InMemoryBigtable(), "job", lambda: 5, include_values)
+    store.save_dead_letters([_letter({"pk": {"S": "hats"}, "sk": {"S": "fedoras#brandA"}})])
+    monkeypatch.setattr(cli, "state_spec", lambda *a, **k: SimpleNamespace(store=lambda: store))
+    assert main(["dlq", "list", "-m", CATALOG]) == 0
+    out = capsys.readouterr().out
+    (letter_id,) = [e["id"] for e in store.list_dead_letters()]
+    assert f"      {key_line}  id {letter_id}\n" in out
+    assert (f"inspect one: ddb2bt dlq show -m {CATALOG} ID    re-apply once the cause is fixed: "
+            f"ddb2bt dlq redrive -m {CATALOG} [--reason R] [--dry-run]") in out
+    assert "s3cr3t" not in out
+    assert ("(keys shown <redacted> were stored without values" in out) is not include_values
+
+
+def test_numeric_and_binary_keys_are_shown_as_digits_and_base64():
+    from ddb2bt.pipeline.source.records import key_text, record_to_json
+
+    record = ChangeRecord(REMOVE, {"id": {"N": "12345678901234567890"}, "b": {"B": b"\x00\x01"}}, None, {}, 1)
+    assert key_text(record_to_json(record)) == "b=AAE= id=12345678901234567890"
+
+
+@pytest.mark.parametrize("argv", [
+    ["validate", "-m", CATALOG, "-m", CATALOG],
+    ["run", "--mapping", CATALOG, "--mapping", "example:videos", "--runner=DirectRunner"],
+])
+def test_a_repeated_mapping_is_an_error_naming_the_option(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "argument --mapping/-m: given more than once; one job replicates one table" in capsys.readouterr().err
