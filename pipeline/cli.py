@@ -402,6 +402,9 @@ def backfill_source(args, mapping):
 
     if args.from_export:
         source = ExportSource(args.from_export, mapping.source.region)
+        # Before anything is recorded or written: a full export, in a format we
+        # read, of this mapping's source table.
+        source.check(mapping.source.table, mapping.source.region)
         handoff = source.export_time_ms()
         age = time.time_ns() // 1_000_000 - handoff
         if age > DAY_MS - RETENTION_MARGIN_MS:
