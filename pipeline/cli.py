@@ -472,10 +472,20 @@ def _sink_config():
     return SinkConfig()
 
 
+def check_export_first(args, mapping) -> None:
+    """--from-export: refuse an export the backfill cannot use (incremental, an unknown
+    format, another table, still running) before anything is created or written."""
+    if getattr(args, "from_export", None):
+        from ddb2bt.pipeline.cutover.backfill import ExportSource
+
+        ExportSource(args.from_export, mapping.source.region).check(mapping.source.table, mapping.source.region)
+
+
 def cmd_backfill(args) -> int:
     from ddb2bt.pipeline.preflight import check_target, ensure_state_table
 
     mapping = load(args)
+    check_export_first(args, mapping)
     warning = check_target(mapping)
     if warning:
         log.warning(warning)
@@ -499,6 +509,7 @@ def cmd_migrate(args) -> int:
     from ddb2bt.pipeline.source.stream_source import request_stop
 
     mapping = load(args)
+    check_export_first(args, mapping)  # before the tail starts writing
     job = build_live_job(args, mapping)
     spec = job.state
     migration = Migration(spec.store())

@@ -19,6 +19,7 @@ import datetime as _dt
 import json
 from dataclasses import dataclass
 from decimal import Decimal
+from collections.abc import Mapping
 from typing import Any, Iterator, Optional
 
 from ddb2bt.transforms.attrs import canonical_number, check_dynamodb_number
@@ -137,7 +138,7 @@ def ion_items(stream, part: str) -> Iterator[dict]:
     try:
         for value in simpleion.load(stream, single_value=False, parse_eagerly=False):
             n += 1
-            if not isinstance(value, dict) or "Item" not in value or not isinstance(value["Item"], dict):
+            if not isinstance(value, Mapping) or not isinstance(value.get("Item"), Mapping):
                 raise PermanentError(f"{part} value {n}: not an ION export item (a struct {{Item: {{…}}}})")
             try:
                 yield {str(k): ion_to_attribute(v, str(k)) for k, v in value["Item"].items()}
@@ -178,7 +179,7 @@ def ion_to_attribute(value: Any, where: str) -> dict:
         return {"N": canonical_number(check_dynamodb_number(number, where))}
     if ion_type == IonType.BLOB or (ion_type is None and isinstance(value, bytes)):
         return {"B": bytes(value)}
-    if ion_type == IonType.STRUCT or (ion_type is None and isinstance(value, dict)):
+    if ion_type == IonType.STRUCT or (ion_type is None and isinstance(value, Mapping)):
         return {"M": {str(k): ion_to_attribute(v, f"{where}.{k}") for k, v in value.items()}}
     if ion_type == IonType.LIST or (ion_type is None and isinstance(value, list)):
         tag = next((_SET_ANNOTATIONS[a] for a in _annotations(value) if a in _SET_ANNOTATIONS), None)

@@ -236,3 +236,24 @@ def test_a_repeated_mapping_is_an_error_naming_the_option(argv, capsys):
         main(argv)
     assert exit_.value.code == 2
     assert "argument --mapping/-m: given more than once; one job replicates one table" in capsys.readouterr().err
+
+
+# --- ION values DynamoDB never writes are refused, not guessed --------------------------
+
+@pytest.mark.parametrize("ion,message", [
+    ("{Item:{pk:\"a\",f:1.5e0}}", "f: Ion FLOAT is not a DynamoDB type"),
+    ("{Item:{pk:\"a\",t:2023-11-14T22:13:20Z}}", "t: Ion TIMESTAMP is not a DynamoDB type"),
+    ("{Item:{pk:\"a\",s:null.string}}", "s: Ion null.string is not a DynamoDB value"),
+    ("{Item:{pk:\"a\",n:1d-131}}", "n: magnitude out of DynamoDB's range"),
+    ("{Item:{pk:\"a\",ss:$dynamodb_SS::[\"x\",1]}}", "ss: a SS with a member that is not S"),
+    ("{NotItem:{}}", "not an ION export item"),
+])
+def test_ion_values_dynamodb_never_writes_are_refused(ion, message):
+    import io
+
+    from ddb2bt.pipeline.cutover.exports import ion_items
+    from ddb2bt.transforms.errors import PermanentError
+
+    with pytest.raises(PermanentError) as err:
+        list(ion_items(io.BytesIO(ion.encode()), "data/x.ion.gz"))
+    assert message in str(err.value)
