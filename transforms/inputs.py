@@ -42,6 +42,7 @@ ITEM, STREAM_RECORDS = "item", "stream_records"
 # Keys a GetItem response may carry next to "Item".
 _GET_ITEM_EXTRA = frozenset({"ConsumedCapacity", "ResponseMetadata"})
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_IDENTITY_KEYS = {"type": "Type", "principalId": "PrincipalId"}
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,10 @@ def stream_record(raw: Any, where: str) -> dict:
     if not isinstance(raw, dict) or not isinstance(raw.get("dynamodb"), dict):
         raise MappingError(f"{where}: a stream record needs a 'dynamodb' object", reason="bad_record")
     out = {k: v for k, v in raw.items() if k != "dynamodb"}
+    identity = raw.get("userIdentity")
+    if isinstance(identity, dict):
+        # Lambda events spell it {"type", "principalId"}; GetRecords {"Type", "PrincipalId"}.
+        out["userIdentity"] = {_IDENTITY_KEYS.get(k, k): v for k, v in identity.items()}
     ddb = raw["dynamodb"]
     converted: dict = {}
     for name, value in ddb.items():
