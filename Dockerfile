@@ -15,13 +15,16 @@ COPY pyproject.toml README.md ./
 COPY transforms/ transforms/
 COPY pipeline/ pipeline/
 COPY examples/ examples/
-# Installs this project; its dependency ranges are pinned in pyproject.toml.
+# Installs this project as the one package ddb2bt (ddb2bt.pipeline,
+# ddb2bt.transforms, ddb2bt.examples); its dependency ranges are pinned in
+# pyproject.toml.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[dataflow]"
 
-# The Flex Template launcher runs this file with the template's parameters.
+# The Flex Template launcher runs this file with the template's parameters; the
+# file only calls the installed ddb2bt.pipeline.cli, so no PYTHONPATH is needed
+# (and none is set: the source folders must not shadow the installed package).
 ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/flex_main.py \
-    PYTHONPATH=/opt/ddb2bt \
     PYTHONUNBUFFERED=1
 
 # Root stays: the Beam SDK harness (/opt/apache/beam/boot) and the Flex Template

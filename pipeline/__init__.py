@@ -1,7 +1,11 @@
 """Where data moves: DynamoDB Streams → mapping → Bigtable.
 
-Stages of the live pipeline (``ddb2bt.pipeline.graph.add_live_replication``) and what
-passes between them (all frozen dataclasses from ``ddb2bt.transforms.model``)::
+The public API is the composite transforms of :mod:`ddb2bt.pipeline.io`, exported
+here: ``ReplicateToBigtable`` (the whole live path in one step) or its stages
+``ReadDynamoDBStream``, ``MapToBigtable`` and ``WriteToBigtableOrdered``, with
+``TransformChanges`` and ``FilterChanges`` for steps of your own.
+
+Stages of the live pipeline (``ReplicateToBigtable``) and what passes between them (all frozen dataclasses from ``ddb2bt.transforms.model``)::
 
   Impulse ─▶ StreamPartitions ─▶ ReadStream (SDF) ──RecordBatch│ShardClosed──▶
      MapChanges ──MappedBatch│ShardClosed──▶ WriteToBigtable ──DeadLetter──▶ (output)
@@ -22,5 +26,25 @@ gives these elements a coder that estimates their size without encoding them)
   in flight, the next sent only after its acknowledgement.
 
 There is deliberately no Reshuffle or GroupByKey between reading and writing:
-it would break per-row order (design notes §1); ``tests`` assert its absence.
+it would break per-row order (docs/design.md §4.3); ``tests`` assert its absence.
 """
+
+__all__ = [
+    "ReadDynamoDBStream", "TransformChanges", "MapToBigtable", "FilterChanges", "WriteToBigtableOrdered",
+    "ReplicateToBigtable", "BigtableSpec", "StateSpec", "ReaderOptions", "SinkConfig",
+]
+
+_HOMES = {
+    "BigtableSpec": "ddb2bt.pipeline.connections", "StateSpec": "ddb2bt.pipeline.connections",
+    "ReaderOptions": "ddb2bt.pipeline.source.stream_source", "SinkConfig": "ddb2bt.pipeline.sink.sink",
+}
+
+
+def __getattr__(name: str):
+    # Lazy: `import ddb2bt.pipeline.cli` (and every submodule) must not pay for
+    # importing Beam and the clients before they are needed.
+    if name in __all__:
+        import importlib
+
+        return getattr(importlib.import_module(_HOMES.get(name, "ddb2bt.pipeline.io")), name)
+    raise AttributeError(f"module 'ddb2bt.pipeline' has no attribute {name!r}")

@@ -17,6 +17,12 @@ from typing import Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
+from ddb2bt.pipeline.options import check_beam_args, number
+
+# Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
+# a page at 1 MB anyway, so a larger item limit would only cost memory.
+MAX_TOTAL_SEGMENTS = 1_000_000
+MAX_SCAN_PAGE = 10_000
 
 log = logging.getLogger("ddb2bt")
 
@@ -24,9 +30,9 @@ EPILOG = """\
 examples:
   ddb2bt demo                                    # everything local: emulators, writes, replication
   ddb2bt local up --detach && eval "$(ddb2bt local env)"
-  ddb2bt create-table --mapping examples/product_catalog.yaml
-  ddb2bt run --mapping examples/product_catalog.yaml --until-idle 5
-  ddb2bt dlq list --mapping examples/product_catalog.yaml
+  ddb2bt create-table --mapping example:product_catalog
+  ddb2bt run --mapping example:product_catalog --until-idle 5
+  ddb2bt dlq list --mapping example:product_catalog
   ddb2bt run --mapping m.yaml --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp
 """
 
@@ -74,8 +80,20 @@ def setup_logging(level: str, fmt: str) -> None:
 # --- shared options --------------------------------------------------------------
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a repeated --mapping used to keep only the
+    last one silently, and one job replicates exactly one table."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            parser.error(f"argument {'/'.join(self.option_strings)}: given more than once; one job replicates one "
+                         "table, so run one job per mapping file")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
 def add_mapping_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--mapping", "-m", required=required, metavar="FILE",
+    p.add_argument("--mapping", "-m", required=required, metavar="FILE", action=_Once,
                    help="mapping file (YAML): source table, target table, and how items become rows; "
                         "example:NAME takes a packaged example (see 'ddb2bt examples')")
     # Not --project: that is Beam's (the Dataflow job's project), passed through.
@@ -115,14 +133,14 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
                    help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
                         "from the oldest record with a loud warning")
-    p.add_argument("--until-idle", type=float, metavar="SECONDS",
+    p.add_argument("--until-idle", type=number(float, above=0), metavar="SECONDS",
                    help="stop once every shard has been at the stream head this long (tests, catch-up runs; "
                         "migrate: after the backfill, then phase LIVE)")
-    p.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL_S,
+    p.add_argument("--poll-interval", type=number(float, above=0), default=DEFAULT_POLL_INTERVAL_S,
                    help="seconds between polls of an idle shard (default %(default)s: 4 GetRecords/s, "
                         "under the stream's 5/s per-shard limit)")
-    p.add_argument("--discovery-interval", type=float, default=10.0, help="seconds between shard discoveries")
-    p.add_argument("--partitions", type=int, default=1,
+    p.add_argument("--discovery-interval", type=number(float, above=0), default=10.0, help="seconds between shard discoveries")
+    p.add_argument("--partitions", type=number(int, minimum=1), default=1,
                    help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
     p.add_argument("--new-stream", action="store_true",
                    help="accept that the table's stream was replaced since the last run (changes in between "
@@ -131,7 +149,7 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-port", type=number(int, minimum=0, maximum=65535), help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
     p.add_argument("--metrics-pushgateway", metavar="URL",
                    help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
@@ -176,7 +194,15 @@ def state_spec(args, mapping, include_values: bool = True):
 
 
 def cmd_validate(args) -> int:
+    from ddb2bt.transforms.lint import placeholder_findings
+
     mapping = load(args)
+    warnings = placeholder_findings(mapping)
+    for finding in warnings:
+        print(finding)
+    if warnings and args.strict:
+        print(f"{len(warnings)} warning(s); --strict makes them errors", file=sys.stderr)
+        return 1
     rules = ", ".join(r.name for r in mapping.rules)
     print(f"OK: {args.mapping}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
           f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
@@ -184,31 +210,40 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from ddb2bt.transforms.attrs import from_plain, item_from_dynamodb_json, type_of
+    from ddb2bt.pipeline.source.records import from_stream_record
     from ddb2bt.transforms.errors import MappingError
+    from ddb2bt.transforms.inputs import ITEM, parse_user_input
     from ddb2bt.transforms.mapping import map_change
     from ddb2bt.transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
 
     mapping = load(args)
-    raw = json.loads(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
-    try:
-        item = item_from_dynamodb_json(raw)
-        for v in item.values():
-            type_of(v)
-    except Exception:
-        item = {k: from_plain(v) for k, v in raw.items()}
-    keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
-    ts = args.timestamp_ms
-    for event, new, old in ((INSERT, item, None), (REMOVE, None, item)):
-        print(f"== {event} at {ts} ms")
+    # Parsed exactly (numbers keep their digits) and strictly: what DynamoDB would
+    # refuse is an error here, with the reason (transforms/inputs.py).
+    given = parse_user_input(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
+    print(f"# {given.shape}")
+    if given.kind == ITEM:
+        item = given.item
+        keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+        ts = args.timestamp_ms
+        changes = [(f"{INSERT} at {ts} ms", ChangeRecord(INSERT, keys, item, None, ts)),
+                   (f"{REMOVE} at {ts} ms", ChangeRecord(REMOVE, keys, None, item, ts))]
+    else:
+        changes = []
+        for i, raw in enumerate(given.records):
+            record = from_stream_record(raw, "explain", "-")
+            when = f"{record.change_ms} ms" if record.change_ms >= 0 else "no time"
+            changes.append((f"record {i + 1}: {record.event_name or '?'} at {when}"
+                            + (" (TTL deletion)" if record.is_ttl_delete else ""), record))
+    for title, record in changes:
+        print(f"== {title}")
         try:
-            changes = map_change(mapping, ChangeRecord(event, keys, new, old, ts))
+            mapped = map_change(mapping, record)
         except MappingError as exc:
             print(f"  dead letter [{exc.reason}]: {exc.message}")
             continue
-        if not changes:
+        if not mapped:
             print("  (skipped by the mapping)")
-        for ch in changes:
+        for ch in mapped:
             print(f"  table {ch.table} row {ch.row_key!r}")
             for m in ch.mutations:
                 if isinstance(m, SetCell):
@@ -226,17 +261,10 @@ def cmd_lint(args) -> int:
     if args.sample:
         from ddb2bt.pipeline.connections import dynamodb_client
 
-        ddb = dynamodb_client(mapping.source.region)
-        items, start = [], None
-        while len(items) < args.sample:
-            kwargs = {"TableName": mapping.source.table, "Limit": min(1000, args.sample - len(items))}
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            page = ddb.scan(**kwargs)
-            items += page.get("Items", [])
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                break
+        from ddb2bt.pipeline.dynamodb import scan_items
+
+        items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
+                                consistent_read=False))
     findings = lint(mapping, items)
     for f in findings:
         print(f)
@@ -293,7 +321,9 @@ def build_live_job(args, mapping):
 
 
 def cmd_run(args) -> int:
-    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
+    from ddb2bt.pipeline.graph import is_local, make_pipeline
+    from ddb2bt.pipeline.io import ReplicateToBigtable
+    from ddb2bt.pipeline.metrics import default_metrics, outcome_counts
 
     mapping = load(args)
     job = build_live_job(args, mapping)
@@ -303,13 +333,26 @@ def cmd_run(args) -> int:
              mapping.target.table, job.partitions, job.reader.start,
              f", until idle {args.until_idle}s" if args.until_idle else "")
     p = make_pipeline(args.beam_args)
-    add_live_replication(p, job)
+    p | "ReplicateToBigtable" >> ReplicateToBigtable.from_job(job)
+    before = outcome_counts(default_metrics())
+    args.job_started = True
     result = p.run()
     if not is_local(args.beam_args):
         return submitted(result, args)  # a streaming job runs on; drain it to stop
     result.wait_until_finish()
-    log.info("pipeline finished: %s", getattr(result, "state", "DONE"))
+    after = outcome_counts(default_metrics())
+    print(report_outcome({k: after[k] - before[k] for k in after}, args.mapping))
     return 0
+
+
+def report_outcome(counts: dict, mapping_arg: str) -> str:
+    """The last line of a local run: what happened to the changes it read."""
+    line = (f"done: {counts['applied']} change(s) applied, {counts['dead_lettered']} dead-lettered, "
+            f"{counts['skipped']} skipped")
+    if counts["dead_lettered"]:
+        line += (f"\n  inspect the dead letters: ddb2bt dlq list --mapping {mapping_arg}"
+                 f"\n  after fixing the mapping:  ddb2bt dlq redrive --mapping {mapping_arg}")
+    return line
 
 
 # --- backfill, migrate, verify, status, dead letters ----------------------------------
@@ -326,11 +369,12 @@ def backfill_options(args):
 
 
 def cmd_backfill(args) -> int:
-    from ddb2bt.pipeline.cutover.controller import backfill
+    from ddb2bt.pipeline.cutover.controller import backfill, check_export_first
     from ddb2bt.pipeline.preflight import check_target, ensure_state_table
 
     mapping = load(args)
     options = backfill_options(args)
+    check_export_first(options, mapping)  # before anything is created or written
     warning = check_target(mapping)
     if warning:
         log.warning(warning)
@@ -345,10 +389,11 @@ def cmd_backfill(args) -> int:
 
 
 def cmd_migrate(args) -> int:
-    from ddb2bt.pipeline.cutover.controller import migrate
+    from ddb2bt.pipeline.cutover.controller import check_export_first, migrate
 
     mapping = load(args)
     options = backfill_options(args)
+    check_export_first(options, mapping)  # before the tail starts writing
     job = build_live_job(args, mapping)
     start_metrics_server(args.metrics_port, args.metrics_host)
     outcome = migrate(mapping, job, options, args.beam_args, args.until_idle, dry_run=args.dry,
@@ -382,12 +427,19 @@ def cmd_status(args) -> int:
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
     from ddb2bt.pipeline.cutover.status import assess, gather, render
+    from ddb2bt.pipeline.dynamodb import SourceTableMissing, describe_table
+    from ddb2bt.pipeline.retry import RetryPolicy
+
+    # status is read-only and often run when something is wrong: answer fast.
+    STATUS_READ_RETRY = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)
 
     mapping = load(args)
     arn = None
     try:
-        arn = dynamodb_client(mapping.source.region).describe_table(
-            TableName=mapping.source.table)["Table"].get("LatestStreamArn")
+        arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
+                             retry=STATUS_READ_RETRY).get("LatestStreamArn")
+    except SourceTableMissing:
+        raise  # no table, no stream: a retention headroom would be a made-up number
     except Exception as exc:  # status must work even when the source is unreachable
         log.warning("cannot describe %s: %s", mapping.source.table, exc)
     facts = gather(state_spec(args, mapping).store(), StreamsClientFactory(mapping.source.region)(), arn,
@@ -419,11 +471,29 @@ def cmd_dlq_list(args) -> int:
         by_reason[entry.get("reason", "?")] = by_reason.get(entry.get("reason", "?"), 0) + 1
     print(f"{len(letters)} dead letter(s)" + (": " + ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items()))
                                               if letters else ""))
-    for entry in letters[: args.limit]:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
-        print(f"  {when}  {entry.get('reason')}  [{entry.get('stage')}] {entry.get('message')}  "
-              f"(at {entry.get('position', 'n/a')})")
+    for line in dead_letter_lines(letters[: args.limit], args.mapping):
+        print(line)
     return 0
+
+
+def dead_letter_lines(letters: list, mapping_arg: str) -> list:
+    """``dlq list``: per letter its time, reason, message, the item's key (redacted
+    where the letter was stored without values) and id; then how to act on them."""
+    from ddb2bt.pipeline.source.records import REDACTED, key_text
+
+    out = []
+    for entry in letters:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
+        out.append(f"  {when}  {entry.get('reason')}  [{entry.get('stage')}] {entry.get('message')}  "
+                   f"(at {entry.get('position', 'n/a')})")
+        out.append(f"      key {key_text(entry.get('record', '{}'))}  id {entry.get('id')}")
+    if letters:
+        out.append(f"inspect one: ddb2bt dlq show -m {mapping_arg} ID    re-apply once the cause is fixed: "
+                   f"ddb2bt dlq redrive -m {mapping_arg} [--reason R] [--dry-run]")
+        if any(REDACTED in key_text(e.get("record", "{}")) for e in letters):
+            out.append("(keys shown <redacted> were stored without values: look the item up by its stream position, "
+                       "or back-fill it)")
+    return out
 
 
 def cmd_dlq_show(args) -> int:
@@ -465,9 +535,12 @@ def cmd_local(args) -> int:
         return 0
     if args.local_cmd == "down":
         stopped = ls.stop_detached()
-        print("local stack stopped" if stopped else "no local stack was running")
+        print(f"local stack stopped ({stopped})" if stopped else "no local stack was running")
         return 0
-    stack = ls.LocalStack(log_dir=Path(".ddb2bt/logs"))
+    if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
+        print(f"a local stack is already running ({ls.state_file()}); use it with:  eval \"$(ddb2bt local env)\"")
+        return 0
+    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs")
     if args.local_cmd == "run":
         command = [c for c in args.command if c != "--"]
         if not command:
@@ -545,26 +618,29 @@ def build_parser() -> argparse.ArgumentParser:
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
                        epilog="example:\n  ddb2bt demo --changes 2000 --rate 300")
-    p.add_argument("--changes", type=int, default=1500, help="changes to write (default %(default)s)")
-    p.add_argument("--items", type=int, default=300, help="distinct products (default %(default)s)")
-    p.add_argument("--rate", type=float, default=250.0, help="target writes per second (default %(default)s)")
+    p.add_argument("--changes", type=number(int, minimum=1), default=1500, help="changes to write (default %(default)s)")
+    p.add_argument("--items", type=number(int, minimum=1), default=300, help="distinct products (default %(default)s)")
+    p.add_argument("--rate", type=number(float, above=0), default=250.0, help="target writes per second (default %(default)s)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: a free port; -1: off)")
+    p.add_argument("--metrics-port", type=number(int, minimum=-1, maximum=65535), default=0, help="serve /metrics here (0: a free port; -1: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
-                       epilog="example:\n  ddb2bt validate --mapping examples/product_catalog.yaml")
+                       epilog="example:\n  ddb2bt validate --mapping example:product_catalog")
     add_mapping_args(p)
+    p.add_argument("--strict", action="store_true", help="warnings (e.g. an unknown row-key placeholder) fail")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",
                        formatter_class=raw,
                        epilog="example:\n  echo '{\"pk\":\"hats\",\"sk\":\"fedoras#brandA\",\"Price\":30}' | "
-                              "ddb2bt explain -m examples/product_catalog.yaml --item -")
+                              "ddb2bt explain -m example:product_catalog --item -")
     add_mapping_args(p)
-    p.add_argument("--item", required=True, help="item file: DynamoDB JSON or plain JSON ('-' for stdin)")
-    p.add_argument("--timestamp-ms", type=int, default=1_700_000_000_000, help="change time to show")
+    p.add_argument("--item", required=True,
+                   help="a DynamoDB JSON item, {\"Item\": …} (GetItem output, export line), a stream record or "
+                        "Lambda event, or a plain JSON item; a file or '-' for stdin")
+    p.add_argument("--timestamp-ms", type=number(int, minimum=0), default=1_700_000_000_000, help="change time to show")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("lint", help="check a mapping against Bigtable's rules and schema best practices",
@@ -573,10 +649,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "limits, families whose GC would drop versions or that mix retention needs, "
                            "attributes that look like personal data in row keys, and — with --sample — items "
                            "that match no rule or cannot be mapped."),
-                       epilog="examples:\n  ddb2bt lint -m examples/hr_orders.yaml\n"
+                       epilog="examples:\n  ddb2bt lint -m example:hr_orders\n"
                               "  ddb2bt lint -m m.yaml --sample 1000 --strict")
     add_mapping_args(p)
-    p.add_argument("--sample", type=int, default=0, metavar="N", help="also check N items scanned from the table")
+    p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)
 
@@ -584,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=raw, description=(
                            "Idempotent: creates the target table with the mapping's families and GC policies, "
                            "adds missing families, updates changed GC policies, and creates the state table."),
-                       epilog="example:\n  ddb2bt create-table --mapping examples/product_catalog.yaml")
+                       epilog="example:\n  ddb2bt create-table --mapping example:product_catalog")
     add_mapping_args(p)
     add_state_args(p)
     p.set_defaults(func=cmd_create_table)
@@ -594,7 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints in the state table when there are any. Unrecognised options go to Beam: locally the "
         "job uses the pure-Python FnApiRunner; pass --runner=DataflowRunner and the usual Dataflow options "
         "for production."),
-        epilog="examples:\n  ddb2bt run -m examples/product_catalog.yaml --until-idle 5\n"
+        epilog="examples:\n  ddb2bt run -m example:product_catalog --until-idle 5\n"
                "  ddb2bt run -m m.yaml --metrics-port 9464\n"
                "  ddb2bt run -m m.yaml --runner=DataflowRunner --project=P --region=us-central1 "
                "--temp_location=gs://bucket/tmp")
@@ -605,12 +681,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
-        p.add_argument("--segments", type=int, default=8, help="parallel Scan segments (default %(default)s)")
-        p.add_argument("--tasks", type=int, default=1,
+        p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
+                       help="parallel Scan segments (default %(default)s)")
+        p.add_argument("--tasks", type=number(int, minimum=1), default=1,
                        help="Beam elements the parts are spread over (Dataflow: about the worker count)")
-        p.add_argument("--max-rcu", type=float, help="read budget in capacity units per second (whole job)")
+        p.add_argument("--max-rcu", type=number(float, above=0), help="read budget in capacity units per second (whole job)")
         p.add_argument("--consistent-read", action="store_true", help="strongly consistent Scan (2x the RCUs)")
-        p.add_argument("--page-size", type=int, default=1000,
+        p.add_argument("--page-size", type=number(int, minimum=1, maximum=MAX_SCAN_PAGE), default=1000,
                        help="items per Scan page (smaller: finer resume points and a smoother read budget)")
         p.add_argument("--from-export", metavar="DIR_OR_S3",
                        help="back-fill from a DynamoDB export (the directory or s3://bucket/prefix holding "
@@ -656,8 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash")
     add_mapping_args(p)
     add_state_args(p)
-    p.add_argument("--segments", type=int, default=8, help="parallel Scan segments")
-    p.add_argument("--sample-rate", type=float, default=1.0, help="fraction of items to check (default: all)")
+    p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
+                   help="parallel Scan segments")
+    p.add_argument("--sample-rate", type=number(float, above=0, maximum=1), default=1.0, help="fraction of items to check (default: all)")
     p.add_argument("--show-values", action="store_true", help="show cell values in examples")
     p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")
     p.add_argument("--report", metavar="FILE.json", help="write the machine-readable report here")
@@ -673,7 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("dlq", help="inspect dead letters", formatter_class=raw,
-                       epilog="examples:\n  ddb2bt dlq list -m examples/product_catalog.yaml\n"
+                       epilog="examples:\n  ddb2bt dlq list -m example:product_catalog\n"
                               "  ddb2bt dlq list -m m.yaml --reason row_key_too_long --json\n"
                               "  ddb2bt dlq show -m m.yaml 1700000000123#ab12cd34ef56\n"
                               "  ddb2bt dlq redrive -m m.yaml --reason unknown_family")
@@ -682,8 +760,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_mapping_args(pl)
     add_state_args(pl)
     pl.add_argument("--reason", help="only this reason (e.g. unknown_family)")
-    pl.add_argument("--since", type=float, help="only those at or after this Unix time (seconds)")
-    pl.add_argument("--limit", type=int, default=50)
+    pl.add_argument("--since", type=number(float, minimum=0), help="only those at or after this Unix time (seconds)")
+    pl.add_argument("--limit", type=number(int, minimum=1), default=50)
     pl.add_argument("--json", action="store_true", help="one JSON object per line")
     pl.set_defaults(func=cmd_dlq_list)
     ps = dsub.add_parser("show", help="one dead letter in full (the original record included)")
@@ -701,7 +779,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mapping_args(pr)
     add_state_args(pr)
     pr.add_argument("--reason", help="only this reason")
-    pr.add_argument("--since", type=float, help="only those at or after this Unix time (seconds)")
+    pr.add_argument("--since", type=number(float, minimum=0), help="only those at or after this Unix time (seconds)")
     pr.add_argument("--dry-run", action="store_true", help="only report which dead letters now map; write nothing")
     pr.set_defaults(func=cmd_dlq_redrive)
 
@@ -720,6 +798,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STATUS_DEADLINE_S = 20.0  # read-only commands give up on an unreachable service within ~30 s
+RESUME_HINT = " (nothing after the last checkpoint was acknowledged; rerun to resume)"
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an unexpected failure, naming what users can act on."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError
+
+    if isinstance(exc, NoRegionError):
+        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION"
+    if isinstance(exc, NoCredentialsError):
+        return "no AWS credentials found (environment, ~/.aws, or the instance's role)"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def _option_strings(parser: argparse.ArgumentParser, args) -> list:
+    """Every option string the chosen (sub)command accepts, for "did you mean"."""
+    found = [o for a in parser._actions for o in a.option_strings]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, "command", None)
+            # `local run -- CMD` keeps CMD (a list) in args.command as well.
+            sub = action.choices.get(name) if isinstance(name, str) else None
+            if sub is not None:
+                found += _option_strings(sub, args)
+    return found
+
+
 def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -> int:
     """The ``ddb2bt`` command. ``bigtable_interceptors`` (gRPC client interceptors for
     the Bigtable write channel) is for programs that embed the CLI, such as the
@@ -728,8 +835,13 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
+    own = _option_strings(parser, args)
     if unknown and not getattr(args, "beam", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(check_beam_args(unknown, own, beam=False) or f"unrecognized arguments: {' '.join(unknown)}")
+    if getattr(args, "beam", False):
+        problem = check_beam_args(unknown, own)
+        if problem:
+            parser.error(problem)
     args.beam_args = unknown
     args.bigtable_interceptors = tuple(bigtable_interceptors)
     from ddb2bt.pipeline.graph import is_dry_run
@@ -747,11 +859,15 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     except KeyboardInterrupt:
         print("ddb2bt: interrupted; state is checkpointed, run the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`ddb2bt dlq list | head`): not an error
+        # worth a word. Point stdout at devnull so the interpreter's final flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # a pipeline failure (Beam may wrap ours): one clear line, the detail in the log
         log.debug("failure", exc_info=True)
-        print(f"ddb2bt: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-              "(nothing after the last checkpoint was acknowledged; rerun to resume; --log-level DEBUG for "
-              "details)", file=sys.stderr)
+        print(f"ddb2bt: error: {describe_failure(exc)}{RESUME_HINT if getattr(args, 'job_started', False) else ''} "
+              "(--log-level DEBUG for details)", file=sys.stderr)
         return 1
 
 

@@ -76,6 +76,7 @@ class GraphFacts:
     streaming: bool
     transforms: tuple  # unique names of every transform
     ordered_path_shuffles: tuple  # shuffle transforms between the read and the write
+    steps: frozenset = frozenset()  # every label on any transform's path (composites nest theirs)
 
 
 def _leaf_graph(pipeline_proto) -> tuple:
@@ -88,11 +89,17 @@ def _leaf_graph(pipeline_proto) -> tuple:
     return leaves, consumers
 
 
+def _is_step(unique_name: str, step: str) -> bool:
+    """Whether a transform is ``step`` or inside it: composites nest their steps
+    (``ReplicateToBigtable/ReadDynamoDBStream/ReadStream/...``)."""
+    return any(part.startswith(step) for part in unique_name.split("/"))
+
+
 def shuffles_between(pipeline_proto, read_prefix: str, write_prefix: str) -> list:
     """Unique names of shuffle transforms on any path from the read's outputs to
     the write (the ordered path must have none)."""
     leaves, consumers = _leaf_graph(pipeline_proto)
-    start = [tid for tid, t in leaves.items() if t.unique_name.startswith(read_prefix)]
+    start = [tid for tid, t in leaves.items() if _is_step(t.unique_name, read_prefix)]
     seen, stack, found = set(), list(start), []
     while stack:
         tid = stack.pop()
@@ -100,13 +107,13 @@ def shuffles_between(pipeline_proto, read_prefix: str, write_prefix: str) -> lis
             continue
         seen.add(tid)
         t = leaves[tid]
-        if t.unique_name.startswith(write_prefix):
+        if _is_step(t.unique_name, write_prefix):
             continue
-        if t.spec.urn in SHUFFLE_URNS and not t.unique_name.startswith(read_prefix):
+        if t.spec.urn in SHUFFLE_URNS and not _is_step(t.unique_name, read_prefix):
             found.append(t.unique_name)
         for pc in t.outputs.values():
             stack.extend(consumers.get(pc, []))
-    reached = any(leaves[t].unique_name.startswith(write_prefix) for t in seen)
+    reached = any(_is_step(leaves[t].unique_name, write_prefix) for t in seen)
     if not reached:
         raise AssertionError(f"no path from {read_prefix} to {write_prefix} in the job graph")
     return found
@@ -119,4 +126,6 @@ def graph_facts(job, paths: Iterable = ()) -> GraphFacts:
     shuffles = []
     for read, write in paths:
         shuffles += shuffles_between(proto, read, write)
-    return GraphFacts(streaming=job.proto.type == 2, transforms=names, ordered_path_shuffles=tuple(shuffles))
+    steps = frozenset(part for name in names for part in name.split("/"))
+    return GraphFacts(streaming=job.proto.type == 2, transforms=names, ordered_path_shuffles=tuple(shuffles),
+                      steps=steps)

@@ -1,9 +1,10 @@
-"""Building the Beam job graphs. Planning is plain functions; the graph is:
+"""Building the Beam job graphs from the CLI's typed job options. The live graph
+is ``ReplicateToBigtable`` (``ddb2bt.pipeline.io``):
 
   StreamPartitions (Create) → ReadStream (SDF) → MapChanges → WriteToBigtable
 
 with no Reshuffle/GroupByKey after ReadStream: per-row order must survive from
-the shard to the MutateRows call (design notes §1).
+the shard to the MutateRows call (docs/design.md §4.3).
 """
 from __future__ import annotations
 
@@ -15,21 +16,15 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from ddb2bt.transforms.config import MappingConfig
-from ddb2bt.transforms.dofns import _MapChangesFn
-from ddb2bt.transforms.model import StreamElement
-import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
-from ddb2bt.pipeline.sink.sink import SinkConfig, _WriteToBigtableFn
-from ddb2bt.pipeline.source.stream_sdf import _ReadStreamPartitionsFn
-from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition
+from ddb2bt.pipeline.connections import StateSpec, StreamsClientFactory
+from ddb2bt.pipeline.io import ReplicateToBigtable
+from ddb2bt.pipeline.options import LOCAL_RUNNER_NAMES, runner_of
+from ddb2bt.pipeline.sink.sink import SinkConfig
+from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
 log = logging.getLogger(__name__)
 
-LOCAL_RUNNERS = ("DirectRunner", "FnApiRunner", None)
-STEP_PARTITIONS = "StreamPartitions"
-STEP_READ = "ReadStream"
-STEP_MAP = "MapChanges"
-STEP_WRITE = "WriteToBigtable"
+LOCAL_RUNNERS = LOCAL_RUNNER_NAMES + (None,)  # no --runner: local
 
 
 @dataclass(frozen=True)
@@ -46,17 +41,8 @@ class LiveJob:
 
 
 def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
-    """Add the live path to ``p``; returns the dead-letter PCollection."""
-    bigtable = job.state.bigtable  # the state table's connection settings are the target's
-    partitions = [StreamPartition(job.stream_arn, i, job.partitions) for i in range(job.partitions)]
-    return (
-        p
-        | STEP_PARTITIONS >> beam.Create(partitions)
-        | STEP_READ >> beam.ParDo(_ReadStreamPartitionsFn(job.reader, job.client_factory, job.state))
-        .with_output_types(StreamElement)
-        | STEP_MAP >> beam.ParDo(_MapChangesFn(job.mapping, marking=job.marking)).with_output_types(StreamElement)
-        | STEP_WRITE >> beam.ParDo(_WriteToBigtableFn(bigtable, job.state, job.sink, pushgateway=job.pushgateway))
-    )
+    """Add the live path to ``p`` (``ReplicateToBigtable``); returns the dead letters."""
+    return p | "ReplicateToBigtable" >> ReplicateToBigtable.from_job(job)
 
 
 def local_runner():
@@ -69,13 +55,7 @@ def local_runner():
 
 
 def is_local(beam_args: list) -> bool:
-    runner = None
-    for i, arg in enumerate(beam_args):
-        if arg.startswith("--runner="):
-            runner = arg.split("=", 1)[1]
-        elif arg == "--runner" and i + 1 < len(beam_args):
-            runner = beam_args[i + 1]
-    return runner in LOCAL_RUNNERS
+    return runner_of(beam_args) in LOCAL_RUNNERS
 
 
 def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:

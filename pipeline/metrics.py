@@ -20,8 +20,9 @@ from apache_beam.metrics import Metrics as BeamMetrics
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 
+from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S
+
 NAMESPACE = "ddb2bt"
-STREAM_RETENTION_S = 24 * 3600
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000)
@@ -271,6 +272,14 @@ def counter_total(counter) -> float:
     return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
 
 
+def outcome_counts(metrics: "PipelineMetrics") -> dict:
+    """{applied, dead_lettered, skipped}: totals of this process so far (take one
+    before a job and one after, and subtract)."""
+    return {"applied": int(counter_total(metrics.changes_applied)),
+            "dead_lettered": int(counter_total(metrics.dead_letters)),
+            "skipped": int(counter_total(metrics.changes_skipped))}
+
+
 def build_info() -> dict:
     import platform
     from importlib import metadata
@@ -348,8 +357,14 @@ def serve_metrics(port: Optional[int], host: str = "127.0.0.1") -> Optional[str]
         return None
     from prometheus_client import start_http_server
 
+    from ddb2bt.transforms.errors import ConfigError
+
     default_metrics()
-    server, _ = start_http_server(port, addr=host)
+    try:
+        server, _ = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; the metrics port must be "
+                          "free (choose another, or 0 for any free port)", "--metrics-port") from None
     url = f"http://{host}:{server.server_port}/metrics"
     logging.getLogger(__name__).info("metrics at %s", url)
     return url

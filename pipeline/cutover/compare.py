@@ -3,10 +3,11 @@ difference from what the tables hold. The core of `verify`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.attrs import canonical_typed_json
+from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
 
 SINGLE, VERSIONS, LIST = "single", "versions", "list"
@@ -33,15 +34,25 @@ class VersionClash:
     keys: tuple  # the items' keys as canonical typed JSON, sorted
 
 
-def expected_layout(mapping: MappingConfig, items, clashes: list = None) -> dict:
+def expected_layout(mapping: MappingConfig, items,
+                    on_unmappable: Optional[Callable[[dict, MappingError], None]] = None,
+                    clashes: Optional[list] = None) -> dict:
     """{table: {row_key: {(family, qualifier): Expect}}} for items (boto3 form).
-    Items that collide on one cell version are appended to ``clashes`` (when
-    given): the layout can hold only one of them, so the target can never equal
-    the table and the caller must report it."""
+    An item the mapping refuses raises, or goes to ``on_unmappable(item, error)``
+    and contributes nothing (its rows, if any, then show up as extra). Items that
+    collide on one cell version are appended to ``clashes`` (when given): the
+    layout can hold only one of them, so the target can never equal the table and
+    the caller must report it."""
     out: dict = {t: {} for t in mapping.tables}
     owners: dict = {}  # (table, row, family, qualifier, version) -> item key, versioned cells only
     for item in items:
-        cells = expected_cells(mapping, item)
+        try:
+            cells = expected_cells(mapping, item)
+        except MappingError as exc:
+            if on_unmappable is None:
+                raise
+            on_unmappable(item, exc)
+            continue
         key = None
         for cell in cells.values():
             row = out.setdefault(cell.table, {}).setdefault(cell.row_key, {})
@@ -118,7 +129,7 @@ def compare_mapping(mapping: MappingConfig, items, read: Callable[[str], dict]) 
     """{table: LayoutDiff} for every table the mapping writes; ``read(table)``
     returns read_table() output."""
     clashes: list = []
-    expected = expected_layout(mapping, items, clashes)
+    expected = expected_layout(mapping, items, clashes=clashes)
     out = {table: diff_layout(expected.get(table, {}), read(table)) for table in mapping.tables}
     for clash in clashes:
         out[clash.table].version_clashes.append(clash)

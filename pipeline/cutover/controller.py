@@ -94,6 +94,10 @@ def watch(worker: Worker, total: Optional[int], desc: str, value: Callable[[], f
             bar.n = int(value())
             bar.update(0)
         bar.n = int(value())
+        if worker.error is None:
+            # The expected total is an estimate (DescribeTable's ItemCount, items
+            # deleted meanwhile): a finished run is 100 % of what it really read.
+            bar.total = bar.n
         bar.refresh()
     worker.check()
 
@@ -118,9 +122,13 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
     changes made since it may already be trimmed."""
     from ddb2bt.pipeline.connections import dynamodb_client
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
+    from ddb2bt.pipeline.dynamodb import describe_table
 
     if options.from_export:
         source = ExportSource(options.from_export, mapping.source.region)
+        # Before anything is recorded or written: a full export, in a format we
+        # read, of this mapping's source table.
+        source.check(mapping.source.table, mapping.source.region)
         handoff = source.export_time_ms()
         age = now_ms() - handoff
         if age > DAY_MS - RETENTION_MARGIN_MS:
@@ -133,9 +141,17 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
             source.item_count()
     source = ScanSource(mapping.source.table, options.segments, mapping.source.region, options.consistent_read,
                         options.max_rcu, options.page_size)
-    count = dynamodb_client(mapping.source.region).describe_table(TableName=mapping.source.table)["Table"].get(
-        "ItemCount", 0)
+    count = describe_table(dynamodb_client(mapping.source.region), mapping.source.table).get("ItemCount", 0)
     return source, {"kind": "scan", "segments": options.segments, "parts": options.segments}, None, int(count)
+
+
+def check_export_first(options: BackfillOptions, mapping) -> None:
+    """--from-export: refuse an export the backfill cannot use (incremental, an unknown
+    format, another table, still running) before anything is created or written."""
+    if options.from_export:
+        from ddb2bt.pipeline.cutover.backfill import ExportSource
+
+        ExportSource(options.from_export, mapping.source.region).check(mapping.source.table, mapping.source.region)
 
 
 def _bookkeeping(mapping) -> Bookkeeping:

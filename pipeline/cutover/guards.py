@@ -1,4 +1,4 @@
-"""The guarded backfill write strategies (the backfill/tail overlap, design notes §1).
+"""The guarded backfill write strategies (the backfill/tail overlap, docs/design.md §7).
 
 A backfilled item is written at the handoff second minus 1 ms, so a streamed
 value always wins; but Bigtable keeps no tombstones, so a streamed delete that

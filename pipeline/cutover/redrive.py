@@ -34,12 +34,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from ddb2bt.pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
+from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.source.records import record_from_json
 from ddb2bt.transforms.attrs import canonical_typed_json
-from ddb2bt.transforms.errors import MappingError, PermanentError, RetryableError
+from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import converge_change, handoff_second_ms
 from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, MappedChange
 
@@ -50,50 +48,23 @@ GROUP_ITEMS = 500  # items read, written and checked together (one wait per roun
 # Allowance for the difference between this machine's clock and the stream's
 # timestamps (AWS's clock): the wait after a write is this much longer.
 CLOCK_MARGIN_MS = 1000
-_RETRYABLE_AWS = ("ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
-                  "InternalServerError", "ServiceUnavailable")
-
-
-class DynamoDBRetryable(RetryableError):
-    """A DynamoDB call failed in a way a retry may fix (throttling, 5xx, network)."""
-
-
-class DynamoDBPermanent(PermanentError):
-    """A DynamoDB call failed for good (no table, no permission, bad key)."""
-
-
-def classify_dynamodb_error(exc: Exception, operation: str) -> Exception:
-    if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        message = exc.response.get("Error", {}).get("Message", "")
-        if code in _RETRYABLE_AWS or status >= 500:
-            return DynamoDBRetryable(f"{operation}: {code or status}: {message}", code=code or str(status))
-        return DynamoDBPermanent(f"{operation}: {code}: {message}")
-    if isinstance(exc, BotoCoreError):
-        return DynamoDBRetryable(f"{operation}: {type(exc).__name__}: {exc}", code=type(exc).__name__)
-    return exc
 
 
 class ItemReader:
-    """Consistent GetItem by key, retried under the one retry policy. ``client``
-    is a boto3 ``dynamodb`` client (created by the caller)."""
+    """Consistent GetItem by key (``ddb2bt.pipeline.dynamodb.get_item``: retries and
+    error classification there). ``client`` is a boto3 ``dynamodb`` client."""
 
-    def __init__(self, client, table: str, policy: RetryPolicy = DEFAULT_POLICY,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, client, table: str, policy: Optional[RetryPolicy] = None) -> None:
         self._client = client
         self._table = table
         self._policy = policy
-        self._sleep = sleep
 
     def get(self, keys: dict) -> Optional[dict]:
-        def attempt():
-            try:
-                return self._client.get_item(TableName=self._table, Key=dict(keys), ConsistentRead=True)
-            except Exception as exc:
-                raise classify_dynamodb_error(exc, "GetItem") from exc
+        from ddb2bt.pipeline.dynamodb import get_item
 
-        return retrying(self._policy, f"GetItem on {self._table}", None, self._sleep)(attempt).get("Item")
+        if self._policy is None:
+            return get_item(self._client, self._table, dict(keys))
+        return get_item(self._client, self._table, dict(keys), self._policy)
 
 
 @dataclass(frozen=True)

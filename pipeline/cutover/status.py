@@ -13,9 +13,9 @@ from typing import Optional
 from botocore.exceptions import ClientError
 
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
+from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, list_shards
 from ddb2bt.transforms.model import datetime_to_ms
 
-RETENTION_MS = 24 * 3600 * 1000
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
 LAG_READY_MS = 60 * 1000
 
@@ -88,7 +88,7 @@ def assess(f: Facts) -> tuple:
 def retention_headroom_ms(f: Facts) -> int:
     pending = [s.pending_since_ms for s in f.shards if s.pending_since_ms is not None and not s.finished]
     oldest_age = max((f.now_ms - p for p in pending), default=0)
-    return RETENTION_MS - oldest_age
+    return STREAM_RETENTION_MS - oldest_age
 
 
 def pending_since(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> Optional[int]:
@@ -130,18 +130,7 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
     if bookkeeping is not None:
         facts.bookkeeping_tables = bookkeeping.remaining(sorted(set(tables) | set(m.marker_tables())))
     if stream_arn:
-        listed = {}
-        start = None
-        while True:
-            kwargs = {"StreamArn": stream_arn}
-            if start:
-                kwargs["ExclusiveStartShardId"] = start
-            desc = streams.describe_stream(**kwargs)["StreamDescription"]
-            for s in desc.get("Shards", []):
-                listed[s["ShardId"]] = s
-            start = desc.get("LastEvaluatedShardId")
-            if not start:
-                break
+        listed = list_shards(streams, stream_arn).shards
         ckpts = store.load_checkpoints(stream_arn)
         for shard_id in sorted(listed):
             c = ckpts.get(shard_id)

@@ -14,16 +14,15 @@ clashes``): the table can hold only one of them.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.pipeline.cutover.compare import LayoutDiff, diff_layout, expected_layout
+from ddb2bt.pipeline.dynamodb import parallel_scan
 
 EXAMPLES_PER_KIND = 5
 REDACTED = "<redacted: use --show-values>"
@@ -37,27 +36,7 @@ def sampled(keys: dict, rate: float) -> bool:
 
 def scan_source(ddb, table: str, segments: int, consistent: bool, on_page: Callable[[int], None],
                 keep: Callable[[dict], bool] = lambda item: True) -> list:
-    items: list = []
-    lock = threading.Lock()
-
-    def segment(i: int) -> None:
-        start = None
-        while True:
-            kwargs = {"TableName": table, "Segment": i, "TotalSegments": segments, "ConsistentRead": consistent}
-            if start:
-                kwargs["ExclusiveStartKey"] = start
-            page = ddb.scan(**kwargs)
-            got = [it for it in page.get("Items", []) if keep(it)]
-            with lock:
-                items.extend(got)
-            on_page(len(page.get("Items", [])))
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                return
-
-    with ThreadPoolExecutor(max_workers=min(segments, 16)) as pool:
-        list(pool.map(segment, range(segments)))
-    return items
+    return parallel_scan(ddb, table, segments, consistent_read=consistent, on_page=on_page, keep=keep)
 
 
 @dataclass
@@ -68,15 +47,27 @@ class VerifyReport:
     rows_expected: int
     tables: dict = field(default_factory=dict)  # table -> counts and examples
     checked_at_ms: int = 0
+    # Items the mapping refuses (they would be dead letters): count and examples.
+    unmappable_items: dict = field(default_factory=lambda: {"count": 0, "examples": []})
 
     def to_json(self) -> dict:
         return {"identical": self.identical, "sampled": self.sampled, "items": self.items,
                 "rows_expected": self.rows_expected, "tables": self.tables, "checked_at_ms": self.checked_at_ms,
+                "unmappable_items": self.unmappable_items,
                 "note": "extra rows are not checked in sampled mode" if self.sampled else ""}
 
 
 def _show(value: bytes, show: bool) -> str:
     return value.decode("utf-8", "backslashreplace") if show else REDACTED
+
+
+def _unmappable(found: list, show: bool) -> dict:
+    """Unmappable items as differences: the reason, and the item's key (its values
+    redacted like every value unless --show-values)."""
+    examples = [{"key": {name: (value if show else REDACTED) for name, value in keys.items()},
+                 "reason": exc.reason, "message": exc.message if show else exc.reason}
+                for keys, exc in found[:EXAMPLES_PER_KIND]]
+    return {"count": len(found), "examples": examples}
 
 
 def _examples(diff: LayoutDiff, expected: dict, actual: dict, show: bool) -> dict:
@@ -117,11 +108,14 @@ def verify(mapping: MappingConfig, ddb, read_table: Callable, read_rows: Callabl
     keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
     keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
     items = scan_source(ddb, mapping.source.table, segments, consistent, on_page, keep)
+    unmappable: list = []
     clashes: list = []
-    expected = expected_layout(mapping, items, clashes)
-    report = VerifyReport(identical=True, sampled=is_sample, items=len(items),
+    expected = expected_layout(mapping, items, lambda item, exc: unmappable.append((keys_of(item), exc)),
+                               clashes=clashes)
+    report = VerifyReport(identical=not unmappable, sampled=is_sample, items=len(items),
                           rows_expected=sum(len(rows) for rows in expected.values()),
-                          checked_at_ms=time.time_ns() // 1_000_000)
+                          checked_at_ms=time.time_ns() // 1_000_000,
+                          unmappable_items=_unmappable(unmappable, show_values))
     for table in mapping.tables:
         want = expected.get(table, {})
         have = read_rows(table, sorted(want)) if is_sample else read_table(table)
@@ -138,6 +132,11 @@ def print_report(report: VerifyReport, out=print) -> None:
     mode = "sampled" if report.sampled else "full"
     out(f"verify ({mode}): {report.items} items, {report.rows_expected} expected rows → "
         + ("IDENTICAL" if report.identical else "DIFFERENT"))
+    if report.unmappable_items["count"]:
+        out(f"  unmappable items (the mapping refuses them; the live path dead-letters them): "
+            f"{report.unmappable_items['count']}")
+        for ex in report.unmappable_items["examples"]:
+            out(f"    unmappable: {json.dumps(ex, ensure_ascii=False)}")
     for table, kinds in report.tables.items():
         counts = ", ".join(f"{k.replace('_', ' ')} {v['count']}" for k, v in kinds.items())
         out(f"  {table}: {counts}")
@@ -154,6 +153,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
     state table (``status`` reads it)."""
     from ddb2bt.pipeline.connections import dynamodb_client
     from ddb2bt.pipeline.cutover.controller import run_in_thread
+    from ddb2bt.pipeline.dynamodb import describe_table
     from ddb2bt.pipeline.sink.bigtable_io import read_rows, read_table
     from ddb2bt.transforms.errors import ConfigError
 
@@ -161,7 +161,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
         raise ConfigError("must be in (0, 1]", "--sample-rate")
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
-    expected = ddb.describe_table(TableName=mapping.source.table)["Table"].get("ItemCount", 0)
+    expected = describe_table(ddb, mapping.source.table).get("ItemCount", 0)
     scanned = [0]
 
     def run() -> VerifyReport:

@@ -123,13 +123,6 @@ def create_table(dynamodb, table: str, partition: str = "pk", sort: Optional[str
 
 
 def scan_all(dynamodb, table: str) -> list:
-    items, start = [], None
-    while True:
-        kwargs = {"TableName": table, "ConsistentRead": True}
-        if start:
-            kwargs["ExclusiveStartKey"] = start
-        page = dynamodb.scan(**kwargs)
-        items.extend(page.get("Items", []))
-        start = page.get("LastEvaluatedKey")
-        if not start:
-            return items
+    from ddb2bt.pipeline.dynamodb import scan_items
+
+    return list(scan_items(dynamodb, table))

@@ -39,6 +39,7 @@ from ddb2bt.pipeline.cutover.guards import repair_touched, write_conditional
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
+from ddb2bt.pipeline.dynamodb import table_of_stream
 from ddb2bt.pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 
@@ -503,7 +504,7 @@ def _table_of(record) -> str:
     """Source table name for metric labels (never a key or a value)."""
     if not isinstance(record.position, StreamPosition):
         return "backfill"
-    return record.position.stream_arn.split(":table/", 1)[-1].split("/", 1)[0]
+    return table_of_stream(record.position.stream_arn)
 
 
 def _merge_checkpoints(checkpoints: list) -> list:

@@ -8,7 +8,7 @@ runs as two sequential stages (the reader would never start). So each element is
 (exactly one reader per shard, far below the limit of 2), discovers shards itself
 and reads its shards round-robin. On Dataflow, n partitions spread over workers.
 
-Correctness, per design notes §1:
+Correctness, per docs/design.md §4 (per-row order) and §8 (trimmed data):
 * a shard is read sequentially, one GetRecords page per round, from its last
   claimed sequence number (AFTER_SEQUENCE_NUMBER); the restriction is the set of
   shard positions, so a checkpoint split resumes exactly after the last record
@@ -27,12 +27,14 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from ddb2bt.transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
+from ddb2bt.transforms.errors import ChangesLostError
+from ddb2bt.pipeline.dynamodb import (IteratorExpired, Listing, StreamThrottled, classify_aws_error, list_shards,
+                                      table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.metrics import PipelineMetrics
@@ -51,7 +53,6 @@ GET_RECORDS_LIMIT = 1000  # the service's maximum per call
 # backlog is drained in large bundles while a bundle's unacknowledged work stays
 # small enough to redo quickly after a failure.
 PAGES_PER_ROUND = 10
-DESCRIBE_LIMIT = 100  # the service's maximum shards per DescribeStream page
 
 _STOP_REQUESTS: set = set()
 
@@ -62,43 +63,6 @@ def request_stop(token: str) -> None:
 
 def stop_requested(token: Optional[str]) -> bool:
     return token is not None and token in _STOP_REQUESTS
-
-
-THROTTLE_CODES = frozenset({
-    "LimitExceededException", "ProvisionedThroughputExceededException", "ThrottlingException",
-    "RequestLimitExceeded", "InternalServerError", "ServiceUnavailable", "InternalFailure",
-})
-
-
-class StreamThrottled(RetryableError):
-    """DynamoDB Streams asked us to slow down (or failed transiently)."""
-
-
-class IteratorExpired(RetryableError):
-    """A shard iterator is older than 15 minutes (or otherwise invalid): renew it."""
-
-
-def classify_stream_error(exc: Exception, operation: str) -> Exception:
-    """Map a boto3 failure to our taxonomy, once, where it enters."""
-    if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        message = exc.response.get("Error", {}).get("Message", "")
-        if code == "ExpiredIteratorException":
-            return IteratorExpired(f"{operation}: {message}")
-        if code == "TrimmedDataAccessException":
-            return ChangesLostError(f"{operation}: {message}")
-        if code == "ResourceNotFoundException":
-            return StreamGoneError(
-                f"{operation}: {message}. The table was deleted or its stream disabled; a re-enabled stream "
-                "has a new ARN and starts empty, so changes made meanwhile are lost: back-fill again "
-                "(ddb2bt migrate --restart)")
-        if code in THROTTLE_CODES or status >= 500:
-            return StreamThrottled(f"{operation}: {code or status}: {message}", code=code or str(status))
-        return PermanentError(f"{operation}: {code}: {message}")
-    if isinstance(exc, (BotoConnectionError, BotoCoreError)):
-        return StreamThrottled(f"{operation}: {type(exc).__name__}: {exc}", code=type(exc).__name__)
-    return exc
 
 
 @dataclass(frozen=True)
@@ -233,31 +197,6 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
     raise TypeError(f"unknown claim {claim!r}")
 
 
-@dataclass
-class Listing:
-    shards: dict = field(default_factory=dict)  # shard id -> parent id or None
-    closed_ids: frozenset = frozenset()
-
-
-def list_shards(client, stream_arn: str, call: Callable) -> Listing:
-    """All shards of the stream (DescribeStream, paginated)."""
-    shards: dict = {}
-    closed = set()
-    start: Optional[str] = None
-    while True:
-        kwargs = {"StreamArn": stream_arn, "Limit": DESCRIBE_LIMIT}
-        if start:
-            kwargs["ExclusiveStartShardId"] = start
-        desc = call("DescribeStream", lambda: client.describe_stream(**kwargs))["StreamDescription"]
-        for s in desc.get("Shards", []):
-            shards[s["ShardId"]] = s.get("ParentShardId")
-            if s.get("SequenceNumberRange", {}).get("EndingSequenceNumber"):
-                closed.add(s["ShardId"])
-        start = desc.get("LastEvaluatedShardId")
-        if not start:
-            return Listing(shards, frozenset(closed))
-
-
 def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestriction,
                 checkpoints: dict, start_mode: str) -> tuple:
     """Pure lineage planning: ([ClaimStart/ClaimClosed/ClaimForget...], waiting ids).
@@ -323,7 +262,7 @@ class PartitionReader:
         self._iterators: dict = {}  # shard id -> (ShardPos it was made for, iterator)
         self._last_discovery_ms: Optional[int] = None
         self._waiting: list = []
-        self._table = partition.stream_arn.split(":table/", 1)[-1].split("/", 1)[0]
+        self._table = table_of_stream(partition.stream_arn)
 
     # -- remote calls with one retry policy
     def _call(self, operation: str, fn: Callable):
@@ -331,7 +270,7 @@ class PartitionReader:
             try:
                 return fn()
             except (ClientError, BotoCoreError) as exc:
-                raise classify_stream_error(exc, operation) from exc
+                raise classify_aws_error(exc, operation) from exc
 
         def count(exc: BaseException) -> None:
             if self._metrics and isinstance(exc, StreamThrottled):

@@ -94,7 +94,7 @@ def assert_target_is_exactly_the_mapping(mapping, ddb):
 
     items = workload.scan_all(ddb, mapping.source.table)
     clashes: list = []
-    expected = expected_layout(mapping, items, clashes)
+    expected = expected_layout(mapping, items, clashes=clashes)
     assert clashes == []
     t = mapping.target
     for table in mapping.tables:
@@ -264,7 +264,7 @@ def test_verify_detects_each_kind_of_divergence(stack, tmp_path, unique, capsys)
     assert ddb2bt(["verify", "--mapping", str(path), "--sample-rate", "0.5"]) in (0, 1)
 
 
-def write_export(root, items, export_time):
+def write_export(root, items, export_time, table):
     """A DynamoDB export in the real layout (moto writes no manifests)."""
     data = root / "data"
     data.mkdir(parents=True)
@@ -279,7 +279,8 @@ def write_export(root, items, export_time):
                       "dataFileS3Key": f"AWSDynamoDB/01700000000000-abcd/{name}"})
     (root / "manifest-files.json").write_text("\n".join(json.dumps(f) for f in files) + "\n")
     (root / "manifest-summary.json").write_text(json.dumps({
-        "version": "2020-06-30", "exportTime": export_time, "itemCount": len(items),
+        "version": "2020-06-30", "exportTime": export_time, "itemCount": len(items), "exportType": "FULL_EXPORT",
+        "tableArn": f"arn:aws:dynamodb:us-east-1:123456789012:table/{table}",
         "outputFormat": "DYNAMODB_JSON", "manifestFilesS3Key": "AWSDynamoDB/01700000000000-abcd/manifest-files.json"}))
 
 
@@ -292,7 +293,7 @@ def test_backfill_from_a_local_and_an_s3_export(stack, tmp_path, unique):
     time.sleep(1.1)  # changes after the export time, which the tail applies
     random_changes(ddb, mapping.source.table, items, 100, seed=8)
     export = tmp_path / "export"
-    write_export(export, items, export_time)
+    write_export(export, items, export_time, mapping.source.table)
     assert ddb2bt(["backfill", "--mapping", str(path), "--from-export", str(export)]) == 0
     assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
     ok, summary = identical(mapping, ddb)
@@ -316,7 +317,7 @@ def test_backfill_from_a_local_and_an_s3_export(stack, tmp_path, unique):
 def test_an_export_older_than_the_stream_retention_is_refused(stack, tmp_path, unique, capsys):
     path, mapping, ddb = setup(tmp_path, unique)
     old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=30)).isoformat()
-    write_export(tmp_path / "old", [], old)
+    write_export(tmp_path / "old", [], old, mapping.source.table)
     assert ddb2bt(["backfill", "--mapping", str(path), "--from-export", str(tmp_path / "old")]) == 2
     assert "Take a new export" in capsys.readouterr().err
 

@@ -42,8 +42,9 @@ def test_run_is_a_streaming_job_without_shuffles_on_the_ordered_path(stack, tmp_
     assert cli.main(["run", "--mapping", str(path), "--partitions", "8"] + DATAFLOW) == 0
     facts = graph_facts(launched[0].job, [ORDERED])
     assert facts.streaming
-    for step in ("StreamPartitions", "ReadStream", "MapChanges", "WriteToBigtable"):
-        assert step in facts.transforms
+    for step in ("ReplicateToBigtable", "ReadDynamoDBStream", "StreamPartitions", "ReadStream", "MapToBigtable",
+                 "MapChanges", "WriteToBigtableOrdered", "WriteToBigtable"):
+        assert step in facts.steps
     assert facts.ordered_path_shuffles == ()
 
 
@@ -53,7 +54,7 @@ def test_backfill_is_a_batch_job(stack, tmp_path, unique, launched):
     facts = graph_facts(launched[0].job, [("ReadBackfill", "WriteBackfill")])
     assert not facts.streaming
     for step in ("BackfillTasks", "SpreadTasks", "ReadBackfill", "MapBackfill", "WriteBackfill"):
-        assert step in facts.transforms
+        assert step in facts.steps
     assert facts.ordered_path_shuffles == ()
 
 
@@ -63,7 +64,7 @@ def test_migrate_is_one_streaming_job_with_tail_and_backfill(stack, tmp_path, un
     facts = graph_facts(launched[0].job, [ORDERED, ("ReadBackfill", "WriteBackfill")])
     assert facts.streaming
     for step in ("ReadStream", "MapChanges", "WriteToBigtable", "ReadBackfill", "WriteBackfill"):
-        assert step in facts.transforms
+        assert step in facts.steps
     assert facts.ordered_path_shuffles == ()
 
 

@@ -1,4 +1,4 @@
-"""Model-based test of the backfill/tail handoff (design notes §1), the finish
+"""Model-based test of the backfill/tail handoff (docs/design.md §7), the finish
 and the redrive.
 
 A random history of DynamoDB operations runs while a backfill scans items at

@@ -9,8 +9,9 @@ from ddb2bt.pipeline.state import ShardCheckpoint, StateStore
 from ddb2bt.pipeline.source.stream_sdf import PartitionTracker
 from ddb2bt.pipeline.source.stream_source import (
     LocalTracker, PartitionReader, PartitionRestriction, ReaderOptions, StreamPartition,
-    drain, drain_round, plan_starts, Listing,
+    drain, drain_round, plan_starts,
 )
+from ddb2bt.pipeline.dynamodb import Listing
 from ddb2bt.transforms.errors import ChangesLostError, StreamGoneError
 from ddb2bt.transforms.model import ChangeRecord, ShardClosed
 

@@ -1,0 +1,287 @@
+"""The one DynamoDB access module: everything ddb2bt reads from DynamoDB and
+DynamoDB Streams goes through here, so retries, throttling, the read budget,
+error classification and the retention rule are written once.
+
+* ``classify_aws_error`` — a boto3 failure → our taxonomy (retryable vs permanent),
+  once, where it enters (``ddb2bt.transforms.errors``).
+* ``StreamArn`` — the parts of a stream ARN (table name, stream label).
+* ``scan_pages`` / ``scan_items`` / ``parallel_scan`` — the Scan pager: retries of
+  throttling and 5xx with backoff under one deadline, an optional read budget
+  (``TokenBucket``, in capacity units per second), segments, resume keys.
+* ``list_shards`` — DescribeStream, paginated, with retries.
+* ``get_item`` — a consistent GetItem by key, with retries.
+* the stream's retention constants.
+
+Used by the live path (shard listing), the backfill (segment scans), verify
+(parallel full scans), status (shard listing), lint (a sample) and the demo's
+workload alike.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from ddb2bt.pipeline.retry import RetryPolicy, retrying
+from ddb2bt.transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
+
+__all__ = [
+    "STREAM_RETENTION_S", "STREAM_RETENTION_MS", "EXPORT_RETENTION_MARGIN_MS", "DESCRIBE_LIMIT",
+    "SCAN_PAGE_LIMIT", "MAX_SCAN_THREADS", "DEFAULT_READ_RETRY", "THROTTLE_CODES",
+    "StreamThrottled", "IteratorExpired", "SourceTableMissing", "classify_aws_error",
+    "StreamArn", "table_of_stream", "TokenBucket", "ScanPage", "scan_pages", "scan_items",
+    "parallel_scan", "Listing", "list_shards", "get_item", "describe_table", "TABLE_OPERATIONS",
+]
+
+# DynamoDB Streams keeps records for 24 hours; anything older is trimmed.
+STREAM_RETENTION_S = 24 * 3600
+STREAM_RETENTION_MS = STREAM_RETENTION_S * 1000
+# A back-fill from an export must leave the tail this much stream to spare: the
+# tail starts at the export time and has to reach records before they are trimmed.
+EXPORT_RETENTION_MARGIN_MS = 3600 * 1000
+DESCRIBE_LIMIT = 100  # the service's maximum shards per DescribeStream page
+SCAN_PAGE_LIMIT = 1000  # items per Scan page unless the caller asks otherwise
+MAX_SCAN_THREADS = 16  # parallel segments read by one process
+# Reads ride out a throttling burst or a partition move; a service that stays
+# unreachable fails the command in minutes, not hours.
+DEFAULT_READ_RETRY = RetryPolicy(initial_s=0.2, max_backoff_s=20.0, deadline_s=600.0)
+
+THROTTLE_CODES = frozenset({
+    "ProvisionedThroughputExceededException", "ThrottlingException", "LimitExceededException",
+    "RequestLimitExceeded", "InternalServerError", "ServiceUnavailable", "InternalFailure",
+})
+
+
+TABLE_OPERATIONS = ("Scan", "GetItem", "DescribeTable")
+
+
+class StreamThrottled(RetryableError):
+    """Throttled or a transient service/network failure: retry with backoff."""
+
+
+class IteratorExpired(RetryableError):
+    """A shard iterator older than 15 minutes: get a new one and go on."""
+
+
+class SourceTableMissing(PermanentError):
+    """The DynamoDB table (or its stream) does not exist."""
+
+
+def classify_aws_error(exc: Exception, operation: str, table: Optional[str] = None) -> Exception:
+    """Map a boto3 failure to our taxonomy, once, where it enters. ``table``: the
+    DynamoDB table the call was about, named in the message when it is missing."""
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        message = exc.response.get("Error", {}).get("Message", "")
+        if code == "ExpiredIteratorException":
+            return IteratorExpired(f"{operation}: {message}")
+        if code == "TrimmedDataAccessException":
+            return ChangesLostError(f"{operation}: {message}")
+        if code == "ResourceNotFoundException":
+            if operation in TABLE_OPERATIONS:
+                what = f"DynamoDB table {table!r}" if table else "the DynamoDB table"
+                return SourceTableMissing(f"{operation}: {what} does not exist (in this account and region)")
+            return StreamGoneError(
+                f"{operation}: {message}. The table was deleted or its stream disabled; a re-enabled stream "
+                "has a new ARN and starts empty, so changes made meanwhile are lost: back-fill again "
+                "(ddb2bt migrate --restart)")
+        if code in THROTTLE_CODES or status >= 500:
+            return StreamThrottled(f"{operation}: {code or status}: {message}", code=code or str(status))
+        return PermanentError(f"{operation}: {code}: {message}")
+    if isinstance(exc, (BotoConnectionError, BotoCoreError)):
+        return StreamThrottled(f"{operation}: {type(exc).__name__}: {exc}", code=type(exc).__name__)
+    return exc
+
+
+def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[str] = None,
+             on_retry: Optional[Callable[[BaseException], None]] = None, table: Optional[str] = None):
+    def attempt():
+        try:
+            return fn()
+        except (ClientError, BotoCoreError) as exc:
+            raise classify_aws_error(exc, operation, table) from exc
+
+    return retrying(policy, what or operation, on_retry, retry_on=(StreamThrottled,))(attempt)
+
+
+# --- ARNs ------------------------------------------------------------------------
+
+_TABLE_MARK = ":table/"
+_STREAM_MARK = "/stream/"
+
+
+@dataclass(frozen=True)
+class StreamArn:
+    """``arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/stream/LABEL``."""
+
+    arn: str
+    region: str
+    account: str
+    table: str
+    label: str
+
+    @classmethod
+    def parse(cls, arn: str) -> "StreamArn":
+        head, sep, rest = arn.partition(_TABLE_MARK)
+        parts = head.split(":")
+        table, sep2, label = rest.partition(_STREAM_MARK)
+        if not sep or not sep2 or len(parts) != 5 or parts[0] != "arn" or parts[2] != "dynamodb" \
+                or not table or not label:
+            raise ValueError(f"{arn!r} is not a DynamoDB stream ARN "
+                             "(arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/stream/LABEL)")
+        return cls(arn, parts[3], parts[4], table, label)
+
+
+def table_of_stream(stream_arn: str) -> str:
+    """The table name in a stream ARN, for metric labels and logs (never a key or
+    a value); the ARN itself when it is not one."""
+    if _TABLE_MARK not in stream_arn:
+        return stream_arn
+    return stream_arn.split(_TABLE_MARK, 1)[1].split("/", 1)[0]
+
+
+# --- Scan ------------------------------------------------------------------------
+
+class TokenBucket:
+    """Read budget in capacity units per second, shared by the threads of one
+    worker. Consumption is charged after each page (the service reports it), so
+    the budget is met on average: a page that overdraws makes the next wait."""
+
+    def __init__(self, rate: Optional[float], clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = rate or 0.0
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def consume(self, units: float) -> None:
+        if not self._rate:
+            return
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self._rate, self._tokens + (now - self._last) * self._rate) - units
+            self._last = now
+            wait = -self._tokens / self._rate if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._sleep(wait)
+
+
+@dataclass(frozen=True)
+class ScanPage:
+    items: list  # raw AttributeValue items, as boto3 returns them
+    start_key: Optional[dict]  # the ExclusiveStartKey this page was read with
+    last_key: Optional[dict]  # LastEvaluatedKey: None on the segment's last page
+    consumed: float  # capacity units
+
+
+def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segments: Optional[int] = None,
+               start_key: Optional[dict] = None, consistent_read: bool = False,
+               page_limit: Optional[int] = SCAN_PAGE_LIMIT, bucket: Optional[TokenBucket] = None,
+               retry: RetryPolicy = DEFAULT_READ_RETRY, what: Optional[str] = None) -> Iterator[ScanPage]:
+    """Every page of a Scan (or of one segment), from ``start_key`` on."""
+    start = start_key
+    while True:
+        kwargs = {"TableName": table, "ConsistentRead": consistent_read, "ReturnConsumedCapacity": "TOTAL"}
+        if page_limit:
+            kwargs["Limit"] = page_limit
+        if total_segments is not None:
+            kwargs["Segment"], kwargs["TotalSegments"] = segment, total_segments
+        if start:
+            kwargs["ExclusiveStartKey"] = start
+        page = _retried("Scan", lambda: client.scan(**kwargs), retry, what, table=table)
+        consumed = float((page.get("ConsumedCapacity") or {}).get("CapacityUnits", 0.0))
+        if bucket is not None:
+            bucket.consume(consumed)
+        last = page.get("LastEvaluatedKey")
+        yield ScanPage(page.get("Items", []), start, last, consumed)
+        if not last:
+            return
+        start = last
+
+
+def scan_items(client, table: str, *, limit: Optional[int] = None, consistent_read: bool = True,
+               retry: RetryPolicy = DEFAULT_READ_RETRY) -> Iterator[dict]:
+    """The table's items (raw AttributeValue maps), at most ``limit`` of them."""
+    seen = 0
+    for page in scan_pages(client, table, consistent_read=consistent_read, retry=retry,
+                           page_limit=min(SCAN_PAGE_LIMIT, limit) if limit else SCAN_PAGE_LIMIT):
+        for item in page.items:
+            if limit is not None and seen >= limit:
+                return
+            seen += 1
+            yield item
+
+
+def parallel_scan(client, table: str, segments: int, *, consistent_read: bool,
+                  on_page: Callable[[int], None] = lambda n: None, keep: Callable[[dict], bool] = lambda item: True,
+                  retry: RetryPolicy = DEFAULT_READ_RETRY) -> list:
+    """Every item ``keep`` accepts, read by ``segments`` parallel segment scans."""
+    items: list = []
+    lock = threading.Lock()
+
+    def segment(i: int) -> None:
+        for page in scan_pages(client, table, segment=i, total_segments=segments, consistent_read=consistent_read,
+                               page_limit=None, retry=retry):
+            got = [it for it in page.items if keep(it)]
+            with lock:
+                items.extend(got)
+            on_page(len(page.items))
+
+    with ThreadPoolExecutor(max_workers=min(segments, MAX_SCAN_THREADS)) as pool:
+        list(pool.map(segment, range(segments)))
+    return items
+
+
+def get_item(client, table: str, key: dict, retry: RetryPolicy = DEFAULT_READ_RETRY) -> Optional[dict]:
+    """The item's current state (strongly consistent), or None when it is gone."""
+    response = _retried("GetItem", lambda: client.get_item(TableName=table, Key=key, ConsistentRead=True), retry,
+                        table=table)
+    return response.get("Item")
+
+
+def describe_table(client, table: str, retry: RetryPolicy = DEFAULT_READ_RETRY) -> dict:
+    """DescribeTable's ``Table``; ``SourceTableMissing`` naming the table when it does not exist."""
+    return _retried("DescribeTable", lambda: client.describe_table(TableName=table), retry, table=table)["Table"]
+
+
+# --- Streams ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Listing:
+    shards: dict = field(default_factory=dict)  # shard id -> parent id or None
+    closed_ids: frozenset = frozenset()
+    descriptions: dict = field(default_factory=dict)  # shard id -> the service's shard description
+
+
+def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
+                retry: RetryPolicy = DEFAULT_READ_RETRY) -> Listing:
+    """All shards of the stream (DescribeStream, paginated). ``call(operation, fn)``
+    runs one remote call (the reader passes its own, which counts metrics); by
+    default each page is retried under ``retry``."""
+    if call is None:
+        call = lambda operation, fn: _retried(operation, fn, retry)  # noqa: E731
+    shards: dict = {}
+    descriptions: dict = {}
+    closed = set()
+    start: Optional[str] = None
+    while True:
+        kwargs = {"StreamArn": stream_arn, "Limit": DESCRIBE_LIMIT}
+        if start:
+            kwargs["ExclusiveStartShardId"] = start
+        desc = call("DescribeStream", lambda: client.describe_stream(**kwargs))["StreamDescription"]
+        for s in desc.get("Shards", []):
+            shards[s["ShardId"]] = s.get("ParentShardId")
+            descriptions[s["ShardId"]] = s
+            if s.get("SequenceNumberRange", {}).get("EndingSequenceNumber"):
+                closed.add(s["ShardId"])
+        start = desc.get("LastEvaluatedShardId")
+        if not start:
+            return Listing(shards, frozenset(closed), descriptions)

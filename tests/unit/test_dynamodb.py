@@ -1,0 +1,141 @@
+"""The one DynamoDB access module: ARN parsing, the Scan pager (resume, limits,
+throttling retried, permanent errors not), shard listing and GetItem."""
+from __future__ import annotations
+
+import pytest
+from botocore.exceptions import ClientError
+
+from ddb2bt.pipeline import dynamodb
+from ddb2bt.pipeline.dynamodb import (
+    SourceTableMissing, StreamArn, StreamThrottled, TokenBucket, classify_aws_error, get_item, list_shards,
+    parallel_scan, scan_items, scan_pages, table_of_stream,
+)
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.transforms.errors import PermanentError, StreamGoneError
+
+FAST = RetryPolicy(initial_s=0.001, max_backoff_s=0.002, deadline_s=5.0)
+ARN = "arn:aws:dynamodb:eu-west-1:123456789012:table/Orders-2/stream/2024-05-01T10:00:00.123"
+
+
+def client_error(code: str, status: int = 400) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "Op")
+
+
+class FakeTable:
+    """A Scan/GetItem double with boto3's call shapes: keys are {"pk": {"S": ...}}."""
+
+    def __init__(self, n: int, fail_first: list | None = None) -> None:
+        self.items = [{"pk": {"S": f"k{i:04d}"}, "v": {"N": str(i)}} for i in range(n)]
+        self.fail_first = list(fail_first or [])
+        self.calls: list = []
+
+    def _maybe_fail(self):
+        if self.fail_first:
+            raise self.fail_first.pop(0)
+
+    def scan(self, **kw):
+        self.calls.append(kw)
+        self._maybe_fail()
+        mine = [it for i, it in enumerate(self.items)
+                if "TotalSegments" not in kw or i % kw["TotalSegments"] == kw["Segment"]]
+        start = kw.get("ExclusiveStartKey")
+        if start:
+            mine = [it for it in mine if it["pk"]["S"] > start["pk"]["S"]]
+        limit = kw.get("Limit", 10_000)
+        page = mine[:limit]
+        out = {"Items": page, "ConsumedCapacity": {"CapacityUnits": 0.5 * len(page)}}
+        if len(mine) > limit:
+            out["LastEvaluatedKey"] = {"pk": page[-1]["pk"]}
+        return out
+
+    def get_item(self, TableName, Key, ConsistentRead):
+        assert ConsistentRead is True  # redrive and repairs must see the latest write
+        self._maybe_fail()
+        found = [it for it in self.items if it["pk"] == Key["pk"]]
+        return {"Item": found[0]} if found else {}
+
+
+def test_stream_arn_parts_and_refusal():
+    arn = StreamArn.parse(ARN)
+    assert (arn.region, arn.account, arn.table, arn.label) == ("eu-west-1", "123456789012", "Orders-2",
+                                                               "2024-05-01T10:00:00.123")
+    for bad in ("", "arn:aws:dynamodb:eu-west-1:1:table/T", "arn:aws:s3:::bucket/stream/x", "table/T/stream/x"):
+        with pytest.raises(ValueError, match="not a DynamoDB stream ARN"):
+            StreamArn.parse(bad)
+    assert table_of_stream(ARN) == "Orders-2"
+    assert table_of_stream("not-an-arn") == "not-an-arn"
+
+
+def test_scan_pages_resume_and_limit():
+    t = FakeTable(25)
+    pages = list(scan_pages(t, "T", page_limit=10, retry=FAST))
+    assert [len(p.items) for p in pages] == [10, 10, 5]
+    assert pages[0].start_key is None and pages[1].start_key == pages[0].last_key and pages[-1].last_key is None
+    resumed = list(scan_pages(t, "T", page_limit=10, start_key=pages[0].last_key, retry=FAST))
+    assert [it["pk"]["S"] for p in resumed for it in p.items] == [f"k{i:04d}" for i in range(10, 25)]
+    assert [it["pk"]["S"] for it in scan_items(t, "T", limit=7)] == [f"k{i:04d}" for i in range(7)]
+
+
+def test_scan_retries_throttling_and_5xx_but_not_permanent_errors():
+    t = FakeTable(3, fail_first=[client_error("ProvisionedThroughputExceededException"),
+                                 client_error("Whatever", status=503)])
+    assert len(list(scan_items(t, "T", retry=FAST))) == 3
+    assert len(t.calls) == 3
+    t = FakeTable(3, fail_first=[client_error("ValidationException")])
+    with pytest.raises(PermanentError, match="ValidationException"):
+        list(scan_items(t, "T", retry=FAST))
+    t = FakeTable(3, fail_first=[client_error("ResourceNotFoundException")])
+    with pytest.raises(SourceTableMissing, match="DynamoDB table 'T' does not exist"):
+        list(scan_items(t, "T", retry=FAST))
+
+
+def test_scan_charges_the_read_budget():
+    charged = []
+
+    class Bucket(TokenBucket):
+        def consume(self, units: float) -> None:
+            charged.append(units)
+
+    list(scan_pages(FakeTable(12), "T", page_limit=5, bucket=Bucket(None), retry=FAST))
+    assert charged == [2.5, 2.5, 1.0]
+
+
+def test_parallel_scan_reads_every_segment_once():
+    seen = []
+    items = parallel_scan(FakeTable(40), "T", 4, consistent_read=True, on_page=seen.append,
+                          keep=lambda it: int(it["v"]["N"]) % 2 == 0, retry=FAST)
+    assert sorted(int(it["v"]["N"]) for it in items) == list(range(0, 40, 2))
+    assert sum(seen) == 40
+
+
+def test_get_item_current_state_or_none():
+    t = FakeTable(3, fail_first=[client_error("ThrottlingException")])
+    assert get_item(t, "T", {"pk": {"S": "k0001"}}, retry=FAST)["v"] == {"N": "1"}
+    assert get_item(t, "T", {"pk": {"S": "gone"}}, retry=FAST) is None
+
+
+def test_list_shards_paginates_with_retries():
+    class Streams:
+        calls = 0
+
+        def describe_stream(self, StreamArn, Limit, ExclusiveStartShardId=None):
+            Streams.calls += 1
+            if Streams.calls == 1:
+                raise client_error("LimitExceededException")
+            assert Limit == dynamodb.DESCRIBE_LIMIT
+            if ExclusiveStartShardId is None:
+                return {"StreamDescription": {"Shards": [{"ShardId": "a"}], "LastEvaluatedShardId": "a"}}
+            return {"StreamDescription": {"Shards": [
+                {"ShardId": "b", "ParentShardId": "a",
+                 "SequenceNumberRange": {"StartingSequenceNumber": "1", "EndingSequenceNumber": "9"}}]}}
+
+    listing = list_shards(Streams(), ARN, retry=FAST)
+    assert listing.shards == {"a": None, "b": "a"} and listing.closed_ids == frozenset({"b"})
+
+
+def test_classification_once_at_the_boundary():
+    assert isinstance(classify_aws_error(client_error("LimitExceededException"), "GetRecords"), StreamThrottled)
+    assert isinstance(classify_aws_error(client_error("ResourceNotFoundException"), "DescribeStream"),
+                      StreamGoneError)
+    assert isinstance(classify_aws_error(client_error("ResourceNotFoundException"), "Scan"), SourceTableMissing)
