@@ -57,6 +57,35 @@ def code_name(code: int) -> str:
     return _CODE_NAMES.get(code, str(code))
 
 
+def bigtable_endpoint() -> str:
+    """Where Bigtable calls go, for messages: the emulator's host:port or the service."""
+    emulator = os.environ.get(EMULATOR_ENV)
+    return f"emulator {emulator}" if emulator else DEFAULT_ENDPOINT
+
+
+# Closing a channel cancels its calls, but after an interrupted call it has been
+# seen to block for minutes (issue 17): teardown never waits longer than this.
+CLOSE_WAIT_S = 2.0
+
+
+def close_bounded(close, what: str, wait_s: float = CLOSE_WAIT_S) -> None:
+    """Run ``close()`` on a daemon thread and wait at most ``wait_s``: a teardown
+    must never hang on a channel or client that will not close."""
+    import threading
+
+    def run() -> None:
+        try:
+            close()
+        except Exception as exc:  # closing is best effort; the process may be ending
+            log.debug("closing %s failed: %s", what, exc)
+
+    t = threading.Thread(target=run, name=f"close-{what}", daemon=True)
+    t.start()
+    t.join(wait_s)
+    if t.is_alive():
+        log.warning("closing %s did not finish within %.0fs; leaving it to the process exit", what, wait_s)
+
+
 @dataclass(frozen=True, slots=True)
 class EntryStatus:
     """Outcome of one MutateRows entry."""
@@ -178,13 +207,20 @@ def build_request(request_cls, table_name: str, app_profile: Optional[str], entr
     return request
 
 
-def classify_rpc_error(exc: grpc.RpcError) -> Exception:
+def classify_rpc_error(exc: grpc.RpcError, method: str = "MutateRows") -> Exception:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     status = EntryStatus(code.value[0], details or "")
+    message = f"{method} failed: {code.name}: {details}"
     if status.retryable:
-        return BigtableRetryable(f"MutateRows failed: {code.name}: {details}", code=code.name)
-    return BigtablePermanent(f"MutateRows failed: {code.name}: {details}", code=code.name)
+        return BigtableRetryable(message, code=code.name)
+    return BigtablePermanent(message, code=code.name)
+
+
+def _exact_regex(value: bytes) -> bytes:
+    """An RE2 pattern matching exactly ``value`` (every byte escaped as \\xHH;
+    the values compared are ASCII JSON, where byte and code point agree)."""
+    return b"".join(b"\\x%02x" % b for b in value)
 
 
 class GrpcMutationWriter:
@@ -194,6 +230,9 @@ class GrpcMutationWriter:
                  channel: Optional[grpc.Channel] = None, timeout_s: float = DEFAULT_RPC_TIMEOUT_S,
                  interceptors: Sequence = ()) -> None:
         self._channel = channel or make_channel(interceptors=interceptors)
+        # fence() -> seconds a write may still take; raises when this process may
+        # no longer write (its job lease lapsed). Checked right before each write.
+        self._fence = None
         self._prefix = f"projects/{project}/instances/{instance}/tables/"
         self._app_profile = app_profile
         self._timeout_s = timeout_s
@@ -217,6 +256,17 @@ class GrpcMutationWriter:
             request_serializer=self._cam_cls.SerializeToString,
             response_deserializer=bigtable_types.CheckAndMutateRowResponse.pb().FromString,
         )
+
+    def set_fence(self, fence) -> None:
+        """``fence()`` is called right before every write RPC: it raises when this
+        process may no longer write, else returns the seconds the write may take
+        (the RPC deadline is capped by it, so no write outlives the lease)."""
+        self._fence = fence
+
+    def _write_timeout(self) -> float:
+        if self._fence is None:
+            return self._timeout_s
+        return max(0.001, min(self._timeout_s, self._fence()))
 
     def _params(self, table_name: str) -> tuple:
         params = f"table_name={table_name}" + (f"&app_profile_id={self._app_profile}" if self._app_profile else "")
@@ -251,7 +301,7 @@ class GrpcMutationWriter:
                         found.update(row)
                         row = []
         except grpc.RpcError as exc:
-            raise classify_rpc_error(exc) from None
+            raise classify_rpc_error(exc, "ReadRows") from None
         return found
 
     def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
@@ -266,18 +316,74 @@ class GrpcMutationWriter:
         column.end_qualifier_closed = unless.qualifier
         chain.add().timestamp_range_filter.start_timestamp_micros = unless.since_ms * US_PER_MS
         build_mutations(request.false_mutations, mutations)
+        timeout = self._write_timeout()
+        try:
+            response = self._cam(request, timeout=timeout, metadata=self._params(table_name))
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc, "CheckAndMutateRow") from None
+        return not response.predicate_matched
+
+    def read_cell(self, table_id: str, row_key: bytes, family: str, qualifier: bytes) -> Optional[bytes]:
+        """The newest value of one cell, or None (one ReadRows call)."""
+        table_name = self._prefix + table_id
+        request = self._read_cls(table_name=table_name)
+        if self._app_profile:
+            request.app_profile_id = self._app_profile
+        request.rows.row_keys.append(row_key)
+        chain = request.filter.chain.filters
+        column = chain.add().column_range_filter
+        column.family_name = family
+        column.start_qualifier_closed = qualifier
+        column.end_qualifier_closed = qualifier
+        chain.add().cells_per_column_limit_filter = 1
+        value: Optional[bytes] = None
+        parts: list = []
+        try:
+            for response in self._read(request, timeout=self._timeout_s, metadata=self._params(table_name)):
+                for chunk in response.chunks:
+                    parts.append(chunk.value)
+                    if chunk.reset_row:
+                        parts = []
+                    elif chunk.value_size == 0:  # the cell's last chunk
+                        value, parts = b"".join(parts), []
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc, "ReadRows") from None
+        return value
+
+    def swap_cell(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
+                  value: bytes, ts_ms: int) -> bool:
+        """Compare-and-set of one cell with CheckAndMutateRow: replace every version
+        with ``value`` iff its newest value is ``expected`` (None: iff the cell is
+        absent). True when swapped. Never fenced: the job lease itself uses it."""
+        table_name = self._prefix + table_id
+        request = self._cam_cls(table_name=table_name, row_key=row_key)
+        if self._app_profile:
+            request.app_profile_id = self._app_profile
+        chain = request.predicate_filter.chain.filters
+        column = chain.add().column_range_filter
+        column.family_name = family
+        column.start_qualifier_closed = qualifier
+        column.end_qualifier_closed = qualifier
+        chain.add().cells_per_column_limit_filter = 1
+        if expected is not None:
+            chain.add().value_regex_filter = _exact_regex(expected)
+        # All versions go (a time range [0, ∞): end 0 means no upper bound), then
+        # the new one: applied in this order, atomically with the check.
+        mutations = [DeleteCells(family, qualifier, 0, 0), SetCell(family, qualifier, value, ts_ms)]
+        build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
         try:
             response = self._cam(request, timeout=self._timeout_s, metadata=self._params(table_name))
         except grpc.RpcError as exc:
-            raise classify_rpc_error(exc) from None
-        return not response.predicate_matched
+            raise classify_rpc_error(exc, "CheckAndMutateRow") from None
+        return response.predicate_matched == (expected is not None)
 
     def mutate_rows(self, table_id: str, entries: Sequence[Entry]) -> list:
         table_name = self._prefix + table_id
         request = build_request(self._request_cls, table_name, self._app_profile, entries)
         statuses: list = [None] * len(entries)
+        timeout = self._write_timeout()  # the fence, right before the RPC
         try:
-            for response in self._call(request, timeout=self._timeout_s, metadata=self._params(table_name)):
+            for response in self._call(request, timeout=timeout, metadata=self._params(table_name)):
                 for e in response.entries:
                     statuses[e.index] = ENTRY_OK if e.status.code == OK else EntryStatus(e.status.code, e.status.message)
         except grpc.RpcError as exc:
@@ -291,7 +397,7 @@ class GrpcMutationWriter:
         return [s if s is not None else missing for s in statuses]
 
     def close(self) -> None:
-        self._channel.close()
+        close_bounded(self._channel.close, "Bigtable channel")
 
 
 # --- admin ---------------------------------------------------------------------
