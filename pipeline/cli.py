@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -129,6 +130,62 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     add_dlq_values_arg(p)
 
 
+def add_ops_args(p: argparse.ArgumentParser) -> None:
+    """One holder per job and give-up deadlines (run, migrate, backfill); see docs/NOTES-ops.md."""
+    from ddb2bt.pipeline.lease import DEFAULT_RENEW_S, DEFAULT_TTL_S
+    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
+
+    g = p.add_argument_group("one running process per job, and deadlines")
+    how = g.add_mutually_exclusive_group()
+    how.add_argument("--take-over", action="store_true",
+                     help="replace the process holding this job's lease: it stops before its next write, and this "
+                          "one starts writing when the old lease expires (at most --lease-ttl)")
+    how.add_argument("--standby", action="store_true",
+                     help="if another process holds the job's lease, wait (applying nothing) and take over when "
+                          "it stops or its lease expires")
+    g.add_argument("--lease-ttl", type=float, default=DEFAULT_TTL_S, metavar="SECONDS",
+                   help="how long the lease outlives its last renewal: a crashed holder is replaced after it "
+                        "(default %(default)s)")
+    g.add_argument("--lease-renew", type=float, default=DEFAULT_RENEW_S, metavar="SECONDS",
+                   help="seconds between lease renewals (default %(default)s; at most 3/8 of --lease-ttl)")
+    g.add_argument("--bigtable-deadline", type=float, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
+                   help="give up on a Bigtable call failing with retryable errors after this long and stop "
+                        "(default %(default)s)")
+    g.add_argument("--dynamodb-deadline", type=float, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
+                   help="give up on a DynamoDB / Streams call failing with retryable errors (throttling, 5xx, "
+                        "unreachable) after this long and stop (default %(default)s)")
+
+
+def acquire_lease(args, state, role: str):
+    """Hold the job's ``role`` lease for this command, or raise LeaseHeld naming
+    the holder; released when the command ends. Returns the LeaseSpec the
+    DoFns fence their writes with (None for a dry run)."""
+    from ddb2bt.pipeline import lease, signals
+    from ddb2bt.pipeline.dataflow import option_value
+    from ddb2bt.pipeline.graph import is_local
+
+    if getattr(args, "dry", False):
+        return None
+    try:
+        options = lease.LeaseOptions(args.lease_ttl, args.lease_renew, lease.TAKE_OVER if args.take_over else
+                                     lease.STANDBY if args.standby else lease.FAIL)
+    except ValueError as exc:
+        raise ConfigError(str(exc), "--lease-ttl/--lease-renew") from None
+    dataflow_job = None
+    if not is_local(args.beam_args):
+        # On Dataflow the job holds the lease: its workers renew it under the job's name.
+        dataflow_job = option_value(args.beam_args, "job_name")
+        if not dataflow_job:
+            base = re.sub(r"[^a-z0-9-]+", "-", f"ddb2bt-{state.job}".lower()).strip("-")[:40]
+            dataflow_job = f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+            args.beam_args.append(f"--job_name={dataflow_job}")
+    held, spec = lease.hold(state, role, options, command=args.command, dataflow_job=dataflow_job)
+    if dataflow_job is None:
+        signals.on_exit(held.release)
+    log.info("holding the %s lease of job %s (%s)", role, state.job, spec.holder)
+    return spec
+
+
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
@@ -165,9 +222,13 @@ def submitted(result, args) -> int:
 
 def state_spec(args, mapping, include_values: bool = True):
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
 
+    # Jobs give up after --bigtable-deadline; read-only commands answer within ~30 s.
+    deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
-                                  interceptors=tuple(getattr(args, "bigtable_interceptors", ()))),
+                                  interceptors=tuple(getattr(args, "bigtable_interceptors", ())),
+                                  deadline_s=deadline),
                      job=args.job_name or mapping.name, table=args.state_table, include_values=include_values)
 
 
@@ -279,16 +340,19 @@ def build_live_job(args, mapping):
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
+    state = state_spec(args, mapping, dlq_values(args))
+    from ddb2bt.pipeline.lease import TAIL
+
+    lease = acquire_lease(args, state, TAIL)
     reader = ReaderOptions(
         start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
         discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
-        sleep_when_idle=is_local(args.beam_args),
+        sleep_when_idle=is_local(args.beam_args), lease=lease, retry=dynamodb_retry(args),
     )
-    state = state_spec(args, mapping, dlq_values(args))
     # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
     # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
     return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
-                   partitions=args.partitions, client_factory=StreamsClientFactory(mapping.source.region),
+                   partitions=args.partitions, sink=_sink_config(args, lease), client_factory=StreamsClientFactory(mapping.source.region),
                    marking=PhaseMarking(state), pushgateway=getattr(args, "metrics_pushgateway", None))
 
 
@@ -370,6 +434,9 @@ def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
     from ddb2bt.pipeline.metrics import counter_total as _counter_total, default_metrics
     from ddb2bt.pipeline.cutover.phases import Migration, Worker
 
+    from ddb2bt.pipeline.lease import BACKFILL
+
+    lease = acquire_lease(args, spec, BACKFILL)
     store = spec.store()
     migration = Migration(store)
     source, source_spec, export_time, expected = backfill_source(args, mapping)
@@ -383,7 +450,7 @@ def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
     job = BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks)
 
     def build(p) -> None:
-        add_backfill(p, job, mapping, spec, _sink_config(), DynamoDBClientFactory(mapping.source.region),
+        add_backfill(p, job, mapping, spec, _sink_config(args, lease), DynamoDBClientFactory(mapping.source.region),
                      reshuffle=not is_local(args.beam_args), pushgateway=getattr(args, "metrics_pushgateway", None))
 
     if not is_local(args.beam_args):
@@ -406,10 +473,25 @@ def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
     return None
 
 
-def _sink_config():
+def _sink_config(args=None, lease=None):
+    from ddb2bt.pipeline.retry import RetryPolicy
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
-    return SinkConfig()
+    if args is None or not hasattr(args, "bigtable_deadline"):
+        return SinkConfig(lease=lease)
+    return SinkConfig(lease=lease, retry=RetryPolicy(deadline_s=args.bigtable_deadline))
+
+
+def dynamodb_retry(args):
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions
+
+    return replace_deadline(ReaderOptions.retry, getattr(args, "dynamodb_deadline", None))
+
+
+def replace_deadline(policy, deadline_s):
+    from dataclasses import replace
+
+    return policy if deadline_s is None else replace(policy, deadline_s=deadline_s)
 
 
 def cmd_backfill(args) -> int:
@@ -501,6 +583,7 @@ def launch_migrate(args, mapping, job, migration) -> int:
     from ddb2bt.pipeline.connections import DynamoDBClientFactory
     from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
     from ddb2bt.pipeline.cutover.phases import BACKFILLING
+    from ddb2bt.pipeline.lease import BACKFILL
 
     p = make_pipeline(args.beam_args, streaming=True)
     job = replace(job, reader=replace(job.reader, promote_live=True))
@@ -511,7 +594,8 @@ def launch_migrate(args, mapping, job, migration) -> int:
         handoff = migration.resume_or_begin(source_spec, args.restart, export_time, sleep=sleep)
         migration.store.save_meta("backfill_expected", str(expected))
         add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks), mapping,
-                     job.state, _sink_config(), DynamoDBClientFactory(mapping.source.region), reshuffle=True,
+                     job.state, _sink_config(args, acquire_lease(args, job.state, BACKFILL)),
+                     DynamoDBClientFactory(mapping.source.region), reshuffle=True,
                      pushgateway=job.pushgateway)
     return submitted(p.run(), args)
 
@@ -803,6 +887,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(p)
     add_tail_args(p)
     add_metrics_args(p)
+    add_ops_args(p)
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
@@ -831,6 +916,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backfill_args(p)
     add_dlq_values_arg(p)
     add_metrics_args(p)
+    add_ops_args(p)
     p.set_defaults(func=cmd_backfill, beam=True)
 
     p = sub.add_parser("migrate", help="the whole cutover: live tail + backfill + catch-up, resumable",
@@ -846,6 +932,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backfill_args(p)
     add_tail_args(p)
     add_metrics_args(p)
+    add_ops_args(p)
     p.set_defaults(func=cmd_migrate, beam=True)
 
     p = sub.add_parser("verify", help="prove Bigtable equals the mapping of the DynamoDB table", formatter_class=raw,
@@ -934,8 +1021,10 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
 
     args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)
+    from ddb2bt.pipeline.signals import run_command
+
     try:
-        return args.func(args) or 0
+        return run_command(lambda: args.func(args) or 0, enabled=getattr(args, "beam", False))
     except ConfigError as exc:
         print(f"ddb2bt: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -24,6 +24,9 @@ class BigtableSpec:
     # gRPC client interceptors for the write channel (picklable: they travel to the
     # workers inside the DoFns). Tests pass the fault injector here.
     interceptors: tuple = ()
+    # Give up on Bigtable calls that keep failing after this long (None: the
+    # default, 300 s; read-only commands pass ~25 s).
+    deadline_s: Optional[float] = None
 
     def writer(self) -> GrpcMutationWriter:
         return GrpcMutationWriter(self.project, self.instance, self.app_profile, interceptors=self.interceptors)
@@ -38,7 +41,7 @@ class StateSpec:
 
     def store(self, writer=None) -> StateStore:
         backend = BigtableStateBackend(writer or self.bigtable.writer(), self.bigtable.project,
-                                       self.bigtable.instance, self.table)
+                                       self.bigtable.instance, self.table, self.bigtable.deadline_s)
         return StateStore(backend, self.job, wall_ms, self.include_values)
 
     __call__ = store  # a StateSpec is its own factory

@@ -189,8 +189,9 @@ class LeaseCell:
     """The lease row through a writer with ``read_cell`` and ``swap_cell``
     (GrpcMutationWriter, or the in-memory fake in tests)."""
 
-    def __init__(self, writer, table: str, row_key: bytes) -> None:
+    def __init__(self, writer, table: str, row_key: bytes, where: str = "Bigtable") -> None:
         self._writer, self._table, self._row_key = writer, table, row_key
+        self.where = where  # the service and endpoint, for messages
 
     def read(self) -> Optional[bytes]:
         return self._writer.read_cell(self._table, self._row_key, LEASE_FAMILY, LEASE_QUALIFIER)
@@ -231,6 +232,7 @@ class Lease:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._last_warning = float("-inf")
+        self._last_error: Optional[str] = None  # of the last failed renewal, for the final message
 
     # -- state -------------------------------------------------------------------
     def _state(self, now_ms: int, ttl_s: Optional[float] = None, released: bool = False) -> LeaseState:
@@ -284,11 +286,20 @@ class Lease:
             raise LeaseHeld(f"the {self.spec.role} lease of job {self.spec.job} kept changing while acquiring it")
         return cur
 
-    def acquire(self, mode: str = FAIL, ttl_s: Optional[float] = None, heartbeat: bool = True) -> None:
-        """Hold the lease or raise LeaseHeld (mode fail); standby: wait for it."""
+    def acquire(self, mode: str = FAIL, ttl_s: Optional[float] = None, heartbeat: bool = True,
+                retry=None) -> None:
+        """Hold the lease or raise LeaseHeld (mode fail); standby: wait for it.
+        ``retry``: a RetryPolicy for the lease calls (failures logged, bounded)."""
+        from ddb2bt.pipeline.retry import retrying
+
+        def attempt():
+            return self.try_acquire(take_over=mode == TAKE_OVER, ttl_s=ttl_s)
+
+        call = (retrying(retry, f"the {self.spec.role} lease of job {self.spec.job}", where=self._cell.where,
+                         sleep=self._sleep) if retry is not None else (lambda fn: fn()))
         waiting_since = None
         while True:
-            other = self.try_acquire(take_over=mode == TAKE_OVER, ttl_s=ttl_s)
+            other = call(attempt)
             if other is None:
                 break
             if mode != STANDBY:
@@ -358,7 +369,9 @@ class Lease:
             swapped = self._cell.swap(self._raw, new, now)
             if not swapped:
                 raw = self._cell.read()
+            self._last_error = None
         except (RetryableError, PermanentError) as exc:
+            self._last_error = f"{self._cell.where}: {exc}"
             if sent - self._last_warning >= self.spec.renew_s:
                 self._last_warning = sent
                 log.warning("renewing the %s lease of job %s failed (%s); retrying; this process stops writing "
@@ -384,9 +397,11 @@ class Lease:
         return False
 
     def _lapsed_message(self, now: float) -> str:
-        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {now - self._valid_until + self.spec.ttl_s - self._margin:.0f}s "
-                f"ago (this process was paused, or could not reach Bigtable), so another process may hold it "
-                "now: this process stops before writing anything more")
+        ago = now - self._valid_until + self.spec.ttl_s - self._margin
+        cause = (f"renewing it kept failing: {self._last_error}" if self._last_error else
+                 "this process was paused, or could not reach Bigtable")
+        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}), so "
+                "another process may hold it now: this process stops before writing anything more")
 
     def check(self) -> float:
         """The fence: seconds this process may still write; raises LeaseLost when
@@ -459,9 +474,11 @@ def register(lease: Lease) -> Lease:
 def lease_cell(spec: LeaseSpec) -> LeaseCell:
     from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter
 
+    from ddb2bt.pipeline.sink.bigtable_io import bigtable_endpoint
+
     b = spec.bigtable
     writer = GrpcMutationWriter(b.project, b.instance, b.app_profile, timeout_s=LEASE_RPC_TIMEOUT_S)
-    return LeaseCell(writer, spec.table, spec.row_key)
+    return LeaseCell(writer, spec.table, spec.row_key, f"Bigtable ({bigtable_endpoint()})")
 
 
 def join(spec: Optional[LeaseSpec]) -> Optional[Lease]:
@@ -524,14 +541,18 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
     holder = dataflow_holder(dataflow_job) if dataflow_job else f"{command}:{uuid.uuid4().hex[:12]}"
     spec = LeaseSpec(state_spec.bigtable, state_spec.table, state_spec.job, role, holder, options.ttl_s,
                      options.renew_s, shared=dataflow_job is not None)
+    from ddb2bt.pipeline.retry import RetryPolicy
+
     lease = Lease(spec, lease_cell(spec), command=command)
+    retry = RetryPolicy(initial_s=0.2, max_backoff_s=5.0, **(
+        {"deadline_s": state_spec.bigtable.deadline_s} if state_spec.bigtable.deadline_s is not None else {}))
     if dataflow_job:
-        lease.acquire(options.mode, ttl_s=options.ttl_s + DATAFLOW_START_GRACE_S, heartbeat=False)
+        lease.acquire(options.mode, ttl_s=options.ttl_s + DATAFLOW_START_GRACE_S, heartbeat=False, retry=retry)
         lease.detach()
         return lease, spec
     register(lease)
     try:
-        lease.acquire(options.mode)
+        lease.acquire(options.mode, retry=retry)
     except BaseException:
         _REGISTRY.pop(spec.key, None)
         raise

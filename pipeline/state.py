@@ -233,16 +233,21 @@ def _set_latest(family: str, cells: dict, ts_ms: int) -> list:
 class BigtableStateBackend:
     """StateBackend on a Bigtable table, through the same MutationWriter as the sink."""
 
-    def __init__(self, writer, project: str, instance: str, table_id: str) -> None:
+    def __init__(self, writer, project: str, instance: str, table_id: str, deadline_s: Optional[float] = None) -> None:
+        from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
+
         self._writer = writer
         self._project = project
         self._instance = instance
         self._table_id = table_id
+        # Give up on an unreachable state table after this long (a job's
+        # --bigtable-deadline; read-only commands: ~25 s).
+        self._deadline_s = DEFAULT_DEADLINE_S if deadline_s is None else deadline_s
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
     def write_rows(self, rows: Sequence) -> None:
-        from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable
-        from ddb2bt.pipeline.retry import retry_call
+        from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable, bigtable_endpoint
+        from ddb2bt.pipeline.retry import RetryPolicy, retry_call
 
         def attempt():
             statuses = self._writer.mutate_rows(self._table_id, rows)
@@ -252,20 +257,21 @@ class BigtableStateBackend:
             if bad:
                 raise BigtableRetryable(f"state table write failed: {bad[0].message}")
 
-        retry_call(attempt, what="state table write")
+        retry_call(attempt, what=f"MutateRows on state table {self._table_id}",
+                   policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def read_prefix(self, prefix: bytes) -> dict:
-        from ddb2bt.pipeline.sink.bigtable_io import read_table
-
-        from ddb2bt.pipeline.sink.bigtable_io import data_client
+        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, data_client, read_table
 
         if self._client is None:
             self._client = data_client(self._project)
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
-                          client=self._client)
+                          client=self._client, deadline_s=self._deadline_s, attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
 
     def close(self) -> None:
         if self._client is not None:
-            self._client.close()
+            from ddb2bt.pipeline.sink.bigtable_io import close_bounded
+
+            close_bounded(self._client.close, "Bigtable data client")
             self._client = None

@@ -124,6 +124,67 @@ class BigtablePermanent(PermanentError):
     """A whole call failed for good (table missing, permission denied...)."""
 
 
+class BigtableUnreachable(PermanentError):
+    """No connection to Bigtable (or the emulator) within the deadline."""
+
+
+def classify_api_error(exc: Exception, method: str) -> Exception:
+    """A google.api_core error from the data client, classified once, here."""
+    from google.api_core import exceptions as gexc
+
+    code = getattr(getattr(exc, "grpc_status_code", None), "name", None) or type(exc).__name__
+    message = f"{method} failed: {code}: {getattr(exc, 'message', None) or exc}"
+    retryable = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.TooManyRequests, gexc.Aborted,
+                 gexc.InternalServerError, gexc.Unknown, gexc.ResourceExhausted)
+    if isinstance(exc, retryable):
+        return BigtableRetryable(message, code=code)
+    return BigtablePermanent(message, code=code)
+
+
+_REACHABLE: set = set()
+PROBE_STEP_S = 2.0
+
+
+def probe_bigtable(deadline_s: Optional[float] = None, channel_factory=None, clock=None) -> None:
+    """Wait until a connection to Bigtable is up, saying so at WARNING every few
+    seconds, or raise BigtableUnreachable naming the endpoint after ``deadline_s``.
+    Admin calls go through a client whose own retries are silent and long, so a
+    command checks this first (once per endpoint and process)."""
+    import time
+
+    from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
+
+    deadline_s = READ_ONLY_DEADLINE_S if deadline_s is None else deadline_s
+    endpoint = bigtable_endpoint()
+    if endpoint in _REACHABLE:
+        return
+    clock = clock or time.monotonic
+    channel = (channel_factory or make_channel)()
+    start = clock()
+    next_log = 0.0
+    try:
+        while True:
+            left = deadline_s - (clock() - start)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=max(0.05, min(PROBE_STEP_S, left)))
+                _REACHABLE.add(endpoint)
+                return
+            except grpc.FutureTimeoutError:
+                pass
+            elapsed = clock() - start
+            if elapsed >= deadline_s:
+                hint = (" (is the emulator running, and BIGTABLE_EMULATOR_HOST right? ddb2bt local up starts one)"
+                        if os.environ.get(EMULATOR_ENV) else " (network, firewall or proxy?)")
+                raise BigtableUnreachable(f"Bigtable ({endpoint}) is unreachable: no connection within "
+                                          f"{deadline_s:.0f}s{hint}")
+            if elapsed >= next_log:
+                log.warning("Bigtable (%s): no connection for %.0fs; retrying, giving up in %.0fs", endpoint,
+                            elapsed, deadline_s - elapsed)
+                next_log = min(max(1.0, 2 * elapsed), elapsed + 30.0)
+    finally:
+        close_bounded(channel.close, "probe channel", 0.5)
+
+
 Entry = tuple  # (row_key: bytes, mutations: Sequence[SetCell | DeleteCells])
 
 
@@ -422,9 +483,10 @@ def _gc_rule(family: FamilyConfig):
 class BigtableAdmin:
     """Table administration through the classic admin client (works on the emulator)."""
 
-    def __init__(self, project: str, instance: str) -> None:
+    def __init__(self, project: str, instance: str, deadline_s: Optional[float] = None) -> None:
         from google.cloud.bigtable import Client
 
+        probe_bigtable(deadline_s)  # the admin client retries unreachable endpoints silently for minutes
         self._client = Client(project=project, admin=True)
         self._instance = self._client.instance(instance)
 
@@ -494,25 +556,52 @@ def _row_cells(row) -> dict:
     return cells
 
 
-def _read(project: str, instance: str, table_id: str, queries: Iterable, client=None) -> dict:
+# One ReadRows attempt may take this long: a whole table read by verify is one
+# attempt. Small reads (the state table) pass a shorter one.
+BULK_ATTEMPT_TIMEOUT_S = 600.0
+SMALL_ATTEMPT_TIMEOUT_S = 20.0
+
+
+def _read(project: str, instance: str, table_id: str, queries: Iterable, client=None,
+          deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
     """Run ReadRows queries; with ``client`` given it is reused and left open (callers
-    reading often keep one), otherwise a client lives for this call only."""
+    reading often keep one), otherwise a client lives for this call only.
+
+    The data client's own retries are off (they are silent, up to 600 s): each
+    query is retried by our policy, which logs every failure and gives up after
+    ``deadline_s`` with an error naming Bigtable and the endpoint."""
+    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S, RetryPolicy, retrying
+
     own = client is None
     client = client or data_client(project)
     out: dict = {}
+    policy = RetryPolicy(initial_s=0.2, max_backoff_s=5.0,
+                         deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
+    timeout = min(attempt_timeout_s, policy.deadline_s) if policy.deadline_s > 0 else attempt_timeout_s
     try:
         with client.get_table(instance, table_id) as table:
             for query in queries:
-                for row in table.read_rows(query):
+                def attempt(query=query) -> list:
+                    try:
+                        return list(table.read_rows(query, operation_timeout=timeout, attempt_timeout=timeout,
+                                                    retryable_errors=()))
+                    except Exception as exc:
+                        if type(exc).__module__.startswith("google.api_core"):
+                            raise classify_api_error(exc, "ReadRows") from exc
+                        raise
+
+                for row in retrying(policy, f"ReadRows on {table_id}", where=f"Bigtable ({bigtable_endpoint()})")(
+                        attempt):
                     out[row.row_key] = _row_cells(row)
     finally:
         if own:
-            client.close()
+            close_bounded(client.close, "Bigtable data client")
     return out
 
 
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
-               latest_only: bool = False, client=None) -> dict:
+               latest_only: bool = False, client=None, deadline_s: Optional[float] = None,
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
     """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import row_filters
@@ -522,7 +611,7 @@ def read_table(project: str, instance: str, table_id: str, prefix: Optional[byte
         query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
     if latest_only:
         query.filter = row_filters.CellsColumnLimitFilter(1)
-    return _read(project, instance, table_id, [query], client)
+    return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s)
 
 
 def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, client=None) -> dict:
