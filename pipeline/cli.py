@@ -1010,6 +1010,11 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     the Bigtable write channel) is for programs that embed the CLI, such as the
     fault-injection runner in ``ddb2bt.pipeline.testing``; the command line has no
     flag for it."""
+    as_program = argv is None  # run as the ddb2bt program (not embedded with an argument list)
+    if as_program:
+        from ddb2bt.pipeline.signals import exit_quietly_on_interrupt
+
+        exit_quietly_on_interrupt()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
@@ -1017,14 +1022,15 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.beam_args = unknown
     args.bigtable_interceptors = tuple(bigtable_interceptors)
-    from ddb2bt.pipeline.graph import is_dry_run
+    from ddb2bt.pipeline.dataflow import is_dry_run  # not graph: that imports Beam
 
     args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)
     from ddb2bt.pipeline.signals import run_command
 
     try:
-        return run_command(lambda: args.func(args) or 0, enabled=getattr(args, "beam", False))
+        return run_command(lambda: args.func(args) or 0, enabled=getattr(args, "beam", False),
+                           exit_when_interrupted=as_program)
     except ConfigError as exc:
         print(f"ddb2bt: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -42,9 +42,10 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ddb2bt.pipeline.retry import BETWEEN_ATTEMPTS
 from ddb2bt.transforms.errors import PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,7 @@ class Lease:
         self._thread: Optional[threading.Thread] = None
         self._last_warning = float("-inf")
         self._last_error: Optional[str] = None  # of the last failed renewal, for the final message
+        self.active = False  # holding, with its heartbeat running
 
     # -- state -------------------------------------------------------------------
     def _state(self, now_ms: int, ttl_s: Optional[float] = None, released: bool = False) -> LeaseState:
@@ -423,6 +425,7 @@ class Lease:
     def start_heartbeat(self) -> None:
         if self._thread is not None:
             return
+        self.active = True
         self._thread = threading.Thread(target=self._beat, name=f"lease-{self.spec.role}", daemon=True)
         self._thread.start()
 
@@ -439,6 +442,7 @@ class Lease:
         """Give the lease up (the next process takes it at once). Best effort: an
         unreleased lease expires after its TTL."""
         self._stop.set()
+        self.active = False
         with self._lock:
             raw, self._raw = self._raw, None
             lost = self._lost
@@ -457,6 +461,7 @@ class Lease:
         """Stop renewing without releasing (a Dataflow launcher: the job's workers
         renew it from now on)."""
         self._stop.set()
+        self.active = False
         _REGISTRY.pop(self.spec.key, None)
 
 
@@ -469,6 +474,18 @@ _REGISTRY_LOCK = threading.Lock()
 def register(lease: Lease) -> Lease:
     _REGISTRY[lease.spec.key] = lease
     return lease
+
+
+def check_held() -> None:
+    """Every lease this process holds must still be valid (raises LeaseLost):
+    run between retry attempts, so no retry loop outlives a lost lease."""
+    for lease in list(_REGISTRY.values()):
+        if lease.active:
+            lease.check()
+
+
+if check_held not in BETWEEN_ATTEMPTS:
+    BETWEEN_ATTEMPTS.append(check_held)
 
 
 def lease_cell(spec: LeaseSpec) -> LeaseCell:

@@ -29,6 +29,10 @@ DEFAULT_DEADLINE_S = 300.0
 # someone is waiting at a terminal.
 READ_ONLY_DEADLINE_S = 25.0
 MAX_LOG_GAP_S = 30.0
+# Called between attempts; raising stops the retrying. The job lease registers
+# its fence here: a process that lost its lease must not sit in a retry loop for
+# minutes (ddb2bt.pipeline.lease).
+BETWEEN_ATTEMPTS: list = []
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,8 @@ class Retrying:
                                 exc, left)
                     logged = True
                     next_log = min(max(1.0, 2 * elapsed), elapsed + MAX_LOG_GAP_S)
+                for check in BETWEEN_ATTEMPTS:
+                    check()
                 ceiling = min(policy.max_backoff_s, policy.initial_s * 2.0 ** min(attempt - 1, 60))
                 self._sleep(min(self._rng.uniform(0, ceiling), max(left, 0.0)))
                 continue

@@ -179,6 +179,21 @@ def _noop(signum, frame) -> None:  # the watcher thread does the work
     pass
 
 
+def exit_quietly_on_interrupt() -> None:
+    """For the ddb2bt program, first thing: until a command installs its own
+    handling, Ctrl-C / SIGTERM end the process with the usual line instead of a
+    KeyboardInterrupt traceback from whatever module was being imported."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame) -> None:
+        _say(INTERRUPTED)
+        os._exit(EXIT_INTERRUPTED)
+
+    for s in _SIGNALS:
+        signal.signal(s, handler)
+
+
 def _stop_readers() -> None:
     from ddb2bt.pipeline.source.stream_source import STOP_ALL, request_stop
 
@@ -186,9 +201,13 @@ def _stop_readers() -> None:
 
 
 def run_command(fn: Callable[[], int], *, enabled: bool = True, stop: Callable[[], None] = _stop_readers,
-                grace_s: float = GRACE_S) -> int:
+                grace_s: float = GRACE_S, exit_when_interrupted: bool = False) -> int:
     """Run a command with the behaviour above (``enabled``: a command that runs
-    a job). Returns its exit code, 130 when interrupted."""
+    a job). Returns its exit code, 130 when interrupted.
+
+    ``exit_when_interrupted`` (the ``ddb2bt`` program itself, not an embedding
+    caller): after a clean stop, end the process at once instead of returning:
+    the interpreter's shutdown then waits seconds for gRPC's native threads."""
     if not enabled:
         return fn()
     from ddb2bt.pipeline.source.stream_source import STOP_ALL, clear_stop
@@ -213,5 +232,8 @@ def run_command(fn: Callable[[], int], *, enabled: bool = True, stop: Callable[[
         clear_stop(STOP_ALL)
     if scope.interrupted is not None:
         _say(INTERRUPTED)
+        if exit_when_interrupted:
+            logging.shutdown()
+            os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     return code
