@@ -294,3 +294,33 @@ def test_the_sink_writes_nothing_and_checkpoints_nothing_once_the_lease_is_lost(
     assert len(bt.calls) == calls  # not one RPC after the fence said no
     ck = state.load_checkpoints("arn:aws:dynamodb:r:1:table/T/stream/x")
     assert ck["shard-1"].sequence_number == "1"
+
+
+def test_a_dataflow_launch_holds_the_lease_for_the_job_and_its_workers_join(monkeypatch):
+    import argparse
+
+    from ddb2bt.pipeline import lease as lease_mod
+    from ddb2bt.pipeline.cli import acquire_lease
+    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+
+    bt = InMemoryBigtable()
+    monkeypatch.setattr(lease_mod, "lease_cell", lambda spec: LeaseCell(bt, spec.table, spec.row_key))
+    state = StateSpec(BigtableSpec("p", "i"), job="orders_v2")
+    args = argparse.Namespace(dry=False, lease_ttl=20.0, lease_renew=5.0, take_over=False, standby=False,
+                              command="run", beam_args=["--runner=DataflowRunner", "--project=proj-1"])
+    spec = acquire_lease(args, state, "tail")
+    job_name = [a for a in args.beam_args if a.startswith("--job_name=")][0].split("=", 1)[1]
+    assert job_name.startswith("ddb2bt-orders-v2-")  # a valid Dataflow job name, passed on to Beam
+    assert spec.shared and spec.holder == f"dataflow:{job_name}"
+    cur = LeaseState.parse(bt.read_cell(state.table, spec.row_key, "meta", b"lease"))
+    assert cur.holder == spec.holder and cur.expires_ms > lease_mod.wall_ms() + 800_000  # start-up grace
+    assert spec.key not in lease_mod._REGISTRY  # the launcher renews nothing: the workers do
+    worker = lease_mod.join(spec)  # a worker's DoFn.setup
+    try:
+        assert worker.check() > 0
+        # Another Dataflow job (or process) for the same job name is refused.
+        args2 = argparse.Namespace(**{**vars(args), "beam_args": ["--runner=DataflowRunner", "--job_name=other"]})
+        with pytest.raises(LeaseHeld, match=f"dataflow:{job_name}"):
+            acquire_lease(args2, state, "tail")
+    finally:
+        worker.release()
