@@ -610,6 +610,9 @@ def cmd_verify(args) -> int:
     mapping = load(args)
     if not 0 < args.sample_rate <= 1:
         raise ConfigError("must be in (0, 1]", "--sample-rate")
+    from ddb2bt.pipeline.sink.bigtable_io import probe_bigtable
+
+    probe_bigtable()  # before scanning the source: an unreachable target fails verify in ~25 s
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
     expected = ddb.describe_table(TableName=mapping.source.table)["Table"].get("ItemCount", 0)

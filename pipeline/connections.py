@@ -65,8 +65,12 @@ class StreamsClientFactory:
 
 def dynamodb_client(region: Optional[str] = None):
     import boto3
+    from botocore.config import Config
 
-    return boto3.client("dynamodb", region_name=region)
+    # Bounded: an unreachable endpoint fails a command in seconds (botocore's
+    # defaults wait 60 s per connection attempt, five times).
+    config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60)
+    return boto3.client("dynamodb", region_name=region, config=config)
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def test_bigtable_killed_during_run_warns_within_seconds_and_stops_naming_it(tmp
     with LocalStack(log_dir=tmp_path / "logs") as own:
         env = dict(os.environ)
         env.update(own.env())
-        os.environ.update(own.env())
+        previous = own.apply_env()
         try:
             path = write_mapping(tmp_path, name="killed_job")
             ddb = dynamodb_client()
@@ -164,8 +164,11 @@ def test_bigtable_killed_during_run_warns_within_seconds_and_stops_naming_it(tmp
                 workload.apply_quietly(ddb, "ProductCatalog", op)
             assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
         finally:
-            for k in own.env():
-                os.environ.pop(k, None)
+            for k, v in previous.items():  # back to the session stack's variables
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         err = tmp_path / "run.err"
         proc = spawn(["run", "--mapping", str(path), "--poll-interval", "0.2", "--bigtable-deadline", "20"], err, env)
         try:
@@ -183,7 +186,6 @@ def test_bigtable_killed_during_run_warns_within_seconds_and_stops_naming_it(tmp
             assert proc.returncode == 1, text
             last = text.strip().splitlines()[-1]
             assert last.startswith("ddb2bt: error:") and "Bigtable" in last and endpoint in last, last
-            print(text)
             assert elapsed < 20 + 5, elapsed
             assert "Traceback" not in text
         finally:
