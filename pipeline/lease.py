@@ -394,8 +394,12 @@ class Lease:
                 return True
         if self.spec.shared and self.try_acquire() is None:
             return True
-        self._lose(f"job {self.spec.job}: the {self.spec.role} lease was taken over by "
-                   f"{cur.describe() if cur else 'another process'}; this process stops before its next write")
+        if cur is None:
+            self._lose(f"job {self.spec.job}: the {self.spec.role} lease was not found in the state table any more "
+                       "(was the table deleted or recreated?); this process stops before its next write")
+        else:
+            self._lose(f"job {self.spec.job}: the {self.spec.role} lease was taken over by {cur.describe()}; this "
+                       "process stops before its next write")
         return False
 
     def _lapsed_message(self, now: float) -> str:
@@ -448,14 +452,17 @@ class Lease:
             lost = self._lost
             self._lost = self._lost or f"job {self.spec.job}: the {self.spec.role} lease was released"
         _REGISTRY.pop(self.spec.key, None)
-        if raw is None or lost is not None:
-            return
-        now = self._wall()
         try:
-            self._cell.swap(raw, self._state(now, released=True).to_bytes(), now)
-        except Exception as exc:  # the lease then simply expires
-            log.warning("could not release the %s lease of job %s (%s); it expires in %gs", self.spec.role,
-                        self.spec.job, exc, self.spec.ttl_s)
+            if raw is None or lost is not None:
+                return
+            now = self._wall()
+            try:
+                self._cell.swap(raw, self._state(now, released=True).to_bytes(), now)
+            except Exception as exc:  # the lease then simply expires
+                log.warning("could not release the %s lease of job %s (%s); it expires in %gs", self.spec.role,
+                            self.spec.job, exc, self.spec.ttl_s)
+        finally:
+            self._cell.close()
 
     def detach(self) -> None:
         """Stop renewing without releasing (a Dataflow launcher: the job's workers
@@ -463,6 +470,7 @@ class Lease:
         self._stop.set()
         self.active = False
         _REGISTRY.pop(self.spec.key, None)
+        self._cell.close()
 
 
 # --- per process: the leases held, found again by the DoFns ----------------------
@@ -572,5 +580,6 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
         lease.acquire(options.mode, retry=retry)
     except BaseException:
         _REGISTRY.pop(spec.key, None)
+        lease.release()  # closes its channel (it holds nothing to give up)
         raise
     return lease, spec

@@ -251,8 +251,11 @@ class BatchingWriter:
         return dead
 
     def close(self) -> None:
+        # Never wait here for a batch still being written (a teardown after a
+        # failure or an interruption must not block on an RPC): flush() is what
+        # waits for acknowledgements, and an unflushed batch is not checkpointed.
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _flush_full(self) -> list:
         """A batch is full. Without overlap: flush. With it: wait for the batch in
