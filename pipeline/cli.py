@@ -164,6 +164,10 @@ def acquire_lease(args, state, role: str):
     from ddb2bt.pipeline.dataflow import option_value
     from ddb2bt.pipeline.graph import is_local
 
+    for option in ("bigtable_deadline", "dynamodb_deadline"):
+        value = getattr(args, option, None)
+        if value is not None and not value > 0:
+            raise ConfigError(f"must be a positive number of seconds, got {value:g}", "--" + option.replace("_", "-"))
     if getattr(args, "dry", False):
         return None
     try:
@@ -479,7 +483,8 @@ def _sink_config(args=None, lease=None):
 
     if args is None or not hasattr(args, "bigtable_deadline"):
         return SinkConfig(lease=lease)
-    return SinkConfig(lease=lease, retry=RetryPolicy(deadline_s=args.bigtable_deadline))
+    return SinkConfig(lease=lease, retry=replace_deadline(RetryPolicy(), args.bigtable_deadline,
+                                                          "--bigtable-deadline"))
 
 
 def dynamodb_retry(args):
@@ -488,9 +493,11 @@ def dynamodb_retry(args):
     return replace_deadline(ReaderOptions.retry, getattr(args, "dynamodb_deadline", None))
 
 
-def replace_deadline(policy, deadline_s):
+def replace_deadline(policy, deadline_s, option: str = "--dynamodb-deadline"):
     from dataclasses import replace
 
+    if deadline_s is not None and not deadline_s > 0:
+        raise ConfigError(f"must be a positive number of seconds, got {deadline_s:g}", option)
     return policy if deadline_s is None else replace(policy, deadline_s=deadline_s)
 
 
