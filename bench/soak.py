@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from ddb2bt.pipeline import workload  # noqa: E402
+from ddb2bt.pipeline.local import workload  # noqa: E402
 from ddb2bt.pipeline.sink.bigtable_io import read_table  # noqa: E402
 from ddb2bt.pipeline.cutover.compare import compare_mapping  # noqa: E402
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client  # noqa: E402
@@ -42,8 +42,10 @@ def ddb2bt_argv(args: list, faults: str = "", fault_log: Path | None = None) -> 
     testing package's runner when ``faults`` is set."""
     if not faults:
         return [sys.executable, "-m", "ddb2bt.pipeline.cli", *args]
+    # --log before the spec: after it, the runner's catch-all argument would take it
+    # as part of the ddb2bt command line.
     log = ["--log", str(fault_log)] if fault_log else []
-    return [sys.executable, "-m", "ddb2bt.pipeline.testing.faults", faults, *log, "--", *args]
+    return [sys.executable, "-m", "ddb2bt.pipeline.testing.faults", *log, faults, "--", *args]
 
 
 def cli(args: list, env: dict, faults: str = "", fault_log: Path | None = None) -> subprocess.Popen:

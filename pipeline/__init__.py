@@ -26,7 +26,7 @@ gives these elements a coder that estimates their size without encoding them)
   in flight, the next sent only after its acknowledgement.
 
 There is deliberately no Reshuffle or GroupByKey between reading and writing:
-it would break per-row order (design notes §1); ``tests`` assert its absence.
+it would break per-row order (docs/design.md §4.3); ``tests`` assert its absence.
 """
 
 __all__ = [

@@ -18,6 +18,12 @@ from typing import Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
+from ddb2bt.pipeline.options import check_beam_args, number
+
+# Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
+# a page at 1 MB anyway, so a larger item limit would only cost memory.
+MAX_TOTAL_SEGMENTS = 1_000_000
+MAX_SCAN_PAGE = 10_000
 
 log = logging.getLogger("ddb2bt")
 
@@ -25,15 +31,16 @@ EPILOG = """\
 examples:
   ddb2bt demo                                    # everything local: emulators, writes, replication
   ddb2bt local up --detach && eval "$(ddb2bt local env)"
-  ddb2bt create-table --mapping examples/product_catalog.yaml
-  ddb2bt run --mapping examples/product_catalog.yaml --until-idle 5
-  ddb2bt dlq list --mapping examples/product_catalog.yaml
+  ddb2bt create-table --mapping example:product_catalog
+  ddb2bt run --mapping example:product_catalog --until-idle 5
+  ddb2bt dlq list --mapping example:product_catalog
   ddb2bt run --mapping m.yaml --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp
 """
 
 
 STAGES = (("pipeline.stream", "source"), ("ddb2bt.pipeline.sink.sink", "sink"), ("ddb2bt.pipeline.cutover.backfill", "backfill"),
-          ("transforms", "mapping"), ("ddb2bt.pipeline.cutover.phases", "migrate"), ("ddb2bt.pipeline.cutover.verify", "verify"),
+          ("transforms", "mapping"), ("ddb2bt.pipeline.cutover.verify", "verify"),
+          ("ddb2bt.pipeline.cutover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
           ("ddb2bt.pipeline.retry", "retry"), ("ddb2bt.pipeline.local.local_stack", "local"), ("ddb2bt.pipeline.metrics", "metrics"))
 
 
@@ -74,8 +81,20 @@ def setup_logging(level: str, fmt: str) -> None:
 # --- shared options --------------------------------------------------------------
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a repeated --mapping used to keep only the
+    last one silently, and one job replicates exactly one table."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            parser.error(f"argument {'/'.join(self.option_strings)}: given more than once; one job replicates one "
+                         "table, so run one job per mapping file")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
 def add_mapping_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--mapping", "-m", required=required, metavar="FILE",
+    p.add_argument("--mapping", "-m", required=required, metavar="FILE", action=_Once,
                    help="mapping file (YAML): source table, target table, and how items become rows; "
                         "example:NAME takes a packaged example (see 'ddb2bt examples')")
     # Not --project: that is Beam's (the Dataflow job's project), passed through.
@@ -115,14 +134,14 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
                    help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
                         "from the oldest record with a loud warning")
-    p.add_argument("--until-idle", type=float, metavar="SECONDS",
+    p.add_argument("--until-idle", type=number(float, above=0), metavar="SECONDS",
                    help="stop once every shard has been at the stream head this long (tests, catch-up runs; "
                         "migrate: after the backfill, then phase LIVE)")
-    p.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL_S,
+    p.add_argument("--poll-interval", type=number(float, above=0), default=DEFAULT_POLL_INTERVAL_S,
                    help="seconds between polls of an idle shard (default %(default)s: 4 GetRecords/s, "
                         "under the stream's 5/s per-shard limit)")
-    p.add_argument("--discovery-interval", type=float, default=10.0, help="seconds between shard discoveries")
-    p.add_argument("--partitions", type=int, default=1,
+    p.add_argument("--discovery-interval", type=number(float, above=0), default=10.0, help="seconds between shard discoveries")
+    p.add_argument("--partitions", type=number(int, minimum=1), default=1,
                    help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
     p.add_argument("--new-stream", action="store_true",
                    help="accept that the table's stream was replaced since the last run (changes in between "
@@ -191,7 +210,7 @@ def acquire_lease(args, state, role: str):
 
 
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-port", type=number(int, minimum=0, maximum=65535), help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
     p.add_argument("--metrics-pushgateway", metavar="URL",
                    help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
@@ -240,7 +259,15 @@ def state_spec(args, mapping, include_values: bool = True):
 
 
 def cmd_validate(args) -> int:
+    from ddb2bt.transforms.lint import placeholder_findings
+
     mapping = load(args)
+    warnings = placeholder_findings(mapping)
+    for finding in warnings:
+        print(finding)
+    if warnings and args.strict:
+        print(f"{len(warnings)} warning(s); --strict makes them errors", file=sys.stderr)
+        return 1
     rules = ", ".join(r.name for r in mapping.rules)
     print(f"OK: {args.mapping}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
           f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
@@ -248,31 +275,40 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from ddb2bt.transforms.attrs import from_plain, item_from_dynamodb_json, type_of
+    from ddb2bt.pipeline.source.records import from_stream_record
     from ddb2bt.transforms.errors import MappingError
+    from ddb2bt.transforms.inputs import ITEM, parse_user_input
     from ddb2bt.transforms.mapping import map_change
     from ddb2bt.transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
 
     mapping = load(args)
-    raw = json.loads(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
-    try:
-        item = item_from_dynamodb_json(raw)
-        for v in item.values():
-            type_of(v)
-    except Exception:
-        item = {k: from_plain(v) for k, v in raw.items()}
-    keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
-    ts = args.timestamp_ms
-    for event, new, old in ((INSERT, item, None), (REMOVE, None, item)):
-        print(f"== {event} at {ts} ms")
+    # Parsed exactly (numbers keep their digits) and strictly: what DynamoDB would
+    # refuse is an error here, with the reason (transforms/inputs.py).
+    given = parse_user_input(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
+    print(f"# {given.shape}")
+    if given.kind == ITEM:
+        item = given.item
+        keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+        ts = args.timestamp_ms
+        changes = [(f"{INSERT} at {ts} ms", ChangeRecord(INSERT, keys, item, None, ts)),
+                   (f"{REMOVE} at {ts} ms", ChangeRecord(REMOVE, keys, None, item, ts))]
+    else:
+        changes = []
+        for i, raw in enumerate(given.records):
+            record = from_stream_record(raw, "explain", "-")
+            when = f"{record.change_ms} ms" if record.change_ms >= 0 else "no time"
+            changes.append((f"record {i + 1}: {record.event_name or '?'} at {when}"
+                            + (" (TTL deletion)" if record.is_ttl_delete else ""), record))
+    for title, record in changes:
+        print(f"== {title}")
         try:
-            changes = map_change(mapping, ChangeRecord(event, keys, new, old, ts))
+            mapped = map_change(mapping, record)
         except MappingError as exc:
             print(f"  dead letter [{exc.reason}]: {exc.message}")
             continue
-        if not changes:
+        if not mapped:
             print("  (skipped by the mapping)")
-        for ch in changes:
+        for ch in mapped:
             print(f"  table {ch.table} row {ch.row_key!r}")
             for m in ch.mutations:
                 if isinstance(m, SetCell):
@@ -316,17 +352,9 @@ def cmd_create_table(args) -> int:
 
 
 def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
-    if port is None:
-        return None
-    from prometheus_client import start_http_server
+    from ddb2bt.pipeline.metrics import serve_metrics
 
-    from ddb2bt.pipeline.metrics import default_metrics
-
-    default_metrics()
-    server, _ = start_http_server(port, addr=host)
-    url = f"http://{host}:{server.server_port}/metrics"
-    log.info("metrics at %s", url)
-    return url
+    return serve_metrics(port, host)
 
 
 def build_live_job(args, mapping):
@@ -363,6 +391,7 @@ def build_live_job(args, mapping):
 def cmd_run(args) -> int:
     from ddb2bt.pipeline.graph import is_local, make_pipeline
     from ddb2bt.pipeline.io import ReplicateToBigtable
+    from ddb2bt.pipeline.metrics import default_metrics, outcome_counts
 
     mapping = load(args)
     job = build_live_job(args, mapping)
@@ -373,108 +402,38 @@ def cmd_run(args) -> int:
              f", until idle {args.until_idle}s" if args.until_idle else "")
     p = make_pipeline(args.beam_args)
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_job(job)
+    before = outcome_counts(default_metrics())
+    args.job_started = True
     result = p.run()
     if not is_local(args.beam_args):
         return submitted(result, args)  # a streaming job runs on; drain it to stop
     result.wait_until_finish()
-    log.info("pipeline finished: %s", getattr(result, "state", "DONE"))
+    after = outcome_counts(default_metrics())
+    print(report_outcome({k: after[k] - before[k] for k in after}, args.mapping))
     return 0
 
 
-# --- backfill, migrate, verify, status -------------------------------------------------
-
-RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
-TAIL_STOP_WAIT_S = 60.0
-DAY_MS = 24 * 3600 * 1000
-
-
-def watch(worker, total: Optional[int], desc: str, value) -> None:
-    """Show a progress bar (items/s and ETA) while ``worker`` runs; in logs (not a
-    terminal) a line every few seconds."""
-    from tqdm import tqdm
-
-    tty = sys.stderr.isatty()
-    with tqdm(total=total or None, unit="item", desc=desc, dynamic_ncols=True, file=sys.stderr,
-              mininterval=0.5 if tty else 10.0) as bar:
-        while worker.is_alive():
-            worker.join(0.5)
-            bar.n = int(value())
-            bar.update(0)
-        bar.n = int(value())
-        bar.refresh()
-    worker.check()
+def report_outcome(counts: dict, mapping_arg: str) -> str:
+    """The last line of a local run: what happened to the changes it read."""
+    line = (f"done: {counts['applied']} change(s) applied, {counts['dead_lettered']} dead-lettered, "
+            f"{counts['skipped']} skipped")
+    if counts["dead_lettered"]:
+        line += (f"\n  inspect the dead letters: ddb2bt dlq list --mapping {mapping_arg}"
+                 f"\n  after fixing the mapping:  ddb2bt dlq redrive --mapping {mapping_arg}")
+    return line
 
 
-def backfill_source(args, mapping):
-    """(source, spec dict, handoff ms or None, expected items)."""
-    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
-    from ddb2bt.pipeline.connections import dynamodb_client
-
-    if args.from_export:
-        source = ExportSource(args.from_export, mapping.source.region)
-        handoff = source.export_time_ms()
-        age = time.time_ns() // 1_000_000 - handoff
-        if age > DAY_MS - RETENTION_MARGIN_MS:
-            raise ConfigError(
-                f"the export is {age / 3600000:.1f}h old: the stream keeps 24h, so changes made since the export "
-                "may already be trimmed. Take a new export, or back-fill with a scan (no --from-export)",
-                "--from-export")
-        parts = source.parts()
-        return source, {"kind": "export", "location": args.from_export, "parts": len(parts)}, handoff, \
-            source.item_count()
-    if not 1 <= args.page_size <= 10_000:
-        raise ConfigError("must be between 1 and 10000", "--page-size")
-    source = ScanSource(mapping.source.table, args.segments, mapping.source.region, args.consistent_read,
-                        args.max_rcu, args.page_size)
-    count = dynamodb_client(mapping.source.region).describe_table(TableName=mapping.source.table)["Table"].get(
-        "ItemCount", 0)
-    return source, {"kind": "scan", "segments": args.segments, "parts": args.segments}, None, int(count)
+# --- backfill, migrate, verify, status, dead letters ----------------------------------
+# The services live in ddb2bt.pipeline.cutover: here, options in, result out.
 
 
-def run_backfill(args, mapping, spec, marking_wait=True) -> Optional[int]:
-    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
-    from ddb2bt.pipeline.graph import is_local, make_pipeline
-    from ddb2bt.pipeline.metrics import counter_total as _counter_total, default_metrics
-    from ddb2bt.pipeline.cutover.phases import Migration, Worker
+def backfill_options(args):
+    from ddb2bt.pipeline.cutover.controller import BackfillOptions
 
-    from ddb2bt.pipeline.lease import BACKFILL
-
-    lease = acquire_lease(args, spec, BACKFILL)
-    store = spec.store()
-    migration = Migration(store)
-    source, source_spec, export_time, expected = backfill_source(args, mapping)
-    handoff = migration.resume_or_begin(source_spec, args.restart, export_time,
-                                        sleep=time.sleep if marking_wait else (lambda s: None))
-    store.save_meta("backfill_expected", str(expected))
-    metrics = default_metrics()
-    metrics.backfill_expected.set(expected)
-    log.info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
-             handoff, handoff - handoff % 1000 - 1)
-    job = BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks)
-
-    def build(p) -> None:
-        add_backfill(p, job, mapping, spec, _sink_config(args, lease), DynamoDBClientFactory(mapping.source.region),
-                     reshuffle=not is_local(args.beam_args), pushgateway=getattr(args, "metrics_pushgateway", None))
-
-    if not is_local(args.beam_args):
-        # On Dataflow the backfill is a batch job; the tail's workers move the
-        # phase to CATCHING_UP once every part is done (see PhaseMarking).
-        p = make_pipeline(args.beam_args, streaming=False)
-        build(p)
-        return submitted(p.run(), args)
-
-    def pipeline() -> None:
-        p = make_pipeline(args.beam_args)
-        build(p)
-        p.run().wait_until_finish()
-
-    start = _counter_total(metrics.backfill_items)
-    worker = Worker("backfill", pipeline)
-    worker.start()
-    watch(worker, expected, "backfill", lambda: _counter_total(metrics.backfill_items) - start)
-    migration.finish_backfill()
-    return None
+    return BackfillOptions(segments=args.segments, tasks=args.tasks, max_rcu=args.max_rcu,
+                           consistent_read=args.consistent_read, page_size=args.page_size,
+                           from_export=args.from_export, restart=args.restart,
+                           pushgateway=getattr(args, "metrics_pushgateway", None))
 
 
 def _sink_config(args=None, lease=None):
@@ -501,167 +460,100 @@ def replace_deadline(policy, deadline_s, option: str = "--dynamodb-deadline"):
     return policy if deadline_s is None else replace(policy, deadline_s=deadline_s)
 
 
+def with_backfill_lease(args, options, state):
+    """The backfill's own lease (a backfill may run next to the job's tail)."""
+    from dataclasses import replace
+
+    from ddb2bt.pipeline.lease import BACKFILL
+
+    return replace(options, sink=_sink_config(args, acquire_lease(args, state, BACKFILL)))
+
+
 def cmd_backfill(args) -> int:
+    from ddb2bt.pipeline.cutover.controller import backfill, check_export_first
     from ddb2bt.pipeline.preflight import check_target, ensure_state_table
 
     mapping = load(args)
+    options = backfill_options(args)
+    check_export_first(options, mapping)  # before anything is created or written
     warning = check_target(mapping)
     if warning:
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+    spec = state_spec(args, mapping, dlq_values(args))
+    options = with_backfill_lease(args, options, spec)
     start_metrics_server(args.metrics_port, args.metrics_host)
-    launched = run_backfill(args, mapping, state_spec(args, mapping, dlq_values(args)))
-    if launched is not None:
-        return launched
-    print("backfill complete; phase CATCHING_UP: keep the live tail running (ddb2bt run) and check ddb2bt status")
+    outcome = backfill(mapping, spec, options, args.beam_args)
+    if outcome.launched is not None:
+        return submitted(outcome.launched, args)
+    print(f"backfill complete; phase {outcome.phase}, touch markers removed: keep the live tail running "
+          "(ddb2bt run) and check ddb2bt status")
     return 0
 
 
 def cmd_migrate(args) -> int:
-    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
-    from ddb2bt.pipeline.metrics import default_metrics
-    from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration, Worker
-    from dataclasses import replace
-
-    import uuid
-
-    from ddb2bt.pipeline.source.stream_source import request_stop
+    from ddb2bt.pipeline.cutover.controller import check_export_first, migrate
 
     mapping = load(args)
+    options = backfill_options(args)
+    check_export_first(options, mapping)  # before the tail starts writing
     job = build_live_job(args, mapping)
-    spec = job.state
-    migration = Migration(spec.store())
-    stop_token = uuid.uuid4().hex
-    job = replace(job, reader=replace(job.reader, stop_token=stop_token))
+    options = with_backfill_lease(args, options, job.state)
     start_metrics_server(args.metrics_port, args.metrics_host)
-    metrics = default_metrics()
-
-    def tail() -> None:
-        p = make_pipeline(args.beam_args)
-        add_live_replication(p, job)
-        p.run().wait_until_finish()
-
-    phase = migration.phase
-    log.info("migrate %s → %s: phase %s", mapping.source.table, mapping.target.table, phase or "new")
-    if not is_local(args.beam_args):
-        return launch_migrate(args, mapping, job, migration)
-    tail_worker = Worker("tail", tail)
-    tail_worker.start()  # the tail first: changes after the handoff are never missed
-    try:
-        if phase in (None, BACKFILLING):
-            run_backfill(args, mapping, spec)
-        tail_worker.check()
-    except BaseException:
-        # Stop the tail cleanly (what it read is written and checkpointed), then fail.
-        request_stop(stop_token)
-        tail_worker.join(TAIL_STOP_WAIT_S)
-        raise
+    outcome = migrate(mapping, job, options, args.beam_args, args.until_idle, dry_run=args.dry,
+                      on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
+                                            "; the tail keeps running (Ctrl-C stops it; a restart resumes)"),
+                                            flush=True))
+    if outcome.launched is not None:
+        return submitted(outcome.launched, args)
     if args.until_idle is not None:
-        tail_worker.join()
-        tail_worker.check()
-        # One more pass until idle after the backfill: the tail may have gone idle
-        # (and ended) while the backfill was still running.
-        final = Worker("tail-catch-up", tail)
-        final.start()
-        final.join()
-        final.check()
-        migration.set_phase(LIVE)
-        print("migration LIVE (tail idle); verify with: ddb2bt verify --mapping", args.mapping)
-        return 0
-    while tail_worker.is_alive() and metrics.lag.max_lag_seconds() > 0:
-        tail_worker.join(1.0)
-    tail_worker.check()
-    if migration.phase != LIVE:
-        migration.set_phase(LIVE)
-    print("migration LIVE; the tail keeps running (Ctrl-C stops it; a restart resumes)")
-    tail_worker.join()
-    tail_worker.check()
+        print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify --mapping "
+              f"{args.mapping}")
     return 0
 
 
-def launch_migrate(args, mapping, job, migration) -> int:
-    """Dataflow: ONE streaming job with the tail and the backfill side by side.
-    The handoff is fixed here, before launch; the workers' PhaseMarking moves
-    BACKFILLING → CATCHING_UP when every part is done, and the readers move
-    CATCHING_UP → LIVE once at the stream head."""
-    from dataclasses import replace
-
-    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
-    from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
-    from ddb2bt.pipeline.cutover.phases import BACKFILLING
-    from ddb2bt.pipeline.lease import BACKFILL
-
-    p = make_pipeline(args.beam_args, streaming=True)
-    job = replace(job, reader=replace(job.reader, promote_live=True))
-    add_live_replication(p, job)
-    if migration.phase in (None, BACKFILLING):
-        source, source_spec, export_time, expected = backfill_source(args, mapping)
-        sleep = (lambda s: None) if args.dry else time.sleep
-        handoff = migration.resume_or_begin(source_spec, args.restart, export_time, sleep=sleep)
-        migration.store.save_meta("backfill_expected", str(expected))
-        add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=args.tasks), mapping,
-                     job.state, _sink_config(args, acquire_lease(args, job.state, BACKFILL)),
-                     DynamoDBClientFactory(mapping.source.region), reshuffle=True,
-                     pushgateway=job.pushgateway)
-    return submitted(p.run(), args)
-
-
 def cmd_verify(args) -> int:
-    from ddb2bt.pipeline.sink.bigtable_io import read_rows, read_table
-    from ddb2bt.pipeline.connections import dynamodb_client
-    from ddb2bt.pipeline.cutover.phases import Worker
+    from ddb2bt.pipeline.cutover.verify import print_report, verify_target
     from ddb2bt.pipeline.preflight import ensure_state_table
-    from ddb2bt.pipeline.cutover.verify import print_report, verify
 
     mapping = load(args)
-    if not 0 < args.sample_rate <= 1:
-        raise ConfigError("must be in (0, 1]", "--sample-rate")
-    from ddb2bt.pipeline.sink.bigtable_io import probe_bigtable
-
-    probe_bigtable()  # before scanning the source: an unreachable target fails verify in ~25 s
-    ddb = dynamodb_client(mapping.source.region)
-    t = mapping.target
-    expected = ddb.describe_table(TableName=mapping.source.table)["Table"].get("ItemCount", 0)
-    scanned = [0]
-    result: list = []
-
-    def run() -> None:
-        result.append(verify(mapping, ddb, lambda table: read_table(t.project, t.instance, table),
-                             lambda table, keys: read_rows(t.project, t.instance, table, keys),
-                             segments=args.segments, sample_rate=args.sample_rate,
-                             consistent=not args.eventually_consistent, show_values=args.show_values,
-                             on_page=lambda n: scanned.__setitem__(0, scanned[0] + n)))
-
-    worker = Worker("verify", run)
-    worker.start()
-    watch(worker, expected, "verify", lambda: scanned[0])
-    report = result[0]
+    ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+    report = verify_target(mapping, state_spec(args, mapping).store(), segments=args.segments,
+                           sample_rate=args.sample_rate, consistent=not args.eventually_consistent,
+                           show_values=args.show_values)
     print_report(report)
     if args.report:
         Path(args.report).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
-    ensure_state_table(t.project, t.instance, args.state_table)
-    summary = {k: v for k, v in report.to_json().items() if k != "tables"}
-    state_spec(args, mapping).store().save_meta("verify", json.dumps(summary))
     return 0 if report.identical else 1
 
 
 def cmd_status(args) -> int:
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
     from ddb2bt.pipeline.cutover.status import assess, gather, render
+    from ddb2bt.pipeline.dynamodb import SourceTableMissing, describe_table
+    from ddb2bt.pipeline.retry import RetryPolicy
+
+    # status is read-only and often run when something is wrong: answer fast.
+    STATUS_READ_RETRY = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)
 
     mapping = load(args)
     arn = None
     try:
-        arn = dynamodb_client(mapping.source.region).describe_table(
-            TableName=mapping.source.table)["Table"].get("LatestStreamArn")
+        arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
+                             retry=STATUS_READ_RETRY).get("LatestStreamArn")
+    except SourceTableMissing:
+        raise  # no table, no stream: a retention headroom would be a made-up number
     except Exception as exc:  # status must work even when the source is unreachable
         log.warning("cannot describe %s: %s", mapping.source.table, exc)
-    facts = gather(state_spec(args, mapping).store(), StreamsClientFactory(mapping.source.region)(), arn)
+    facts = gather(state_spec(args, mapping).store(), StreamsClientFactory(mapping.source.region)(), arn,
+                   bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
+                   tables=mapping.tables)
     ready, reasons = assess(facts)
     if args.json:
         print(json.dumps({"ready": ready, "reasons": reasons, "phase": facts.phase, "handoff_ms": facts.handoff_ms,
                           "dead_letters": facts.dead_letters, "last_verify": facts.last_verify,
+                          "bookkeeping_tables": facts.bookkeeping_tables,
                           "shards": [vars(s) for s in facts.shards]}, indent=2))
     else:
         for line in render(facts):
@@ -683,11 +575,29 @@ def cmd_dlq_list(args) -> int:
         by_reason[entry.get("reason", "?")] = by_reason.get(entry.get("reason", "?"), 0) + 1
     print(f"{len(letters)} dead letter(s)" + (": " + ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items()))
                                               if letters else ""))
-    for entry in letters[: args.limit]:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
-        print(f"  {when}  {entry.get('reason')}  [{entry.get('stage')}] {entry.get('message')}  "
-              f"(at {entry.get('position', 'n/a')})")
+    for line in dead_letter_lines(letters[: args.limit], args.mapping):
+        print(line)
     return 0
+
+
+def dead_letter_lines(letters: list, mapping_arg: str) -> list:
+    """``dlq list``: per letter its time, reason, message, the item's key (redacted
+    where the letter was stored without values) and id; then how to act on them."""
+    from ddb2bt.pipeline.source.records import REDACTED, key_text
+
+    out = []
+    for entry in letters:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
+        out.append(f"  {when}  {entry.get('reason')}  [{entry.get('stage')}] {entry.get('message')}  "
+                   f"(at {entry.get('position', 'n/a')})")
+        out.append(f"      key {key_text(entry.get('record', '{}'))}  id {entry.get('id')}")
+    if letters:
+        out.append(f"inspect one: ddb2bt dlq show -m {mapping_arg} ID    re-apply once the cause is fixed: "
+                   f"ddb2bt dlq redrive -m {mapping_arg} [--reason R] [--dry-run]")
+        if any(REDACTED in key_text(e.get("record", "{}")) for e in letters):
+            out.append("(keys shown <redacted> were stored without values: look the item up by its stream position, "
+                       "or back-fill it)")
+    return out
 
 
 def cmd_dlq_show(args) -> int:
@@ -703,48 +613,17 @@ def cmd_dlq_show(args) -> int:
 
 
 def cmd_dlq_redrive(args) -> int:
-    """Re-apply dead letters with the current mapping and table, oldest first. Each
-    change keeps its own timestamp, so a redriven old change can never override a
-    newer one already applied (its cells are older; its deletes end at its time)."""
-    from ddb2bt.pipeline.source.records import record_from_json
-    from ddb2bt.pipeline.sink.sink import BatchingWriter
-    from ddb2bt.transforms.dofns import map_record
+    from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive_job
 
     mapping = load(args)
-    spec = state_spec(args, mapping)
-    store = spec.store()
-    since = int(args.since * 1000) if args.since is not None else None
-    letters = store.list_dead_letters(reason=args.reason, since_ms=since)
-    writer = spec.bigtable.writer()
-    # No state store: a redrive must not move the stream checkpoints.
-    batcher = BatchingWriter(writer, None, _sink_config())
-    fixed, still, skipped = [], 0, 0
-    try:
-        for entry in letters:  # ids sort by failure time: stream order per shard
-            record = record_from_json(entry["record"])
-            if record.new_image is None and record.old_image is None and record.event_name != "REMOVE":
-                skipped += 1  # stored without values (--no-dlq-include-values): nothing to re-apply
-                continue
-            mapped = map_record(mapping, record, lambda: time.time_ns() // 1_000_000)
-            if mapped.dead_letter is not None:
-                still += 1
-                continue
-            if args.dry_run:
-                fixed.append(entry["id"])
-                continue
-            batcher.add(mapped)
-            if batcher.flush():
-                still += 1
-            else:
-                fixed.append(entry["id"])
-        if not args.dry_run:
-            store.delete_dead_letters(fixed)
-    finally:
-        writer.close()
-    verb = "would re-apply" if args.dry_run else "re-applied"
-    print(f"{verb} {len(fixed)} dead letter(s); {still} still failing (kept); {skipped} without stored values "
-          "(kept: re-read the item from DynamoDB or back-fill)")
-    return 0 if still == 0 else 1
+    options = RedriveOptions(reason=args.reason, since_ms=int(args.since * 1000) if args.since is not None else None,
+                             dry_run=args.dry_run)
+    result = redrive_job(mapping, state_spec(args, mapping), options)
+    verb = "would resolve" if args.dry_run else "resolved"
+    print(f"{verb} {result.resolved} dead letter(s) of {result.items} item(s): each item re-read from DynamoDB "
+          f"and written in its current state; kept {result.still_failing} still failing, {result.unstable} whose "
+          f"item kept changing (rerun), {result.redacted} stored without keys (back-fill instead)")
+    return 0 if result.kept == 0 else 1
 
 
 def cmd_local(args) -> int:
@@ -760,9 +639,12 @@ def cmd_local(args) -> int:
         return 0
     if args.local_cmd == "down":
         stopped = ls.stop_detached()
-        print("local stack stopped" if stopped else "no local stack was running")
+        print(f"local stack stopped ({stopped})" if stopped else "no local stack was running")
         return 0
-    stack = ls.LocalStack(log_dir=Path(".ddb2bt/logs"))
+    if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
+        print(f"a local stack is already running ({ls.state_file()}); use it with:  eval \"$(ddb2bt local env)\"")
+        return 0
+    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs")
     if args.local_cmd == "run":
         command = [c for c in args.command if c != "--"]
         if not command:
@@ -840,26 +722,29 @@ def build_parser() -> argparse.ArgumentParser:
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
                        epilog="example:\n  ddb2bt demo --changes 2000 --rate 300")
-    p.add_argument("--changes", type=int, default=1500, help="changes to write (default %(default)s)")
-    p.add_argument("--items", type=int, default=300, help="distinct products (default %(default)s)")
-    p.add_argument("--rate", type=float, default=250.0, help="target writes per second (default %(default)s)")
+    p.add_argument("--changes", type=number(int, minimum=1), default=1500, help="changes to write (default %(default)s)")
+    p.add_argument("--items", type=number(int, minimum=1), default=300, help="distinct products (default %(default)s)")
+    p.add_argument("--rate", type=number(float, above=0), default=250.0, help="target writes per second (default %(default)s)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics here (0: a free port; -1: off)")
+    p.add_argument("--metrics-port", type=number(int, minimum=-1, maximum=65535), default=0, help="serve /metrics here (0: a free port; -1: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
-                       epilog="example:\n  ddb2bt validate --mapping examples/product_catalog.yaml")
+                       epilog="example:\n  ddb2bt validate --mapping example:product_catalog")
     add_mapping_args(p)
+    p.add_argument("--strict", action="store_true", help="warnings (e.g. an unknown row-key placeholder) fail")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",
                        formatter_class=raw,
                        epilog="example:\n  echo '{\"pk\":\"hats\",\"sk\":\"fedoras#brandA\",\"Price\":30}' | "
-                              "ddb2bt explain -m examples/product_catalog.yaml --item -")
+                              "ddb2bt explain -m example:product_catalog --item -")
     add_mapping_args(p)
-    p.add_argument("--item", required=True, help="item file: DynamoDB JSON or plain JSON ('-' for stdin)")
-    p.add_argument("--timestamp-ms", type=int, default=1_700_000_000_000, help="change time to show")
+    p.add_argument("--item", required=True,
+                   help="a DynamoDB JSON item, {\"Item\": …} (GetItem output, export line), a stream record or "
+                        "Lambda event, or a plain JSON item; a file or '-' for stdin")
+    p.add_argument("--timestamp-ms", type=number(int, minimum=0), default=1_700_000_000_000, help="change time to show")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("lint", help="check a mapping against Bigtable's rules and schema best practices",
@@ -868,10 +753,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "limits, families whose GC would drop versions or that mix retention needs, "
                            "attributes that look like personal data in row keys, and — with --sample — items "
                            "that match no rule or cannot be mapped."),
-                       epilog="examples:\n  ddb2bt lint -m examples/hr_orders.yaml\n"
+                       epilog="examples:\n  ddb2bt lint -m example:hr_orders\n"
                               "  ddb2bt lint -m m.yaml --sample 1000 --strict")
     add_mapping_args(p)
-    p.add_argument("--sample", type=int, default=0, metavar="N", help="also check N items scanned from the table")
+    p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)
 
@@ -879,7 +764,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=raw, description=(
                            "Idempotent: creates the target table with the mapping's families and GC policies, "
                            "adds missing families, updates changed GC policies, and creates the state table."),
-                       epilog="example:\n  ddb2bt create-table --mapping examples/product_catalog.yaml")
+                       epilog="example:\n  ddb2bt create-table --mapping example:product_catalog")
     add_mapping_args(p)
     add_state_args(p)
     p.set_defaults(func=cmd_create_table)
@@ -889,7 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoints in the state table when there are any. Unrecognised options go to Beam: locally the "
         "job uses the pure-Python FnApiRunner; pass --runner=DataflowRunner and the usual Dataflow options "
         "for production."),
-        epilog="examples:\n  ddb2bt run -m examples/product_catalog.yaml --until-idle 5\n"
+        epilog="examples:\n  ddb2bt run -m example:product_catalog --until-idle 5\n"
                "  ddb2bt run -m m.yaml --metrics-port 9464\n"
                "  ddb2bt run -m m.yaml --runner=DataflowRunner --project=P --region=us-central1 "
                "--temp_location=gs://bucket/tmp")
@@ -901,12 +786,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
-        p.add_argument("--segments", type=int, default=8, help="parallel Scan segments (default %(default)s)")
-        p.add_argument("--tasks", type=int, default=1,
+        p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
+                       help="parallel Scan segments (default %(default)s)")
+        p.add_argument("--tasks", type=number(int, minimum=1), default=1,
                        help="Beam elements the parts are spread over (Dataflow: about the worker count)")
-        p.add_argument("--max-rcu", type=float, help="read budget in capacity units per second (whole job)")
+        p.add_argument("--max-rcu", type=number(float, above=0), help="read budget in capacity units per second (whole job)")
         p.add_argument("--consistent-read", action="store_true", help="strongly consistent Scan (2x the RCUs)")
-        p.add_argument("--page-size", type=int, default=1000,
+        p.add_argument("--page-size", type=number(int, minimum=1, maximum=MAX_SCAN_PAGE), default=1000,
                        help="items per Scan page (smaller: finer resume points and a smoother read budget)")
         p.add_argument("--from-export", metavar="DIR_OR_S3",
                        help="back-fill from a DynamoDB export (the directory or s3://bucket/prefix holding "
@@ -954,8 +840,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash")
     add_mapping_args(p)
     add_state_args(p)
-    p.add_argument("--segments", type=int, default=8, help="parallel Scan segments")
-    p.add_argument("--sample-rate", type=float, default=1.0, help="fraction of items to check (default: all)")
+    p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
+                   help="parallel Scan segments")
+    p.add_argument("--sample-rate", type=number(float, above=0, maximum=1), default=1.0, help="fraction of items to check (default: all)")
     p.add_argument("--show-values", action="store_true", help="show cell values in examples")
     p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")
     p.add_argument("--report", metavar="FILE.json", help="write the machine-readable report here")
@@ -971,7 +858,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("dlq", help="inspect dead letters", formatter_class=raw,
-                       epilog="examples:\n  ddb2bt dlq list -m examples/product_catalog.yaml\n"
+                       epilog="examples:\n  ddb2bt dlq list -m example:product_catalog\n"
                               "  ddb2bt dlq list -m m.yaml --reason row_key_too_long --json\n"
                               "  ddb2bt dlq show -m m.yaml 1700000000123#ab12cd34ef56\n"
                               "  ddb2bt dlq redrive -m m.yaml --reason unknown_family")
@@ -980,8 +867,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_mapping_args(pl)
     add_state_args(pl)
     pl.add_argument("--reason", help="only this reason (e.g. unknown_family)")
-    pl.add_argument("--since", type=float, help="only those at or after this Unix time (seconds)")
-    pl.add_argument("--limit", type=int, default=50)
+    pl.add_argument("--since", type=number(float, minimum=0), help="only those at or after this Unix time (seconds)")
+    pl.add_argument("--limit", type=number(int, minimum=1), default=50)
     pl.add_argument("--json", action="store_true", help="one JSON object per line")
     pl.set_defaults(func=cmd_dlq_list)
     ps = dsub.add_parser("show", help="one dead letter in full (the original record included)")
@@ -989,14 +876,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(ps)
     ps.add_argument("id", help="the id printed by dlq list --json")
     ps.set_defaults(func=cmd_dlq_show)
-    pr = dsub.add_parser("redrive", help="re-apply dead letters once the cause is fixed (e.g. the mapping)",
-                         description="Re-applies stored dead letters, oldest first, with the current mapping; "
-                                     "those that now succeed are removed, the others kept. Idempotent, and "
-                                     "safe against newer changes: every change keeps its own timestamp.")
+    pr = dsub.add_parser("redrive", help="resolve dead letters once the cause is fixed (e.g. the mapping)",
+                         description="For each item with dead letters: re-reads the item from DynamoDB "
+                                     "(consistent GetItem) and writes its CURRENT state with the current mapping, "
+                                     "removing the cells its stored images owned and it no longer does (nothing "
+                                     "if the item is gone). A stored change is never re-applied, so a later "
+                                     "delete or attribute removal stays applied. Resolved dead letters are "
+                                     "removed, the others kept. Idempotent; safe with the tail running.")
     add_mapping_args(pr)
     add_state_args(pr)
     pr.add_argument("--reason", help="only this reason")
-    pr.add_argument("--since", type=float, help="only those at or after this Unix time (seconds)")
+    pr.add_argument("--since", type=number(float, minimum=0), help="only those at or after this Unix time (seconds)")
     pr.add_argument("--dry-run", action="store_true", help="only report which dead letters now map; write nothing")
     pr.set_defaults(func=cmd_dlq_redrive)
 
@@ -1015,6 +905,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+STATUS_DEADLINE_S = 20.0  # read-only commands give up on an unreachable service within ~30 s
+RESUME_HINT = " (nothing after the last checkpoint was acknowledged; rerun to resume)"
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an unexpected failure, naming what users can act on."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError
+
+    if isinstance(exc, NoRegionError):
+        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION"
+    if isinstance(exc, NoCredentialsError):
+        return "no AWS credentials found (environment, ~/.aws, or the instance's role)"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def _option_strings(parser: argparse.ArgumentParser, args) -> list:
+    """Every option string the chosen (sub)command accepts, for "did you mean"."""
+    found = [o for a in parser._actions for o in a.option_strings]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, "command", None)
+            # `local run -- CMD` keeps CMD (a list) in args.command as well.
+            sub = action.choices.get(name) if isinstance(name, str) else None
+            if sub is not None:
+                found += _option_strings(sub, args)
+    return found
+
+
 def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -> int:
     """The ``ddb2bt`` command. ``bigtable_interceptors`` (gRPC client interceptors for
     the Bigtable write channel) is for programs that embed the CLI, such as the
@@ -1028,8 +947,13 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
+    own = _option_strings(parser, args)
     if unknown and not getattr(args, "beam", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(check_beam_args(unknown, own, beam=False) or f"unrecognized arguments: {' '.join(unknown)}")
+    if getattr(args, "beam", False):
+        problem = check_beam_args(unknown, own)
+        if problem:
+            parser.error(problem)
     args.beam_args = unknown
     args.bigtable_interceptors = tuple(bigtable_interceptors)
     from ddb2bt.pipeline.dataflow import is_dry_run  # not graph: that imports Beam
@@ -1050,11 +974,15 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     except KeyboardInterrupt:
         print("ddb2bt: interrupted; state is checkpointed, run the same command to resume", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`ddb2bt dlq list | head`): not an error
+        # worth a word. Point stdout at devnull so the interpreter's final flush is quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # a pipeline failure (Beam may wrap ours): one clear line, the detail in the log
         log.debug("failure", exc_info=True)
-        print(f"ddb2bt: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-              "(nothing after the last checkpoint was acknowledged; rerun to resume; --log-level DEBUG for "
-              "details)", file=sys.stderr)
+        print(f"ddb2bt: error: {describe_failure(exc)}{RESUME_HINT if getattr(args, 'job_started', False) else ''} "
+              "(--log-level DEBUG for details)", file=sys.stderr)
         return 1
 
 

@@ -35,7 +35,7 @@ __all__ = [
     "SCAN_PAGE_LIMIT", "MAX_SCAN_THREADS", "DEFAULT_READ_RETRY", "THROTTLE_CODES",
     "StreamThrottled", "IteratorExpired", "SourceTableMissing", "classify_aws_error",
     "StreamArn", "table_of_stream", "TokenBucket", "ScanPage", "scan_pages", "scan_items",
-    "parallel_scan", "Listing", "list_shards", "get_item",
+    "parallel_scan", "Listing", "list_shards", "get_item", "describe_table", "TABLE_OPERATIONS",
 ]
 
 # DynamoDB Streams keeps records for 24 hours; anything older is trimmed.
@@ -57,6 +57,9 @@ THROTTLE_CODES = frozenset({
 })
 
 
+TABLE_OPERATIONS = ("Scan", "GetItem", "DescribeTable")
+
+
 class StreamThrottled(RetryableError):
     """Throttled or a transient service/network failure: retry with backoff."""
 
@@ -69,8 +72,9 @@ class SourceTableMissing(PermanentError):
     """The DynamoDB table (or its stream) does not exist."""
 
 
-def classify_aws_error(exc: Exception, operation: str) -> Exception:
-    """Map a boto3 failure to our taxonomy, once, where it enters."""
+def classify_aws_error(exc: Exception, operation: str, table: Optional[str] = None) -> Exception:
+    """Map a boto3 failure to our taxonomy, once, where it enters. ``table``: the
+    DynamoDB table the call was about, named in the message when it is missing."""
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -80,8 +84,9 @@ def classify_aws_error(exc: Exception, operation: str) -> Exception:
         if code == "TrimmedDataAccessException":
             return ChangesLostError(f"{operation}: {message}")
         if code == "ResourceNotFoundException":
-            if operation in ("Scan", "GetItem", "DescribeTable"):
-                return SourceTableMissing(f"{operation}: DynamoDB table not found: {message}")
+            if operation in TABLE_OPERATIONS:
+                what = f"DynamoDB table {table!r}" if table else "the DynamoDB table"
+                return SourceTableMissing(f"{operation}: {what} does not exist (in this account and region)")
             return StreamGoneError(
                 f"{operation}: {message}. The table was deleted or its stream disabled; a re-enabled stream "
                 "has a new ARN and starts empty, so changes made meanwhile are lost: back-fill again "
@@ -101,12 +106,13 @@ def endpoint_of(client, service: str = "DynamoDB") -> str:
 
 
 def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[str] = None,
-             on_retry: Optional[Callable[[BaseException], None]] = None, where: str = "DynamoDB"):
+             on_retry: Optional[Callable[[BaseException], None]] = None, table: Optional[str] = None,
+             where: str = "DynamoDB"):
     def attempt():
         try:
             return fn()
         except (ClientError, BotoCoreError) as exc:
-            raise classify_aws_error(exc, operation) from exc
+            raise classify_aws_error(exc, operation, table) from exc
 
     return retrying(policy, what or operation, on_retry, retry_on=(StreamThrottled,), where=where)(attempt)
 
@@ -197,7 +203,7 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
             kwargs["Segment"], kwargs["TotalSegments"] = segment, total_segments
         if start:
             kwargs["ExclusiveStartKey"] = start
-        page = _retried("Scan", lambda: client.scan(**kwargs), retry, what, where=endpoint_of(client))
+        page = _retried("Scan", lambda: client.scan(**kwargs), retry, what, table=table, where=endpoint_of(client))
         consumed = float((page.get("ConsumedCapacity") or {}).get("CapacityUnits", 0.0))
         if bucket is not None:
             bucket.consume(consumed)
@@ -244,8 +250,13 @@ def parallel_scan(client, table: str, segments: int, *, consistent_read: bool,
 def get_item(client, table: str, key: dict, retry: RetryPolicy = DEFAULT_READ_RETRY) -> Optional[dict]:
     """The item's current state (strongly consistent), or None when it is gone."""
     response = _retried("GetItem", lambda: client.get_item(TableName=table, Key=key, ConsistentRead=True), retry,
-                        where=endpoint_of(client))
+                        table=table, where=endpoint_of(client))
     return response.get("Item")
+
+
+def describe_table(client, table: str, retry: RetryPolicy = DEFAULT_READ_RETRY) -> dict:
+    """DescribeTable's ``Table``; ``SourceTableMissing`` naming the table when it does not exist."""
+    return _retried("DescribeTable", lambda: client.describe_table(TableName=table), retry, table=table)["Table"]
 
 
 # --- Streams ---------------------------------------------------------------------

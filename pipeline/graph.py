@@ -4,7 +4,7 @@ is ``ReplicateToBigtable`` (``ddb2bt.pipeline.io``):
   StreamPartitions (Create) → ReadStream (SDF) → MapChanges → WriteToBigtable
 
 with no Reshuffle/GroupByKey after ReadStream: per-row order must survive from
-the shard to the MutateRows call (design notes §1).
+the shard to the MutateRows call (docs/design.md §4.3).
 """
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.pipeline.connections import StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.io import ReplicateToBigtable
+from ddb2bt.pipeline.options import LOCAL_RUNNER_NAMES, runner_of
 from ddb2bt.pipeline.sink.sink import SinkConfig
 from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
 log = logging.getLogger(__name__)
 
-LOCAL_RUNNERS = ("DirectRunner", "FnApiRunner", None)
+LOCAL_RUNNERS = LOCAL_RUNNER_NAMES + (None,)  # no --runner: local
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,7 @@ def local_runner():
 
 
 def is_local(beam_args: list) -> bool:
-    runner = None
-    for i, arg in enumerate(beam_args):
-        if arg.startswith("--runner="):
-            runner = arg.split("=", 1)[1]
-        elif arg == "--runner" and i + 1 < len(beam_args):
-            runner = beam_args[i + 1]
-    return runner in LOCAL_RUNNERS
+    return runner_of(beam_args) in LOCAL_RUNNERS
 
 
 def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:

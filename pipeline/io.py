@@ -20,7 +20,7 @@ values: pages of changes in stream order and shard markers. Steps you add must
 keep them as they are — one output per input, in order, on the same worker:
 a Reshuffle, GroupByKey, window or a step that drops or reorders elements
 between reading and writing breaks per-row order and the checkpoints
-(docs/design.md §1). ``TransformChanges`` and ``FilterChanges`` are the safe way
+(docs/design.md §4.3, §6.1). ``TransformChanges`` and ``FilterChanges`` are the safe way
 to change or drop changes: they keep every element's place and stream position.
 """
 from __future__ import annotations

@@ -199,6 +199,12 @@ class PipelineMetrics:
         self.backfill_superseded = Counter(f"{NAMESPACE}_backfill_superseded",
                                            "Backfill rows skipped because the live tail already applied a newer "
                                            "change of the item", registry=r)
+        self.markers_stripped = Counter(f"{NAMESPACE}_markers_stripped",
+                                        "Rows written again without touch markers because the marker family was "
+                                        "dropped by the migration's finish meanwhile", registry=r)
+        self.version_clashes = Counter(f"{NAMESPACE}_version_clashes",
+                                       "Changes refused because another item owns the same cell version",
+                                       registry=r)
         self.backfill_items = Counter(f"{NAMESPACE}_backfill_items_scanned", "Items read by the backfill",
                                       ["source"], registry=r)
         self.backfill_expected = Gauge(f"{NAMESPACE}_backfill_items_expected",
@@ -264,6 +270,14 @@ class PipelineMetrics:
 def counter_total(counter) -> float:
     """Sum of a (labelled) counter over all its children."""
     return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+def outcome_counts(metrics: "PipelineMetrics") -> dict:
+    """{applied, dead_lettered, skipped}: totals of this process so far (take one
+    before a job and one after, and subtract)."""
+    return {"applied": int(counter_total(metrics.changes_applied)),
+            "dead_lettered": int(counter_total(metrics.dead_letters)),
+            "skipped": int(counter_total(metrics.changes_skipped))}
 
 
 def build_info() -> dict:
@@ -334,3 +348,23 @@ def default_metrics() -> PipelineMetrics:
         if _DEFAULT is None:
             _DEFAULT = PipelineMetrics()
         return _DEFAULT
+
+
+def serve_metrics(port: Optional[int], host: str = "127.0.0.1") -> Optional[str]:
+    """Serve Prometheus /metrics on ``host:port`` (0: a free port) in a daemon
+    thread; returns the URL, or None when ``port`` is None."""
+    if port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    from ddb2bt.transforms.errors import ConfigError
+
+    default_metrics()
+    try:
+        server, _ = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; the metrics port must be "
+                          "free (choose another, or 0 for any free port)", "--metrics-port") from None
+    url = f"http://{host}:{server.server_port}/metrics"
+    logging.getLogger(__name__).info("metrics at %s", url)
+    return url

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from ddb2bt.transforms.config import FamilyConfig
-from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells
+from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells, StreamPosition
 from ddb2bt.pipeline.source.records import record_to_json
 
 DEFAULT_STATE_TABLE = "ddb2bt_state"
@@ -177,9 +177,10 @@ class StateStore:
         rows = []
         for dl in letters:
             pos = dl.record.position
-            unique = hashlib.sha1(
-                f"{pos.shard_id if pos else ''}:{pos.sequence_number if pos else ''}:{next(self._dlq_counter)}:{now}".encode()
-            ).hexdigest()[:12]
+            # A stream record's position, or a backfilled item's (source/part#ordinal).
+            where = (f"{pos.shard_id}/{pos.sequence_number}" if isinstance(pos, StreamPosition) else
+                     f"{pos.source}/{pos.part}#{pos.count}" if pos is not None else "")
+            unique = hashlib.sha1(f"{where}:{next(self._dlq_counter)}:{now}".encode()).hexdigest()[:12]
             key = f"{self._job}#dlq#{dl.failed_at_ms:0{TS_DIGITS}d}#{unique}".encode()
             cells = {
                 b"reason": dl.reason.encode(),
@@ -190,7 +191,7 @@ class StateStore:
                 b"record": record_to_json(dl.record, self._include_values).encode(),
             }
             if pos is not None:
-                cells[b"position"] = f"{pos.shard_id}/{pos.sequence_number}".encode()
+                cells[b"position"] = where.encode()
             rows.append((key, _set_latest(DLQ, cells, now)))
         if rows:
             self._backend.write_rows(rows)
@@ -208,17 +209,27 @@ class StateStore:
             out.append(entry)
         return out
 
+    # -- versioned-cell ownership (sink/versions.py)
+    def versions(self):
+        """The version-ownership registry on this store's backend, or None when the
+        backend cannot do atomic claims."""
+        from ddb2bt.pipeline.sink.versions import VersionOwners
+
+        if not (hasattr(self._backend, "claim") and hasattr(self._backend, "read_keys")):
+            return None
+        return VersionOwners(self._backend, self._job, self._now_ms)
+
     # -- job metadata (phase etc.)
     def save_meta(self, name: str, value: str) -> None:
         now = self._now_ms()
         self._backend.write_rows([(f"{self._job}#meta#{name}".encode(), _set_latest(META, {b"value": value.encode()}, now))])
 
     def load_meta(self, name: str) -> Optional[str]:
-        rows = self._backend.read_prefix(f"{self._job}#meta#{name}".encode())
-        for cells in rows.values():
-            value = cells.get((META, b"value"))
-            return value.decode() if value is not None else None
-        return None
+        key = f"{self._job}#meta#{name}".encode()
+        # A prefix read also returns longer names ("phase" → "phase_changed_ms"): take the exact row.
+        cells = self._backend.read_prefix(key).get(key)
+        value = cells.get((META, b"value")) if cells else None
+        return value.decode() if value is not None else None
 
 
 def _set_latest(family: str, cells: dict, ts_ms: int) -> list:
@@ -260,14 +271,41 @@ class BigtableStateBackend:
         retry_call(attempt, what=f"MutateRows on state table {self._table_id}",
                    policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
-    def read_prefix(self, prefix: bytes) -> dict:
-        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, data_client, read_table
+    def _data_client(self):
+        from ddb2bt.pipeline.sink.bigtable_io import data_client
 
         if self._client is None:
             self._client = data_client(self._project)
+        return self._client
+
+    def read_prefix(self, prefix: bytes) -> dict:
+        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_table
+
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
-                          client=self._client, deadline_s=self._deadline_s, attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S)
+                          client=self._data_client(), deadline_s=self._deadline_s,
+                          attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
+
+    def read_keys(self, keys: Sequence) -> dict:
+        """Like read_prefix, for exactly these rows (absent rows are absent)."""
+        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_rows
+
+        # read_rows classifies the data client's errors and retries them itself
+        # (warnings, then the state deadline).
+        rows = read_rows(self._project, self._instance, self._table_id, keys, client=self._data_client(),
+                         deadline_s=self._deadline_s, attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S)
+        return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
+
+    def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
+        """CheckAndMutateRow on the state table: apply unless ``unless`` holds."""
+        from ddb2bt.pipeline.retry import retry_call
+
+        from ddb2bt.pipeline.retry import RetryPolicy
+        from ddb2bt.pipeline.sink.bigtable_io import bigtable_endpoint
+
+        return retry_call(lambda: self._writer.check_and_mutate(self._table_id, key, unless, mutations),
+                          what=f"CheckAndMutateRow on state table {self._table_id}",
+                          policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def close(self) -> None:
         if self._client is not None:

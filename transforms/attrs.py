@@ -4,7 +4,7 @@ canonical JSON used for maps, lists and serialized items.
 Values are kept in boto3's low-level form end to end (``{"N": "30"}``, ``{"B": b".."}``)
 so numbers keep the exact digits DynamoDB holds and binary is never double-encoded.
 
-Canonical JSON (documented in the README): UTF-8, keys sorted by code point, no
+Canonical JSON (documented in docs/mapping.md, Encodings): UTF-8, keys sorted by code point, no
 insignificant whitespace, numbers as JSON numbers with DynamoDB's digits (only
 re-spelled where DynamoDB's spelling is not valid JSON, e.g. ``.5`` → ``0.5``),
 binary as standard base64 strings, sets as arrays sorted by value, NULL as null.
@@ -74,6 +74,55 @@ def parse_number(text: Any, where: str = "value") -> Decimal:
     if not number.is_finite():
         raise MappingError(f"{where}: {text!r} is not a finite number", reason="bad_attribute")
     return number
+
+
+# DynamoDB's number type: up to 38 significant digits, and a magnitude (when not
+# zero) from 1E-130 to 9.9999999999999999999999999999999999999E+125. DynamoDB
+# refuses anything else, so a value outside it cannot come from the table.
+MAX_SIGNIFICANT_DIGITS = 38
+MIN_MAGNITUDE = Decimal("1E-130")
+MAX_MAGNITUDE = Decimal("9.9999999999999999999999999999999999999E+125")
+
+
+def _significant(number: Decimal) -> tuple:
+    """(digits without leading/trailing zeros, exponent of the last kept digit).
+    Done on the tuple: Decimal.normalize() would round to the context's 28 digits."""
+    _, digits, exponent = number.as_tuple()
+    digits = list(digits)
+    while digits and digits[-1] == 0:
+        digits.pop()
+        exponent += 1
+    while digits and digits[0] == 0:
+        digits.pop(0)
+    return tuple(digits), exponent
+
+
+def check_dynamodb_number(number: Decimal, where: str = "value") -> Decimal:
+    """``number`` if DynamoDB could hold it; otherwise MappingError('bad_number')
+    saying which of DynamoDB's limits it breaks."""
+    if not number.is_finite():
+        raise MappingError(f"{where}: {number} is not a finite number (DynamoDB has no NaN or Infinity)",
+                           reason="bad_number")
+    digits, _ = _significant(number)
+    if len(digits) > MAX_SIGNIFICANT_DIGITS:
+        raise MappingError(f"{where}: {len(digits)} significant digits; DynamoDB keeps at most "
+                           f"{MAX_SIGNIFICANT_DIGITS} (it would refuse this number)", reason="bad_number")
+    if digits and not MIN_MAGNITUDE <= number.copy_abs() <= MAX_MAGNITUDE:  # abs() would round to 28 digits
+        raise MappingError(f"{where}: magnitude out of DynamoDB's range 1E-130 to 9.99…E+125 (it would refuse "
+                           "this number)", reason="bad_number")
+    return number
+
+
+def canonical_number(number: Decimal) -> str:
+    """The number as DynamoDB spells it back: positional notation (no exponent),
+    no leading or trailing zeros, ``0`` for any zero. ``1.50`` → ``1.5``,
+    ``1e-7`` → ``0.0000001``, ``1E+2`` → ``100``."""
+    if not number.is_finite():
+        raise ValueError(f"{number} is not a finite number")
+    digits, exponent = _significant(number)
+    if not digits:
+        return "0"
+    return format(Decimal((number.is_signed(), digits, exponent)), "f")
 
 
 def json_number(text: str, where: str = "value") -> str:

@@ -5,7 +5,7 @@ table and how every item becomes a row. Validation is complete and happens befor
 anything runs: each problem raises ``ConfigError`` naming the field path
 (``rules[0].columns.Price.encoding``) and the bad value.
 
-See README "Mapping language" for the reference; ``examples/*.yaml`` for real files.
+See docs/mapping.md for the reference; ``examples/*.yaml`` for real files.
 """
 from __future__ import annotations
 
@@ -185,9 +185,9 @@ class MappingConfig:
 
     def table_families(self) -> dict:
         """{table id: [FamilyConfig]} for create-table: the target gets every
-        declared family; an index table gets its index family (one version)."""
-        from ddb2bt.transforms.mapping import MARKER_FAMILY, MARKER_MAX_AGE_S
-
+        declared family; an index table gets its index family (one version).
+        The migration's touch-marker family is not here: the cutover creates it
+        when a backfill begins and drops it at the finish."""
         out = {self.target.table: list(self.families)}
         for rule in self.rules:
             for index in rule.indexes:
@@ -195,8 +195,6 @@ class MappingConfig:
                     fams = out.setdefault(index.table, [])
                     if all(f.name != index.family for f in fams):
                         fams.append(FamilyConfig(index.family, max_versions=1))
-        for fams in out.values():  # touch markers for the backfill/tail overlap, GC'd after a week
-            fams.append(FamilyConfig(MARKER_FAMILY, max_age_seconds=MARKER_MAX_AGE_S))
         return out
 
     @property
@@ -245,7 +243,10 @@ class _Node:
         self.used.add(key)
         if key not in self.data or self.data[key] is None:
             if required:
-                raise ConfigError("is required", self.sub(key))
+                # A required key that is missing is most often a misspelt one.
+                near = difflib.get_close_matches(key, [str(k) for k in self.data if k != key], n=1)
+                hint = f" (found {near[0]!r}: did you mean {key!r}?)" if near else ""
+                raise ConfigError(f"is required{hint}", self.sub(key))
             return default
         return self.data[key]
 
@@ -523,6 +524,7 @@ def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source:
                                  include_keys=item_node.boolean("include_keys", True))
         item_node.done()
     other = _parse_other(node.node("other_attributes"), family_names)
+    _check_exclusive_families(columns, other, item_column, node.sub("columns"))
     include_keys = node.boolean("include_key_attributes", False)
     indexes_data = node.get("indexes", [])
     if not isinstance(indexes_data, list):
@@ -548,6 +550,33 @@ def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source:
         indexes=indexes,
         consumed=frozenset(consumed),
     )
+
+
+def _check_exclusive_families(columns: list, other: OtherAttributes, item_column: Optional[ItemColumn],
+                              path: str) -> None:
+    """A set or map fills its family with qualifiers taken from the data (members,
+    map keys), so nothing else may write to that family: any shared qualifier
+    would make every such item a dead letter (column_collision) at run time."""
+    claims = []  # (family, description, fills the whole family, field path)
+    for c in columns:
+        if c.kind in ("set", "map"):
+            claims.append((c.family, f"the {c.kind} {c.attribute!r} (as: {c.kind})", True, f"{path}.{c.attribute}"))
+        else:
+            shown = c.qualifier_template.text if c.qualifier_template is not None else c.qualifier.decode()
+            claims.append((c.family, f"the column {c.attribute!r} ({c.family}:{shown})", False,
+                           f"{path}.{c.attribute}"))
+    if other.mode == "column":
+        claims.append((other.family, "other_attributes (one column per unlisted attribute)", False,
+                       path.rsplit(".", 1)[0] + ".other_attributes"))
+    if item_column is not None:
+        claims.append((item_column.family, f"the item_column ({item_column.family}:{item_column.qualifier.decode()})",
+                       False, path.rsplit(".", 1)[0] + ".item_column"))
+    for i, (family, what, whole, field) in enumerate(claims):
+        for family2, what2, whole2, _ in claims[:i]:
+            if family == family2 and (whole or whole2):
+                filler = what if whole else what2
+                raise ConfigError(f"family {family!r} is used by both {what2} and {what}; {filler} fills its "
+                                  "family with qualifiers from the data, so it needs a family of its own", field)
 
 
 def resolve_hook(spec: str, field: str = "hook"):

@@ -9,8 +9,8 @@ encoding       accepts                     bytes in the cell
 utf8           S                           the string, UTF-8
 int64          N, integral, 64-bit range   8-byte big-endian two's complement (Increment-compatible)
 decimal        N                           the number's digits as ASCII, exactly as DynamoDB holds them
-float64        N exactly representable     8-byte IEEE-754 big-endian double
-               by its shortest repr
+float64        N equal to the double       8-byte IEEE-754 big-endian double
+               nearest to it (see below)
 bytes          B                           the raw bytes (never base64: no double encoding)
 bool           BOOL                        one byte, 0x01 true / 0x00 false
 null           NULL                        empty
@@ -19,6 +19,26 @@ dynamodb_json  any                         canonical JSON of the typed value: {"
 auto           any                         S→utf8, N→decimal, B→bytes, BOOL→bool, NULL→null,
                                            SS/NS/BS/M/L→json
 =============  ==========================  ===============================================
+
+What "reversible" means, exactly (``tests/unit/test_encoding_exact.py`` checks it
+with hypothesis over DynamoDB's whole number range, 38 digits, 1E-130..9.99E+125):
+
+* ``utf8``, ``bytes``, ``bool``, ``null``, ``decimal``, ``dynamodb_json``: the very
+  value, number digits spelled as they came (``decimal`` keeps ``1E-130`` as
+  ``1E-130`` and ``0.0000001`` as ``0.0000001``). Set members come back sorted.
+* ``int64``: the integer, in positional digits.
+* ``float64`` accepts a number when the double nearest to it, written as the
+  shortest decimal that reads back as that double (Python's ``repr``), equals the
+  number: ``0.1`` is accepted (its double is 0.1000000000000000055…, whose shortest
+  form is ``0.1``), ``0.1000000000000000055`` and a 38-digit integer are refused.
+  It decodes to that shortest form spelled as DynamoDB spells numbers (no exponent,
+  no trailing zeros): ``100`` → ``100``, not ``100.0``; ``1e-7`` → ``0.0000001``.
+* ``json``: every number keeps its digits and spelling (a valid JSON number token is
+  written as is, and read back as the same token: ``0.0000001`` stays
+  ``0.0000001``); a spelling that is not valid JSON (``.5``) is written as ``0.5``.
+  JSON has no sets and no binary: give the source attribute's type (``SS``, ``NS``,
+  ``BS``, ``B``) when decoding a top-level value; inside a map or list, sets come
+  back as lists and binary as its base64 text (use ``dynamodb_json`` to keep them).
 """
 from __future__ import annotations
 
@@ -32,6 +52,7 @@ from typing import Any, Callable, Optional
 from ddb2bt.transforms.attrs import (
     as_bytes,
     canonical_json,
+    canonical_number,
     canonical_typed_json,
     json_number,
     parse_number,
@@ -102,7 +123,9 @@ def _float64(value: Any, where: str) -> bytes:
     number = parse_number(_want(value, ("N",), "float64", where), where)
     as_float = float(number)
     if math.isinf(as_float) or Decimal(repr(as_float)) != number:
-        raise MappingError(f"{where}: {number} is not exactly representable as float64", reason="encoding")
+        nearest = "overflow" if math.isinf(as_float) else repr(as_float)
+        raise MappingError(f"{where}: {number} is not a float64: the nearest double reads back as {nearest} "
+                           "(use decimal to keep every digit)", reason="encoding")
     return _FLOAT64.pack(as_float)
 
 
@@ -158,13 +181,18 @@ def encode(encoding: str, value: Any, where: str = "value") -> bytes:
 # --- decoding (used by verification and `explain`) ---------------------------------
 
 
+class _NumberToken(str):
+    """A JSON number's token, exactly as written (json.loads hands it over as text:
+    going through Decimal would re-spell 0.0000001 as 1E-7)."""
+
+
 def _from_json(obj: Any) -> Any:
-    """Untyped canonical JSON → AttributeValue (numbers → N with their digits)."""
+    """Untyped canonical JSON → AttributeValue (numbers → N with their very digits)."""
     if isinstance(obj, bool):
         return {"BOOL": obj}
     if obj is None:
         return {"NULL": True}
-    if isinstance(obj, Decimal):
+    if isinstance(obj, _NumberToken):
         return {"N": str(obj)}
     if isinstance(obj, str):
         return {"S": obj}
@@ -203,7 +231,9 @@ def decode(encoding: str, data: bytes, dynamodb_type: Optional[str] = None) -> A
     if encoding == "decimal":
         return {"N": data.decode("ascii")}
     if encoding == "float64":
-        return {"N": repr(_FLOAT64.unpack(data)[0])}
+        # The shortest decimal that reads back as the stored double, spelled as
+        # DynamoDB spells numbers: 100 → "100" (repr would say "100.0").
+        return {"N": canonical_number(Decimal(repr(_FLOAT64.unpack(data)[0])))}
     if encoding == "bytes":
         return {"B": bytes(data)}
     if encoding == "bool":
@@ -213,7 +243,7 @@ def decode(encoding: str, data: bytes, dynamodb_type: Optional[str] = None) -> A
     if encoding == "dynamodb_json":
         return _from_typed_json(json.loads(data.decode("utf-8")))
     if encoding == "json":
-        value = _from_json(json.loads(data.decode("utf-8"), parse_float=Decimal, parse_int=Decimal))
+        value = _from_json(json.loads(data.decode("utf-8"), parse_float=_NumberToken, parse_int=_NumberToken))
         if dynamodb_type in ("SS", "NS", "BS") and "L" in value:
             members = value["L"]
             if dynamodb_type == "SS":

@@ -6,6 +6,7 @@ production (hotspots, limits, lost versions, PII in keys), INFO for advice.
 """
 from __future__ import annotations
 
+import difflib
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -53,8 +54,41 @@ def _templates(mapping: MappingConfig) -> Iterable:
             yield f"rules[{i}] {rule.name}: indexes[{j}] {index.name}", index.row_key
 
 
+def _known_attributes(mapping: MappingConfig) -> set:
+    """Attributes the mapping names anywhere: keys, columns, conditions, timestamps."""
+    known = set(mapping.source.key_attributes)
+    for rule in mapping.rules:
+        known.update(c.attribute for c in rule.columns)
+        known.update(c.timestamp.attribute for c in rule.columns if c.timestamp is not None)
+        known.update(cond.attribute for cond in rule.conditions)
+        for index in rule.indexes:
+            known.update(index.project)
+            known.update(cond.attribute for cond in index.conditions)
+    return known
+
+
+def placeholder_findings(mapping: MappingConfig) -> list:
+    """Row-key placeholders that name an attribute the mapping knows nothing of
+    (neither a key attribute nor mapped anywhere): likely a typo, and then every
+    item lacking it is a dead letter. Rules with a hook may make up attributes."""
+    known = _known_attributes(mapping)
+    out = []
+    hooked = {rule.name for rule in mapping.rules if rule.hook}
+    for where, template in _templates(mapping):
+        if any(f" {name}:" in where for name in hooked):
+            continue
+        for source in template.sources:
+            if source not in known:
+                close = difflib.get_close_matches(source, sorted(known), n=1)
+                hint = f" (did you mean {{{close[0]}}}?)" if close else ""
+                out.append(Finding(WARN, "unknown_placeholder", where,
+                                   f"{{{source}}} is neither a key attribute nor mapped anywhere{hint}: every "
+                                   "item without it will be a dead letter"))
+    return out
+
+
 def static_findings(mapping: MappingConfig) -> list:
-    out: list = []
+    out: list = placeholder_findings(mapping)
     for where, t in _templates(mapping):
         first = _first_placeholder(t)
         if first is not None and not _SPREADING & {name for name, _ in first.transforms}:
@@ -119,6 +153,7 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
     out: list = []
     unmatched = 0
     errors: Counter = Counter()
+    first_error: dict = {}  # reason -> the first item's message (an example for the finding)
     max_key = max_qual = 0
     first_parts: list = []
     versions: Counter = Counter()
@@ -133,6 +168,7 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
             cells = expected_cells(mapping, item)
         except MappingError as exc:
             errors[exc.reason] += 1
+            first_error.setdefault(exc.reason, exc.message)
             continue
         for cell in cells.values():
             max_key = max(max_key, len(cell.row_key))
@@ -147,6 +183,11 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
         out.append(Finding(WARN, "unmatched_items", "rules",
                            f"{unmatched} of {count} sampled items match no rule: they would be dead letters"))
     for reason, n in errors.most_common():
+        if reason == "timestamp_unit":
+            out.append(Finding(WARN, "timestamp_unit", "sample",
+                               f"{n} of {count} sampled items have a timestamp attribute in the other unit than "
+                               f"the column's format ({first_error[reason]}): they would be dead letters"))
+            continue
         out.append(Finding(WARN, "unmappable_items", "sample",
                            f"{n} of {count} sampled items cannot be mapped ({reason}): they would be dead letters"))
     if max_key > NEAR_LIMIT * MAX_ROW_KEY_BYTES:
@@ -174,7 +215,8 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
     if clashes:
         out.append(Finding(WARN, "version_clash", "sample",
                            f"{clashes} versioned cells are claimed by more than one item (same row, column and "
-                           "timestamp): only one survives"))
+                           "timestamp): the first written keeps it, later ones are refused as dead letters "
+                           "(version_clash); make the version unique (a finer timestamp attribute)"))
     out.append(Finding(INFO, "sampled", "sample", f"{count} items checked; longest row key {max_key} bytes"))
     return out
 

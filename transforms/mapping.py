@@ -4,7 +4,7 @@ Model: a mapping says which **cells an item owns** — in its own row, in rows i
 shares with other items (Example 2 folds a video's items into one row), and in
 index rows that replace GSIs. A change's mutations are the *difference* between
 the cells the old image owned and the cells the new image owns, written per the
-correctness contract (design notes §1):
+correctness contract (docs/design.md §3 and §5):
 
 * an ordinary cell is written at the change's own timestamp (whole ms, never -1)
   and its older versions are deleted (``[0, ts)``), so each such column holds
@@ -37,6 +37,7 @@ from ddb2bt.transforms.limits import MAX_TIMESTAMP_MS, checked_size
 from ddb2bt.transforms.model import (
     EVENT_NAMES,
     INSERT,
+    NO_CHANGE_TIME,
     MODIFY,
     REMOVE,
     ChangeRecord,
@@ -131,9 +132,29 @@ def select_rule(mapping: MappingConfig, keys: Item, item: Optional[Item]) -> tup
 # --- owned cells ----------------------------------------------------------------
 
 
+# Where seconds end and milliseconds begin (the plausibility rule): 10^11 seconds
+# is the year 5138, 10^11 milliseconds is 1973-03-03T09:46:40Z. An epoch_seconds
+# value at or above it is in milliseconds (or finer); an epoch_millis value below
+# it is in seconds. Either read in the wrong unit would put the cell ~1000x away
+# (the year ~56,000, or January 1970, which a max_age family then collects).
+EPOCH_UNIT_BOUNDARY = 10**11
+
+
+def _plausible_epoch(number: Decimal, fmt: str, raw, where: str) -> None:
+    if fmt == "epoch_seconds" and number >= EPOCH_UNIT_BOUNDARY:
+        year = 1970 + int(number / 31_556_952)
+        raise MappingError(f"{where}: {raw} as epoch_seconds is the year ~{year:,}; it looks like milliseconds "
+                           "(use format: epoch_millis)", reason="timestamp_unit")
+    if fmt == "epoch_millis" and number < EPOCH_UNIT_BOUNDARY:
+        when = (_dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(milliseconds=int(number)))
+        raise MappingError(f"{where}: {raw} as epoch_millis is {when:%Y-%m-%dT%H:%M:%SZ}, before 1973-03-03; it "
+                           "looks like seconds (use format: epoch_seconds)", reason="timestamp_unit")
+
+
 def parse_timestamp_ms(value, fmt: str, where: str) -> int:
     """A cell timestamp from an attribute value, in whole milliseconds (rounded
-    down: Bigtable accepts only whole-ms timestamps)."""
+    down: Bigtable accepts only whole-ms timestamps). An epoch value whose
+    magnitude says it is in the other unit is refused (EPOCH_UNIT_BOUNDARY)."""
     tag = type_of(value, where)
     raw = value[tag]
     try:
@@ -148,9 +169,14 @@ def parse_timestamp_ms(value, fmt: str, where: str) -> int:
             if tag not in ("N", "S"):
                 raise ValueError("an epoch timestamp must be a number")
             number = parse_number(raw, where)
+            _plausible_epoch(number, fmt, raw, where)
             scaled = number * 1000 if fmt == "epoch_seconds" else number
             ms = int(scaled.to_integral_value(rounding="ROUND_FLOOR"))
-    except (ValueError, TypeError, ArithmeticError, MappingError) as exc:
+    except MappingError as exc:
+        if exc.reason == "timestamp_unit":
+            raise
+        raise MappingError(f"{where}: cannot read {raw!r} as a {fmt} timestamp ({exc})", reason="timestamp") from None
+    except (ValueError, TypeError, ArithmeticError) as exc:
         raise MappingError(f"{where}: cannot read {raw!r} as a {fmt} timestamp ({exc})", reason="timestamp") from None
     if not 0 <= ms <= MAX_TIMESTAMP_MS:
         raise MappingError(f"{where}: timestamp {ms} ms is out of range", reason="timestamp")
@@ -433,6 +459,9 @@ def validate_record(record: ChangeRecord) -> None:
         raise MappingError(
             f"{record.event_name} without OldImage: the stream must use NEW_AND_OLD_IMAGES", reason="bad_record"
         )
+    if record.change_ms == NO_CHANGE_TIME:
+        raise MappingError("record has no ApproximateCreationDateTime: it is the time every cell of the change is "
+                           "written at, and no other time is safe to invent", reason="bad_record")
     if record.change_ms < 0:
         raise MappingError(f"negative change time {record.change_ms}", reason="bad_record")
 
@@ -471,7 +500,7 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
     deterministic order. Empty when nothing changes (skipped item, key-only item,
     TTL deletion the mapping ignores).
 
-    The backfill/tail overlap (design notes §1). Backfill cells carry the handoff
+    The backfill/tail overlap (docs/design.md §7). Backfill cells carry the handoff
     second minus 1 ms, so a scanned value never overrides a streamed one. But a
     delete leaves no tombstone in Bigtable: if the tail applies an item's delete
     (or an attribute's removal) *before* a slower backfill batch writes the item's
@@ -492,7 +521,8 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
     mapped; the caller dead-letters the whole record so nothing is half-applied.
     """
     validate_record(record)
-    if record.is_ttl_delete and mapping.ttl is not None and mapping.ttl.deletions == "ignore":
+    if (record.is_ttl_delete and record.event_name == REMOVE and mapping.ttl is not None
+            and mapping.ttl.deletions == "ignore"):
         return ()
     ts = record.change_ms
     owner = _owned(mapping, record.keys, record.new_image) if record.event_name != REMOVE else _Owner(True)
@@ -520,6 +550,8 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
         for row in rows.values():
             row.append(SetCell(MARKER_FAMILY, qualifier, b"", ts))
     versioned_rows = {(c.table, c.row_key) for c in new.values() if c.version_ms is not None}
+    versions = _versions(new, old)
+    owner = canonical_typed_json({"M": dict(record.keys)}).encode("utf-8") if versions else b""
     changes = []
     for (t, k), m in rows.items():
         if not m:
@@ -529,8 +561,53 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
             guard = Guard(MARKER_FAMILY, qualifier, record.backfill_since_ms,
                           conditional=(t, k) in versioned_rows, backfill_ms=ts)
         mutations = tuple(m)
-        changes.append(RowChange(t, k, mutations, guard, checked_size(k, mutations)))
+        changes.append(RowChange(t, k, mutations, guard, checked_size(k, mutations),
+                                 versions.get((t, k), ()), owner))
     return tuple(changes)
+
+
+def _versions(new: dict, old: dict) -> dict:
+    """{(table, row): ((family, qualifier, version_ms, is_write), ...)} of the
+    versioned cells a change writes (new) or deletes (old and not new)."""
+    out: dict = {}
+    for key, cell in new.items():
+        if cell.version_ms is not None:
+            out.setdefault((cell.table, cell.row_key), []).append((cell.family, cell.qualifier, cell.version_ms, True))
+    for key, cell in old.items():
+        if cell.version_ms is not None and key not in new:
+            out.setdefault((cell.table, cell.row_key), []).append((cell.family, cell.qualifier, cell.version_ms, False))
+    return {row: tuple(sorted(entries)) for row, entries in out.items()}
+
+
+def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item], seen: tuple,
+                    ts: int) -> tuple:
+    """The row changes that make an item's cells equal what ``current`` owns
+    (None: the item is gone), for a replay that must never resurrect anything
+    (``ddb2bt dlq redrive``): ``current``'s cells are written at ``ts`` with their
+    older versions deleted, as a backfill writes them, and every cell that one of
+    the ``seen`` images owned and ``current`` does not is deleted up to ``ts``
+    (a versioned cell: exactly its version). No stored image is ever re-applied:
+    only the current state is written. An image that cannot be mapped any more
+    owned no cells and is passed over; ``current`` that cannot be mapped raises."""
+    new = owned_cells(mapping, keys, current) if current is not None else {}
+    old: dict = {}
+    for image in seen:
+        try:
+            old.update(owned_cells(mapping, keys, image, with_values=False))
+        except MappingError:
+            continue
+    rows: dict = {}
+    for key in sorted(new):
+        cell = new[key]
+        rows.setdefault((cell.table, cell.row_key), []).extend(_write(cell, ts, True))
+    for key in sorted(old):
+        if key not in new:
+            cell = old[key]
+            rows.setdefault((cell.table, cell.row_key), []).append(_delete(cell, ts))
+    versions = _versions(new, old)
+    owner = canonical_typed_json({"M": dict(keys)}).encode("utf-8") if versions else b""
+    return tuple(RowChange(t, k, tuple(m), None, checked_size(k, m), versions.get((t, k), ()), owner)
+                 for (t, k), m in rows.items() if m)
 
 
 def backfill_record(keys: Item, item: Item, handoff_ms: int, position=None) -> ChangeRecord:

@@ -24,6 +24,10 @@ MODIFY = "MODIFY"
 REMOVE = "REMOVE"
 EVENT_NAMES = (INSERT, MODIFY, REMOVE)
 
+# change_ms of a stream record that carried no ApproximateCreationDateTime: kept
+# missing (not invented) so the mapping dead-letters it saying exactly that.
+NO_CHANGE_TIME = -1
+
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 _ONE_MS = _dt.timedelta(milliseconds=1)
 
@@ -91,7 +95,7 @@ class PartDone(StreamElement):
 class ChangeRecord:
     """One DynamoDB change, as read from a stream (or synthesised by a backfill).
 
-    ``change_ms`` is the cell timestamp the change is written with (contract §1):
+    ``change_ms`` is the cell timestamp the change is written with (docs/design.md §3):
     the record's ApproximateCreationDateTime for stream records, the handoff time
     minus one millisecond for backfill records.
     """
@@ -103,7 +107,7 @@ class ChangeRecord:
     change_ms: int
     position: Optional[StreamPosition] = None
     event_id: str = ""
-    # True for TTL expiries (userIdentity principal dynamodb.amazonaws.com).
+    # True for TTL expiries: a REMOVE by userIdentity principal dynamodb.amazonaws.com.
     is_ttl_delete: bool = False
     size_bytes: int = 0
     # Backfill only: the handoff second. Rows holding versioned cells are written
@@ -168,6 +172,13 @@ class RowChange:
     # Request bytes this row adds to a batch. The mapping computes it while it
     # checks the limits (one pass); computed here when not given.
     size_bytes: int = -1
+    # Versioned cells (timestamp from an attribute) this change writes or deletes:
+    # ((family, qualifier, version_ms, is_write), ...), and the item that owns them
+    # (its key as canonical typed JSON). Two items may map to one version; the sink
+    # then refuses the later one (dead letter ``version_clash``) and never lets one
+    # item's delete remove another's version.
+    versioned: tuple = ()
+    owner: bytes = b""
 
     def __post_init__(self) -> None:
         if self.size_bytes < 0:
@@ -238,7 +249,7 @@ class MappedBatch(StreamElement):
 class ShardClosed(StreamElement):
     """Marker: the reader reached the end of a closed shard. The sink records the
     shard as finished only after every write before this marker is acknowledged,
-    which is what lets the shard's children start (per-key order, contract §1)."""
+    which is what lets the shard's children start (per-key order, docs/design.md §4.2)."""
 
     stream_arn: str
     shard_id: str

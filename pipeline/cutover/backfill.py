@@ -27,6 +27,7 @@ import apache_beam as beam
 from botocore.exceptions import ClientError
 
 from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
+from ddb2bt.transforms.config import memo
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.mapping import backfill_record
 from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement
@@ -34,6 +35,8 @@ from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_pages
+from ddb2bt.pipeline.cutover.exports import (ION, ExportManifest, check_manifest, dynamodb_json_items, export_time_ms,
+                                             ion_items, parse_summary)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,10 @@ class ScanSource:
 @dataclass(frozen=True)
 class ExportSource:
     """A DynamoDB point-in-time export: a local directory or s3://bucket/prefix that
-    holds manifest-summary.json, manifest-files.json and data/*.json.gz."""
+    holds manifest-summary.json, manifest-files.json and data/*.json.gz (DYNAMODB_JSON)
+    or data/*.ion.gz (ION); see ``ddb2bt.pipeline.cutover.exports``. ``check`` it
+    against the mapping's source before starting: it refuses an incremental export,
+    an unknown format and an export of another table."""
 
     location: str
     region: Optional[str] = None
@@ -92,45 +98,92 @@ class ExportSource:
             return self._s3().get_object(Bucket=bucket, Key=key)["Body"].read()
         return (Path(self.location) / name).read_bytes()
 
+    def _exists(self, name: str) -> bool:
+        try:
+            self.read_bytes(name)
+            return True
+        except (OSError, ClientError):
+            return False
+
     def summary(self) -> dict:
         try:
             return json.loads(self.read_bytes("manifest-summary.json"))
         except (OSError, ClientError) as exc:
+            if self._exists("_started"):
+                raise ConfigError(f"the export in {self.location} has begun but not finished (there is _started but "
+                                  "no manifest-summary.json yet): wait until it is COMPLETED (aws dynamodb "
+                                  "describe-export)", "--from-export") from None
             raise ConfigError(f"no manifest-summary.json in {self.location} ({exc}); give the export's directory "
                               "(the one holding manifest-summary.json)", "--from-export") from None
+        except ValueError as exc:
+            raise ConfigError(f"manifest-summary.json in {self.location} is not JSON ({exc})",
+                              "--from-export") from None
+
+    def manifest(self) -> ExportManifest:
+        # Kept on the (frozen) source: read once per worker, not once per data file.
+        return memo(self, "_manifest", lambda: parse_summary(self.summary()))
+
+    def check(self, table: Optional[str] = None, region: Optional[str] = None) -> ExportManifest:
+        """The manifest, if a backfill of ``table`` can use this export; else ConfigError."""
+        manifest = self.manifest()
+        check_manifest(manifest, table, region)
+        return manifest
 
     def export_time_ms(self) -> int:
-        from ddb2bt.transforms.mapping import parse_timestamp_ms
+        manifest = self.check()
+        return export_time_ms(manifest.export_time)
 
-        text = self.summary().get("exportTime")
-        if not text:
-            raise ConfigError("manifest-summary.json has no exportTime", "--from-export")
-        return parse_timestamp_ms({"S": text.replace("Z", "+00:00")}, "iso8601", "exportTime")
+    def _files(self) -> dict:
+        """{data file name (relative to the export directory): itemCount or None}, in manifest order."""
+        def build() -> dict:
+            files: dict = {}
+            for n, line in enumerate(self.read_bytes("manifest-files.json").decode("utf-8").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    entry = json.loads(line)
+                    key = entry["dataFileS3Key"]
+                except (ValueError, KeyError, TypeError):
+                    raise ConfigError(f"manifest-files.json line {n} has no dataFileS3Key", "--from-export") from None
+                name = "data/" + key.rsplit("/data/", 1)[-1] if "/data/" in key else key
+                count = entry.get("itemCount")
+                files[name] = int(count) if isinstance(count, int) else None
+            return files
+        return memo(self, "_data_files", build)
 
     def parts(self) -> list:
         """Data files (names relative to the export directory), from manifest-files.json."""
-        files = []
-        for line in self.read_bytes("manifest-files.json").decode("utf-8").splitlines():
-            if line.strip():
-                key = json.loads(line)["dataFileS3Key"]
-                files.append("data/" + key.rsplit("/data/", 1)[-1] if "/data/" in key else key)
+        self.check()
+        files = list(self._files())
         if not files:
             raise ConfigError("manifest-files.json lists no data files", "--from-export")
         return files
 
-    def item_count(self) -> int:
-        return int(self.summary().get("itemCount", 0))
+    def expected_items(self, part: str) -> Optional[int]:
+        return self._files().get(part)
 
-    def open_lines(self, part: str) -> Iterator[bytes]:
+    def item_count(self) -> int:
+        return self.manifest().item_count
+
+    def _open(self, part: str):
         if self.is_s3:
             bucket, key = self._split(part)
             body = self._s3().get_object(Bucket=bucket, Key=key)["Body"]
-            stream = gzip.GzipFile(fileobj=body) if part.endswith(".gz") else body
-        else:
-            path = Path(self.location) / part
-            stream = gzip.open(path, "rb") if part.endswith(".gz") else open(path, "rb")
-        with stream:
+            return gzip.GzipFile(fileobj=body) if part.endswith(".gz") else body
+        path = Path(self.location) / part
+        return gzip.open(path, "rb") if part.endswith(".gz") else open(path, "rb")
+
+    def open_lines(self, part: str) -> Iterator[bytes]:
+        with self._open(part) as stream:
             yield from io.BufferedReader(stream) if not hasattr(stream, "readline") else stream
+
+    def items(self, part: str) -> Iterator[dict]:
+        """The part's items in boto3 form, in file order (DYNAMODB_JSON or ION)."""
+        if self.manifest().output_format == ION:
+            with self._open(part) as stream:
+                yield from ion_items(stream, part)
+        else:
+            yield from dynamodb_json_items(self.open_lines(part), part)
 
 
 @dataclass(frozen=True)
@@ -183,39 +236,38 @@ class PartReaders:
                                start_key=_untoken(resume), consistent_read=src.consistent_read,
                                page_limit=src.page_limit, bucket=self._bucket, retry=self._retry,
                                what=f"Scan {part}"):
-            items, last_key = page.items, page.last_key
-            page_token = _token(page.start_key)
+            items = page.items
             self._on_items(len(items))
-            for i, item in enumerate(items):
-                last = i == len(items) - 1
-                # Only the page's last item may carry the next page's start: a crash
-                # after a partial flush must re-read this page, not skip its rest.
-                position = BackfillPosition(SCAN, part, _token(last_key) if last and last_key else page_token,
-                                            count + len(items) if last and last_key else count)
+            keys = self._keys
+            for item in items:
+                count += 1
+                # Resume right after this item: any item's primary key is a valid
+                # ExclusiveStartKey (LastEvaluatedKey is just the last one's), so a
+                # restart re-reads nothing that was written, even inside a page
+                # (a page can hold a whole segment).
+                position = BackfillPosition(SCAN, part, _token({k: item[k] for k in keys if k in item}), count)
                 yield self._record(item, position)
-            count += len(items)
         yield PartDone(SCAN, part, count)
 
     def _export(self, part: str, resume: Optional[str]) -> Iterator:
         skip = int(resume or 0)
-        line_no = 0
+        line_no = 0  # the item's ordinal in its file (a line of DYNAMODB_JSON, a value of ION)
         batch = 0
-        for raw in self._source.open_lines(part):
-            if not raw.strip():
-                continue
+        for item in self._source.items(part):
             line_no += 1
             if line_no <= skip:
                 continue
-            try:
-                item = item_from_dynamodb_json(json.loads(raw)["Item"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise PermanentError(f"{part} line {line_no}: not a DynamoDB JSON export line ({exc})") from None
             batch += 1
             if batch >= 1000:
                 self._on_items(batch)
                 batch = 0
             yield self._record(item, BackfillPosition(EXPORT, part, str(line_no), line_no))
         self._on_items(batch)
+        expected = self._source.expected_items(part)
+        if expected is not None and expected != line_no:
+            # A short or truncated file would otherwise leave items silently missing.
+            raise PermanentError(f"{part} holds {line_no} items but manifest-files.json says {expected}: the "
+                                 "export is incomplete or damaged; take a new export")
         yield PartDone(EXPORT, part, line_no)
 
 

@@ -3,10 +3,12 @@ difference from what the tables hold. The core of `verify`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from ddb2bt.transforms.config import MappingConfig
-from ddb2bt.transforms.mapping import MARKER_FAMILY, expected_cells
+from ddb2bt.transforms.attrs import canonical_typed_json
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.mapping import expected_cells
 
 SINGLE, VERSIONS, LIST = "single", "versions", "list"
 
@@ -20,11 +22,39 @@ class Expect:
     value: object
 
 
-def expected_layout(mapping: MappingConfig, items) -> dict:
-    """{table: {row_key: {(family, qualifier): Expect}}} for items (boto3 form)."""
+@dataclass(frozen=True)
+class VersionClash:
+    """Two items that map to the same cell version: Bigtable can hold only one."""
+
+    table: str
+    row_key: bytes
+    family: str
+    qualifier: bytes
+    version_ms: int
+    keys: tuple  # the items' keys as canonical typed JSON, sorted
+
+
+def expected_layout(mapping: MappingConfig, items,
+                    on_unmappable: Optional[Callable[[dict, MappingError], None]] = None,
+                    clashes: Optional[list] = None) -> dict:
+    """{table: {row_key: {(family, qualifier): Expect}}} for items (boto3 form).
+    An item the mapping refuses raises, or goes to ``on_unmappable(item, error)``
+    and contributes nothing (its rows, if any, then show up as extra). Items that
+    collide on one cell version are appended to ``clashes`` (when given): the
+    layout can hold only one of them, so the target can never equal the table and
+    the caller must report it."""
     out: dict = {t: {} for t in mapping.tables}
+    owners: dict = {}  # (table, row, family, qualifier, version) -> item key, versioned cells only
     for item in items:
-        for cell in expected_cells(mapping, item).values():
+        try:
+            cells = expected_cells(mapping, item)
+        except MappingError as exc:
+            if on_unmappable is None:
+                raise
+            on_unmappable(item, exc)
+            continue
+        key = None
+        for cell in cells.values():
             row = out.setdefault(cell.table, {}).setdefault(cell.row_key, {})
             col = (cell.family, cell.qualifier)
             if cell.values is not None:
@@ -32,6 +62,13 @@ def expected_layout(mapping: MappingConfig, items) -> dict:
             elif cell.version_ms is None:
                 row[col] = Expect(SINGLE, cell.value)
             else:
+                if key is None:
+                    key = canonical_typed_json({"M": {k: item[k] for k in mapping.source.key_attributes
+                                                      if k in item}})
+                at = (cell.table, cell.row_key, cell.family, cell.qualifier, cell.version_ms)
+                other = owners.setdefault(at, key)
+                if other != key and clashes is not None:
+                    clashes.append(VersionClash(*at, tuple(sorted((other, key)))))
                 row.setdefault(col, Expect(VERSIONS, {})).value[cell.version_ms] = cell.value
     return out
 
@@ -44,16 +81,18 @@ class LayoutDiff:
     extra_cells: list = field(default_factory=list)  # columns no item owns
     different_cells: list = field(default_factory=list)  # value, versions or list differ
     extra_versions: list = field(default_factory=list)  # single-value columns holding older versions too
+    version_clashes: list = field(default_factory=list)  # VersionClash: items the layout cannot both hold
 
     @property
     def identical(self) -> bool:
         return not (self.missing_rows or self.extra_rows or self.missing_cells or self.extra_cells
-                    or self.different_cells)
+                    or self.different_cells or self.version_clashes)
 
     def summary(self) -> str:
         return (f"missing rows {len(self.missing_rows)}, extra rows {len(self.extra_rows)}, "
                 f"missing cells {len(self.missing_cells)}, extra cells {len(self.extra_cells)}, "
-                f"different cells {len(self.different_cells)}, multi-version columns {len(self.extra_versions)}")
+                f"different cells {len(self.different_cells)}, version clashes {len(self.version_clashes)}, "
+                f"multi-version columns {len(self.extra_versions)}")
 
 
 def _column_matches(want: Expect, have: list) -> bool:
@@ -69,10 +108,9 @@ def diff_layout(expected: dict, actual_versions: dict) -> LayoutDiff:
     """One table. ``expected``: {row: {col: Expect}}; ``actual_versions``:
     read_table() output (all versions, newest first)."""
     d = LayoutDiff()
-    # Touch markers are ddb2bt's own bookkeeping, not mapped data.
-    actual_versions = {row: cols for row, cols in (
-        (row, {c: v for c, v in cols.items() if c[0] != MARKER_FAMILY}) for row, cols in actual_versions.items())
-        if cols}
+    # Everything counts: a cell of a family the mapping does not own (ddb2bt's own
+    # touch markers left behind included) is an extra cell, a row holding no
+    # owned cell an extra row.
     d.missing_rows = sorted(set(expected) - set(actual_versions))
     d.extra_rows = sorted(set(actual_versions) - set(expected))
     for key in sorted(set(expected) & set(actual_versions)):
@@ -90,5 +128,9 @@ def diff_layout(expected: dict, actual_versions: dict) -> LayoutDiff:
 def compare_mapping(mapping: MappingConfig, items, read: Callable[[str], dict]) -> dict:
     """{table: LayoutDiff} for every table the mapping writes; ``read(table)``
     returns read_table() output."""
-    expected = expected_layout(mapping, items)
-    return {table: diff_layout(expected.get(table, {}), read(table)) for table in mapping.tables}
+    clashes: list = []
+    expected = expected_layout(mapping, items, clashes=clashes)
+    out = {table: diff_layout(expected.get(table, {}), read(table)) for table in mapping.tables}
+    for clash in clashes:
+        out[clash.table].version_clashes.append(clash)
+    return out

@@ -1,118 +1,207 @@
-"""Backfill + live tail cutover: phases, handoff time, and the local controller.
+"""The migration's phase machine, handoff time and marking policy.
 
-Phases (stored in the state table, ``{job}#meta#phase``):
+Phases (stored in the state table, ``{job}#meta#phase``)::
 
-  BACKFILLING  the tail runs and marks the items it touches; the backfill copies
-               the table with cells one millisecond older than the handoff second
-  CATCHING_UP  the backfill is complete; the tail catches up with the stream
-  LIVE         the tail is at the stream head: ready for `verify` and cutover
+  (none) ──begin──▶ BACKFILLING ──every part done──▶ CATCHING_UP ──finish + tail at head──▶ LIVE
+                        ▲   │                            │                                  │
+                        └───┴──── begin (a new backfill, --restart) ─────────────────────────┘
 
-The handoff time T is recorded once, after the phase says BACKFILLING and the
-tail has had time to notice (``MARKING_WAIT_S``), so every tail change at or
-after T's second carries a touch marker. A restart resumes every part: the tail
-from its shard checkpoints, the backfill from its segment/file checkpoints with
-the recorded T. A backfill that runs for days is fine: the tail keeps running
-alongside, never more than minutes behind, so the 24 h retention never matters.
+  BACKFILLING  the tail runs and marks the items it touches (``ddb2bt_touch``);
+               the backfill copies the table with cells one millisecond older
+               than the handoff second, guarded by those markers
+  CATCHING_UP  every backfill part is written; the tail catches up. Once the tail
+               has had time to stop marking, the *finish* drops the marker family
+               (``bookkeeping.Bookkeeping``): the target then holds only cells the
+               mapping owns
+  LIVE         finished and the tail is at the stream head: ready for `verify`
+               and cutover
+
+This module is the only code that writes the phase (``Migration.transition``
+checks every move against ``TRANSITIONS`` and raises ``PhaseError`` otherwise).
+The mapping stage only *reads* it, through ``MarkingPolicy``, which is fail-safe:
+whenever the phase cannot be read, the tail marks.
+
+The handoff time T is recorded once per backfill, after the phase says
+BACKFILLING and the tails have had time to notice (``MARKING_WAIT_S``), so every
+tail change at or after T's second carries a touch marker.
 """
 from __future__ import annotations
 
+import enum
 import json
 import logging
-import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.transforms.errors import ConfigError, PermanentError
 
 log = logging.getLogger(__name__)
 
-BACKFILLING, CATCHING_UP, LIVE = "BACKFILLING", "CATCHING_UP", "LIVE"
-PHASES = (BACKFILLING, CATCHING_UP, LIVE)
+
+class Phase(enum.StrEnum):
+    BACKFILLING = "BACKFILLING"
+    CATCHING_UP = "CATCHING_UP"
+    LIVE = "LIVE"
+
+
+BACKFILLING, CATCHING_UP, LIVE = Phase.BACKFILLING, Phase.CATCHING_UP, Phase.LIVE
+PHASES = tuple(Phase)
+# Allowed moves. BACKFILLING → BACKFILLING is a restarted backfill (new handoff);
+# CATCHING_UP/LIVE → BACKFILLING a new backfill after the first one.
+TRANSITIONS = {
+    None: frozenset({BACKFILLING}),
+    BACKFILLING: frozenset({BACKFILLING, CATCHING_UP}),
+    CATCHING_UP: frozenset({BACKFILLING, LIVE}),
+    LIVE: frozenset({BACKFILLING}),
+}
 # The tail re-reads the phase this often; the backfill waits for two refreshes
 # plus a second before fixing T, so no change at or after T's second goes unmarked.
 PHASE_CACHE_S = 2.0
 MARKING_WAIT_S = 2 * PHASE_CACHE_S + 1.0
 
 
-class PhaseMarking:
-    """Whether the live tail must set touch markers: while a backfill runs. Also
-    moves BACKFILLING → CATCHING_UP once every backfill part is recorded done
-    (after its writes: the sink records a part done only then)."""
+class PhaseError(PermanentError):
+    """A phase move the machine does not allow, or a phase value it does not know."""
 
-    def __init__(self, state_spec, now: Callable[[], float] = time.monotonic) -> None:
-        self._spec = state_spec
+
+def check_transition(current: Optional[Phase], target: Phase) -> None:
+    if target not in TRANSITIONS.get(current, frozenset()):
+        raise PhaseError(f"migration phase cannot move from {current or '(none)'} to {target}")
+
+
+def parse_phase(value: Optional[str]) -> Optional[Phase]:
+    if not value:
+        return None
+    try:
+        return Phase(value)
+    except ValueError:
+        raise PhaseError(f"unknown migration phase {value!r} in the state table") from None
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MarkingPolicy:
+    """Whether the live tail must set touch markers: while a backfill runs, and
+    whenever that cannot be known (fail-safe: a marker too many costs a cell
+    until the finish drops the family; a marker too few can resurrect a deleted
+    item). Only reads the state table: the mapping stage never writes state.
+
+    ``store_factory`` builds the state store on the worker (``setup``); ``now`` is
+    a monotonic clock. Both injected for tests."""
+
+    def __init__(self, store_factory, now: Callable[[], float] = time.monotonic) -> None:
+        self._factory = store_factory
         self._now = now
 
     def setup(self) -> None:
-        self._store = self._spec.store()
-        self._checked = None
-        self._active = True  # until the first read: marking is never wrong, only extra work
-
-    def _backfill_complete(self) -> bool:
-        spec = self._store.load_meta("backfill_source")
-        if not spec or not self._store.load_meta("handoff_ms"):
-            return False
-        parts = json.loads(spec).get("parts", 0)
-        done = sum(1 for p in self._store.load_backfill_progress().values() if p.done)
-        return parts > 0 and done >= parts
+        self._store = None
+        self._checked: Optional[float] = None
+        self._active = True  # until the first successful read
 
     def active(self) -> bool:
         now = self._now()
-        if self._checked is None or now - self._checked >= PHASE_CACHE_S:
-            try:
-                self._active = self._store.load_meta("phase") == BACKFILLING
-                if self._active and self._backfill_complete():
-                    Migration(self._store).finish_backfill()  # no controller on Dataflow: the tail moves it
-                    self._active = False
-                self._checked = now
-            except Exception as exc:  # keep the last answer; marking stays safe
-                log.warning("cannot read the migration phase (%s); keeping %s", type(exc).__name__, self._active)
+        if self._checked is not None and now - self._checked < PHASE_CACHE_S:
+            return self._active
+        self._checked = now
+        try:
+            if self._store is None:
+                self._store = self._factory()
+            self._active = parse_phase(self._store.load_meta("phase")) == BACKFILLING
+        except Exception as exc:  # unreadable: mark (see the class docstring)
+            if not self._active:
+                log.warning("cannot read the migration phase (%s): marking until it can be read",
+                            type(exc).__name__)
+            self._active = True
         return self._active
 
 
-@dataclass
+PhaseMarking = MarkingPolicy  # the former name
+
+
 class Migration:
-    """The migration's durable facts, read from and written to the state table."""
+    """The migration's durable facts, read from and written to the state table.
+    ``now_ms`` and ``sleep`` are injected for tests."""
 
-    store: object
+    def __init__(self, store, now_ms: Callable[[], int] = _wall_ms,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.store = store
+        self._now_ms = now_ms
+        self._sleep = sleep
 
+    def now_ms(self) -> int:
+        return self._now_ms()
+
+    # -- reading
     @property
-    def phase(self) -> Optional[str]:
-        return self.store.load_meta("phase")
-
-    def set_phase(self, phase: str) -> None:
-        from ddb2bt.pipeline.metrics import default_metrics
-
-        self.store.save_meta("phase", phase)
-        self.store.save_meta("phase_changed_ms", str(time.time_ns() // 1_000_000))
-        default_metrics().set_phase(phase)
-        log.info("migration phase: %s", phase)
+    def phase(self) -> Optional[Phase]:
+        return parse_phase(self.store.load_meta("phase"))
 
     @property
     def handoff_ms(self) -> Optional[int]:
         value = self.store.load_meta("handoff_ms")
         return int(value) if value else None
 
+    @property
+    def phase_changed_ms(self) -> Optional[int]:
+        value = self.store.load_meta("phase_changed_ms")
+        return int(value) if value else None
+
+    @property
+    def finished_ms(self) -> Optional[int]:
+        """When the bookkeeping (marker family) was last dropped; None while it may exist."""
+        value = self.store.load_meta("finished_ms")
+        return int(value) if value else None
+
     def source_spec(self) -> Optional[dict]:
         value = self.store.load_meta("backfill_source")
         return json.loads(value) if value else None
 
-    def begin_backfill(self, source_spec: dict, handoff_ms: Optional[int] = None,
-                       sleep: Callable[[float], None] = time.sleep) -> int:
-        """Start a new backfill: phase BACKFILLING, wait for the tail to mark, fix T.
-        ``handoff_ms`` is given for an export (its ExportTime)."""
+    def marker_tables(self) -> list:
+        value = self.store.load_meta("marker_tables")
+        return json.loads(value) if value else []
+
+    def backfill_complete(self) -> bool:
+        """Every part of the recorded backfill is done (recorded by the sink after
+        the part's writes and guard repairs were acknowledged)."""
+        spec = self.source_spec()
+        if not spec or self.handoff_ms is None:
+            return False
+        parts = spec.get("parts", 0)
+        done = sum(1 for p in self.store.load_backfill_progress().values() if p.done)
+        return parts > 0 and done >= parts
+
+    # -- the one place the phase is written
+    def transition(self, target: Phase) -> None:
+        check_transition(self.phase, target)
+        from ddb2bt.pipeline.metrics import default_metrics
+
+        self.store.save_meta("phase", str(target))
+        self.store.save_meta("phase_changed_ms", str(self._now_ms()))
+        default_metrics().set_phase(str(target))
+        log.info("migration phase: %s", target)
+
+    def begin_backfill(self, source_spec: dict, bookkeeping, tables: Sequence[str],
+                       handoff_ms: Optional[int] = None) -> int:
+        """Start a new backfill: phase BACKFILLING, marker family in every table,
+        wait for the tails to mark, fix T. ``handoff_ms`` is given for an export
+        (its ExportTime). The phase is written before the family is created: a
+        finish racing this (it re-reads the phase after dropping) then re-creates it."""
         self.store.clear_backfill_progress()
-        self.set_phase(BACKFILLING)
-        sleep(MARKING_WAIT_S)
-        handoff = handoff_ms if handoff_ms is not None else time.time_ns() // 1_000_000
+        self.transition(BACKFILLING)
+        self.store.save_meta("finished_ms", "")
+        self.store.save_meta("marker_tables", json.dumps(sorted(set(tables) | set(self.marker_tables()))))
+        bookkeeping.ensure(tables)
+        self._sleep(MARKING_WAIT_S)
+        handoff = handoff_ms if handoff_ms is not None else self._now_ms()
         self.store.save_meta("backfill_source", json.dumps(source_spec, sort_keys=True))
         self.store.save_meta("handoff_ms", str(handoff))
         self.store.save_meta("backfill_done_ms", "")
         return handoff
 
-    def resume_or_begin(self, source_spec: dict, restart: bool, handoff_ms: Optional[int] = None,
-                        sleep: Callable[[float], None] = time.sleep) -> int:
+    def resume_or_begin(self, source_spec: dict, restart: bool, bookkeeping, tables: Sequence[str],
+                        handoff_ms: Optional[int] = None) -> int:
         """T of the backfill to run: the recorded one when resuming the same backfill."""
         recorded = self.source_spec()
         if not restart and recorded is not None and self.handoff_ms is not None and self.phase == BACKFILLING:
@@ -120,29 +209,67 @@ class Migration:
                 raise ConfigError(
                     f"a backfill with {recorded} is in progress; rerun with the same source options to resume "
                     "it, or add --restart to begin a new one", "backfill")
+            bookkeeping.ensure(tables)  # idempotent: a crash may have come before it
             log.info("resuming the backfill with handoff time %d", self.handoff_ms)
             return self.handoff_ms
-        return self.begin_backfill(source_spec, handoff_ms, sleep)
+        return self.begin_backfill(source_spec, bookkeeping, tables, handoff_ms)
 
-    def finish_backfill(self) -> None:
-        self.store.save_meta("backfill_done_ms", str(time.time_ns() // 1_000_000))
-        self.set_phase(CATCHING_UP)
+    def finish_backfill(self) -> bool:
+        """BACKFILLING → CATCHING_UP once every part is done; idempotent (False when
+        another process moved it already, or parts are missing)."""
+        if self.phase != BACKFILLING or not self.backfill_complete():
+            return False
+        self.store.save_meta("backfill_done_ms", str(self._now_ms()))
+        self.transition(CATCHING_UP)
+        return True
+
+    def finish(self, bookkeeping, tables: Sequence[str] = (), wait: bool = True) -> bool:
+        """The clean finish: drop the marker family from every table that may hold
+        it. Only once the backfill is complete (CATCHING_UP or LIVE) and, with
+        ``wait``, ``MARKING_WAIT_S`` after the phase left BACKFILLING, so the tails
+        have stopped marking (one that still marks after the drop has its marker
+        mutations stripped by the sink: never a dead letter). Idempotent. Returns
+        True when nothing of ours is left."""
+        phase = self.phase
+        if phase not in (CATCHING_UP, LIVE):
+            return False
+        changed = self.phase_changed_ms or 0
+        if wait:
+            left = MARKING_WAIT_S - (self._now_ms() - changed) / 1000
+            if left > 0:
+                self._sleep(left)
+        targets = sorted(set(tables) | set(self.marker_tables()))
+        bookkeeping.drop(targets)
+        if self.phase == BACKFILLING:  # a new backfill began meanwhile: it needs the markers
+            bookkeeping.ensure(targets)
+            return False
+        self.store.save_meta("finished_ms", str(self._now_ms()))
+        log.info("migration bookkeeping removed from %s", ", ".join(targets) or "(no table)")
+        return True
+
+    def go_live(self) -> None:
+        """CATCHING_UP → LIVE; only after the finish (nothing of ours left)."""
+        if self.phase == LIVE:
+            return
+        if self.finished_ms is None:
+            raise PhaseError("the migration cannot go LIVE before its bookkeeping is removed (finish)")
+        self.transition(LIVE)
 
 
-class Worker(threading.Thread):
-    """Runs a pipeline function in a thread and keeps its exception."""
-
-    def __init__(self, name: str, fn: Callable[[], None]) -> None:
-        super().__init__(name=name, daemon=True)
-        self._fn = fn
-        self.error: Optional[BaseException] = None
-
-    def run(self) -> None:
-        try:
-            self._fn()
-        except BaseException as exc:  # re-raised by the controller
-            self.error = exc
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
+def advance(migration: Migration, bookkeeping, at_head: bool, promote_live: bool) -> Optional[Phase]:
+    """One step of the machine for a process without a controller (the tail's
+    readers on Dataflow, or next to a separate batch backfill): BACKFILLING →
+    CATCHING_UP when every part is done; then the finish once the tails had time
+    to stop marking; then LIVE (``promote_live``) once this reader is at the head.
+    Every step is idempotent, so several readers may run it. Returns the phase."""
+    phase = migration.phase
+    if phase == BACKFILLING and migration.finish_backfill():
+        phase = CATCHING_UP
+    if phase == CATCHING_UP and migration.finished_ms is None:
+        changed = migration.phase_changed_ms or 0
+        if (migration.now_ms() - changed) / 1000 >= MARKING_WAIT_S:
+            migration.finish(bookkeeping, wait=False)
+    if phase == CATCHING_UP and promote_live and at_head and migration.finished_ms is not None:
+        migration.go_live()
+        phase = LIVE
+    return phase

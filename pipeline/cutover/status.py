@@ -47,6 +47,9 @@ class Facts:
     dead_letters: int = 0
     last_verify: Optional[dict] = None
     stream_arn: Optional[str] = None
+    # Target tables that still hold the migration's touch-marker family: its cells
+    # (and rows holding only them) are not the mapping's, so readers must not switch.
+    bookkeeping_tables: list = field(default_factory=list)
 
 
 def assess(f: Facts) -> tuple:
@@ -58,6 +61,10 @@ def assess(f: Facts) -> tuple:
         reasons.append(f"backfill running: {f.backfill_done_parts}/{f.backfill_parts} parts done")
     elif f.phase == CATCHING_UP:
         reasons.append("backfill done; the tail is still catching up")
+    if f.bookkeeping_tables:
+        reasons.append(f"bookkeeping cells may remain in {', '.join(f.bookkeeping_tables)} (touch-marker family "
+                       "not dropped yet: the migration has not finished; rerun ddb2bt migrate or keep the tail "
+                       "running)")
     lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
     if lagging:
         worst = max(s.lag_ms(f.now_ms) for s in lagging)
@@ -99,7 +106,10 @@ def pending_since(streams, stream_arn: str, shard_id: str, after: Optional[str])
     return datetime_to_ms(records[0]["dynamodb"]["ApproximateCreationDateTime"])
 
 
-def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = None) -> Facts:
+def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = None,
+           bookkeeping=None, tables: tuple = ()) -> Facts:
+    """``bookkeeping`` (a ``cutover.bookkeeping.Bookkeeping``) is asked which of
+    ``tables`` (and the tables the migration recorded) still hold markers."""
     m = Migration(store)
     progress = store.load_backfill_progress()
     spec = m.source_spec() or {}
@@ -118,6 +128,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
         last_verify=json.loads(verify_text) if verify_text else None,
         stream_arn=stream_arn,
     )
+    if bookkeeping is not None:
+        facts.bookkeeping_tables = bookkeeping.remaining(sorted(set(tables) | set(m.marker_tables())))
     if stream_arn:
         # status answers within ~30 s even when the stream endpoint is unreachable
         listed = list_shards(streams, stream_arn, retry=RetryPolicy(0.2, 5.0, READ_ONLY_DEADLINE_S)).shards
@@ -147,6 +159,7 @@ def render(f: Facts) -> list:
         lines.append(f"  {s.shard_id}: {state}; position {s.sequence_number or 'start'}")
     lines.append(f"retention headroom: {retention_headroom_ms(f) / 3600000:.1f}h")
     lines.append(f"dead letters: {f.dead_letters}")
+    lines.append("bookkeeping in the target: " + (", ".join(f.bookkeeping_tables) or "none"))
     v = f.last_verify
     lines.append("last verify: " + ("-" if not v else
                                     f"{'IDENTICAL' if v.get('identical') else 'DIFFERENT'} "

@@ -11,7 +11,6 @@ import logging
 import sys
 import threading
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -51,7 +50,7 @@ def run_demo(args) -> int:
     from ddb2bt.transforms.encoding import decode
 
     mapping = load_mapping(example_path(DEMO_EXAMPLE))
-    with local_stack.LocalStack(log_dir=Path(".ddb2bt/logs")) as stack:
+    with local_stack.LocalStack(log_dir=local_stack.state_dir() / "logs") as stack:
         stack.apply_env()
         print(f"local stack: Bigtable emulator {os.environ['BIGTABLE_EMULATOR_HOST']}, "
               f"DynamoDB (moto) {os.environ['AWS_ENDPOINT_URL_DYNAMODB']}")

@@ -35,7 +35,25 @@ DEFAULT_REGION = "us-east-1"
 # Dummy credentials: moto accepts anything; real ones must never be needed locally.
 DUMMY_KEY_ID = "testing"
 DUMMY_SECRET = "testing"
-STATE_FILE = Path(".ddb2bt") / "local-stack.json"
+STATE_DIR_ENV = "DDB2BT_STATE_DIR"
+STATE_FILE_NAME = "local-stack.json"
+# Where `ddb2bt local up --detach` recorded its stack before it had one place per user.
+LEGACY_STATE_FILE = Path(".ddb2bt") / STATE_FILE_NAME
+
+
+def state_dir() -> Path:
+    """One place per user for the detached stack's record and logs, whatever the
+    working directory: $DDB2BT_STATE_DIR, else $XDG_RUNTIME_DIR/ddb2bt (a per-user
+    tmpfs, cleared at logout like the stack's processes), else ~/.cache/ddb2bt."""
+    explicit = os.environ.get(STATE_DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "ddb2bt" if runtime else Path.home() / ".cache" / "ddb2bt"
+
+
+def state_file() -> Path:
+    return state_dir() / STATE_FILE_NAME
 
 INSTALL_HELP = """\
 cbtemulator (the Cloud Bigtable emulator) was not found.
@@ -234,18 +252,34 @@ def _terminate(proc: subprocess.Popen) -> None:
 # --- a detached stack for `ddb2bt local up --detach` / `local env` / `local down` ----
 
 
-def save_state(stack: LocalStack, path: Path = STATE_FILE) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"pids": stack.pids, "env": stack.env()}, indent=2))
-
-
-def load_state(path: Path = STATE_FILE) -> Optional[dict]:
+def _read(path: Path) -> list:
+    """The stacks recorded in ``path`` (older records hold one stack, not a list)."""
     try:
-        state = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
-    alive = all(_alive(pid) for pid in state.get("pids", {}).values())
-    return state if alive else None
+        return []
+    return data.get("stacks", []) if "stacks" in data else [data]
+
+
+def _stack_alive(stack: dict) -> bool:
+    pids = stack.get("pids", {}).values()
+    return bool(pids) and all(_alive(pid) for pid in pids)
+
+
+def save_state(stack: LocalStack, path: Optional[Path] = None) -> None:
+    path = path or state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stacks = [s for s in _read(path) if _stack_alive(s)]
+    stacks.append({"pids": stack.pids, "env": stack.env()})
+    path.write_text(json.dumps({"stacks": stacks}, indent=2))
+
+
+def load_state(path: Optional[Path] = None) -> Optional[dict]:
+    """The running detached stack ({pids, env}), or None."""
+    for stack in reversed(_read(path or state_file())):
+        if _stack_alive(stack):
+            return stack
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -256,15 +290,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def stop_detached(path: Path = STATE_FILE) -> bool:
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    for pid in state.get("pids", {}).values():
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except OSError:
-            pass
-    path.unlink(missing_ok=True)
-    return True
+def stop_detached(path: Optional[Path] = None) -> int:
+    """Stop every detached stack recorded for this user (and one recorded in the
+    working directory by older versions); returns how many were running."""
+    stopped = 0
+    for record in (path or state_file(), LEGACY_STATE_FILE):
+        for stack in _read(record):
+            if _stack_alive(stack):
+                stopped += 1
+            for pid in stack.get("pids", {}).values():
+                try:
+                    os.killpg(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        record.unlink(missing_ok=True)
+    return stopped

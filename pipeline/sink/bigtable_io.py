@@ -51,6 +51,9 @@ _PERMANENT_MESSAGES = (
     (re.compile(r"invalid timestamp", re.I), "invalid_timestamp"),
 )
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+# Whole-call failures no retry or isolation can fix.
+FATAL_CODES = ("NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED")
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 def code_name(code: int) -> str:
@@ -524,6 +527,23 @@ class BigtableAdmin:
                 changes.append(f"updated GC policy of family {f.name}")
         return changes
 
+    def add_family(self, table_id: str, family: FamilyConfig) -> None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            self.table(table_id).column_family(family.name, _gc_rule(family)).create()
+        except gexc.AlreadyExists:
+            pass  # added concurrently
+
+    def drop_family(self, table_id: str, name: str) -> None:
+        """Drop a column family and every cell in it (one ModifyColumnFamilies call)."""
+        from google.api_core import exceptions as gexc
+
+        try:
+            self.table(table_id).column_family(name).delete()
+        except gexc.NotFound:
+            pass  # dropped concurrently
+
     def delete_table(self, table_id: str) -> None:
         table = self.table(table_id)
         if table.exists():
@@ -614,13 +634,14 @@ def read_table(project: str, instance: str, table_id: str, prefix: Optional[byte
     return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s)
 
 
-def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, client=None) -> dict:
+def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, client=None,
+              deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
     """Like read_table, for the given rows only (missing rows are absent)."""
     from google.cloud.bigtable.data import ReadRowsQuery
 
     keys = list(row_keys)
     queries = [ReadRowsQuery(row_keys=keys[i:i + READ_BATCH_ROWS]) for i in range(0, len(keys), READ_BATCH_ROWS)]
-    return _read(project, instance, table_id, queries, client) if queries else {}
+    return _read(project, instance, table_id, queries, client, deadline_s, attempt_timeout_s) if queries else {}
 
 
 READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set

@@ -26,15 +26,19 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
 
 from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
-from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, DeleteCells, MappedBatch, MappedChange, PartDone, SetCell,
-                              ShardClosed, StreamPosition, mutations_size)
-from ddb2bt.pipeline.sink.bigtable_io import (BigtablePermanent, BigtableRetryable, EntryStatus, MutationWriter,
-                                              bigtable_endpoint, code_name)
+from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone,
+                                     ShardClosed, StreamPosition, mutations_size)
+from ddb2bt.pipeline.sink.bigtable_io import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, BigtableRetryable,
+                                              EntryStatus, MutationWriter, bigtable_endpoint, code_name)
+from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
+from ddb2bt.pipeline.cutover.guards import repair_touched, write_conditional
 from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.sink.versions import VersionOwners, resolve
+from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.dynamodb import table_of_stream
 from ddb2bt.pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
@@ -101,9 +105,6 @@ class _StillFailing(BigtableRetryable):
     pass
 
 
-# Whole-call failures no retry or isolation can fix.
-FATAL_CODES = ("NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED")
-INVALID_ARGUMENT = 3
 
 
 def _wall_ms() -> int:
@@ -124,6 +125,7 @@ class BatchingWriter:
         now_ms: Callable[[], int] = _wall_ms,
         sleep: Callable[[float], None] = time.sleep,
         overlap: bool = False,
+        versions: Optional[VersionOwners] = None,
     ) -> None:
         self._writer = writer
         self._state = state
@@ -132,6 +134,8 @@ class BatchingWriter:
         self._known_families = known_families or (lambda table: None)
         self._now_ms = now_ms
         self._sleep = sleep
+        # Who owns each versioned cell (sink/versions.py); None: not tracked.
+        self._versions = versions
         self._reset()
         # overlap: a full batch is written on this one thread while add() goes on;
         # (batch, future) of the one in flight, if any.
@@ -206,7 +210,11 @@ class BatchingWriter:
             families = self._known_families(row.table)
             if families is None:
                 continue
-            missing = sorted({m.family for m in row.mutations if m.family not in families})
+            # The marker family comes and goes with a backfill (cutover.bookkeeping);
+            # a cached family list may be stale, so only the write itself decides
+            # (a marker write that fails is stripped and retried, see _commit).
+            missing = sorted({m.family for m in row.mutations if m.family not in families
+                              and m.family != MARKER_FAMILY})
             if missing:
                 self._buf.dead.append(self._dead_letter(
                     element, "unknown_family",
@@ -288,15 +296,29 @@ class BatchingWriter:
         """Write a batch, store its dead letters, then checkpoint: (dead, ack ms).
         Touches only the batch, the writer and the state store (and thread-safe
         Prometheus metrics), so it may run on the sink thread."""
+        dead = list(batch.dead)
+        settle: dict = {}
+        if self._versions is not None:
+            dead += self._resolve_versions(batch, settle)
         by_table: dict = {}
         for row in batch.rows.values():
             by_table.setdefault(row.table, []).append(row)
-        dead = list(batch.dead)
         for table, rows in by_table.items():
             for row, status in self._write_all(table, rows):
+                # The emulator says "unknown family", the service NOT_FOUND or
+                # INVALID_ARGUMENT: any permanent failure of a row with markers is
+                # tried once more without them; a real error fails again and is isolated.
+                if has_markers(row.mutations):
+                    row = self._without_markers(row)
+                    failed = self._write_with_retry(table, [row])
+                    if not failed:
+                        continue
+                    row, status = failed[0]
                 dead.extend(self._isolate(row, status))
         dead.extend(self._write_conditional(batch.conditional))
         self._repair_touched(batch.guarded)
+        if settle:
+            self._versions.settle(settle)
         ack_ms = self._now_ms()
         if self._state is not None:
             if dead:
@@ -425,52 +447,54 @@ class BatchingWriter:
         return permanent
 
     def _repair_touched(self, guarded: list) -> None:
-        """After the batch is acknowledged: backfill rows whose item the live tail
-        touched since the handoff lose the backfill's own cells again (deletes over
-        [0, backfill_ms + 1) never reach the tail's cells, all newer)."""
-        by_table: dict = {}
-        for change in guarded:
-            by_table.setdefault(change.table, []).append(change)
-        for table, changes in by_table.items():
-            since = min(c.guard.since_ms for c in changes)
-            family = changes[0].guard.family
-            touched = retrying(self._config.retry, f"ReadRows of touch markers in {table}", None, self._sleep,
-                               where=f"Bigtable ({bigtable_endpoint()})")(
-                lambda: self._writer.cells_since(table, [c.row_key for c in changes], family, since))
-            repairs: dict = {}
-            for c in changes:
-                if (c.row_key, c.guard.qualifier) not in touched:
-                    continue
-                end = c.guard.backfill_ms + 1
-                columns = sorted({(m.family, m.qualifier) for m in c.mutations if isinstance(m, SetCell)})
-                repairs.setdefault(c.row_key, []).extend(DeleteCells(f, q, 0, end) for f, q in columns)
-            if repairs:
-                rows = [_Row(table, key, muts) for key, muts in repairs.items()]
-                failed = self._write_all(table, rows)
-                if failed:
-                    raise BigtablePermanent(f"repair of backfill rows in {table} failed: {failed[0][1].message}")
-                if self._metrics:
-                    self._metrics.backfill_superseded.inc(len(repairs))
+        if guarded:
+            repair_touched(self._writer, guarded, self._config.retry, self._sleep,
+                           lambda table, rows: self._write_all(table, [_Row(table, k, m) for k, m in rows]),
+                           self._metrics)
 
     def _write_conditional(self, conditional: list) -> list:
-        """Backfill rows holding versioned cells, one CheckAndMutateRow each, in
-        order: skipped when the live tail touched the item after the handoff."""
-        dead = []
-        for element, change in conditional:
-            def attempt():
-                return self._writer.check_and_mutate(change.table, change.row_key, change.guard, change.mutations)
-            try:
-                applied = retrying(self._config.retry, f"CheckAndMutateRow on {change.table}", None,
-                                   self._sleep, where=f"Bigtable ({bigtable_endpoint()})")(attempt)
-            except BigtablePermanent as exc:
-                if getattr(exc, "code", "") in FATAL_CODES:
-                    raise
-                reason = EntryStatus(INVALID_ARGUMENT, exc.message).permanent_reason or "write_failed"
-                dead.append(self._dead_letter(element, reason, exc.message, "BigtableWriteError"))
+        return write_conditional(self._writer, conditional, self._config.retry, self._sleep, self._dead_letter,
+                                 self._metrics)
+
+    def _resolve_versions(self, batch: _Batch, settle: dict) -> list:
+        """Refuse changes whose versioned cells another item owns and drop deletes
+        of other items' versions (sink/versions.py), before anything is written.
+        Fills ``settle`` with the ownership to record once the batch is written."""
+        entries = [(e, c) for row in batch.rows.values() for e, c in row.parts if c.versioned]
+        entries += [(e, c) for e, c in batch.conditional if c.versioned]
+        if not entries:
+            return []
+        dead, dead_ids, replaced, final = resolve(
+            self._versions, entries, lambda e, reason, msg: self._dead_letter(e, reason, msg, "VersionClash"))
+        settle.update(final)
+        if dead and self._metrics:
+            self._metrics.version_clashes.inc(len(dead))
+        if not (dead_ids or replaced):
+            return dead
+        for key, row in list(batch.rows.items()):
+            if not any(id(e) in dead_ids or id(c) in replaced for e, c in row.parts):
                 continue
-            if not applied and self._metrics:
-                self._metrics.backfill_superseded.inc()
+            parts = [(e, replaced.get(id(c), c)) for e, c in row.parts if id(e) not in dead_ids]
+            parts = [(e, c) for e, c in parts if c.mutations]  # only another item's version to delete: nothing
+            if not parts:
+                del batch.rows[key]
+                continue
+            row.parts = parts
+            row.mutations = [m for _, c in parts for m in c.mutations]
+            row.size = sum(c.size_bytes for _, c in parts)
+        batch.conditional = [(e, c) for e, c in ((e, replaced.get(id(c), c)) for e, c in batch.conditional
+                                                 if id(e) not in dead_ids) if c.mutations]
         return dead
+
+    def _without_markers(self, row: _Row) -> _Row:
+        """A row whose write raced the finish (the marker family was dropped): the
+        same changes without their touch markers, which are needed only while a
+        backfill runs (and then the family exists)."""
+        parts = [(element, replace(change, mutations=tuple(strip_markers(change.mutations))))
+                 for element, change in row.parts]
+        if self._metrics:
+            self._metrics.markers_stripped.inc()
+        return _Row(row.table, row.row_key, strip_markers(row.mutations), parts, row.size)
 
     def _isolate(self, row: _Row, status: EntryStatus) -> list:
         """A coalesced entry failed for good: apply its changes one by one, in
@@ -567,7 +591,8 @@ class _WriteToBigtableFn(beam.DoFn):
         self._state = self._state_spec.store(self._writer) if self._state_spec else None
         self._families = _FamilyCache(self._bigtable) if self._check_families else None
         self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families,
-                                       overlap=self._config.overlap_writes)
+                                       overlap=self._config.overlap_writes,
+                                       versions=self._state.versions() if self._state is not None else None)
 
     def process(self, element):
         yield from self._batcher.add(element)

@@ -6,7 +6,8 @@ import json
 from typing import Any, Iterator, Mapping
 
 from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
-from ddb2bt.transforms.model import ChangeRecord, RecordBatch, StreamPosition, datetime_to_ms
+from ddb2bt.transforms.model import (NO_CHANGE_TIME, REMOVE, ChangeRecord, RecordBatch, StreamPosition,
+                                     datetime_to_ms)
 
 TTL_PRINCIPAL = "dynamodb.amazonaws.com"
 # Records per runner element: a full GetRecords page.
@@ -27,10 +28,13 @@ def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -
         keys=ddb.get("Keys") or {},
         new_image=ddb.get("NewImage"),
         old_image=ddb.get("OldImage"),
-        change_ms=datetime_to_ms(created) if created is not None else -1,
+        change_ms=datetime_to_ms(created) if created is not None else NO_CHANGE_TIME,
         position=StreamPosition(stream_arn, shard_id, seq),
         event_id=raw.get("eventID", ""),
-        is_ttl_delete=identity.get("Type") == "Service" and identity.get("PrincipalId") == TTL_PRINCIPAL,
+        # Only a REMOVE is a TTL expiry: the service identity on any other event is
+        # not a deletion, and `ttl.deletions: ignore` must not drop it.
+        is_ttl_delete=(raw.get("eventName") == REMOVE and identity.get("Type") == "Service"
+                       and identity.get("PrincipalId") == TTL_PRINCIPAL),
         size_bytes=int(ddb.get("SizeBytes") or 0),
     )
 
@@ -45,7 +49,7 @@ def record_to_json(record: ChangeRecord, include_values: bool = True) -> str:
         "keys": item_to_dynamodb_json(record.keys) if include_values else _redacted(record.keys),
         "ttlDelete": record.is_ttl_delete,
     }
-    if record.position is not None:
+    if isinstance(record.position, StreamPosition):  # a backfilled item has no stream position
         out["position"] = {
             "streamArn": record.position.stream_arn,
             "shardId": record.position.shard_id,
@@ -66,7 +70,33 @@ def _safe_image(image: Mapping) -> Any:
 
 
 def _redacted(keys: Mapping) -> dict:
-    return {name: "<redacted>" for name in keys}
+    return {name: REDACTED for name in keys}
+
+
+REDACTED = "<redacted>"
+
+
+def key_text(record_json: str) -> str:
+    """The item key of a stored dead letter, for a listing: ``pk="hats" sk="x#1"``
+    (strings quoted, numbers as digits, binary as base64, anything else as its
+    DynamoDB JSON); ``pk=<redacted>`` where the letter was stored without values."""
+    try:
+        keys = json.loads(record_json).get("keys") or {}
+    except (ValueError, AttributeError):
+        return "(unreadable record)"
+    parts = []
+    for name in sorted(keys):
+        value = keys[name]
+        if value == REDACTED:
+            shown = REDACTED
+        elif isinstance(value, dict) and len(value) == 1:
+            ((tag, inner),) = value.items()
+            shown = json.dumps(inner, ensure_ascii=False) if tag == "S" else (
+                inner if tag in ("N", "B") and isinstance(inner, str) else json.dumps(value, sort_keys=True))
+        else:
+            shown = json.dumps(value, sort_keys=True)
+        parts.append(f"{name}={shown}")
+    return " ".join(parts) or "(no key)"
 
 
 def record_from_json(text: str) -> ChangeRecord:

@@ -140,8 +140,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
                      partition.stream_arn, self._options.until_idle_s)
             tracker.try_claim(ClaimEnd())
             return
-        if decision == "poll" and self._options.promote_live:
-            self._maybe_promote()
+        self._tick_cutover(at_head=decision == "poll")
         if decision == "poll":
             if self._options.sleep_when_idle:
                 # FnApiRunner ignores deferral delays; sleeping here keeps an idle
@@ -153,16 +152,26 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return
         tracker.defer_remainder(Duration.of(0))
 
-    def _maybe_promote(self) -> None:
-        from ddb2bt.pipeline.cutover.phases import CATCHING_UP, LIVE, Migration
+    def _tick_cutover(self, at_head: bool) -> None:
+        """Let the cutover machine take its next step (the phase is the cutover
+        module's to write): without a local controller — on Dataflow, or next to a
+        separate batch backfill — the readers are what moves a migration on."""
+        from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+        from ddb2bt.pipeline.cutover.phases import Migration, advance
 
         now = time.monotonic()
         if now - getattr(self, "_phase_checked", -1e9) < PHASE_CHECK_S:
             return
         self._phase_checked = now
-        migration = Migration(self._state)
-        if migration.phase == CATCHING_UP:
-            migration.set_phase(LIVE)
+        spec = getattr(self._state_factory, "bigtable", None)
+        if spec is None:  # a state store without a Bigtable target (tests)
+            return
+        try:
+            if getattr(self, "_bookkeeping", None) is None:
+                self._bookkeeping = Bookkeeping.for_target(spec.project, spec.instance)
+            advance(Migration(self._state), self._bookkeeping, at_head, self._options.promote_live)
+        except Exception as exc:  # the phase moves on at the next tick; reading must go on
+            log.warning("cannot advance the migration phase (%s: %s)", type(exc).__name__, exc)
 
     def teardown(self) -> None:
         close = getattr(self._client, "close", None)

@@ -8,7 +8,7 @@ runs as two sequential stages (the reader would never start). So each element is
 (exactly one reader per shard, far below the limit of 2), discovers shards itself
 and reads its shards round-robin. On Dataflow, n partitions spread over workers.
 
-Correctness, per design notes §1:
+Correctness, per docs/design.md §4 (per-row order) and §8 (trimmed data):
 * a shard is read sequentially, one GetRecords page per round, from its last
   claimed sequence number (AFTER_SEQUENCE_NUMBER); the restriction is the set of
   shard positions, so a checkpoint split resumes exactly after the last record
@@ -82,8 +82,9 @@ class ReaderOptions:
     # In-process stop requests (local runs): `request_stop(token)` ends the reading
     # cleanly at the next round, everything read so far written and checkpointed.
     stop_token: Optional[str] = None
-    # Dataflow migrate: a reader at the stream head moves the phase CATCHING_UP → LIVE.
-    promote_live: bool = False
+    # A reader at the stream head moves a finished migration CATCHING_UP → LIVE
+    # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
+    promote_live: bool = True
     # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): every round checks it, so
     # a process that lost it stops even while it has nothing to write.
     lease: Optional[object] = None

@@ -135,6 +135,13 @@ class InMemoryBigtable:
     def read_prefix(self, prefix: bytes) -> dict:
         return {k: v for k, v in self.latest("__state__").items() if k.startswith(prefix)}
 
+    def read_keys(self, keys: Sequence) -> dict:
+        latest = self.latest("__state__")
+        return {k: latest[k] for k in keys if k in latest}
+
+    def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
+        return self.check_and_mutate("__state__", key, unless, mutations)
+
     def latest(self, table_id: str) -> dict:
         """{row_key: {(family, qualifier): newest value}}."""
         with self._lock:

@@ -164,13 +164,16 @@ def main(argv: Optional[list] = None) -> int:
 
     from ddb2bt.pipeline.cli import main as cli_main
 
-    parser = argparse.ArgumentParser(prog="python -m ddb2bt.pipeline.testing.faults")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after "--" is the ddb2bt command line, untouched (argparse's
+    # catch-all would otherwise take options such as --log for itself).
+    ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(prog="python -m ddb2bt.pipeline.testing.faults",
+                                     usage="%(prog)s SPEC [--log FILE] -- <ddb2bt arguments>")
     parser.add_argument("spec", help="e.g. unavailable=0.1,entry_unavailable=0.1,seed=1 ('' for none)")
     parser.add_argument("--log", help="append one line per injected fault to this file")
     parser.add_argument("--log-writes", metavar="FILE", help="append '<unix time> <method>' per write RPC sent")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="the ddb2bt command line, after --")
-    opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    rest = opts.args[1:] if opts.args[:1] == ["--"] else opts.args
+    opts = parser.parse_args(ours)
     interceptors = (FaultInterceptor.from_spec(opts.spec, opts.log),) if opts.spec else ()
     if opts.log_writes:
         interceptors += (WriteLog(opts.log_writes),)

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter, read_table
+from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter, read_rows, read_table
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
@@ -86,6 +86,28 @@ def identical(mapping, ddb):
     return all(d.identical for d in diffs.values()), {k: d.summary() for k, d in diffs.items()}
 
 
+def assert_target_is_exactly_the_mapping(mapping, ddb):
+    """A raw ReadRows of every target table (all families, all versions) equals
+    the mapping applied to a Scan of the source, row for row and cell for cell:
+    no family of ours or anyone else's, no row without an owned cell."""
+    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+
+    items = workload.scan_all(ddb, mapping.source.table)
+    clashes: list = []
+    expected = expected_layout(mapping, items, clashes=clashes)
+    assert clashes == []
+    t = mapping.target
+    for table in mapping.tables:
+        raw = read_table(t.project, t.instance, table)
+        families = {f for cols in raw.values() for f, _ in cols}
+        assert families <= set(mapping.family_names), f"foreign families in {table}: {families}"
+        assert set(raw) == set(expected[table]), "rows differ (a phantom row, or a missing one)"
+        for key, cols in raw.items():
+            assert set(cols) == set(expected[table][key]), key
+        diff = diff_layout(expected[table], raw)
+        assert diff.identical, diff.summary()
+
+
 def store_of(mapping):
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
 
@@ -107,8 +129,9 @@ def test_migrate_under_a_concurrent_writer_then_verify(stack, tmp_path, unique, 
     assert changes[0] == 1500
     # the writer may have finished after the tail's last look: one catch-up run
     assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
-    ok, summary = identical(mapping, ddb)
-    assert ok, summary  # the independent check, reading Bigtable directly
+    # The independent check, reading Bigtable directly: exactly the mapping, and
+    # nothing of ours left (no touch marker, no row holding only markers).
+    assert_target_is_exactly_the_mapping(mapping, ddb)
     capsys.readouterr()
     report = tmp_path / "verify.json"
     assert ddb2bt(["verify", "--mapping", str(path), "--report", str(report)]) == 0
@@ -119,6 +142,43 @@ def test_migrate_under_a_concurrent_writer_then_verify(stack, tmp_path, unique, 
     assert ddb2bt(["status", "--mapping", str(path)]) == 0
     out = capsys.readouterr().out
     assert "phase: LIVE" in out and "READY for cutover" in out and "4/4 parts done" in out
+    assert "bookkeeping in the target: none" in out
+    _planted_cells_are_differences(path, mapping, capsys)
+
+
+def _planted_cells_are_differences(path, mapping, capsys):
+    """verify exits non-zero with one planted phantom row (a row holding only a
+    touch marker, as a migration that never finished would leave) and,
+    separately, one planted foreign cell; status is NOT READY while the marker
+    family exists."""
+    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+    from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+    from ddb2bt.transforms.config import FamilyConfig
+    from ddb2bt.transforms.mapping import MARKER_FAMILY
+
+    t = mapping.target
+    bookkeeping = Bookkeeping.for_target(t.project, t.instance)
+    writer = GrpcMutationWriter(t.project, t.instance)
+    ts = 4_000_000_000_000
+    bookkeeping.ensure([t.table])
+    writer.mutate_rows(t.table, [(b"zz#deleted-item", [SetCell(MARKER_FAMILY, b't#{"pk":"zz"}', b"", ts)])])
+    capsys.readouterr()
+    report = path.parent / "phantom.json"
+    assert ddb2bt(["verify", "--mapping", str(path), "--report", str(report)]) == 1
+    counts = {k: v["count"] for k, v in json.loads(report.read_text())["tables"][t.table].items()}
+    assert counts["extra_rows"] == 1 and counts["extra_cells"] == 0, counts
+    assert ddb2bt(["status", "--mapping", str(path)]) == 1
+    assert "bookkeeping cells may remain" in capsys.readouterr().out
+    bookkeeping.drop([t.table])
+    assert read_rows(t.project, t.instance, t.table, [b"zz#deleted-item"]) == {}, "the drop took the phantom row"
+    # a foreign cell in an item's row
+    BigtableAdmin(t.project, t.instance).add_family(t.table, FamilyConfig("foreign", max_versions=1))
+    key = sorted(read_table(t.project, t.instance, t.table))[0]
+    writer.mutate_rows(t.table, [(key, [SetCell("foreign", b"x", b"not the mapping's", ts)])])
+    assert ddb2bt(["verify", "--mapping", str(path), "--report", str(report)]) == 1
+    counts = {k: v["count"] for k, v in json.loads(report.read_text())["tables"][t.table].items()}
+    assert counts["extra_cells"] == 1 and counts["extra_rows"] == 0, counts
+    writer.close()
 
 
 def _wait(predicate, timeout=120, what="condition"):
@@ -204,7 +264,7 @@ def test_verify_detects_each_kind_of_divergence(stack, tmp_path, unique, capsys)
     assert ddb2bt(["verify", "--mapping", str(path), "--sample-rate", "0.5"]) in (0, 1)
 
 
-def write_export(root, items, export_time):
+def write_export(root, items, export_time, table):
     """A DynamoDB export in the real layout (moto writes no manifests)."""
     data = root / "data"
     data.mkdir(parents=True)
@@ -219,7 +279,8 @@ def write_export(root, items, export_time):
                       "dataFileS3Key": f"AWSDynamoDB/01700000000000-abcd/{name}"})
     (root / "manifest-files.json").write_text("\n".join(json.dumps(f) for f in files) + "\n")
     (root / "manifest-summary.json").write_text(json.dumps({
-        "version": "2020-06-30", "exportTime": export_time, "itemCount": len(items),
+        "version": "2020-06-30", "exportTime": export_time, "itemCount": len(items), "exportType": "FULL_EXPORT",
+        "tableArn": f"arn:aws:dynamodb:us-east-1:123456789012:table/{table}",
         "outputFormat": "DYNAMODB_JSON", "manifestFilesS3Key": "AWSDynamoDB/01700000000000-abcd/manifest-files.json"}))
 
 
@@ -232,7 +293,7 @@ def test_backfill_from_a_local_and_an_s3_export(stack, tmp_path, unique):
     time.sleep(1.1)  # changes after the export time, which the tail applies
     random_changes(ddb, mapping.source.table, items, 100, seed=8)
     export = tmp_path / "export"
-    write_export(export, items, export_time)
+    write_export(export, items, export_time, mapping.source.table)
     assert ddb2bt(["backfill", "--mapping", str(path), "--from-export", str(export)]) == 0
     assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
     ok, summary = identical(mapping, ddb)
@@ -256,7 +317,7 @@ def test_backfill_from_a_local_and_an_s3_export(stack, tmp_path, unique):
 def test_an_export_older_than_the_stream_retention_is_refused(stack, tmp_path, unique, capsys):
     path, mapping, ddb = setup(tmp_path, unique)
     old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=30)).isoformat()
-    write_export(tmp_path / "old", [], old)
+    write_export(tmp_path / "old", [], old, mapping.source.table)
     assert ddb2bt(["backfill", "--mapping", str(path), "--from-export", str(tmp_path / "old")]) == 2
     assert "Take a new export" in capsys.readouterr().err
 
@@ -320,6 +381,7 @@ def test_versioned_columns_survive_the_overlap(stack, tmp_path, unique):
 def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp_path, unique):
     """`ddb2bt backfill` next to a running `ddb2bt run` (not `migrate`): the tail
     sees the phase and marks the items it writes, so the backfill's guards work."""
+    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
     from ddb2bt.pipeline.cutover.phases import PHASE_CACHE_S
     from ddb2bt.transforms.mapping import MARKER_FAMILY
 
@@ -338,10 +400,116 @@ def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp
         put("before")
         _wait(lambda: row("before") is not None, what="the tail to replicate")
         assert not any(f == MARKER_FAMILY for f, _ in row("before")), "no backfill yet: no markers"
-        Migration(store_of(mapping)).begin_backfill({"kind": "scan", "segments": 1}, sleep=lambda s: None)
+        Migration(store_of(mapping), sleep=lambda s: None).begin_backfill(
+            {"kind": "scan", "segments": 1}, Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
+            mapping.tables)
         time.sleep(PHASE_CACHE_S + 1)  # the tail re-reads the phase this often
         put("during")
         _wait(lambda: row("during") is not None, what="the tail to replicate")
         assert any(f == MARKER_FAMILY for f, _ in row("during")), "the tail must mark while a backfill runs"
+        # The separate backfill command finishes like migrate: once it is done, the
+        # marker family is gone from the target, with every row that held only markers.
+        ddb.delete_item(TableName=table, Key={"pk": {"S": "hats"}, "sk": {"S": "during"}})
+        _wait(lambda: set(row("during") or {}) <= {(MARKER_FAMILY, q) for _, q in (row("during") or {})},
+              what="the delete to replicate (a marker-only row left behind)")
+        assert row("during"), "while backfilling, a deleted item leaves a row holding only its marker"
+        assert ddb2bt(["backfill", "--mapping", str(path), "--segments", "1", "--restart"]) == 0
+        rows = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+        assert not any(f == MARKER_FAMILY for cols in rows.values() for f, _ in cols), "markers left after finish"
+        assert row("during") is None, "the marker-only row is gone"
+        assert Bookkeeping.for_target(mapping.target.project, mapping.target.instance).remaining(mapping.tables) == []
+        put("after")  # the tail goes on, unmarked, without a dead letter
+        _wait(lambda: row("after") is not None, what="the tail to replicate after the finish")
+        assert not any(f == MARKER_FAMILY for f, _ in row("after"))
+        assert store_of(mapping).count_dead_letters() == 0
     finally:
         _kill(tail)
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0
+
+
+def test_redrive_converges_to_the_current_item_and_never_resurrects(stack, tmp_path, unique, capsys):
+    """Dead-lettered changes (a mapping that cannot encode Price 1.5 as int64)
+    followed by changes the tail does apply: the item's REMOVE, or a MODIFY
+    that removes an attribute. Once the mapping is fixed, `dlq redrive` leaves
+    the item deleted and the attribute removed (re-applying the stored INSERT at
+    its own time would bring both back: Bigtable keeps no tombstones)."""
+    path, mapping, ddb = setup(tmp_path, unique)
+    table = mapping.source.table
+
+    def key(sk):
+        return {"pk": {"S": "hats"}, "sk": {"S": sk}}
+
+    ddb.put_item(TableName=table, Item=key("gone") | {"Price": {"N": "1.5"}, "Description": {"S": "old"}})
+    ddb.delete_item(TableName=table, Key=key("gone"))
+    ddb.put_item(TableName=table, Item=key("kept") | {"Price": {"N": "1.5"}, "Description": {"S": "old"},
+                                                      "Thumbnail": {"S": "t.png"}})
+    ddb.update_item(TableName=table, Key=key("kept"), UpdateExpression="SET Price = :p REMOVE Description",
+                    ExpressionAttributeValues={":p": {"N": "2"}})
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    store = store_of(mapping)
+    assert sorted(e["reason"] for e in store.list_dead_letters()) == ["encoding", "encoding"]
+    fixed = write_mapping(tmp_path, source__table=table, target__table=mapping.target.table, name=mapping.name,
+                          rules__0__columns__Price__encoding="auto")
+    capsys.readouterr()
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(fixed), "--dry-run"]) == 0
+    assert "would resolve 2 dead letter(s) of 2 item(s)" in capsys.readouterr().out
+    assert store.count_dead_letters() == 2
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(fixed)]) == 0
+    assert "resolved 2 dead letter(s)" in capsys.readouterr().out
+    assert store.count_dead_letters() == 0
+    rows = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+    assert b"hats#gone" not in rows, "the deleted item stays deleted"
+    assert ("SKU", b"Description") not in rows[b"hats#kept"], "the removed attribute stays removed"
+    assert ddb2bt(["verify", "--mapping", str(fixed)]) == 0
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(fixed)]) == 0  # idempotent: nothing left
+
+
+def test_version_clashes_are_refused_loudly_and_never_delete_the_other_comment(stack, tmp_path, unique, capsys):
+    """Two comments on one video with the same CreatedAt map to one cell version:
+    the later one is refused as a dead letter naming both keys (from the backfill
+    and from the tail); verify reports the clash; deleting the refused comment
+    keeps the other's text; redrive of the refused (now deleted) comments too."""
+    from tests.unit.test_examples import item
+
+    path, mapping, ddb = setup(tmp_path, unique, "videos.yaml")
+    table = mapping.source.table
+    ddb.put_item(TableName=table, Item=item(pk="0001", sk="Video", UploadDate="2023-09-10T15:21:48",
+                                            Formats={"480": "https://s/1"}))
+    same = "2023-09-12T10:00:07"
+    for n in (1, 2):
+        ddb.put_item(TableName=table, Item=item(pk="0001", sk=f"VideoComment#{n}", Content=f"text {n}",
+                                                CreatedAt=same))
+    assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "2", "--until-idle", "1",
+                   "--poll-interval", "0.2"]) == 0
+    store = store_of(mapping)
+    letters = store.list_dead_letters()
+    # The stream holds the two puts too: the tail and the backfill each refuse
+    # whichever comment came second to the version (the same one: first come).
+    assert letters and {e["reason"] for e in letters} == {"version_clash"}
+    assert all("VideoComment#1" in e["message"] and "VideoComment#2" in e["message"] for e in letters)
+    refused_keys = {json.loads(e["record"])["keys"]["sk"]["S"] for e in letters}
+    assert len(refused_keys) == 1
+    refused = refused_keys.pop()
+    stored = ({"VideoComment#1", "VideoComment#2"} - {refused}).pop()
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 1, "verify sees the collapse"
+    # the tail refuses a third comment in the same second, too
+    ddb.put_item(TableName=table, Item=item(pk="0001", sk="VideoComment#3", Content="text 3", CreatedAt=same))
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    assert {json.loads(e["record"])["keys"]["sk"]["S"] for e in store.list_dead_letters()} == {
+        refused, "VideoComment#3"}
+
+    def comment_texts():
+        rows = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+        return [v for _, v in rows[b"0001"][("comments", b"UserComments")]]
+
+    assert comment_texts() == [f"text {stored[-1]}".encode()]
+    for sk in (refused, "VideoComment#3"):
+        ddb.delete_item(TableName=table, Key={"pk": {"S": "0001"}, "sk": {"S": sk}})
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    assert comment_texts() == [f"text {stored[-1]}".encode()], "deleting one comment kept the other's text"
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0
+    capsys.readouterr()
+    assert ddb2bt(["dlq", "redrive", "--mapping", str(path)]) == 0
+    assert "of 2 item(s)" in capsys.readouterr().out and store.count_dead_letters() == 0
+    assert comment_texts() == [f"text {stored[-1]}".encode()], "a redrive of a deleted comment keeps the other"
+    assert_target_is_exactly_the_mapping(mapping, ddb)

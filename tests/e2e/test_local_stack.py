@@ -1,5 +1,7 @@
+import json
 import os
 import socket
+import time
 import subprocess
 import sys
 import urllib.request
@@ -41,16 +43,36 @@ def test_local_run_sets_the_variables_for_the_command(tmp_path):
 
 
 def test_detached_stack_up_env_down(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a], capture_output=True,
-                                    text=True, cwd=tmp_path, env=env)
-    assert run("up", "--detach").returncode == 0
+    """One stack per user, found from any directory; a second `up` reports the
+    running one; `down` stops it (and a stack an older version recorded in the
+    working directory)."""
+    env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path / "state"))
+    env.pop("PYTHONPATH", None)
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    run = lambda cwd, *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a],
+                                         capture_output=True, text=True, cwd=cwd, env=env)
+    assert run(one, "up", "--detach").returncode == 0
     try:
-        printed = run("env")
+        again = run(two, "up", "--detach")
+        assert again.returncode == 0 and "already running" in again.stdout
+        printed = run(two, "env")  # another directory sees the same stack
         assert printed.returncode == 0
         exports = dict(line.removeprefix("export ").split("=", 1) for line in printed.stdout.splitlines())
         host, port = exports["BIGTABLE_EMULATOR_HOST"].split(":")
         socket.create_connection((host, int(port)), timeout=2).close()
+        state = json.loads((tmp_path / "state" / "local-stack.json").read_text())
+        assert len(state["stacks"]) == 1
     finally:
-        assert "stopped" in run("down").stdout
-    assert run("env").returncode == 1
+        assert "stopped (1)" in run(two, "down").stdout
+    assert run(one, "env").returncode == 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+            time.sleep(0.2)
+        except OSError:
+            break
+    else:
+        raise AssertionError("the emulator still accepts connections after `local down`")

@@ -52,19 +52,20 @@ def test_scan_records_are_backfill_inserts_just_before_the_handoff_second():
     assert all(r.event_name == "INSERT" and r.old_image is None for r in records)
 
 
-def test_only_a_pages_last_item_carries_the_next_page_start():
-    client = FakeScan(5, 2)
-    out = [e for e in readers(client).read(segment_name(0, 1), None, 0) if isinstance(e, ChangeRecord)]
+@pytest.mark.parametrize("page", [2, 100])  # 100: the whole segment in one page
+def test_every_item_resumes_right_after_itself(page):
+    """A restart after any written item re-reads nothing written and skips
+    nothing, even inside a page: the item's key is the ExclusiveStartKey."""
+    out = [e for e in readers(FakeScan(5, page)).read(segment_name(0, 1), None, 0) if isinstance(e, ChangeRecord)]
     positions = [r.position for r in out]
-    # page 1: k000 k001 → k000 resumes from the start, k001 from after k001
-    assert positions[0].resume is None and positions[0].count == 0
-    assert json.loads(positions[1].resume) == {"pk": {"S": "k001"}} and positions[1].count == 2
-    # page 2: k002 resumes from after k001 (a crash after a partial flush re-reads the page)
-    assert json.loads(positions[2].resume) == {"pk": {"S": "k001"}} and positions[2].count == 2
-    # resuming from k002's token reads k002.. again, nothing skipped
-    resumed = [e for e in readers(FakeScan(5, 2)).read(segment_name(0, 1), positions[2].resume, 2)
-               if isinstance(e, ChangeRecord)]
-    assert [r.keys["pk"]["S"] for r in resumed] == ["k002", "k003", "k004"]
+    assert [json.loads(p.resume) for p in positions] == [{"pk": {"S": f"k{i:03d}"}} for i in range(5)]
+    assert [p.count for p in positions] == [1, 2, 3, 4, 5]
+    for written in range(5):
+        resumed = [e for e in readers(FakeScan(5, page)).read(segment_name(0, 1), positions[written].resume,
+                                                              positions[written].count)]
+        assert [r.keys["pk"]["S"] for r in resumed if isinstance(r, ChangeRecord)] == \
+            [f"k{i:03d}" for i in range(written + 1, 5)]
+        assert resumed[-1].count == 5  # PartDone counts every item once
 
 
 def test_scan_backs_off_on_throughput_exceeded():

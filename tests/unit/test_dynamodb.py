@@ -86,7 +86,7 @@ def test_scan_retries_throttling_and_5xx_but_not_permanent_errors():
     with pytest.raises(PermanentError, match="ValidationException"):
         list(scan_items(t, "T", retry=FAST))
     t = FakeTable(3, fail_first=[client_error("ResourceNotFoundException")])
-    with pytest.raises(SourceTableMissing, match="table not found"):
+    with pytest.raises(SourceTableMissing, match="DynamoDB table 'T' does not exist"):
         list(scan_items(t, "T", retry=FAST))
 
 

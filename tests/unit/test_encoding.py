@@ -41,7 +41,7 @@ def test_encode_exact_bytes(encoding, value, expected):
     ("int64", {"N": "9223372036854775808"}, "does not fit in 64 bits"),
     ("int64", {"S": "30"}, "needs N, got S"),
     ("utf8", {"N": "1"}, "needs S, got N"),
-    ("float64", {"N": "0.12345678901234567890123"}, "not exactly representable"),
+    ("float64", {"N": "0.12345678901234567890123"}, "is not a float64: the nearest double reads back as"),
     ("bytes", {"S": "x"}, "needs B"),
     ("bool", {"N": "1"}, "needs BOOL"),
     ("decimal", {"N": "abc"}, "not a number"),

@@ -105,7 +105,7 @@ def test_every_record_maps_or_is_a_dead_letter_with_a_reason(raw, which):
 
 def test_fuzz_outcomes_are_reported():
     """Runs after the fuzz test (pytest keeps file order): the counts, for the issue
-    note and the README's reliability table."""
+    note and the fuzz table in docs/reliability.md."""
     assert sum(OUTCOMES.values()) >= 3000
     assert OUTCOMES["mapped"] > 0 and any(k.startswith("dead_letter:") for k in OUTCOMES)
     report = Path(".pytest-fuzz-outcomes.json")

@@ -1,17 +1,25 @@
-"""Model-based test of the backfill/tail handoff (design notes §1).
+"""Model-based test of the backfill/tail handoff (docs/design.md §7), the finish
+and the redrive.
 
 A random history of DynamoDB operations runs while a backfill scans items at
 random moments after the handoff time T and writes them in random batches, and
 the live tail applies the stream in order — with duplicates and replays from old
-checkpoints — interleaved at random. Through the real sink (BatchingWriter) into
-the in-memory Bigtable. At the end the target must equal the mapping of the final
-table exactly, for plain and versioned columns, whatever the interleaving.
+checkpoints — interleaved at random. Some stream records fail to map (a broken
+mapping: the tail dead-letters them and goes on with the later ones). Once the
+backfill is done, the finish drops the marker family at a random moment, while
+the tail may still mark (a stale phase cache: those writes race the drop). Then
+the mapping is "fixed" and ``dlq redrive`` runs, with further changes racing its
+reads. Through the real sink (BatchingWriter) into the in-memory Bigtable. At the
+end the target must equal the mapping of the final table exactly, for plain and
+versioned columns, with no cell or row of ours left, whatever the interleaving.
 """
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
 from ddb2bt.pipeline.cutover.compare import expected_layout
+from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
+from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
@@ -19,7 +27,7 @@ from ddb2bt.transforms.attrs import from_plain
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record, handoff_second_ms, map_change
-from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedChange
+from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeadLetter, MappedChange
 
 VIDEOS = load_mapping("examples/videos.yaml")
 CATALOG = load_mapping("examples/product_catalog.yaml")
@@ -58,7 +66,9 @@ CASES = {
 class World:
     def __init__(self, mapping, make):
         self.mapping, self.make = mapping, make
-        self.bt = InMemoryBigtable()
+        # The target's families as the admin sees them: the marker family exists
+        # from the start of the backfill until the finish drops it.
+        self.bt = InMemoryBigtable(families={mapping.target.table: set(mapping.family_names) | {MARKER_FAMILY}})
         self.items: dict = {}
         self.records: list = []
         self.states: list = [{}]  # table state after each op
@@ -102,10 +112,32 @@ def test_backfill_and_tail_converge_under_any_interleaving(case, data):
     scanned: list = []  # snapshots read, not yet written
     backfilling = True
 
+    failing = set(data.draw(st.lists(st.integers(0, 40), max_size=4), label="records the broken mapping fails"))
+    dead_letters: dict = {}  # record index -> record (stored once, as the sink does)
+    finished = False
+
     def tail_apply(i, marking):
+        if i in failing:  # dead-lettered; the tail goes on with the next record
+            dead_letters[i] = world.records[i]
+            return
         for ch in map_change(mapping, world.records[i], mark_touched=marking):
             tail.add(MappedChange(world.records[i], (ch,)))
-        tail.flush()
+        assert tail.flush() == [], "a marker write racing the finish must never be a dead letter"
+
+    def finish():
+        """The finish: drop the marker family (its cells, and rows holding only them, go)."""
+        world.bt.families[mapping.target.table].discard(MARKER_FAMILY)
+        rows = world.bt.tables.get(mapping.target.table, {})
+        for key in list(rows):
+            for col in [c for c in rows[key] if c[0] == MARKER_FAMILY]:
+                del rows[key][col]
+            if not rows[key]:
+                del rows[key]
+
+    def marking():
+        # While backfilling the tail marks; afterwards a stale phase cache may still
+        # mark for a while, before or after the finish.
+        return backfilling or data.draw(st.booleans(), label="stale marking")
 
     while True:
         choices = []
@@ -117,6 +149,8 @@ def test_backfill_and_tail_converge_under_any_interleaving(case, data):
             choices.append("replay")
         if backfilling:
             choices.append("scan")
+        elif not finished:
+            choices.append("finish")
         if not choices:
             break
         action = data.draw(st.sampled_from(choices), label="action")
@@ -125,8 +159,11 @@ def test_backfill_and_tail_converge_under_any_interleaving(case, data):
         elif action == "tail":
             copies = data.draw(st.integers(1, 2), label="duplicates")
             for _ in range(copies):  # at-least-once delivery
-                tail_apply(applied, backfilling)
+                tail_apply(applied, marking())
             applied += 1
+        elif action == "finish":
+            finish()
+            finished = True
         elif action == "replay":  # a restart from an older checkpoint
             applied = data.draw(st.integers(0, applied - 1), label="checkpoint")
         else:
@@ -152,12 +189,48 @@ def test_backfill_and_tail_converge_under_any_interleaving(case, data):
     assert not backfilling or to_scan is None or not to_scan
     # catch up: whatever the tail has not applied yet
     for i in range(applied, len(world.records)):
-        tail_apply(i, backfilling)
+        tail_apply(i, marking())
+    applied = len(world.records)
+    if not finished:
+        finish()
+
+    # The mapping is fixed; dlq redrive, while more changes race its reads (the
+    # tail applying them at once or only after the redrive).
+    failing.clear()
+    store = StateStore(world.bt, "job", lambda: world.now_ms)
+    store.save_dead_letters([DeadLetter("bad", "MappingError", "m", "map", r, 0) for _, r in sorted(dead_letters.items())])
+    racing = list(data.draw(st.lists(st.tuples(st.sampled_from(pks), st.sampled_from(sks),
+                                               st.sampled_from(["put", "delete"]), st.integers(0, 59),
+                                               st.sampled_from([0, 1, 400, 1000])), max_size=3), label="racing ops"))
+
+    class Reader:
+        def get(self, keys):
+            if racing and data.draw(st.booleans(), label="a change races this read"):
+                world.op(*racing.pop(0))
+                if data.draw(st.booleans(), label="the tail applies it before the redrive writes"):
+                    for i in range(len(world.records)):
+                        if i >= applied_box[0]:
+                            tail_apply(i, False)
+                    applied_box[0] = len(world.records)
+            return world.items.get((keys["pk"]["S"], keys["sk"]["S"]))
+
+    applied_box = [applied]
+    batcher = BatchingWriter(world.bt, None, FAST, sleep=lambda s: None)
+    def sleep(seconds):
+        world.now_ms += int(seconds * 1000)
+
+    result = redrive(mapping, store, batcher, Reader(), RedriveOptions(max_rounds=10), now_ms=lambda: world.now_ms,
+                     sleep=sleep)
+    assert result.still_failing == result.redacted == 0
+    assert result.resolved + result.unstable == len(dead_letters)
+    for o in racing:
+        world.op(*o)
+    for i in range(applied_box[0], len(world.records)):
+        tail_apply(i, False)
 
     expected = expected_layout(mapping, world.items.values())[mapping.target.table]
-    have = {row: {col: v for col, v in cols.items() if col[0] != MARKER_FAMILY}
-            for row, cols in world.bt.versions(mapping.target.table).items()}
-    have = {row: cols for row, cols in have.items() if cols}
+    have = world.bt.versions(mapping.target.table)
+    assert not any(col[0] == MARKER_FAMILY for cols in have.values() for col in cols), "markers left after finish"
     assert set(have) == set(expected)
     for row, cols in expected.items():
         assert set(have[row]) == set(cols), row

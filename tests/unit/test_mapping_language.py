@@ -196,15 +196,17 @@ rules:
     indexes: [{name: by_a, table: t_idx, row_key: "{A}#{id}", family: i}]
 """)
     fams = m.table_families()
-    # every table also gets the touch-marker family (backfill/tail overlap), GC'd after a week
-    assert [f.name for f in fams["t"]] == ["f", "ddb2bt_touch"]
-    assert [f.name for f in fams["t_idx"]] == ["i", "ddb2bt_touch"]
-    assert fams["t"][1].max_age_seconds == 7 * 24 * 3600
+    # no touch-marker family: the cutover adds it for a backfill and drops it at the finish
+    assert [f.name for f in fams["t"]] == ["f"]
+    assert [f.name for f in fams["t_idx"]] == ["i"]
     assert m.tables == ("t", "t_idx")
 
 
-def test_collision_between_a_map_key_and_a_column_is_a_dead_letter():
-    m = mapping("""
+def test_a_map_sharing_its_family_with_a_column_is_a_validate_error():
+    # Changed on purpose (issue 13): this used to validate and then dead-letter every
+    # item whose map had a key "x" (column_collision); now validate refuses it.
+    with pytest.raises(ConfigError) as err:
+        mapping("""
 families: {f: {}}
 rules:
   - row_key: "{id}"
@@ -212,6 +214,20 @@ rules:
       A: {column: "f:x"}
       M: {family: f, as: map}
 """)
+    assert str(err.value) == ("rules[0].columns.M: family 'f' is used by both the column 'A' (f:x) and the map 'M' "
+                              "(as: map); the map 'M' (as: map) fills its family with qualifiers from the data, so "
+                              "it needs a family of its own")
+
+
+def test_two_claims_on_one_cell_at_run_time_are_still_a_dead_letter():
+    m = mapping("""
+families: {f: {}}
+rules:
+  - row_key: "{id}"
+    columns:
+      A: {column: "f:B"}
+    other_attributes: {mode: column, family: f}
+""")
     with pytest.raises(MappingError) as err:
-        map_change(m, rec(INSERT, {"A": {"S": "1"}, "M": {"M": {"x": {"S": "2"}}}}))
+        map_change(m, rec(INSERT, {"A": {"S": "1"}, "B": {"S": "2"}}))
     assert err.value.reason == "column_collision"

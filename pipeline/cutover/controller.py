@@ -1,0 +1,316 @@
+"""The local migrate controller, the backfill launch and the retention rule.
+
+``migrate`` (local runner): the tail starts first, in a thread; the backfill
+begins (phase BACKFILLING, marker family created, handoff T fixed once the tail
+marks) or resumes; when every part is written the phase moves to CATCHING_UP;
+the finish drops the marker family once no tail of ours can still mark; LIVE
+once the tail is idle (``until_idle``) or has caught up. On Dataflow the same
+steps are taken by the workers (``phases.advance``); here the job is only built
+and launched.
+
+``backfill``: the backfill alone, next to a running ``ddb2bt run`` (whose
+readers mark while the phase says BACKFILLING); it finishes the same way.
+
+Threads live here, not in the CLI: the CLI builds the typed options, calls one
+of these functions and prints what it returns.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration
+from ddb2bt.transforms.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
+DAY_MS = 24 * 3600 * 1000
+TAIL_STOP_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class BackfillOptions:
+    segments: int = 8
+    tasks: int = 1
+    max_rcu: Optional[float] = None
+    consistent_read: bool = False
+    page_size: int = 1000
+    from_export: Optional[str] = None
+    restart: bool = False
+    pushgateway: Optional[str] = None
+    # The backfill sink's settings: its lease (ddb2bt.pipeline.lease) and give-up
+    # deadline (None: SinkConfig's defaults).
+    sink: Optional[object] = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.page_size <= 10_000:
+            raise ConfigError("must be between 1 and 10000", "--page-size")
+        if self.segments < 1:
+            raise ConfigError("must be at least 1", "--segments")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a controller call did: ``launched`` holds the remote runner's result
+    (the CLI reports it); otherwise ``phase`` is where the migration stands."""
+
+    phase: Optional[str] = None
+    launched: object = None
+
+
+class Worker(threading.Thread):
+    """Runs a pipeline function in a thread and keeps its exception."""
+
+    def __init__(self, name: str, fn: Callable[[], None]) -> None:
+        super().__init__(name=name, daemon=True)
+        self._fn = fn
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            self._fn()
+        except BaseException as exc:  # re-raised by the controller
+            self.error = exc
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def watch(worker: Worker, total: Optional[int], desc: str, value: Callable[[], float]) -> None:
+    """Show a progress bar (items/s and ETA) while ``worker`` runs; in logs (not a
+    terminal) a line every few seconds. Re-raises the worker's failure."""
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    with tqdm(total=total or None, unit="item", desc=desc, dynamic_ncols=True, file=sys.stderr,
+              mininterval=0.5 if tty else 10.0) as bar:
+        while worker.is_alive():
+            worker.join(0.5)
+            bar.n = int(value())
+            bar.update(0)
+        bar.n = int(value())
+        if worker.error is None:
+            # The expected total is an estimate (DescribeTable's ItemCount, items
+            # deleted meanwhile): a finished run is 100 % of what it really read.
+            bar.total = bar.n
+        bar.refresh()
+    worker.check()
+
+
+def run_in_thread(name: str, fn: Callable[[], object], total: Optional[int] = None,
+                  progress: Optional[Callable[[], float]] = None) -> object:
+    """``fn()`` in a worker thread, with a progress bar when ``progress`` is given."""
+    result: list = []
+    worker = Worker(name, lambda: result.append(fn()))
+    worker.start()
+    if progress is not None:
+        watch(worker, total, name, progress)
+    else:
+        worker.join()
+        worker.check()
+    return result[0] if result else None
+
+
+def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6):
+    """(source, spec dict, handoff ms or None, expected items). The retention rule:
+    an export older than the stream keeps (24 h, less a margin) is refused, since
+    changes made since it may already be trimmed."""
+    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
+    from ddb2bt.pipeline.dynamodb import describe_table
+
+    if options.from_export:
+        source = ExportSource(options.from_export, mapping.source.region)
+        # Before anything is recorded or written: a full export, in a format we
+        # read, of this mapping's source table.
+        source.check(mapping.source.table, mapping.source.region)
+        handoff = source.export_time_ms()
+        age = now_ms() - handoff
+        if age > DAY_MS - RETENTION_MARGIN_MS:
+            raise ConfigError(
+                f"the export is {age / 3600000:.1f}h old: the stream keeps 24h, so changes made since the export "
+                "may already be trimmed. Take a new export, or back-fill with a scan (no --from-export)",
+                "--from-export")
+        parts = source.parts()
+        return source, {"kind": "export", "location": options.from_export, "parts": len(parts)}, handoff, \
+            source.item_count()
+    source = ScanSource(mapping.source.table, options.segments, mapping.source.region, options.consistent_read,
+                        options.max_rcu, options.page_size)
+    count = describe_table(dynamodb_client(mapping.source.region), mapping.source.table).get("ItemCount", 0)
+    return source, {"kind": "scan", "segments": options.segments, "parts": options.segments}, None, int(count)
+
+
+def check_export_first(options: BackfillOptions, mapping) -> None:
+    """--from-export: refuse an export the backfill cannot use (incremental, an unknown
+    format, another table, still running) before anything is created or written."""
+    if options.from_export:
+        from ddb2bt.pipeline.cutover.backfill import ExportSource
+
+        ExportSource(options.from_export, mapping.source.region).check(mapping.source.table, mapping.source.region)
+
+
+def _bookkeeping(mapping) -> Bookkeeping:
+    return Bookkeeping.for_target(mapping.target.project, mapping.target.instance)
+
+
+def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
+    """Resume or begin the backfill: (source, handoff ms)."""
+    from ddb2bt.pipeline.metrics import default_metrics
+
+    source, source_spec, export_time, expected = backfill_source(options, mapping)
+    handoff = migration.resume_or_begin(source_spec, options.restart, _bookkeeping(mapping), mapping.tables,
+                                        export_time)
+    migration.store.save_meta("backfill_expected", str(expected))
+    default_metrics().backfill_expected.set(expected)
+    log.info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
+             handoff, handoff - handoff % 1000 - 1)
+    return source, handoff, expected
+
+
+def _add_backfill(p, mapping, state_spec, source, handoff: int, options: BackfillOptions, reshuffle: bool):
+    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
+    from ddb2bt.pipeline.sink.sink import SinkConfig
+
+    add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=options.tasks), mapping,
+                 state_spec, options.sink or SinkConfig(), DynamoDBClientFactory(mapping.source.region),
+                 reshuffle=reshuffle,
+                 pushgateway=options.pushgateway)
+
+
+def run_backfill(mapping, state_spec, options: BackfillOptions, beam_args: list,
+                 migration: Optional[Migration] = None) -> Outcome:
+    """The backfill pipeline: on the local runner, to its end (then the phase is
+    CATCHING_UP); on Dataflow, a batch job is launched (the tail's readers move
+    the phase on once every part is done, see ``phases.advance``)."""
+    from ddb2bt.pipeline.graph import is_local, make_pipeline
+    from ddb2bt.pipeline.metrics import counter_total, default_metrics
+
+    migration = migration or Migration(state_spec.store())
+    source, handoff, expected = _begin(mapping, migration, options)
+    local = is_local(beam_args)
+    if not local:
+        p = make_pipeline(beam_args, streaming=False)
+        _add_backfill(p, mapping, state_spec, source, handoff, options, reshuffle=True)
+        return Outcome(launched=p.run())
+
+    def pipeline() -> None:
+        p = make_pipeline(beam_args)
+        _add_backfill(p, mapping, state_spec, source, handoff, options, reshuffle=False)
+        p.run().wait_until_finish()
+
+    metrics = default_metrics()
+    start = counter_total(metrics.backfill_items)
+    run_in_thread("backfill", pipeline, expected, lambda: counter_total(metrics.backfill_items) - start)
+    if not migration.finish_backfill() and migration.phase == BACKFILLING:
+        raise ConfigError("the backfill pipeline ended but not every part is recorded done; rerun to resume",
+                          "backfill")
+    return Outcome(phase=migration.phase)
+
+
+def backfill(mapping, state_spec, options: BackfillOptions, beam_args: list) -> Outcome:
+    """``ddb2bt backfill``: the backfill next to a separately running tail. Locally
+    it also finishes: once the tails had time to stop marking, the marker family
+    is dropped, so the target holds only the mapping's cells."""
+    migration = Migration(state_spec.store())
+    outcome = run_backfill(mapping, state_spec, options, beam_args, migration)
+    if outcome.launched is None:
+        migration.finish(_bookkeeping(mapping), mapping.tables, wait=True)
+        return Outcome(phase=migration.phase)
+    return outcome
+
+
+def migrate(mapping, job, options: BackfillOptions, beam_args: list, until_idle: Optional[float],
+            dry_run: bool = False, on_live: Callable[[], None] = lambda: None) -> Outcome:
+    """The whole cutover for ``job`` (a ``graph.LiveJob``). Locally: tail and
+    backfill side by side, the finish, LIVE; returns once LIVE and idle
+    (``until_idle``) or, without it, when the tail ends (``on_live`` is called
+    when the phase becomes LIVE). On Dataflow: one streaming job launched."""
+    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
+    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.source.stream_source import request_stop
+
+    migration = Migration(job.state.store())
+    phase = migration.phase
+    log.info("migrate %s → %s: phase %s", mapping.source.table, mapping.target.table, phase or "new")
+    if not is_local(beam_args):
+        return Outcome(launched=launch_migrate(mapping, job, options, beam_args, migration, dry_run))
+    stop_token = uuid.uuid4().hex
+    job = replace(job, reader=replace(job.reader, stop_token=stop_token))
+    bookkeeping = _bookkeeping(mapping)
+
+    def tail() -> None:
+        p = make_pipeline(beam_args)
+        add_live_replication(p, job)
+        p.run().wait_until_finish()
+
+    tail_worker = Worker("tail", tail)
+    tail_worker.start()  # the tail first: changes after the handoff are never missed
+    try:
+        if phase in (None, BACKFILLING):
+            run_backfill(mapping, job.state, options, beam_args, migration)
+        tail_worker.check()
+    except BaseException:
+        # Stop the tail cleanly (what it read is written and checkpointed), then fail.
+        request_stop(stop_token)
+        tail_worker.join(TAIL_STOP_WAIT_S)
+        raise
+    if until_idle is not None:
+        tail_worker.join()
+        tail_worker.check()
+        # One more pass until idle after the backfill: the tail may have gone idle
+        # (and ended) while the backfill was still running.
+        final = Worker("tail-catch-up", tail)
+        final.start()
+        final.join()
+        final.check()
+        # Every tail of this controller has ended: none can mark any more, so the
+        # finish need not wait for their phase caches.
+        migration.finish(bookkeeping, mapping.tables, wait=False)
+        migration.go_live()
+        on_live()
+        return Outcome(phase=LIVE)
+    try:
+        migration.finish(bookkeeping, mapping.tables, wait=True)  # the tail runs on meanwhile
+        metrics = default_metrics()
+        while tail_worker.is_alive() and metrics.lag.max_lag_seconds() > 0:
+            tail_worker.join(1.0)
+        tail_worker.check()
+        migration.go_live()
+        on_live()
+    except BaseException:
+        request_stop(stop_token)
+        tail_worker.join(TAIL_STOP_WAIT_S)
+        raise
+    tail_worker.join()
+    tail_worker.check()
+    return Outcome(phase=LIVE)
+
+
+def launch_migrate(mapping, job, options: BackfillOptions, beam_args: list, migration: Migration,
+                   dry_run: bool = False):
+    """Dataflow: ONE streaming job with the tail and the backfill side by side.
+    The handoff is fixed here, before launch; the readers then move the phase on
+    (``phases.advance``): CATCHING_UP when every part is done, the finish, LIVE
+    once at the stream head."""
+    from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
+
+    p = make_pipeline(beam_args, streaming=True)
+    job = replace(job, reader=replace(job.reader, promote_live=True))
+    add_live_replication(p, job)
+    if migration.phase in (None, BACKFILLING):
+        if dry_run:  # build the graph only: no phase, no family, no wait
+            source = backfill_source(options, mapping)[0]
+            handoff = time.time_ns() // 1_000_000
+        else:
+            source, handoff, _ = _begin(mapping, migration, options)
+        _add_backfill(p, mapping, job.state, source, handoff, options, reshuffle=True)
+    return p.run()

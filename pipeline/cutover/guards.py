@@ -1,0 +1,76 @@
+"""The guarded backfill write strategies (the backfill/tail overlap, docs/design.md §7).
+
+A backfilled item is written at the handoff second minus 1 ms, so a streamed
+value always wins; but Bigtable keeps no tombstones, so a streamed delete that
+was applied *before* a slow backfill batch would be undone by it. While the
+backfill runs the tail marks every item it touches (``ddb2bt_touch``, see
+``bookkeeping``); ``mapping.map_change`` gives each backfill row a ``Guard`` and
+the sink applies it with one of these two strategies:
+
+* ``write_conditional`` — rows with versioned cells (timestamps from an
+  attribute, not older than the tail's): one CheckAndMutateRow each, applied only
+  if the item's marker has no version since the handoff second;
+* ``repair_touched`` — other rows are written in batches and, once acknowledged,
+  those whose item the tail touched lose the backfill's own cells again (deletes
+  over ``[0, backfill_ms + 1)``, never reaching the tail's newer cells).
+
+Either way an item the tail touched after the handoff ends up exactly as the
+tail wrote it. The functions take the writer, the retry policy and the clock from
+the sink, which calls them after a batch's plain writes.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ddb2bt.pipeline.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.sink.bigtable_io import FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, EntryStatus
+from ddb2bt.transforms.model import DeleteCells, SetCell
+
+
+def write_conditional(writer, conditional: list, retry: RetryPolicy, sleep: Callable[[float], None],
+                      dead_letter: Callable, metrics=None) -> list:
+    """[(MappedChange, RowChange)] in order → dead letters. Skipped rows (the tail
+    touched the item) count as superseded."""
+    dead = []
+    for element, change in conditional:
+        def attempt():
+            return writer.check_and_mutate(change.table, change.row_key, change.guard, change.mutations)
+        try:
+            applied = retrying(retry, f"CheckAndMutateRow on {change.table}", None, sleep)(attempt)
+        except BigtablePermanent as exc:
+            if getattr(exc, "code", "") in FATAL_CODES:
+                raise
+            reason = EntryStatus(INVALID_ARGUMENT, exc.message).permanent_reason or "write_failed"
+            dead.append(dead_letter(element, reason, exc.message, "BigtableWriteError"))
+            continue
+        if not applied and metrics:
+            metrics.backfill_superseded.inc()
+    return dead
+
+
+def repair_touched(writer, guarded: list, retry: RetryPolicy, sleep: Callable[[float], None],
+                   write_rows: Callable[[str, list], list], metrics=None) -> None:
+    """After the batch is acknowledged: backfill RowChanges whose item the tail
+    touched since the handoff lose the backfill's own cells. ``write_rows(table,
+    [(row_key, mutations)])`` returns the rows that failed for good."""
+    by_table: dict = {}
+    for change in guarded:
+        by_table.setdefault(change.table, []).append(change)
+    for table, changes in by_table.items():
+        since = min(c.guard.since_ms for c in changes)
+        family = changes[0].guard.family
+        touched = retrying(retry, f"touch markers of {table}", None, sleep)(
+            lambda: writer.cells_since(table, [c.row_key for c in changes], family, since))
+        repairs: dict = {}
+        for c in changes:
+            if (c.row_key, c.guard.qualifier) not in touched:
+                continue
+            end = c.guard.backfill_ms + 1
+            columns = sorted({(m.family, m.qualifier) for m in c.mutations if isinstance(m, SetCell)})
+            repairs.setdefault(c.row_key, []).extend(DeleteCells(f, q, 0, end) for f, q in columns)
+        if repairs:
+            failed = write_rows(table, list(repairs.items()))
+            if failed:
+                raise BigtablePermanent(f"repair of backfill rows in {table} failed: {failed[0][1].message}")
+            if metrics:
+                metrics.backfill_superseded.inc(len(repairs))

@@ -1,0 +1,94 @@
+"""Strict command-line options: numbers in range, runners by name, and any flag
+that is neither ours nor one of Beam's registered pipeline options refused with
+a "did you mean" — a typo must never start a job that runs forever."""
+from __future__ import annotations
+
+import argparse
+import difflib
+from typing import Callable, Iterable, Optional
+
+__all__ = ["number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
+           "runner_of"]
+
+# The runners ddb2bt is built and tested for: the local FnApiRunner (what
+# DirectRunner means here) and Dataflow.
+LOCAL_RUNNER_NAMES = ("DirectRunner", "FnApiRunner")
+KNOWN_RUNNERS = LOCAL_RUNNER_NAMES + ("DataflowRunner",)
+_CLOSE_MATCH_CUTOFF = 0.75  # difflib ratio: "--until-idel" ~ "--until-idle", not every option
+
+
+def number(kind: type = float, minimum: Optional[float] = None, maximum: Optional[float] = None,
+           above: Optional[float] = None) -> Callable[[str], float]:
+    """An argparse ``type`` that parses ``kind`` and checks its range, with a
+    message naming the value (argparse adds the option's name)."""
+    noun = "a whole number" if kind is int else "a number"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if above is not None and not value > above:
+            raise argparse.ArgumentTypeError(f"must be greater than {above:g}, got {text}")
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    """A parser that knows every option Beam registers (as Beam's own
+    ``PipelineOptions.get_all_options`` builds it)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    seen: set = set()
+    pending = list(PipelineOptions.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        pending.extend(cls.__subclasses__())
+        cls._add_argparse_args(parser)
+    return parser
+
+
+def beam_option_strings() -> list:
+    return [o for action in _beam_parser()._actions for o in action.option_strings]
+
+
+def runner_of(beam_args: Iterable[str]) -> Optional[str]:
+    args = list(beam_args)
+    runner = None
+    for i, arg in enumerate(args):
+        if arg.startswith("--runner="):
+            runner = arg.split("=", 1)[1]
+        elif arg == "--runner" and i + 1 < len(args):
+            runner = args[i + 1]
+    return runner
+
+
+def check_beam_args(beam_args: list, own_options: Iterable[str], beam: bool = True) -> Optional[str]:
+    """Why ``beam_args`` (what our parser did not know) cannot be passed to Beam,
+    or None when Beam knows every one of them and the runner is supported.
+    ``beam=False``: the command takes no Beam options, so every one is unknown."""
+    unknown = _beam_parser().parse_known_args(beam_args)[1] if beam else list(beam_args)
+    flags = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
+    if flags:
+        candidates = list(own_options) + (beam_option_strings() if beam else [])
+        hints = []
+        for flag in flags:
+            close = difflib.get_close_matches(flag, candidates, n=1, cutoff=_CLOSE_MATCH_CUTOFF)
+            hints.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+        return f"unknown option{'s' if len(flags) > 1 else ''}: {', '.join(hints)}"
+    if unknown:
+        return f"unexpected argument{'s' if len(unknown) > 1 else ''}: {' '.join(unknown)}"
+    runner = runner_of(beam_args)
+    if runner is not None and runner not in KNOWN_RUNNERS:
+        return (f"--runner {runner}: unknown runner; use DirectRunner (local, the default) or DataflowRunner")
+    return None

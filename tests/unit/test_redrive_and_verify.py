@@ -1,0 +1,119 @@
+"""Redrive's outcomes (resolved, still failing, stored without keys, dry run) and
+verify's view of cells the mapping does not own and of version clashes."""
+from __future__ import annotations
+
+from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.transforms.attrs import from_plain
+from ddb2bt.transforms.config import load_mapping
+from ddb2bt.transforms.mapping import MARKER_FAMILY, map_change
+from ddb2bt.transforms.model import INSERT, ChangeRecord, DeadLetter, SetCell
+
+CATALOG = load_mapping("examples/product_catalog.yaml")
+VIDEOS = load_mapping("examples/videos.yaml")
+FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0), overlap_writes=False)
+T = 1_700_000_000_000
+
+
+def item(**kw):
+    return {k: from_plain(v) for k, v in kw.items()}
+
+
+class Table:
+    def __init__(self, items):
+        self.items = {(i["pk"]["S"], i["sk"]["S"]): i for i in items}
+        self.reads = 0
+
+    def get(self, keys):
+        self.reads += 1
+        return self.items.get((keys["pk"]["S"], keys["sk"]["S"]))
+
+
+def setup(records, include_values=True):
+    bt = InMemoryBigtable()
+    clock = [T + 10_000]
+    store = StateStore(bt, "job", lambda: clock[0], include_values=include_values)
+    store.save_dead_letters([DeadLetter("encoding", "MappingError", "m", "map", r, T) for r in records])
+    batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None)
+
+    def sleep(seconds):
+        clock[0] += int(seconds * 1000)
+
+    return bt, store, batcher, clock, sleep
+
+
+def test_redrive_outcomes():
+    good = item(pk="hats", sk="a", Price=3, Description="now")
+    stale = item(pk="hats", sk="a", Price=1, Description="then", Thumbnail="x")
+    gone = item(pk="hats", sk="gone", Price=2)
+    bad = item(pk="hats", sk="bad", Price=1.5)  # int64 cannot hold 1.5: still failing
+    records = [ChangeRecord(INSERT, item(pk="hats", sk=sk), img, None, T)
+               for sk, img in (("a", stale), ("gone", gone), ("bad", bad))]
+    bt, store, batcher, clock, sleep = setup(records)
+    # a stale cell the dead-lettered image owned, written by an earlier life
+    bt.mutate_rows("product_catalog", [(b"hats#a", [SetCell("SKU", b"Thumbnail", b"x", T - 5000)]),
+                                       (b"hats#gone", [SetCell("SKU", b"Price", b"\0" * 8, T - 5000)])])
+    table = Table([good, bad])
+    dry = redrive(CATALOG, store, batcher, table, RedriveOptions(dry_run=True), now_ms=lambda: clock[0], sleep=sleep)
+    assert (dry.resolved, dry.still_failing) == (2, 1) and store.count_dead_letters() == 3
+    assert bt.latest("product_catalog")[b"hats#a"] == {("SKU", b"Thumbnail"): b"x"}, "a dry run writes nothing"
+    result = redrive(CATALOG, store, batcher, table, RedriveOptions(), now_ms=lambda: clock[0], sleep=sleep)
+    assert (result.items, result.resolved, result.still_failing, result.unstable) == (3, 2, 1, 0)
+    assert [e["reason"] for e in store.list_dead_letters()] == ["encoding"]
+    rows = bt.latest("product_catalog")
+    assert b"hats#gone" not in rows
+    assert rows[b"hats#a"] == {("SKU", b"Price"): (3).to_bytes(8, "big"), ("SKU", b"Description"): b"now"}
+
+
+def test_redrive_keeps_dead_letters_stored_without_keys():
+    records = [ChangeRecord(INSERT, item(pk="hats", sk="a"), item(pk="hats", sk="a", Price=1), None, T)]
+    bt, store, batcher, clock, sleep = setup(records, include_values=False)
+    table = Table([])
+    result = redrive(CATALOG, store, batcher, table, now_ms=lambda: clock[0], sleep=sleep)
+    assert (result.redacted, result.resolved, result.kept) == (1, 0, 1) and table.reads == 0
+
+
+def test_redrive_gives_up_on_an_item_that_keeps_changing():
+    records = [ChangeRecord(INSERT, item(pk="hats", sk="a"), item(pk="hats", sk="a", Price=1), None, T)]
+    bt, store, batcher, clock, sleep = setup(records)
+
+    class Changing:
+        n = 0
+
+        def get(self, keys):
+            self.n += 1
+            return item(pk="hats", sk="a", Price=self.n)
+
+    result = redrive(CATALOG, store, batcher, Changing(), RedriveOptions(max_rounds=3), now_ms=lambda: clock[0],
+                     sleep=sleep)
+    assert (result.unstable, result.resolved) == (1, 0) and store.count_dead_letters() == 1
+
+
+def test_verify_counts_foreign_cells_marker_rows_and_version_clashes():
+    a = item(pk="hats", sk="a", Price=3)
+    bt = InMemoryBigtable()
+    for ch in map_change(CATALOG, ChangeRecord(INSERT, item(pk="hats", sk="a"), a, None, T)):
+        bt.mutate_rows(ch.table, [(ch.row_key, ch.mutations)])
+    read = lambda table: {k: {c: sorted(v.items(), reverse=True) for c, v in cols.items()}
+                          for k, cols in bt.versions(table).items()}
+    assert compare_mapping(CATALOG, [a], read)["product_catalog"].identical
+    bt.mutate_rows("product_catalog", [(b"zz#deleted", [SetCell(MARKER_FAMILY, b"t#x", b"", T)])])
+    diff = compare_mapping(CATALOG, [a], read)["product_catalog"]
+    assert diff.extra_rows == [b"zz#deleted"] and not diff.identical
+    bt.tables["product_catalog"].pop(b"zz#deleted")
+    bt.mutate_rows("product_catalog", [(b"hats#a", [SetCell(MARKER_FAMILY, b"t#x", b"", T)])])
+    diff = compare_mapping(CATALOG, [a], read)["product_catalog"]
+    assert diff.extra_cells == [(b"hats#a", MARKER_FAMILY, b"t#x")] and not diff.identical
+    # two comments with one CreatedAt: the layout cannot hold both, verify says so
+    c1 = item(pk="0001", sk="VideoComment#1", Content="one", CreatedAt="2023-09-10T10:00:00")
+    c2 = item(pk="0001", sk="VideoComment#2", Content="two", CreatedAt="2023-09-10T10:00:00")
+    for ch in map_change(VIDEOS, ChangeRecord(INSERT, {"pk": c1["pk"], "sk": c1["sk"]}, c1, None, T)):
+        bt.mutate_rows(ch.table, [(ch.row_key, ch.mutations)])
+    diff = compare_mapping(VIDEOS, [c1, c2], read)["videos"]
+    assert len(diff.version_clashes) == 1 and not diff.identical
+    assert "VideoComment#1" in diff.version_clashes[0].keys[0] and "VideoComment#2" in diff.version_clashes[0].keys[1]
+    assert compare_mapping(VIDEOS, [c1], read)["videos"].identical
