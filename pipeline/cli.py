@@ -8,6 +8,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -148,6 +149,66 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     add_dlq_values_arg(p)
 
 
+def add_ops_args(p: argparse.ArgumentParser) -> None:
+    """One holder per job and give-up deadlines (run, migrate, backfill); see docs/NOTES-ops.md."""
+    from ddb2bt.pipeline.lease import DEFAULT_RENEW_S, DEFAULT_TTL_S
+    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
+
+    g = p.add_argument_group("one running process per job, and deadlines")
+    how = g.add_mutually_exclusive_group()
+    how.add_argument("--take-over", action="store_true",
+                     help="replace the process holding this job's lease: it stops before its next write, and this "
+                          "one starts writing when the old lease expires (at most --lease-ttl)")
+    how.add_argument("--standby", action="store_true",
+                     help="if another process holds the job's lease, wait (applying nothing) and take over when "
+                          "it stops or its lease expires")
+    g.add_argument("--lease-ttl", type=float, default=DEFAULT_TTL_S, metavar="SECONDS",
+                   help="how long the lease outlives its last renewal: a crashed holder is replaced after it "
+                        "(default %(default)s)")
+    g.add_argument("--lease-renew", type=float, default=DEFAULT_RENEW_S, metavar="SECONDS",
+                   help="seconds between lease renewals (default %(default)s; at most 3/8 of --lease-ttl)")
+    g.add_argument("--bigtable-deadline", type=float, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
+                   help="give up on a Bigtable call failing with retryable errors after this long and stop "
+                        "(default %(default)s)")
+    g.add_argument("--dynamodb-deadline", type=float, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
+                   help="give up on a DynamoDB / Streams call failing with retryable errors (throttling, 5xx, "
+                        "unreachable) after this long and stop (default %(default)s)")
+
+
+def acquire_lease(args, state, role: str):
+    """Hold the job's ``role`` lease for this command, or raise LeaseHeld naming
+    the holder; released when the command ends. Returns the LeaseSpec the
+    DoFns fence their writes with (None for a dry run)."""
+    from ddb2bt.pipeline import lease, signals
+    from ddb2bt.pipeline.dataflow import option_value
+    from ddb2bt.pipeline.graph import is_local
+
+    for option in ("bigtable_deadline", "dynamodb_deadline"):
+        value = getattr(args, option, None)
+        if value is not None and not value > 0:
+            raise ConfigError(f"must be a positive number of seconds, got {value:g}", "--" + option.replace("_", "-"))
+    if getattr(args, "dry", False):
+        return None
+    try:
+        options = lease.LeaseOptions(args.lease_ttl, args.lease_renew, lease.TAKE_OVER if args.take_over else
+                                     lease.STANDBY if args.standby else lease.FAIL)
+    except ValueError as exc:
+        raise ConfigError(str(exc), "--lease-ttl/--lease-renew") from None
+    dataflow_job = None
+    if not is_local(args.beam_args):
+        # On Dataflow the job holds the lease: its workers renew it under the job's name.
+        dataflow_job = option_value(args.beam_args, "job_name")
+        if not dataflow_job:
+            base = re.sub(r"[^a-z0-9-]+", "-", f"ddb2bt-{state.job}".lower()).strip("-")[:40]
+            dataflow_job = f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+            args.beam_args.append(f"--job_name={dataflow_job}")
+    held, spec = lease.hold(state, role, options, command=args.command, dataflow_job=dataflow_job)
+    if dataflow_job is None:
+        signals.on_exit(held.release)
+    log.info("holding the %s lease of job %s (%s)", role, state.job, spec.holder)
+    return spec
+
+
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=number(int, minimum=0, maximum=65535), help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
@@ -184,9 +245,13 @@ def submitted(result, args) -> int:
 
 def state_spec(args, mapping, include_values: bool = True):
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
 
+    # Jobs give up after --bigtable-deadline; read-only commands answer within ~30 s.
+    deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
-                                  interceptors=tuple(getattr(args, "bigtable_interceptors", ()))),
+                                  interceptors=tuple(getattr(args, "bigtable_interceptors", ())),
+                                  deadline_s=deadline),
                      job=args.job_name or mapping.name, table=args.state_table, include_values=include_values)
 
 
@@ -307,16 +372,19 @@ def build_live_job(args, mapping):
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
+    state = state_spec(args, mapping, dlq_values(args))
+    from ddb2bt.pipeline.lease import TAIL
+
+    lease = acquire_lease(args, state, TAIL)
     reader = ReaderOptions(
         start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
         discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
-        sleep_when_idle=is_local(args.beam_args),
+        sleep_when_idle=is_local(args.beam_args), lease=lease, retry=dynamodb_retry(args),
     )
-    state = state_spec(args, mapping, dlq_values(args))
     # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
     # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
     return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
-                   partitions=args.partitions, client_factory=StreamsClientFactory(mapping.source.region),
+                   partitions=args.partitions, sink=_sink_config(args, lease), client_factory=StreamsClientFactory(mapping.source.region),
                    marking=PhaseMarking(state), pushgateway=getattr(args, "metrics_pushgateway", None))
 
 
@@ -368,6 +436,39 @@ def backfill_options(args):
                            pushgateway=getattr(args, "metrics_pushgateway", None))
 
 
+def _sink_config(args=None, lease=None):
+    from ddb2bt.pipeline.retry import RetryPolicy
+    from ddb2bt.pipeline.sink.sink import SinkConfig
+
+    if args is None or not hasattr(args, "bigtable_deadline"):
+        return SinkConfig(lease=lease)
+    return SinkConfig(lease=lease, retry=replace_deadline(RetryPolicy(), args.bigtable_deadline,
+                                                          "--bigtable-deadline"))
+
+
+def dynamodb_retry(args):
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions
+
+    return replace_deadline(ReaderOptions.retry, getattr(args, "dynamodb_deadline", None))
+
+
+def replace_deadline(policy, deadline_s, option: str = "--dynamodb-deadline"):
+    from dataclasses import replace
+
+    if deadline_s is not None and not deadline_s > 0:
+        raise ConfigError(f"must be a positive number of seconds, got {deadline_s:g}", option)
+    return policy if deadline_s is None else replace(policy, deadline_s=deadline_s)
+
+
+def with_backfill_lease(args, options, state):
+    """The backfill's own lease (a backfill may run next to the job's tail)."""
+    from dataclasses import replace
+
+    from ddb2bt.pipeline.lease import BACKFILL
+
+    return replace(options, sink=_sink_config(args, acquire_lease(args, state, BACKFILL)))
+
+
 def cmd_backfill(args) -> int:
     from ddb2bt.pipeline.cutover.controller import backfill, check_export_first
     from ddb2bt.pipeline.preflight import check_target, ensure_state_table
@@ -379,8 +480,10 @@ def cmd_backfill(args) -> int:
     if warning:
         log.warning(warning)
     ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+    spec = state_spec(args, mapping, dlq_values(args))
+    options = with_backfill_lease(args, options, spec)
     start_metrics_server(args.metrics_port, args.metrics_host)
-    outcome = backfill(mapping, state_spec(args, mapping, dlq_values(args)), options, args.beam_args)
+    outcome = backfill(mapping, spec, options, args.beam_args)
     if outcome.launched is not None:
         return submitted(outcome.launched, args)
     print(f"backfill complete; phase {outcome.phase}, touch markers removed: keep the live tail running "
@@ -395,6 +498,7 @@ def cmd_migrate(args) -> int:
     options = backfill_options(args)
     check_export_first(options, mapping)  # before the tail starts writing
     job = build_live_job(args, mapping)
+    options = with_backfill_lease(args, options, job.state)
     start_metrics_server(args.metrics_port, args.metrics_host)
     outcome = migrate(mapping, job, options, args.beam_args, args.until_idle, dry_run=args.dry,
                       on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
@@ -678,6 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(p)
     add_tail_args(p)
     add_metrics_args(p)
+    add_ops_args(p)
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
@@ -707,6 +812,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backfill_args(p)
     add_dlq_values_arg(p)
     add_metrics_args(p)
+    add_ops_args(p)
     p.set_defaults(func=cmd_backfill, beam=True)
 
     p = sub.add_parser("migrate", help="the whole cutover: live tail + backfill + catch-up, resumable",
@@ -722,6 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_backfill_args(p)
     add_tail_args(p)
     add_metrics_args(p)
+    add_ops_args(p)
     p.set_defaults(func=cmd_migrate, beam=True)
 
     p = sub.add_parser("verify", help="prove Bigtable equals the mapping of the DynamoDB table", formatter_class=raw,
@@ -832,6 +939,11 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     the Bigtable write channel) is for programs that embed the CLI, such as the
     fault-injection runner in ``ddb2bt.pipeline.testing``; the command line has no
     flag for it."""
+    as_program = argv is None  # run as the ddb2bt program (not embedded with an argument list)
+    if as_program:
+        from ddb2bt.pipeline.signals import exit_quietly_on_interrupt
+
+        exit_quietly_on_interrupt()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
@@ -844,12 +956,15 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
             parser.error(problem)
     args.beam_args = unknown
     args.bigtable_interceptors = tuple(bigtable_interceptors)
-    from ddb2bt.pipeline.graph import is_dry_run
+    from ddb2bt.pipeline.dataflow import is_dry_run  # not graph: that imports Beam
 
     args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)
+    from ddb2bt.pipeline.signals import run_command
+
     try:
-        return args.func(args) or 0
+        return run_command(lambda: args.func(args) or 0, enabled=getattr(args, "beam", False),
+                           exit_when_interrupted=as_program)
     except ConfigError as exc:
         print(f"ddb2bt: configuration error: {exc}", file=sys.stderr)
         return 2

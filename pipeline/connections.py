@@ -24,6 +24,9 @@ class BigtableSpec:
     # gRPC client interceptors for the write channel (picklable: they travel to the
     # workers inside the DoFns). Tests pass the fault injector here.
     interceptors: tuple = ()
+    # Give up on Bigtable calls that keep failing after this long (None: the
+    # default, 300 s; read-only commands pass ~25 s).
+    deadline_s: Optional[float] = None
 
     def writer(self) -> GrpcMutationWriter:
         return GrpcMutationWriter(self.project, self.instance, self.app_profile, interceptors=self.interceptors)
@@ -38,7 +41,7 @@ class StateSpec:
 
     def store(self, writer=None) -> StateStore:
         backend = BigtableStateBackend(writer or self.bigtable.writer(), self.bigtable.project,
-                                       self.bigtable.instance, self.table)
+                                       self.bigtable.instance, self.table, self.bigtable.deadline_s)
         return StateStore(backend, self.job, wall_ms, self.include_values)
 
     __call__ = store  # a StateSpec is its own factory
@@ -62,8 +65,12 @@ class StreamsClientFactory:
 
 def dynamodb_client(region: Optional[str] = None):
     import boto3
+    from botocore.config import Config
 
-    return boto3.client("dynamodb", region_name=region)
+    # Bounded: an unreachable endpoint fails a command in seconds (botocore's
+    # defaults wait 60 s per connection attempt, five times).
+    config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60)
+    return boto3.client("dynamodb", region_name=region, config=config)
 
 
 @dataclass(frozen=True)

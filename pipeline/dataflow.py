@@ -22,6 +22,10 @@ SHUFFLE_URNS = ("beam:transform:group_by_key:v1", "beam:transform:reshuffle:v1",
                 "beam:transform:redistribute_by_key:v1")
 
 
+def is_dry_run(beam_args: list) -> bool:
+    return any(a in ("--dry_run", "--dry_run=True", "--dry_run=true") for a in beam_args)
+
+
 def option_value(args: list, name: str) -> Optional[str]:
     for i, arg in enumerate(args):
         if arg.startswith(f"--{name}="):

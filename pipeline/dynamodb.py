@@ -99,15 +99,22 @@ def classify_aws_error(exc: Exception, operation: str, table: Optional[str] = No
     return exc
 
 
+def endpoint_of(client, service: str = "DynamoDB") -> str:
+    """``service (endpoint)`` of a boto3 client, for messages."""
+    url = getattr(getattr(client, "meta", None), "endpoint_url", None)
+    return f"{service} ({url})" if isinstance(url, str) else service
+
+
 def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[str] = None,
-             on_retry: Optional[Callable[[BaseException], None]] = None, table: Optional[str] = None):
+             on_retry: Optional[Callable[[BaseException], None]] = None, table: Optional[str] = None,
+             where: str = "DynamoDB"):
     def attempt():
         try:
             return fn()
         except (ClientError, BotoCoreError) as exc:
             raise classify_aws_error(exc, operation, table) from exc
 
-    return retrying(policy, what or operation, on_retry, retry_on=(StreamThrottled,))(attempt)
+    return retrying(policy, what or operation, on_retry, retry_on=(StreamThrottled,), where=where)(attempt)
 
 
 # --- ARNs ------------------------------------------------------------------------
@@ -196,7 +203,7 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
             kwargs["Segment"], kwargs["TotalSegments"] = segment, total_segments
         if start:
             kwargs["ExclusiveStartKey"] = start
-        page = _retried("Scan", lambda: client.scan(**kwargs), retry, what, table=table)
+        page = _retried("Scan", lambda: client.scan(**kwargs), retry, what, table=table, where=endpoint_of(client))
         consumed = float((page.get("ConsumedCapacity") or {}).get("CapacityUnits", 0.0))
         if bucket is not None:
             bucket.consume(consumed)
@@ -243,7 +250,7 @@ def parallel_scan(client, table: str, segments: int, *, consistent_read: bool,
 def get_item(client, table: str, key: dict, retry: RetryPolicy = DEFAULT_READ_RETRY) -> Optional[dict]:
     """The item's current state (strongly consistent), or None when it is gone."""
     response = _retried("GetItem", lambda: client.get_item(TableName=table, Key=key, ConsistentRead=True), retry,
-                        table=table)
+                        table=table, where=endpoint_of(client))
     return response.get("Item")
 
 
@@ -267,7 +274,8 @@ def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
     runs one remote call (the reader passes its own, which counts metrics); by
     default each page is retried under ``retry``."""
     if call is None:
-        call = lambda operation, fn: _retried(operation, fn, retry)  # noqa: E731
+        call = lambda operation, fn: _retried(operation, fn, retry,  # noqa: E731
+                                              where=endpoint_of(client, "DynamoDB Streams"))
     shards: dict = {}
     descriptions: dict = {}
     closed = set()

@@ -72,5 +72,4 @@ def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:
     return beam.Pipeline(options=options)
 
 
-def is_dry_run(beam_args: list) -> bool:
-    return any(a in ("--dry_run", "--dry_run=True", "--dry_run=true") for a in beam_args)
+from ddb2bt.pipeline.dataflow import is_dry_run  # noqa: E402,F401  (its home: importable without Beam)

@@ -244,16 +244,21 @@ def _set_latest(family: str, cells: dict, ts_ms: int) -> list:
 class BigtableStateBackend:
     """StateBackend on a Bigtable table, through the same MutationWriter as the sink."""
 
-    def __init__(self, writer, project: str, instance: str, table_id: str) -> None:
+    def __init__(self, writer, project: str, instance: str, table_id: str, deadline_s: Optional[float] = None) -> None:
+        from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
+
         self._writer = writer
         self._project = project
         self._instance = instance
         self._table_id = table_id
+        # Give up on an unreachable state table after this long (a job's
+        # --bigtable-deadline; read-only commands: ~25 s).
+        self._deadline_s = DEFAULT_DEADLINE_S if deadline_s is None else deadline_s
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
     def write_rows(self, rows: Sequence) -> None:
-        from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable
-        from ddb2bt.pipeline.retry import retry_call
+        from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable, bigtable_endpoint
+        from ddb2bt.pipeline.retry import RetryPolicy, retry_call
 
         def attempt():
             statuses = self._writer.mutate_rows(self._table_id, rows)
@@ -263,7 +268,8 @@ class BigtableStateBackend:
             if bad:
                 raise BigtableRetryable(f"state table write failed: {bad[0].message}")
 
-        retry_call(attempt, what="state table write")
+        retry_call(attempt, what=f"MutateRows on state table {self._table_id}",
+                   policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def _data_client(self):
         from ddb2bt.pipeline.sink.bigtable_io import data_client
@@ -273,35 +279,37 @@ class BigtableStateBackend:
         return self._client
 
     def read_prefix(self, prefix: bytes) -> dict:
-        from ddb2bt.pipeline.sink.bigtable_io import read_table
+        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_table
 
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
-                          client=self._data_client())
+                          client=self._data_client(), deadline_s=self._deadline_s,
+                          attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
 
     def read_keys(self, keys: Sequence) -> dict:
         """Like read_prefix, for exactly these rows (absent rows are absent)."""
-        from ddb2bt.pipeline.sink.bigtable_io import read_rows
-        from ddb2bt.pipeline.retry import retry_call
-        from ddb2bt.pipeline.sink.bigtable_io import BigtableRetryable
+        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_rows
 
-        def attempt():
-            try:
-                return read_rows(self._project, self._instance, self._table_id, keys, client=self._data_client())
-            except Exception as exc:  # the data client's errors: transient for a read of known rows
-                raise BigtableRetryable(f"state table read failed: {type(exc).__name__}: {exc}") from exc
-
-        rows = retry_call(attempt, what="state table read")
+        # read_rows classifies the data client's errors and retries them itself
+        # (warnings, then the state deadline).
+        rows = read_rows(self._project, self._instance, self._table_id, keys, client=self._data_client(),
+                         deadline_s=self._deadline_s, attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
 
     def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
         """CheckAndMutateRow on the state table: apply unless ``unless`` holds."""
         from ddb2bt.pipeline.retry import retry_call
 
+        from ddb2bt.pipeline.retry import RetryPolicy
+        from ddb2bt.pipeline.sink.bigtable_io import bigtable_endpoint
+
         return retry_call(lambda: self._writer.check_and_mutate(self._table_id, key, unless, mutations),
-                          what="state table claim")
+                          what=f"CheckAndMutateRow on state table {self._table_id}",
+                          policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def close(self) -> None:
         if self._client is not None:
-            self._client.close()
+            from ddb2bt.pipeline.sink.bigtable_io import close_bounded
+
+            close_bounded(self._client.close, "Bigtable data client")
             self._client = None

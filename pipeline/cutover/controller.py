@@ -45,6 +45,9 @@ class BackfillOptions:
     from_export: Optional[str] = None
     restart: bool = False
     pushgateway: Optional[str] = None
+    # The backfill sink's settings: its lease (ddb2bt.pipeline.lease) and give-up
+    # deadline (None: SinkConfig's defaults).
+    sink: Optional[object] = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.page_size <= 10_000:
@@ -178,7 +181,8 @@ def _add_backfill(p, mapping, state_spec, source, handoff: int, options: Backfil
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
     add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=options.tasks), mapping,
-                 state_spec, SinkConfig(), DynamoDBClientFactory(mapping.source.region), reshuffle=reshuffle,
+                 state_spec, options.sink or SinkConfig(), DynamoDBClientFactory(mapping.source.region),
+                 reshuffle=reshuffle,
                  pushgateway=options.pushgateway)
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 from botocore.exceptions import ClientError
 
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
+from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, list_shards
 from ddb2bt.transforms.model import datetime_to_ms
 
@@ -130,7 +131,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
     if bookkeeping is not None:
         facts.bookkeeping_tables = bookkeeping.remaining(sorted(set(tables) | set(m.marker_tables())))
     if stream_arn:
-        listed = list_shards(streams, stream_arn).shards
+        # status answers within ~30 s even when the stream endpoint is unreachable
+        listed = list_shards(streams, stream_arn, retry=RetryPolicy(0.2, 5.0, READ_ONLY_DEADLINE_S)).shards
         ckpts = store.load_checkpoints(stream_arn)
         for shard_id in sorted(listed):
             c = ckpts.get(shard_id)

@@ -60,6 +60,35 @@ def code_name(code: int) -> str:
     return _CODE_NAMES.get(code, str(code))
 
 
+def bigtable_endpoint() -> str:
+    """Where Bigtable calls go, for messages: the emulator's host:port or the service."""
+    emulator = os.environ.get(EMULATOR_ENV)
+    return f"emulator {emulator}" if emulator else DEFAULT_ENDPOINT
+
+
+# Closing a channel cancels its calls, but after an interrupted call it has been
+# seen to block for minutes (issue 17): teardown never waits longer than this.
+CLOSE_WAIT_S = 2.0
+
+
+def close_bounded(close, what: str, wait_s: float = CLOSE_WAIT_S) -> None:
+    """Run ``close()`` on a daemon thread and wait at most ``wait_s``: a teardown
+    must never hang on a channel or client that will not close."""
+    import threading
+
+    def run() -> None:
+        try:
+            close()
+        except Exception as exc:  # closing is best effort; the process may be ending
+            log.debug("closing %s failed: %s", what, exc)
+
+    t = threading.Thread(target=run, name=f"close-{what}", daemon=True)
+    t.start()
+    t.join(wait_s)
+    if t.is_alive():
+        log.warning("closing %s did not finish within %.0fs; leaving it to the process exit", what, wait_s)
+
+
 @dataclass(frozen=True, slots=True)
 class EntryStatus:
     """Outcome of one MutateRows entry."""
@@ -96,6 +125,67 @@ class BigtableRetryable(RetryableError):
 
 class BigtablePermanent(PermanentError):
     """A whole call failed for good (table missing, permission denied...)."""
+
+
+class BigtableUnreachable(PermanentError):
+    """No connection to Bigtable (or the emulator) within the deadline."""
+
+
+def classify_api_error(exc: Exception, method: str) -> Exception:
+    """A google.api_core error from the data client, classified once, here."""
+    from google.api_core import exceptions as gexc
+
+    code = getattr(getattr(exc, "grpc_status_code", None), "name", None) or type(exc).__name__
+    message = f"{method} failed: {code}: {getattr(exc, 'message', None) or exc}"
+    retryable = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.TooManyRequests, gexc.Aborted,
+                 gexc.InternalServerError, gexc.Unknown, gexc.ResourceExhausted)
+    if isinstance(exc, retryable):
+        return BigtableRetryable(message, code=code)
+    return BigtablePermanent(message, code=code)
+
+
+_REACHABLE: set = set()
+PROBE_STEP_S = 2.0
+
+
+def probe_bigtable(deadline_s: Optional[float] = None, channel_factory=None, clock=None) -> None:
+    """Wait until a connection to Bigtable is up, saying so at WARNING every few
+    seconds, or raise BigtableUnreachable naming the endpoint after ``deadline_s``.
+    Admin calls go through a client whose own retries are silent and long, so a
+    command checks this first (once per endpoint and process)."""
+    import time
+
+    from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
+
+    deadline_s = READ_ONLY_DEADLINE_S if deadline_s is None else deadline_s
+    endpoint = bigtable_endpoint()
+    if endpoint in _REACHABLE:
+        return
+    clock = clock or time.monotonic
+    channel = (channel_factory or make_channel)()
+    start = clock()
+    next_log = 0.0
+    try:
+        while True:
+            left = deadline_s - (clock() - start)
+            try:
+                grpc.channel_ready_future(channel).result(timeout=max(0.05, min(PROBE_STEP_S, left)))
+                _REACHABLE.add(endpoint)
+                return
+            except grpc.FutureTimeoutError:
+                pass
+            elapsed = clock() - start
+            if elapsed >= deadline_s:
+                hint = (" (is the emulator running, and BIGTABLE_EMULATOR_HOST right? ddb2bt local up starts one)"
+                        if os.environ.get(EMULATOR_ENV) else " (network, firewall or proxy?)")
+                raise BigtableUnreachable(f"Bigtable ({endpoint}) is unreachable: no connection within "
+                                          f"{deadline_s:.0f}s{hint}")
+            if elapsed >= next_log:
+                log.warning("Bigtable (%s): no connection for %.0fs; retrying, giving up in %.0fs", endpoint,
+                            elapsed, deadline_s - elapsed)
+                next_log = min(max(1.0, 2 * elapsed), elapsed + 30.0)
+    finally:
+        close_bounded(channel.close, "probe channel", 0.5)
 
 
 Entry = tuple  # (row_key: bytes, mutations: Sequence[SetCell | DeleteCells])
@@ -181,13 +271,20 @@ def build_request(request_cls, table_name: str, app_profile: Optional[str], entr
     return request
 
 
-def classify_rpc_error(exc: grpc.RpcError) -> Exception:
+def classify_rpc_error(exc: grpc.RpcError, method: str = "MutateRows") -> Exception:
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
     status = EntryStatus(code.value[0], details or "")
+    message = f"{method} failed: {code.name}: {details}"
     if status.retryable:
-        return BigtableRetryable(f"MutateRows failed: {code.name}: {details}", code=code.name)
-    return BigtablePermanent(f"MutateRows failed: {code.name}: {details}", code=code.name)
+        return BigtableRetryable(message, code=code.name)
+    return BigtablePermanent(message, code=code.name)
+
+
+def _exact_regex(value: bytes) -> bytes:
+    """An RE2 pattern matching exactly ``value`` (every byte escaped as \\xHH;
+    the values compared are ASCII JSON, where byte and code point agree)."""
+    return b"".join(b"\\x%02x" % b for b in value)
 
 
 class GrpcMutationWriter:
@@ -197,6 +294,9 @@ class GrpcMutationWriter:
                  channel: Optional[grpc.Channel] = None, timeout_s: float = DEFAULT_RPC_TIMEOUT_S,
                  interceptors: Sequence = ()) -> None:
         self._channel = channel or make_channel(interceptors=interceptors)
+        # fence() -> seconds a write may still take; raises when this process may
+        # no longer write (its job lease lapsed). Checked right before each write.
+        self._fence = None
         self._prefix = f"projects/{project}/instances/{instance}/tables/"
         self._app_profile = app_profile
         self._timeout_s = timeout_s
@@ -220,6 +320,17 @@ class GrpcMutationWriter:
             request_serializer=self._cam_cls.SerializeToString,
             response_deserializer=bigtable_types.CheckAndMutateRowResponse.pb().FromString,
         )
+
+    def set_fence(self, fence) -> None:
+        """``fence()`` is called right before every write RPC: it raises when this
+        process may no longer write, else returns the seconds the write may take
+        (the RPC deadline is capped by it, so no write outlives the lease)."""
+        self._fence = fence
+
+    def _write_timeout(self) -> float:
+        if self._fence is None:
+            return self._timeout_s
+        return max(0.001, min(self._timeout_s, self._fence()))
 
     def _params(self, table_name: str) -> tuple:
         params = f"table_name={table_name}" + (f"&app_profile_id={self._app_profile}" if self._app_profile else "")
@@ -254,7 +365,7 @@ class GrpcMutationWriter:
                         found.update(row)
                         row = []
         except grpc.RpcError as exc:
-            raise classify_rpc_error(exc) from None
+            raise classify_rpc_error(exc, "ReadRows") from None
         return found
 
     def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
@@ -269,18 +380,74 @@ class GrpcMutationWriter:
         column.end_qualifier_closed = unless.qualifier
         chain.add().timestamp_range_filter.start_timestamp_micros = unless.since_ms * US_PER_MS
         build_mutations(request.false_mutations, mutations)
+        timeout = self._write_timeout()
+        try:
+            response = self._cam(request, timeout=timeout, metadata=self._params(table_name))
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc, "CheckAndMutateRow") from None
+        return not response.predicate_matched
+
+    def read_cell(self, table_id: str, row_key: bytes, family: str, qualifier: bytes) -> Optional[bytes]:
+        """The newest value of one cell, or None (one ReadRows call)."""
+        table_name = self._prefix + table_id
+        request = self._read_cls(table_name=table_name)
+        if self._app_profile:
+            request.app_profile_id = self._app_profile
+        request.rows.row_keys.append(row_key)
+        chain = request.filter.chain.filters
+        column = chain.add().column_range_filter
+        column.family_name = family
+        column.start_qualifier_closed = qualifier
+        column.end_qualifier_closed = qualifier
+        chain.add().cells_per_column_limit_filter = 1
+        value: Optional[bytes] = None
+        parts: list = []
+        try:
+            for response in self._read(request, timeout=self._timeout_s, metadata=self._params(table_name)):
+                for chunk in response.chunks:
+                    parts.append(chunk.value)
+                    if chunk.reset_row:
+                        parts = []
+                    elif chunk.value_size == 0:  # the cell's last chunk
+                        value, parts = b"".join(parts), []
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc, "ReadRows") from None
+        return value
+
+    def swap_cell(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
+                  value: bytes, ts_ms: int) -> bool:
+        """Compare-and-set of one cell with CheckAndMutateRow: replace every version
+        with ``value`` iff its newest value is ``expected`` (None: iff the cell is
+        absent). True when swapped. Never fenced: the job lease itself uses it."""
+        table_name = self._prefix + table_id
+        request = self._cam_cls(table_name=table_name, row_key=row_key)
+        if self._app_profile:
+            request.app_profile_id = self._app_profile
+        chain = request.predicate_filter.chain.filters
+        column = chain.add().column_range_filter
+        column.family_name = family
+        column.start_qualifier_closed = qualifier
+        column.end_qualifier_closed = qualifier
+        chain.add().cells_per_column_limit_filter = 1
+        if expected is not None:
+            chain.add().value_regex_filter = _exact_regex(expected)
+        # All versions go (a time range [0, ∞): end 0 means no upper bound), then
+        # the new one: applied in this order, atomically with the check.
+        mutations = [DeleteCells(family, qualifier, 0, 0), SetCell(family, qualifier, value, ts_ms)]
+        build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
         try:
             response = self._cam(request, timeout=self._timeout_s, metadata=self._params(table_name))
         except grpc.RpcError as exc:
-            raise classify_rpc_error(exc) from None
-        return not response.predicate_matched
+            raise classify_rpc_error(exc, "CheckAndMutateRow") from None
+        return response.predicate_matched == (expected is not None)
 
     def mutate_rows(self, table_id: str, entries: Sequence[Entry]) -> list:
         table_name = self._prefix + table_id
         request = build_request(self._request_cls, table_name, self._app_profile, entries)
         statuses: list = [None] * len(entries)
+        timeout = self._write_timeout()  # the fence, right before the RPC
         try:
-            for response in self._call(request, timeout=self._timeout_s, metadata=self._params(table_name)):
+            for response in self._call(request, timeout=timeout, metadata=self._params(table_name)):
                 for e in response.entries:
                     statuses[e.index] = ENTRY_OK if e.status.code == OK else EntryStatus(e.status.code, e.status.message)
         except grpc.RpcError as exc:
@@ -294,7 +461,7 @@ class GrpcMutationWriter:
         return [s if s is not None else missing for s in statuses]
 
     def close(self) -> None:
-        self._channel.close()
+        close_bounded(self._channel.close, "Bigtable channel")
 
 
 # --- admin ---------------------------------------------------------------------
@@ -319,9 +486,10 @@ def _gc_rule(family: FamilyConfig):
 class BigtableAdmin:
     """Table administration through the classic admin client (works on the emulator)."""
 
-    def __init__(self, project: str, instance: str) -> None:
+    def __init__(self, project: str, instance: str, deadline_s: Optional[float] = None) -> None:
         from google.cloud.bigtable import Client
 
+        probe_bigtable(deadline_s)  # the admin client retries unreachable endpoints silently for minutes
         self._client = Client(project=project, admin=True)
         self._instance = self._client.instance(instance)
 
@@ -408,25 +576,52 @@ def _row_cells(row) -> dict:
     return cells
 
 
-def _read(project: str, instance: str, table_id: str, queries: Iterable, client=None) -> dict:
+# One ReadRows attempt may take this long: a whole table read by verify is one
+# attempt. Small reads (the state table) pass a shorter one.
+BULK_ATTEMPT_TIMEOUT_S = 600.0
+SMALL_ATTEMPT_TIMEOUT_S = 20.0
+
+
+def _read(project: str, instance: str, table_id: str, queries: Iterable, client=None,
+          deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
     """Run ReadRows queries; with ``client`` given it is reused and left open (callers
-    reading often keep one), otherwise a client lives for this call only."""
+    reading often keep one), otherwise a client lives for this call only.
+
+    The data client's own retries are off (they are silent, up to 600 s): each
+    query is retried by our policy, which logs every failure and gives up after
+    ``deadline_s`` with an error naming Bigtable and the endpoint."""
+    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S, RetryPolicy, retrying
+
     own = client is None
     client = client or data_client(project)
     out: dict = {}
+    policy = RetryPolicy(initial_s=0.2, max_backoff_s=5.0,
+                         deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
+    timeout = min(attempt_timeout_s, policy.deadline_s) if policy.deadline_s > 0 else attempt_timeout_s
     try:
         with client.get_table(instance, table_id) as table:
             for query in queries:
-                for row in table.read_rows(query):
+                def attempt(query=query) -> list:
+                    try:
+                        return list(table.read_rows(query, operation_timeout=timeout, attempt_timeout=timeout,
+                                                    retryable_errors=()))
+                    except Exception as exc:
+                        if type(exc).__module__.startswith("google.api_core"):
+                            raise classify_api_error(exc, "ReadRows") from exc
+                        raise
+
+                for row in retrying(policy, f"ReadRows on {table_id}", where=f"Bigtable ({bigtable_endpoint()})")(
+                        attempt):
                     out[row.row_key] = _row_cells(row)
     finally:
         if own:
-            client.close()
+            close_bounded(client.close, "Bigtable data client")
     return out
 
 
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
-               latest_only: bool = False, client=None) -> dict:
+               latest_only: bool = False, client=None, deadline_s: Optional[float] = None,
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
     """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import row_filters
@@ -436,16 +631,17 @@ def read_table(project: str, instance: str, table_id: str, prefix: Optional[byte
         query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
     if latest_only:
         query.filter = row_filters.CellsColumnLimitFilter(1)
-    return _read(project, instance, table_id, [query], client)
+    return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s)
 
 
-def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, client=None) -> dict:
+def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, client=None,
+              deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
     """Like read_table, for the given rows only (missing rows are absent)."""
     from google.cloud.bigtable.data import ReadRowsQuery
 
     keys = list(row_keys)
     queries = [ReadRowsQuery(row_keys=keys[i:i + READ_BATCH_ROWS]) for i in range(0, len(keys), READ_BATCH_ROWS)]
-    return _read(project, instance, table_id, queries, client) if queries else {}
+    return _read(project, instance, table_id, queries, client, deadline_s, attempt_timeout_s) if queries else {}
 
 
 READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set

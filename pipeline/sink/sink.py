@@ -33,7 +33,7 @@ from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTE
 from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone,
                                      ShardClosed, StreamPosition, mutations_size)
 from ddb2bt.pipeline.sink.bigtable_io import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, BigtableRetryable,
-                                              EntryStatus, MutationWriter, code_name)
+                                              EntryStatus, MutationWriter, bigtable_endpoint, code_name)
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
 from ddb2bt.pipeline.cutover.guards import repair_touched, write_conditional
 from ddb2bt.pipeline.metrics import PipelineMetrics
@@ -59,6 +59,9 @@ class SinkConfig:
     # Write a full batch on a background thread while the next one is mapped and
     # buffered (the wait for MutateRows was ~20 % of a worker's time).
     overlap_writes: bool = True
+    # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): when set, every write and
+    # checkpoint is fenced by it (a process that lost it writes nothing more).
+    lease: Optional[object] = None
 
     def __post_init__(self) -> None:
         if not 0 < self.max_batch_mutations <= MAX_MUTATIONS_PER_REQUEST:
@@ -256,8 +259,11 @@ class BatchingWriter:
         return dead
 
     def close(self) -> None:
+        # Never wait here for a batch still being written (a teardown after a
+        # failure or an interruption must not block on an RPC): flush() is what
+        # waits for acknowledgements, and an unflushed batch is not checkpointed.
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _flush_full(self) -> list:
         """A batch is full. Without overlap: flush. With it: wait for the batch in
@@ -409,29 +415,35 @@ class BatchingWriter:
                     self._metrics.mutate_latency.observe(time.perf_counter() - started)
                     self._metrics.batch_rows.observe(sent)
             retry = []
+            first: Optional[EntryStatus] = None
             for row, status in zip(pending, statuses):
                 if status.ok:
                     continue
                 if status.retryable:
                     retry.append(row)
+                    first = first or status
                     if self._metrics:
                         self._metrics.bigtable_retries.labels(code_name(status.code)).inc()
                 else:
                     permanent.append((row, status))
             pending = retry
             if pending:
-                raise _StillFailing(f"{len(pending)} entries of {table} still failing")
+                raise _StillFailing(f"{len(pending)} of {sent} entries failed: {code_name(first.code)}: "
+                                    f"{first.message}", code=code_name(first.code))
 
         def count_rpc_retry(exc: BaseException) -> None:
             if self._metrics and not isinstance(exc, _StillFailing):
                 self._metrics.bigtable_retries.labels(getattr(exc, "code", "RPC")).inc(len(pending))
 
+        where = f"Bigtable ({bigtable_endpoint()})"
         try:
-            retrying(self._config.retry, f"MutateRows on {table}", count_rpc_retry, self._sleep)(attempt)
+            retrying(self._config.retry, f"MutateRows on {table}", count_rpc_retry, self._sleep,
+                     where=where)(attempt)
         except BigtableRetryable as exc:
+            cause = exc.__cause__ or exc
             raise BigtableRetryable(
-                f"gave up writing to {table} after {self._config.retry.deadline_s:.0f}s: {exc.message}"
-            ) from exc
+                f"gave up writing to {table} after {self._config.retry.deadline_s:.0f}s (--bigtable-deadline): "
+                f"{where} kept failing: {cause}", code=getattr(cause, "code", "")) from exc
         return permanent
 
     def _repair_touched(self, guarded: list) -> None:
@@ -571,7 +583,11 @@ class _WriteToBigtableFn(beam.DoFn):
         if self._pushgateway:  # Dataflow workers cannot be scraped: they push
             start_pusher(self._pushgateway, job=f"ddb2bt-{self._state_spec.job if self._state_spec else 'job'}")
 
-        self._writer = self._bigtable.writer()
+        from ddb2bt.pipeline.lease import fence, join
+
+        # The fence goes on the writer, so data writes, dead letters and
+        # checkpoints are all checked right before their RPC.
+        self._writer = fence(self._bigtable.writer(), join(self._config.lease))
         self._state = self._state_spec.store(self._writer) if self._state_spec else None
         self._families = _FamilyCache(self._bigtable) if self._check_families else None
         self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families,

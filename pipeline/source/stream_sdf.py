@@ -101,6 +101,9 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         self._state_factory = state_factory
 
     def setup(self) -> None:
+        from ddb2bt.pipeline.lease import join
+
+        self._lease = join(self._options.lease)
         self._client = self._client_factory()
         self._state = self._state_factory()
         self._metrics = default_metrics()
@@ -122,6 +125,8 @@ class _ReadStreamPartitionsFn(beam.DoFn):
     ):
         if tracker.current_restriction().done:
             return
+        if self._lease is not None:
+            self._lease.check()  # raises once the job's lease is lost: this process stops
         if stop_requested(self._options.stop_token):
             tracker.try_claim(ClaimEnd())
             return

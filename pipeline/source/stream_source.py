@@ -33,8 +33,8 @@ from typing import Callable, Iterator, Optional
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
-from ddb2bt.pipeline.dynamodb import (IteratorExpired, Listing, StreamThrottled, classify_aws_error, list_shards,
-                                      table_of_stream)
+from ddb2bt.pipeline.dynamodb import (IteratorExpired, Listing, StreamThrottled, classify_aws_error, endpoint_of,
+                                      list_shards, table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.metrics import PipelineMetrics
@@ -55,14 +55,19 @@ GET_RECORDS_LIMIT = 1000  # the service's maximum per call
 PAGES_PER_ROUND = 10
 
 _STOP_REQUESTS: set = set()
+STOP_ALL = "*"  # every reader in this process (Ctrl-C, SIGTERM: ddb2bt.pipeline.signals)
 
 
 def request_stop(token: str) -> None:
     _STOP_REQUESTS.add(token)
 
 
+def clear_stop(token: str) -> None:
+    _STOP_REQUESTS.discard(token)
+
+
 def stop_requested(token: Optional[str]) -> bool:
-    return token is not None and token in _STOP_REQUESTS
+    return STOP_ALL in _STOP_REQUESTS or (token is not None and token in _STOP_REQUESTS)
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,9 @@ class ReaderOptions:
     # A reader at the stream head moves a finished migration CATCHING_UP → LIVE
     # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
     promote_live: bool = True
+    # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): every round checks it, so
+    # a process that lost it stops even while it has nothing to write.
+    lease: Optional[object] = None
     retry: RetryPolicy = RetryPolicy(initial_s=0.2, max_backoff_s=20.0, deadline_s=300.0)
 
     def __post_init__(self) -> None:
@@ -263,6 +271,7 @@ class PartitionReader:
         self._last_discovery_ms: Optional[int] = None
         self._waiting: list = []
         self._table = table_of_stream(partition.stream_arn)
+        self._where = endpoint_of(client, "DynamoDB Streams")
 
     # -- remote calls with one retry policy
     def _call(self, operation: str, fn: Callable):
@@ -277,7 +286,8 @@ class PartitionReader:
                 self._metrics.dynamodb_throttles.labels(operation).inc()
 
         policy = self._options.retry
-        return retrying(policy, operation, count, self._sleep, retry_on=(StreamThrottled,))(attempt)
+        return retrying(policy, operation, count, self._sleep, retry_on=(StreamThrottled,),
+                        where=self._where)(attempt)
 
     # -- discovery
     def discover(self, tracker) -> bool:

@@ -70,6 +70,31 @@ class InMemoryBigtable:
                 raise BigtablePermanent(status.message)
             return True
 
+    def read_cell(self, table_id: str, row_key: bytes, family: str, qualifier: bytes) -> Optional[bytes]:
+        with self._lock:
+            column = self.tables.get(table_id, {}).get(row_key, {}).get((family, qualifier))
+            return column[max(column)] if column else None
+
+    def swap_cell(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
+                  value: bytes, ts_ms: int) -> bool:
+        """Compare-and-set like GrpcMutationWriter.swap_cell (CheckAndMutateRow)."""
+        with self._lock:
+            if self.fault:  # the same fault hook as writes: lets tests make renewals fail
+                injected = self.fault(table_id, [(row_key, [])], len(self.calls))
+                if injected is not None and injected[0] is not None and not injected[0].ok:
+                    status = injected[0]
+                    raise (BigtableRetryable if status.retryable else BigtablePermanent)(status.message)
+            self.calls.append((table_id, [row_key]))
+            row = self.tables.setdefault(table_id, {}).setdefault(row_key, {})
+            column = row.get((family, qualifier))
+            current = column[max(column)] if column else None
+            if current != expected:
+                if not row:
+                    del self.tables[table_id][row_key]
+                return False
+            row[(family, qualifier)] = {ts_ms: value}
+            return True
+
     def cells_since(self, table_id: str, row_keys: Sequence, family: str, since_ms: int) -> set:
         with self._lock:
             rows = self.tables.get(table_id, {})

@@ -127,6 +127,35 @@ class FaultInterceptor(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClien
         return continuation(details, request)
 
 
+class WriteLog(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClientInterceptor):
+    """Appends ``<unix time> <method>`` to a file for every write RPC as it is
+    sent (MutateRows, CheckAndMutateRow): lets a test see which process wrote
+    when (the lease tests). Picklable: travels inside the sink."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def __getstate__(self) -> dict:
+        return {"path": self._path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    def _record(self, method: str) -> None:
+        name = method.rsplit("/", 1)[-1]
+        if name in ("MutateRows", "CheckAndMutateRow"):
+            with open(self._path, "a") as fh:  # appended and closed at once: survives SIGKILL
+                fh.write(f"{_time.time():.6f} {name}\n")
+
+    def intercept_unary_stream(self, continuation, details, request):
+        self._record(details.method)
+        return continuation(details, request)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        self._record(details.method)
+        return continuation(details, request)
+
+
 def main(argv: Optional[list] = None) -> int:
     """``python -m ddb2bt.pipeline.testing.faults SPEC [--log FILE] -- <ddb2bt args>``:
     the ddb2bt command with injected Bigtable faults (the soak runs jobs this way)."""
@@ -143,8 +172,11 @@ def main(argv: Optional[list] = None) -> int:
                                      usage="%(prog)s SPEC [--log FILE] -- <ddb2bt arguments>")
     parser.add_argument("spec", help="e.g. unavailable=0.1,entry_unavailable=0.1,seed=1 ('' for none)")
     parser.add_argument("--log", help="append one line per injected fault to this file")
+    parser.add_argument("--log-writes", metavar="FILE", help="append '<unix time> <method>' per write RPC sent")
     opts = parser.parse_args(ours)
     interceptors = (FaultInterceptor.from_spec(opts.spec, opts.log),) if opts.spec else ()
+    if opts.log_writes:
+        interceptors += (WriteLog(opts.log_writes),)
     return cli_main(rest, bigtable_interceptors=interceptors)
 
 

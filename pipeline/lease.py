@@ -1,0 +1,585 @@
+"""One running holder per job: a lease in the state table.
+
+Bigtable keeps no tombstones, so two processes writing one job's changes are a
+data-loss bug: the slower one replays old images after the other applied later
+removals, and the removed data comes back. Every ``run``, ``migrate`` and
+``backfill`` therefore holds a lease before it writes:
+
+* The lease is one cell, ``meta:lease`` of row ``{job}#lease#{role}`` in the
+  state table (role ``tail`` for the live tail, ``backfill`` for the backfill, so
+  a ``backfill`` may run next to a ``run`` of the same job, as documented). Its
+  value is a small JSON record: holder id, host, pid, start time, expiry.
+* Every change of the cell is a compare-and-set (``CheckAndMutateRow`` whose
+  predicate is "the newest value is exactly the one I read"), so of two
+  processes racing for a free lease exactly one wins.
+* The holder renews it every ``renew_s`` (heartbeat thread); the expiry is the
+  holder's wall clock plus ``ttl_s``. Another process may take a lease only once
+  it is released, expired by the other's wall clock, or its holder is a process
+  on this very machine that no longer exists.
+* Fencing: before every write (each MutateRows / CheckAndMutateRow, each
+  checkpoint save, and every reading round) the holder checks its OWN monotonic
+  clock (CLOCK_BOOTTIME where there is one, which also runs while the host is
+  suspended): the lease is valid until ``send time of the last successful renewal
+  + ttl - margin`` with ``margin = ttl / 4``. A process paused by SIGSTOP or a
+  frozen VM finds, when it resumes, that it may have lost the lease and stops
+  before writing anything, ``margin`` seconds before a contender can have
+  acquired it; and each write's RPC deadline is capped at the lease's remaining
+  validity, so no write outlives it. (Assumes the hosts' wall clocks differ by
+  less than the margin: NTP keeps them within milliseconds.)
+* ``--take-over`` swaps the lease to the new process at once, which then waits
+  until the old holder's expiry before writing: the old one fails its next
+  renewal and stops, as above.
+* On Dataflow the lease belongs to the job, not a process: the holder id is
+  ``dataflow:<job name>``, the launcher takes it (with a start-up grace, since
+  workers need minutes to start) and every worker renews it under that id.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ddb2bt.pipeline.retry import BETWEEN_ATTEMPTS
+from ddb2bt.transforms.errors import PermanentError, RetryableError
+
+log = logging.getLogger(__name__)
+
+TAIL, BACKFILL = "tail", "backfill"
+DEFAULT_TTL_S = 20.0  # a crashed holder is replaced within ttl + renew (25 s)
+DEFAULT_RENEW_S = 5.0
+MIN_TTL_S = 2.0
+LEASE_FAMILY = "meta"
+LEASE_QUALIFIER = b"lease"
+# A Dataflow launch holds the lease this long before any worker renews it.
+DATAFLOW_START_GRACE_S = 900.0
+# Lease RPCs are small: a renewal must not hang longer than a renewal interval.
+LEASE_RPC_TIMEOUT_S = 5.0
+FAIL, STANDBY, TAKE_OVER = "fail", "standby", "take_over"
+MODES = (FAIL, STANDBY, TAKE_OVER)
+
+
+class LeaseHeld(PermanentError):
+    """Another live process (or Dataflow job) holds the job's lease."""
+
+
+class LeaseLost(PermanentError):
+    """This process may no longer write: its lease lapsed or was taken over."""
+
+
+def margin_s(ttl_s: float) -> float:
+    return ttl_s / 4
+
+
+def boottime() -> float:
+    """A monotonic clock that keeps counting while the process is stopped and
+    while the host is suspended (Linux CLOCK_BOOTTIME); else time.monotonic."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clock) if clock is not None else time.monotonic()
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def node_id() -> str:
+    """This boot of this machine and pid namespace: two processes with the same
+    node id see each other's pids, so a dead holder here is recognisable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""  # unknown: never treat a holder as dead
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+@dataclass(frozen=True)
+class LeaseOptions:
+    """What a command asks for: how long a lease lives, how often it is renewed,
+    and what to do when another process holds it."""
+
+    ttl_s: float = DEFAULT_TTL_S
+    renew_s: float = DEFAULT_RENEW_S
+    mode: str = FAIL
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if not self.ttl_s >= MIN_TTL_S:
+            raise ValueError(f"the lease TTL must be at least {MIN_TTL_S:g}s")
+        if not 0 < self.renew_s <= (self.ttl_s - margin_s(self.ttl_s)) / 2:
+            raise ValueError(f"the lease renewal interval must be positive and at most (ttl - ttl/4) / 2 = "
+                             f"{(self.ttl_s - margin_s(self.ttl_s)) / 2:g}s, so two renewals fit in the lease")
+
+
+@dataclass(frozen=True)
+class LeaseSpec:
+    """Picklable: which lease a DoFn fences its writes with. ``bigtable`` is a
+    ``BigtableSpec`` (where the state table lives)."""
+
+    bigtable: object
+    table: str
+    job: str
+    role: str
+    holder: str
+    ttl_s: float = DEFAULT_TTL_S
+    renew_s: float = DEFAULT_RENEW_S
+    shared: bool = False  # a Dataflow job: every worker renews as the holder
+
+    @property
+    def row_key(self) -> bytes:
+        return f"{self.job}#lease#{self.role}".encode()
+
+    @property
+    def key(self) -> tuple:
+        b = self.bigtable
+        return (b.project, b.instance, self.table, self.job, self.role, self.holder)
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """The lease cell's value."""
+
+    holder: str
+    host: str
+    pid: int
+    node: str
+    started_ms: int
+    expires_ms: int
+    command: str = ""
+    released: bool = False
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.__dict__, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+    @classmethod
+    def parse(cls, raw: Optional[bytes]) -> Optional["LeaseState"]:
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        except (ValueError, TypeError):
+            return None  # unreadable: treated as free, and replaced by compare-and-set
+
+    def live(self, now_ms: int) -> bool:
+        return not self.released and self.expires_ms > now_ms
+
+    def describe(self) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started_ms / 1000))
+        who = self.holder if self.holder.startswith("dataflow:") else f"{self.command or 'process'} pid {self.pid}"
+        return f"{who} on host {self.host}, started {started}"
+
+
+class LeaseCell:
+    """The lease row through a writer with ``read_cell`` and ``swap_cell``
+    (GrpcMutationWriter, or the in-memory fake in tests)."""
+
+    def __init__(self, writer, table: str, row_key: bytes, where: str = "Bigtable") -> None:
+        self._writer, self._table, self._row_key = writer, table, row_key
+        self.where = where  # the service and endpoint, for messages
+
+    def read(self) -> Optional[bytes]:
+        return self._writer.read_cell(self._table, self._row_key, LEASE_FAMILY, LEASE_QUALIFIER)
+
+    def swap(self, expected: Optional[bytes], value: bytes, ts_ms: int) -> bool:
+        return self._writer.swap_cell(self._table, self._row_key, LEASE_FAMILY, LEASE_QUALIFIER, expected, value,
+                                      ts_ms)
+
+    def close(self) -> None:
+        close = getattr(self._writer, "close", None)
+        if close:
+            close()
+
+
+class Lease:
+    """One process's (or one Dataflow worker's) hold on a job's lease. Clocks and
+    the cell are injected for tests."""
+
+    def __init__(self, spec: LeaseSpec, cell: LeaseCell, *, command: str = "", wall: Callable[[], int] = wall_ms,
+                 clock: Callable[[], float] = boottime, sleep: Callable[[float], None] = time.sleep,
+                 host: Optional[str] = None, pid: Optional[int] = None, node: Optional[str] = None,
+                 alive: Callable[[int], bool] = pid_alive) -> None:
+        self.spec = spec
+        self._cell = cell
+        self._command = command
+        self._wall, self._clock, self._sleep = wall, clock, sleep
+        self._host = host if host is not None else socket.gethostname()
+        self._pid = pid if pid is not None else os.getpid()
+        self._node = node if node is not None else node_id()
+        self._alive = alive
+        self._margin = margin_s(spec.ttl_s)
+        self._raw: Optional[bytes] = None  # the cell value we last wrote (or adopted)
+        self._started_ms = wall()
+        self._valid_until = float("-inf")
+        self._not_before_ms = 0  # take-over: the old holder's expiry
+        self._lost: Optional[str] = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._last_warning = float("-inf")
+        self._last_error: Optional[str] = None  # of the last failed renewal, for the final message
+        self.active = False  # holding, with its heartbeat running
+
+    # -- state -------------------------------------------------------------------
+    def _state(self, now_ms: int, ttl_s: Optional[float] = None, released: bool = False) -> LeaseState:
+        return LeaseState(self.spec.holder, self._host, self._pid, self._node, self._started_ms,
+                          now_ms if released else now_ms + int((ttl_s or self.spec.ttl_s) * 1000),
+                          self._command, released)
+
+    def _free(self, cur: Optional[LeaseState], now_ms: int) -> bool:
+        if cur is None or not cur.live(now_ms) or cur.holder == self.spec.holder:
+            return True
+        if cur.node and cur.node == self._node:
+            if cur.pid == self._pid:  # this process: free unless one of our own leases holds it
+                return not any(l.spec.holder == cur.holder for l in _REGISTRY.values())
+            return not self._alive(cur.pid)  # a holder on this machine that died (killed, crashed)
+        return False
+
+    @property
+    def holding(self) -> bool:
+        return self._raw is not None and self._lost is None
+
+    # -- acquiring ---------------------------------------------------------------
+    def try_acquire(self, take_over: bool = False, ttl_s: Optional[float] = None) -> Optional[LeaseState]:
+        """Take the lease if it is free (or ``take_over``). None when held now;
+        otherwise the live holder's state."""
+        for _ in range(3):  # a lost compare-and-set means someone changed it: look again
+            raw = self._cell.read()
+            cur = LeaseState.parse(raw)
+            now = self._wall()
+            free = self._free(cur, now)
+            if not free and not take_over:
+                return cur
+            new = self._state(now, ttl_s)
+            sent = self._clock()
+            if not self._cell.swap(raw, new.to_bytes(), now):
+                continue
+            with self._lock:
+                self._raw = new.to_bytes()
+                self._valid_until = sent + (ttl_s or self.spec.ttl_s) - self._margin
+                self._lost = None
+            if not free:
+                self._not_before_ms = cur.expires_ms
+                log.warning("took over the %s lease of job %s from %s; it stops writing when it next renews, and "
+                            "this process starts writing at its expiry (in %.0fs)", self.spec.role, self.spec.job,
+                            cur.describe(), max(0, cur.expires_ms - now) / 1000)
+            elif cur is not None and cur.live(now) and cur.holder != self.spec.holder:
+                log.warning("the previous holder of the %s lease of job %s (%s) no longer exists: replaced it",
+                            self.spec.role, self.spec.job, cur.describe())
+            return None
+        cur = LeaseState.parse(self._cell.read())
+        if cur is None:
+            raise LeaseHeld(f"the {self.spec.role} lease of job {self.spec.job} kept changing while acquiring it")
+        return cur
+
+    def acquire(self, mode: str = FAIL, ttl_s: Optional[float] = None, heartbeat: bool = True,
+                retry=None) -> None:
+        """Hold the lease or raise LeaseHeld (mode fail); standby: wait for it.
+        ``retry``: a RetryPolicy for the lease calls (failures logged, bounded)."""
+        from ddb2bt.pipeline.retry import retrying
+
+        def attempt():
+            return self.try_acquire(take_over=mode == TAKE_OVER, ttl_s=ttl_s)
+
+        call = (retrying(retry, f"the {self.spec.role} lease of job {self.spec.job}", where=self._cell.where,
+                         sleep=self._sleep) if retry is not None else (lambda fn: fn()))
+        waiting_since = None
+        while True:
+            other = call(attempt)
+            if other is None:
+                break
+            if mode != STANDBY:
+                raise LeaseHeld(self.held_message(other))
+            now = self._clock()
+            if waiting_since is None or now - self._last_warning >= 60:
+                log.warning("standby: the %s lease of job %s is held by %s; applying nothing until it is free "
+                            "(checking every %gs)", self.spec.role, self.spec.job, other.describe(),
+                            self.spec.renew_s)
+                self._last_warning = now
+                waiting_since = waiting_since or now
+            self._sleep(self.spec.renew_s)
+        if waiting_since is not None:
+            log.warning("standby over: now holding the %s lease of job %s", self.spec.role, self.spec.job)
+        if heartbeat:
+            self.start_heartbeat()
+        while self._wall() < self._not_before_ms:  # take-over: let the old holder's lease run out
+            self._sleep(min(1.0, (self._not_before_ms - self._wall()) / 1000 + 0.01))
+
+    def held_message(self, other: LeaseState) -> str:
+        until = time.strftime("%H:%M:%S UTC", time.gmtime(other.expires_ms / 1000))
+        return (f"job {self.spec.job} is already running: its {self.spec.role} lease is held by {other.describe()} "
+                f"(renewed every few seconds; expires {until} if not renewed). Only one process may write a "
+                f"job's changes. Stop the other one, or rerun with --take-over to replace it (it stops before "
+                f"its next write, within {self.spec.ttl_s:g}s), or with --standby to wait and take over when it "
+                "ends.")
+
+    def join(self) -> None:
+        """A worker of a job whose launcher took the lease: adopt it (shared, or
+        this very holder), or raise LeaseLost."""
+        if self.spec.shared:
+            other = self.try_acquire()
+            if other is not None:
+                raise LeaseLost(f"job {self.spec.job}: the {self.spec.role} lease is held by {other.describe()}; "
+                                "this job stops writing (it was taken over)")
+        else:
+            raw = self._cell.read()
+            cur = LeaseState.parse(raw)
+            now = self._wall()
+            if cur is None or cur.holder != self.spec.holder or not cur.live(now):
+                raise LeaseLost(f"job {self.spec.job}: this process no longer holds the {self.spec.role} lease "
+                                f"({'held by ' + cur.describe() if cur and cur.live(now) else 'released or expired'})")
+            with self._lock:
+                self._raw = raw
+                self._valid_until = self._clock() + (cur.expires_ms - now) / 1000 - self._margin
+        self.start_heartbeat()
+
+    # -- keeping it ----------------------------------------------------------------
+    def _lose(self, reason: str) -> None:
+        with self._lock:
+            if self._lost is None:
+                self._lost = reason
+                log.error("%s", reason)
+
+    def renew(self) -> bool:
+        """One renewal. False when it failed (a transient error: retried by the
+        heartbeat) or the lease is lost."""
+        if self._lost is not None or self._raw is None:
+            return False
+        sent = self._clock()
+        if not self.spec.shared and sent >= self._valid_until:
+            self._lose(self._lapsed_message(sent))
+            return False
+        now = self._wall()
+        new = self._state(now).to_bytes()
+        try:
+            swapped = self._cell.swap(self._raw, new, now)
+            if not swapped:
+                raw = self._cell.read()
+            self._last_error = None
+        except (RetryableError, PermanentError) as exc:
+            self._last_error = f"{self._cell.where}: {exc}"
+            if sent - self._last_warning >= self.spec.renew_s:
+                self._last_warning = sent
+                log.warning("renewing the %s lease of job %s failed (%s); retrying; this process stops writing "
+                            "in %.0fs unless a renewal succeeds", self.spec.role, self.spec.job, exc,
+                            max(0.0, self._valid_until - sent))
+            return False
+        with self._lock:
+            if swapped:
+                self._raw = new
+                self._valid_until = sent + self.spec.ttl_s - self._margin
+                return True
+            cur = LeaseState.parse(raw)
+            if cur is not None and cur.holder == self.spec.holder and cur.live(now):
+                # Our own earlier renewal landed after its client-side timeout, or
+                # (shared) another worker of the job renewed it: adopt that value.
+                self._raw = raw
+                self._valid_until = min(sent + (cur.expires_ms - now) / 1000, sent + self.spec.ttl_s) - self._margin
+                return True
+        if self.spec.shared and self.try_acquire() is None:
+            return True
+        if cur is None:
+            self._lose(f"job {self.spec.job}: the {self.spec.role} lease was not found in the state table any more "
+                       "(was the table deleted or recreated?); this process stops before its next write")
+        else:
+            self._lose(f"job {self.spec.job}: the {self.spec.role} lease was taken over by {cur.describe()}; this "
+                       "process stops before its next write")
+        return False
+
+    def _lapsed_message(self, now: float) -> str:
+        ago = now - self._valid_until + self.spec.ttl_s - self._margin
+        cause = (f"renewing it kept failing: {self._last_error}" if self._last_error else
+                 "this process was paused, or could not reach Bigtable")
+        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}), so "
+                "another process may hold it now: this process stops before writing anything more")
+
+    def check(self) -> float:
+        """The fence: seconds this process may still write; raises LeaseLost when
+        it may not (taken over, or not renewed for ttl - margin by its own clock)."""
+        if self._lost is not None:
+            raise LeaseLost(self._lost)
+        if self._raw is None:
+            raise LeaseLost(f"job {self.spec.job}: this process does not hold the {self.spec.role} lease")
+        now = self._clock()
+        remaining = self._valid_until - now
+        if remaining > 0:
+            return remaining
+        if self.spec.shared and self.renew():  # a Dataflow worker re-proves the job's hold
+            return self._valid_until - self._clock()
+        self._lose(self._lapsed_message(now))
+        raise LeaseLost(self._lost or "lease lost")
+
+    # -- heartbeat, release ------------------------------------------------------
+    def start_heartbeat(self) -> None:
+        if self._thread is not None:
+            return
+        self.active = True
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.spec.role}", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        delay = self.spec.renew_s
+        while not self._stop.wait(delay):
+            ok = self.renew()
+            if self._lost is not None:
+                return
+            # After a failure, try again soon: the lease must not lapse for a blip.
+            delay = self.spec.renew_s if ok else min(1.0, self.spec.renew_s)
+
+    def release(self) -> None:
+        """Give the lease up (the next process takes it at once). Best effort: an
+        unreleased lease expires after its TTL."""
+        self._stop.set()
+        self.active = False
+        with self._lock:
+            raw, self._raw = self._raw, None
+            lost = self._lost
+            self._lost = self._lost or f"job {self.spec.job}: the {self.spec.role} lease was released"
+        _REGISTRY.pop(self.spec.key, None)
+        try:
+            if raw is None or lost is not None:
+                return
+            now = self._wall()
+            try:
+                self._cell.swap(raw, self._state(now, released=True).to_bytes(), now)
+            except Exception as exc:  # the lease then simply expires
+                log.warning("could not release the %s lease of job %s (%s); it expires in %gs", self.spec.role,
+                            self.spec.job, exc, self.spec.ttl_s)
+        finally:
+            self._cell.close()
+
+    def detach(self) -> None:
+        """Stop renewing without releasing (a Dataflow launcher: the job's workers
+        renew it from now on)."""
+        self._stop.set()
+        self.active = False
+        _REGISTRY.pop(self.spec.key, None)
+        self._cell.close()
+
+
+# --- per process: the leases held, found again by the DoFns ----------------------
+
+_REGISTRY: dict = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register(lease: Lease) -> Lease:
+    _REGISTRY[lease.spec.key] = lease
+    return lease
+
+
+def check_held() -> None:
+    """Every lease this process holds must still be valid (raises LeaseLost):
+    run between retry attempts, so no retry loop outlives a lost lease."""
+    for lease in list(_REGISTRY.values()):
+        if lease.active:
+            lease.check()
+
+
+if check_held not in BETWEEN_ATTEMPTS:
+    BETWEEN_ATTEMPTS.append(check_held)
+
+
+def lease_cell(spec: LeaseSpec) -> LeaseCell:
+    from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter
+
+    from ddb2bt.pipeline.sink.bigtable_io import bigtable_endpoint
+
+    b = spec.bigtable
+    writer = GrpcMutationWriter(b.project, b.instance, b.app_profile, timeout_s=LEASE_RPC_TIMEOUT_S)
+    return LeaseCell(writer, spec.table, spec.row_key, f"Bigtable ({bigtable_endpoint()})")
+
+
+def join(spec: Optional[LeaseSpec]) -> Optional[Lease]:
+    """The lease a DoFn fences with: the one this process holds (local runs: the
+    command took it), else joined as a worker of the job (Dataflow)."""
+    if spec is None:
+        return None
+    with _REGISTRY_LOCK:
+        lease = _REGISTRY.get(spec.key)
+        if lease is None:
+            lease = Lease(spec, lease_cell(spec), command="worker")
+            lease.join()
+            register(lease)
+        return lease
+
+
+def fence(writer, lease: Optional[Lease]):
+    """``writer`` with every write checked against the lease first (and its RPC
+    deadline capped at the lease's remaining validity where the writer can)."""
+    if lease is None:
+        return writer
+    if hasattr(writer, "set_fence"):
+        writer.set_fence(lease.check)
+        return writer
+    return FencedWriter(writer, lease.check)
+
+
+class FencedWriter:
+    """A MutationWriter whose writes call ``check()`` first."""
+
+    def __init__(self, writer, check: Callable[[], float]) -> None:
+        self._writer, self._check = writer, check
+
+    def mutate_rows(self, table_id, entries):
+        self._check()
+        return self._writer.mutate_rows(table_id, entries)
+
+    def check_and_mutate(self, table_id, row_key, unless, mutations):
+        self._check()
+        return self._writer.check_and_mutate(table_id, row_key, unless, mutations)
+
+    def write_rows(self, rows):  # a writer that is also a StateBackend (the in-memory fake)
+        self._check()
+        return self._writer.write_rows(rows)
+
+    def __getattr__(self, name):  # reads and close pass through
+        return getattr(self._writer, name)
+
+
+def dataflow_holder(job_name: str) -> str:
+    return f"dataflow:{job_name}"
+
+
+def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
+         dataflow_job: Optional[str] = None) -> tuple:
+    """Take the job's ``role`` lease for a command: (Lease, LeaseSpec for the
+    DoFns). Locally the lease is renewed by this process until ``release()``; for
+    a Dataflow launch (``dataflow_job``) it is taken for the job with a start-up
+    grace and handed over to the workers."""
+    holder = dataflow_holder(dataflow_job) if dataflow_job else f"{command}:{uuid.uuid4().hex[:12]}"
+    spec = LeaseSpec(state_spec.bigtable, state_spec.table, state_spec.job, role, holder, options.ttl_s,
+                     options.renew_s, shared=dataflow_job is not None)
+    from ddb2bt.pipeline.retry import RetryPolicy
+
+    lease = Lease(spec, lease_cell(spec), command=command)
+    retry = RetryPolicy(initial_s=0.2, max_backoff_s=5.0, **(
+        {"deadline_s": state_spec.bigtable.deadline_s} if state_spec.bigtable.deadline_s is not None else {}))
+    if dataflow_job:
+        lease.acquire(options.mode, ttl_s=options.ttl_s + DATAFLOW_START_GRACE_S, heartbeat=False, retry=retry)
+        lease.detach()
+        return lease, spec
+    register(lease)
+    try:
+        lease.acquire(options.mode, retry=retry)
+    except BaseException:
+        _REGISTRY.pop(spec.key, None)
+        lease.release()  # closes its channel (it holds nothing to give up)
+        raise
+    return lease, spec

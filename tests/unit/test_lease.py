@@ -1,0 +1,326 @@
+"""The job lease on injected clocks and the in-memory Bigtable: one writer at a
+time, whatever the pauses, races, renewal failures and take-overs."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
+                                   LeaseOptions, LeaseSpec, LeaseState, fence, margin_s)
+from ddb2bt.pipeline.sink.bigtable_io import BigtableRetryable, EntryStatus
+from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.transforms.model import ChangeRecord, MappedChange, RowChange, SetCell, StreamPosition
+
+TTL, RENEW = 20.0, 5.0
+
+
+@dataclass
+class Bt:  # a BigtableSpec stand-in: only the key fields are read
+    project: str = "p"
+    instance: str = "i"
+    app_profile: str = None
+
+
+class World:
+    """One shared time line: wall clock (ms) and every process's boot-time clock."""
+
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def wall(self) -> int:
+        return int(self.t * 1000)
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def make(world, bt, name, *, pid=None, node="nodeA", holder=None, alive=lambda pid: True, shared=False, ttl=TTL,
+         renew=RENEW) -> Lease:
+    spec = LeaseSpec(Bt(), "state", "job", "tail", holder or f"run:{name}", ttl, renew, shared=shared)
+    return Lease(spec, LeaseCell(bt, "state", spec.row_key), command="run", wall=world.wall, clock=world.clock,
+                 sleep=world.sleep, host=f"host-{name}", pid=pid or abs(hash(name)) % 30000 + 2, node=node,
+                 alive=alive)
+
+
+def test_a_second_process_is_refused_with_the_holder_named():
+    world, bt = World(), InMemoryBigtable()
+    a, b = make(world, bt, "a", pid=4242), make(world, bt, "b")
+    a.acquire(FAIL, heartbeat=False)
+    with pytest.raises(LeaseHeld) as err:
+        b.acquire(FAIL, heartbeat=False)
+    msg = str(err.value)
+    assert "host-a" in msg and "pid 4242" in msg and "started 2023-11-14" in msg
+    assert "--take-over" in msg and "--standby" in msg
+    assert a.check() == pytest.approx(TTL - margin_s(TTL))
+    with pytest.raises(LeaseLost):
+        b.check()
+
+
+def test_racing_acquisitions_leave_exactly_one_holder():
+    world, bt = World(), InMemoryBigtable()
+    a, b = make(world, bt, "a"), make(world, bt, "b")
+    # Both read "free" before either writes: the compare-and-set lets one win.
+    stale = LeaseCell(bt, "state", a.spec.row_key)
+    orig_read = stale.read
+    reads = []
+
+    def read_then_interleave():
+        value = orig_read()
+        if not reads:
+            reads.append(value)
+            assert b.try_acquire() is None  # b wins between a's read and a's swap
+        return value
+
+    a._cell.read = read_then_interleave
+    other = a.try_acquire()
+    assert other is not None and other.holder == b.spec.holder
+    assert not a.holding and b.holding
+
+
+def test_a_paused_holder_stops_before_the_standby_can_take_over():
+    world, bt = World(), InMemoryBigtable()
+    a, b = make(world, bt, "a"), make(world, bt, "b")
+    a.acquire(heartbeat=False)
+    for _ in range(3):
+        world.sleep(RENEW)
+        assert a.renew()
+    last_renewal = world.t
+    # a is SIGSTOPped: no renewals. b polls as a standby.
+    taken_at = None
+    while taken_at is None:
+        world.sleep(1.0)
+        if world.t < last_renewal + TTL - margin_s(TTL):
+            assert a.check() > 0  # still a's: b cannot have it yet
+        if b.try_acquire() is None:
+            taken_at = world.t
+    assert taken_at >= last_renewal + TTL
+    # a resumes (SIGCONT): its own clock says the lease may be gone: no write.
+    with pytest.raises(LeaseLost, match="paused"):
+        a.check()
+    assert not a.renew()
+    with pytest.raises(LeaseLost):
+        a.check()
+    assert b.check() > 0
+
+
+def test_random_schedules_never_let_two_processes_write_at_once():
+    """Two processes with random pauses and renewal failures race for one lease;
+    every successful fence check (a write) must belong to the process holding
+    the cell at that instant, and the cell's holder must be the only one writing."""
+    rng = random.Random(17)
+    for trial in range(30):
+        world = World()
+        flaky = {"on": False}
+        bt = InMemoryBigtable(fault=lambda t, e, n: [EntryStatus(14, "down")] if flaky["on"] else None)
+        procs = [make(world, bt, n, node=f"node-{n}") for n in "ab"]
+        paused_until = {p: 0.0 for p in procs}
+        next_renew = {p: 0.0 for p in procs}
+        writes = []
+        for _ in range(400):
+            world.sleep(rng.uniform(0.1, 1.5))
+            flaky["on"] = rng.random() < 0.1
+            for p in procs:
+                if world.t < paused_until[p]:
+                    continue
+                if rng.random() < 0.03:
+                    paused_until[p] = world.t + rng.uniform(5, 40)  # SIGSTOP / frozen VM
+                    continue
+                def renew_or_acquire():
+                    if p.holding and world.t >= next_renew[p]:
+                        try:
+                            p.renew()
+                        except BigtableRetryable:
+                            pass
+                        next_renew[p] = world.t + RENEW
+                    elif p._raw is None:
+                        try:
+                            if p.try_acquire() is None:
+                                next_renew[p] = world.t + RENEW
+                        except BigtableRetryable:
+                            pass
+
+                def write():
+                    try:
+                        p.check()
+                    except LeaseLost:
+                        if p._raw is not None and p._lost:
+                            p._raw, p._lost = None, None  # a stopped process restarts (as a new run would)
+                        return
+                    cur = LeaseState.parse(bt.read_cell("state", p.spec.row_key, "meta", b"lease"))
+                    writes.append((world.t, p.spec.holder, cur.holder))
+
+                # After a pause the writer may run before the heartbeat, or after it.
+                steps = [renew_or_acquire, write]
+                rng.shuffle(steps)
+                for step in steps:
+                    step()
+        assert writes, trial
+        assert all(writer == holder for _, writer, holder in writes), trial
+
+
+def test_take_over_waits_for_the_old_lease_and_the_old_holder_stops():
+    world, bt = World(), InMemoryBigtable()
+    a, b = make(world, bt, "a"), make(world, bt, "b")
+    a.acquire(heartbeat=False)
+    expiry = world.wall() + int(TTL * 1000)
+    assert b.try_acquire(take_over=True) is None  # the swap is immediate...
+    world.sleep(1.0)
+    assert not a.renew()  # ...a's next renewal finds the lease taken
+    with pytest.raises(LeaseLost, match="taken over"):
+        a.check()
+    b._sleep = lambda s: (world.sleep(s), b.renew())  # b's heartbeat, during its wait
+    b.acquire(TAKE_OVER, heartbeat=False)  # ...and b writes only once a's lease has run out
+    assert world.wall() >= expiry
+    assert b.check() > 0
+
+
+def test_standby_applies_nothing_until_the_holder_releases():
+    world, bt = World(), InMemoryBigtable()
+    a, b = make(world, bt, "a"), make(world, bt, "b")
+    a.acquire(heartbeat=False)
+    sleeps = []
+    real_sleep = world.sleep
+
+    def sleep(s):
+        sleeps.append(s)
+        if len(sleeps) == 3:
+            a.release()
+        real_sleep(s)
+
+    b._sleep = sleep
+    b.acquire(STANDBY, heartbeat=False)
+    assert len(sleeps) == 3 and b.holding
+    with pytest.raises(LeaseLost):
+        a.check()
+
+
+def test_a_dead_holder_on_this_machine_is_replaced_at_once():
+    world, bt = World(), InMemoryBigtable()
+    a = make(world, bt, "a", pid=111)
+    a.acquire(heartbeat=False)
+    b = make(world, bt, "b", pid=222, alive=lambda pid: pid != 111)  # a was SIGKILLed
+    assert b.try_acquire() is None
+    c = make(world, bt, "c", pid=333, node="another-machine", alive=lambda pid: False)
+    assert c.try_acquire() is not None  # pids of other machines prove nothing
+
+
+def test_renewal_failures_stop_writes_after_ttl_minus_margin():
+    world = World()
+    down = {"on": False}
+    bt = InMemoryBigtable(fault=lambda t, e, n: [EntryStatus(14, "unavailable")] if down["on"] else None)
+    a = make(world, bt, "a")
+    a.acquire(heartbeat=False)
+    down["on"] = True
+    start = world.t
+    while True:
+        world.sleep(1.0)
+        assert not a.renew()
+        try:
+            a.check()
+        except LeaseLost:
+            break
+    assert world.t - start == pytest.approx(TTL - margin_s(TTL), abs=1.0)
+
+
+def test_a_renewal_that_landed_after_its_timeout_is_adopted():
+    world, bt = World(), InMemoryBigtable()
+    a = make(world, bt, "a")
+    a.acquire(heartbeat=False)
+    # The server applied a renewal whose answer timed out: the cell moved on.
+    moved = a._state(world.wall()).to_bytes()
+    assert bt.swap_cell("state", a.spec.row_key, "meta", b"lease", a._raw, moved, world.wall())
+    world.sleep(RENEW)
+    assert a.renew() and a.check() > 0
+
+
+def test_workers_of_one_dataflow_job_share_the_lease():
+    world, bt = World(), InMemoryBigtable()
+    launcher = make(world, bt, "launcher", holder="dataflow:job-1", shared=True)
+    launcher.acquire(ttl_s=TTL + 900, heartbeat=False)
+    w1 = make(world, bt, "w1", holder="dataflow:job-1", shared=True, node="vm1")
+    w2 = make(world, bt, "w2", holder="dataflow:job-1", shared=True, node="vm2")
+    w1.join(), w2.join()
+    for _ in range(10):
+        world.sleep(RENEW)
+        assert w1.renew() and w2.renew()  # each other's renewals are not a loss
+        assert w1.check() > 0 and w2.check() > 0
+    other = make(world, bt, "other")
+    with pytest.raises(LeaseHeld, match="dataflow:job-1"):
+        other.acquire(heartbeat=False)
+    for w in (w1, w2):
+        w._stop.set()
+
+
+def test_options_are_checked():
+    LeaseOptions()
+    with pytest.raises(ValueError, match="at least"):
+        LeaseOptions(ttl_s=1)
+    with pytest.raises(ValueError, match="renewal interval"):
+        LeaseOptions(ttl_s=20, renew_s=10)
+    with pytest.raises(ValueError):
+        LeaseOptions(mode="steal")
+
+
+def _change(seq: str) -> MappedChange:
+    record = ChangeRecord("INSERT", {"pk": "a"}, {"pk": "a"}, None, 1_000,
+                          StreamPosition("arn:aws:dynamodb:r:1:table/T/stream/x", "shard-1", seq))
+    return MappedChange(record=record, rows=(RowChange("t", b"a", (SetCell("f", b"q", b"v", 1_000),)),))
+
+
+def test_the_sink_writes_nothing_and_checkpoints_nothing_once_the_lease_is_lost():
+    world, bt = World(), InMemoryBigtable()
+    lease = make(world, bt, "a")
+    lease.acquire(heartbeat=False)
+    fenced = fence(bt, lease)
+    assert isinstance(fenced, FencedWriter)
+    state = StateStore(fenced, "job", world.wall)  # checkpoints go through the same fence
+    sink = BatchingWriter(fenced, state, SinkConfig(retry=RetryPolicy(0.001, 0.001, 0.05)))
+    sink.add(_change("1"))
+    sink.flush()
+    assert bt.latest("t") and state.load_checkpoints("arn:aws:dynamodb:r:1:table/T/stream/x")
+    world.sleep(TTL)  # paused past the lease
+    sink.add(_change("2"))
+    calls = len(bt.calls)
+    with pytest.raises(LeaseLost):
+        sink.flush()
+    assert len(bt.calls) == calls  # not one RPC after the fence said no
+    ck = state.load_checkpoints("arn:aws:dynamodb:r:1:table/T/stream/x")
+    assert ck["shard-1"].sequence_number == "1"
+
+
+def test_a_dataflow_launch_holds_the_lease_for_the_job_and_its_workers_join(monkeypatch):
+    import argparse
+
+    from ddb2bt.pipeline import lease as lease_mod
+    from ddb2bt.pipeline.cli import acquire_lease
+    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+
+    bt = InMemoryBigtable()
+    monkeypatch.setattr(lease_mod, "lease_cell", lambda spec: LeaseCell(bt, spec.table, spec.row_key))
+    state = StateSpec(BigtableSpec("p", "i"), job="orders_v2")
+    args = argparse.Namespace(dry=False, lease_ttl=20.0, lease_renew=5.0, take_over=False, standby=False,
+                              command="run", beam_args=["--runner=DataflowRunner", "--project=proj-1"])
+    spec = acquire_lease(args, state, "tail")
+    job_name = [a for a in args.beam_args if a.startswith("--job_name=")][0].split("=", 1)[1]
+    assert job_name.startswith("ddb2bt-orders-v2-")  # a valid Dataflow job name, passed on to Beam
+    assert spec.shared and spec.holder == f"dataflow:{job_name}"
+    cur = LeaseState.parse(bt.read_cell(state.table, spec.row_key, "meta", b"lease"))
+    assert cur.holder == spec.holder and cur.expires_ms > lease_mod.wall_ms() + 800_000  # start-up grace
+    assert spec.key not in lease_mod._REGISTRY  # the launcher renews nothing: the workers do
+    worker = lease_mod.join(spec)  # a worker's DoFn.setup
+    try:
+        assert worker.check() > 0
+        # Another Dataflow job (or process) for the same job name is refused.
+        args2 = argparse.Namespace(**{**vars(args), "beam_args": ["--runner=DataflowRunner", "--job_name=other"]})
+        with pytest.raises(LeaseHeld, match=f"dataflow:{job_name}"):
+            acquire_lease(args2, state, "tail")
+    finally:
+        worker.release()
