@@ -8,7 +8,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,7 +17,12 @@ from typing import Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
-from ddb2bt.pipeline.options import check_beam_args, number
+from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
+    _sink_config, acquire_lease, backfill_options, build_live_job, dlq_values, dynamodb_retry, load,
+    replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_lease,
+)
+from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
+from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_failure, number
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
@@ -36,46 +40,6 @@ examples:
   ddb2bt dlq list --mapping example:product_catalog
   ddb2bt run --mapping m.yaml --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp
 """
-
-
-STAGES = (("pipeline.stream", "source"), ("ddb2bt.pipeline.sink.sink", "sink"), ("ddb2bt.pipeline.cutover.backfill", "backfill"),
-          ("transforms", "mapping"), ("ddb2bt.pipeline.cutover.verify", "verify"),
-          ("ddb2bt.pipeline.cutover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
-          ("ddb2bt.pipeline.retry", "retry"), ("ddb2bt.pipeline.local.local_stack", "local"), ("ddb2bt.pipeline.metrics", "metrics"))
-
-
-def stage_of(logger: str) -> str:
-    for prefix, stage in STAGES:
-        if logger.startswith(prefix):
-            return stage
-    return "cli" if logger.startswith("ddb2bt") else "other"
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, with the pipeline stage that logged it."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 3), "level": record.levelname, "stage": stage_of(record.name),
-               "logger": record.name, "msg": record.getMessage()}
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    import warnings
-
-    # The Bigtable client warns on every connection to the emulator; say it once in our own log.
-    warnings.filterwarnings("ignore", message="Connecting to Bigtable emulator")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    # Beam, gRPC and boto are chatty at INFO and may echo request details.
-    for noisy in ("apache_beam", "botocore", "boto3", "urllib3", "google", "grpc", "werkzeug"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
 # --- shared options --------------------------------------------------------------
@@ -120,13 +84,6 @@ def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
                         "runs, off on Dataflow, where dead letters then keep keys only, redacted)")
 
 
-def dlq_values(args) -> bool:
-    from ddb2bt.pipeline.graph import is_local
-
-    explicit = getattr(args, "dlq_include_values", None)
-    return is_local(args.beam_args) if explicit is None else explicit
-
-
 def add_tail_args(p: argparse.ArgumentParser) -> None:
     """Options of the live tail (run and migrate)."""
     p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon",
@@ -150,7 +107,7 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_ops_args(p: argparse.ArgumentParser) -> None:
-    """One holder per job and give-up deadlines (run, migrate, backfill); see docs/NOTES-ops.md."""
+    """One holder per job and give-up deadlines (run, migrate, backfill); see docs/operations.md."""
     from ddb2bt.pipeline.lease import DEFAULT_RENEW_S, DEFAULT_TTL_S
     from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
 
@@ -175,84 +132,12 @@ def add_ops_args(p: argparse.ArgumentParser) -> None:
                         "unreachable) after this long and stop (default %(default)s)")
 
 
-def acquire_lease(args, state, role: str):
-    """Hold the job's ``role`` lease for this command, or raise LeaseHeld naming
-    the holder; released when the command ends. Returns the LeaseSpec the
-    DoFns fence their writes with (None for a dry run)."""
-    from ddb2bt.pipeline import lease, signals
-    from ddb2bt.pipeline.dataflow import option_value
-    from ddb2bt.pipeline.graph import is_local
-
-    for option in ("bigtable_deadline", "dynamodb_deadline"):
-        value = getattr(args, option, None)
-        if value is not None and not value > 0:
-            raise ConfigError(f"must be a positive number of seconds, got {value:g}", "--" + option.replace("_", "-"))
-    if getattr(args, "dry", False):
-        return None
-    try:
-        options = lease.LeaseOptions(args.lease_ttl, args.lease_renew, lease.TAKE_OVER if args.take_over else
-                                     lease.STANDBY if args.standby else lease.FAIL)
-    except ValueError as exc:
-        raise ConfigError(str(exc), "--lease-ttl/--lease-renew") from None
-    dataflow_job = None
-    if not is_local(args.beam_args):
-        # On Dataflow the job holds the lease: its workers renew it under the job's name.
-        dataflow_job = option_value(args.beam_args, "job_name")
-        if not dataflow_job:
-            base = re.sub(r"[^a-z0-9-]+", "-", f"ddb2bt-{state.job}".lower()).strip("-")[:40]
-            dataflow_job = f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-            args.beam_args.append(f"--job_name={dataflow_job}")
-    held, spec = lease.hold(state, role, options, command=args.command, dataflow_job=dataflow_job)
-    if dataflow_job is None:
-        signals.on_exit(held.release)
-    log.info("holding the %s lease of job %s (%s)", role, state.job, spec.holder)
-    return spec
-
-
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=number(int, minimum=0, maximum=65535), help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
     p.add_argument("--metrics-pushgateway", metavar="URL",
                    help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
                         "(for Dataflow, whose workers cannot be scraped)")
-
-
-def load(args):
-    from ddb2bt.transforms.config import load_mapping, mapping_from_text
-
-    if args.mapping.startswith("gs://"):  # Flex Template launches read it from GCS
-        from ddb2bt.pipeline.dataflow import read_text
-
-        mapping = mapping_from_text(read_text(args.mapping), origin=args.mapping)
-    else:
-        from ddb2bt.pipeline.local.examples import resolve_mapping_path
-
-        mapping = load_mapping(resolve_mapping_path(args.mapping))
-    return mapping.with_overrides(args.project, args.instance, args.table)
-
-
-def submitted(result, args) -> int:
-    """After launching on a remote runner: say what was launched (or dry-run)."""
-    job = getattr(result, "job", None)
-    if job is not None and getattr(job, "proto", None) is not None:
-        kind = "streaming" if job.proto.type == 2 else "batch"
-        print(f"{'dry run: built' if args.dry else 'launched'} {kind} job {job.proto.name or ''} "
-              f"{job.proto.id or ''}".rstrip())
-    else:
-        print("launched")
-    return 0
-
-
-def state_spec(args, mapping, include_values: bool = True):
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
-    from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
-
-    # Jobs give up after --bigtable-deadline; read-only commands answer within ~30 s.
-    deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
-    return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
-                                  interceptors=tuple(getattr(args, "bigtable_interceptors", ())),
-                                  deadline_s=deadline),
-                     job=args.job_name or mapping.name, table=args.state_table, include_values=include_values)
 
 
 # --- commands --------------------------------------------------------------------
@@ -351,43 +236,6 @@ def cmd_create_table(args) -> int:
     return 0
 
 
-def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
-    from ddb2bt.pipeline.metrics import serve_metrics
-
-    return serve_metrics(port, host)
-
-
-def build_live_job(args, mapping):
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.graph import LiveJob, is_local
-    from ddb2bt.pipeline.cutover.phases import PhaseMarking
-    from ddb2bt.pipeline.preflight import check_target, ensure_state_table, resolve_stream
-    from ddb2bt.pipeline.source.stream_source import ReaderOptions
-
-    from ddb2bt.pipeline.preflight import check_stream_continuity
-
-    source = resolve_stream(mapping, dynamodb_client(mapping.source.region))
-    warning = check_target(mapping)
-    if warning:
-        log.warning(warning)
-    ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
-    check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
-    state = state_spec(args, mapping, dlq_values(args))
-    from ddb2bt.pipeline.lease import TAIL
-
-    lease = acquire_lease(args, state, TAIL)
-    reader = ReaderOptions(
-        start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
-        discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
-        sleep_when_idle=is_local(args.beam_args), lease=lease, retry=dynamodb_retry(args),
-    )
-    # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
-    # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
-    return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
-                   partitions=args.partitions, sink=_sink_config(args, lease), client_factory=StreamsClientFactory(mapping.source.region),
-                   marking=PhaseMarking(state), pushgateway=getattr(args, "metrics_pushgateway", None))
-
-
 def cmd_run(args) -> int:
     from ddb2bt.pipeline.graph import is_local, make_pipeline
     from ddb2bt.pipeline.io import ReplicateToBigtable
@@ -413,60 +261,8 @@ def cmd_run(args) -> int:
     return 0
 
 
-def report_outcome(counts: dict, mapping_arg: str) -> str:
-    """The last line of a local run: what happened to the changes it read."""
-    line = (f"done: {counts['applied']} change(s) applied, {counts['dead_lettered']} dead-lettered, "
-            f"{counts['skipped']} skipped")
-    if counts["dead_lettered"]:
-        line += (f"\n  inspect the dead letters: ddb2bt dlq list --mapping {mapping_arg}"
-                 f"\n  after fixing the mapping:  ddb2bt dlq redrive --mapping {mapping_arg}")
-    return line
-
-
 # --- backfill, migrate, verify, status, dead letters ----------------------------------
 # The services live in ddb2bt.pipeline.cutover: here, options in, result out.
-
-
-def backfill_options(args):
-    from ddb2bt.pipeline.cutover.controller import BackfillOptions
-
-    return BackfillOptions(segments=args.segments, tasks=args.tasks, max_rcu=args.max_rcu,
-                           consistent_read=args.consistent_read, page_size=args.page_size,
-                           from_export=args.from_export, restart=args.restart,
-                           pushgateway=getattr(args, "metrics_pushgateway", None))
-
-
-def _sink_config(args=None, lease=None):
-    from ddb2bt.pipeline.retry import RetryPolicy
-    from ddb2bt.pipeline.sink.sink import SinkConfig
-
-    if args is None or not hasattr(args, "bigtable_deadline"):
-        return SinkConfig(lease=lease)
-    return SinkConfig(lease=lease, retry=replace_deadline(RetryPolicy(), args.bigtable_deadline,
-                                                          "--bigtable-deadline"))
-
-
-def dynamodb_retry(args):
-    from ddb2bt.pipeline.source.stream_source import ReaderOptions
-
-    return replace_deadline(ReaderOptions.retry, getattr(args, "dynamodb_deadline", None))
-
-
-def replace_deadline(policy, deadline_s, option: str = "--dynamodb-deadline"):
-    from dataclasses import replace
-
-    if deadline_s is not None and not deadline_s > 0:
-        raise ConfigError(f"must be a positive number of seconds, got {deadline_s:g}", option)
-    return policy if deadline_s is None else replace(policy, deadline_s=deadline_s)
-
-
-def with_backfill_lease(args, options, state):
-    """The backfill's own lease (a backfill may run next to the job's tail)."""
-    from dataclasses import replace
-
-    from ddb2bt.pipeline.lease import BACKFILL
-
-    return replace(options, sink=_sink_config(args, acquire_lease(args, state, BACKFILL)))
 
 
 def cmd_backfill(args) -> int:
@@ -907,31 +703,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 STATUS_DEADLINE_S = 20.0  # read-only commands give up on an unreachable service within ~30 s
 RESUME_HINT = " (nothing after the last checkpoint was acknowledged; rerun to resume)"
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One line for an unexpected failure, naming what users can act on."""
-    from botocore.exceptions import NoCredentialsError, NoRegionError
-
-    if isinstance(exc, NoRegionError):
-        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION"
-    if isinstance(exc, NoCredentialsError):
-        return "no AWS credentials found (environment, ~/.aws, or the instance's role)"
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {first}"
-
-
-def _option_strings(parser: argparse.ArgumentParser, args) -> list:
-    """Every option string the chosen (sub)command accepts, for "did you mean"."""
-    found = [o for a in parser._actions for o in a.option_strings]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            name = getattr(args, "command", None)
-            # `local run -- CMD` keeps CMD (a list) in args.command as well.
-            sub = action.choices.get(name) if isinstance(name, str) else None
-            if sub is not None:
-                found += _option_strings(sub, args)
-    return found
 
 
 def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -> int:

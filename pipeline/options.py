@@ -92,3 +92,28 @@ def check_beam_args(beam_args: list, own_options: Iterable[str], beam: bool = Tr
     if runner is not None and runner not in KNOWN_RUNNERS:
         return (f"--runner {runner}: unknown runner; use DirectRunner (local, the default) or DataflowRunner")
     return None
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an unexpected failure, naming what users can act on."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError
+
+    if isinstance(exc, NoRegionError):
+        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION"
+    if isinstance(exc, NoCredentialsError):
+        return "no AWS credentials found (environment, ~/.aws, or the instance's role)"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}"
+
+
+def _option_strings(parser: argparse.ArgumentParser, args) -> list:
+    """Every option string the chosen (sub)command accepts, for "did you mean"."""
+    found = [o for a in parser._actions for o in a.option_strings]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, "command", None)
+            # `local run -- CMD` keeps CMD (a list) in args.command as well.
+            sub = action.choices.get(name) if isinstance(name, str) else None
+            if sub is not None:
+                found += _option_strings(sub, args)
+    return found

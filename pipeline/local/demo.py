@@ -37,7 +37,7 @@ def run_demo(args) -> int:
 
     from ddb2bt.pipeline.local import local_stack
     from ddb2bt.pipeline.sink.bigtable_io import ensure_mapping_table, read_table
-    from ddb2bt.pipeline.cli import start_metrics_server
+    from ddb2bt.pipeline.jobs import start_metrics_server
     from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline

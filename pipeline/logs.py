@@ -1,0 +1,50 @@
+"""Logging set-up: text or one JSON object per line, each record tagged with the
+pipeline stage it comes from."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+log = logging.getLogger("ddb2bt")
+
+# Logger name prefixes → the stage named in JSON logs (most specific first).
+STAGES = (("ddb2bt.pipeline.source", "source"), ("ddb2bt.pipeline.sink", "sink"),
+          ("ddb2bt.pipeline.cutover.backfill", "backfill"), ("ddb2bt.pipeline.cutover.verify", "verify"),
+          ("ddb2bt.pipeline.cutover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
+          ("ddb2bt.transforms", "mapping"), ("ddb2bt.pipeline.lease", "lease"), ("ddb2bt.pipeline.retry", "retry"),
+          ("ddb2bt.pipeline.local", "local"), ("ddb2bt.pipeline.metrics", "metrics"))
+
+
+def stage_of(logger: str) -> str:
+    for prefix, stage in STAGES:
+        if logger.startswith(prefix):
+            return stage
+    return "cli" if logger.startswith("ddb2bt") else "other"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the pipeline stage that logged it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname, "stage": stage_of(record.name),
+               "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    import warnings
+
+    # The Bigtable client warns on every connection to the emulator; say it once in our own log.
+    warnings.filterwarnings("ignore", message="Connecting to Bigtable emulator")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Beam, gRPC and boto are chatty at INFO and may echo request details.
+    for noisy in ("apache_beam", "botocore", "boto3", "urllib3", "google", "grpc", "werkzeug"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
