@@ -255,6 +255,15 @@ def make_channel(endpoint: Optional[str] = None, interceptors: Sequence = ()) ->
     return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
 
 
+def _newest_of_column(chain, family: str, qualifier: bytes) -> None:
+    """Add the filters "this one column, newest version only" to a filter chain."""
+    column = chain.add().column_range_filter
+    column.family_name = family
+    column.start_qualifier_closed = qualifier
+    column.end_qualifier_closed = qualifier
+    chain.add().cells_per_column_limit_filter = 1
+
+
 def _pb_types():
     from google.cloud.bigtable_v2.types import bigtable as bigtable_types
 
@@ -394,12 +403,7 @@ class GrpcMutationWriter:
         if self._app_profile:
             request.app_profile_id = self._app_profile
         request.rows.row_keys.append(row_key)
-        chain = request.filter.chain.filters
-        column = chain.add().column_range_filter
-        column.family_name = family
-        column.start_qualifier_closed = qualifier
-        column.end_qualifier_closed = qualifier
-        chain.add().cells_per_column_limit_filter = 1
+        _newest_of_column(request.filter.chain.filters, family, qualifier)
         value: Optional[bytes] = None
         parts: list = []
         try:
@@ -424,11 +428,7 @@ class GrpcMutationWriter:
         if self._app_profile:
             request.app_profile_id = self._app_profile
         chain = request.predicate_filter.chain.filters
-        column = chain.add().column_range_filter
-        column.family_name = family
-        column.start_qualifier_closed = qualifier
-        column.end_qualifier_closed = qualifier
-        chain.add().cells_per_column_limit_filter = 1
+        _newest_of_column(chain, family, qualifier)
         if expected is not None:
             chain.add().value_regex_filter = _exact_regex(expected)
         # All versions go (a time range [0, ∞): end 0 means no upper bound), then
