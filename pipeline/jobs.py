@@ -146,7 +146,16 @@ def backfill_options(args):
     return BackfillOptions(segments=args.segments, tasks=args.tasks, max_rcu=args.max_rcu,
                            consistent_read=args.consistent_read, page_size=args.page_size,
                            from_export=args.from_export, restart=args.restart,
-                           pushgateway=getattr(args, "metrics_pushgateway", None))
+                           pushgateway=getattr(args, "metrics_pushgateway", None),
+                           scan_retry=backfill_scan_retry(args))
+
+
+def backfill_scan_retry(args):
+    """The backfill's Scan pages give up after --dynamodb-deadline, like the tail."""
+    from ddb2bt.pipeline.dynamodb import DEFAULT_READ_RETRY
+
+    deadline = getattr(args, "dynamodb_deadline", None)
+    return replace_deadline(DEFAULT_READ_RETRY, deadline) if deadline is not None else None
 
 
 def _sink_config(args=None, lease=None):

@@ -277,6 +277,9 @@ class BackfillJob:
     key_attributes: tuple
     handoff_ms: int
     tasks: int = 1
+    # How long one Scan page may keep failing with throttling/5xx before the backfill
+    # stops (--dynamodb-deadline); the readers' default otherwise.
+    scan_retry: Optional[RetryPolicy] = None
 
 
 class _ReadBackfillFn(beam.DoFn):
@@ -309,8 +312,9 @@ class _ReadBackfillFn(beam.DoFn):
         if not todo:
             return
         counter = self._metrics.backfill_items.labels(kind)
+        retry = {"retry": self._job.scan_retry} if self._job.scan_retry is not None else {}
         readers = PartReaders(self._job.source, self._job.key_attributes, self._job.handoff_ms, self._client,
-                              self._bucket, on_items=counter.inc)
+                              self._bucket, on_items=counter.inc, **retry)
         out: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
         stop = threading.Event()
 

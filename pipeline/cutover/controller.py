@@ -48,6 +48,8 @@ class BackfillOptions:
     # The backfill sink's settings: its lease (ddb2bt.pipeline.lease) and give-up
     # deadline (None: SinkConfig's defaults).
     sink: Optional[object] = None
+    # The Scan pages' retry policy (--dynamodb-deadline); None: the readers' default.
+    scan_retry: Optional[object] = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.page_size <= 10_000:
@@ -180,7 +182,8 @@ def _add_backfill(p, mapping, state_spec, source, handoff: int, options: Backfil
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
-    add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=options.tasks), mapping,
+    add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=options.tasks,
+                                scan_retry=options.scan_retry), mapping,
                  state_spec, options.sink or SinkConfig(), DynamoDBClientFactory(mapping.source.region),
                  reshuffle=reshuffle,
                  pushgateway=options.pushgateway)

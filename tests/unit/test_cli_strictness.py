@@ -127,3 +127,13 @@ def test_validate_warns_of_an_unknown_row_key_placeholder(tmp_path, capsys):
     assert "unknown_placeholder" in out and "{skk}" in out and "did you mean {sk}?" in out
     assert main(["validate", "--mapping", str(typo), "--strict"]) == 1
     assert main(["validate", "--mapping", MAPPING, "--strict"]) == 0  # the examples are clean
+
+
+def test_the_backfill_scan_gives_up_after_the_dynamodb_deadline():
+    from ddb2bt.pipeline.cli import build_parser
+    from ddb2bt.pipeline.jobs import backfill_options
+
+    args = build_parser().parse_args(["backfill", "--mapping", MAPPING, "--dynamodb-deadline", "42"])
+    assert backfill_options(args).scan_retry.deadline_s == 42
+    default = build_parser().parse_args(["backfill", "--mapping", MAPPING])
+    assert backfill_options(default).scan_retry.deadline_s == default.dynamodb_deadline
