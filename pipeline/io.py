@@ -85,6 +85,11 @@ def _default_state(mapping: MappingConfig) -> StateSpec:
     return StateSpec(BigtableSpec(target.project, target.instance, target.app_profile), job=mapping.name)
 
 
+def _check_partitions(partitions) -> None:
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+        raise ValueError(f"partitions must be a whole number >= 1, got {partitions!r}")
+
+
 def _check_state(state) -> StateSpec:
     if not isinstance(state, StateSpec):
         raise TypeError(f"state must be a StateSpec (where checkpoints and dead letters live), "
@@ -106,8 +111,7 @@ class ReadDynamoDBStream(beam.PTransform):
                  partitions: int = 1, client_factory: Optional[Callable] = None) -> None:
         super().__init__()
         StreamArn.parse(stream_arn)  # raises ValueError naming the value
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-            raise ValueError(f"partitions must be a whole number >= 1, got {partitions!r}")
+        _check_partitions(partitions)
         if not isinstance(reader, ReaderOptions):
             raise TypeError(f"reader must be a ReaderOptions, got {type(reader).__name__}")
         self._stream_arn = stream_arn
@@ -267,8 +271,7 @@ class ReplicateToBigtable(beam.PTransform):
         self._state = _check_state(state) if state is not None else _default_state(self._mapping)
         if stream_arn is not None:
             StreamArn.parse(stream_arn)
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-            raise ValueError(f"partitions must be a whole number >= 1, got {partitions!r}")
+        _check_partitions(partitions)
         self._stream_arn = stream_arn
         self._reader, self._partitions, self._sink = reader, partitions, sink
         self._marking, self._pushgateway = marking, pushgateway

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
-from ddb2bt.pipeline.retry import RetryPolicy
-from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-from ddb2bt.transforms.attrs import from_plain
-from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import MARKER_FAMILY, map_change
 from ddb2bt.transforms.model import INSERT, ChangeRecord, DeadLetter, SetCell
 
-CATALOG = load_mapping("examples/product_catalog.yaml")
-VIDEOS = load_mapping("examples/videos.yaml")
-FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0), overlap_writes=False)
-T = 1_700_000_000_000
-
-
-def item(**kw):
-    return {k: from_plain(v) for k, v in kw.items()}
+from tests.unit.cutover_common import CATALOG, FAST, T, VIDEOS, item  # noqa: E402
 
 
 class Table:

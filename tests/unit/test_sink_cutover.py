@@ -3,24 +3,14 @@ dropped) is written again without markers, never dead-lettered; two items
 mapping to one cell version are never silent (sink/versions.py)."""
 from __future__ import annotations
 
-from ddb2bt.pipeline.retry import RetryPolicy
-from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-from ddb2bt.transforms.attrs import from_plain
-from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord
 
-VIDEOS = load_mapping("examples/videos.yaml")
-CATALOG = load_mapping("examples/product_catalog.yaml")
-FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0), overlap_writes=False)
-T = 1_700_000_000_000
-
-
-def item(**kw):
-    return {k: from_plain(v) for k, v in kw.items()}
+from tests.unit.cutover_common import CATALOG, FAST, T, VIDEOS, item  # noqa: E402
 
 
 def writer_for(bt, versions=True):
