@@ -18,8 +18,8 @@ from typing import Optional, Sequence
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
-    _sink_config, acquire_lease, backfill_options, build_live_job, dlq_values, dynamodb_retry, load,
-    replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_lease,
+    _sink_config, acquire_lease, backfill_options, build_live_job, build_live_jobs, dlq_values, dynamodb_retry,
+    load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_lease,
 )
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_failure, number
@@ -45,29 +45,19 @@ examples:
 # --- shared options --------------------------------------------------------------
 
 
-class _Once(argparse.Action):
-    """An option that may be given once: a repeated --mapping used to keep only the
-    last one silently, and one job replicates exactly one table."""
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        if getattr(namespace, f"_{self.dest}_given", False):
-            parser.error(f"argument {'/'.join(self.option_strings)}: given more than once; one job replicates one "
-                         "table, so run one job per mapping file")
-        setattr(namespace, f"_{self.dest}_given", True)
-        setattr(namespace, self.dest, values)
-
-
-def add_mapping_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    p.add_argument("--mapping", "-m", required=required, metavar="FILE", action=_Once,
+def add_mapping_args(p: argparse.ArgumentParser, required: bool = True, several: bool = True) -> None:
+    p.add_argument("--mapping", "-m", required=required, metavar="FILE", action="append",
                    help="mapping file (YAML): source table, target table, and how items become rows; "
-                        "example:NAME takes a packaged example (see 'ddb2bt examples')")
+                        "example:NAME takes a packaged example (see 'ddb2bt examples'). " + (
+                            "Repeat it, or give a directory of mapping files, for one job of several tables"
+                            if several else "One mapping"))
     # Not --project: that is Beam's (the Dataflow job's project), passed through.
     p.add_argument("--bigtable-project", dest="project", metavar="PROJECT",
                    help="override the mapping's target.project")
     p.add_argument("--bigtable-instance", "--instance", dest="instance", metavar="INSTANCE",
                    help="override the mapping's target.instance")
     p.add_argument("--bigtable-table", "--table", dest="table", metavar="TABLE",
-                   help="override the mapping's target.table")
+                   help="override the mapping's target.table (one mapping only)")
 
 
 def add_state_args(p: argparse.ArgumentParser) -> None:
@@ -75,7 +65,8 @@ def add_state_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--state-table", default=DEFAULT_STATE_TABLE,
                    help="Bigtable table for checkpoints and dead letters, created on first use (default %(default)s)")
-    p.add_argument("--job-name", help="name under which state is kept (default: the mapping's name)")
+    p.add_argument("--job-name", help="name under which state is kept (default: the mapping's name; one mapping "
+                                      "only: with several, each table's state is kept under its mapping's name)")
 
 
 def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
@@ -146,17 +137,19 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 def cmd_validate(args) -> int:
     from ddb2bt.transforms.lint import placeholder_findings
 
-    mapping = load(args)
-    warnings = placeholder_findings(mapping)
-    for finding in warnings:
-        print(finding)
-    if warnings and args.strict:
-        print(f"{len(warnings)} warning(s); --strict makes them errors", file=sys.stderr)
-        return 1
-    rules = ", ".join(r.name for r in mapping.rules)
-    print(f"OK: {args.mapping}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
-          f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
-    return 0
+    failed = 0
+    for mapping in load_all(args):
+        warnings = placeholder_findings(mapping)
+        for finding in warnings:
+            print(finding)
+        if warnings and args.strict:
+            print(f"{mapping.origin}: {len(warnings)} warning(s); --strict makes them errors", file=sys.stderr)
+            failed += 1
+            continue
+        rules = ", ".join(r.name for r in mapping.rules)
+        print(f"OK: {mapping.origin}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
+              f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
+    return 1 if failed else 0
 
 
 def cmd_explain(args) -> int:
@@ -227,12 +220,14 @@ def cmd_create_table(args) -> int:
     from ddb2bt.pipeline.sink.bigtable_io import ensure_mapping_table
     from ddb2bt.pipeline.preflight import ensure_state_table
 
-    mapping = load(args)
-    changes = ensure_mapping_table(mapping)
-    changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
-                                                            args.state_table)]
-    for line in changes or ["nothing to do: tables and families already match the mapping"]:
-        print(line)
+    mappings = load_all(args)
+    for mapping in mappings:
+        changes = ensure_mapping_table(mapping)
+        changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
+                                                                args.state_table)]
+        prefix = f"{mapping.name}: " if len(mappings) > 1 else ""
+        for line in changes or ["nothing to do: tables and families already match the mapping"]:
+            print(prefix + line)
     return 0
 
 
@@ -241,15 +236,16 @@ def cmd_run(args) -> int:
     from ddb2bt.pipeline.io import ReplicateToBigtable
     from ddb2bt.pipeline.metrics import default_metrics, outcome_counts
 
-    mapping = load(args)
-    job = build_live_job(args, mapping)
+    jobs = build_live_jobs(args, load_all(args))
     start_metrics_server(args.metrics_port, args.metrics_host)
-    log.info("replicating %s (%s) → %s/%s/%s, %d partition(s), start=%s%s", mapping.source.table,
-             job.stream_arn.rsplit("/", 1)[-1], mapping.target.project, mapping.target.instance,
-             mapping.target.table, job.partitions, job.reader.start,
-             f", until idle {args.until_idle}s" if args.until_idle else "")
+    for job in jobs:
+        mapping = job.mapping
+        log.info("replicating %s (%s) → %s/%s/%s, %d partition(s), start=%s%s", mapping.source.table,
+                 job.stream_arn.rsplit("/", 1)[-1], mapping.target.project, mapping.target.instance,
+                 mapping.target.table, job.partitions, job.reader.start,
+                 f", until idle {args.until_idle}s" if args.until_idle else "")
     p = make_pipeline(args.beam_args)
-    p | "ReplicateToBigtable" >> ReplicateToBigtable.from_job(job)
+    p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
     before = outcome_counts(default_metrics())
     args.job_started = True
     result = p.run()
@@ -257,7 +253,7 @@ def cmd_run(args) -> int:
         return submitted(result, args)  # a streaming job runs on; drain it to stop
     result.wait_until_finish()
     after = outcome_counts(default_metrics())
-    print(report_outcome({k: after[k] - before[k] for k in after}, args.mapping))
+    print(report_outcome({k: after[k] - before[k] for k in after}, mapping_flags(args)))
     return 0
 
 
@@ -266,20 +262,24 @@ def cmd_run(args) -> int:
 
 
 def cmd_backfill(args) -> int:
-    from ddb2bt.pipeline.cutover.controller import backfill, check_export_first
+    from ddb2bt.pipeline.cutover.controller import TableBackfill, backfill, check_export_first
     from ddb2bt.pipeline.preflight import check_target, ensure_state_table
 
-    mapping = load(args)
-    options = backfill_options(args)
-    check_export_first(options, mapping)  # before anything is created or written
-    warning = check_target(mapping)
-    if warning:
-        log.warning(warning)
-    ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
-    spec = state_spec(args, mapping, dlq_values(args))
-    options = with_backfill_lease(args, options, spec)
+    mappings = load_all(args)
+    options = backfill_options(args, len(mappings))
+    for mapping in mappings:
+        check_export_first(options, mapping)  # before anything is created or written
+    for mapping in mappings:
+        warning = check_target(mapping)
+        if warning:
+            log.warning(warning)
+    tables = []
+    for mapping in mappings:
+        ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+        spec = state_spec(args, mapping, dlq_values(args))
+        tables.append(TableBackfill(mapping, spec, with_backfill_lease(args, options, spec)))
     start_metrics_server(args.metrics_port, args.metrics_host)
-    outcome = backfill(mapping, spec, options, args.beam_args)
+    outcome = backfill(tables, args.beam_args)
     if outcome.launched is not None:
         return submitted(outcome.launched, args)
     print(f"backfill complete; phase {outcome.phase}, touch markers removed: keep the live tail running "
@@ -290,21 +290,22 @@ def cmd_backfill(args) -> int:
 def cmd_migrate(args) -> int:
     from ddb2bt.pipeline.cutover.controller import check_export_first, migrate
 
-    mapping = load(args)
-    options = backfill_options(args)
-    check_export_first(options, mapping)  # before the tail starts writing
-    job = build_live_job(args, mapping)
-    options = with_backfill_lease(args, options, job.state)
+    mappings = load_all(args)
+    options = backfill_options(args, len(mappings))
+    for mapping in mappings:
+        check_export_first(options, mapping)  # before the tail starts writing
+    jobs = build_live_jobs(args, mappings)
+    per_table = [with_backfill_lease(args, options, job.state) for job in jobs]
     start_metrics_server(args.metrics_port, args.metrics_host)
-    outcome = migrate(mapping, job, options, args.beam_args, args.until_idle, dry_run=args.dry,
+    outcome = migrate(jobs, per_table, args.beam_args, args.until_idle, dry_run=args.dry,
                       on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
                                             "; the tail keeps running (Ctrl-C stops it; a restart resumes)"),
                                             flush=True))
     if outcome.launched is not None:
         return submitted(outcome.launched, args)
     if args.until_idle is not None:
-        print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify --mapping "
-              f"{args.mapping}")
+        print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify "
+              f"{mapping_flags(args)}")
     return 0
 
 
@@ -312,67 +313,63 @@ def cmd_verify(args) -> int:
     from ddb2bt.pipeline.cutover.verify import print_report, verify_target
     from ddb2bt.pipeline.preflight import ensure_state_table
 
-    mapping = load(args)
-    ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
-    report = verify_target(mapping, state_spec(args, mapping).store(), segments=args.segments,
-                           sample_rate=args.sample_rate, consistent=not args.eventually_consistent,
-                           show_values=args.show_values)
-    print_report(report)
+    mappings = load_all(args)
+    reports = {}
+    for mapping in mappings:
+        ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+        if len(mappings) > 1:
+            print(f"== {mapping.name} ({mapping.source.table} → {mapping.target.table})")
+        reports[mapping.name] = report = verify_target(
+            mapping, state_spec(args, mapping).store(), segments=args.segments, sample_rate=args.sample_rate,
+            consistent=not args.eventually_consistent, show_values=args.show_values)
+        print_report(report)
+    identical = all(r.identical for r in reports.values())
+    if len(mappings) > 1:
+        print(f"{sum(r.identical for r in reports.values())} of {len(reports)} table(s) IDENTICAL"
+              + ("" if identical else ": " + ", ".join(n for n, r in reports.items() if not r.identical) + " differ"))
     if args.report:
-        Path(args.report).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
-    return 0 if report.identical else 1
+        body = report.to_json() if len(mappings) == 1 else {"identical": identical, "tables": {
+            name: r.to_json() for name, r in reports.items()}}
+        Path(args.report).write_text(json.dumps(body, indent=2, ensure_ascii=False))
+    return 0 if identical else 1
 
 
 def cmd_status(args) -> int:
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-    from ddb2bt.pipeline.cutover.status import assess, gather, render
-    from ddb2bt.pipeline.dynamodb import SourceTableMissing, describe_table
+    from ddb2bt.pipeline.cutover.status import assess, facts_json, render, render_tables, table_facts
     from ddb2bt.pipeline.retry import RetryPolicy
 
     # status is read-only and often run when something is wrong: answer fast.
-    STATUS_READ_RETRY = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)
-
-    mapping = load(args)
-    arn = None
-    try:
-        arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
-                             retry=STATUS_READ_RETRY).get("LatestStreamArn")
-    except SourceTableMissing:
-        raise  # no table, no stream: a retention headroom would be a made-up number
-    except Exception as exc:  # status must work even when the source is unreachable
-        log.warning("cannot describe %s: %s", mapping.source.table, exc)
-    facts = gather(state_spec(args, mapping).store(), StreamsClientFactory(mapping.source.region)(), arn,
-                   bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
-                   tables=mapping.tables)
-    ready, reasons = assess(facts)
+    read_retry = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)
+    mappings = load_all(args)
+    named = [(m.name, table_facts(m, state_spec(args, m).store(), read_retry)) for m in mappings]
+    ready = all(assess(f)[0] for _, f in named)
     if args.json:
-        print(json.dumps({"ready": ready, "reasons": reasons, "phase": facts.phase, "handoff_ms": facts.handoff_ms,
-                          "dead_letters": facts.dead_letters, "last_verify": facts.last_verify,
-                          "bookkeeping_tables": facts.bookkeeping_tables,
-                          "shards": [vars(s) for s in facts.shards]}, indent=2))
+        body = facts_json(named[0][1]) if len(named) == 1 else {
+            "ready": ready, "tables": {name: facts_json(f) for name, f in named}}
+        print(json.dumps(body, indent=2))
     else:
-        for line in render(facts):
+        for line in render(named[0][1]) if len(named) == 1 else render_tables(named):
             print(line)
     return 0 if ready else 1
 
 
 def cmd_dlq_list(args) -> int:
-    mapping = load(args)
-    store = state_spec(args, mapping).store()
+    mappings = load_all(args)
     since = int(args.since * 1000) if args.since is not None else None
-    letters = store.list_dead_letters(reason=args.reason, since_ms=since)
-    if args.json:
-        for entry in letters[: args.limit]:
-            print(json.dumps(entry, ensure_ascii=False))
-        return 0
-    by_reason: dict = {}
-    for entry in letters:
-        by_reason[entry.get("reason", "?")] = by_reason.get(entry.get("reason", "?"), 0) + 1
-    print(f"{len(letters)} dead letter(s)" + (": " + ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items()))
-                                              if letters else ""))
-    for line in dead_letter_lines(letters[: args.limit], args.mapping):
-        print(line)
+    for mapping in mappings:
+        letters = state_spec(args, mapping).store().list_dead_letters(reason=args.reason, since_ms=since)
+        if args.json:
+            for entry in letters[: args.limit]:
+                print(json.dumps({"table": mapping.name, **entry} if len(mappings) > 1 else entry,
+                                 ensure_ascii=False))
+            continue
+        by_reason: dict = {}
+        for entry in letters:
+            by_reason[entry.get("reason", "?")] = by_reason.get(entry.get("reason", "?"), 0) + 1
+        print((f"{mapping.name}: " if len(mappings) > 1 else "") + f"{len(letters)} dead letter(s)"
+              + (": " + ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items())) if letters else ""))
+        for line in dead_letter_lines(letters[: args.limit], args.mapping[0] if len(mappings) == 1 else mapping.origin):
+            print(line)
     return 0
 
 
@@ -397,8 +394,8 @@ def dead_letter_lines(letters: list, mapping_arg: str) -> list:
 
 
 def cmd_dlq_show(args) -> int:
-    mapping = load(args)
-    letters = [e for e in state_spec(args, mapping).store().list_dead_letters() if e["id"] == args.id]
+    letters = [e for mapping in load_all(args) for e in state_spec(args, mapping).store().list_dead_letters()
+               if e["id"] == args.id]
     if not letters:
         print(f"no dead letter {args.id}", file=sys.stderr)
         return 1
@@ -411,15 +408,19 @@ def cmd_dlq_show(args) -> int:
 def cmd_dlq_redrive(args) -> int:
     from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive_job
 
-    mapping = load(args)
+    mappings = load_all(args)
     options = RedriveOptions(reason=args.reason, since_ms=int(args.since * 1000) if args.since is not None else None,
                              dry_run=args.dry_run)
-    result = redrive_job(mapping, state_spec(args, mapping), options)
-    verb = "would resolve" if args.dry_run else "resolved"
-    print(f"{verb} {result.resolved} dead letter(s) of {result.items} item(s): each item re-read from DynamoDB "
-          f"and written in its current state; kept {result.still_failing} still failing, {result.unstable} whose "
-          f"item kept changing (rerun), {result.redacted} stored without keys (back-fill instead)")
-    return 0 if result.kept == 0 else 1
+    kept = 0
+    for mapping in mappings:
+        result = redrive_job(mapping, state_spec(args, mapping), options)
+        kept += result.kept
+        verb = "would resolve" if args.dry_run else "resolved"
+        print((f"{mapping.name}: " if len(mappings) > 1 else "")
+              + f"{verb} {result.resolved} dead letter(s) of {result.items} item(s): each item re-read from DynamoDB "
+              f"and written in its current state; kept {result.still_failing} still failing, {result.unstable} whose "
+              f"item kept changing (rerun), {result.redacted} stored without keys (back-fill instead)")
+    return 0 if kept == 0 else 1
 
 
 def cmd_local(args) -> int:
@@ -536,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=raw,
                        epilog="example:\n  echo '{\"pk\":\"hats\",\"sk\":\"fedoras#brandA\",\"Price\":30}' | "
                               "ddb2bt explain -m example:product_catalog --item -")
-    add_mapping_args(p)
+    add_mapping_args(p, several=False)
     p.add_argument("--item", required=True,
                    help="a DynamoDB JSON item, {\"Item\": …} (GetItem output, export line), a stream record or "
                         "Lambda event, or a plain JSON item; a file or '-' for stdin")
@@ -551,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "that match no rule or cannot be mapped."),
                        epilog="examples:\n  ddb2bt lint -m example:hr_orders\n"
                               "  ddb2bt lint -m m.yaml --sample 1000 --strict")
-    add_mapping_args(p)
+    add_mapping_args(p, several=False)
     p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)

@@ -9,40 +9,23 @@ the shard to the MutateRows call (docs/design.md §4.3).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Sequence, Union
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from ddb2bt.transforms.config import MappingConfig
-from ddb2bt.pipeline.connections import StateSpec, StreamsClientFactory
-from ddb2bt.pipeline.io import ReplicateToBigtable
+from ddb2bt.pipeline.io import LiveJob, ReplicateToBigtable  # noqa: F401  (LiveJob: its old home)
 from ddb2bt.pipeline.options import LOCAL_RUNNER_NAMES, runner_of
-from ddb2bt.pipeline.sink.sink import SinkConfig
-from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
 log = logging.getLogger(__name__)
 
 LOCAL_RUNNERS = LOCAL_RUNNER_NAMES + (None,)  # no --runner: local
 
 
-@dataclass(frozen=True)
-class LiveJob:
-    mapping: MappingConfig
-    stream_arn: str
-    reader: ReaderOptions
-    state: StateSpec
-    partitions: int = 1
-    sink: SinkConfig = SinkConfig()
-    client_factory: Callable = field(default_factory=StreamsClientFactory)
-    marking: Optional[object] = None  # PhaseMarking during a migration: tail changes set touch markers
-    pushgateway: Optional[str] = None  # workers push metrics here (Dataflow)
-
-
-def add_live_replication(p: beam.Pipeline, job: LiveJob) -> beam.PCollection:
-    """Add the live path to ``p`` (``ReplicateToBigtable``); returns the dead letters."""
-    return p | "ReplicateToBigtable" >> ReplicateToBigtable.from_job(job)
+def add_live_replication(p: beam.Pipeline, jobs: Union[LiveJob, Sequence[LiveJob]]) -> beam.PCollection:
+    """Add the live path of one table or several (one job) to ``p``
+    (``ReplicateToBigtable``); returns the dead letters."""
+    return p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs([jobs] if isinstance(jobs, LiveJob) else jobs)
 
 
 def local_runner():

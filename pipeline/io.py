@@ -25,9 +25,9 @@ to change or drop changes: they keep every element's place and stream position.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import apache_beam as beam
 
@@ -35,15 +35,16 @@ import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.dynamodb import StreamArn
 from ddb2bt.pipeline.sink.sink import SinkConfig, _WriteToBigtableFn
-from ddb2bt.pipeline.source.stream_sdf import _ReadStreamPartitionsFn
+from ddb2bt.pipeline.source.stream_sdf import StreamSource, _ReadStreamPartitionsFn
 from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.dofns import _MapChangesFn
-from ddb2bt.transforms.model import ChangeRecord, MappedBatch, MappedChange, RecordBatch, StreamElement
+from ddb2bt.transforms.model import (ChangeRecord, MappedBatch, MappedChange, RecordBatch, StreamElement,
+                                     stream_of)
 
 __all__ = [
     "ReadDynamoDBStream", "TransformChanges", "MapToBigtable", "FilterChanges", "WriteToBigtableOrdered",
-    "ReplicateToBigtable", "load_mapping_arg", "prepare_target",
+    "ReplicateToBigtable", "LiveJob", "load_mapping_arg", "prepare_target",
 ]
 
 # Step labels inside the composites; the ordered-path checks look for them.
@@ -52,6 +53,74 @@ STEP_READ = "ReadStream"
 STEP_MAP = "MapChanges"
 STEP_WRITE = "WriteToBigtable"
 MappingArg = Union[MappingConfig, str, Path]
+
+
+@dataclass(frozen=True)
+class LiveJob:
+    """One table's live replication, fully resolved (what the CLI builds per
+    mapping): the mapping, its stream, how to read it, where its state lives,
+    how to write. A multi-table job is a tuple of these (``ReplicateToBigtable.from_jobs``)."""
+
+    mapping: MappingConfig
+    stream_arn: str
+    reader: ReaderOptions
+    state: StateSpec
+    partitions: int = 1
+    sink: SinkConfig = SinkConfig()
+    client_factory: Callable = field(default_factory=StreamsClientFactory)
+    marking: Optional[object] = None  # PhaseMarking during a migration: tail changes set touch markers
+    pushgateway: Optional[str] = None  # workers push metrics here (Dataflow)
+
+    @property
+    def name(self) -> str:
+        return self.state.job
+
+
+class _PerStreamFn(beam.DoFn):
+    """Routes every element to its own table's DoFn by the stream it came from
+    (``stream_of``): a multi-table job maps and writes all its tables in one
+    fused stage, so nothing is shuffled and each stream's elements keep their
+    order (docs/design.md §4.3). Each inner DoFn keeps its own state: batches,
+    checkpoints, dead letters, lease."""
+
+    def __init__(self, fns: dict) -> None:
+        self._fns = dict(fns)
+
+    def setup(self) -> None:
+        for fn in self._fns.values():
+            fn.setup()
+
+    def start_bundle(self) -> None:
+        for fn in self._fns.values():
+            fn.start_bundle()
+
+    def process(self, element):
+        out = self._fns[stream_of(element)].process(element)
+        if out is not None:
+            yield from out
+
+    def finish_bundle(self):
+        for fn in self._fns.values():
+            out = fn.finish_bundle()
+            if out is not None:
+                yield from out
+
+    def teardown(self) -> None:
+        for fn in self._fns.values():
+            fn.teardown()
+
+
+def _check_distinct(jobs: Sequence[LiveJob]) -> None:
+    """A multi-table job refuses two tables sharing a stream, a state key or a
+    target table (a ConfigError naming both)."""
+    from ddb2bt.transforms.config import check_distinct_tables
+
+    streams = [j.stream_arn for j in jobs]
+    for i, arn in enumerate(streams):
+        if arn and arn in streams[:i]:
+            raise ValueError(f"mappings {jobs[streams.index(arn)].mapping.name!r} and {jobs[i].mapping.name!r} "
+                             f"both read stream {arn}: one job reads each stream once")
+    check_distinct_tables([j.mapping for j in jobs], [j.mapping.name for j in jobs], [j.state.job for j in jobs])
 
 
 def load_mapping_arg(mapping: MappingArg) -> MappingConfig:
@@ -114,19 +183,25 @@ class ReadDynamoDBStream(beam.PTransform):
         _check_partitions(partitions)
         if not isinstance(reader, ReaderOptions):
             raise TypeError(f"reader must be a ReaderOptions, got {type(reader).__name__}")
-        self._stream_arn = stream_arn
-        self._state = _check_state(state)
-        self._reader = reader
-        self._partitions = partitions
-        self._client_factory = client_factory or StreamsClientFactory()
+        self._sources = (StreamSource(stream_arn, reader, client_factory or StreamsClientFactory(),
+                                      _check_state(state), partitions),)
+
+    @classmethod
+    def _of_jobs(cls, jobs: Sequence[LiveJob]) -> "ReadDynamoDBStream":
+        """Every job's stream in one reading stage (a multi-table job)."""
+        read = cls(jobs[0].stream_arn, jobs[0].state, reader=jobs[0].reader, partitions=jobs[0].partitions,
+                   client_factory=jobs[0].client_factory)
+        read._sources = tuple(StreamSource(j.stream_arn, j.reader, j.client_factory, j.state, j.partitions)
+                              for j in jobs)
+        return read
 
     def expand(self, pbegin):
-        partitions = [StreamPartition(self._stream_arn, i, self._partitions) for i in range(self._partitions)]
+        partitions = [StreamPartition(s.stream_arn, i, s.partitions) for s in self._sources
+                      for i in range(s.partitions)]
         return (
             pbegin
             | STEP_PARTITIONS >> beam.Create(partitions)
-            | STEP_READ >> beam.ParDo(_ReadStreamPartitionsFn(self._reader, self._client_factory, self._state))
-            .with_output_types(StreamElement)
+            | STEP_READ >> beam.ParDo(_ReadStreamPartitionsFn(self._sources)).with_output_types(StreamElement)
         )
 
 
@@ -183,14 +258,25 @@ class MapToBigtable(beam.PTransform):
         super().__init__()
         self._mapping = load_mapping_arg(mapping)
         self._marking = marking
+        self._per_stream: Optional[dict] = None
+
+    @classmethod
+    def _of_jobs(cls, jobs: Sequence[LiveJob]) -> "MapToBigtable":
+        """Each job's mapping for its own stream's changes, in one stage."""
+        mapped = cls(jobs[0].mapping, marking=jobs[0].marking)
+        mapped._per_stream = {j.stream_arn: (j.mapping, j.marking) for j in jobs}
+        return mapped
 
     @property
     def mapping(self) -> MappingConfig:
         return self._mapping
 
     def expand(self, pcoll):
-        return pcoll | STEP_MAP >> beam.ParDo(_MapChangesFn(self._mapping, marking=self._marking)).with_output_types(
-            StreamElement)
+        if self._per_stream is None:
+            fn = _MapChangesFn(self._mapping, marking=self._marking)
+        else:
+            fn = _PerStreamFn({arn: _MapChangesFn(m, marking=mark) for arn, (m, mark) in self._per_stream.items()})
+        return pcoll | STEP_MAP >> beam.ParDo(fn).with_output_types(StreamElement)
 
 
 class _FilterChangesFn(beam.DoFn):
@@ -249,55 +335,105 @@ class WriteToBigtableOrdered(beam.PTransform):
         self._sink = sink
         self._pushgateway = pushgateway
         self._bigtable = bigtable or state.bigtable
+        self._per_stream: Optional[dict] = None
+
+    @classmethod
+    def _of_jobs(cls, jobs: Sequence[LiveJob]) -> "WriteToBigtableOrdered":
+        """Each job's changes to its own target with its own checkpoints, dead
+        letters and lease, in one stage. One metrics pusher per process: every
+        table's series carry the table label."""
+        write = cls(jobs[0].state, sink=jobs[0].sink, pushgateway=jobs[0].pushgateway)
+        write._per_stream = {j.stream_arn: (j.state, j.sink, j.pushgateway if i == 0 else None)
+                             for i, j in enumerate(jobs)}
+        return write
 
     def expand(self, pcoll):
-        return pcoll | STEP_WRITE >> beam.ParDo(
-            _WriteToBigtableFn(self._bigtable, self._state, self._sink, pushgateway=self._pushgateway))
+        if self._per_stream is None:
+            fn = _WriteToBigtableFn(self._bigtable, self._state, self._sink, pushgateway=self._pushgateway)
+        else:
+            fn = _PerStreamFn({arn: _WriteToBigtableFn(state.bigtable, state, sink, pushgateway=push)
+                               for arn, (state, sink, push) in self._per_stream.items()})
+        return pcoll | STEP_WRITE >> beam.ParDo(fn)
 
 
 class ReplicateToBigtable(beam.PTransform):
     """PBegin → PCollection of ``DeadLetter``: read the mapping's source stream,
     map, write, checkpoint. ``mapping`` is a MappingConfig, a file path or
-    ``example:NAME``. Without ``stream_arn`` the table's current stream is looked
+    ``example:NAME`` — or a list of them: one job replicating every table, its
+    streams read by one stage, each change mapped and written by its own table's
+    mapping and sink, with checkpoints, dead letters, phases and lease per table
+    (under each mapping's name). Without ``stream_arn`` each table's current stream is looked
     up when the graph is built (it must be NEW_AND_OLD_IMAGES); without ``state``
     checkpoints live in the target instance's state table under the mapping's
     name."""
 
-    def __init__(self, mapping: MappingArg, *, stream_arn: Optional[str] = None, state: Optional[StateSpec] = None,
-                 reader: ReaderOptions = ReaderOptions(), partitions: int = 1, sink: SinkConfig = SinkConfig(),
-                 marking=None, client_factory: Optional[Callable] = None, pushgateway: Optional[str] = None) -> None:
+    def __init__(self, mapping: Union[MappingArg, Sequence[MappingArg]], *, stream_arn: Optional[str] = None,
+                 state: Optional[StateSpec] = None, reader: ReaderOptions = ReaderOptions(), partitions: int = 1,
+                 sink: SinkConfig = SinkConfig(), marking=None, client_factory: Optional[Callable] = None,
+                 pushgateway: Optional[str] = None) -> None:
         super().__init__()
-        self._mapping = load_mapping_arg(mapping)
-        self._state = _check_state(state) if state is not None else _default_state(self._mapping)
+        many = isinstance(mapping, (list, tuple))
+        mappings = [load_mapping_arg(m) for m in (mapping if many else [mapping])]
+        if not mappings:
+            raise ValueError("ReplicateToBigtable needs at least one mapping")
+        if many and len(mappings) > 1 and (stream_arn is not None or state is not None or client_factory is not None):
+            raise ValueError("stream_arn, state and client_factory name one table's: with several mappings build "
+                             "LiveJobs and use ReplicateToBigtable.from_jobs")
         if stream_arn is not None:
             StreamArn.parse(stream_arn)
         _check_partitions(partitions)
-        self._stream_arn = stream_arn
-        self._reader, self._partitions, self._sink = reader, partitions, sink
-        self._marking, self._pushgateway = marking, pushgateway
-        self._client_factory = client_factory or StreamsClientFactory(self._mapping.source.region)
+        self._jobs = tuple(LiveJob(
+            mapping=m, stream_arn=stream_arn or "", reader=reader,
+            state=_check_state(state) if state is not None else _default_state(m), partitions=partitions, sink=sink,
+            client_factory=client_factory or StreamsClientFactory(m.source.region), marking=marking,
+            pushgateway=pushgateway) for m in mappings)
 
     @classmethod
-    def from_job(cls, job) -> "ReplicateToBigtable":
-        """From a ``ddb2bt.pipeline.graph.LiveJob`` (what the CLI builds)."""
-        return cls(job.mapping, stream_arn=job.stream_arn, state=job.state, reader=job.reader,
-                   partitions=job.partitions, sink=job.sink, marking=job.marking,
-                   client_factory=job.client_factory, pushgateway=job.pushgateway)
+    def from_job(cls, job: LiveJob) -> "ReplicateToBigtable":
+        """From one ``LiveJob`` (what the CLI builds per mapping)."""
+        return cls.from_jobs([job])
 
-    def _resolve_stream(self) -> str:
+    @classmethod
+    def from_jobs(cls, jobs: Sequence[LiveJob]) -> "ReplicateToBigtable":
+        """From one ``LiveJob`` per table: one job for all of them."""
+        jobs = tuple(jobs)
+        if not jobs:
+            raise ValueError("ReplicateToBigtable.from_jobs needs at least one job")
+        for job in jobs:
+            StreamArn.parse(job.stream_arn)
+            _check_partitions(job.partitions)
+            _check_state(job.state)
+        _check_distinct(jobs)
+        replicate = cls(jobs[0].mapping)
+        replicate._jobs = jobs
+        return replicate
+
+    @property
+    def jobs(self) -> tuple:
+        return self._jobs
+
+    @staticmethod
+    def _resolve_stream(mapping: MappingConfig) -> str:
         from ddb2bt.pipeline.connections import dynamodb_client
         from ddb2bt.pipeline.preflight import resolve_stream
 
-        return resolve_stream(self._mapping, dynamodb_client(self._mapping.source.region)).stream_arn
+        return resolve_stream(mapping, dynamodb_client(mapping.source.region)).stream_arn
 
     def expand(self, pbegin):
-        stream_arn = self._stream_arn or self._resolve_stream()
+        jobs = tuple(j if j.stream_arn else replace(j, stream_arn=self._resolve_stream(j.mapping)) for j in self._jobs)
+        if len(jobs) == 1:
+            (job,) = jobs
+            read = ReadDynamoDBStream(job.stream_arn, job.state, reader=job.reader, partitions=job.partitions,
+                                      client_factory=job.client_factory)
+            mapped = MapToBigtable(job.mapping, marking=job.marking)
+            write = WriteToBigtableOrdered(job.state, sink=job.sink, pushgateway=job.pushgateway)
+        else:
+            _check_distinct(jobs)
+            read, mapped, write = (ReadDynamoDBStream._of_jobs(jobs), MapToBigtable._of_jobs(jobs),
+                                   WriteToBigtableOrdered._of_jobs(jobs))
         return (
             pbegin
-            | "ReadDynamoDBStream" >> ReadDynamoDBStream(stream_arn, self._state, reader=self._reader,
-                                                         partitions=self._partitions,
-                                                         client_factory=self._client_factory)
-            | "MapToBigtable" >> MapToBigtable(self._mapping, marking=self._marking)
-            | "WriteToBigtableOrdered" >> WriteToBigtableOrdered(self._state, sink=self._sink,
-                                                                 pushgateway=self._pushgateway)
+            | "ReadDynamoDBStream" >> read
+            | "MapToBigtable" >> mapped
+            | "WriteToBigtableOrdered" >> write
         )

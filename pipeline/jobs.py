@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from pathlib import Path
 from typing import Optional
 
 from ddb2bt.transforms.errors import ConfigError
@@ -55,18 +56,86 @@ def acquire_lease(args, state, role: str):
     return spec
 
 
-def load(args):
+MAPPING_SUFFIXES = (".yaml", ".yml")
+
+
+def mapping_sources(values) -> list:
+    """The mapping files named by ``--mapping`` values, in order: a file, an
+    ``example:NAME``, a directory (its *.yaml / *.yml files, sorted) or a gs://
+    folder (ending in /: the same, through Beam's filesystems); a value may
+    also be a comma-separated list (the Flex Template passes one). Refuses an
+    empty directory and a file named twice."""
+    out: list = []
+    for value in values if isinstance(values, (list, tuple)) else [values]:
+        for part in (v.strip() for v in str(value).split(",")):
+            if not part:
+                continue
+            if part.startswith("gs://") and part.endswith("/"):
+                from apache_beam.io.filesystems import FileSystems
+
+                found = sorted(m.path for suffix in MAPPING_SUFFIXES
+                               for m in FileSystems.match([part + "*" + suffix])[0].metadata_list)
+                where = "gs:// folder"
+            elif Path(part).is_dir():
+                found = sorted(str(f) for f in Path(part).iterdir() if f.is_file() and f.suffix in MAPPING_SUFFIXES)
+                where = "directory"
+            else:
+                out.append(part)
+                continue
+            if not found:
+                raise ConfigError(f"the {where} {part} holds no mapping files (*.yaml, *.yml)", "--mapping")
+            out.extend(found)
+    if len(set(out)) != len(out):
+        twice = sorted({f for f in out if out.count(f) > 1})
+        raise ConfigError(f"named more than once: {', '.join(twice)}", "--mapping")
+    return out
+
+
+def _load_one(source: str):
     from ddb2bt.transforms.config import load_mapping, mapping_from_text
 
-    if args.mapping.startswith("gs://"):  # Flex Template launches read it from GCS
+    if source.startswith("gs://"):  # Flex Template launches read it from GCS
         from ddb2bt.pipeline.dataflow import read_text
 
-        mapping = mapping_from_text(read_text(args.mapping), origin=args.mapping)
-    else:
-        from ddb2bt.pipeline.local.examples import resolve_mapping_path
+        return mapping_from_text(read_text(source), origin=source)
+    from ddb2bt.pipeline.local.examples import resolve_mapping_path
 
-        mapping = load_mapping(resolve_mapping_path(args.mapping))
-    return mapping.with_overrides(args.project, args.instance, args.table)
+    return load_mapping(resolve_mapping_path(source))
+
+
+def load_all(args) -> list:
+    """Every mapping the command line names (one table each), overrides applied.
+    Several mappings make one job of several tables: each needs its own name (its
+    state key), source table and target tables, and the per-table overrides
+    (--bigtable-table, --job-name) are refused."""
+    from ddb2bt.transforms.config import check_distinct_tables
+
+    sources = mapping_sources(args.mapping)
+    if not sources:
+        raise ConfigError("give at least one mapping file", "--mapping")
+    mappings = [_load_one(s).with_overrides(args.project, args.instance, args.table) for s in sources]
+    if len(mappings) > 1:
+        if args.table:
+            raise ConfigError(f"names one table but {len(mappings)} mappings are given; set target.table in each "
+                              "mapping file instead", "--bigtable-table")
+        if getattr(args, "job_name", None):
+            raise ConfigError(f"names one job's state but {len(mappings)} mappings are given: each table's state "
+                              "is kept under its mapping's name", "--job-name")
+        check_distinct_tables(mappings, sources)
+    return mappings
+
+
+def load(args):
+    """The one mapping of a command that takes one (validate, explain, lint)."""
+    mappings = load_all(args)
+    if len(mappings) > 1:
+        raise ConfigError(f"'{args.command}' takes one mapping, got {len(mappings)}", "--mapping")
+    return mappings[0]
+
+
+def mapping_flags(args) -> str:
+    """The --mapping options of this command line, for the hints printed after it."""
+    return " ".join(f"--mapping {m}" for m in (args.mapping if isinstance(args.mapping, list) else [args.mapping]))
 
 
 def submitted(result, args) -> int:
@@ -99,50 +168,68 @@ def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
     return serve_metrics(port, host)
 
 
-def build_live_job(args, mapping):
+def build_live_jobs(args, mappings: list) -> list:
+    """One LiveJob per mapping, for one job of them all. Every table is checked
+    first — its stream exists and is NEW_AND_OLD_IMAGES, its target table
+    exists, its stream is the one its checkpoints are for — so a bad table is
+    refused, named, before any lease is taken or anything is written; then each
+    table's lease is taken (per table: another process replicating one of them
+    is refused, naming it)."""
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.graph import LiveJob, is_local
     from ddb2bt.pipeline.cutover.phases import PhaseMarking
-    from ddb2bt.pipeline.preflight import check_target, ensure_state_table, resolve_stream
+    from ddb2bt.pipeline.graph import LiveJob, is_local
+    from ddb2bt.pipeline.lease import TAIL
+    from ddb2bt.pipeline.preflight import check_stream_continuity, check_target, ensure_state_table, resolve_stream
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
-    from ddb2bt.pipeline.preflight import check_stream_continuity
+    sources = [resolve_stream(m, dynamodb_client(m.source.region)) for m in mappings]
+    for mapping in mappings:
+        warning = check_target(mapping)
+        if warning:
+            log.warning(warning)
+    for mapping, source in zip(mappings, sources):
+        ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
+        check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
+    jobs = []
+    for mapping, source in zip(mappings, sources):
+        state = state_spec(args, mapping, dlq_values(args))
+        lease = acquire_lease(args, state, TAIL)
+        reader = ReaderOptions(
+            start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
+            discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
+            sleep_when_idle=is_local(args.beam_args), lease=lease, retry=dynamodb_retry(args),
+        )
+        # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
+        # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
+        jobs.append(LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
+                            partitions=args.partitions, sink=_sink_config(args, lease),
+                            client_factory=StreamsClientFactory(mapping.source.region), marking=PhaseMarking(state),
+                            pushgateway=getattr(args, "metrics_pushgateway", None)))
+    return jobs
 
-    source = resolve_stream(mapping, dynamodb_client(mapping.source.region))
-    warning = check_target(mapping)
-    if warning:
-        log.warning(warning)
-    ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
-    check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
-    state = state_spec(args, mapping, dlq_values(args))
-    from ddb2bt.pipeline.lease import TAIL
 
-    lease = acquire_lease(args, state, TAIL)
-    reader = ReaderOptions(
-        start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
-        discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
-        sleep_when_idle=is_local(args.beam_args), lease=lease, retry=dynamodb_retry(args),
-    )
-    # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
-    # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
-    return LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
-                   partitions=args.partitions, sink=_sink_config(args, lease), client_factory=StreamsClientFactory(mapping.source.region),
-                   marking=PhaseMarking(state), pushgateway=getattr(args, "metrics_pushgateway", None))
+def build_live_job(args, mapping):
+    """The LiveJob of a one-table job."""
+    return build_live_jobs(args, [mapping])[0]
 
 
-def report_outcome(counts: dict, mapping_arg: str) -> str:
+def report_outcome(counts: dict, mapping_flags: str) -> str:
     """The last line of a local run: what happened to the changes it read."""
     line = (f"done: {counts['applied']} change(s) applied, {counts['dead_lettered']} dead-lettered, "
             f"{counts['skipped']} skipped")
     if counts["dead_lettered"]:
-        line += (f"\n  inspect the dead letters: ddb2bt dlq list --mapping {mapping_arg}"
-                 f"\n  after fixing the mapping:  ddb2bt dlq redrive --mapping {mapping_arg}")
+        line += (f"\n  inspect the dead letters: ddb2bt dlq list {mapping_flags}"
+                 f"\n  after fixing the mapping:  ddb2bt dlq redrive {mapping_flags}")
     return line
 
 
-def backfill_options(args):
+def backfill_options(args, tables: int = 1):
     from ddb2bt.pipeline.cutover.controller import BackfillOptions
 
+    if args.from_export and tables > 1:
+        raise ConfigError(f"an export is one table's, but {tables} mappings are given: back-fill them by Scan, or "
+                          "back-fill each table from its export with its own `ddb2bt backfill` next to the "
+                          "multi-table `ddb2bt run`", "--from-export")
     return BackfillOptions(segments=args.segments, tasks=args.tasks, max_rcu=args.max_rcu,
                            consistent_read=args.consistent_read, page_size=args.page_size,
                            from_export=args.from_export, restart=args.restart,

@@ -13,7 +13,7 @@ import difflib
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import yaml
 
@@ -637,3 +637,22 @@ def load_mapping(path: str | Path) -> MappingConfig:
 
 def mapping_from_text(text: str, origin: str = "<text>") -> MappingConfig:
     return parse_mapping(yaml.safe_load(text), origin=origin)
+
+
+def check_distinct_tables(mappings: Sequence[MappingConfig], labels: Sequence[str],
+                          state_names: Optional[Sequence[str]] = None) -> None:
+    """The mappings of one job must differ in name (each table's state key), in
+    source table (its stream is read once) and in target tables (each table's
+    cutover creates and drops its marker family on its own schedule, and two
+    writers of one row would clash). ``labels`` name the mappings in the error
+    (their files); ``state_names`` the state keys when not the mappings' names."""
+    names = list(state_names) if state_names is not None else [m.name for m in mappings]
+    seen: dict = {}
+    for mapping, label, name in zip(mappings, labels, names):
+        keys = [("state name", name), ("source table", f"{mapping.source.region}/{mapping.source.table}")]
+        keys += [("target table", f"{mapping.target.project}/{mapping.target.instance}/{t}") for t in mapping.tables]
+        for what, value in keys:
+            other = seen.setdefault((what, value), label)
+            if other != label:
+                raise ConfigError(f"{other} and {label} have the same {what} ({value}): one job replicates each "
+                                  "table once, under its own name, into its own target tables", "--mapping")

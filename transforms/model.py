@@ -254,3 +254,27 @@ class ShardClosed(StreamElement):
     stream_arn: str
     shard_id: str
     last_sequence_number: Optional[str] = None
+
+
+def stream_of(element) -> str:
+    """The stream (ARN) a live-path element came from: what routes it to its
+    table's mapping and sink in a multi-table job (docs/design.md §4.3)."""
+    kind = type(element)
+    if kind is RecordBatch:
+        first = element.records[0] if element.records else None
+        return stream_of(first) if first is not None else _no_stream(element)
+    if kind is MappedBatch:
+        first = element.changes[0] if element.changes else None
+        return stream_of(first.record) if first is not None else _no_stream(element)
+    if kind is ShardClosed:
+        return element.stream_arn
+    if kind is MappedChange:
+        return stream_of(element.record)
+    if kind is ChangeRecord and type(element.position) is StreamPosition:
+        return element.position.stream_arn
+    return _no_stream(element)
+
+
+def _no_stream(element) -> str:
+    raise ValueError(f"{type(element).__name__} carries no stream position: a multi-table job cannot route it "
+                     "(steps between the reader and the writer must keep every record's position)")

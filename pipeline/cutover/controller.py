@@ -24,6 +24,8 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+import apache_beam as beam
+
 from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration
 from ddb2bt.transforms.errors import ConfigError
@@ -177,16 +179,31 @@ def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
     return source, handoff, expected
 
 
-def _add_backfill(p, mapping, state_spec, source, handoff: int, options: BackfillOptions, reshuffle: bool):
+class _Backfill(beam.PTransform):
+    """One table's backfill steps under one label: a job back-filling several
+    tables has one such branch per table."""
+
+    def __init__(self, add: Callable) -> None:
+        super().__init__()
+        self._add = add
+
+    def expand(self, pbegin):
+        return self._add(pbegin)
+
+
+def _add_backfill(p, mapping, state_spec, source, handoff: int, options: BackfillOptions, reshuffle: bool,
+                  label: str = ""):
     from ddb2bt.pipeline.connections import DynamoDBClientFactory
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
-    add_backfill(p, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=options.tasks,
-                                scan_retry=options.scan_retry), mapping,
-                 state_spec, options.sink or SinkConfig(), DynamoDBClientFactory(mapping.source.region),
-                 reshuffle=reshuffle,
-                 pushgateway=options.pushgateway)
+    def add(root):
+        return add_backfill(root, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=options.tasks,
+                                              scan_retry=options.scan_retry), mapping,
+                            state_spec, options.sink or SinkConfig(), DynamoDBClientFactory(mapping.source.region),
+                            reshuffle=reshuffle, pushgateway=options.pushgateway)
+
+    return p | label >> _Backfill(add) if label else add(p)
 
 
 def run_backfill(mapping, state_spec, options: BackfillOptions, beam_args: list,
@@ -212,55 +229,106 @@ def run_backfill(mapping, state_spec, options: BackfillOptions, beam_args: list,
 
     metrics = default_metrics()
     start = counter_total(metrics.backfill_items)
-    run_in_thread("backfill", pipeline, expected, lambda: counter_total(metrics.backfill_items) - start)
+    run_in_thread(f"backfill {mapping.name}", pipeline, expected,
+                  lambda: counter_total(metrics.backfill_items) - start)
     if not migration.finish_backfill() and migration.phase == BACKFILLING:
-        raise ConfigError("the backfill pipeline ended but not every part is recorded done; rerun to resume",
-                          "backfill")
+        raise ConfigError(f"the backfill pipeline of {mapping.name} ended but not every part is recorded done; "
+                          "rerun to resume", "backfill")
     return Outcome(phase=migration.phase)
 
 
-def backfill(mapping, state_spec, options: BackfillOptions, beam_args: list) -> Outcome:
-    """``ddb2bt backfill``: the backfill next to a separately running tail. Locally
-    it also finishes: once the tails had time to stop marking, the marker family
-    is dropped, so the target holds only the mapping's cells."""
-    migration = Migration(state_spec.store())
-    outcome = run_backfill(mapping, state_spec, options, beam_args, migration)
-    if outcome.launched is None:
-        migration.finish(_bookkeeping(mapping), mapping.tables, wait=True)
-        return Outcome(phase=migration.phase)
-    return outcome
+@dataclass(frozen=True)
+class TableBackfill:
+    """One table's backfill: its mapping, where its state lives, its options
+    (each table's backfill holds its own lease)."""
+
+    mapping: object
+    state: object
+    options: BackfillOptions
 
 
-def migrate(mapping, job, options: BackfillOptions, beam_args: list, until_idle: Optional[float],
-            dry_run: bool = False, on_live: Callable[[], None] = lambda: None) -> Outcome:
-    """The whole cutover for ``job`` (a ``graph.LiveJob``). Locally: tail and
-    backfill side by side, the finish, LIVE; returns once LIVE and idle
-    (``until_idle``) or, without it, when the tail ends (``on_live`` is called
-    when the phase becomes LIVE). On Dataflow: one streaming job launched."""
+def backfill(tables, beam_args: list) -> Outcome:
+    """``ddb2bt backfill``: each table's backfill next to a separately running
+    tail. Locally the tables are back-filled one after another, and each also
+    finishes: once the tails had time to stop marking, its marker family is
+    dropped, so the target holds only the mapping's cells. On Dataflow one batch
+    job back-fills them all."""
+    from ddb2bt.pipeline.graph import is_local, make_pipeline
+
+    tables = list(tables)
+    if not is_local(beam_args):
+        p = make_pipeline(beam_args, streaming=False)
+        for t in tables:
+            source, handoff, _ = _begin(t.mapping, Migration(t.state.store()), t.options)
+            _add_backfill(p, t.mapping, t.state, source, handoff, t.options, reshuffle=True,
+                          label=f"Backfill[{t.mapping.name}]" if len(tables) > 1 else "")
+        return Outcome(launched=p.run())
+    phases = []
+    for t in tables:
+        migration = Migration(t.state.store())
+        run_backfill(t.mapping, t.state, t.options, beam_args, migration)
+        migration.finish(_bookkeeping(t.mapping), t.mapping.tables, wait=True)
+        phases.append(migration.phase)
+    return Outcome(phase=_overall(phases))
+
+
+def _overall(phases: list) -> Optional[str]:
+    """A job's phase: a table's when all agree, else the earliest (a job of
+    several tables is LIVE when every table is)."""
+    from ddb2bt.pipeline.cutover.phases import PHASES
+
+    known = [p for p in phases if p is not None]
+    if len(known) < len(phases):
+        return None
+    return min(known, key=PHASES.index) if known else None
+
+
+def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run: bool = False,
+            on_live: Callable[[], None] = lambda: None) -> Outcome:
+    """The whole cutover of every table of ``jobs`` (``graph.LiveJob``s, one per
+    table; ``options`` one BackfillOptions per job). Locally: one tail for all
+    tables and each table's backfill side by side with it (one after another),
+    each table's finish, and LIVE per table; returns once every table is LIVE
+    and the tail idle (``until_idle``) or, without it, when the tail ends
+    (``on_live`` is called when every table is LIVE). Each table keeps its own
+    phase and handoff time. On Dataflow: one streaming job launched."""
     from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
     from ddb2bt.pipeline.metrics import default_metrics
     from ddb2bt.pipeline.source.stream_source import request_stop
 
-    migration = Migration(job.state.store())
-    phase = migration.phase
-    log.info("migrate %s → %s: phase %s", mapping.source.table, mapping.target.table, phase or "new")
+    jobs, options = list(jobs), list(options)
+    if len(options) != len(jobs):
+        raise ValueError("one BackfillOptions per job")
+    migrations = [Migration(job.state.store()) for job in jobs]
+    phases = [m.phase for m in migrations]
+    for job, phase in zip(jobs, phases):
+        log.info("migrate %s → %s: phase %s", job.mapping.source.table, job.mapping.target.table, phase or "new")
     if not is_local(beam_args):
-        return Outcome(launched=launch_migrate(mapping, job, options, beam_args, migration, dry_run))
+        return Outcome(launched=launch_migrate(jobs, options, beam_args, migrations, dry_run))
     stop_token = uuid.uuid4().hex
-    job = replace(job, reader=replace(job.reader, stop_token=stop_token))
-    bookkeeping = _bookkeeping(mapping)
+    jobs = [replace(job, reader=replace(job.reader, stop_token=stop_token)) for job in jobs]
 
     def tail() -> None:
         p = make_pipeline(beam_args)
-        add_live_replication(p, job)
+        add_live_replication(p, jobs)
         p.run().wait_until_finish()
+
+    def finish_all(wait: bool) -> None:
+        for job, migration in zip(jobs, migrations):
+            migration.finish(_bookkeeping(job.mapping), job.mapping.tables, wait=wait)
+
+    def go_live() -> None:
+        for migration in migrations:
+            migration.go_live()
+        on_live()
 
     tail_worker = Worker("tail", tail)
     tail_worker.start()  # the tail first: changes after the handoff are never missed
     try:
-        if phase in (None, BACKFILLING):
-            run_backfill(mapping, job.state, options, beam_args, migration)
-        tail_worker.check()
+        for job, opts, migration, phase in zip(jobs, options, migrations, phases):
+            if phase in (None, BACKFILLING):
+                run_backfill(job.mapping, job.state, opts, beam_args, migration)
+            tail_worker.check()
     except BaseException:
         # Stop the tail cleanly (what it read is written and checkpointed), then fail.
         request_stop(stop_token)
@@ -269,26 +337,24 @@ def migrate(mapping, job, options: BackfillOptions, beam_args: list, until_idle:
     if until_idle is not None:
         tail_worker.join()
         tail_worker.check()
-        # One more pass until idle after the backfill: the tail may have gone idle
-        # (and ended) while the backfill was still running.
+        # One more pass until idle after the backfills: the tail may have gone idle
+        # (and ended) while a backfill was still running.
         final = Worker("tail-catch-up", tail)
         final.start()
         final.join()
         final.check()
         # Every tail of this controller has ended: none can mark any more, so the
         # finish need not wait for their phase caches.
-        migration.finish(bookkeeping, mapping.tables, wait=False)
-        migration.go_live()
-        on_live()
+        finish_all(wait=False)
+        go_live()
         return Outcome(phase=LIVE)
     try:
-        migration.finish(bookkeeping, mapping.tables, wait=True)  # the tail runs on meanwhile
+        finish_all(wait=True)  # the tail runs on meanwhile
         metrics = default_metrics()
         while tail_worker.is_alive() and metrics.lag.max_lag_seconds() > 0:
             tail_worker.join(1.0)
         tail_worker.check()
-        migration.go_live()
-        on_live()
+        go_live()
     except BaseException:
         request_stop(stop_token)
         tail_worker.join(TAIL_STOP_WAIT_S)
@@ -298,22 +364,24 @@ def migrate(mapping, job, options: BackfillOptions, beam_args: list, until_idle:
     return Outcome(phase=LIVE)
 
 
-def launch_migrate(mapping, job, options: BackfillOptions, beam_args: list, migration: Migration,
-                   dry_run: bool = False):
-    """Dataflow: ONE streaming job with the tail and the backfill side by side.
-    The handoff is fixed here, before launch; the readers then move the phase on
-    (``phases.advance``): CATCHING_UP when every part is done, the finish, LIVE
-    once at the stream head."""
+def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = False):
+    """Dataflow: ONE streaming job with the tail of every table and each table's
+    backfill side by side. Each table's handoff is fixed here, before launch; the
+    readers then move each table's phase on (``phases.advance``): CATCHING_UP
+    when its parts are done, the finish, LIVE once at the stream head."""
     from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
 
     p = make_pipeline(beam_args, streaming=True)
-    job = replace(job, reader=replace(job.reader, promote_live=True))
-    add_live_replication(p, job)
-    if migration.phase in (None, BACKFILLING):
+    jobs = [replace(job, reader=replace(job.reader, promote_live=True)) for job in jobs]
+    add_live_replication(p, jobs)
+    for job, opts, migration in zip(jobs, options, migrations):
+        if migration.phase not in (None, BACKFILLING):
+            continue
         if dry_run:  # build the graph only: no phase, no family, no wait
-            source = backfill_source(options, mapping)[0]
+            source = backfill_source(opts, job.mapping)[0]
             handoff = time.time_ns() // 1_000_000
         else:
-            source, handoff, _ = _begin(mapping, migration, options)
-        _add_backfill(p, mapping, job.state, source, handoff, options, reshuffle=True)
+            source, handoff, _ = _begin(job.mapping, migration, opts)
+        _add_backfill(p, job.mapping, job.state, source, handoff, opts, reshuffle=True,
+                      label=f"Backfill[{job.mapping.name}]" if len(jobs) > 1 else "")
     return p.run()

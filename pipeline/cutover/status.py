@@ -166,3 +166,53 @@ def render(f: Facts) -> list:
                                     f"({'sampled' if v.get('sampled') else 'full'}) at {when(v.get('checked_at_ms'))}"))
     lines.append("READY for cutover" if ready else "NOT READY: " + "; ".join(reasons))
     return lines
+
+
+def table_facts(mapping, store, read_retry) -> Facts:
+    """One table's facts: its stream from DescribeTable (status still answers,
+    without shard lag, when the source cannot be described), its state, its
+    marker family. A missing source table is an error: with no stream, a
+    retention headroom would be a made-up number."""
+    import logging
+
+    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+    from ddb2bt.pipeline.dynamodb import SourceTableMissing, describe_table
+
+    arn = None
+    try:
+        arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
+                             retry=read_retry).get("LatestStreamArn")
+    except SourceTableMissing:
+        raise
+    except Exception as exc:  # status must work even when the source is unreachable
+        logging.getLogger(__name__).warning("cannot describe %s: %s", mapping.source.table, exc)
+    return gather(store, StreamsClientFactory(mapping.source.region)(), arn,
+                  bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
+                  tables=mapping.tables)
+
+
+def render_tables(named: list) -> list:
+    """A job of several tables: one line per table, then the total. ``named`` is
+    [(table name, Facts)]."""
+    lines, ready_count = [], 0
+    for name, f in named:
+        ready, reasons = assess(f)
+        ready_count += ready
+        lag = max((s.lag_ms(f.now_ms) for s in f.shards if not s.finished), default=0)
+        lines.append(f"{name}: {'READY' if ready else 'NOT READY'}  phase {f.phase or '-'}, "
+                     f"backfill {f.backfill_done_parts}/{f.backfill_parts} parts, lag {lag / 1000:.1f}s, "
+                     f"{f.dead_letters} dead letter(s)" + ("" if ready else " — " + "; ".join(reasons)))
+    phases = [f.phase for _, f in named]
+    live = sum(1 for p in phases if p == "LIVE")
+    lines.append(f"total: {ready_count} of {len(named)} table(s) READY, {live} LIVE, "
+                 f"{sum(f.dead_letters for _, f in named)} dead letter(s); "
+                 + ("READY for cutover" if ready_count == len(named) else "NOT READY"))
+    return lines
+
+
+def facts_json(f: Facts) -> dict:
+    ready, reasons = assess(f)
+    return {"ready": ready, "reasons": reasons, "phase": f.phase, "handoff_ms": f.handoff_ms,
+            "dead_letters": f.dead_letters, "last_verify": f.last_verify,
+            "bookkeeping_tables": f.bookkeeping_tables, "shards": [vars(s) for s in f.shards]}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import apache_beam as beam
@@ -12,6 +12,7 @@ from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration
 
+from ddb2bt.pipeline.dynamodb import table_of_stream
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.source.records import batch_records
 from ddb2bt.pipeline.source.stream_source import (
@@ -92,29 +93,70 @@ class _WalltimeProvider(WatermarkEstimatorProvider):
         return WalltimeWatermarkEstimator(state)
 
 
-class _ReadStreamPartitionsFn(beam.DoFn):
-    """StreamPartition → RecordBatch | ShardClosed, unbounded."""
+@dataclass(frozen=True)
+class StreamSource:
+    """One table's stream as the reader sees it: the stream, how to read it, the
+    client to read it with, and whose checkpoints to resume from (its StateSpec, a
+    factory of the state store). A multi-table job has one per table."""
 
-    def __init__(self, options: ReaderOptions, client_factory: Callable, state_factory: Callable) -> None:
-        self._options = options
-        self._client_factory = client_factory
-        self._state_factory = state_factory
+    stream_arn: str
+    options: ReaderOptions
+    client_factory: Callable
+    state_factory: Callable
+    partitions: int = 1
 
-    def setup(self) -> None:
+
+class _StreamContext:
+    """A worker's per-stream reading state: the lease it fences with, its client,
+    its state store, one PartitionReader per partition, its migration tick."""
+
+    def __init__(self, source: StreamSource, metrics) -> None:
         from ddb2bt.pipeline.lease import join
 
-        self._lease = join(self._options.lease)
-        self._client = self._client_factory()
-        self._state = self._state_factory()
-        self._metrics = default_metrics()
-        self._readers: dict = {}
+        self.source = source
+        self.options = source.options
+        self.lease = join(source.options.lease)
+        self.client = source.client_factory()
+        self.state = source.state_factory()
+        self.metrics = metrics
+        self.readers: dict = {}
+        self.phase_checked = -1e9
+        self.bookkeeping = None
 
-    def _reader(self, partition: StreamPartition) -> PartitionReader:
-        reader = self._readers.get(partition)
+    def reader(self, partition: StreamPartition) -> PartitionReader:
+        reader = self.readers.get(partition)
         if reader is None:
-            reader = self._readers[partition] = PartitionReader(
-                self._client, partition, self._options, self._state.load_checkpoints, self._metrics)
+            reader = self.readers[partition] = PartitionReader(
+                self.client, partition, self.options, self.state.load_checkpoints, self.metrics)
         return reader
+
+    def close(self) -> None:
+        close = getattr(self.client, "close", None)
+        if close:
+            close()
+        self.state.close()
+
+
+class _ReadStreamPartitionsFn(beam.DoFn):
+    """StreamPartition → RecordBatch | ShardClosed, unbounded, for one stream or
+    several (a multi-table job: every partition names its stream, and each stream
+    keeps its own options, lease, checkpoints and migration phase)."""
+
+    def __init__(self, sources) -> None:
+        self._sources = tuple(sources)
+        arns = [s.stream_arn for s in self._sources]
+        if not arns or len(set(arns)) != len(arns):
+            raise ValueError(f"one source per stream, at least one: got {arns}")
+        # Idle local readers sleep only once every partition of the job had an idle
+        # round in a row: one busy table must not wait for the others' sleeps.
+        self._partitions_total = sum(s.partitions for s in self._sources)
+
+    def setup(self) -> None:
+        self._metrics = default_metrics()
+        self._contexts: dict = {}
+        for source in self._sources:
+            self._contexts[source.stream_arn] = _StreamContext(source, self._metrics)
+        self._idle_streak = 0
 
     @beam.DoFn.unbounded_per_element()
     def process(
@@ -125,34 +167,40 @@ class _ReadStreamPartitionsFn(beam.DoFn):
     ):
         if tracker.current_restriction().done:
             return
-        if self._lease is not None:
-            self._lease.check()  # raises once the job's lease is lost: this process stops
-        if stop_requested(self._options.stop_token):
+        ctx = self._contexts[partition.stream_arn]
+        options = ctx.options
+        if ctx.lease is not None:
+            ctx.lease.check()  # raises once the table's lease is lost: this process stops
+        if stop_requested(options.stop_token):
             tracker.try_claim(ClaimEnd())
             return
-        reader = self._reader(partition)
+        reader = ctx.reader(partition)
         result = yield from batch_records(reader.read_round(tracker))
         if result.stopped:
             return
         decision = reader.idle_decision(tracker, result)
         if decision == "end":
             log.info("partition %d/%d of %s idle for %ss: done", partition.index, partition.count,
-                     partition.stream_arn, self._options.until_idle_s)
+                     partition.stream_arn, options.until_idle_s)
             tracker.try_claim(ClaimEnd())
             return
-        self._tick_cutover(at_head=decision == "poll")
+        self._tick_cutover(ctx, at_head=decision == "poll")
         if decision == "poll":
-            if self._options.sleep_when_idle:
+            self._idle_streak += 1
+            if options.sleep_when_idle:
                 # FnApiRunner ignores deferral delays; sleeping here keeps an idle
-                # local job from spinning a core.
-                time.sleep(self._options.poll_interval_s)
+                # local job from spinning a core (once per round of all partitions).
+                if self._idle_streak >= self._partitions_total:
+                    self._idle_streak = 0
+                    time.sleep(options.poll_interval_s)
                 tracker.defer_remainder(Duration.of(0))
             else:
-                tracker.defer_remainder(Duration.of(self._options.poll_interval_s))
+                tracker.defer_remainder(Duration.of(options.poll_interval_s))
             return
+        self._idle_streak = 0
         tracker.defer_remainder(Duration.of(0))
 
-    def _tick_cutover(self, at_head: bool) -> None:
+    def _tick_cutover(self, ctx: _StreamContext, at_head: bool) -> None:
         """Let the cutover machine take its next step (the phase is the cutover
         module's to write): without a local controller — on Dataflow, or next to a
         separate batch backfill — the readers are what moves a migration on."""
@@ -160,23 +208,21 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         from ddb2bt.pipeline.cutover.phases import Migration, advance
 
         now = time.monotonic()
-        if now - getattr(self, "_phase_checked", -1e9) < PHASE_CHECK_S:
+        if now - ctx.phase_checked < PHASE_CHECK_S:
             return
-        self._phase_checked = now
-        spec = getattr(self._state_factory, "bigtable", None)
+        ctx.phase_checked = now
+        spec = getattr(ctx.source.state_factory, "bigtable", None)
         if spec is None:  # a state store without a Bigtable target (tests)
             return
         try:
-            if getattr(self, "_bookkeeping", None) is None:
-                self._bookkeeping = Bookkeeping.for_target(spec.project, spec.instance)
-            advance(Migration(self._state), self._bookkeeping, at_head, self._options.promote_live)
+            if ctx.bookkeeping is None:
+                ctx.bookkeeping = Bookkeeping.for_target(spec.project, spec.instance)
+            advance(Migration(ctx.state), ctx.bookkeeping, at_head, ctx.options.promote_live)
         except Exception as exc:  # the phase moves on at the next tick; reading must go on
-            log.warning("cannot advance the migration phase (%s: %s)", type(exc).__name__, exc)
+            log.warning("cannot advance the migration phase of %s (%s: %s)", table_of_stream(ctx.source.stream_arn),
+                        type(exc).__name__, exc)
 
     def teardown(self) -> None:
-        close = getattr(self._client, "close", None)
-        if close:
-            close()
-        state = getattr(self, "_state", None)
-        if state is not None:
-            state.close()
+        for ctx in getattr(self, "_contexts", {}).values():
+            ctx.close()
+

@@ -82,7 +82,7 @@ def test_backfill_refuses_the_export_before_touching_bigtable(name, message, mon
 
     monkeypatch.setattr(preflight, "ensure_state_table", forbidden)
     monkeypatch.setattr(preflight, "check_target", forbidden)
-    monkeypatch.setattr(cli, "build_live_job", forbidden)
+    monkeypatch.setattr(cli, "build_live_jobs", forbidden)
     for command in ("backfill", "migrate"):
         argv = [command, "-m", str(HERE / "mappings" / "catalog.yaml"), "--from-export", str(export_dir(name))]
         assert cli.main(argv) == 2

@@ -79,9 +79,9 @@ def test_no_resume_hint_where_no_job_ran(tmp_path, capsys):
 
 
 def test_run_outcome_names_dead_letters_and_how_to_inspect_them():
-    quiet = report_outcome({"applied": 5, "dead_lettered": 0, "skipped": 1}, "m.yaml")
+    quiet = report_outcome({"applied": 5, "dead_lettered": 0, "skipped": 1}, "--mapping m.yaml")
     assert quiet == "done: 5 change(s) applied, 0 dead-lettered, 1 skipped"
-    loud = report_outcome({"applied": 5, "dead_lettered": 2, "skipped": 0}, "m.yaml")
+    loud = report_outcome({"applied": 5, "dead_lettered": 2, "skipped": 0}, "--mapping m.yaml")
     assert "2 dead-lettered" in loud and "ddb2bt dlq list --mapping m.yaml" in loud and "dlq redrive" in loud
 
 

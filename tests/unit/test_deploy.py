@@ -72,10 +72,38 @@ def test_every_template_parameter_reaches_the_cli(command):
     # only Beam's own options are left over: every template parameter was taken by the CLI
     assert unknown == ["--runner=DataflowRunner", "--project=p-123456", "--region=us-central1",
                        "--temp_location=gs://bkt/t"]
-    assert args.mapping == "gs://b/m.yaml" and args.project == "7"  # --bigtable-project
+    assert args.mapping == ["gs://b/m.yaml"] and args.project == "7"  # --bigtable-project
     assert getattr(args, "dlq_include_values", False) is False
 
 
 def test_unknown_command_is_refused():
     with pytest.raises(SystemExit, match="--command must be one of run, backfill, migrate"):
         translate(["--command=delete"])
+
+
+def test_the_template_takes_a_list_of_mappings_or_a_folder(monkeypatch):
+    """One job for many tables: comma-separated gs:// files, or a gs:// folder
+    (its *.yaml / *.yml files, through Beam's filesystems), pass the template's
+    regex and reach the CLI as every mapping, in order."""
+    from types import SimpleNamespace
+
+    from apache_beam.io.filesystems import FileSystems
+
+    from ddb2bt.pipeline.jobs import mapping_sources
+
+    regex = PARAMS["mapping"]["regexes"][0]
+    listed = {"gs://bkt/app/*.yaml": ["gs://bkt/app/orders.yaml", "gs://bkt/app/carts.yaml"], "gs://bkt/app/*.yml": []}
+    monkeypatch.setattr(FileSystems, "match", staticmethod(lambda patterns: [SimpleNamespace(
+        metadata_list=[SimpleNamespace(path=p) for p in listed[patterns[0]]])]))
+    for value, expected in [("gs://bkt/m.yaml,gs://bkt/n.yml", ["gs://bkt/m.yaml", "gs://bkt/n.yml"]),
+                            ("gs://bkt/app/", ["gs://bkt/app/carts.yaml", "gs://bkt/app/orders.yaml"]),
+                            ("gs://bkt/app/,gs://bkt/x.yaml", ["gs://bkt/app/carts.yaml", "gs://bkt/app/orders.yaml",
+                                                           "gs://bkt/x.yaml"])]:
+        assert re.fullmatch(regex, value), value
+        argv = translate(["--command=run", f"--mapping={value}", "--runner=DataflowRunner"])
+        args, _ = build_parser().parse_known_args(argv)
+        assert mapping_sources(args.mapping) == expected
+    assert not re.fullmatch(regex, "gs://bkt/m.json") and not re.fullmatch(regex, "/local/m.yaml")
+    listed["gs://bkt/app/*.yaml"] = []
+    with pytest.raises(Exception, match="the gs:// folder gs://bkt/app/ holds no mapping files"):
+        mapping_sources(["gs://bkt/app/"])
