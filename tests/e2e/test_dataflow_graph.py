@@ -68,6 +68,47 @@ def test_migrate_is_one_streaming_job_with_tail_and_backfill(stack, tmp_path, un
     assert facts.ordered_path_shuffles == ()
 
 
+def setup_tables(tmp_path, unique, count=3):
+    paths = []
+    for i in range(count):
+        path = write_mapping(tmp_path, source__table=f"Flow{i}_{unique}", target__table=f"flow{i}_{unique}",
+                             name=f"flow{i}_{unique}")
+        workload.create_table(dynamodb_client(), f"Flow{i}_{unique}")
+        paths += ["--mapping", str(path)]
+    assert cli.main(["create-table", *paths]) == 0
+    return paths
+
+
+def _leaf_names(job, step):
+    from ddb2bt.pipeline.dataflow import _is_step
+
+    return [t.unique_name for t in job.proto_pipeline.components.transforms.values()
+            if not t.subtransforms and _is_step(t.unique_name, step)]
+
+
+def test_three_tables_are_one_streaming_job_with_one_reader_and_no_shuffle(stack, tmp_path, unique, launched):
+    paths = setup_tables(tmp_path, unique)
+    assert cli.main(["run", *paths, "--partitions", "4"] + DATAFLOW) == 0
+    (result,) = launched
+    facts = graph_facts(result.job, [ORDERED])
+    assert facts.streaming and facts.ordered_path_shuffles == ()
+    # one reading stage for every stream (12 partitions), one mapping, one write
+    assert len(_leaf_names(result.job, "ReadStream")) == len(_leaf_names(result.job, "WriteToBigtable")) == 1
+
+
+def test_migrate_of_three_tables_is_one_streaming_job_with_a_backfill_per_table(stack, tmp_path, unique, launched):
+    paths = setup_tables(tmp_path, unique)
+    assert cli.main(["migrate", *paths, "--segments", "8", "--tasks", "2"] + DATAFLOW) == 0
+    (result,) = launched
+    facts = graph_facts(result.job, [ORDERED, ("ReadBackfill", "WriteBackfill")])
+    assert facts.streaming and facts.ordered_path_shuffles == ()
+    assert {f"Backfill[flow{i}_{unique}]" for i in range(3)} <= facts.steps
+    assert len(_leaf_names(result.job, "ReadStream")) == 1
+    assert cli.main(["backfill", *paths, "--segments", "8"] + DATAFLOW) == 0
+    batch = graph_facts(launched[1].job, [("ReadBackfill", "WriteBackfill")])
+    assert not batch.streaming and {f"Backfill[flow{i}_{unique}]" for i in range(3)} <= batch.steps
+
+
 def test_the_shuffle_check_can_fail():
     """A Reshuffle inserted between read and write is detected."""
     import apache_beam as beam
