@@ -16,6 +16,10 @@ fresh table. Contestants:
   ddb2bt       the real pipeline: source SDF over the fake client, mapping, sink
   ceiling      pre-built MutateRowsRequest protobufs through the raw gRPC call
 
+Also: lag at a steady write rate, peak memory draining a backlog, backfill
+speed, scaling with shards and item sizes, and one job of 1 table against one
+job of 4 tables (bench/tables.py).
+
 Reported: changes/s, CPU seconds per 1M changes (this process and the emulator
 separately), ratios ddb2bt / each; as a table and as JSON in bench/results/.
 """
@@ -616,6 +620,10 @@ def main() -> int:
         print("scaling: shards and item sizes")
         results["scaling"] = scaling(n // 2, stack, project, instance)
         print(f"  {results['scaling']}")
+        from bench.tables import many_tables
+
+        print(f"tables: {n:,} changes through one job of 1 table, then of 4 tables")
+        results["tables"] = many_tables(n, project, instance)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = RESULTS / f"bench-{stamp}.json"
     path.write_text(json.dumps(results, indent=2))
