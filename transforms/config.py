@@ -649,7 +649,8 @@ def check_distinct_tables(mappings: Sequence[MappingConfig], labels: Sequence[st
     names = list(state_names) if state_names is not None else [m.name for m in mappings]
     seen: dict = {}
     for mapping, label, name in zip(mappings, labels, names):
-        keys = [("state name", name), ("source table", f"{mapping.source.region}/{mapping.source.table}")]
+        source = f"{mapping.source.region}/{mapping.source.table}" if mapping.source.region else mapping.source.table
+        keys = [("state name", name), ("source table", source)]
         keys += [("target table", f"{mapping.target.project}/{mapping.target.instance}/{t}") for t in mapping.tables]
         for what, value in keys:
             other = seen.setdefault((what, value), label)

@@ -1,0 +1,169 @@
+"""Many tables in one job, the parts without services: routing by stream, the
+per-stream DoFn, what makes two mappings clash, --mapping expansion, the job's
+phase, the per-table status lines, and the idle rule of the shared reader."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from ddb2bt.pipeline.cutover.controller import _overall
+from ddb2bt.pipeline.cutover.status import Facts, ShardStatus, render_tables
+from ddb2bt.pipeline.io import LiveJob, ReplicateToBigtable, _PerStreamFn
+from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+from ddb2bt.pipeline.jobs import load_all, mapping_sources
+from ddb2bt.pipeline.source.stream_source import ReaderOptions
+from ddb2bt.transforms.config import check_distinct_tables, load_mapping
+from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.transforms.model import (ChangeRecord, MappedBatch, MappedChange, RecordBatch, ShardClosed,
+                                     StreamPosition, stream_of)
+from tests.conftest import ROOT
+
+ARN = "arn:aws:dynamodb:us-east-1:000000000000:table/{}/stream/2024-01-01T00:00:00.000"
+CATALOG = load_mapping(ROOT / "examples/product_catalog.yaml")
+INVOICES = load_mapping(ROOT / "examples/invoices.yaml")
+
+
+def record(table: str, seq: int) -> ChangeRecord:
+    return ChangeRecord("INSERT", {"pk": {"S": "a"}}, {"pk": {"S": "a"}}, None, 1,
+                        position=StreamPosition(ARN.format(table), "shardId-1", str(seq)))
+
+
+def test_every_live_path_element_names_its_stream():
+    a, b = record("A", 1), record("B", 2)
+    assert stream_of(RecordBatch((a,))) == ARN.format("A")
+    assert stream_of(MappedBatch((MappedChange(b),))) == ARN.format("B")
+    assert stream_of(ShardClosed(ARN.format("C"), "shardId-1")) == ARN.format("C")
+    assert stream_of(a) == ARN.format("A") and stream_of(MappedChange(b)) == ARN.format("B")
+    for unroutable in (RecordBatch(()), dataclasses.replace(a, position=None)):
+        with pytest.raises(ValueError, match="carries no stream position"):
+            stream_of(unroutable)
+
+
+class Recorder:
+    """A DoFn's lifecycle, recorded."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def setup(self):
+        self.log.append((self.name, "setup"))
+
+    def start_bundle(self):
+        self.log.append((self.name, "start"))
+
+    def process(self, element):
+        self.log.append((self.name, element.records[0].position.sequence_number))
+        yield (self.name, element)
+
+    def finish_bundle(self):
+        self.log.append((self.name, "finish"))
+        return iter([(self.name, "flushed")])
+
+    def teardown(self):
+        self.log.append((self.name, "teardown"))
+
+
+def test_each_element_goes_to_its_own_tables_dofn_in_order():
+    log: list = []
+    fn = _PerStreamFn({ARN.format("A"): Recorder("A", log), ARN.format("B"): Recorder("B", log)})
+    fn.setup()
+    fn.start_bundle()
+    elements = [RecordBatch((record(t, i),)) for i, t in enumerate("ABBAB")]
+    out = [o for e in elements for o in fn.process(e)]
+    assert [name for name, _ in out] == list("ABBAB") and [e for _, e in out] == elements
+    assert [o for o in fn.finish_bundle()] == [("A", "flushed"), ("B", "flushed")]
+    fn.teardown()
+    assert [x for x in log if x[0] == "A"] == [("A", "setup"), ("A", "start"), ("A", "0"), ("A", "3"),
+                                               ("A", "finish"), ("A", "teardown")]
+    assert [x[1] for x in log if x[0] == "B"] == ["setup", "start", "1", "2", "4", "finish", "teardown"]
+    with pytest.raises(KeyError):  # a stream the job does not replicate is a bug, never silently dropped
+        list(fn.process(RecordBatch((record("C", 9),))))
+
+
+def renamed(mapping, name, source=None, target=None):
+    return dataclasses.replace(mapping.with_overrides(table=target or mapping.target.table), name=name,
+                               source=dataclasses.replace(mapping.source, table=source or mapping.source.table))
+
+
+@pytest.mark.parametrize("second,what", [
+    (renamed(INVOICES, "catalog_job", "Other", "other"), "the same state name (catalog_job)"),
+    (renamed(INVOICES, "x", CATALOG.source.table, "other"), "the same source table (ProductCatalog)"),
+    (renamed(INVOICES, "x", "Other", "t1"), "the same target table (local-project/local-instance/t1)"),
+])
+def test_two_mappings_of_one_job_may_share_no_name_source_or_target(second, what):
+    first = renamed(CATALOG, "catalog_job", target="t1")
+    check_distinct_tables([first, renamed(INVOICES, "x", "Other", "other")], ["a.yaml", "b.yaml"])
+    with pytest.raises(ConfigError, match="a.yaml and b.yaml have " + what.replace("(", r"\(").replace(")", r"\)")):
+        check_distinct_tables([first, second], ["a.yaml", "b.yaml"])
+
+
+def test_mapping_values_expand_directories_and_lists(tmp_path):
+    (tmp_path / "b.yaml").write_text((ROOT / "examples/invoices.yaml").read_text())
+    (tmp_path / "a.yml").write_text((ROOT / "examples/product_catalog.yaml").read_text())
+    (tmp_path / "notes.txt").write_text("not a mapping")
+    assert mapping_sources([str(tmp_path)]) == [str(tmp_path / "a.yml"), str(tmp_path / "b.yaml")]
+    assert mapping_sources(["x.yaml,example:videos", "y.yaml"]) == ["x.yaml", "example:videos", "y.yaml"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="--mapping: the directory .*empty holds no mapping files"):
+        mapping_sources([str(empty)])
+    with pytest.raises(ConfigError, match=r"--mapping: named more than once: .*a\.yml"):
+        mapping_sources([str(tmp_path), str(tmp_path / "a.yml")])
+
+
+def args(*mappings, **extra):
+    base = dict(mapping=list(mappings), project=None, instance=None, table=None, job_name=None, command="run")
+    return SimpleNamespace(**{**base, **extra})
+
+
+def test_per_table_overrides_are_refused_with_several_mappings():
+    two = ("example:product_catalog", "example:invoices")
+    assert [m.name for m in load_all(args(*two))] == ["product_catalog", "invoices"]
+    with pytest.raises(ConfigError, match="--bigtable-table: names one table but 2 mappings are given"):
+        load_all(args(*two, table="t"))
+    with pytest.raises(ConfigError, match="--job-name: names one job's state but 2 mappings are given"):
+        load_all(args(*two, job_name="j"))
+    assert load_all(args("example:product_catalog", table="t"))[0].target.table == "t"  # one: fine
+
+
+def job(mapping, table: str) -> LiveJob:
+    return LiveJob(mapping=mapping, stream_arn=ARN.format(table), reader=ReaderOptions(),
+                   state=StateSpec(BigtableSpec("p", "i"), job=mapping.name))
+
+
+def test_one_replication_of_several_jobs_refuses_a_stream_read_twice():
+    a, b = job(CATALOG, "A"), job(INVOICES, "B")
+    assert len(ReplicateToBigtable.from_jobs([a, b]).jobs) == 2
+    with pytest.raises(ValueError, match="both read stream"):
+        ReplicateToBigtable.from_jobs([a, dataclasses.replace(b, stream_arn=a.stream_arn)])
+    with pytest.raises(ValueError, match="with several mappings build LiveJobs"):
+        ReplicateToBigtable([CATALOG, INVOICES], stream_arn=a.stream_arn)
+
+
+@pytest.mark.parametrize("phases,overall", [
+    (["LIVE", "LIVE"], "LIVE"),
+    (["LIVE", "CATCHING_UP"], "CATCHING_UP"),
+    (["BACKFILLING", "LIVE", "CATCHING_UP"], "BACKFILLING"),
+    (["LIVE", None], None),
+])
+def test_a_job_is_live_when_every_table_is(phases, overall):
+    assert _overall(phases) == overall
+
+
+def facts(phase, dead=0, lag_ms=0) -> Facts:
+    now = 1_700_000_000_000
+    return Facts(now_ms=now, phase=phase, handoff_ms=None, backfill_parts=4, backfill_done_parts=4,
+                 backfill_items=10, backfill_expected=None, backfill_done_ms=now - 1000, dead_letters=dead,
+                 last_verify={"identical": True, "checked_at_ms": now},
+                 shards=[ShardStatus("s1", "1", False, now - lag_ms if lag_ms else None, None)])
+
+
+def test_status_of_several_tables_is_a_line_each_and_the_total():
+    lines = render_tables([("orders", facts("LIVE")), ("carts", facts("CATCHING_UP", dead=2, lag_ms=3100))])
+    assert lines[0] == "orders: READY  phase LIVE, backfill 4/4 parts, lag 0.0s, 0 dead letter(s)"
+    assert lines[1].startswith("carts: NOT READY  phase CATCHING_UP, backfill 4/4 parts, lag 3.1s, 2 dead letter(s) — ")
+    assert "the tail is still catching up" in lines[1] and "2 dead letter(s): inspect" in lines[1]
+    assert lines[2] == "total: 1 of 2 table(s) READY, 1 LIVE, 2 dead letter(s); NOT READY"
+    assert render_tables([("orders", facts("LIVE"))])[-1].endswith("; READY for cutover")
