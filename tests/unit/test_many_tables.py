@@ -167,3 +167,65 @@ def test_status_of_several_tables_is_a_line_each_and_the_total():
     assert "the tail is still catching up" in lines[1] and "2 dead letter(s): inspect" in lines[1]
     assert lines[2] == "total: 1 of 2 table(s) READY, 1 LIVE, 2 dead letter(s); NOT READY"
     assert render_tables([("orders", facts("LIVE"))])[-1].endswith("; READY for cutover")
+
+
+class Tracker:
+    def __init__(self):
+        from ddb2bt.pipeline.source.stream_source import PartitionRestriction, apply_claim
+
+        self.r, self._apply, self.deferred = PartitionRestriction(), apply_claim, 0
+
+    def current_restriction(self):
+        return self.r
+
+    def try_claim(self, claim):
+        self.r = self._apply(self.r, claim)
+        return True
+
+    def defer_remainder(self, delay):
+        self.deferred += 1
+
+
+class NoState:
+    def load_checkpoints(self, stream_arn):
+        return {}
+
+    def close(self):
+        pass
+
+
+def test_an_idle_local_reader_sleeps_once_per_round_of_every_partition(monkeypatch):
+    """One busy table must not wait for the other tables' idle sleeps: the shared
+    reader sleeps only after every partition of the job had an idle round in a row."""
+    from ddb2bt.pipeline.source import stream_sdf
+    from ddb2bt.pipeline.source.stream_sdf import StreamSource, _ReadStreamPartitionsFn
+    from ddb2bt.pipeline.source.stream_source import StreamPartition
+    from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
+
+    clients = {t: FakeStreamsClient(table=t) for t in "AB"}
+    for c in clients.values():
+        c.add_shard("shardId-1")
+    sleeps: list = []
+    monkeypatch.setattr(stream_sdf.time, "sleep", sleeps.append)
+    options = ReaderOptions(poll_interval_s=0.25, sleep_when_idle=True)
+    fn = _ReadStreamPartitionsFn([StreamSource(c.stream_arn, options, lambda c=c: c, NoState) for c in clients.values()])
+    fn.setup()
+    parts = {t: StreamPartition(c.stream_arn, 0, 1) for t, c in clients.items()}
+    trackers = {t: Tracker() for t in "AB"}
+
+    def round_of(table):
+        list(fn.process(parts[table], tracker=trackers[table]))
+
+    round_of("A")
+    round_of("B")
+    assert sleeps == [0.25]  # both idle: one sleep for the round of both
+    clients["A"].put("shardId-1", "INSERT", {"pk": {"S": "k"}}, {"pk": {"S": "k"}}, None)
+    round_of("A")  # busy: the idle streak starts again
+    round_of("B")  # idle, but A was not: no sleep
+    assert sleeps == [0.25]
+    round_of("A")  # idle too: now every partition was idle in a row
+    assert sleeps == [0.25, 0.25]
+    clients["B"].put("shardId-1", "INSERT", {"pk": {"S": "j"}}, {"pk": {"S": "j"}}, None)
+    out = list(fn.process(parts["B"], tracker=trackers["B"]))
+    assert [r.position.stream_arn for e in out for r in e.records] == [clients["B"].stream_arn]
+    fn.teardown()
