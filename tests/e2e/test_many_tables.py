@@ -163,3 +163,30 @@ def test_adding_a_table_to_a_job_resumes_the_others(stack, tmp_path, unique, cap
     assert changes_read(capsys.readouterr().out) == 80
     for mapping in (a, b):
         assert_target_is_exactly_the_mapping(mapping, ddb)
+
+
+@pytest.mark.parametrize("stream", [None, "KEYS_ONLY"])
+def test_a_table_without_a_usable_stream_is_refused_before_anything_starts(stack, tmp_path, unique, capsys,
+                                                                          monkeypatch, stream):
+    import ddb2bt.pipeline.jobs as jobs
+
+    good_path, good = table_of(tmp_path, unique, "product_catalog.yaml", "Good", "good")
+    bad_path = write_mapping(tmp_path, "invoices.yaml", source__table=f"Bad_{unique}", target__table=f"bad_{unique}",
+                             name=f"bad_{unique}")
+    spec = {"StreamSpecification": {"StreamEnabled": True, "StreamViewType": stream}} if stream else {}
+    dynamodb_client().create_table(
+        TableName=f"Bad_{unique}", BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[{"AttributeName": a, "AttributeType": "S"} for a in ("pk", "sk")],
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}], **spec)
+    both = ["--mapping", str(good_path), "--mapping", str(bad_path)]
+    assert ddb2bt(["create-table", *both]) == 0
+
+    def no_lease(*a, **k):
+        raise AssertionError("a lease was taken before every table was checked")
+
+    monkeypatch.setattr(jobs, "acquire_lease", no_lease)
+    for command in (["run", "--until-idle", "1"], ["migrate", "--until-idle", "1"]):
+        assert ddb2bt([command[0], *both, *command[1:]]) == 2
+        err = capsys.readouterr().err
+        assert f"Bad_{unique}" in err and ("no stream enabled" in err if stream is None else "KEYS_ONLY" in err)
+    assert Migration(store_of(good)).phase is None  # nothing of the good table's was begun
