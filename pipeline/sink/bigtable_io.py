@@ -342,27 +342,39 @@ def _length_delimited(tag: bytes, data: bytes) -> bytes:
     return tag + (_VARINTS[n] if n < _VARINT_TABLE_SIZE else _varint(n)) + data
 
 
-def _column_fields(key: tuple) -> bytes:
+def _column_fields(key: tuple) -> tuple:
+    """(encoded family and qualifier fields, their length)."""
     family, qualifier = key
     family_bytes = family.encode()
     # proto3: a field holding its default (empty) is not written.
     fields = ((_length_delimited(_CELL_FAMILY, family_bytes) if family_bytes else b"")
               + (_length_delimited(_CELL_QUALIFIER, qualifier) if qualifier else b""))
     if len(_COLUMN_FIELDS) < _MAX_CACHED_COLUMNS:
-        _COLUMN_FIELDS[key] = fields
-    return fields
+        _COLUMN_FIELDS[key] = (fields, len(fields))
+    return fields, len(fields)
+
+
+# Bytes of a varint below 2**14 (the lookup table's range): 1 below 128, else 2.
+_ONE_BYTE_VARINT = 1 << 7
 
 
 def encode_mutate_rows(table_name: str, app_profile: Optional[str], entries: Sequence[Entry]) -> bytes:
     """A serialized MutateRowsRequest: byte for byte what ``build_request`` then
     ``SerializeToString`` give (fields in number order, defaults omitted, an
-    empty time range still present), without building a message."""
+    empty time range still present), without building a message. Runs once per
+    mutation on the write path: lengths are added up, not measured, and lookups
+    replace computation wherever a value repeats."""
     varints, table_size, varint, columns = _VARINTS, _VARINT_TABLE_SIZE, _varint, _COLUMN_FIELDS
+    one_byte = _ONE_BYTE_VARINT
     out = [_length_delimited(_REQ_TABLE_NAME, table_name.encode())]
     append, extend = out.append, out.extend
-    # A change's mutations share a timestamp (and its deletes a range): encoded once.
+    # A change's mutations share a timestamp (and its deletes a range): encoded
+    # once, and a SetCell's timestamp is usually its deletes' range end.
+    last_micros = None
+    micros_bytes = b""
     last_ts = last_range = None
     ts_field = range_field = b""
+    ts_len = range_len = 0
     for row_key, mutations in entries:
         slot = len(out)
         append(b"")  # the entry's tag and length, known once its mutations are encoded
@@ -374,42 +386,62 @@ def encode_mutate_rows(table_name: str, app_profile: Optional[str], entries: Seq
         for m in mutations:
             if type(m) is SetCell:
                 family, qualifier, value, ts_ms = m
-                column = columns.get((family, qualifier)) or _column_fields((family, qualifier))
+                column, n = columns.get((family, qualifier)) or _column_fields((family, qualifier))
                 if ts_ms != last_ts:
                     last_ts = ts_ms
                     micros = ts_ms * US_PER_MS
-                    ts_field = _SET_TIMESTAMP + _int64(micros) if micros else b""
+                    if micros != last_micros:
+                        last_micros, micros_bytes = micros, _int64(micros)
+                    ts_field = _SET_TIMESTAMP + micros_bytes if micros else b""
+                    ts_len = len(ts_field)
+                n += ts_len
                 value_len = len(value)
                 if value_len:
-                    value_len_bytes = varints[value_len] if value_len < table_size else varint(value_len)
-                    n = len(column) + len(ts_field) + 1 + len(value_len_bytes) + value_len
-                else:
-                    n = len(column) + len(ts_field)
-                n_bytes = varints[n] if n < table_size else varint(n)
-                mutation_len = 1 + len(n_bytes) + n
-                mutation_len_bytes = varints[mutation_len] if mutation_len < table_size else varint(mutation_len)
-                if value_len:
+                    if value_len < table_size:
+                        value_len_bytes = varints[value_len]
+                        n += value_len + (2 if value_len < one_byte else 3)
+                    else:
+                        value_len_bytes = varint(value_len)
+                        n += value_len + 1 + len(value_len_bytes)
+                    if n < table_size:
+                        n_bytes = varints[n]
+                        mutation_len = n + (2 if n < one_byte else 3)
+                    else:
+                        n_bytes = varint(n)
+                        mutation_len = n + 1 + len(n_bytes)
+                    mutation_len_bytes = varints[mutation_len] if mutation_len < table_size else varint(mutation_len)
                     extend((_ENTRY_MUTATION, mutation_len_bytes, _MUT_SET_CELL, n_bytes, column, ts_field,
                             _SET_VALUE, value_len_bytes, value))
                 else:
+                    n_bytes = varints[n] if n < table_size else varint(n)
+                    mutation_len = n + 1 + len(n_bytes)
+                    mutation_len_bytes = varints[mutation_len] if mutation_len < table_size else varint(mutation_len)
                     extend((_ENTRY_MUTATION, mutation_len_bytes, _MUT_SET_CELL, n_bytes, column, ts_field))
             elif type(m) is DeleteCells:
                 family, qualifier, start_ms, end_ms = m
-                column = columns.get((family, qualifier)) or _column_fields((family, qualifier))
+                column, n = columns.get((family, qualifier)) or _column_fields((family, qualifier))
                 if (start_ms, end_ms) != last_range:
                     last_range = (start_ms, end_ms)
                     start, end = start_ms * US_PER_MS, end_ms * US_PER_MS
+                    if end and end != last_micros:
+                        last_micros, micros_bytes = end, _int64(end)
                     time_range = ((_RANGE_START + _int64(start) if start else b"")
-                                  + (_RANGE_END + _int64(end) if end else b""))
+                                  + (_RANGE_END + micros_bytes if end else b""))
                     range_field = _length_delimited(_DELETE_TIME_RANGE, time_range)  # present even if empty
-                n = len(column) + len(range_field)
-                n_bytes = varints[n] if n < table_size else varint(n)
-                mutation_len = 1 + len(n_bytes) + n
+                    range_len = len(range_field)
+                n += range_len
+                if n < table_size:
+                    n_bytes = varints[n]
+                    mutation_len = n + (2 if n < one_byte else 3)
+                else:
+                    n_bytes = varint(n)
+                    mutation_len = n + 1 + len(n_bytes)
                 mutation_len_bytes = varints[mutation_len] if mutation_len < table_size else varint(mutation_len)
                 extend((_ENTRY_MUTATION, mutation_len_bytes, _MUT_DELETE_FROM_COLUMN, n_bytes, column, range_field))
             else:  # pragma: no cover - the model has only these two
                 raise TypeError(f"unknown mutation {type(m).__name__}")
-            size += 1 + len(mutation_len_bytes) + mutation_len
+            size += mutation_len + (2 if mutation_len < one_byte else 3) if mutation_len < table_size else \
+                mutation_len + 1 + len(mutation_len_bytes)
         out[slot] = _REQ_ENTRY + (varints[size] if size < table_size else varint(size))
     if app_profile:
         append(_length_delimited(_REQ_APP_PROFILE, app_profile.encode()))
