@@ -157,8 +157,11 @@ class BatchingWriter:
         """Buffer one element; returns dead letters of any flush it caused."""
         if type(element) is MappedBatch:
             flushed: list = []
+            add_change = self._add_change
             for change in element.changes:
-                flushed += self.add(change)
+                dead = add_change(change) if type(change) is MappedChange else self.add(change)
+                if dead:
+                    flushed += dead
             return flushed
         if isinstance(element, ShardClosed):
             self._buf.closed.append(element)
@@ -169,6 +172,9 @@ class BatchingWriter:
             return []
         if not isinstance(element, MappedChange):
             raise TypeError(f"sink got {type(element).__name__}, expected MappedChange(s) or a marker")
+        return self._add_change(element)
+
+    def _add_change(self, element: MappedChange) -> list:
         flushed: list = []
         rows = self._prevalidate(element)
         # One pass over the rows for the limits (this runs once per change).
