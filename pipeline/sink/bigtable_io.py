@@ -355,6 +355,8 @@ def _column_fields(key: tuple) -> tuple:
 
 
 # Bytes of a varint below 2**14 (the lookup table's range): 1 below 128, else 2.
+# So a length-delimited field of n < 2**14 bytes takes n + 2 (tag, 1-byte length)
+# or n + 3 (tag, 2-byte length) bytes: the "2 if ... else 3" below.
 _ONE_BYTE_VARINT = 1 << 7
 
 
