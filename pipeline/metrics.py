@@ -11,8 +11,10 @@ not yet applied (or of the last applied one), so a stalled shard keeps growing.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -58,11 +60,13 @@ class LagTracker:
             state = self._shards[key] = _ShardLag(stream=stream)
         return state
 
-    def on_read(self, stream: str, shard: str, change_ms: int) -> None:
+    def on_read(self, stream: str, shard: str, change_ms: int, count: int = 1) -> None:
+        """``count`` changes read, the first of them at ``change_ms`` (a page's
+        records are reported at once: the same state as one call each)."""
         with self._lock:
             s = self._get(stream, shard)
             s.at_head = False
-            s.read_count += 1
+            s.read_count += count
             if s.pending_oldest_ms is None:
                 s.pending_oldest_ms = change_ms
 
@@ -251,8 +255,8 @@ class PipelineMetrics:
     def coalesced(self, table: str) -> None:
         self._child(self.changes_coalesced, table).inc()
 
-    def read(self, table: str, event: str) -> None:
-        self._child(self.changes_read, table, event).inc()
+    def read(self, table: str, event: str, count: int = 1) -> None:
+        self._child(self.changes_read, table, event).inc(count)
 
     def dead_lettered(self, table: str, stage: str, reason: str) -> None:
         self.dead_letters.labels(table, stage, reason).inc()
@@ -265,6 +269,36 @@ class PipelineMetrics:
     def observe_lag(self, lag_ms: int) -> None:
         self.end_to_end_lag.observe(max(lag_ms, 0) / 1000)
         self._beam_lag.update(max(lag_ms, 0))
+
+    def observe_lags(self, lags_ms: list) -> None:
+        """``observe_lag`` for each of a batch's changes, with one histogram update
+        per bucket instead of one per change (the same samples)."""
+        lags_ms = [lag if lag > 0 else 0 for lag in lags_ms]
+        observe_many(self.end_to_end_lag, [lag / 1000 for lag in lags_ms])
+        update = self._beam_lag.update  # Beam's distribution has no batch update
+        for lag in lags_ms:
+            update(lag)
+
+
+def observe_many(histogram, amounts: list) -> None:
+    """``histogram.observe(a)`` for every amount, as one update per bucket: the
+    bucket of each amount is the first bound >= it, as ``observe`` chooses it.
+    Falls back to one call per amount on a client without these internals."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or not amounts:
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts: dict = {}
+    for amount in amounts:
+        i = bisect_left(bounds, amount)
+        counts[i] = counts.get(i, 0) + 1
+    histogram._raise_if_not_observable()
+    total.inc(math.fsum(amounts) if len(amounts) > 1 else amounts[0])
+    for i, count in counts.items():
+        buckets[i].inc(count)
 
 
 def counter_total(counter) -> float:

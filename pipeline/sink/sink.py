@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
@@ -46,6 +47,8 @@ from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStor
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+# A mutation's column family: field 0 of SetCell and of DeleteCells (NamedTuples).
+_FAMILY_OF = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,11 @@ class BatchingWriter:
         """Buffer one element; returns dead letters of any flush it caused."""
         if type(element) is MappedBatch:
             flushed: list = []
+            add_change = self._add_change
             for change in element.changes:
-                flushed += self.add(change)
+                dead = add_change(change) if type(change) is MappedChange else self.add(change)
+                if dead:
+                    flushed += dead
             return flushed
         if isinstance(element, ShardClosed):
             self._buf.closed.append(element)
@@ -166,37 +172,47 @@ class BatchingWriter:
             return []
         if not isinstance(element, MappedChange):
             raise TypeError(f"sink got {type(element).__name__}, expected MappedChange(s) or a marker")
+        return self._add_change(element)
+
+    def _add_change(self, element: MappedChange) -> list:
         flushed: list = []
         rows = self._prevalidate(element)
-        sizes = [r.size_bytes for r in rows]
-        size = sum(sizes)
-        count = sum(len(r.mutations) for r in rows)
-        new_rows = sum(1 for r in rows if (r.table, r.row_key) not in self._buf.rows)
-        if self._buf.rows and (
-            len(self._buf.rows) + new_rows > self._config.max_batch_rows
-            or self._buf.bytes + size > self._config.max_batch_bytes
-            or self._buf.mutations + count > self._config.max_batch_mutations
+        # One pass over the rows for the limits (this runs once per change).
+        size = count = new_rows = 0
+        buffered = self._buf.rows
+        for r in rows:
+            size += r.size_bytes
+            count += len(r.mutations)
+            if (r.table, r.row_key) not in buffered:
+                new_rows += 1
+        config = self._config
+        if buffered and (
+            len(buffered) + new_rows > config.max_batch_rows
+            or self._buf.bytes + size > config.max_batch_bytes
+            or self._buf.mutations + count > config.max_batch_mutations
         ):
             flushed = self._flush_full()
-        for row, row_size in zip(rows, sizes):
-            if row.guard is not None and row.guard.conditional:
-                self._buf.conditional.append((element, row))
-                continue
-            if row.guard is not None:
-                self._buf.guarded.append(row)
+        buf = self._buf  # a new one if that flushed
+        for row in rows:
+            guard = row.guard
+            if guard is not None:
+                if guard.conditional:
+                    buf.conditional.append((element, row))
+                    continue
+                buf.guarded.append(row)
             key = (row.table, row.row_key)
-            pending = self._buf.rows.get(key)
+            pending = buf.rows.get(key)
             if pending is None:
-                pending = self._buf.rows[key] = _Row(row.table, row.row_key)
+                pending = buf.rows[key] = _Row(row.table, row.row_key)
             elif self._metrics:
                 self._metrics.coalesced(row.table)
             pending.mutations.extend(row.mutations)
             pending.parts.append((element, row))
-            pending.size += row_size
-        self._buf.bytes += size
-        self._buf.mutations += count
+            pending.size += row.size_bytes
+        buf.bytes += size
+        buf.mutations += count
         self._track(element)
-        self._buf.elements.append(element)
+        buf.elements.append(element)
         return flushed
 
     def _prevalidate(self, element: MappedChange) -> tuple:
@@ -213,8 +229,12 @@ class BatchingWriter:
             # The marker family comes and goes with a backfill (cutover.bookkeeping);
             # a cached family list may be stale, so only the write itself decides
             # (a marker write that fails is stripped and retried, see _commit).
-            missing = sorted({m.family for m in row.mutations if m.family not in families
-                              and m.family != MARKER_FAMILY})
+            if not isinstance(families, (set, frozenset)):
+                families = frozenset(families)
+            used = set(map(_FAMILY_OF, row.mutations))  # C-level: this runs for every row
+            if used <= families:
+                continue
+            missing = sorted(f for f in used - families if f != MARKER_FAMILY)
             if missing:
                 self._buf.dead.append(self._dead_letter(
                     element, "unknown_family",
@@ -342,16 +362,25 @@ class BatchingWriter:
         dead_ids = {id(d.record) for d in dead}
         applied: dict = {}  # (table, event) -> count: one counter update per label set
         skipped: dict = {}
+        lags: list = []  # observed once for the batch
+        tables: dict = {}  # stream ARN (or None) -> table label, worked out once per batch
         for element in batch.elements:
             record = element.record
             if dead_ids and id(record) in dead_ids:
                 continue
-            table = _table_of(record)
+            position = record.position
+            stream = position.stream_arn if isinstance(position, StreamPosition) else None
+            table = tables.get(stream)
+            if table is None:
+                table = tables[stream] = _table_of(record)
             if not element.rows:
                 skipped[table] = skipped.get(table, 0) + 1
                 continue
-            applied[(table, record.event_name)] = applied.get((table, record.event_name), 0) + 1
-            m.observe_lag(ack_ms - record.change_ms)
+            key = (table, record.event_name)
+            applied[key] = applied.get(key, 0) + 1
+            lags.append(ack_ms - record.change_ms)
+        if lags:
+            m.observe_lags(lags)
         for (table, event), count in applied.items():
             m.applied(table, event, count)
         for table, count in skipped.items():

@@ -19,24 +19,31 @@ FLUSH = object()
 def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -> ChangeRecord:
     """A record from GetRecords (boto3 form) → ChangeRecord. Missing fields are kept
     missing (not invented) so the mapping dead-letters them with a precise reason."""
-    ddb = raw.get("dynamodb") or {}
-    identity = raw.get("userIdentity") or {}
-    seq = ddb.get("SequenceNumber", "")
+    # Runs for every record read: each field is looked up once.
+    ddb = raw.get("dynamodb") or _NO_FIELDS
+    event_name = raw.get("eventName", "")
     created = ddb.get("ApproximateCreationDateTime")
+    size = ddb.get("SizeBytes")
+    # Only a REMOVE is a TTL expiry: the service identity on any other event is
+    # not a deletion, and `ttl.deletions: ignore` must not drop it.
+    is_ttl_delete = False
+    if event_name == REMOVE:
+        identity = raw.get("userIdentity") or _NO_FIELDS
+        is_ttl_delete = identity.get("Type") == "Service" and identity.get("PrincipalId") == TTL_PRINCIPAL
     return ChangeRecord(
-        event_name=raw.get("eventName", ""),
+        event_name=event_name,
         keys=ddb.get("Keys") or {},
         new_image=ddb.get("NewImage"),
         old_image=ddb.get("OldImage"),
         change_ms=datetime_to_ms(created) if created is not None else NO_CHANGE_TIME,
-        position=StreamPosition(stream_arn, shard_id, seq),
+        position=StreamPosition(stream_arn, shard_id, ddb.get("SequenceNumber", "")),
         event_id=raw.get("eventID", ""),
-        # Only a REMOVE is a TTL expiry: the service identity on any other event is
-        # not a deletion, and `ttl.deletions: ignore` must not drop it.
-        is_ttl_delete=(raw.get("eventName") == REMOVE and identity.get("Type") == "Service"
-                       and identity.get("PrincipalId") == TTL_PRINCIPAL),
-        size_bytes=int(ddb.get("SizeBytes") or 0),
+        is_ttl_delete=is_ttl_delete,
+        size_bytes=size if type(size) is int else int(size or 0),
     )
+
+
+_NO_FIELDS: Mapping = {}  # read only: stands in for an absent field
 
 
 def record_to_json(record: ChangeRecord, include_values: bool = True) -> str:

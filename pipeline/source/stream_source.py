@@ -173,10 +173,31 @@ class ClaimEnd:
     pass
 
 
+# The per-record claim builds a ShardPos and a PartitionRestriction for every
+# record read: filled in one dict update instead of a frozen dataclass __init__
+# (one object.__setattr__ per field), about half the cost. Same fields, values,
+# equality, hash and pickling as the constructor's (a unit test compares them).
+_new_object = object.__new__
+
+
+def _shard_pos_after(sequence_number: str) -> ShardPos:
+    pos = _new_object(ShardPos)
+    pos.__dict__.update(after=sequence_number, mode=TRIM_HORIZON)
+    return pos
+
+
+def _restriction(positions: tuple, closed: frozenset, discovered_once: bool, idle_since_ms: Optional[int],
+                 done: bool) -> PartitionRestriction:
+    r = _new_object(PartitionRestriction)
+    r.__dict__.update(positions=positions, closed=closed, discovered_once=discovered_once,
+                      idle_since_ms=idle_since_ms, done=done)
+    return r
+
+
 def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
     """Pure restriction update for one claim."""
     if type(claim) is ClaimRecord:  # once per record: built directly, not with replace()
-        entry = (claim.shard_id, ShardPos(after=claim.sequence_number))
+        entry = (claim.shard_id, _shard_pos_after(claim.sequence_number))
         positions = r.positions
         if len(positions) == 1 and positions[0][0] == claim.shard_id:
             positions = (entry,)
@@ -184,8 +205,7 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
             pos = dict(positions)
             pos[claim.shard_id] = entry[1]
             positions = tuple(sorted(pos.items()))
-        return PartitionRestriction(positions=positions, closed=r.closed, discovered_once=r.discovered_once,
-                                    idle_since_ms=None, done=r.done)
+        return _restriction(positions, r.closed, r.discovered_once, None, r.done)
     if isinstance(claim, ClaimStart):
         pos = r.position_map()
         pos[claim.shard_id] = claim.pos
@@ -372,20 +392,30 @@ class PartitionReader:
             # A shard with a backlog gets up to PAGES_PER_ROUND full pages in one
             # round (one bundle): fewer bundles amortise the runner's per-bundle
             # cost. A short page means the shard is at its head: next shard.
+            stream_arn, metrics = self._partition.stream_arn, self._metrics
+            on_read = metrics.lag.on_read if metrics else None
             for _ in range(PAGES_PER_ROUND):
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
-                for raw in records:
-                    rec = from_stream_record(raw, self._partition.stream_arn, shard_id)
-                    if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
-                        result.stopped = True
-                        return result
-                    if self._metrics:
-                        self._metrics.read(self._table, rec.event_name)
-                        self._metrics.lag.on_read(self._partition.stream_arn, shard_id, rec.change_ms)
-                    yield rec
-                    result.records += 1
-                    result.at_head = False
+                # The read counter is updated once per page and event type (in the
+                # finally: also for a round stopped part-way); the lag tracker per
+                # record, before the record can reach the sink.
+                read: dict = {}
+                try:
+                    for raw in records:
+                        rec = from_stream_record(raw, stream_arn, shard_id)
+                        if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
+                            result.stopped = True
+                            return result
+                        if on_read is not None:
+                            read[rec.event_name] = read.get(rec.event_name, 0) + 1
+                            on_read(stream_arn, shard_id, rec.change_ms)
+                        yield rec
+                        result.records += 1
+                        result.at_head = False
+                finally:
+                    for event_name, count in read.items():
+                        metrics.read(self._table, event_name, count)
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
                 if nxt is None:

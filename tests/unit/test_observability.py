@@ -191,3 +191,24 @@ def test_json_logs_carry_the_stage():
     record = logging.LogRecord("ddb2bt.pipeline.sink.sink", logging.WARNING, __file__, 1, "retrying %s", ("x",), None)
     line = json.loads(JsonFormatter().format(record))
     assert line["stage"] == "sink" and line["msg"] == "retrying x" and line["level"] == "WARNING"
+
+
+def test_lags_observed_per_batch_give_the_same_histogram_as_one_observation_each():
+    from ddb2bt.pipeline.metrics import LAG_BUCKETS
+
+    lags_ms = [-5, 0, 49, 50, 51, 100, 999, 1000, 1001, 59_999, 3_600_000, 3_600_001, 10**9]
+    one_each, batched = PipelineMetrics(CollectorRegistry()), PipelineMetrics(CollectorRegistry())
+    for lag in lags_ms:
+        one_each.observe_lag(lag)
+    batched.observe_lags(lags_ms)
+
+    def samples(m):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for metric in m.registry.collect() if metric.name == "ddb2bt_end_to_end_lag_seconds"
+                for s in metric.samples if not s.name.endswith("_created")}
+
+    expected, got = samples(one_each), samples(batched)
+    assert len(expected) == len(LAG_BUCKETS) + 3  # every bucket, +Inf, count and sum
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key

@@ -346,3 +346,19 @@ def test_flush_sends_the_records_so_far_and_is_not_an_element():
     recs = records(drain_round(reader, LocalTracker())[0])
     out = list(batch_records(iter([recs[0], FLUSH, FLUSH, recs[1], recs[2]]), size=10))
     assert [[r.position.sequence_number for r in b.records] for b in out] == [s[:1], s[1:]]
+
+
+def test_a_per_record_claim_builds_the_same_restriction_as_the_constructors():
+    import pickle
+
+    from ddb2bt.pipeline.source.stream_source import ClaimRecord, ShardPos, apply_claim
+
+    before = PartitionRestriction(positions=(("a", ShardPos(after="1")), ("b", ShardPos(mode="latest"))),
+                                  closed=frozenset({"z"}), discovered_once=True, idle_since_ms=5)
+    after = apply_claim(before, ClaimRecord("b", "42"))
+    expected = PartitionRestriction(positions=(("a", ShardPos(after="1")), ("b", ShardPos(after="42"))),
+                                    closed=frozenset({"z"}), discovered_once=True, idle_since_ms=None)
+    assert after == expected and hash(after) == hash(expected) and repr(after) == repr(expected)
+    assert pickle.loads(pickle.dumps(after)) == expected
+    assert dict(after.positions)["b"].iterator_args() == {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
+                                                         "SequenceNumber": "42"}

@@ -1,0 +1,137 @@
+"""Thread-CPU per change of the live path's read and sink stages alone, without
+Beam or an emulator (fast, and steadier than whole-pipeline runs on a busy
+machine). The same 20,000 changes as bench/run.py's throughput contestants.
+
+    .venv/bin/python bench/micro_hotpath.py sink     # pre-mapped batches through BatchingWriter
+    .venv/bin/python bench/micro_hotpath.py read     # fake stream pages through PartitionReader
+    .venv/bin/python bench/micro_hotpath.py encode   # MutateRows request bytes only
+
+sink: MappedBatches (mapped once, beforehand) through ``BatchingWriter`` with a
+writer that encodes every request as the gRPC writer does but sends nothing,
+metrics on, no state store. read: ``batch_records(read_round(...))`` over a fake
+stream client with Beam's thread-safe tracker wrapper, as the SDF runs it.
+Compare code versions by running this with another checkout first on the path
+(PYTHONPATH=<dir holding ddb2bt/{pipeline,transforms,examples}>), interleaved.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.run import MAPPING, mapped, stream_records  # noqa: E402
+
+ARN = "arn:aws:dynamodb:us-east-1:000000000000:table/B/stream/2024-01-01T00:00:00.000"
+TABLE_NAME = "projects/p/instances/i/tables/t"
+
+
+def encode_request(table_name: str, entries: list) -> bytes:
+    from ddb2bt.pipeline.sink import bigtable_io as bio
+
+    if hasattr(bio, "encode_mutate_rows"):
+        return bio.encode_mutate_rows(table_name, None, entries)
+    return bio.build_request(bio._pb_types()[0], table_name, None, entries).SerializeToString()  # older versions
+
+
+def sink_case(n: int):
+    from prometheus_client import CollectorRegistry
+
+    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.sink.bigtable_io import ENTRY_OK
+    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+    from ddb2bt.transforms.dofns import map_record
+    from ddb2bt.transforms.model import ChangeRecord, MappedBatch, StreamPosition
+
+    class EncodingWriter:
+        def mutate_rows(self, table, entries):
+            encode_request(TABLE_NAME, entries)
+            return [ENTRY_OK] * len(entries)
+
+    class NullState:
+        def save_checkpoints(self, checkpoints): pass
+        def save_dead_letters(self, dead): pass
+        def save_backfill_progress(self, progress): pass
+
+    changes = [map_record(MAPPING, ChangeRecord(ev, k, new, old, ts,
+                                                position=StreamPosition(ARN, "shardId-0000", str(10**20 + i))),
+                          lambda: 0)
+               for i, (ev, k, new, old, ts) in enumerate(stream_records(n))]
+    batches = [MappedBatch(tuple(changes[i:i + 1000])) for i in range(0, n, 1000)]
+    metrics = PipelineMetrics(CollectorRegistry())
+
+    def run():
+        writer = BatchingWriter(EncodingWriter(), NullState(), SinkConfig(), metrics, lambda t: frozenset({"SKU"}))
+        for batch in batches:
+            writer.add(batch)
+        writer.flush()
+    return run
+
+
+def read_case(n: int):
+    from apache_beam.runners.sdf_utils import ThreadsafeRestrictionTracker
+    from prometheus_client import CollectorRegistry
+
+    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.source.records import batch_records
+    from ddb2bt.pipeline.source.stream_sdf import PartitionTracker
+    from ddb2bt.pipeline.source.stream_source import (PartitionReader, PartitionRestriction, ReaderOptions,
+                                                      StreamPartition, drain)
+    from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
+
+    client = FakeStreamsClient(table="B")
+    client.add_shard("shardId-0000")
+    for ev, k, new, old, ts in stream_records(n):
+        client.put("shardId-0000", ev, k, new, old, created_ms=ts)
+    metrics = PipelineMetrics(CollectorRegistry())
+    partition = StreamPartition(client.stream_arn, 0, 1)
+
+    def run():
+        reader = PartitionReader(client, partition, ReaderOptions(), lambda arn: {}, metrics)
+        tracker = ThreadsafeRestrictionTracker(PartitionTracker(PartitionRestriction()))
+        total = 0
+        while total < n:
+            _, result = drain(batch_records(reader.read_round(tracker)))
+            total += result.records
+    return run
+
+
+def encode_case(n: int):
+    entries = mapped(stream_records(n), "t")
+    chunks = [entries[i:i + 1000] for i in range(0, len(entries), 1000)]
+
+    def run():
+        for chunk in chunks:
+            encode_request(TABLE_NAME, chunk)
+    return run
+
+
+CASES = {"sink": sink_case, "read": read_case, "encode": encode_case}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--changes", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    import ddb2bt.pipeline as package
+
+    print(f"code under test: {Path(package.__file__).resolve().parent}")
+    run = CASES[args.case](args.changes)
+    run()  # warm-up
+    per_change = []
+    for _ in range(args.repeat):
+        t0 = time.thread_time()
+        run()
+        per_change.append((time.thread_time() - t0) / args.changes * 1e6)
+    per_change.sort()
+    print(f"{args.case}: min {per_change[0]:.1f} / median {per_change[len(per_change) // 2]:.1f} us CPU per change")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
