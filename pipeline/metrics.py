@@ -1,5 +1,8 @@
 """Prometheus metrics (``ddb2bt_*``), mirrored as Beam metrics for Dataflow.
 
+Every series carries ``table``: the table's name in the job (its mapping's
+name, the key its state is kept under), so one job of several tables is watched
+per table. Components take their table's view (``PipelineMetrics.for_table``).
 Labels never carry row keys or item values (cardinality and privacy): only table
 names, event types, dead-letter reasons, status codes, and stream/shard ids.
 
@@ -37,6 +40,7 @@ def _wall_s() -> float:
 @dataclass
 class _ShardLag:
     stream: str
+    table: str = ""
     pending_oldest_ms: Optional[int] = None  # oldest change read, not yet applied
     last_applied_ms: Optional[int] = None
     at_head: bool = False
@@ -52,6 +56,16 @@ class LagTracker:
         self._clock = clock
         self._lock = threading.Lock()
         self._shards: dict = {}
+        self._tables: dict = {}  # stream -> its table's label (set by the reader's view)
+
+    def label(self, stream: str, table: str) -> None:
+        """The ``table`` label of ``stream``'s series (the reader knows it)."""
+        self._tables[stream] = table
+
+    def table_of(self, stream: str) -> str:
+        from ddb2bt.pipeline.dynamodb import table_of_stream
+
+        return self._tables.get(stream) or table_of_stream(stream)
 
     def _get(self, stream: str, shard: str) -> _ShardLag:
         key = (stream, shard)
@@ -101,6 +115,10 @@ class LagTracker:
                     out[key] = max(0.0, (now_ms - s.last_applied_ms) / 1000)
         return out
 
+    def lag_by_table(self) -> dict:
+        """{(table, stream, shard): lag seconds}."""
+        return {(self.table_of(stream), stream, shard): v for (stream, shard), v in self.lag_seconds().items()}
+
     def retention_headroom_seconds(self) -> dict:
         """{stream: 24 h − age of the oldest unprocessed change}."""
         now_ms = self._clock() * 1000
@@ -116,33 +134,39 @@ class LagTracker:
 
 
 class _LagCollector:
-    def __init__(self, tracker: LagTracker, backfill_rate: "RateWindow", backfill_items, backfill_expected) -> None:
+    def __init__(self, tracker: LagTracker, backfill_items, backfill_expected) -> None:
         self._tracker = tracker
-        self._rate = backfill_rate
+        self._rates: dict = {}  # table -> RateWindow of its backfill
         self._items = backfill_items
         self._expected = backfill_expected
 
     def collect(self):
-        done = sum(s.value for m in self._items.collect() for s in m.samples if s.name.endswith("_total"))
-        expected = next((s.value for m in self._expected.collect() for s in m.samples), 0.0)
-        rate = self._rate.rate(done)
+        done: dict = {}
+        for m in self._items.collect():
+            for sample in m.samples:
+                if sample.name.endswith("_total"):
+                    table = sample.labels["table"]
+                    done[table] = done.get(table, 0.0) + sample.value
+        expected = {s.labels["table"]: s.value for m in self._expected.collect() for s in m.samples}
         eta = GaugeMetricFamily(f"{NAMESPACE}_backfill_eta_seconds",
                                 "Estimated seconds until the backfill has read the expected items "
-                                "(from the last minute's rate; absent while unknown)")
-        if expected and rate > 0:
-            eta.add_metric([], max(0.0, (expected - done) / rate))
+                                "(from the last minute's rate; absent while unknown)", labels=["table"])
+        for table in sorted(set(done) | set(expected)):
+            rate = self._rates.setdefault(table, RateWindow()).rate(done.get(table, 0.0))
+            if expected.get(table) and rate > 0:
+                eta.add_metric([table], max(0.0, (expected[table] - done.get(table, 0.0)) / rate))
         yield eta
         lag = GaugeMetricFamily(f"{NAMESPACE}_replication_lag_seconds",
                                 "Event-time lag of each shard: 0 at the stream head with nothing pending",
-                                labels=["stream", "shard"])
-        for (stream, shard), value in sorted(self._tracker.lag_seconds().items()):
-            lag.add_metric([_stream_name(stream), shard], value)
+                                labels=["table", "stream", "shard"])
+        for (table, stream, shard), value in sorted(self._tracker.lag_by_table().items()):
+            lag.add_metric([table, _stream_name(stream), shard], value)
         yield lag
         headroom = GaugeMetricFamily(f"{NAMESPACE}_retention_headroom_seconds",
                                      "24 h stream retention minus the age of the oldest unprocessed change",
-                                     labels=["stream"])
+                                     labels=["table", "stream"])
         for stream, value in sorted(self._tracker.retention_headroom_seconds().items()):
-            headroom.add_metric([_stream_name(stream)], value)
+            headroom.add_metric([self._tracker.table_of(stream), _stream_name(stream)], value)
         yield headroom
 
 
@@ -186,42 +210,42 @@ class PipelineMetrics:
                                     ["table", "stage", "reason"], registry=r)
         self.end_to_end_lag = Histogram(f"{NAMESPACE}_end_to_end_lag_seconds",
                                         "Acknowledged write time minus change time, per applied change",
-                                        buckets=LAG_BUCKETS, registry=r)
+                                        ["table"], buckets=LAG_BUCKETS, registry=r)
         self.mutate_latency = Histogram(f"{NAMESPACE}_bigtable_mutate_seconds", "MutateRows call latency",
-                                        buckets=LATENCY_BUCKETS, registry=r)
+                                        ["table"], buckets=LATENCY_BUCKETS, registry=r)
         self.batch_rows = Histogram(f"{NAMESPACE}_bigtable_batch_rows", "Row entries per MutateRows call",
-                                    buckets=BATCH_BUCKETS, registry=r)
+                                    ["table"], buckets=BATCH_BUCKETS, registry=r)
         self.bigtable_retries = Counter(f"{NAMESPACE}_bigtable_retries", "Entries retried, by status code",
-                                        ["code"], registry=r)
+                                        ["table", "code"], registry=r)
         self.dynamodb_throttles = Counter(f"{NAMESPACE}_dynamodb_throttles", "Throttled DynamoDB Streams calls",
-                                          ["operation"], registry=r)
+                                          ["table", "operation"], registry=r)
         self.iterator_refreshes = Counter(f"{NAMESPACE}_iterator_refreshes", "Expired shard iterators renewed",
-                                          registry=r)
+                                          ["table"], registry=r)
         self.trimmed_restarts = Counter(f"{NAMESPACE}_trimmed_restarts",
                                         "Shards restarted at TRIM_HORIZON after trimmed data (--on-trimmed=restart)",
-                                        registry=r)
+                                        ["table"], registry=r)
         self.backfill_superseded = Counter(f"{NAMESPACE}_backfill_superseded",
                                            "Backfill rows skipped because the live tail already applied a newer "
-                                           "change of the item", registry=r)
+                                           "change of the item", ["table"], registry=r)
         self.markers_stripped = Counter(f"{NAMESPACE}_markers_stripped",
                                         "Rows written again without touch markers because the marker family was "
-                                        "dropped by the migration's finish meanwhile", registry=r)
+                                        "dropped by the migration's finish meanwhile", ["table"], registry=r)
         self.version_clashes = Counter(f"{NAMESPACE}_version_clashes",
                                        "Changes refused because another item owns the same cell version",
-                                       registry=r)
+                                       ["table"], registry=r)
         self.backfill_items = Counter(f"{NAMESPACE}_backfill_items_scanned", "Items read by the backfill",
-                                      ["source"], registry=r)
+                                      ["table", "source"], registry=r)
         self.backfill_expected = Gauge(f"{NAMESPACE}_backfill_items_expected",
                                        "Items the backfill expects to read (table item count or export manifest)",
-                                       registry=r)
+                                       ["table"], registry=r)
         self.migration_phase = Gauge(f"{NAMESPACE}_migration_phase",
-                                     "1 for the current phase of the migration", ["phase"], registry=r)
+                                     "1 for the current phase of the migration", ["table", "phase"], registry=r)
         self.checkpoint_time = Gauge(f"{NAMESPACE}_checkpoint_timestamp_seconds",
-                                     "Wall time of the last durable checkpoint", registry=r)
-        self.shards = Gauge(f"{NAMESPACE}_shards", "Shards by state", ["state"], registry=r)
+                                     "Wall time of the last durable checkpoint", ["table"], registry=r)
+        self.shards = Gauge(f"{NAMESPACE}_shards", "Shards by state", ["table", "state"], registry=r)
         self.build = Info(f"{NAMESPACE}_build", "Build information", registry=r)
         self.build.info(build_info())
-        r.register(_LagCollector(self.lag, RateWindow(), self.backfill_items, self.backfill_expected))
+        r.register(_LagCollector(self.lag, self.backfill_items, self.backfill_expected))
         # Beam mirrors, visible in the Dataflow UI where workers cannot be scraped.
         self._beam_applied = BeamMetrics.counter(NAMESPACE, "changes_applied")
         self._beam_dead = BeamMetrics.counter(NAMESPACE, "dead_letters")
@@ -229,12 +253,15 @@ class PipelineMetrics:
         self._beam_max_lag = BeamMetrics.gauge(NAMESPACE, "max_replication_lag_ms")
         self._beam_dead_by_reason: dict = {}
         self._children: dict = {}
+        self._views: dict = {}
 
-    def set_phase(self, phase: str) -> None:
-        from ddb2bt.pipeline.cutover.phases import PHASES
-
-        for p in PHASES:
-            self.migration_phase.labels(p).set(1 if p == phase else 0)
+    def for_table(self, table: str) -> "TableMetrics":
+        """This process's metrics with ``table`` bound: what a component of one
+        table (its reader, sink, backfill, phase) records through."""
+        view = self._views.get(table)
+        if view is None:
+            view = self._views[table] = TableMetrics(self, table)
+        return view
 
     def publish_lag(self) -> None:
         """Mirror the current max shard lag as a Beam gauge (Dataflow's UI)."""
@@ -266,18 +293,64 @@ class PipelineMetrics:
             counter = self._beam_dead_by_reason[reason] = BeamMetrics.counter(NAMESPACE, f"dead_letters_{reason}")
         counter.inc()
 
-    def observe_lag(self, lag_ms: int) -> None:
-        self.end_to_end_lag.observe(max(lag_ms, 0) / 1000)
+    def observe_lag(self, table: str, lag_ms: int) -> None:
+        self._child(self.end_to_end_lag, table).observe(max(lag_ms, 0) / 1000)
         self._beam_lag.update(max(lag_ms, 0))
 
-    def observe_lags(self, lags_ms: list) -> None:
+    def observe_lags(self, table: str, lags_ms: list) -> None:
         """``observe_lag`` for each of a batch's changes, with one histogram update
         per bucket instead of one per change (the same samples)."""
         lags_ms = [lag if lag > 0 else 0 for lag in lags_ms]
-        observe_many(self.end_to_end_lag, [lag / 1000 for lag in lags_ms])
+        observe_many(self._child(self.end_to_end_lag, table), [lag / 1000 for lag in lags_ms])
         update = self._beam_lag.update  # Beam's distribution has no batch update
         for lag in lags_ms:
             update(lag)
+
+
+class _Bound:
+    """A labelled metric with its first label, ``table``, given: ``labels(rest...)``."""
+
+    def __init__(self, metric, table: str) -> None:
+        self._metric, self._table = metric, table
+
+    def labels(self, *rest):
+        return self._metric.labels(self._table, *rest)
+
+
+class TableMetrics:
+    """One table's view of the process's metrics: the same names, with the
+    ``table`` label bound (``retries.labels(code)``, ``iterator_refreshes.inc()``,
+    ``observe_lag(ms)``); the shared lag tracker, registry and totals pass through."""
+
+    _BOUND = ("bigtable_retries", "dynamodb_throttles", "backfill_items", "shards", "migration_phase")
+    _CHILDREN = ("end_to_end_lag", "mutate_latency", "batch_rows", "iterator_refreshes", "trimmed_restarts",
+                 "backfill_superseded", "markers_stripped", "version_clashes", "backfill_expected",
+                 "checkpoint_time")
+
+    def __init__(self, metrics: PipelineMetrics, table: str) -> None:
+        self.metrics, self.table = metrics, table
+        for name in self._BOUND:
+            setattr(self, name, _Bound(getattr(metrics, name), table))
+        for name in self._CHILDREN:
+            setattr(self, name, getattr(metrics, name).labels(table))
+
+    def __getattr__(self, name):  # lag, registry, changes_*, applied(), read(), ... are the process's
+        return getattr(self.metrics, name)
+
+    def for_table(self, table: str) -> "TableMetrics":
+        return self if table == self.table else self.metrics.for_table(table)
+
+    def observe_lag(self, lag_ms: int) -> None:
+        self.metrics.observe_lag(self.table, lag_ms)
+
+    def observe_lags(self, lags_ms: list) -> None:
+        self.metrics.observe_lags(self.table, lags_ms)
+
+    def set_phase(self, phase: str) -> None:
+        from ddb2bt.pipeline.cutover.phases import PHASES
+
+        for p in PHASES:
+            self.migration_phase.labels(p).set(1 if p == phase else 0)
 
 
 def observe_many(histogram, amounts: list) -> None:

@@ -82,6 +82,11 @@ class StateStore:
         self._dlq_counter = itertools.count()
 
     # -- checkpoints
+
+    @property
+    def job(self) -> str:
+        """The name this job's state is kept under (its mapping's name)."""
+        return self._job
     def _ckpt_prefix(self, stream_arn: str) -> bytes:
         return f"{self._job}#ckpt#{stream_label(stream_arn)}#".encode()
 

@@ -292,7 +292,7 @@ class _ReadBackfillFn(beam.DoFn):
 
     def setup(self) -> None:
         self._state = self._state_factory()
-        self._metrics = default_metrics()
+        self._metrics = default_metrics().for_table(self._state.job)
         self._client = self._client_factory() if self._client_factory else None
         src = self._job.source
         rate = src.max_rcu / self._job.tasks if isinstance(src, ScanSource) and src.max_rcu else None

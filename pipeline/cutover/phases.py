@@ -46,6 +46,7 @@ class Phase(enum.StrEnum):
 
 BACKFILLING, CATCHING_UP, LIVE = Phase.BACKFILLING, Phase.CATCHING_UP, Phase.LIVE
 PHASES = tuple(Phase)
+UNNAMED = "unnamed"  # the metrics label of a store without a job name (tests)
 # Allowed moves. BACKFILLING → BACKFILLING is a restarted backfill (new handoff);
 # CATCHING_UP/LIVE → BACKFILLING a new backfill after the first one.
 TRANSITIONS = {
@@ -179,7 +180,7 @@ class Migration:
 
         self.store.save_meta("phase", str(target))
         self.store.save_meta("phase_changed_ms", str(self._now_ms()))
-        default_metrics().set_phase(str(target))
+        default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED).set_phase(str(target))
         log.info("migration phase: %s", target)
 
     def begin_backfill(self, source_spec: dict, bookkeeping, tables: Sequence[str],

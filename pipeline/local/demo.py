@@ -22,9 +22,14 @@ PROGRESS_TICK_S = 0.25
 
 
 def _histogram_quantile(hist, q: float) -> float:
-    """Upper bound of the bucket holding quantile q (what Prometheus would report)."""
-    buckets = [(float(s.labels["le"]), s.value) for m in hist.collect() for s in m.samples
-               if s.name.endswith("_bucket")]
+    """Upper bound of the bucket holding quantile q over every table (what
+    Prometheus would report for ``sum by (le)``)."""
+    by_le: dict = {}
+    for m in hist.collect():
+        for s in m.samples:
+            if s.name.endswith("_bucket"):
+                by_le[float(s.labels["le"])] = by_le.get(float(s.labels["le"]), 0.0) + s.value
+    buckets = sorted(by_le.items())
     total = buckets[-1][1] if buckets else 0
     for le, count in buckets:
         if total and count >= q * total:

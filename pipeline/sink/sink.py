@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Optional
 
 from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
 from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone,
-                                     ShardClosed, StreamPosition, mutations_size)
+                                     ShardClosed, mutations_size)
 from ddb2bt.pipeline.sink.bigtable_io import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, BigtableRetryable,
                                               EntryStatus, MutationWriter, bigtable_endpoint, code_name)
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
@@ -40,13 +40,13 @@ from ddb2bt.pipeline.cutover.guards import repair_touched, write_conditional
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
-from ddb2bt.pipeline.dynamodb import table_of_stream
 from ddb2bt.pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+UNNAMED_TABLE = "unnamed"  # the metrics label of a sink without a state store (tests, tools)
 # A mutation's column family: field 0 of SetCell and of DeleteCells (NamedTuples).
 _FAMILY_OF = itemgetter(0)
 
@@ -133,7 +133,10 @@ class BatchingWriter:
         self._writer = writer
         self._state = state
         self._config = config
-        self._metrics = metrics
+        # The table's view of the metrics: every series of this sink is labelled
+        # by the name its state is kept under (its mapping's name).
+        self._metrics = metrics.for_table(state.job if state is not None else UNNAMED_TABLE) \
+            if isinstance(metrics, PipelineMetrics) else metrics
         self._known_families = known_families or (lambda table: None)
         self._now_ms = now_ms
         self._sleep = sleep
@@ -205,7 +208,7 @@ class BatchingWriter:
             if pending is None:
                 pending = buf.rows[key] = _Row(row.table, row.row_key)
             elif self._metrics:
-                self._metrics.coalesced(row.table)
+                self._metrics.coalesced(self._metrics.table)
             pending.mutations.extend(row.mutations)
             pending.parts.append((element, row))
             pending.size += row.size_bytes
@@ -360,33 +363,27 @@ class BatchingWriter:
         if m is None:
             return dead
         dead_ids = {id(d.record) for d in dead}
-        applied: dict = {}  # (table, event) -> count: one counter update per label set
-        skipped: dict = {}
+        table = m.table
+        applied: dict = {}  # event -> count: one counter update per label set
+        skipped = 0
         lags: list = []  # observed once for the batch
-        tables: dict = {}  # stream ARN (or None) -> table label, worked out once per batch
         for element in batch.elements:
             record = element.record
             if dead_ids and id(record) in dead_ids:
                 continue
-            position = record.position
-            stream = position.stream_arn if isinstance(position, StreamPosition) else None
-            table = tables.get(stream)
-            if table is None:
-                table = tables[stream] = _table_of(record)
             if not element.rows:
-                skipped[table] = skipped.get(table, 0) + 1
+                skipped += 1
                 continue
-            key = (table, record.event_name)
-            applied[key] = applied.get(key, 0) + 1
+            applied[record.event_name] = applied.get(record.event_name, 0) + 1
             lags.append(ack_ms - record.change_ms)
         if lags:
             m.observe_lags(lags)
-        for (table, event), count in applied.items():
+        for event, count in applied.items():
             m.applied(table, event, count)
-        for table, count in skipped.items():
-            m.changes_skipped.labels(table).inc(count)
+        if skipped:
+            m.changes_skipped.labels(table).inc(skipped)
         for d in dead:
-            m.dead_lettered(_table_of(d.record), d.stage, d.reason)
+            m.dead_lettered(table, d.stage, d.reason)
         for (stream, shard), (count, change_ms) in batch.applied.items():
             m.lag.on_applied(stream, shard, change_ms, count)
         m.checkpoint_time.set(ack_ms / 1000)
@@ -539,13 +536,6 @@ class BatchingWriter:
                 dead.append(self._dead_letter(element, failed_status.permanent_reason or "write_failed",
                                               failed_status.message, "BigtableWriteError"))
         return dead
-
-
-def _table_of(record) -> str:
-    """Source table name for metric labels (never a key or a value)."""
-    if not isinstance(record.position, StreamPosition):
-        return "backfill"
-    return table_of_stream(record.position.stream_arn)
 
 
 def _merge_checkpoints(checkpoints: list) -> list:

@@ -118,7 +118,9 @@ class _StreamContext:
         self.lease = join(source.options.lease)
         self.client = source.client_factory()
         self.state = source.state_factory()
-        self.metrics = metrics
+        # Series labelled by the table's name in the job (its state key).
+        self.metrics = metrics.for_table(getattr(source.state_factory, "job", None)
+                                         or table_of_stream(source.stream_arn))
         self.readers: dict = {}
         self.phase_checked = -1e9
         self.bookkeeping = None

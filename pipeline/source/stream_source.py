@@ -284,13 +284,18 @@ class PartitionReader:
         self._partition = partition
         self._options = options
         self._load_checkpoints = load_checkpoints
-        self._metrics = metrics
+        # The table's view of the metrics (the SDF passes it; given the process's,
+        # the stream's table name is the label).
+        self._metrics = metrics.for_table(table_of_stream(partition.stream_arn)) \
+            if isinstance(metrics, PipelineMetrics) else metrics
         self._now_ms = now_ms
         self._sleep = sleep
         self._iterators: dict = {}  # shard id -> (ShardPos it was made for, iterator)
         self._last_discovery_ms: Optional[int] = None
         self._waiting: list = []
-        self._table = table_of_stream(partition.stream_arn)
+        self._table = self._metrics.table if self._metrics is not None else table_of_stream(partition.stream_arn)
+        if self._metrics is not None:
+            self._metrics.lag.label(partition.stream_arn, self._table)
         self._where = endpoint_of(client, "DynamoDB Streams")
 
     # -- remote calls with one retry policy

@@ -85,6 +85,13 @@ def test_one_run_replicates_concurrent_writes_to_two_tables(stack, tmp_path, uni
     assert done == [600, 600]
     out = capsys.readouterr().out
     assert "done:" in out and "0 dead-lettered" in out
+    # the process's metrics, per table (each table's name in the job)
+    from prometheus_client import REGISTRY
+
+    for mapping in (catalog, invoices):
+        assert REGISTRY.get_sample_value("ddb2bt_changes_applied_total", {"table": mapping.name, "event": "INSERT"})
+        assert REGISTRY.get_sample_value("ddb2bt_checkpoint_timestamp_seconds", {"table": mapping.name})
+        assert REGISTRY.get_sample_value("ddb2bt_shards", {"table": mapping.name, "state": "open"}) == 1
     for mapping in (catalog, invoices):
         assert_target_is_exactly_the_mapping(mapping, ddb)
         # each table's checkpoints under its own name, for its own stream only

@@ -46,7 +46,7 @@ def test_alert_rules_unit_tests_pass():
 def exposed_names() -> set:
     metrics = PipelineMetrics(CollectorRegistry())
     metrics.lag.on_read("arn:aws:dynamodb:r:1:table/T/stream/x", "s", 0)
-    metrics.backfill_expected.set(10)
+    metrics.for_table("t").backfill_expected.set(10)
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "info": ("_info",),
                 "gauge": ("",), "unknown": ("",)}
     names = set()
@@ -108,7 +108,8 @@ def reader_with_metrics():
 
 
 def lag(metrics, shard="s"):
-    return metrics.registry.get_sample_value("ddb2bt_replication_lag_seconds", {"stream": "Fake/stream/2024-01-01T00:00:00.000", "shard": shard})
+    return metrics.registry.get_sample_value("ddb2bt_replication_lag_seconds", {
+        "table": "Fake", "stream": "Fake/stream/2024-01-01T00:00:00.000", "shard": shard})
 
 
 def test_idle_shard_lag_is_zero_not_the_age_of_the_last_record():
@@ -123,7 +124,7 @@ def test_idle_shard_lag_is_zero_not_the_age_of_the_last_record():
     clock.s += 3600  # an hour of silence
     assert lag(metrics) == 0.0
     headroom = metrics.registry.get_sample_value("ddb2bt_retention_headroom_seconds",
-                                                 {"stream": "Fake/stream/2024-01-01T00:00:00.000"})
+                                                 {"table": "Fake", "stream": "Fake/stream/2024-01-01T00:00:00.000"})
     assert headroom == 24 * 3600
 
 
@@ -137,21 +138,25 @@ def test_stalled_shard_lag_keeps_growing():
     clock.s += 600
     assert lag(metrics) == first + 600
     headroom = metrics.registry.get_sample_value("ddb2bt_retention_headroom_seconds",
-                                                 {"stream": "Fake/stream/2024-01-01T00:00:00.000"})
+                                                 {"table": "Fake", "stream": "Fake/stream/2024-01-01T00:00:00.000"})
     assert headroom == 24 * 3600 - first - 600
 
 
-def test_backfill_eta_appears_once_a_rate_is_known():
+def test_backfill_eta_appears_once_a_rate_is_known_per_table():
     metrics = PipelineMetrics(CollectorRegistry())
-    metrics.backfill_expected.set(1000)
-    assert metrics.registry.get_sample_value("ddb2bt_backfill_eta_seconds") is None
-    metrics.backfill_items.labels("scan").inc(100)
+    orders, carts = metrics.for_table("orders"), metrics.for_table("carts")
+    orders.backfill_expected.set(1000)
+    carts.backfill_expected.set(1000)
+    assert metrics.registry.get_sample_value("ddb2bt_backfill_eta_seconds", {"table": "orders"}) is None
+    orders.backfill_items.labels("scan").inc(100)
     generate_latest(metrics.registry)
     import time
     time.sleep(0.05)
-    metrics.backfill_items.labels("scan").inc(100)
-    eta = metrics.registry.get_sample_value("ddb2bt_backfill_eta_seconds")
+    orders.backfill_items.labels("scan").inc(100)
+    eta = metrics.registry.get_sample_value("ddb2bt_backfill_eta_seconds", {"table": "orders"})
     assert eta is not None and eta > 0
+    # the table whose backfill reads nothing has no rate, so no made-up ETA
+    assert metrics.registry.get_sample_value("ddb2bt_backfill_eta_seconds", {"table": "carts"}) is None
 
 
 def test_pushgateway_receives_grouped_metrics():
@@ -199,8 +204,8 @@ def test_lags_observed_per_batch_give_the_same_histogram_as_one_observation_each
     lags_ms = [-5, 0, 49, 50, 51, 100, 999, 1000, 1001, 59_999, 3_600_000, 3_600_001, 10**9]
     one_each, batched = PipelineMetrics(CollectorRegistry()), PipelineMetrics(CollectorRegistry())
     for lag in lags_ms:
-        one_each.observe_lag(lag)
-    batched.observe_lags(lags_ms)
+        one_each.for_table("t").observe_lag(lag)
+    batched.for_table("t").observe_lags(lags_ms)
 
     def samples(m):
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -212,3 +217,34 @@ def test_lags_observed_per_batch_give_the_same_histogram_as_one_observation_each
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key
+
+
+def test_every_series_carries_the_table_label():
+    """One job of several tables is watched per table: every metric a
+    component records through its table's view is labelled with the table."""
+    from ddb2bt.pipeline.metrics import TableMetrics
+
+    metrics = PipelineMetrics(CollectorRegistry())
+    view = metrics.for_table("orders")
+    assert metrics.for_table("orders") is view and view.for_table("carts") is metrics.for_table("carts")
+    for name in TableMetrics._BOUND:
+        getattr(view, name).labels(*(["x"] * (len(getattr(metrics, name)._labelnames) - 1))).inc() \
+            if getattr(metrics, name)._type == "counter" else \
+            getattr(view, name).labels(*(["x"] * (len(getattr(metrics, name)._labelnames) - 1))).set(1)
+    for name in TableMetrics._CHILDREN:
+        child = getattr(view, name)
+        (child.observe if hasattr(child, "observe") else child.inc if hasattr(child, "inc") and
+         getattr(metrics, name)._type == "counter" else child.set)(1)
+    view.applied("orders", "INSERT")
+    view.read("orders", "INSERT")
+    view.coalesced("orders")
+    view.dead_lettered("orders", "map", "r")
+    view.changes_skipped.labels("orders").inc()
+    metrics.lag.label("arn:aws:dynamodb:r:1:table/Orders/stream/x", "orders")
+    metrics.lag.on_read("arn:aws:dynamodb:r:1:table/Orders/stream/x", "s", 0)
+    samples = [(family.name, s.labels) for family in metrics.registry.collect() if family.name != "ddb2bt_build"
+               for s in family.samples]
+    assert [x for x in samples if "table" not in x[1]] == []
+    assert {x[1]["table"] for x in samples} == {"orders", "carts"}  # carts: its view's series exist, at 0
+    names = {family.name for family in metrics.registry.collect()}
+    assert len(names) >= 24  # every family was exercised above

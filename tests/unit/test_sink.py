@@ -49,8 +49,8 @@ def test_changes_to_one_row_coalesce_into_one_entry_in_stream_order():
     data_calls = [keys for table, keys in bt.calls if table == "t"]
     assert len(data_calls) == 1 and sorted(data_calls[0]) == [b"other", b"r"]
     assert bt.latest("t")[b"r"][("f", b"q")] == b"b"
-    assert sample(metrics, "ddb2bt_changes_coalesced_total", table="t") == 1
-    assert sample(metrics, "ddb2bt_changes_applied_total", table="T", event="MODIFY") == 3
+    assert sample(metrics, "ddb2bt_changes_coalesced_total", table="job") == 1
+    assert sample(metrics, "ddb2bt_changes_applied_total", table="job", event="MODIFY") == 3
 
 
 def test_checkpoint_is_written_only_after_the_writes_are_acknowledged():
@@ -95,7 +95,7 @@ def test_only_failed_entries_are_retried_and_then_succeed():
     assert w.flush() == []
     assert bt.calls[1] == ("t", [b"b"])
     assert set(bt.latest("t")) == {b"a", b"b"}
-    assert sample(metrics, "ddb2bt_bigtable_retries_total", code="UNAVAILABLE") == 1
+    assert sample(metrics, "ddb2bt_bigtable_retries_total", table="job", code="UNAVAILABLE") == 1
 
 
 def test_whole_call_failures_are_retried():
@@ -138,7 +138,7 @@ def test_permanent_failure_is_isolated_to_the_bad_change_and_dead_lettered_durab
     stored = state.list_dead_letters()
     assert [e["reason"] for e in stored] == ["unknown_family"]
     assert state.load_checkpoints(ARN)["s1"].sequence_number == "3"
-    assert sample(metrics, "ddb2bt_dead_letters_total", table="T", stage="write", reason="unknown_family") == 1
+    assert sample(metrics, "ddb2bt_dead_letters_total", table="job", stage="write", reason="unknown_family") == 1
 
 
 def test_unknown_family_is_caught_before_writing_when_the_schema_is_known():
@@ -230,7 +230,7 @@ def test_overlap_buffers_the_next_batch_while_one_is_in_flight_and_sends_it_only
     assert [sorted(keys) for table, keys in bt.calls if table == "t"] == [[b"a", b"b"], [b"a", b"c"]]
     assert bt.latest("t")[b"a"][("f", b"q")] == b"new"
     assert state.load_checkpoints(ARN)["s1"].sequence_number == "4"
-    assert sample(metrics, "ddb2bt_changes_applied_total", table="T", event="MODIFY") == 4
+    assert sample(metrics, "ddb2bt_changes_applied_total", table="job", event="MODIFY") == 4
     w.close()
 
 

@@ -145,7 +145,7 @@ def test_expired_iterator_is_renewed_from_the_last_position():
         out, _ = drain_round(reader, tracker)
         rest += out
     assert seqs(first) + seqs(rest) == s  # nothing lost, nothing twice
-    assert sample(metrics, "ddb2bt_iterator_refreshes_total") == 1
+    assert sample(metrics, "ddb2bt_iterator_refreshes_total", table="Fake") == 1
 
 
 def test_throttling_and_server_errors_back_off_and_are_counted():
@@ -157,7 +157,7 @@ def test_throttling_and_server_errors_back_off_and_are_counted():
                      client_error("InternalServerError", status=500)]
     out, _ = drain_round(reader, LocalTracker())
     assert seqs(out) == s
-    assert sample(metrics, "ddb2bt_dynamodb_throttles_total", operation="GetRecords") == 3
+    assert sample(metrics, "ddb2bt_dynamodb_throttles_total", table="Fake", operation="GetRecords") == 3
 
 
 def test_throttling_beyond_the_deadline_fails():
@@ -187,7 +187,7 @@ def test_trimmed_with_restart_continues_from_the_oldest_record_and_counts_it():
     state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[0])])
     out, _ = drain_round(reader, LocalTracker())
     assert seqs(out) == s[3:]
-    assert sample(metrics, "ddb2bt_trimmed_restarts_total") == 1
+    assert sample(metrics, "ddb2bt_trimmed_restarts_total", table="Fake") == 1
 
 
 def test_deleted_stream_is_reported():
