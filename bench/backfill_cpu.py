@@ -7,8 +7,10 @@ it does not depend on what else the machine runs (issue 16: the shared 2-core bo
     .venv/bin/python bench/backfill_cpu.py --items 10000 --rounds 3
     .venv/bin/python bench/backfill_cpu.py --items 10000 --profile export   # cProfile, top entries
 
-Optionally ``--tasks N`` (BackfillJob.tasks) and ``--processes N``
-(BackfillJob.processes, where the backfill supports it).
+Optionally ``--tasks N`` (BackfillJob.tasks). ``--versioned``: video comments
+(``examples/videos.yaml``: one version per comment, ten comments a row), whose rows
+are written with CheckAndMutateRow (docs/design.md §7.4), with
+``--conditional-concurrency N`` calls in flight (guards.CONDITIONAL_CONCURRENCY).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import gzip
 import json
 import pstats
 import random
+import string
 import sys
 import tempfile
 import time
@@ -38,8 +41,18 @@ EXPORT_FILES = 4  # as bench/run.py writes its export
 SCAN_SEGMENTS = 4
 
 
-def _items(n: int) -> list:
+VIDEOS = bench.load_mapping(ROOT / "examples/videos.yaml")
+COMMENTS_PER_VIDEO = 10
+COMMENT_CHARS = 200
+
+
+def _items(n: int, versioned: bool = False) -> list:
     rng = random.Random(3)
+    if versioned:  # distinct CreatedAt seconds: every comment is its own version
+        return [{"pk": {"S": f"vid{i // COMMENTS_PER_VIDEO:06d}"}, "sk": {"S": f"VideoComment#{i:07d}"},
+                 "Content": {"S": "".join(rng.choices(string.ascii_letters, k=COMMENT_CHARS))},
+                 "CreatedAt": {"S": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1_600_000_000 + i))}}
+                for i in range(n)]
     return [bench.make_item(rng, {"pk": {"S": f"cat{i % 50:02d}"}, "sk": {"S": f"item#{i:07d}"}}) for i in range(n)]
 
 
@@ -79,7 +92,7 @@ def _print_yappi(stats, key: str) -> None:
         print(f"{s.ttot:8.3f} {s.tsub:8.3f} {s.ncall:9d}  {s.module.replace(str(ROOT), '')}:{s.lineno} {s.name}")
 
 
-def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks: int, processes: int,
+def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks: int, mapping, rows_expected: int,
          profile: bool) -> dict:
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
@@ -87,12 +100,14 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
     from ddb2bt.pipeline.sink.bigtable_io import read_table
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
-    table = bench.fresh_table(project, instance)
+    from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+
+    table = f"bench_{uuid.uuid4().hex[:8]}"
+    BigtableAdmin(project, instance).ensure_table(table, mapping.table_families()[mapping.target.table])
     spec = StateSpec(BigtableSpec(project, instance), job=f"bf_{table}")
     p = make_pipeline([])
-    extra = {"processes": processes} if processes > 1 else {}
-    add_backfill(p, BackfillJob(src, KEYS, HANDOFF_MS, tasks=tasks, **extra),
-                 bench.MAPPING.with_overrides(table=table), spec, SinkConfig(), client_factory)
+    add_backfill(p, BackfillJob(src, KEYS, HANDOFF_MS, tasks=tasks), mapping.with_overrides(table=table), spec,
+                 SinkConfig(), client_factory)
     bench.settle()
     prof = None
     if profile == "yappi":  # every thread (readers, sink thread), CPU clock
@@ -114,8 +129,8 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     others = _children_cpu(stack) - before
     rows = len(read_table(project, instance, table))
-    if rows != n:
-        raise RuntimeError(f"backfill wrote {rows} rows, expected {n}")
+    if rows != rows_expected:
+        raise RuntimeError(f"backfill wrote {rows} rows, expected {rows_expected}")
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(TOP_ENTRIES)
         pstats.Stats(prof).sort_stats("tottime").print_stats(TOP_ENTRIES)
@@ -133,7 +148,8 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=1)
-    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--versioned", action="store_true", help="video comments: conditional rows (export only)")
+    parser.add_argument("--conditional-concurrency", type=int, help="CheckAndMutateRow calls in flight")
     parser.add_argument("--only", choices=("export", "scan"), help="one path only")
     parser.add_argument("--profile", choices=("export", "scan"), help="one profiled run of this path")
     parser.add_argument("--profiler", choices=("cprofile", "yappi"), default="cprofile",
@@ -146,13 +162,21 @@ def main() -> int:
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     project, instance = bench.MAPPING.target.project, bench.MAPPING.target.instance
+    from ddb2bt.pipeline.cutover import guards
+
+    if args.conditional_concurrency:
+        guards.CONDITIONAL_CONCURRENCY = args.conditional_concurrency
     n = args.items
-    items = _items(n)
+    items = _items(n, args.versioned)
+    mapping = VIDEOS if args.versioned else bench.MAPPING
+    rows_expected = -(-n // COMMENTS_PER_VIDEO) if args.versioned else n
     with LocalStack() as stack, tempfile.TemporaryDirectory() as tmp:
         stack.apply_env()
         ensure_state_table(project, instance, "ddb2bt_state")
         export = ExportSource(str(_export(items, Path(tmp))))
         kinds = [k for k in ("export", "scan") if (args.profile or args.only or k) == k]
+        if args.versioned:
+            kinds = ["export"]
         scan = None
         if "scan" in kinds:
             ddb = dynamodb_client()
@@ -165,10 +189,11 @@ def main() -> int:
         for r in range(rounds):
             for kind in kinds:
                 src, factory = (export, None) if kind == "export" else (scan, DynamoDBClientFactory())
-                out = _run(src, n, project, instance, stack, factory, args.tasks, args.processes,
+                out = _run(src, n, project, instance, stack, factory, args.tasks, mapping, rows_expected,
                            profile=args.profile and args.profiler)
                 print(json.dumps({"round": r, "kind": kind, "items": n, "tasks": args.tasks,
-                                  "processes": args.processes, **out}), flush=True)
+                                  "versioned": args.versioned,
+                                  "conditional_concurrency": guards.CONDITIONAL_CONCURRENCY, **out}), flush=True)
     return 0
 
 

@@ -22,7 +22,7 @@ the sink, which calls them after a batch's plain writes.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Optional
 
 from ddb2bt.pipeline.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.sink.bigtable_io import FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, EntryStatus
@@ -39,13 +39,14 @@ CONDITIONAL_CONCURRENCY = 16
 
 
 def write_conditional(writer, conditional: list, retry: RetryPolicy, sleep: Callable[[float], None],
-                      dead_letter: Callable, metrics=None, concurrency: int = CONDITIONAL_CONCURRENCY) -> list:
+                      dead_letter: Callable, metrics=None, concurrency: Optional[int] = None) -> list:
     """[(MappedChange, RowChange)] in order → dead letters (in that order). Skipped
     rows (the tail touched the item) count as superseded. Each row is one atomic
     CheckAndMutateRow, so a tail write that lands between the batch being read and
     the row being written still wins; distinct rows are written concurrently, one
     row's changes in order. Returns only once every call has finished (nothing is
     in flight when the sink checkpoints); a fatal failure is raised then."""
+    concurrency = CONDITIONAL_CONCURRENCY if concurrency is None else concurrency
     by_row: dict = {}
     for i, (_, change) in enumerate(conditional):
         by_row.setdefault((change.table, change.row_key), []).append(i)
