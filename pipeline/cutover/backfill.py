@@ -281,18 +281,23 @@ class PartReaders:
         line_no = 0  # the item's ordinal in its file (a line of DYNAMODB_JSON, a value of ION)
         batch = 0
         chunk: list = []
-        for item in self._source.items(part):
-            line_no += 1
-            if line_no <= skip:
-                continue
-            batch += 1
-            if batch >= EXPORT_PROGRESS_ITEMS:
-                self._on_items(batch)
-                batch = 0
-            chunk.append(self._record(item, BackfillPosition(EXPORT, part, str(line_no), line_no)))
-            if len(chunk) >= CHUNK_ITEMS:
+        try:
+            for item in self._source.items(part):
+                line_no += 1
+                if line_no <= skip:
+                    continue
+                batch += 1
+                if batch >= EXPORT_PROGRESS_ITEMS:
+                    self._on_items(batch)
+                    batch = 0
+                chunk.append(self._record(item, BackfillPosition(EXPORT, part, str(line_no), line_no)))
+                if len(chunk) >= CHUNK_ITEMS:
+                    yield chunk
+                    chunk = []
+        except Exception:
+            if chunk:  # a damaged line: the items before it are still handed over, as one by one
                 yield chunk
-                chunk = []
+            raise
         if chunk:
             yield chunk
         self._on_items(batch)

@@ -215,3 +215,15 @@ def test_resume_tokens_are_dynamodb_json_and_round_trip(key):
 
     assert _token(key) == json.dumps(item_to_dynamodb_json(key), sort_keys=True)
     assert _untoken(_token(key)) == key
+
+
+def test_items_before_a_damaged_export_line_are_still_handed_over(tmp_path, monkeypatch):
+    import ddb2bt.pipeline.cutover.backfill as backfill
+
+    monkeypatch.setattr(backfill, "CHUNK_ITEMS", 4)
+    write_export(tmp_path, [json.dumps({"Item": {"pk": {"S": f"k{i}"}}}) for i in range(6)] + ["{not json"])
+    chunks = []
+    with pytest.raises(PermanentError, match="line 7"):
+        for chunk in PartReaders(ExportSource(str(tmp_path)), ("pk",), HANDOFF).read_chunks("data/a.json.gz", None, 0):
+            chunks.append(chunk)
+    assert [r.keys["pk"]["S"] for c in chunks for r in c] == [f"k{i}" for i in range(6)]
