@@ -189,6 +189,7 @@ class TokenBucket:
 # parser and one small walk, into exactly what botocore returns.
 FAST_SCAN_EVENT = "before-parse.dynamodb.Scan"
 _SCAN_FAST_ID = "ddb2bt-fast-scan-items"
+_REGISTER_LOCK = threading.Lock()
 _SCAN_FAST_FIELDS = ("Items", "LastEvaluatedKey")
 _HTTP_OK_BELOW = 300  # botocore's own test for a success response
 _PLAIN_TAGS = frozenset({"S", "N", "BOOL", "NULL", "SS", "NS"})  # the same on the wire and in boto3 form
@@ -254,7 +255,10 @@ def fast_scan_decoding(client) -> None:
     events = getattr(getattr(client, "meta", None), "events", None)
     register = getattr(events, "register", None)
     if register is not None:
-        register(FAST_SCAN_EVENT, decode_scan_items, unique_id=_SCAN_FAST_ID)
+        # The segments' threads share a client; botocore's registration is not
+        # atomic (two threads could both add the handler), so one at a time.
+        with _REGISTER_LOCK:
+            register(FAST_SCAN_EVENT, decode_scan_items, unique_id=_SCAN_FAST_ID)
 
 
 @dataclass(frozen=True)
