@@ -191,9 +191,10 @@ def main() -> int:
                 src, factory = (export, None) if kind == "export" else (scan, DynamoDBClientFactory())
                 out = _run(src, n, project, instance, stack, factory, args.tasks, mapping, rows_expected,
                            profile=args.profile and args.profiler)
+                concurrency = getattr(guards, "CONDITIONAL_CONCURRENCY", None)  # None: a tree without it (A/B)
                 print(json.dumps({"round": r, "kind": kind, "items": n, "tasks": args.tasks,
-                                  "versioned": args.versioned,
-                                  "conditional_concurrency": guards.CONDITIONAL_CONCURRENCY, **out}), flush=True)
+                                  "versioned": args.versioned, "conditional_concurrency": concurrency, **out}),
+                      flush=True)
     return 0
 
 
