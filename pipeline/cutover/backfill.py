@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 
 SCAN, EXPORT = "scan", "export"
 QUEUE_ITEMS = 10_000  # bounded: readers wait for the writer instead of filling memory
+# Records a reader thread hands over at once: one queue operation (lock, GIL
+# hand-off) per chunk instead of per record; small next to a batch (1,000 rows)
+# so the writer never waits long for a chunk to fill. A Scan page's last chunk is
+# handed over before the next page is requested.
+CHUNK_ITEMS = 100
+QUEUE_CHUNKS = QUEUE_ITEMS // CHUNK_ITEMS
+# An export part reports its items to the progress counter this often.
+EXPORT_PROGRESS_ITEMS = 1000
 MAX_THREADS = 16
 _DONE = object()
 
@@ -198,7 +206,13 @@ def plan_tasks(parts: list, tasks: int) -> list:
 
 
 def _token(key: Optional[dict]) -> Optional[str]:
-    return json.dumps(item_to_dynamodb_json(key), sort_keys=True) if key else None
+    if not key:
+        return None
+    # The hot path (one token per scanned item): S and N keys are spelled the same
+    # in boto3 form and in DynamoDB JSON, so the key dumps as it is.
+    if all(type(v) is dict and len(v) == 1 and ("S" in v or "N" in v) for v in key.values()):
+        return json.dumps(key, sort_keys=True)
+    return json.dumps(item_to_dynamodb_json(key), sort_keys=True)
 
 
 def _untoken(token: Optional[str]) -> Optional[dict]:
@@ -219,17 +233,24 @@ class PartReaders:
         self._retry = retry
         self._on_items = on_items
 
-    def _record(self, item: dict, position: BackfillPosition):
-        keys = {k: item[k] for k in self._keys if k in item}
+    def _record(self, item: dict, position: BackfillPosition, keys: Optional[dict] = None):
+        if keys is None:
+            keys = {k: item[k] for k in self._keys if k in item}
         return backfill_record(keys, item, self._handoff_ms, position)
 
     def read(self, part: str, resume: Optional[str], count: int) -> Iterator:
+        """The part's records from ``resume`` on, then its PartDone."""
+        for chunk in self.read_chunks(part, resume, count):
+            yield from chunk
+
+    def read_chunks(self, part: str, resume: Optional[str], count: int) -> Iterator[list]:
+        """``read`` in lists of up to CHUNK_ITEMS elements, in order (the PartDone last)."""
         if isinstance(self._source, ScanSource):
             yield from self._scan(part, resume, count)
         else:
             yield from self._export(part, resume)
 
-    def _scan(self, part: str, resume: Optional[str], count: int) -> Iterator:
+    def _scan(self, part: str, resume: Optional[str], count: int) -> Iterator[list]:
         segment, total = parse_segment(part)
         src = self._source
         for page in scan_pages(self._client, src.table, segment=segment, total_segments=total,
@@ -239,36 +260,53 @@ class PartReaders:
             items = page.items
             self._on_items(len(items))
             keys = self._keys
+            chunk: list = []
             for item in items:
                 count += 1
+                key = {k: item[k] for k in keys if k in item}
                 # Resume right after this item: any item's primary key is a valid
                 # ExclusiveStartKey (LastEvaluatedKey is just the last one's), so a
                 # restart re-reads nothing that was written, even inside a page
                 # (a page can hold a whole segment).
-                position = BackfillPosition(SCAN, part, _token({k: item[k] for k in keys if k in item}), count)
-                yield self._record(item, position)
-        yield PartDone(SCAN, part, count)
+                chunk.append(self._record(item, BackfillPosition(SCAN, part, _token(key), count), key))
+                if len(chunk) >= CHUNK_ITEMS:
+                    yield chunk
+                    chunk = []
+            if chunk:
+                yield chunk  # before the next page is requested
+        yield [PartDone(SCAN, part, count)]
 
-    def _export(self, part: str, resume: Optional[str]) -> Iterator:
+    def _export(self, part: str, resume: Optional[str]) -> Iterator[list]:
         skip = int(resume or 0)
         line_no = 0  # the item's ordinal in its file (a line of DYNAMODB_JSON, a value of ION)
         batch = 0
-        for item in self._source.items(part):
-            line_no += 1
-            if line_no <= skip:
-                continue
-            batch += 1
-            if batch >= 1000:
-                self._on_items(batch)
-                batch = 0
-            yield self._record(item, BackfillPosition(EXPORT, part, str(line_no), line_no))
+        chunk: list = []
+        try:
+            for item in self._source.items(part):
+                line_no += 1
+                if line_no <= skip:
+                    continue
+                batch += 1
+                if batch >= EXPORT_PROGRESS_ITEMS:
+                    self._on_items(batch)
+                    batch = 0
+                chunk.append(self._record(item, BackfillPosition(EXPORT, part, str(line_no), line_no)))
+                if len(chunk) >= CHUNK_ITEMS:
+                    yield chunk
+                    chunk = []
+        except Exception:
+            if chunk:  # a damaged line: the items before it are still handed over, as one by one
+                yield chunk
+            raise
+        if chunk:
+            yield chunk
         self._on_items(batch)
         expected = self._source.expected_items(part)
         if expected is not None and expected != line_no:
             # A short or truncated file would otherwise leave items silently missing.
             raise PermanentError(f"{part} holds {line_no} items but manifest-files.json says {expected}: the "
                                  "export is incomplete or damaged; take a new export")
-        yield PartDone(EXPORT, part, line_no)
+        yield [PartDone(EXPORT, part, line_no)]
 
 
 @dataclass(frozen=True)
@@ -315,15 +353,15 @@ class _ReadBackfillFn(beam.DoFn):
         retry = {"retry": self._job.scan_retry} if self._job.scan_retry is not None else {}
         readers = PartReaders(self._job.source, self._job.key_attributes, self._job.handoff_ms, self._client,
                               self._bucket, on_items=counter.inc, **retry)
-        out: queue.Queue = queue.Queue(maxsize=QUEUE_ITEMS)
+        out: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
         stop = threading.Event()
 
         def run(part: str, ckpt) -> None:
             try:
-                for element in readers.read(part, ckpt.resume if ckpt else None, ckpt.count if ckpt else 0):
+                for chunk in readers.read_chunks(part, ckpt.resume if ckpt else None, ckpt.count if ckpt else 0):
                     while not stop.is_set():
                         try:
-                            out.put(element, timeout=0.5)
+                            out.put(chunk, timeout=0.5)
                             break
                         except queue.Full:
                             continue
@@ -358,7 +396,7 @@ class _ReadBackfillFn(beam.DoFn):
                     continue
                 if isinstance(element, BaseException):
                     raise element
-                yield element
+                yield from element  # a chunk
 
         try:
             # Records travel in batches, as on the live path: as many as are ready,

@@ -9,7 +9,8 @@ the sink applies it with one of these two strategies:
 
 * ``write_conditional`` — rows with versioned cells (timestamps from an
   attribute, not older than the tail's): one CheckAndMutateRow each, applied only
-  if the item's marker has no version since the handoff second;
+  if the item's marker has no version since the handoff second (distinct rows
+  concurrently, one row's changes in order);
 * ``repair_touched`` — other rows are written in batches and, once acknowledged,
   those whose item the tail touched lose the backfill's own cells again (deletes
   over ``[0, backfill_ms + 1)``, never reaching the tail's newer cells).
@@ -20,32 +21,69 @@ the sink, which calls them after a batch's plain writes.
 """
 from __future__ import annotations
 
-from typing import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional
 
 from ddb2bt.pipeline.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.sink.bigtable_io import FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, EntryStatus
 from ddb2bt.transforms.model import DeleteCells, SetCell
 
 
+# CheckAndMutateRow takes one row per call, so a batch of conditional rows is a
+# batch of round trips (~1-5 ms each against the service: ~200-1,000 rows/s one
+# after another). Distinct rows are independent — the sink promises order per row
+# only (docs/design.md §4) — so this many are in flight at once; the changes of
+# one row stay in order, on one thread. Bounded so a batch does not flood the
+# service (a batch is ≤ 1,000 rows: at most a few dozen round trips each).
+CONDITIONAL_CONCURRENCY = 16
+
+
 def write_conditional(writer, conditional: list, retry: RetryPolicy, sleep: Callable[[float], None],
-                      dead_letter: Callable, metrics=None) -> list:
-    """[(MappedChange, RowChange)] in order → dead letters. Skipped rows (the tail
-    touched the item) count as superseded."""
-    dead = []
-    for element, change in conditional:
-        def attempt():
-            return writer.check_and_mutate(change.table, change.row_key, change.guard, change.mutations)
-        try:
-            applied = retrying(retry, f"CheckAndMutateRow on {change.table}", None, sleep)(attempt)
-        except BigtablePermanent as exc:
-            if getattr(exc, "code", "") in FATAL_CODES:
-                raise
-            reason = EntryStatus(INVALID_ARGUMENT, exc.message).permanent_reason or "write_failed"
-            dead.append(dead_letter(element, reason, exc.message, "BigtableWriteError"))
-            continue
-        if not applied and metrics:
-            metrics.backfill_superseded.inc()
-    return dead
+                      dead_letter: Callable, metrics=None, concurrency: Optional[int] = None) -> list:
+    """[(MappedChange, RowChange)] in order → dead letters (in that order). Skipped
+    rows (the tail touched the item) count as superseded. Each row is one atomic
+    CheckAndMutateRow, so a tail write that lands between the batch being read and
+    the row being written still wins; distinct rows are written concurrently, one
+    row's changes in order. Returns only once every call has finished (nothing is
+    in flight when the sink checkpoints); a fatal failure is raised then."""
+    concurrency = CONDITIONAL_CONCURRENCY if concurrency is None else concurrency
+    by_row: dict = {}
+    for i, (_, change) in enumerate(conditional):
+        by_row.setdefault((change.table, change.row_key), []).append(i)
+    dead: list = [None] * len(conditional)
+
+    def write_row(indices: list) -> None:
+        for i in indices:
+            element, change = conditional[i]
+            dead[i] = _write_one(writer, element, change, retry, sleep, dead_letter, metrics)
+
+    rows = list(by_row.values())
+    if len(rows) <= 1 or concurrency <= 1:
+        for indices in rows:
+            write_row(indices)
+    else:
+        with ThreadPoolExecutor(min(concurrency, len(rows)), thread_name_prefix="ddb2bt-conditional") as pool:
+            futures = [pool.submit(write_row, indices) for indices in rows]
+        for future in futures:  # every call has finished here (the pool's exit waits)
+            future.result()  # re-raises a fatal failure (table gone, no permission)
+    return [d for d in dead if d is not None]
+
+
+def _write_one(writer, element, change, retry: RetryPolicy, sleep: Callable[[float], None], dead_letter: Callable,
+               metrics):
+    """One conditional row: None, or its dead letter (a permanent, non-fatal failure)."""
+    def attempt():
+        return writer.check_and_mutate(change.table, change.row_key, change.guard, change.mutations)
+    try:
+        applied = retrying(retry, f"CheckAndMutateRow on {change.table}", None, sleep)(attempt)
+    except BigtablePermanent as exc:
+        if getattr(exc, "code", "") in FATAL_CODES:
+            raise
+        reason = EntryStatus(INVALID_ARGUMENT, exc.message).permanent_reason or "write_failed"
+        return dead_letter(element, reason, exc.message, "BigtableWriteError")
+    if not applied and metrics:
+        metrics.backfill_superseded.inc()
+    return None
 
 
 def repair_touched(writer, guarded: list, retry: RetryPolicy, sleep: Callable[[float], None],

@@ -174,3 +174,56 @@ def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp
     batches = out[:-1]
     assert all(isinstance(b, RecordBatch) and 1 <= len(b.records) <= 3 for b in batches)
     assert [r.keys["pk"]["S"] for b in batches for r in b.records] == [f"k{i}" for i in range(7)]
+
+
+def test_readers_hand_over_chunks_and_a_pages_last_chunk_before_the_next_page(monkeypatch):
+    """A reader thread passes records in chunks (one queue operation each); a
+    page's records are all handed over before the next page is requested, so the
+    writer never waits on a Scan call for records already read."""
+    import ddb2bt.pipeline.cutover.backfill as backfill
+
+    monkeypatch.setattr(backfill, "CHUNK_ITEMS", 3)
+    client = FakeScan(11, 5)
+    chunks = []
+    for chunk in readers(client).read_chunks(segment_name(0, 1), None, 0):
+        chunks.append(([e.keys["pk"]["S"] if isinstance(e, ChangeRecord) else e for e in chunk], len(client.calls)))
+    assert [(len(c), calls) for c, calls in chunks] == [(3, 1), (2, 1), (3, 2), (2, 2), (1, 3), (1, 3)]
+    assert [k for c, _ in chunks[:-1] for k in c] == [f"k{i:03d}" for i in range(11)]
+    assert chunks[-1][0] == [PartDone("scan", segment_name(0, 1), 11)]
+
+
+def test_export_chunks_keep_file_order_and_resume(tmp_path, monkeypatch):
+    import ddb2bt.pipeline.cutover.backfill as backfill
+
+    monkeypatch.setattr(backfill, "CHUNK_ITEMS", 4)
+    write_export(tmp_path, [json.dumps({"Item": {"pk": {"S": f"k{i}"}}}) for i in range(10)])
+    reader = PartReaders(ExportSource(str(tmp_path)), ("pk",), HANDOFF)
+    chunks = list(reader.read_chunks("data/a.json.gz", "3", 3))
+    assert [len(c) for c in chunks] == [4, 3, 1]
+    assert [r.position.resume for c in chunks[:-1] for r in c] == [str(i) for i in range(4, 11)]
+    assert chunks[-1] == [PartDone("export", "data/a.json.gz", 10)]
+
+
+@pytest.mark.parametrize("key", [
+    {"pk": {"S": "a\"é"}, "sk": {"N": "-1.5E+3"}},
+    {"sk": {"S": "x"}, "pk": {"S": "y"}},
+    {"pk": {"B": b"\x00\xff"}, "sk": {"S": "x"}},  # B: base64 in the token, as DynamoDB JSON has it
+])
+def test_resume_tokens_are_dynamodb_json_and_round_trip(key):
+    from ddb2bt.pipeline.cutover.backfill import _token, _untoken
+    from ddb2bt.transforms.attrs import item_to_dynamodb_json
+
+    assert _token(key) == json.dumps(item_to_dynamodb_json(key), sort_keys=True)
+    assert _untoken(_token(key)) == key
+
+
+def test_items_before_a_damaged_export_line_are_still_handed_over(tmp_path, monkeypatch):
+    import ddb2bt.pipeline.cutover.backfill as backfill
+
+    monkeypatch.setattr(backfill, "CHUNK_ITEMS", 4)
+    write_export(tmp_path, [json.dumps({"Item": {"pk": {"S": f"k{i}"}}}) for i in range(6)] + ["{not json"])
+    chunks = []
+    with pytest.raises(PermanentError, match="line 7"):
+        for chunk in PartReaders(ExportSource(str(tmp_path)), ("pk",), HANDOFF).read_chunks("data/a.json.gz", None, 0):
+            chunks.append(chunk)
+    assert [r.keys["pk"]["S"] for c in chunks for r in c] == [f"k{i}" for i in range(6)]

@@ -139,3 +139,104 @@ def test_classification_once_at_the_boundary():
     assert isinstance(classify_aws_error(client_error("ResourceNotFoundException"), "DescribeStream"),
                       StreamGoneError)
     assert isinstance(classify_aws_error(client_error("ResourceNotFoundException"), "Scan"), SourceTableMissing)
+
+
+# --- the Scan page decoder (botocore's before-parse hook) ---------------------------------
+
+
+def _botocore_scan():
+    import botocore.session
+    from botocore.parsers import create_parser
+
+    shape = botocore.session.get_session().get_service_model("dynamodb").operation_model("Scan").output_shape
+    return create_parser("json"), shape
+
+
+def _parse_both(body: dict, status: int = 200) -> tuple:
+    """(what botocore alone returns, what it returns after decode_scan_items)."""
+    import json
+
+    parser, shape = _botocore_scan()
+    raw = json.dumps(body).encode()
+    plain = parser.parse({"status_code": status, "headers": {}, "body": raw}, shape)
+    response = {"status_code": status, "headers": {}, "body": raw}
+    custom: dict = {}
+    dynamodb.decode_scan_items(response_dict=response, customized_response_dict=custom)
+    fast = parser.parse(response, shape)
+    fast.update(custom)
+    return plain, fast, custom
+
+
+WIRE_ITEM = {
+    "pk": {"S": "k1"}, "n": {"N": "-1.5E+3"}, "b": {"B": "AAEC/w=="}, "t": {"BOOL": True}, "f": {"BOOL": False},
+    "z": {"NULL": True}, "ss": {"SS": ["a", "b"]}, "ns": {"NS": ["1", "2.5"]}, "bs": {"BS": ["AA==", "/w=="]},
+    "m": {"M": {"x": {"B": "AQ=="}, "l": {"L": [{"S": "é"}, {"M": {}}, {"L": []}, {"BS": ["AQ=="]}]}}},
+    "e": {"S": ""},
+}
+
+
+def test_scan_decoder_gives_exactly_what_botocore_gives():
+    body = {"Items": [WIRE_ITEM, {"pk": {"S": "k2"}}], "Count": 2, "ScannedCount": 2,
+            "LastEvaluatedKey": {"pk": {"S": "k2"}, "bk": {"B": "AQI="}},
+            "ConsumedCapacity": {"TableName": "T", "CapacityUnits": 2}}
+    plain, fast, custom = _parse_both(body)
+    assert fast == plain
+    assert plain["Items"][0]["b"] == {"B": b"\x00\x01\x02\xff"}  # B decoded to bytes, as boto3 gives it
+    assert set(custom) == {"Items", "LastEvaluatedKey"}  # really decoded here, not by botocore
+    assert fast["ConsumedCapacity"] == {"TableName": "T", "CapacityUnits": 2}  # the rest is still botocore's
+    plain, fast, custom = _parse_both({"Items": [], "Count": 0, "ScannedCount": 0})
+    assert fast == plain and custom == {"Items": []}
+
+
+@pytest.mark.parametrize("body", [
+    {"Items": [{"pk": {"S": "k"}, "x": {"UNKNOWN": "v"}}]},  # a type this does not know
+    {"Items": [{"pk": {"S": "k", "N": "1"}}]},  # two tags in one value
+    {"Items": [{"pk": "k"}]},  # not an AttributeValue
+    {"Items": {"pk": {"S": "k"}}},  # not a list
+])
+def test_scan_decoder_leaves_what_it_does_not_know_to_botocore(body):
+    import json
+
+    raw = json.dumps(body).encode()
+    response = {"status_code": 200, "headers": {}, "body": raw}
+    custom: dict = {}
+    dynamodb.decode_scan_items(response_dict=response, customized_response_dict=custom)
+    assert custom == {} and response["body"] == raw
+
+
+def test_scan_decoder_leaves_errors_alone():
+    body = {"__type": "com.amazonaws.dynamodb.v20120810#ResourceNotFoundException", "message": "no table",
+            "Items": []}
+    response = {"status_code": 400, "headers": {}, "body": __import__("json").dumps(body).encode()}
+    before = dict(response)
+    custom: dict = {}
+    dynamodb.decode_scan_items(response_dict=response, customized_response_dict=custom)
+    assert custom == {} and response == before
+
+
+def test_scan_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
+    """Through moto's server: every type, several pages, the same items and keys
+    with and without the decoder."""
+    import boto3
+
+    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.local import workload
+
+    item = {k: v for k, v in _parse_both({"Items": [WIRE_ITEM]})[0]["Items"][0].items() if k != "pk"}
+    client = dynamodb_client()
+    table = f"Fast{unique}"
+    workload.create_table(client, table)
+    for i in range(30):
+        client.put_item(TableName=table, Item={**item, "pk": {"S": f"k{i:03d}"}, "sk": {"S": "s"}})
+    plain_client = boto3.client("dynamodb")  # no decoder registered: botocore parses everything
+    plain = []
+    start = None
+    while True:
+        page = plain_client.scan(TableName=table, Limit=7, **({"ExclusiveStartKey": start} if start else {}))
+        plain.append((page["Items"], page.get("LastEvaluatedKey")))
+        start = page.get("LastEvaluatedKey")
+        if not start:
+            break
+    fast = [(p.items, p.last_key) for p in scan_pages(client, table, page_limit=7, retry=FAST)]
+    assert fast == plain and sum(len(items) for items, _ in fast) == 30
+    assert fast[0][0][0]["b"] == {"B": b"\x00\x01\x02\xff"}
