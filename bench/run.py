@@ -223,8 +223,7 @@ def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
 
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
-    from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.graph import LiveJob
     from ddb2bt.pipeline.preflight import ensure_state_table
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
@@ -243,13 +242,23 @@ def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
                   reader=ReaderOptions(until_idle_s=0.5, poll_interval_s=0.05, discovery_interval_s=60),
                   state=StateSpec(BigtableSpec(project, instance), job=f"bench_{table}"),
                   partitions=partitions, client_factory=RegisteredClient(client.table))
+    return run_live(job, len(records))
+
+
+def run_live(jobs, total: int) -> float:
+    """Run the live pipeline of ``jobs`` (one LiveJob or several: one job) on the
+    local runner; wall seconds until ``total`` changes were applied or skipped
+    (the idle wait at the end, which only exists to stop a local run, excluded)."""
+    from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
+    from ddb2bt.pipeline.metrics import default_metrics
+
     metrics = default_metrics()
     done_at = []
     applied0 = _total(metrics.changes_applied) + _total(metrics.changes_skipped)
 
     def watch():
         while not done_at:
-            if _total(metrics.changes_applied) + _total(metrics.changes_skipped) - applied0 >= len(records):
+            if _total(metrics.changes_applied) + _total(metrics.changes_skipped) - applied0 >= total:
                 done_at.append(time.perf_counter())
                 return
             time.sleep(DONE_POLL_S)
@@ -257,7 +266,7 @@ def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
     threading.Thread(target=watch, daemon=True).start()
     start = time.perf_counter()
     p = make_pipeline([])
-    add_live_replication(p, job)
+    add_live_replication(p, jobs)
     p.run().wait_until_finish()
     return (done_at[0] if done_at else time.perf_counter()) - start
 

@@ -12,14 +12,12 @@ import argparse
 import dataclasses
 import json
 import sys
-import threading
-import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.run import DONE_POLL_S, MAPPING, _total, fresh_table, settle, stream_records  # noqa: E402
+from bench.run import MAPPING, fresh_table, run_live, settle, stream_records  # noqa: E402
 
 TABLE_COUNTS = (1, 4)
 
@@ -33,8 +31,7 @@ def run_tables(records_per_table: list, project: str, instance: str) -> float:
     """One job over len(records_per_table) tables; wall seconds until every
     change of every table was applied (the idle wait at the end excluded)."""
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
-    from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.graph import LiveJob
     from ddb2bt.pipeline.preflight import ensure_state_table
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
     from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
@@ -55,23 +52,7 @@ def run_tables(records_per_table: list, project: str, instance: str) -> float:
                             client_factory=RegisteredClient(client.table)))
         total += len(records)
     settle()
-    metrics = default_metrics()
-    done_at: list = []
-    start_count = _total(metrics.changes_applied) + _total(metrics.changes_skipped)
-
-    def watch() -> None:
-        while not done_at:
-            if _total(metrics.changes_applied) + _total(metrics.changes_skipped) - start_count >= total:
-                done_at.append(time.perf_counter())
-                return
-            time.sleep(DONE_POLL_S)
-
-    threading.Thread(target=watch, daemon=True).start()
-    start = time.perf_counter()
-    p = make_pipeline([])
-    add_live_replication(p, jobs)
-    p.run().wait_until_finish()
-    return (done_at[0] if done_at else time.perf_counter()) - start
+    return run_live(jobs, total)
 
 
 def many_tables(n: int, project: str, instance: str, counts=TABLE_COUNTS) -> dict:
