@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Callable, Optional
 
-from ddb2bt.transforms.attrs import canonical_json, canonical_typed_json
+from ddb2bt.transforms.attrs import _dump_str, canonical_json, canonical_typed_json, json_number
 from ddb2bt.transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, memo
 from ddb2bt.transforms.encoding import ENCODERS, INT64_MAX, _decimal_payload, _INT64, FALSE_BYTE, TRUE_BYTE
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES, MAX_TIMESTAMP_MS, checked_size
@@ -77,11 +77,19 @@ def _fast_int64(value) -> bytes:
     return ENCODERS["int64"](value, "")
 
 
+def _plain_decimal(text: str) -> bytes:
+    """_decimal_payload: ASCII digits with at most one point are a finite number
+    as they are; anything else is parsed by the general encoder."""
+    if text.isascii() and text.replace(".", "", 1).isdigit():
+        return text.encode("ascii")
+    return _decimal_payload(text, "")
+
+
 def _fast_decimal(value) -> bytes:
     if type(value) is dict and len(value) == 1:
         text = value.get("N")
         if type(text) is str:
-            return _decimal_payload(text, "")
+            return _plain_decimal(text)
     return ENCODERS["decimal"](value, "")
 
 
@@ -92,11 +100,55 @@ def _fast_auto(value) -> bytes:
             return text.encode("utf-8")
         text = value.get("N")
         if type(text) is str:
-            return _decimal_payload(text, "")
+            return _plain_decimal(text)
         flag = value.get("BOOL")
         if type(flag) is bool:
             return TRUE_BYTE if flag else FALSE_BYTE
+        if "B" not in value and "NULL" not in value:  # the rest is canonical JSON
+            return _json_text(value).encode("utf-8")
     return ENCODERS["auto"](value, "")
+
+
+def _json_text(value) -> str:
+    """attrs.canonical_json for strings, numbers, maps and lists (its very text:
+    the same pieces joined the same way); anything else through it."""
+    if type(value) is dict and len(value) == 1:
+        inner = value.get("S")
+        if type(inner) is str:
+            return _dump_str(inner)
+        inner = value.get("N")
+        if type(inner) is str:
+            return json_number(inner, "")
+        inner = value.get("M")
+        if type(inner) is dict and all(type(k) is str for k in inner):
+            return "{" + ",".join([_dump_str(k) + ":" + _json_text(v) for k, v in sorted(inner.items())]) + "}"
+        inner = value.get("L")
+        if type(inner) is list:
+            return "[" + ",".join([_json_text(v) for v in inner]) + "]"
+        inner = value.get("SS")
+        if type(inner) is list and all(type(member) is str for member in inner):
+            return "[" + ",".join([_dump_str(member) for member in sorted(inner)]) + "]"
+    return canonical_json(value)
+
+
+def _fast_json(value) -> bytes:
+    return _json_text(value).encode("utf-8")
+
+
+def _key_json(keys) -> bytes:
+    """canonical_typed_json({"M": keys}) encoded, for keys of strings and numbers."""
+    parts = []
+    for name in sorted(keys):
+        value = keys[name]
+        if type(name) is str and type(value) is dict and len(value) == 1:
+            tag, text = '{"S":', value.get("S")
+            if text is None:
+                tag, text = '{"N":', value.get("N")
+            if type(text) is str:
+                parts.append(_dump_str(name) + ":" + tag + _dump_str(text) + "}")
+                continue
+        return canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+    return ('{"M":{' + ",".join(parts) + "}}").encode("utf-8")
 
 
 def _general_encoder(name: str) -> Callable:
@@ -105,7 +157,7 @@ def _general_encoder(name: str) -> Callable:
 
 
 FAST_ENCODERS = {name: _general_encoder(name) for name in ENCODERS}
-FAST_ENCODERS.update(utf8=_fast_utf8, int64=_fast_int64, decimal=_fast_decimal, auto=_fast_auto)
+FAST_ENCODERS.update(utf8=_fast_utf8, int64=_fast_int64, decimal=_fast_decimal, auto=_fast_auto, json=_fast_json)
 _FAST_BY_GENERAL = {ENCODERS[name]: FAST_ENCODERS[name] for name in ENCODERS}
 
 
@@ -529,41 +581,46 @@ class CompiledMapping:
         prune = event != INSERT or since is not None or self._ttl_ignore
         rows: dict = {}  # (table, row) -> [mutations, request bytes]
         versions: dict = {}  # (table, row) -> [(family, qualifier, version, is_write)]
-        row_key = None
+        row_key = entry = None
+        size = 0
         for key in (sorted(new) if len(new) > 1 else new):
             table, row, family, qualifier, version, is_list = key
             if row_key is None or row != row_key[1] or table != row_key[0]:
+                if entry is not None:
+                    entry[1] = size
                 row_key = (table, row)  # cells are sorted: a row's cells are consecutive
-                entry = rows[row_key] = [[], len(row)]
-                muts = entry[0]
+                entry = rows[row_key] = [[], 0]
+                append = entry[0].append
+                size = len(row)
             payload = new[key]
             fixed = len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES
-            if is_list:
+            if version is not None:
+                append(_new(SetCell, (family, qualifier, payload, version)))
+                size += fixed + len(payload)
+                versions.setdefault(row_key, []).append((family, qualifier, version, True))
+            elif is_list:
                 n = len(payload)
                 if n == 0:
-                    muts.append(DeleteCells(family, qualifier, 0, ts + _INCLUSIVE_END_MS))
-                    entry[1] += fixed
+                    append(_new(DeleteCells, (family, qualifier, 0, ts + _INCLUSIVE_END_MS)))
+                    size += fixed
                     continue
                 first = ts - n + 1
                 if first < 1:
                     raise _Fallback
-                muts.append(DeleteCells(family, qualifier, 0, first))
-                size = fixed
+                append(_new(DeleteCells, (family, qualifier, 0, first)))
+                size += fixed
                 for i, element in enumerate(payload):
-                    muts.append(SetCell(family, qualifier, element, first + i))
+                    append(_new(SetCell, (family, qualifier, element, first + i)))
                     size += fixed + len(element)
-                entry[1] += size
-            elif version is not None:
-                muts.append(SetCell(family, qualifier, payload, version))
-                entry[1] += fixed + len(payload)
-                versions.setdefault(row_key, []).append((family, qualifier, version, True))
             elif prune and ts:  # an end of 0 would mean "no end" on the wire
-                muts.append(SetCell(family, qualifier, payload, ts))
-                muts.append(DeleteCells(family, qualifier, 0, ts))
-                entry[1] += fixed + fixed + len(payload)
+                append(_new(SetCell, (family, qualifier, payload, ts)))
+                append(_new(DeleteCells, (family, qualifier, 0, ts)))
+                size += fixed + fixed + len(payload)
             else:
-                muts.append(SetCell(family, qualifier, payload, ts))
-                entry[1] += fixed + len(payload)
+                append(_new(SetCell, (family, qualifier, payload, ts)))
+                size += fixed + len(payload)
+        if entry is not None:
+            entry[1] = size
         versioned_rows = set(versions) if since is not None else None
         if old:
             for key in sorted(old):
@@ -583,7 +640,7 @@ class CompiledMapping:
         key_json = None
         marker = b""
         if mark_touched or since is not None:
-            key_json = canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+            key_json = _key_json(keys)
             marker = MARKER_PREFIX + key_json
             if mark_touched and since is None:
                 fixed = len(MARKER_FAMILY) + len(marker) + MUTATION_OVERHEAD_BYTES
@@ -592,7 +649,7 @@ class CompiledMapping:
                     entry[1] += fixed
         owner = b""
         if versions:
-            owner = key_json if key_json is not None else canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+            owner = key_json if key_json is not None else _key_json(keys)
         changes = []
         for rk, (muts, size) in rows.items():
             table, row = rk
@@ -609,6 +666,8 @@ class CompiledMapping:
 
 
 _SIMPLE = (_PLAIN, _SKIP)
+# Mutations are built as their NamedTuple's __new__ builds them, without its frame.
+_new = tuple.__new__
 
 
 def compile_mapping(mapping: MappingConfig) -> CompiledMapping:
