@@ -281,11 +281,14 @@ def _key_builder(template: KeyTemplate, where: str) -> Callable:
     return src.function("build")
 
 
-def _emit_conditions(src: _Source, indent: int, conditions: tuple, item: str, cap: str) -> str:
+def _emit_conditions(src: _Source, indent: int, conditions: tuple, item: str, cap: str,
+                     values: Optional[dict] = None) -> str:
     """Lookups for the conditions' attributes, and the expression that is true when
     all hold (mapping.conditions_hold: in order, stopping at the first false).
-    A value not a plain string is judged by the general ``_matches``."""
-    values: dict = {}
+    A value not a plain string is judged by the general ``_matches``. ``values``:
+    the attributes already looked up by earlier code of the same function (a
+    lookup cannot fail and reads the same value every time, so once is enough)."""
+    values = {} if values is None else values
     for cond in conditions:
         if cond.attribute not in values:
             n = len(values)
@@ -326,15 +329,14 @@ def _selector(rules: tuple, compiled: list) -> Callable:
     ``(None, None)`` when no rule matches."""
     src = _Source()
     src.add(0, "def select(keys, item):")
+    values: dict = {}  # attributes looked up so far, shared by the rules
     for rule, crule in zip(rules, compiled):
         has_regex = any(c.kind == "regex" for c in rule.conditions)
         cap = "cap" if has_regex else "_EMPTY"
-        # Each rule looks its attributes up again: a lookup never fails, and the
-        # general engine evaluates each rule on its own as well.
         src.add(1, "if True:")
         if has_regex:
             src.add(2, "cap = {}")
-        expr = _emit_conditions(src, 2, rule.conditions, "item", cap)
+        expr = _emit_conditions(src, 2, rule.conditions, "item", cap, values)
         src.add(2, f"if {expr}:")
         src.add(3, f"return {src.const(crule)}, {cap}")
     src.add(1, "return None, None")
