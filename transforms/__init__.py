@@ -13,5 +13,6 @@ Modules:
   limits    -- Bigtable's hard limits, enforced before anything is written.
   config    -- the mapping file model, loading and validation (fails fast, names the field).
   mapping   -- the pure function ChangeRecord -> tuple[RowChange, ...].
+  compiled  -- the mapping compiled into specialised code (what map_change runs).
   dofns     -- thin Beam wrappers around the above.
 """

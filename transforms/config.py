@@ -183,6 +183,11 @@ class MappingConfig:
     version: int = 1
     origin: str = "<memory>"
 
+    def __getstate__(self) -> dict:
+        # The compiled form (compiled.compile_mapping, kept on the mapping) is
+        # generated code: rebuilt on first use after unpickling, never shipped.
+        return {k: v for k, v in self.__dict__.items() if k != "_compiled"}
+
     def table_families(self) -> dict:
         """{table id: [FamilyConfig]} for create-table: the target gets every
         declared family; an index table gets its index family (one version).

@@ -1,0 +1,681 @@
+"""The mapping compiled: each rule turned, once, into specialised code.
+
+``compile_mapping(mapping)`` builds (once per MappingConfig, kept on it) a callable
+with ``map_change``'s contract — ``(record, mark_touched) -> tuple[RowChange, ...]``
+— whose per-change work is straight-line: rule selection and row-key templates are
+generated Python functions (the mapping's text only ever enters them as bound
+constants, never as source), each attribute's placement is decided once per
+attribute name and keeps its encoder bound, literal qualifiers and their sizes are
+precomputed, and mutations, sizes and versions are produced in one pass.
+
+The general engine (``mapping.general_map_change``) stays the reference and the
+specification: the compiled path produces exactly its RowChanges (docs/design.md §3,
+§5, §7: the same cells, mutations in the same order, the same sizes, guards and
+versions). It only takes the happy path itself. Anything it does not handle — a
+hook rule, a value in an unusual shape, a key part needing escaping of binary data,
+a limit that might be broken, or any error — makes it hand the whole record to the
+general engine, which then maps it or raises the very dead-letter reason and message
+it always did. So the compiled path never has to reproduce an error message, only
+to never accept what the general engine refuses: every check it skips is one it
+proves cannot fail (``_UNCHECKED_ROW_BYTES``), every value it does not recognise
+goes to the general helper that would have seen it.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Callable, Optional
+
+from ddb2bt.transforms.attrs import _dump_str, canonical_json, canonical_typed_json, json_number
+from ddb2bt.transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, memo
+from ddb2bt.transforms.encoding import ENCODERS, INT64_MAX, _decimal_payload, _INT64, FALSE_BYTE, TRUE_BYTE
+from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES, MAX_TIMESTAMP_MS, checked_size
+from ddb2bt.transforms.mapping import (_COLUMN, _INCLUSIVE_END_MS, _PLAIN, _SKIP, _UNMAPPED, INDEX_POINTER,
+                                       MARKER_FAMILY, MARKER_PREFIX, MAX_PLANNED_ATTRIBUTES, _attribute_plan,
+                                       _column_cells, _matches, _Owner, general_map_change, parse_timestamp_ms,
+                                       validate_record)
+from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, DeleteCells, Guard,
+                                     RowChange, SetCell)
+from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, _part_value
+
+# A row whose request bytes are at most this cannot break any of Bigtable's
+# per-row limits (limits.checked_size): every part a limit bounds — row key,
+# qualifier, value — is counted in those bytes, the smallest such limit is the
+# qualifier's (16 KiB), and each mutation counts at least MUTATION_OVERHEAD_BYTES,
+# so such a row has far fewer than MAX_MUTATIONS_PER_REQUEST. The row key's own
+# limit (4 KiB) and emptiness are checked separately; larger rows go through
+# checked_size itself.
+_UNCHECKED_ROW_BYTES = MAX_QUALIFIER_BYTES
+_EMPTY: dict = {}  # captures of a rule without regex conditions (never written to)
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
+_ONE_MS = _dt.timedelta(milliseconds=1)
+# int64: a string of at most this many ASCII digits is a non-negative integer below
+# 2**63 (19 digits could overflow), so it needs no Decimal and no range check.
+_SAFE_INT64_DIGITS = len(str(INT64_MAX)) - 1
+
+
+class _Fallback(Exception):
+    """The compiled path does not take this record: the general engine maps it."""
+
+
+# --- encoders: the common shape inline, anything else through the general one ---
+
+
+def _fast_utf8(value) -> bytes:
+    if type(value) is dict and len(value) == 1:
+        text = value.get("S")
+        if type(text) is str:
+            return text.encode("utf-8")  # a lone surrogate raises: the general engine reports it
+    return ENCODERS["utf8"](value, "")
+
+
+def _fast_int64(value) -> bytes:
+    if type(value) is dict and len(value) == 1:
+        text = value.get("N")
+        if type(text) is str and len(text) <= _SAFE_INT64_DIGITS and text.isdigit() and text.isascii():
+            return _INT64.pack(int(text))
+    return ENCODERS["int64"](value, "")
+
+
+def _plain_decimal(text: str) -> bytes:
+    """_decimal_payload: ASCII digits with at most one point are a finite number
+    as they are; anything else is parsed by the general encoder."""
+    if text.isascii() and text.replace(".", "", 1).isdigit():
+        return text.encode("ascii")
+    return _decimal_payload(text, "")
+
+
+def _fast_decimal(value) -> bytes:
+    if type(value) is dict and len(value) == 1:
+        text = value.get("N")
+        if type(text) is str:
+            return _plain_decimal(text)
+    return ENCODERS["decimal"](value, "")
+
+
+def _fast_auto(value) -> bytes:
+    if type(value) is dict and len(value) == 1:
+        text = value.get("S")
+        if type(text) is str:
+            return text.encode("utf-8")
+        text = value.get("N")
+        if type(text) is str:
+            return _plain_decimal(text)
+        flag = value.get("BOOL")
+        if type(flag) is bool:
+            return TRUE_BYTE if flag else FALSE_BYTE
+        if "B" not in value and "NULL" not in value:  # the rest is canonical JSON
+            return _json_text(value).encode("utf-8")
+    return ENCODERS["auto"](value, "")
+
+
+def _json_text(value) -> str:
+    """attrs.canonical_json for strings, numbers, maps and lists (its very text:
+    the same pieces joined the same way); anything else through it."""
+    if type(value) is dict and len(value) == 1:
+        inner = value.get("S")
+        if type(inner) is str:
+            return _dump_str(inner)
+        inner = value.get("N")
+        if type(inner) is str:
+            return json_number(inner, "")
+        inner = value.get("M")
+        if type(inner) is dict and all(type(k) is str for k in inner):
+            return "{" + ",".join([_dump_str(k) + ":" + _json_text(v) for k, v in sorted(inner.items())]) + "}"
+        inner = value.get("L")
+        if type(inner) is list:
+            return "[" + ",".join([_json_text(v) for v in inner]) + "]"
+        inner = value.get("SS")
+        if type(inner) is list and all(type(member) is str for member in inner):
+            return "[" + ",".join([_dump_str(member) for member in sorted(inner)]) + "]"
+    return canonical_json(value)
+
+
+def _fast_json(value) -> bytes:
+    return _json_text(value).encode("utf-8")
+
+
+def _key_json(keys) -> bytes:
+    """canonical_typed_json({"M": keys}) encoded, for keys of strings and numbers."""
+    parts = []
+    for name in sorted(keys):
+        value = keys[name]
+        if type(name) is str and type(value) is dict and len(value) == 1:
+            tag, text = '{"S":', value.get("S")
+            if text is None:
+                tag, text = '{"N":', value.get("N")
+            if type(text) is str:
+                parts.append(_dump_str(name) + ":" + tag + _dump_str(text) + "}")
+                continue
+        return canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+    return ('{"M":{' + ",".join(parts) + "}}").encode("utf-8")
+
+
+def _general_encoder(name: str) -> Callable:
+    encoder = ENCODERS[name]
+    return lambda value: encoder(value, "")
+
+
+FAST_ENCODERS = {name: _general_encoder(name) for name in ENCODERS}
+FAST_ENCODERS.update(utf8=_fast_utf8, int64=_fast_int64, decimal=_fast_decimal, auto=_fast_auto, json=_fast_json)
+_FAST_BY_GENERAL = {ENCODERS[name]: FAST_ENCODERS[name] for name in ENCODERS}
+
+
+def _iso8601_ms(where: str) -> Callable:
+    def parse(value) -> int:
+        if type(value) is dict and len(value) == 1:
+            text = value.get("S")
+            if type(text) is str:
+                parsed = _dt.datetime.fromisoformat(text)  # ValueError: the general engine says why
+                if parsed.tzinfo is None:  # UTC, as the general engine reads it
+                    ms = (parsed - _EPOCH_NAIVE) // _ONE_MS
+                else:
+                    ms = (parsed - _EPOCH) // _ONE_MS
+                if 0 <= ms <= MAX_TIMESTAMP_MS:
+                    return ms
+        return parse_timestamp_ms(value, "iso8601", where)
+    return parse
+
+
+def _timestamp_parser(fmt: str, where: str) -> Callable:
+    if fmt == "iso8601":
+        return _iso8601_ms(where)
+    return lambda value: parse_timestamp_ms(value, fmt, where)
+
+
+# --- code generation ------------------------------------------------------------
+
+
+class _Source:
+    """Generated source and the constants it names. Nothing from the mapping file
+    is written into the source: every value is a bound constant ``_kN``."""
+
+    def __init__(self) -> None:
+        self.lines: list = []
+        self.names: dict = {"_Fallback": _Fallback, "_EMPTY": _EMPTY, "dict": dict, "len": len, "type": type,
+                            "str": str, "_matches": _matches}
+        self._consts: dict = {}
+
+    def const(self, value) -> str:
+        key = (type(value), id(value))
+        name = self._consts.get(key)
+        if name is None:
+            name = f"_k{len(self._consts)}"
+            self._consts[key] = name
+            self.names[name] = value
+        return name
+
+    def add(self, indent: int, text: str) -> None:
+        self.lines.append("    " * indent + text)
+
+    def function(self, name: str) -> Callable:
+        namespace = dict(self.names)
+        exec(compile("\n".join(self.lines) + "\n", f"<ddb2bt compiled {name}>", "exec"), namespace)
+        return namespace[name]
+
+
+def _emit_lookup(src: _Source, indent: int, var: str, attribute: str, item: str, missing: Optional[str]) -> None:
+    """``var`` = the attribute from the keys, else the item (mapping._lookup)."""
+    name = src.const(attribute)
+    src.add(indent, f"{var} = keys.get({name})")
+    src.add(indent, f"if {var} is None:")
+    src.add(indent + 1, f"{var} = {item}.get({name})")
+    if missing is not None:
+        src.add(indent + 1, f"if {var} is None:")
+        src.add(indent + 2, missing)
+
+
+def _emit_string(src: _Source, indent: int, text: str, value: str, tags: tuple) -> None:
+    """``text`` = the payload when ``value`` is a well-formed one-tag dict of one
+    of ``tags`` holding a str, else None (the general helper then sees it)."""
+    src.add(indent, f"{text} = None")
+    src.add(indent, f"if type({value}) is dict and len({value}) == 1:")
+    src.add(indent + 1, f"{text} = {value}.get({tags[0]!r})")
+    for tag in tags[1:]:
+        src.add(indent + 1, f"if {text} is None:")
+        src.add(indent + 2, f"{text} = {value}.get({tag!r})")
+    src.add(indent + 1, f"if type({text}) is not str:")
+    src.add(indent + 2, f"{text} = None")
+
+
+def _key_builder(template: KeyTemplate, where: str) -> Callable:
+    """rowkey.build_key as straight-line code: ``(keys, item, captures) -> bytes``,
+    or None when an attribute is missing (the caller decides: an index row is
+    sparse, a main row goes to the general engine). Parts are processed in the
+    template's order, as build_key does, so the first problem is the same one."""
+    src = _Source()
+    src.add(0, "def build(keys, item, captures):")
+    last = len(template.tokens) - 1
+    delimiter = template.delimiter
+    pieces = []
+    for i, tok in enumerate(template.tokens):
+        if isinstance(tok, bytes):
+            pieces.append(src.const(tok))
+            continue
+        part = f"p{i}"
+        ph_where = f"{where}{{{tok.source}}}"
+        if tok.source.startswith("match."):
+            src.add(1, f"t = captures.get({src.const(tok.source[len('match.'):])})")
+            src.add(1, "if t is None:")
+            src.add(2, "raise _Fallback")  # build_key: 'no capture named ...'
+            src.add(1, "if True:")
+        else:
+            _emit_lookup(src, 1, "v", tok.source, "item", "return None")
+            _emit_string(src, 1, "t", "v", ("S", "N"))
+            src.add(1, "if t is not None:")
+        for name, arg in tok.transforms:
+            fn = TRANSFORMS[name][1]
+            src.add(2, f"t = {src.const(fn)}(t, {src.const(arg)}, {src.const(ph_where)})")
+        src.add(2, f"{part} = t.encode('utf-8')")
+        if not tok.source.startswith("match."):
+            general = (lambda ph, w: lambda v: _part_value(ph, v, w))(tok, ph_where)
+            src.add(1, "else:")
+            src.add(2, f"{part} = {src.const(general)}(v)")
+        if i != last:  # rowkey.escape
+            esc, esc2 = src.const(ESCAPE), src.const(ESCAPE + ESCAPE)
+            delim, delim2 = src.const(delimiter), src.const(ESCAPE + delimiter)
+            src.add(1, f"if {esc} in {part} or {delim} in {part}:")
+            src.add(2, f"{part} = {part}.replace({esc}, {esc2}).replace({delim}, {delim2})")
+        pieces.append(part)
+    src.add(1, f"return b''.join(({', '.join(pieces)},))")
+    return src.function("build")
+
+
+def _emit_conditions(src: _Source, indent: int, conditions: tuple, item: str, cap: str,
+                     values: Optional[dict] = None) -> str:
+    """Lookups for the conditions' attributes, and the expression that is true when
+    all hold (mapping.conditions_hold: in order, stopping at the first false).
+    A value not a plain string is judged by the general ``_matches``. ``values``:
+    the attributes already looked up by earlier code of the same function (a
+    lookup cannot fail and reads the same value every time, so once is enough)."""
+    values = {} if values is None else values
+    for cond in conditions:
+        if cond.attribute not in values:
+            n = len(values)
+            values[cond.attribute] = (f"v{n}", f"s{n}")
+            _emit_lookup(src, indent, f"v{n}", cond.attribute, item, None)
+            _emit_string(src, indent, f"s{n}", f"v{n}", ("S",))
+    terms = []
+    for cond in conditions:
+        v, s = values[cond.attribute]
+        general = f"_matches({src.const(cond)}, keys, {item}, {cap})"
+        if cond.kind == "present":
+            terms.append(f"({v} is not None)" if cond.value else f"({v} is None)")
+        elif cond.kind == "equals" and isinstance(cond.value, bool):
+            terms.append(f"(False if {s} is not None else {general})")
+        elif cond.kind == "equals":
+            terms.append(f"({s} == {src.const(str(cond.value))} if {s} is not None else {general})")
+        elif cond.kind == "prefix":
+            terms.append(f"({s}.startswith({src.const(cond.value)}) if {s} is not None else {general})")
+        else:
+            terms.append(f"({src.const(_regex(cond))}({s}, {cap}) if {s} is not None else {general})")
+    return " and ".join(terms) if terms else "True"
+
+
+def _regex(cond: MatchCondition) -> Callable:
+    fullmatch = cond.pattern.fullmatch
+
+    def match(text: str, captures: dict) -> bool:
+        m = fullmatch(text)
+        if m is None:
+            return False
+        captures.update({k: v for k, v in m.groupdict().items() if v is not None})
+        return True
+    return match
+
+
+def _selector(rules: tuple, compiled: list) -> Callable:
+    """mapping.select_rule as one function: ``(keys, item) -> (compiled rule, captures)``,
+    ``(None, None)`` when no rule matches."""
+    src = _Source()
+    src.add(0, "def select(keys, item):")
+    values: dict = {}  # attributes looked up so far, shared by the rules
+    for rule, crule in zip(rules, compiled):
+        has_regex = any(c.kind == "regex" for c in rule.conditions)
+        cap = "cap" if has_regex else "_EMPTY"
+        src.add(1, "if True:")
+        if has_regex:
+            src.add(2, "cap = {}")
+        expr = _emit_conditions(src, 2, rule.conditions, "item", cap, values)
+        src.add(2, f"if {expr}:")
+        src.add(3, f"return {src.const(crule)}, {cap}")
+    src.add(1, "return None, None")
+    return src.function("select")
+
+
+def _condition(conditions: tuple) -> Optional[Callable]:
+    """conditions_hold as a function ``(keys, item) -> bool``; None: always true."""
+    if not conditions:
+        return None
+    src = _Source()
+    src.add(0, "def holds(keys, item):")
+    has_regex = any(c.kind == "regex" for c in conditions)
+    if has_regex:
+        src.add(1, "cap = {}")
+    expr = _emit_conditions(src, 1, conditions, "item", "cap" if has_regex else "_EMPTY")
+    src.add(1, f"return bool({expr})")
+    return src.function("holds")
+
+
+# --- rules ------------------------------------------------------------------------
+
+
+class _CompiledRule:
+    """One rule: ``cells(keys, image, captures, with_values) -> (row, {cell key: payload})``
+    with the general engine's cell keys (OwnedCell.key) and as payload the value
+    (None without values) or, for a list column, the tuple of element values."""
+
+    def __init__(self, mapping: MappingConfig, rule: RuleConfig) -> None:
+        self.rule = rule
+        self.skip = rule.skip
+        self.hook = rule.hook is not None
+        if self.skip or self.hook:
+            return
+        self.table = mapping.target.table
+        self.key_attrs = mapping.source.key_attributes
+        self.row_key = _key_builder(rule.row_key, "row_key")
+        # The general engine's shortcut for a MODIFY's old image applies (mapping._old_cells).
+        self.single_row = rule.item_column is None and not rule.indexes
+        self.plans: dict = {}
+        self._columns: dict = {}
+        self._indexes = tuple(self._index(mapping, index) for index in rule.indexes)
+
+    def plan(self, name) -> tuple:
+        """mapping._attribute_plan with the encoder's fast form, or a compiled column."""
+        if type(name) is not str:
+            raise _Fallback  # the general engine sorts the names first
+        plan = _attribute_plan(self.rule, self.key_attrs, name)
+        if plan[0] == _PLAIN:
+            plan = (_PLAIN, plan[1], plan[2], _FAST_BY_GENERAL[plan[3]])
+        elif plan[0] == _COLUMN:
+            plan = (_COLUMN, self._column(plan[1]))
+        if len(self.plans) < MAX_PLANNED_ATTRIBUTES:
+            self.plans[name] = plan
+        return plan
+
+    def _column(self, col: ColumnConfig) -> Callable:
+        fn = self._columns.get(col.attribute)
+        if fn is None:
+            fn = self._columns[col.attribute] = _column(self.table, col)
+        return fn
+
+    def _index(self, mapping: MappingConfig, index: IndexConfig) -> Callable:
+        holds = _condition(index.conditions)
+        build = _key_builder(index.row_key, f"index {index.name}")
+        table = index.table or mapping.target.table
+        family = index.family
+        project = tuple((name, name.encode("utf-8")) for name in index.project)
+        auto = FAST_ENCODERS["auto"]
+
+        def cells_of(cells: dict, keys, image, main_row: bytes, with_values: bool) -> None:
+            if holds is not None and not holds(keys, image):
+                return
+            row = build(keys, image, _EMPTY)
+            if row is None:
+                return  # sparse, like a GSI
+            key = (table, row, family, INDEX_POINTER, None, False)
+            if key in cells:
+                raise _Fallback
+            cells[key] = main_row if with_values else None
+            for name, qualifier in project:
+                if name in image:
+                    key = (table, row, family, qualifier, None, False)
+                    if key in cells:
+                        raise _Fallback
+                    cells[key] = auto(image[name]) if with_values else None
+        return cells_of
+
+    def cells(self, keys, image, captures, with_values: bool) -> tuple:
+        row = self.row_key(keys, image, captures)
+        if row is None:
+            raise _Fallback
+        table = self.table
+        plans = self.plans
+        cells: dict = {}
+        for name, value in image.items():
+            plan = plans.get(name)
+            if plan is None:
+                plan = self.plan(name)
+            kind = plan[0]
+            if kind == _PLAIN:
+                key = (table, row, plan[1], plan[2], None, False)
+                if key in cells:
+                    raise _Fallback  # two attributes claim one cell
+                cells[key] = plan[3](value) if with_values else None
+            elif kind == _COLUMN:
+                plan[1](cells, value, keys, image, captures, row, with_values)
+            elif kind == _UNMAPPED:
+                raise _Fallback
+        rule = self.rule
+        if rule.item_column is not None:
+            ic = rule.item_column
+            key = (table, row, ic.family, ic.qualifier, None, False)
+            if key in cells:
+                raise _Fallback
+            value = None
+            if with_values:
+                whole = {k: v for k, v in image.items() if ic.include_keys or k not in self.key_attrs}
+                text = canonical_json({"M": whole}) if ic.encoding == "json" else canonical_typed_json({"M": whole})
+                value = text.encode("utf-8")
+            cells[key] = value
+        for index in self._indexes:
+            index(cells, keys, image, row, with_values)
+        return row, cells
+
+
+def _column(table: str, col: ColumnConfig) -> Callable:
+    """A listed column beyond a plain one: ``(cells, value, keys, image, captures,
+    row, with_values)`` adds its cells."""
+    family = col.family
+    if col.kind != "value":  # set, map, list_versions: the general helper, its cells converted
+        def general(cells, value, keys, image, captures, row, with_values):
+            owner = _Owner(with_values)
+            _column_cells(owner, col, value, table, row, keys, image, captures)
+            for key, cell in owner.cells.items():
+                if key in cells:
+                    raise _Fallback
+                cells[key] = cell.values if cell.values is not None else cell.value
+        return general
+    qualifier = col.qualifier
+    build = _key_builder(col.qualifier_template, f"{col.attribute} qualifier") if col.qualifier_template else None
+    encoder = FAST_ENCODERS[col.encoding]
+    ts_attr = col.timestamp.attribute if col.timestamp is not None else None
+    parse = _timestamp_parser(col.timestamp.format, ts_attr) if col.timestamp is not None else None
+
+    def value_cell(cells, value, keys, image, captures, row, with_values):
+        q = qualifier
+        if build is not None:
+            q = build(keys, image, captures)
+            if q is None:
+                raise _Fallback
+        version = None
+        if ts_attr is not None:
+            stamp = keys.get(ts_attr)
+            if stamp is None:
+                stamp = image.get(ts_attr)
+                if stamp is None:
+                    raise _Fallback
+            version = parse(stamp)
+        key = (table, row, family, q, version, False)
+        if key in cells:
+            raise _Fallback
+        cells[key] = encoder(value) if with_values else None
+    return value_cell
+
+
+# --- the mapping ----------------------------------------------------------------
+
+
+class CompiledMapping:
+    """``map_change`` for one mapping, compiled. Call it as ``(record, mark_touched)``.
+    ``fallbacks`` counts the records handed to the general engine (errors included)."""
+
+    def __init__(self, mapping: MappingConfig) -> None:
+        self.mapping = mapping
+        self.fallbacks = 0
+        self._unmatched_skip = mapping.unmatched == "skip"
+        self._ttl_ignore = mapping.ttl is not None and mapping.ttl.deletions == "ignore"
+        self._rules = [_CompiledRule(mapping, rule) for rule in mapping.rules]
+        self._select = _selector(mapping.rules, self._rules)
+
+    def __call__(self, record, mark_touched: bool = False) -> tuple:
+        try:
+            return self._map(record, mark_touched)
+        except Exception:  # noqa: BLE001 — whatever it is, the general engine decides (and raises it)
+            self.fallbacks += 1
+            return general_map_change(self.mapping, record, mark_touched)
+
+    def _image_cells(self, keys, image, with_values: bool) -> tuple:
+        """(compiled rule or None, row, cells) of one image (mapping.owned_cells)."""
+        crule, captures = self._select(keys, image)
+        if crule is None:
+            if self._unmatched_skip:
+                return None, None, _EMPTY
+            raise _Fallback  # no_matching_rule
+        if crule.skip:
+            return None, None, _EMPTY
+        if crule.hook:
+            raise _Fallback
+        row, cells = crule.cells(keys, image, captures, with_values)
+        return crule, row, cells
+
+    def _old_cells(self, keys, old, new_image, new_rule, new_row) -> dict:
+        """mapping._old_cells: a MODIFY's old image mapped to the same rule and row,
+        naming no attribute the new image lacks and placing each one as a plain
+        cell (or not at all), owns only cells the new image owns too."""
+        if (new_rule is not None and new_image is not None and new_rule.single_row
+                and old.keys() <= new_image.keys()):
+            crule, captures = self._select(keys, old)
+            if crule is new_rule:
+                plans = crule.plans
+                for name in old:
+                    plan = plans.get(name)
+                    if plan is None or plan[0] not in _SIMPLE:
+                        break
+                else:
+                    if crule.row_key(keys, old, captures) == new_row:
+                        return _EMPTY
+        return self._image_cells(keys, old, False)[2]
+
+    def _map(self, record, mark_touched) -> tuple:
+        event = record.event_name
+        keys = record.keys
+        new_image = record.new_image
+        old_image = record.old_image
+        ts = record.change_ms
+        if event == MODIFY:
+            valid = new_image is not None and old_image is not None
+        elif event == INSERT:
+            valid = new_image is not None
+        else:
+            valid = event == REMOVE and old_image is not None
+        if not (valid and keys and 0 <= ts <= MAX_TIMESTAMP_MS):
+            validate_record(record)  # raises the general engine's reason
+            raise _Fallback  # a change time too large for a cell: the general engine decides
+        if record.is_ttl_delete and event == REMOVE and self._ttl_ignore:
+            return ()
+        new_rule = new_row = None
+        new = _EMPTY
+        if event != REMOVE:
+            new_rule, new_row, new = self._image_cells(keys, new_image, True)
+        old = _EMPTY if old_image is None else self._old_cells(keys, old_image, new_image, new_rule, new_row)
+        since = record.backfill_since_ms
+        prune = event != INSERT or since is not None or self._ttl_ignore
+        rows: dict = {}  # (table, row) -> [mutations, request bytes]
+        versions: dict = {}  # (table, row) -> [(family, qualifier, version, is_write)]
+        row_key = entry = None
+        size = 0
+        for key in (sorted(new) if len(new) > 1 else new):
+            table, row, family, qualifier, version, is_list = key
+            if row_key is None or row != row_key[1] or table != row_key[0]:
+                if entry is not None:
+                    entry[1] = size
+                row_key = (table, row)  # cells are sorted: a row's cells are consecutive
+                entry = rows[row_key] = [[], 0]
+                append = entry[0].append
+                size = len(row)
+            payload = new[key]
+            fixed = len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES
+            if version is not None:
+                append(_new(SetCell, (family, qualifier, payload, version)))
+                size += fixed + len(payload)
+                versions.setdefault(row_key, []).append((family, qualifier, version, True))
+            elif is_list:
+                n = len(payload)
+                if n == 0:
+                    append(_new(DeleteCells, (family, qualifier, 0, ts + _INCLUSIVE_END_MS)))
+                    size += fixed
+                    continue
+                first = ts - n + 1
+                if first < 1:
+                    raise _Fallback
+                append(_new(DeleteCells, (family, qualifier, 0, first)))
+                size += fixed
+                for i, element in enumerate(payload):
+                    append(_new(SetCell, (family, qualifier, element, first + i)))
+                    size += fixed + len(element)
+            elif prune and ts:  # an end of 0 would mean "no end" on the wire
+                append(_new(SetCell, (family, qualifier, payload, ts)))
+                append(_new(DeleteCells, (family, qualifier, 0, ts)))
+                size += fixed + fixed + len(payload)
+            else:
+                append(_new(SetCell, (family, qualifier, payload, ts)))
+                size += fixed + len(payload)
+        if entry is not None:
+            entry[1] = size
+        versioned_rows = set(versions) if since is not None else None
+        if old:
+            for key in sorted(old):
+                if key in new:
+                    continue
+                table, row, family, qualifier, version, _ = key
+                rk = (table, row)
+                entry = rows.get(rk)
+                if entry is None:
+                    entry = rows[rk] = [[], len(row)]
+                if version is not None:
+                    entry[0].append(DeleteCells(family, qualifier, version, version + _INCLUSIVE_END_MS))
+                    versions.setdefault(rk, []).append((family, qualifier, version, False))
+                else:
+                    entry[0].append(DeleteCells(family, qualifier, 0, ts + _INCLUSIVE_END_MS))
+                entry[1] += len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES
+        key_json = None
+        marker = b""
+        if mark_touched or since is not None:
+            key_json = _key_json(keys)
+            marker = MARKER_PREFIX + key_json
+            if mark_touched and since is None:
+                fixed = len(MARKER_FAMILY) + len(marker) + MUTATION_OVERHEAD_BYTES
+                for entry in rows.values():
+                    entry[0].append(SetCell(MARKER_FAMILY, marker, b"", ts))
+                    entry[1] += fixed
+        owner = b""
+        if versions:
+            owner = key_json if key_json is not None else _key_json(keys)
+        changes = []
+        for rk, (muts, size) in rows.items():
+            table, row = rk
+            mutations = tuple(muts)
+            if size > _UNCHECKED_ROW_BYTES or not row or len(row) > MAX_ROW_KEY_BYTES:
+                size = checked_size(row, mutations)
+            guard = None
+            if since is not None:
+                guard = Guard(MARKER_FAMILY, marker, since, conditional=rk in versioned_rows, backfill_ms=ts)
+            entries = versions.get(rk)
+            changes.append(RowChange(table, row, mutations, guard, size,
+                                     tuple(sorted(entries)) if entries else (), owner))
+        return tuple(changes)
+
+
+_SIMPLE = (_PLAIN, _SKIP)
+# Mutations are built as their NamedTuple's __new__ builds them, without its frame.
+_new = tuple.__new__
+
+
+def compile_mapping(mapping: MappingConfig) -> CompiledMapping:
+    """The mapping's compiled form, built on first use and kept on the mapping
+    (not pickled: config.MappingConfig.__getstate__ leaves it out)."""
+    return memo(mapping, COMPILED_ATTRIBUTE, lambda: CompiledMapping(mapping))
+
+
+COMPILED_ATTRIBUTE = "_compiled"
