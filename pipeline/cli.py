@@ -19,7 +19,7 @@ from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
     _sink_config, acquire_lease, backfill_options, build_live_job, build_live_jobs, dlq_values, dynamodb_retry,
-    load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_lease,
+    load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_failure, number
@@ -273,11 +273,11 @@ def cmd_backfill(args) -> int:
         warning = check_target(mapping)
         if warning:
             log.warning(warning)
-    tables = []
     for mapping in mappings:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
-        spec = state_spec(args, mapping, dlq_values(args))
-        tables.append(TableBackfill(mapping, spec, with_backfill_lease(args, options, spec)))
+    specs = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
+    tables = [TableBackfill(m, spec, opts)
+              for m, spec, opts in zip(mappings, specs, with_backfill_leases(args, options, specs))]
     start_metrics_server(args.metrics_port, args.metrics_host)
     outcome = backfill(tables, args.beam_args)
     if outcome.launched is not None:
@@ -295,7 +295,7 @@ def cmd_migrate(args) -> int:
     for mapping in mappings:
         check_export_first(options, mapping)  # before the tail starts writing
     jobs = build_live_jobs(args, mappings)
-    per_table = [with_backfill_lease(args, options, job.state) for job in jobs]
+    per_table = with_backfill_leases(args, options, [job.state for job in jobs])
     start_metrics_server(args.metrics_port, args.metrics_host)
     outcome = migrate(jobs, per_table, args.beam_args, args.until_idle, dry_run=args.dry,
                       on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else

@@ -120,7 +120,9 @@ def _check_distinct(jobs: Sequence[LiveJob]) -> None:
         if arn and arn in streams[:i]:
             raise ValueError(f"mappings {jobs[streams.index(arn)].mapping.name!r} and {jobs[i].mapping.name!r} "
                              f"both read stream {arn}: one job reads each stream once")
-    check_distinct_tables([j.mapping for j in jobs], [j.mapping.name for j in jobs], [j.state.job for j in jobs])
+    # Labels unique per job (a label equal to another's is taken for the same mapping).
+    check_distinct_tables([j.mapping for j in jobs], [f"mapping {j.mapping.name!r} (#{i + 1})" for i, j in enumerate(jobs)],
+                          [j.state.job for j in jobs])
 
 
 def load_mapping_arg(mapping: MappingArg) -> MappingConfig:
@@ -376,9 +378,9 @@ class ReplicateToBigtable(beam.PTransform):
         mappings = [load_mapping_arg(m) for m in (mapping if many else [mapping])]
         if not mappings:
             raise ValueError("ReplicateToBigtable needs at least one mapping")
-        if many and len(mappings) > 1 and (stream_arn is not None or state is not None or client_factory is not None):
-            raise ValueError("stream_arn, state and client_factory name one table's: with several mappings build "
-                             "LiveJobs and use ReplicateToBigtable.from_jobs")
+        if many and len(mappings) > 1 and any(x is not None for x in (stream_arn, state, client_factory, marking)):
+            raise ValueError("stream_arn, state, client_factory and marking are one table's: with several mappings "
+                             "build LiveJobs and use ReplicateToBigtable.from_jobs")
         if stream_arn is not None:
             StreamArn.parse(stream_arn)
         _check_partitions(partitions)

@@ -22,7 +22,21 @@ def dlq_values(args) -> bool:
     return is_local(args.beam_args) if explicit is None else explicit
 
 
-def acquire_lease(args, state, role: str):
+def acquire_leases(args, states: list, role: str) -> list:
+    """Each table's ``role`` lease (``acquire_lease``), all or none: if one is
+    held elsewhere, the ones already taken are released before the error goes
+    on, so a refused multi-table start leaves nothing held (on Dataflow a lease
+    taken for a job that never launched would block a rerun until it expired)."""
+    taken: list = []
+    try:
+        return [acquire_lease(args, state, role, taken) for state in states]
+    except BaseException:
+        for held in taken:
+            held.release()
+        raise
+
+
+def acquire_lease(args, state, role: str, taken: Optional[list] = None):
     """Hold the job's ``role`` lease for this command, or raise LeaseHeld naming
     the holder; released when the command ends. Returns the LeaseSpec the
     DoFns fence their writes with (None for a dry run)."""
@@ -50,6 +64,8 @@ def acquire_lease(args, state, role: str):
             dataflow_job = f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
             args.beam_args.append(f"--job_name={dataflow_job}")
     held, spec = lease.hold(state, role, options, command=args.command, dataflow_job=dataflow_job)
+    if taken is not None:
+        taken.append(held)
     if dataflow_job is None:
         signals.on_exit(held.release)
     log.info("holding the %s lease of job %s (%s)", role, state.job, spec.holder)
@@ -183,6 +199,11 @@ def build_live_jobs(args, mappings: list) -> list:
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
     sources = [resolve_stream(m, dynamodb_client(m.source.region)) for m in mappings]
+    for i, source in enumerate(sources):  # e.g. one table named with and without its region
+        first = next(j for j, other in enumerate(sources) if other.stream_arn == source.stream_arn)
+        if first != i:
+            raise ConfigError(f"{mappings[first].origin} and {mappings[i].origin} read the same stream "
+                              f"({source.table}): one job reads each table once", "--mapping")
     for mapping in mappings:
         warning = check_target(mapping)
         if warning:
@@ -190,10 +211,10 @@ def build_live_jobs(args, mappings: list) -> list:
     for mapping, source in zip(mappings, sources):
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
         check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
+    states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
+    leases = acquire_leases(args, states, TAIL)
     jobs = []
-    for mapping, source in zip(mappings, sources):
-        state = state_spec(args, mapping, dlq_values(args))
-        lease = acquire_lease(args, state, TAIL)
+    for mapping, source, state, lease in zip(mappings, sources, states, leases):
         reader = ReaderOptions(
             start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
             discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
@@ -269,10 +290,11 @@ def replace_deadline(policy, deadline_s, option: str = "--dynamodb-deadline"):
     return policy if deadline_s is None else replace(policy, deadline_s=deadline_s)
 
 
-def with_backfill_lease(args, options, state):
-    """The backfill's own lease (a backfill may run next to the job's tail)."""
+def with_backfill_leases(args, options, states: list) -> list:
+    """Each table's backfill options with its own backfill lease (a backfill may
+    run next to the job's tail), all or none."""
     from dataclasses import replace
 
     from ddb2bt.pipeline.lease import BACKFILL
 
-    return replace(options, sink=_sink_config(args, acquire_lease(args, state, BACKFILL)))
+    return [replace(options, sink=_sink_config(args, lease)) for lease in acquire_leases(args, states, BACKFILL)]

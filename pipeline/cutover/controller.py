@@ -258,9 +258,9 @@ def backfill(tables, beam_args: list) -> Outcome:
     tables = list(tables)
     if not is_local(beam_args):
         p = make_pipeline(beam_args, streaming=False)
-        for t in tables:
+        for i, t in enumerate(tables):
             source, handoff, _ = _begin(t.mapping, Migration(t.state.store()), t.options)
-            _add_backfill(p, t.mapping, t.state, source, handoff, t.options, reshuffle=True,
+            _add_backfill(p, t.mapping, t.state, source, handoff, _one_pusher(t.options, i), reshuffle=True,
                           label=f"Backfill[{t.mapping.name}]" if len(tables) > 1 else "")
         return Outcome(launched=p.run())
     phases = []
@@ -270,6 +270,13 @@ def backfill(tables, beam_args: list) -> Outcome:
         migration.finish(_bookkeeping(t.mapping), t.mapping.tables, wait=True)
         phases.append(migration.phase)
     return Outcome(phase=_overall(phases))
+
+
+def _one_pusher(options: BackfillOptions, index: int) -> BackfillOptions:
+    """Only the first table of a job pushes metrics: a pusher sends the whole
+    process's registry (every table's series, by their label), so one per table
+    would count every series once per table."""
+    return options if index == 0 or options.pushgateway is None else replace(options, pushgateway=None)
 
 
 def _overall(phases: list) -> Optional[str]:
@@ -374,9 +381,10 @@ def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = F
     p = make_pipeline(beam_args, streaming=True)
     jobs = [replace(job, reader=replace(job.reader, promote_live=True)) for job in jobs]
     add_live_replication(p, jobs)
-    for job, opts, migration in zip(jobs, options, migrations):
+    for i, (job, opts, migration) in enumerate(zip(jobs, options, migrations)):
         if migration.phase not in (None, BACKFILLING):
             continue
+        opts = _one_pusher(opts, i)
         if dry_run:  # build the graph only: no phase, no family, no wait
             source = backfill_source(opts, job.mapping)[0]
             handoff = time.time_ns() // 1_000_000

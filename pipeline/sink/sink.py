@@ -135,7 +135,7 @@ class BatchingWriter:
         self._config = config
         # The table's view of the metrics: every series of this sink is labelled
         # by the name its state is kept under (its mapping's name).
-        self._metrics = metrics.for_table(state.job if state is not None else UNNAMED_TABLE) \
+        self._metrics = metrics.for_table(getattr(state, "job", None) or UNNAMED_TABLE) \
             if isinstance(metrics, PipelineMetrics) else metrics
         self._known_families = known_families or (lambda table: None)
         self._now_ms = now_ms

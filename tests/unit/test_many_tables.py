@@ -229,3 +229,50 @@ def test_an_idle_local_reader_sleeps_once_per_round_of_every_partition(monkeypat
     out = list(fn.process(parts["B"], tracker=trackers["B"]))
     assert [r.position.stream_arn for e in out for r in e.records] == [clients["B"].stream_arn]
     fn.teardown()
+
+
+def test_the_python_api_refuses_two_tables_with_one_name_or_one_marking():
+    """Two mappings under one name would share state: refused even through the API."""
+    a = job(CATALOG, "A")
+    twin = job(renamed(INVOICES, CATALOG.name, "Other", "other"), "B")
+    with pytest.raises(ConfigError, match=r"mapping 'product_catalog' \(#1\) and mapping 'product_catalog' \(#2\) "
+                                          r"have the same state name"):
+        ReplicateToBigtable.from_jobs([a, twin])
+    with pytest.raises(ValueError, match="marking are one table's"):
+        ReplicateToBigtable([CATALOG, INVOICES], marking=object())
+
+
+def test_only_the_first_table_pushes_metrics():
+    from ddb2bt.pipeline.cutover.controller import BackfillOptions, _one_pusher
+
+    opts = BackfillOptions(pushgateway="http://gw:9091")
+    assert _one_pusher(opts, 0).pushgateway == "http://gw:9091"
+    assert _one_pusher(opts, 1).pushgateway is None and _one_pusher(opts, 2).sink == opts.sink
+
+
+def test_a_refused_lease_releases_the_ones_already_taken(monkeypatch):
+    """All or none: table 2's lease is held elsewhere, so table 1's is given back."""
+    import ddb2bt.pipeline.jobs as jobs
+    from ddb2bt.pipeline.lease import LeaseHeld
+
+    released = []
+
+    class Held:
+        def __init__(self, name):
+            self.name = name
+
+        def release(self):
+            released.append(self.name)
+
+    def fake(args, state, role, taken=None):
+        if state == "second":
+            raise LeaseHeld("held by another process")
+        taken.append(Held(state))
+        return f"spec-{state}"
+
+    monkeypatch.setattr(jobs, "acquire_lease", fake)
+    assert jobs.acquire_leases(None, ["first", "third"], "tail") == ["spec-first", "spec-third"]
+    assert released == []
+    with pytest.raises(LeaseHeld):
+        jobs.acquire_leases(None, ["first", "second", "third"], "tail")
+    assert released == ["first"]
