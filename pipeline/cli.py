@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
-    _sink_config, acquire_lease, backfill_options, build_live_job, build_live_jobs, dlq_values, dynamodb_retry,
+    _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry,
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401

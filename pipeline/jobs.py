@@ -229,11 +229,6 @@ def build_live_jobs(args, mappings: list) -> list:
     return jobs
 
 
-def build_live_job(args, mapping):
-    """The LiveJob of a one-table job."""
-    return build_live_jobs(args, [mapping])[0]
-
-
 def report_outcome(counts: dict, mapping_flags: str) -> str:
     """The last line of a local run: what happened to the changes it read."""
     line = (f"done: {counts['applied']} change(s) applied, {counts['dead_lettered']} dead-lettered, "

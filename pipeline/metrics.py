@@ -28,6 +28,8 @@ from prometheus_client.core import GaugeMetricFamily
 from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S
 
 NAMESPACE = "ddb2bt"
+# The table label of a component without a job name (a state store without one: tests, tools).
+UNNAMED_TABLE = "unnamed"
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000)

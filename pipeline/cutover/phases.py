@@ -46,7 +46,6 @@ class Phase(enum.StrEnum):
 
 BACKFILLING, CATCHING_UP, LIVE = Phase.BACKFILLING, Phase.CATCHING_UP, Phase.LIVE
 PHASES = tuple(Phase)
-UNNAMED = "unnamed"  # the metrics label of a store without a job name (tests)
 # Allowed moves. BACKFILLING → BACKFILLING is a restarted backfill (new handoff);
 # CATCHING_UP/LIVE → BACKFILLING a new backfill after the first one.
 TRANSITIONS = {
@@ -176,11 +175,11 @@ class Migration:
     # -- the one place the phase is written
     def transition(self, target: Phase) -> None:
         check_transition(self.phase, target)
-        from ddb2bt.pipeline.metrics import default_metrics
+        from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
 
         self.store.save_meta("phase", str(target))
         self.store.save_meta("phase_changed_ms", str(self._now_ms()))
-        default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED).set_phase(str(target))
+        default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE).set_phase(str(target))
         log.info("migration phase: %s", target)
 
     def begin_backfill(self, source_spec: dict, bookkeeping, tables: Sequence[str],

@@ -37,7 +37,7 @@ from ddb2bt.pipeline.sink.bigtable_io import (FATAL_CODES, INVALID_ARGUMENT, Big
                                               EntryStatus, MutationWriter, bigtable_endpoint, code_name)
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
 from ddb2bt.pipeline.cutover.guards import repair_touched, write_conditional
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.metrics import UNNAMED_TABLE, PipelineMetrics
 from ddb2bt.pipeline.sink.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
@@ -46,7 +46,6 @@ from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStor
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
-UNNAMED_TABLE = "unnamed"  # the metrics label of a sink without a state store (tests, tools)
 # A mutation's column family: field 0 of SetCell and of DeleteCells (NamedTuples).
 _FAMILY_OF = itemgetter(0)
 
