@@ -204,8 +204,10 @@ def test_crash_during_backfill_and_during_tail_still_converges(stack, tmp_path, 
     path, mapping, ddb = setup(tmp_path, unique)
     items = preload(ddb, mapping.source.table, 3000, seed=3)
     store = store_of(mapping)
-    # 1. killed in the middle of the backfill (a page budget slows it down enough to catch it)
-    proc = _spawn(["migrate", "--mapping", str(path), "--segments", "4", "--max-rcu", "4", "--page-size", "40",
+    # 1. killed in the middle of the backfill (a page budget slows it down enough to catch it:
+    # moto charges 1 RCU a page, so 2 RCU/s is 80 items/s, ~37 s for the 3,000 items, ample
+    # time for the 200 changes below even on a loaded machine)
+    proc = _spawn(["migrate", "--mapping", str(path), "--segments", "4", "--max-rcu", "2", "--page-size", "40",
                    "--poll-interval", "0.2"])
     _wait(lambda: any(p.count for p in store.load_backfill_progress().values()), what="backfill progress")
     random_changes(ddb, mapping.source.table, items, 200, seed=4)
