@@ -48,3 +48,10 @@ def write_mapping(tmp_path: Path, base: str = "product_catalog.yaml", **changes)
     path = tmp_path / f"mapping-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Start the `slow` tests first. With one test handed out at a time
+    (`--maxschedchunk 1`), longest-first keeps every worker busy to the end instead
+    of one worker starting a several-minute test when the others are done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

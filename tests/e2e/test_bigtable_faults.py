@@ -15,6 +15,7 @@ from tests.conftest import write_mapping
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.slow
 def test_emulator_restart_mid_run_fails_the_job_loudly(tmp_path, monkeypatch, capsys):
     with LocalStack(log_dir=tmp_path / "logs") as own:  # its own stack: the restart wipes everything
         for k, v in own.env().items():

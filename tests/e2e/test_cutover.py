@@ -112,6 +112,7 @@ def store_of(mapping):
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
 
 
+@pytest.mark.slow
 def test_migrate_under_a_concurrent_writer_then_verify(stack, tmp_path, unique, capsys):
     path, mapping, ddb = setup(tmp_path, unique)
     items = preload(ddb, mapping.source.table, 5200)
@@ -200,6 +201,7 @@ def _kill(proc):
     proc.wait()
 
 
+@pytest.mark.slow
 def test_crash_during_backfill_and_during_tail_still_converges(stack, tmp_path, unique):
     path, mapping, ddb = setup(tmp_path, unique)
     items = preload(ddb, mapping.source.table, 3000, seed=3)

@@ -65,6 +65,7 @@ def store_of(mapping):
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
 
 
+@pytest.mark.slow
 def test_one_run_replicates_concurrent_writes_to_two_tables(stack, tmp_path, unique, capsys):
     catalog_path, catalog = table_of(tmp_path, unique, "product_catalog.yaml", "Catalog", "catalog")
     invoices_path, invoices = table_of(tmp_path, unique, "invoices.yaml", "Invoices", "invoices")
@@ -111,6 +112,7 @@ def test_one_run_replicates_concurrent_writes_to_two_tables(stack, tmp_path, uni
     assert lines[-1].startswith("total: 0 of 2 table(s) READY")
 
 
+@pytest.mark.slow
 def test_migrate_three_tables_killed_then_resumed(stack, tmp_path, unique, capsys):
     tables = [table_of(tmp_path, unique, "product_catalog.yaml", "CatalogA", "cata"),
               table_of(tmp_path, unique, "product_catalog.yaml", "CatalogB", "catb"),

@@ -64,6 +64,7 @@ def kill(*procs) -> None:
             p.wait()
 
 
+@pytest.mark.slow
 def test_one_writer_per_job_and_a_paused_holder_never_writes_again(stack, tmp_path, unique):
     path, mapping, ddb = setup_tables(stack, tmp_path, unique)
     assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
@@ -153,6 +154,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_bigtable_killed_during_run_warns_within_seconds_and_stops_naming_it(tmp_path):
     with LocalStack(log_dir=tmp_path / "logs") as own:
         env = dict(os.environ)

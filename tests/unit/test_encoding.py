@@ -109,6 +109,7 @@ def _no_surrogates(v) -> bool:
     return "\\ud" not in canonical_typed_json(v).encode("utf-8", "backslashreplace").decode("ascii", "ignore").lower()
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None)
 @given(values)
 def test_dynamodb_json_round_trips_every_type(value):
@@ -119,6 +120,7 @@ def test_dynamodb_json_round_trips_every_type(value):
     assert _normalise(decode("dynamodb_json", data)) == _normalise(value)
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None)
 @given(values)
 def test_auto_round_trips_given_the_type(value):

@@ -10,6 +10,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ddb2bt.pipeline.source.records import from_stream_record
@@ -86,6 +87,7 @@ def raw_records(draw):
     return {"eventName": event, "dynamodb": ddb}
 
 
+@pytest.mark.slow
 @settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(raw_records(), st.sampled_from(range(len(MAPPINGS))))
 def test_every_record_maps_or_is_a_dead_letter_with_a_reason(raw, which):

@@ -15,6 +15,7 @@ versioned columns, with no cell or row of ours left, whatever the interleaving.
 """
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from ddb2bt.pipeline.cutover.compare import expected_layout
@@ -92,6 +93,7 @@ class World:
         self.states.append(dict(self.items))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from(sorted(CASES)), st.data())
 def test_backfill_and_tail_converge_under_any_interleaving(case, data):

@@ -193,6 +193,7 @@ def apply_all(model, records):
             model.mutate_rows(ch.table, [(ch.row_key, ch.mutations)])
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(st.lists(op, max_size=25), st.data())
 def test_random_histories_converge_despite_duplicates_and_replays(ops, data):
