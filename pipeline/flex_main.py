@@ -33,10 +33,25 @@ PARAMETERS = {
     "consistent_read": ("--consistent-read", "flag"),
     "from_export": ("--from-export", "value"),
     "restart": ("--restart", "flag"),
+    "new_stream": ("--new-stream", "flag"),
+    # one running job per job name, and the give-up deadlines (docs/operations.md)
+    "take_over": ("--take-over", "flag"),
+    "standby": ("--standby", "flag"),
+    "lease_ttl": ("--lease-ttl", "value"),
+    "lease_renew": ("--lease-renew", "value"),
+    "bigtable_deadline": ("--bigtable-deadline", "value"),
+    "dynamodb_deadline": ("--dynamodb-deadline", "value"),
+}
+# CLI options of run/backfill/migrate the template deliberately does not offer,
+# with why (tests/unit/test_deploy.py compares the template with the CLI).
+NOT_ON_DATAFLOW = {
+    "until_idle": "a Dataflow streaming job is stopped by drain, not by an idle stream (tests and local catch-up runs)",
+    "metrics_port": "Dataflow workers cannot be scraped: use metrics_pushgateway",
+    "metrics_host": "Dataflow workers cannot be scraped: use metrics_pushgateway",
 }
 TRUE = ("true", "1", "yes")
 BACKFILL_ONLY = {"segments", "tasks", "max_rcu", "page_size", "consistent_read", "from_export", "restart"}
-TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval"}
+TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval", "new_stream"}
 NOT_FOR = {"run": BACKFILL_ONLY, "backfill": TAIL_ONLY, "migrate": set()}
 
 
