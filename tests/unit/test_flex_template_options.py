@@ -65,7 +65,7 @@ def what_to_add(name: str, action: argparse.Action) -> str:
 
 
 def test_the_template_offers_every_job_option_of_the_cli():
-    problems = []
+    problems, unoffered = [], {}
     for command in COMMANDS:
         cli = cli_options(command)
         expected = set(cli) - set(NOT_ON_DATAFLOW)
@@ -76,8 +76,7 @@ def test_the_template_offers_every_job_option_of_the_cli():
                                 f"pipeline/flex_main.py drops template parameter {name}: take it out of "
                                 "BACKFILL_ONLY/TAIL_ONLY")
             else:
-                problems.append(f"{command}: --{name.replace('_', '-')} has no template parameter; add:\n"
-                                + what_to_add(name, cli[name]))
+                unoffered.setdefault(name, {})[command] = cli[name]
         for name in sorted(offered - set(cli)):
             problems.append(f"{command}: template parameter {name} reaches `ddb2bt {command}`, which has no "
                             f"{PARAMETERS[name][0]}: add it to BACKFILL_ONLY/TAIL_ONLY (NOT_FOR[{command!r}]) in "
@@ -90,6 +89,13 @@ def test_the_template_offers_every_job_option_of_the_cli():
                 problems.append(f"{command}: template parameter {name} is a {PARAMETERS[name][1]!r}, the CLI's "
                                 f"{cli[name].option_strings[0]} a {kind_of(cli[name])!r} (flag: store_true; "
                                 "bool: --x/--no-x)")
+    for name, by_command in sorted(unoffered.items()):
+        action = next(iter(by_command.values()))
+        lacking = [c for c in COMMANDS if name not in cli_options(c)]
+        scope = (" (and put it in " + ("TAIL_ONLY" if lacking == ["backfill"] else "BACKFILL_ONLY"
+                                       if lacking == ["run"] else f"NOT_FOR of {lacking}") + ")") if lacking else ""
+        problems.append(f"{action.option_strings[0]} ({', '.join(by_command)}) has no template parameter; add"
+                        f"{scope}:\n" + what_to_add(name, action))
     missing_meta = sorted(set(PARAMETERS) - set(META))
     problems += [f"metadata.json has no entry for PARAMETERS[{n!r}]" for n in missing_meta]
     problems += [f"metadata.json lists {n}, which PARAMETERS (pipeline/flex_main.py) does not translate"
@@ -115,11 +121,12 @@ def _sample(action: argparse.Action):
     if action.choices:
         value = list(action.choices)[-1]
         return str(value), value
-    if isinstance(action.default, float):
-        return "7.5", 7.5
     if action.dest == "mapping":
         return "gs://bkt/m.yaml", ["gs://bkt/m.yaml"]
-    return "7", 7 if isinstance(action.default, int) else "7"
+    if action.type is None:
+        return "s3://bkt/x" if action.dest == "from_export" else "x7", "s3://bkt/x" if action.dest == "from_export" else "x7"
+    raw = "7.5" if isinstance(action.default, float) else "7"
+    return raw, action.type(raw)  # the CLI's own conversion: the value arrived intact
 
 
 @pytest.mark.parametrize("command", COMMANDS)
