@@ -29,6 +29,8 @@ RUN pip install --no-cache-dir ".[dataflow]"
 ARG AWS_ROLE_ARN=""
 ARG AWS_AUDIENCE="sts.amazonaws.com"
 COPY deploy/aws/config /etc/ddb2bt/aws/config
+# the config names the program by its path: fail the build if it is not there
+RUN test -x /usr/local/bin/ddb2bt-aws-credentials
 ENV AWS_CONFIG_FILE=/etc/ddb2bt/aws/config \
     DDB2BT_AWS_ROLE_ARN=${AWS_ROLE_ARN} \
     DDB2BT_AWS_AUDIENCE=${AWS_AUDIENCE}

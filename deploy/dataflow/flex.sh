@@ -3,7 +3,7 @@
 #
 #   deploy/dataflow/flex.sh [--dry-run] build                          # image (Cloud Build) + template spec
 #   deploy/dataflow/flex.sh [--dry-run] run    [SIZING] PARAMS.json JOB   # launch (params: deploy/dataflow/params/*.json)
-#   deploy/dataflow/flex.sh [--dry-run] update [SIZING] PARAMS.json JOB [MAPPINGS]  # replace a running job in place
+#   deploy/dataflow/flex.sh [--dry-run] update [SIZING] PARAMS.json JOB [OLD=NEW,...]  # replace a running job in place
 #   deploy/dataflow/flex.sh [--dry-run] drain  JOB                     # stop reading, finish writing, keep checkpoints
 #
 # --dry-run prints the exact gcloud commands instead of running them.
@@ -111,9 +111,12 @@ case "${1:-}" in
   update)
     # Step names are stable (StreamPartitions, ReadStream, MapChanges, WriteToBigtable,
     # BackfillTasks, ReadBackfill, MapBackfill, WriteBackfill); if you rename one, pass
-    # MAPPINGS as a JSON object {"OldName": "NewName"}.
+    # MAPPINGS as gcloud's OldName=NewName[,OldName2=NewName2].
     extra=(--update)
-    [ -n "${4:-}" ] && extra+=(--transform-name-mappings="$4")
+    if [ -n "${4:-}" ]; then
+      [[ "$4" =~ ^[^=,]+=[^=,]+(,[^=,]+=[^=,]+)*$ ]] || die "MAPPINGS must be OldName=NewName[,...], got '$4'"
+      extra+=(--transform-name-mappings="$4")
+    fi
     launch "${3:?job name (the running job)}" "${2:?params file}" "${extra[@]}"
     ;;
   drain)

@@ -70,10 +70,13 @@ def test_flex_backfill_is_batch_and_update_replaces_the_job_in_place():
     backfill = sh(["deploy/dataflow/flex.sh", "--dry-run", "run", "deploy/dataflow/params/backfill.json", "bf"], ENV)
     assert "--enable-streaming-engine" not in backfill.stdout  # a batch job
     update = sh(["deploy/dataflow/flex.sh", "--dry-run", "update", "deploy/dataflow/params/run.json", "ddb2bt-orders",
-                 '{"ReadStream":"ReadChanges"}'], {**ENV, "SERVICE_ACCOUNT": "w@my-project.iam.gserviceaccount.com"})
+                 "ReadStream=ReadChanges"], {**ENV, "SERVICE_ACCOUNT": "w@my-project.iam.gserviceaccount.com"})
     words = shlex.split(update.stdout)
     assert words[:5] == ["gcloud", "dataflow", "flex-template", "run", "ddb2bt-orders"]
-    assert words[-2:] == ["--update", '--transform-name-mappings={"ReadStream":"ReadChanges"}']
+    assert words[-2:] == ["--update", "--transform-name-mappings=ReadStream=ReadChanges"]
+    bad = sh(["deploy/dataflow/flex.sh", "--dry-run", "update", "deploy/dataflow/params/run.json", "j",
+              '{"ReadStream": "ReadChanges"}'], ENV, check=False)
+    assert bad.returncode == 2 and "MAPPINGS must be OldName=NewName" in bad.stderr
     assert "--service-account-email=w@my-project.iam.gserviceaccount.com" in words
     no_se = sh(["deploy/dataflow/flex.sh", "--dry-run", "run", "--no-streaming-engine",
                 "deploy/dataflow/params/run.json", "j"], ENV)
