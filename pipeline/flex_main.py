@@ -41,7 +41,11 @@ PARAMETERS = {
     "lease_renew": ("--lease-renew", "value"),
     "bigtable_deadline": ("--bigtable-deadline", "value"),
     "dynamodb_deadline": ("--dynamodb-deadline", "value"),
+    # options of `ddb2bt` itself, given before the command
+    "log_level": ("--log-level", "value"),
+    "log_format": ("--log-format", "value"),
 }
+GLOBAL = {"log_level", "log_format"}
 # CLI options of run/backfill/migrate the template deliberately does not offer,
 # with why (tests/unit/test_deploy.py compares the template with the CLI).
 NOT_ON_DATAFLOW = {
@@ -56,11 +60,11 @@ NOT_FOR = {"run": BACKFILL_ONLY, "backfill": TAIL_ONLY, "migrate": set()}
 
 
 def translate(argv: list) -> list:
-    """Launcher argv → ``[command, cli options..., beam options...]``."""
+    """Launcher argv → ``[global options..., command, cli options..., beam options...]``."""
     command: Optional[str] = next((a.split("=", 1)[1] for a in argv if a.startswith("--command=")), None)
     if command not in COMMANDS:
         raise SystemExit(f"ddb2bt flex template: --command must be one of {', '.join(COMMANDS)}, got {command!r}")
-    ours, beam = [], []
+    first, ours, beam = [], [], []
     for arg in argv:
         name, sep, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         if name == "command":
@@ -75,10 +79,10 @@ def translate(argv: list) -> list:
             elif kind == "bool":
                 ours.append(option if value.lower() in TRUE else "--no-" + option[2:])
             else:
-                ours.append(f"{option}={value}")
+                (first if name in GLOBAL else ours).append(f"{option}={value}")
         else:
             beam.append(arg)
-    return [command] + ours + beam
+    return first + [command] + ours + beam
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -24,12 +24,13 @@ FLOAT_RX, INT_RX, BOOL_RX = r"^[0-9]+(\\.[0-9]+)?$", "^[0-9]+$", "^(true|false)$
 
 
 def cli_options(command: str) -> dict:
-    """``{template name: argparse action}`` for every option of ``ddb2bt COMMAND``
-    (the name is the first long option without its dashes, ``-`` → ``_``)."""
+    """``{template name: argparse action}`` for every option of ``ddb2bt [OPTIONS]
+    COMMAND`` (``ddb2bt``'s own and the command's; the name is the first long
+    option without its dashes, ``-`` → ``_``)."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     options = {}
-    for action in sub._actions:
+    for action in parser._actions + sub._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
         if longs and not isinstance(action, argparse._HelpAction):
             options[longs[0][2:].replace("-", "_")] = action
