@@ -65,6 +65,11 @@ exists gcloud artifacts repositories describe "$REPO" --location="$REGION" --pro
 exists gcloud storage buckets describe "gs://${BUCKET}" --project="$PROJECT" ||
   run gcloud storage buckets create "gs://${BUCKET}" --project="$PROJECT" --location="$REGION" \
     --uniform-bucket-level-access
+# gcloud builds submit uploads the source to the project's default Cloud Build
+# bucket; created here so that the launcher needs no project-wide storage role.
+exists gcloud storage buckets describe "gs://${PROJECT}_cloudbuild" --project="$PROJECT" ||
+  run gcloud storage buckets create "gs://${PROJECT}_cloudbuild" --project="$PROJECT" --location="$REGION" \
+    --uniform-bucket-level-access
 
 # 3. Service accounts
 exists gcloud iam service-accounts describe "$WORKER" --project="$PROJECT" ||
@@ -97,6 +102,10 @@ run gcloud projects add-iam-policy-binding "$PROJECT" --member="serviceAccount:$
   --role=roles/dataflow.developer --condition=None
 run gcloud projects add-iam-policy-binding "$PROJECT" --member="serviceAccount:${LAUNCHER}" \
   --role=roles/cloudbuild.builds.editor --condition=None
+run gcloud projects add-iam-policy-binding "$PROJECT" --member="serviceAccount:${LAUNCHER}" \
+  --role=roles/serviceusage.serviceUsageConsumer --condition=None
+run gcloud storage buckets add-iam-policy-binding "gs://${PROJECT}_cloudbuild" \
+  --member="serviceAccount:${LAUNCHER}" --role=roles/storage.objectAdmin
 run gcloud iam service-accounts add-iam-policy-binding "$WORKER" --project="$PROJECT" \
   --member="serviceAccount:${LAUNCHER}" --role=roles/iam.serviceAccountUser
 run gcloud storage buckets add-iam-policy-binding "gs://${BUCKET}" \
