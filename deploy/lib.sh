@@ -26,6 +26,11 @@ run() {
   fi
 }
 
+# The script's leading comment block (its usage), without the '#'.
+header() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+}
+
 die() {
   echo "$(basename "$0"): $*" >&2
   exit 2

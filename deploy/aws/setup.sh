@@ -34,7 +34,7 @@ for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
     --with-export-permissions) with_export=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) header; exit 0 ;;
     *) die "unknown argument $arg (see --help)" ;;
   esac
 done

@@ -26,7 +26,7 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=deploy/lib.sh
 . deploy/lib.sh
 
-usage() { sed -n '2,23p' "$0" >&2; exit 2; }
+usage() { header >&2; exit 2; }
 
 workers="" max_workers="" machine_type="" subnetwork="" no_public_ips=0 streaming_engine=1
 service_account="${SERVICE_ACCOUNT:-}"
@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
     --no-streaming-engine) streaming_engine=0 ;;
     --service-account) service_account="${2:?--service-account EMAIL}"; shift ;;
     --service-account=*) service_account="${1#*=}" ;;
-    -h|--help) usage ;;
+    -h|--help) header; exit 0 ;;
     --*) die "unknown option $1 (see --help)" ;;
     *) positional+=("$1") ;;
   esac

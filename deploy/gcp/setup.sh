@@ -36,7 +36,7 @@ for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
     --no-nat) nat=0 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) header; exit 0 ;;
     *) die "unknown argument $arg (see --help)" ;;
   esac
 done

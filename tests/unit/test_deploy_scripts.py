@@ -213,3 +213,9 @@ def test_the_guides_transcripts_are_exactly_what_the_scripts_print():
             assert out.stdout.splitlines() == lines[i + 1:end], f"the guide's transcript of {lines[i]} is stale"
             checked += 1
     assert checked >= 4
+
+
+@pytest.mark.parametrize("script", SCRIPTS[1:])
+def test_help_needs_no_environment_and_teaches_dry_run(script):
+    out = sh([script, "--help"], {})
+    assert "--dry-run" in out.stdout and not out.stdout.startswith("#") and "set -euo" not in out.stdout
