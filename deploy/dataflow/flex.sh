@@ -9,7 +9,7 @@
 # --dry-run prints the exact gcloud commands instead of running them.
 # SIZING (run, update):
 #   --workers N              workers at start (gcloud --num-workers)
-#   --max-workers N          autoscaling ceiling (--max-workers); streaming jobs: fixes the persistent disks too
+#   --max-workers N          autoscaling ceiling (--max-workers)
 #   --machine-type TYPE      worker machine type (--worker-machine-type), e.g. n2-standard-4
 #   --subnetwork SUBNET      regions/REGION/subnetworks/NAME or its full URL (--subnetwork)
 #   --no-public-ips          workers without external IPs (--disable-public-ips): needs Cloud NAT to reach AWS
