@@ -21,6 +21,20 @@ COPY examples/ examples/
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[dataflow]"
 
+# AWS credentials, on the launcher VM and the workers alike: botocore runs the
+# credential_process of this AWS config file, which exchanges the VM service
+# account's Google ID token for temporary credentials of AWS_ROLE_ARN (STS
+# AssumeRoleWithWebIdentity; deploy/aws/trust-policy.json says who may). The
+# role ARN and the audience are not secrets; no key is ever in the image.
+ARG AWS_ROLE_ARN=""
+ARG AWS_AUDIENCE="sts.amazonaws.com"
+COPY deploy/aws/config /etc/ddb2bt/aws/config
+# the config names the program by its path: fail the build if it is not there
+RUN test -x /usr/local/bin/ddb2bt-aws-credentials
+ENV AWS_CONFIG_FILE=/etc/ddb2bt/aws/config \
+    DDB2BT_AWS_ROLE_ARN=${AWS_ROLE_ARN} \
+    DDB2BT_AWS_AUDIENCE=${AWS_AUDIENCE}
+
 # The Flex Template launcher runs this file with the template's parameters; the
 # file only calls the installed ddb2bt.pipeline.cli, so no PYTHONPATH is needed
 # (and none is set: the source folders must not shadow the installed package).
@@ -30,5 +44,5 @@ ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/flex_main.py \
 # Root stays: the Beam SDK harness (/opt/apache/beam/boot) and the Flex Template
 # launcher set up their work directories as root, and Dataflow runs custom SDK
 # containers as root; the image holds no secrets (credentials come from the
-# worker's service account and Secret Manager at run time, see deploy/iam.md).
+# worker's service account at run time, see deploy/iam.md).
 ENTRYPOINT ["/opt/apache/beam/boot"]

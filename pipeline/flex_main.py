@@ -33,19 +33,38 @@ PARAMETERS = {
     "consistent_read": ("--consistent-read", "flag"),
     "from_export": ("--from-export", "value"),
     "restart": ("--restart", "flag"),
+    "new_stream": ("--new-stream", "flag"),
+    # one running job per job name, and the give-up deadlines (docs/operations.md)
+    "take_over": ("--take-over", "flag"),
+    "standby": ("--standby", "flag"),
+    "lease_ttl": ("--lease-ttl", "value"),
+    "lease_renew": ("--lease-renew", "value"),
+    "bigtable_deadline": ("--bigtable-deadline", "value"),
+    "dynamodb_deadline": ("--dynamodb-deadline", "value"),
+    # options of `ddb2bt` itself, given before the command
+    "log_level": ("--log-level", "value"),
+    "log_format": ("--log-format", "value"),
+}
+GLOBAL = {"log_level", "log_format"}
+# CLI options of run/backfill/migrate the template deliberately does not offer,
+# with why (tests/unit/test_deploy.py compares the template with the CLI).
+NOT_ON_DATAFLOW = {
+    "until_idle": "a Dataflow streaming job is stopped by drain, not by an idle stream (tests and local catch-up runs)",
+    "metrics_port": "Dataflow workers cannot be scraped: use metrics_pushgateway",
+    "metrics_host": "Dataflow workers cannot be scraped: use metrics_pushgateway",
 }
 TRUE = ("true", "1", "yes")
 BACKFILL_ONLY = {"segments", "tasks", "max_rcu", "page_size", "consistent_read", "from_export", "restart"}
-TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval"}
+TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval", "new_stream"}
 NOT_FOR = {"run": BACKFILL_ONLY, "backfill": TAIL_ONLY, "migrate": set()}
 
 
 def translate(argv: list) -> list:
-    """Launcher argv → ``[command, cli options..., beam options...]``."""
+    """Launcher argv → ``[global options..., command, cli options..., beam options...]``."""
     command: Optional[str] = next((a.split("=", 1)[1] for a in argv if a.startswith("--command=")), None)
     if command not in COMMANDS:
         raise SystemExit(f"ddb2bt flex template: --command must be one of {', '.join(COMMANDS)}, got {command!r}")
-    ours, beam = [], []
+    first, ours, beam = [], [], []
     for arg in argv:
         name, sep, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
         if name == "command":
@@ -60,10 +79,10 @@ def translate(argv: list) -> list:
             elif kind == "bool":
                 ours.append(option if value.lower() in TRUE else "--no-" + option[2:])
             else:
-                ours.append(f"{option}={value}")
+                (first if name in GLOBAL else ours).append(f"{option}={value}")
         else:
             beam.append(arg)
-    return [command] + ours + beam
+    return first + [command] + ours + beam
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -62,12 +62,13 @@ def test_every_template_parameter_reaches_the_cli(command):
     launcher_args = [f"--command={command}", "--mapping=gs://b/m.yaml", "--runner=DataflowRunner",
                      "--project=p-123456", "--region=us-central1", "--temp_location=gs://bkt/t"]
     samples = {"dlq_include_values": "false", "consistent_read": "true", "restart": "true", "start": "latest",
-               "on_trimmed": "restart", "from_export": "s3://b/x", "metrics_pushgateway": "http://g:9091"}
+               "on_trimmed": "restart", "from_export": "s3://b/x", "metrics_pushgateway": "http://g:9091",
+               "log_level": "DEBUG", "log_format": "json"}
     for name in PARAMETERS:
         if name != "mapping":
             launcher_args.append(f"--{name}={samples.get(name, '7')}")
     argv = translate(launcher_args)
-    assert argv[0] == command
+    assert argv[:3] == ["--log-level=DEBUG", "--log-format=json", command]  # ddb2bt's own options first
     args, unknown = build_parser().parse_known_args(argv)
     # only Beam's own options are left over: every template parameter was taken by the CLI
     assert unknown == ["--runner=DataflowRunner", "--project=p-123456", "--region=us-central1",
