@@ -28,6 +28,7 @@ import apache_beam as beam
 
 from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration
+from ddb2bt.pipeline.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
                                         export_time)
     migration.store.save_meta("backfill_expected", str(expected))
     default_metrics().for_table(migration.store.job).backfill_expected.set(expected)
-    log.info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
+    table_logger(log, mapping.name).info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
              handoff, handoff - handoff % 1000 - 1)
     return source, handoff, expected
 
@@ -309,7 +310,8 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
     migrations = [Migration(job.state.store()) for job in jobs]
     phases = [m.phase for m in migrations]
     for job, phase in zip(jobs, phases):
-        log.info("migrate %s → %s: phase %s", job.mapping.source.table, job.mapping.target.table, phase or "new")
+        table_logger(log, job.mapping.name).info("migrate %s → %s: phase %s", job.mapping.source.table,
+                                                 job.mapping.target.table, phase or "new")
     if not is_local(beam_args):
         return Outcome(launched=launch_migrate(jobs, options, beam_args, migrations, dry_run))
     stop_token = uuid.uuid4().hex
