@@ -24,6 +24,7 @@ from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface
     _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry,
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
+from ddb2bt.pipeline.reachability import check_reachable
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_failure, number
@@ -358,6 +359,7 @@ def cmd_verify(args) -> int:
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     mappings = load_all(args)
+    check_reachable(mappings)  # the preflight answers within ~30 s, naming what is unreachable
     reports = {}
     for mapping in mappings:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
@@ -385,20 +387,29 @@ def cmd_status(args) -> int:
     # status is read-only and often run when something is wrong: answer fast.
     read_retry = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)
     mappings = load_all(args)
-    named = [(m.name, table_facts(m, state_spec(args, m).store(), read_retry)) for m in mappings]
+    # Both services probed at once under one budget; without DynamoDB status still
+    # answers (no stream lag), without Bigtable (the state) it cannot.
+    reach = check_reachable(mappings, dynamodb="optional")
+    for name, why in reach.problems.items():
+        log.warning("%s: %s; status without stream facts", name, why)
+    named = [(m.name, table_facts(m, state_spec(args, m).store(), read_retry, describe=reach.dynamodb_ok))
+             for m in mappings]
     ready = all(assess(f)[0] for _, f in named)
+    origins = {m.name: m.origin for m in mappings}
+    flags = lambda name: mapping_flags(args, None if len(mappings) == 1 else [origins[name]])  # noqa: E731
     if args.json:
-        body = facts_json(named[0][1]) if len(named) == 1 else {
-            "ready": ready, "tables": {name: facts_json(f) for name, f in named}}
+        body = facts_json(named[0][1], flags(named[0][0])) if len(named) == 1 else {
+            "ready": ready, "tables": {name: facts_json(f, flags(name)) for name, f in named}}
         print(json.dumps(body, indent=2))
     else:
-        for line in render(named[0][1]) if len(named) == 1 else render_tables(named):
+        for line in render(named[0][1], flags(named[0][0])) if len(named) == 1 else render_tables(named, flags):
             print(line)
     return 0 if ready else 1
 
 
 def cmd_dlq_list(args) -> int:
     mappings = load_all(args)
+    check_reachable(mappings, dynamodb="skip")
     since = int(args.since * 1000) if args.since is not None else None
     for mapping in mappings:
         letters = state_spec(args, mapping).store().list_dead_letters(reason=args.reason, since_ms=since)
@@ -440,6 +451,7 @@ def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> lis
 
 
 def cmd_dlq_show(args) -> int:
+    check_reachable(load_all(args), dynamodb="skip")
     letters = [e for mapping in load_all(args) for e in state_spec(args, mapping).store().list_dead_letters()
                if e["id"] == args.id]
     if not letters:
