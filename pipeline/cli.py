@@ -666,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example:\n  echo '{\"pk\":\"hats\",\"sk\":\"fedoras#brandA\",\"Price\":30}' | "
                               "ddb2bt explain -m example:product_catalog --item -\n"
                               f"exit code: 0 every change maps (or is skipped), {EXIT_DEAD_LETTER} at least one "
-                              "would be a dead letter, 2 a bad mapping or item")
+                              "would be a dead letter, 1 an input DynamoDB would refuse, 2 a bad mapping")
     add_mapping_args(p, several=False)
     p.add_argument("--item", required=True,
                    help="a DynamoDB JSON item, {\"Item\": …} (GetItem output, export line), a stream record or "

@@ -294,15 +294,18 @@ def outcome_since(before: dict, jobs: list, metrics=None) -> dict:
 
 def write_summary(args, counts: dict, mappings: list, states: list) -> str:
     """The summary every writing command ends with (run, migrate, backfill, dlq
-    redrive): ``done: …`` per table (several: one line each, named, then the
-    total), each followed by the dead-letter hints with the options that select
-    its state. ``counts``: {job: counts} (``outcome_since``)."""
+    redrive): ``done: …``, with the dead-letter hints carrying the options that
+    select the state. Several tables: the total first (the same ``done:`` line),
+    then each table, named, with its own hints. ``counts``: {job: counts}
+    (``outcome_since``)."""
     if len(mappings) == 1:
         return report_outcome(counts[states[0].job], mapping_flags(args))
-    lines = [f"{state.job}: " + report_outcome(counts[state.job], mapping_flags(args, [mapping.origin]))
-             for mapping, state in zip(mappings, states)]
-    total = {k: sum(c[k] for c in counts.values()) for k in OUTCOMES}
-    lines.append(f"all {len(mappings)} tables: " + report_outcome(total, "").split("\n", 1)[0])
+    total = {k: sum(counts[s.job][k] for s in states) for k in OUTCOMES}
+    lines = [report_outcome(total, "").split("\n", 1)[0] + f" ({len(mappings)} tables)"]
+    for mapping, state in zip(mappings, states):
+        per_table = report_outcome(counts[state.job], mapping_flags(args, [mapping.origin]))
+        lines += [f"  {state.job}: " + per_table.split("\n", 1)[0].removeprefix("done: ")]
+        lines += ["  " + hint for hint in per_table.split("\n")[1:]]
     return "\n".join(lines)
 
 
