@@ -61,7 +61,7 @@ def _dynamodb_name(mapping) -> str:
     return f"DynamoDB table {mapping.source.table} ({endpoint or mapping.source.region or 'default region'})"
 
 
-def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: float = READ_ONLY_BUDGET_S,
+def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: Optional[float] = None,
                     probes: Optional[dict] = None) -> Reachability:
     """Probe Bigtable and (``dynamodb``: "required", "optional" or "skip") each
     mapping's source table at once; wait at most ``budget_s`` for all of them.
@@ -74,6 +74,7 @@ def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: flo
     from ddb2bt.pipeline.sink.bigtable_io import BigtableUnreachable, bigtable_endpoint
     from ddb2bt.transforms.errors import RetryableError
 
+    budget_s = READ_ONLY_BUDGET_S if budget_s is None else budget_s
     if probes is None:
         probes = {f"Bigtable ({bigtable_endpoint()})": lambda: _probe_bigtable(budget_s)}
         if dynamodb != "skip":
@@ -116,7 +117,7 @@ def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: flo
     if fatal:
         import os
 
-        local = " is the local stack running? (ddb2bt local up)" if os.environ.get("BIGTABLE_EMULATOR_HOST") else ""
+        local = "; is the local stack running? (ddb2bt local up)" if os.environ.get("BIGTABLE_EMULATOR_HOST") else ""
         raise ServiceUnreachable("cannot reach " + "; ".join(f"{n}: {why}" for n, why in sorted(found.items()))
                                  + f" (all probed at once, for at most {budget_s:g}s){local}")
     return Reachability(found)
