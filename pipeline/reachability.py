@@ -21,6 +21,7 @@ __all__ = ["READ_ONLY_BUDGET_S", "ServiceUnreachable", "Reachability", "check_re
 # machine) and the command's own reads, the answer comes within the ~30 s the
 # docs promise.
 READ_ONLY_BUDGET_S = 20.0
+PROBE_SHARE = 0.9
 
 
 class ServiceUnreachable(PermanentError):
@@ -75,11 +76,14 @@ def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: Opt
     from ddb2bt.transforms.errors import RetryableError
 
     budget_s = READ_ONLY_BUDGET_S if budget_s is None else budget_s
+    # The probes' own deadlines end a little before the budget, so what they
+    # found (connection refused, …) is what the message says.
+    inner_s = budget_s * PROBE_SHARE
     if probes is None:
-        probes = {f"Bigtable ({bigtable_endpoint()})": lambda: _probe_bigtable(budget_s)}
+        probes = {f"Bigtable ({bigtable_endpoint()})": lambda: _probe_bigtable(inner_s)}
         if dynamodb != "skip":
             for mapping in mappings:
-                probes.setdefault(_dynamodb_name(mapping), lambda m=mapping: _probe_dynamodb(m, budget_s))
+                probes.setdefault(_dynamodb_name(mapping), lambda m=mapping: _probe_dynamodb(m, inner_s))
     problems: dict = {}
     lock = threading.Lock()
 
