@@ -676,7 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("lint", help="check a mapping against Bigtable's rules and schema best practices",
                        formatter_class=raw, description=(
-                           "Reports timestamp-first or sequential keys (hotspots), keys and qualifiers near the "
+                           "Reports timestamp-first, sequential or low-cardinality-first keys (hotspots: an index "
+                           "keyed status#{Status}#… puts every PENDING row in one range), placeholders the "
+                           "mapping does not name, keys and qualifiers near the "
                            "limits, families whose GC would drop versions or that mix retention needs, "
                            "attributes that look like personal data in row keys, and — with --sample — items "
                            "that match no rule or cannot be mapped."),
@@ -762,7 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description=(
                            "Reads the source (parallel Scan) and the target and reports missing rows, extra "
                            "rows, missing cells, cells no item owns (orphans) and differing cells, with a few "
-                           "examples (values redacted unless --show-values). Exit code 0 only when identical."),
+                           "examples (keys redacted unless --show-keys, values unless --show-values). Exit code 0 only when "
+                           "identical."),
                        epilog="examples:\n  ddb2bt verify -m m.yaml --report verify.json\n"
                               "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash")
     add_mapping_args(p)

@@ -111,6 +111,19 @@ def test_the_summary_counts_per_table_and_the_total_comes_first_with_each_tables
     assert len(out) == 5  # the redrive hint; none for the table without dead letters
 
 
+def test_dlq_redrive_ends_with_the_same_summary_and_hints_with_the_state_options(monkeypatch, capsys):
+    import ddb2bt.pipeline.cli as cli
+    import ddb2bt.pipeline.cutover.redrive as redrive
+
+    monkeypatch.setattr(cli, "state_spec", lambda args, mapping, *a: SimpleNamespace(job=args.job_name))
+    monkeypatch.setattr(redrive, "redrive_job", lambda *a: redrive.RedriveResult(items=3, resolved=2,
+                                                                                  still_failing=1))
+    assert main(["dlq", "redrive", "-m", "example:product_catalog", "--job-name", "shpo"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "done: 2 change(s) applied, 1 dead-lettered, 0 skipped"
+    assert out[2].endswith("ddb2bt dlq list --mapping example:product_catalog --job-name shpo")
+
+
 # --- 3. hints keep the state; one job per target table -------------------------------
 
 def test_hints_carry_every_state_selecting_option_quoted():
