@@ -182,8 +182,8 @@ def low_cardinality_findings(mapping: MappingConfig) -> list:
         lead = _leading_placeholder(t)
         if lead is not None and looks_enum_like(lead.source):
             out.append(Finding(WARN, "low_cardinality_prefix", where,
-                               f"key {t.text!r} begins with {{{lead.source}}}, which looks like one of a few "
-                               "values (a status, type or flag): all rows of one value are one contiguous range, "
+                               f"key {t.text!r}: its first variable part, {{{lead.source}}}, looks like one of a "
+                               "few values (a status, type or flag): all rows of one value are one contiguous range, "
                                "so the common value's writes land on one node (hotspot). Put a high-cardinality "
                                "value first (the item's id), or salt it ({…|salt:N})"))
     return out
@@ -204,7 +204,7 @@ def _sampled_low_cardinality(mapping: MappingConfig, items: list) -> list:
         if share >= DOMINANT_SHARE:
             # The value itself is not printed: it is item content.
             out.append(Finding(WARN, "low_cardinality_prefix", where,
-                               f"{{{lead.source}}} starts the key and has {len(values)} distinct value(s) in "
+                               f"{{{lead.source}}}, the key's first variable part, has {len(values)} distinct value(s) in "
                                f"{total} sampled items, the most common in {share:.0%} of them: one contiguous "
                                "range takes most writes (hotspot); put a high-cardinality value first or salt it"))
     return out
