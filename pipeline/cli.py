@@ -243,6 +243,7 @@ def cmd_create_table(args) -> int:
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     mappings = load_all(args)
+    check_reachable(mappings, dynamodb="skip")  # within ~30 s, naming the endpoint, like the read-only commands
     for mapping in mappings:
         changes = ensure_mapping_table(mapping)
         changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
