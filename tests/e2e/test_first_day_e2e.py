@@ -42,6 +42,10 @@ def test_a_second_job_name_on_an_owned_target_table_is_refused(stack, tmp_path, 
     assert ddb2bt(["run", "-m", str(path), "--job-name", "shpo", "--adopt-target", "--until-idle", "1", *TAIL]) == 0
     assert ddb2bt(["run", "-m", str(path), "--until-idle", "1", *TAIL]) == 2
     assert "is owned by job 'shpo'" in capsys.readouterr().err
+    # the job is retired: release-target frees the table, and any job may claim it again
+    assert ddb2bt(["release-target", "-m", str(path), "--job-name", "shpo"]) == 0
+    assert f"{mapping.target.table}: released by job shpo" in capsys.readouterr().out
+    assert ddb2bt(["run", "-m", str(path), "--until-idle", "1", *TAIL]) == 0
 
 
 def test_a_multi_table_migrate_ends_with_the_summary_and_names_its_tables_in_the_log(stack, tmp_path, unique,
