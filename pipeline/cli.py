@@ -526,7 +526,7 @@ def cmd_local(args) -> int:
     if args.local_cmd == "env":
         state = ls.load_state()
         if state is None:
-            print("# no local stack is running; start one with: ddb2bt local up --detach", file=sys.stderr)
+            print(f"# no local stack is running; start one with: {self_command()} local up --detach", file=sys.stderr)
             return 1
         for k, v in state["env"].items():
             print(f"export {k}={v}")
