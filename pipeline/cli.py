@@ -349,9 +349,9 @@ def cmd_migrate(args) -> int:
                                                 flush=True))
         if outcome.launched is not None:
             return submitted(outcome.launched, args)
-    if args.until_idle is not None:
-        print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify "
-              f"{mapping_flags(args)}")
+        if args.until_idle is not None:
+            print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify "
+                  f"{mapping_flags(args)}")
     return 0
 
 
