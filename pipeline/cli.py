@@ -5,9 +5,12 @@ Run ``ddb2bt <command> --help`` for each command's options and examples.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +24,8 @@ from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface
     _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry,
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
+from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_failure, number
 
@@ -28,6 +33,10 @@ from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_f
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
 MAX_TOTAL_SEGMENTS = 1_000_000
 MAX_SCAN_PAGE = 10_000
+# `explain`: the item (or a record) would be a dead letter. Not 1 (a failure of the
+# command) nor 2 (a configuration error): scripts can tell "the mapping refuses it".
+EXIT_DEAD_LETTER = 3
+DID_YOU_MEAN_CUTOFF = 0.6  # difflib's default ratio: "verfy" ~ "verify", "lst" ~ "list"
 
 log = logging.getLogger("ddb2bt")
 
@@ -110,6 +119,10 @@ def add_ops_args(p: argparse.ArgumentParser) -> None:
     how.add_argument("--standby", action="store_true",
                      help="if another process holds the job's lease, wait (applying nothing) and take over when "
                           "it stops or its lease expires")
+    g.add_argument("--adopt-target", action="store_true",
+                   help="make this job the owner of its target tables even if another job name owns them (that "
+                        "job is retired or renamed; it must not write them any more). Without it, a target table "
+                        "owned by another job is refused, naming it")
     g.add_argument("--lease-ttl", type=float, default=DEFAULT_TTL_S, metavar="SECONDS",
                    help="how long the lease outlives its last renewal: a crashed holder is replaced after it "
                         "(default %(default)s)")
@@ -121,6 +134,12 @@ def add_ops_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dynamodb-deadline", type=float, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
                    help="give up on a DynamoDB / Streams call failing with retryable errors (throttling, 5xx, "
                         "unreachable) after this long and stop (default %(default)s)")
+
+
+def add_show_keys_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--show-keys", action="store_true",
+                   help="show item keys and row keys in clear (default: redacted, as keys are often personal "
+                        "data; the same for verify and dlq list)")
 
 
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
@@ -135,13 +154,14 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_validate(args) -> int:
-    from ddb2bt.transforms.lint import placeholder_findings
+    from ddb2bt.transforms.lint import WARN, placeholder_findings
 
     failed = 0
     for mapping in load_all(args):
-        warnings = placeholder_findings(mapping)
-        for finding in warnings:
+        findings = placeholder_findings(mapping)
+        for finding in findings:
             print(finding)
+        warnings = [f for f in findings if f.level == WARN]  # notes (INFO) never fail --strict
         if warnings and args.strict:
             print(f"{mapping.origin}: {len(warnings)} warning(s); --strict makes them errors", file=sys.stderr)
             failed += 1
@@ -177,12 +197,14 @@ def cmd_explain(args) -> int:
             when = f"{record.change_ms} ms" if record.change_ms >= 0 else "no time"
             changes.append((f"record {i + 1}: {record.event_name or '?'} at {when}"
                             + (" (TTL deletion)" if record.is_ttl_delete else ""), record))
+    dead = 0
     for title, record in changes:
         print(f"== {title}")
         try:
             mapped = map_change(mapping, record)
         except MappingError as exc:
             print(f"  dead letter [{exc.reason}]: {exc.message}")
+            dead += 1
             continue
         if not mapped:
             print("  (skipped by the mapping)")
@@ -193,7 +215,7 @@ def cmd_explain(args) -> int:
                     print(f"    set    {m.family}:{m.qualifier.decode('utf-8', 'replace')} = {m.value[:80]!r} @{m.timestamp_ms}")
                 else:
                     print(f"    delete {m.family}:{m.qualifier.decode('utf-8', 'replace')} in [{m.start_ms}, {m.end_ms}) ms")
-    return 0
+    return EXIT_DEAD_LETTER if dead else 0
 
 
 def cmd_lint(args) -> int:
@@ -221,6 +243,7 @@ def cmd_create_table(args) -> int:
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     mappings = load_all(args)
+    check_reachable(mappings, dynamodb="skip")  # within ~30 s, naming the endpoint, like the read-only commands
     for mapping in mappings:
         changes = ensure_mapping_table(mapping)
         changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
@@ -234,7 +257,6 @@ def cmd_create_table(args) -> int:
 def cmd_run(args) -> int:
     from ddb2bt.pipeline.graph import is_local, make_pipeline
     from ddb2bt.pipeline.io import ReplicateToBigtable
-    from ddb2bt.pipeline.metrics import default_metrics, outcome_counts
 
     jobs = build_live_jobs(args, load_all(args))
     start_metrics_server(args.metrics_port, args.metrics_host)
@@ -246,15 +268,33 @@ def cmd_run(args) -> int:
                  f", until idle {args.until_idle}s" if args.until_idle else "")
     p = make_pipeline(args.beam_args)
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
-    before = outcome_counts(default_metrics())
     args.job_started = True
-    result = p.run()
-    if not is_local(args.beam_args):
-        return submitted(result, args)  # a streaming job runs on; drain it to stop
-    result.wait_until_finish()
-    after = outcome_counts(default_metrics())
-    print(report_outcome({k: after[k] - before[k] for k in after}, mapping_flags(args)))
+    with summary_at_end(args, [j.mapping for j in jobs], [j.state for j in jobs], is_local(args.beam_args)):
+        result = p.run()
+        if not is_local(args.beam_args):
+            return submitted(result, args)  # a streaming job runs on; drain it to stop
+        result.wait_until_finish()
     return 0
+
+
+@contextlib.contextmanager
+def summary_at_end(args, mappings: list, states: list, local: bool = True):
+    """Every command that writes ends with the same summary (``write_summary``):
+    after its work, or when Ctrl-C stops it (what was done so far). Not for a
+    launch on Dataflow: the job runs on, and its counts are the job's."""
+    before = outcome_snapshot()
+
+    def summary() -> str:
+        return write_summary(args, outcome_since(before, [s.job for s in states]), mappings, states)
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        if local:
+            print("stopped; so far: " + summary(), flush=True)
+        raise
+    if local and not getattr(args, "dry", False):
+        print(summary(), flush=True)
 
 
 # --- backfill, migrate, verify, status, dead letters ----------------------------------
@@ -263,6 +303,7 @@ def cmd_run(args) -> int:
 
 def cmd_backfill(args) -> int:
     from ddb2bt.pipeline.cutover.controller import TableBackfill, backfill, check_export_first
+    from ddb2bt.pipeline.graph import is_local
     from ddb2bt.pipeline.preflight import check_target, ensure_state_table
 
     mappings = load_all(args)
@@ -276,12 +317,14 @@ def cmd_backfill(args) -> int:
     for mapping in mappings:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     specs = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
+    claim_target_tables(args, mappings, specs)
     tables = [TableBackfill(m, spec, opts)
               for m, spec, opts in zip(mappings, specs, with_backfill_leases(args, options, specs))]
     start_metrics_server(args.metrics_port, args.metrics_host)
-    outcome = backfill(tables, args.beam_args)
-    if outcome.launched is not None:
-        return submitted(outcome.launched, args)
+    with summary_at_end(args, mappings, specs, local=not args.dry and is_local(args.beam_args)):
+        outcome = backfill(tables, args.beam_args)
+        if outcome.launched is not None:
+            return submitted(outcome.launched, args)
     print(f"backfill complete; phase {outcome.phase}, touch markers removed: keep the live tail running "
           "(ddb2bt run) and check ddb2bt status")
     return 0
@@ -289,6 +332,7 @@ def cmd_backfill(args) -> int:
 
 def cmd_migrate(args) -> int:
     from ddb2bt.pipeline.cutover.controller import check_export_first, migrate
+    from ddb2bt.pipeline.graph import is_local
 
     mappings = load_all(args)
     options = backfill_options(args, len(mappings))
@@ -297,15 +341,17 @@ def cmd_migrate(args) -> int:
     jobs = build_live_jobs(args, mappings)
     per_table = with_backfill_leases(args, options, [job.state for job in jobs])
     start_metrics_server(args.metrics_port, args.metrics_host)
-    outcome = migrate(jobs, per_table, args.beam_args, args.until_idle, dry_run=args.dry,
-                      on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
-                                            "; the tail keeps running (Ctrl-C stops it; a restart resumes)"),
-                                            flush=True))
-    if outcome.launched is not None:
-        return submitted(outcome.launched, args)
-    if args.until_idle is not None:
-        print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify "
-              f"{mapping_flags(args)}")
+    # The summary (dead letters included) comes last: "migration LIVE" is not the end of the story.
+    with summary_at_end(args, mappings, [job.state for job in jobs], local=is_local(args.beam_args)):
+        outcome = migrate(jobs, per_table, args.beam_args, args.until_idle, dry_run=args.dry,
+                          on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
+                                                "; the tail keeps running (Ctrl-C stops it; a restart resumes)"),
+                                                flush=True))
+        if outcome.launched is not None:
+            return submitted(outcome.launched, args)
+        if args.until_idle is not None:
+            print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify "
+                  f"{mapping_flags(args)}")
     return 0
 
 
@@ -314,6 +360,7 @@ def cmd_verify(args) -> int:
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     mappings = load_all(args)
+    check_reachable(mappings)  # the preflight answers within ~30 s, naming what is unreachable
     reports = {}
     for mapping in mappings:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
@@ -321,7 +368,7 @@ def cmd_verify(args) -> int:
             print(f"== {mapping.name} ({mapping.source.table} → {mapping.target.table})")
         reports[mapping.name] = report = verify_target(
             mapping, state_spec(args, mapping).store(), segments=args.segments, sample_rate=args.sample_rate,
-            consistent=not args.eventually_consistent, show_values=args.show_values)
+            consistent=not args.eventually_consistent, show_values=args.show_values, show_keys=args.show_keys)
         print_report(report)
     identical = all(r.identical for r in reports.values())
     if len(mappings) > 1:
@@ -341,20 +388,29 @@ def cmd_status(args) -> int:
     # status is read-only and often run when something is wrong: answer fast.
     read_retry = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)
     mappings = load_all(args)
-    named = [(m.name, table_facts(m, state_spec(args, m).store(), read_retry)) for m in mappings]
+    # Both services probed at once under one budget; without DynamoDB status still
+    # answers (no stream lag), without Bigtable (the state) it cannot.
+    reach = check_reachable(mappings, dynamodb="optional")
+    for name, why in reach.problems.items():
+        log.warning("%s: %s; status without stream facts", name, why)
+    named = [(m.name, table_facts(m, state_spec(args, m).store(), read_retry, describe=reach.dynamodb_ok))
+             for m in mappings]
     ready = all(assess(f)[0] for _, f in named)
+    origins = {m.name: m.origin for m in mappings}
+    flags = lambda name: mapping_flags(args, None if len(mappings) == 1 else [origins[name]])  # noqa: E731
     if args.json:
-        body = facts_json(named[0][1]) if len(named) == 1 else {
-            "ready": ready, "tables": {name: facts_json(f) for name, f in named}}
+        body = facts_json(named[0][1], flags(named[0][0])) if len(named) == 1 else {
+            "ready": ready, "tables": {name: facts_json(f, flags(name)) for name, f in named}}
         print(json.dumps(body, indent=2))
     else:
-        for line in render(named[0][1]) if len(named) == 1 else render_tables(named):
+        for line in render(named[0][1], flags(named[0][0])) if len(named) == 1 else render_tables(named, flags):
             print(line)
     return 0 if ready else 1
 
 
 def cmd_dlq_list(args) -> int:
     mappings = load_all(args)
+    check_reachable(mappings, dynamodb="skip")
     since = int(args.since * 1000) if args.since is not None else None
     for mapping in mappings:
         letters = state_spec(args, mapping).store().list_dead_letters(reason=args.reason, since_ms=since)
@@ -368,13 +424,15 @@ def cmd_dlq_list(args) -> int:
             by_reason[entry.get("reason", "?")] = by_reason.get(entry.get("reason", "?"), 0) + 1
         print((f"{mapping.name}: " if len(mappings) > 1 else "") + f"{len(letters)} dead letter(s)"
               + (": " + ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items())) if letters else ""))
-        for line in dead_letter_lines(letters[: args.limit], args.mapping[0] if len(mappings) == 1 else mapping.origin):
+        for line in dead_letter_lines(letters[: args.limit], mapping_flags(
+                args, None if len(mappings) == 1 else [mapping.origin]), show_keys=args.show_keys):
             print(line)
     return 0
 
 
-def dead_letter_lines(letters: list, mapping_arg: str) -> list:
+def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> list:
     """``dlq list``: per letter its time, reason, message, the item's key (redacted
+    unless --show-keys, like verify's: ddb2bt.pipeline.redaction; ``<redacted>``
     where the letter was stored without values) and id; then how to act on them."""
     from ddb2bt.pipeline.source.records import REDACTED, key_text
 
@@ -383,10 +441,10 @@ def dead_letter_lines(letters: list, mapping_arg: str) -> list:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
         out.append(f"  {when}  {entry.get('reason')}  [{entry.get('stage')}] {entry.get('message')}  "
                    f"(at {entry.get('position', 'n/a')})")
-        out.append(f"      key {key_text(entry.get('record', '{}'))}  id {entry.get('id')}")
+        out.append(f"      key {key_text(entry.get('record', '{}'), show_keys)}  id {entry.get('id')}")
     if letters:
-        out.append(f"inspect one: ddb2bt dlq show -m {mapping_arg} ID    re-apply once the cause is fixed: "
-                   f"ddb2bt dlq redrive -m {mapping_arg} [--reason R] [--dry-run]")
+        out.append(f"inspect one: ddb2bt dlq show {flags} ID    re-apply once the cause is fixed: "
+                   f"ddb2bt dlq redrive {flags} [--reason R] [--dry-run]")
         if any(REDACTED in key_text(e.get("record", "{}")) for e in letters):
             out.append("(keys shown <redacted> were stored without values: look the item up by its stream position, "
                        "or back-fill it)")
@@ -394,6 +452,7 @@ def dead_letter_lines(letters: list, mapping_arg: str) -> list:
 
 
 def cmd_dlq_show(args) -> int:
+    check_reachable(load_all(args), dynamodb="skip")
     letters = [e for mapping in load_all(args) for e in state_spec(args, mapping).store().list_dead_letters()
                if e["id"] == args.id]
     if not letters:
@@ -412,15 +471,53 @@ def cmd_dlq_redrive(args) -> int:
     options = RedriveOptions(reason=args.reason, since_ms=int(args.since * 1000) if args.since is not None else None,
                              dry_run=args.dry_run)
     kept = 0
-    for mapping in mappings:
-        result = redrive_job(mapping, state_spec(args, mapping), options)
+    states = [state_spec(args, mapping) for mapping in mappings]
+    counts = {}
+    for mapping, state in zip(mappings, states):
+        result = redrive_job(mapping, state, options)
         kept += result.kept
+        # The writing commands' summary: items written, dead letters still kept.
+        counts[state.job] = {"applied": 0 if args.dry_run else result.resolved, "dead_lettered": result.kept,
+                             "skipped": 0}
         verb = "would resolve" if args.dry_run else "resolved"
         print((f"{mapping.name}: " if len(mappings) > 1 else "")
               + f"{verb} {result.resolved} dead letter(s) of {result.items} item(s): each item re-read from DynamoDB "
               f"and written in its current state; kept {result.still_failing} still failing, {result.unstable} whose "
               f"item kept changing (rerun), {result.redacted} stored without keys (back-fill instead)")
+    print(("dry run, nothing written; " if args.dry_run else "") + write_summary(args, counts, mappings, states))
     return 0 if kept == 0 else 1
+
+
+def self_command() -> str:
+    """How to run this same ddb2bt from a shell, for the commands we suggest:
+    plain ``ddb2bt`` when that is what PATH finds, else this program's absolute
+    path (``.venv/bin`` not on PATH yet, the usual first-day case), else the
+    interpreter with ``-m``."""
+    import shutil
+    from shlex import quote
+
+    program = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if program is not None and program.name == "ddb2bt" and program.exists():
+        on_path = shutil.which("ddb2bt")
+        if on_path and Path(on_path).resolve() == program.resolve():
+            return "ddb2bt"
+        return quote(str(program.absolute()))
+    return f"{quote(sys.executable)} -m ddb2bt.pipeline.cli"
+
+
+def env_hint() -> str:
+    return f'eval "$({self_command()} local env)"'
+
+
+def cmd_release_target(args) -> int:
+    from ddb2bt.pipeline.ownership import release_targets
+
+    mappings = load_all(args)
+    states = [state_spec(args, mapping) for mapping in mappings]
+    for (table, released), job in zip(release_targets(mappings, states),
+                                      [s.job for m, s in zip(mappings, states) for _ in m.tables]):
+        print(f"{table}: " + (f"released by job {job}" if released else f"not owned by job {job}; nothing to do"))
+    return 0
 
 
 def cmd_local(args) -> int:
@@ -429,7 +526,7 @@ def cmd_local(args) -> int:
     if args.local_cmd == "env":
         state = ls.load_state()
         if state is None:
-            print("# no local stack is running; start one with: ddb2bt local up --detach", file=sys.stderr)
+            print(f"# no local stack is running; start one with: {self_command()} local up --detach", file=sys.stderr)
             return 1
         for k, v in state["env"].items():
             print(f"export {k}={v}")
@@ -439,7 +536,7 @@ def cmd_local(args) -> int:
         print(f"local stack stopped ({stopped})" if stopped else "no local stack was running")
         return 0
     if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
-        print(f"a local stack is already running ({ls.state_file()}); use it with:  eval \"$(ddb2bt local env)\"")
+        print(f"a local stack is already running ({ls.state_file()}); use it with:  {env_hint()}")
         return 0
     stack = ls.LocalStack(log_dir=ls.state_dir() / "logs")
     if args.local_cmd == "run":
@@ -456,7 +553,7 @@ def cmd_local(args) -> int:
         ls.save_state(stack)
         # Detach: the servers live in their own sessions; forget them here.
         stack._procs.clear()
-        print("local stack running; use it with:  eval \"$(ddb2bt local env)\"   stop it with: ddb2bt local down")
+        print(f"local stack running; use it with:  {env_hint()}   stop it with: {self_command()} local down")
         return 0
     with stack:
         for k, v in stack.env().items():
@@ -483,17 +580,49 @@ def cmd_examples(args) -> int:
         print(f"copied {len(copied)} example mapping(s) to {args.copy}"
               + (" (existing files kept)" if len(copied) < len(example_names()) else ""))
         return 0
-    for name in example_names():
-        print(f"{EXAMPLE_PREFIX}{name}\t{example_path(name)}")
+    from ddb2bt.transforms.config import load_mapping
+
+    names = example_names()
+    width = max((len(EXAMPLE_PREFIX + n) for n in names), default=0)
+    for name in names:
+        description = load_mapping(example_path(name)).description or ""
+        print(f"{EXAMPLE_PREFIX + name:<{width}}  {description}\n{'':<{width}}  {example_path(name)}")
     return 0
 
 
 # --- parser ----------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with "did you mean" for a mistyped choice (a command such as
+    ``ddb2bt verfy``, ``dlq lst``, a --log-level); subcommand parsers are made
+    of the same class."""
+
+    _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+    def error(self, message: str):
+        found = self._INVALID_CHOICE.search(message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2))
+            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=DID_YOU_MEAN_CUTOFF)
+            hint = f"did you mean '{close[0]}'?" if close else f"choose from {', '.join(choices)}"
+            message = message[:found.start()] + f"invalid choice: '{found.group(1)}' ({hint})"
+        super().error(message)
+
+
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Prefix matching off in every (sub)parser: `--segment 4` must not silently
+    mean --segments (and an unknown prefix of ours must not reach Beam as ours)."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _no_abbreviations(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ddb2bt", formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = _Parser(
+        prog="ddb2bt", formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False,
         description="Replicate a live DynamoDB table into Cloud Bigtable (change data capture on Apache Beam).",
         epilog=EPILOG)
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
@@ -504,7 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("examples", help="list the example mappings that ship with ddb2bt, or copy them",
                        formatter_class=raw, description=(
-                           "Lists the packaged example mappings (one per seed layout) with their paths. Any "
+                           "Lists the packaged example mappings (one per seed layout), each with a one-line description and its path. Any "
                            "--mapping option accepts example:NAME for one of them; --copy DIR copies them all "
                            "into DIR to edit."),
                        epilog="examples:\n  ddb2bt examples\n  ddb2bt explain -m example:product_catalog --item -\n"
@@ -536,7 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",
                        formatter_class=raw,
                        epilog="example:\n  echo '{\"pk\":\"hats\",\"sk\":\"fedoras#brandA\",\"Price\":30}' | "
-                              "ddb2bt explain -m example:product_catalog --item -")
+                              "ddb2bt explain -m example:product_catalog --item -\n"
+                              f"exit code: 0 every change maps (or is skipped), {EXIT_DEAD_LETTER} at least one "
+                              "would be a dead letter, 1 an input DynamoDB would refuse, 2 a bad mapping")
     add_mapping_args(p, several=False)
     p.add_argument("--item", required=True,
                    help="a DynamoDB JSON item, {\"Item\": …} (GetItem output, export line), a stream record or "
@@ -546,7 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("lint", help="check a mapping against Bigtable's rules and schema best practices",
                        formatter_class=raw, description=(
-                           "Reports timestamp-first or sequential keys (hotspots), keys and qualifiers near the "
+                           "Reports timestamp-first, sequential or low-cardinality-first keys (hotspots: an index "
+                           "keyed status#{Status}#… puts every PENDING row in one range), placeholders the "
+                           "mapping does not name, keys and qualifiers near the "
                            "limits, families whose GC would drop versions or that mix retention needs, "
                            "attributes that look like personal data in row keys, and — with --sample — items "
                            "that match no rule or cannot be mapped."),
@@ -632,7 +765,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description=(
                            "Reads the source (parallel Scan) and the target and reports missing rows, extra "
                            "rows, missing cells, cells no item owns (orphans) and differing cells, with a few "
-                           "examples (values redacted unless --show-values). Exit code 0 only when identical."),
+                           "examples (keys redacted unless --show-keys, values unless --show-values). Exit code 0 only when "
+                           "identical."),
                        epilog="examples:\n  ddb2bt verify -m m.yaml --report verify.json\n"
                               "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash")
     add_mapping_args(p)
@@ -640,7 +774,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
                    help="parallel Scan segments")
     p.add_argument("--sample-rate", type=number(float, above=0, maximum=1), default=1.0, help="fraction of items to check (default: all)")
-    p.add_argument("--show-values", action="store_true", help="show cell values in examples")
+    p.add_argument("--show-values", action="store_true", help="show cell values in examples (keys too)")
+    add_show_keys_arg(p)
     p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")
     p.add_argument("--report", metavar="FILE.json", help="write the machine-readable report here")
     p.set_defaults(func=cmd_verify)
@@ -666,7 +801,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--reason", help="only this reason (e.g. unknown_family)")
     pl.add_argument("--since", type=number(float, minimum=0), help="only those at or after this Unix time (seconds)")
     pl.add_argument("--limit", type=number(int, minimum=1), default=50)
-    pl.add_argument("--json", action="store_true", help="one JSON object per line")
+    pl.add_argument("--json", action="store_true", help="one JSON object per line (the stored record in full, "
+                                                         "like dlq show)")
+    add_show_keys_arg(pl)
     pl.set_defaults(func=cmd_dlq_list)
     ps = dsub.add_parser("show", help="one dead letter in full (the original record included)")
     add_mapping_args(ps)
@@ -687,6 +824,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--dry-run", action="store_true", help="only report which dead letters now map; write nothing")
     pr.set_defaults(func=cmd_dlq_redrive)
 
+    p = sub.add_parser("release-target", help="a retired job gives up its target tables (see --adopt-target)",
+                       formatter_class=raw, description=(
+                           "Each target table is owned by one job (its name: the mapping's, or --job-name): a "
+                           "run, migrate or backfill under another job name is refused. Once a job is retired "
+                           "(stopped for good), this frees its tables for another job name."),
+                       epilog="example:\n  ddb2bt release-target -m m.yaml --job-name old-name")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.set_defaults(func=cmd_release_target)
+
     p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto)", formatter_class=raw,
                        epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"
                               "  ddb2bt local up --detach && eval \"$(ddb2bt local env)\"\n"
@@ -699,6 +846,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = lsub.add_parser("run", help="start the stack, run a command with its variables, stop it")
     run.add_argument("command", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_local)
+    _no_abbreviations(parser)
     return parser
 
 

@@ -116,7 +116,9 @@ def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[s
         except (ClientError, BotoCoreError) as exc:
             raise classify_aws_error(exc, operation, table) from exc
 
-    return retrying(policy, what or operation, on_retry, retry_on=(StreamThrottled,), where=where)(attempt)
+    # The table in the label: a job of several tables logs which one is failing.
+    label = what or (f"{operation} of {table}" if table else operation)
+    return retrying(policy, label, on_retry, retry_on=(StreamThrottled,), where=where)(attempt)
 
 
 # --- ARNs ------------------------------------------------------------------------

@@ -72,6 +72,17 @@ def acquire_lease(args, state, role: str, taken: Optional[list] = None):
     return spec
 
 
+def claim_target_tables(args, mappings: list, states: list) -> None:
+    """Before anything is written: each table the mappings write belongs to
+    this job, or the command is refused naming the job that owns it
+    (ddb2bt.pipeline.ownership; --adopt-target takes it over). Not for a dry run."""
+    from ddb2bt.pipeline.ownership import claim_targets
+
+    if getattr(args, "dry", False):
+        return
+    claim_targets(mappings, states, command=args.command, adopt=getattr(args, "adopt_target", False))
+
+
 MAPPING_SUFFIXES = (".yaml", ".yml")
 
 
@@ -149,9 +160,32 @@ def load(args):
     return mappings[0]
 
 
-def mapping_flags(args) -> str:
-    """The --mapping options of this command line, for the hints printed after it."""
-    return " ".join(f"--mapping {m}" for m in (args.mapping if isinstance(args.mapping, list) else [args.mapping]))
+# The options that select WHICH state a command reads or writes (args attribute,
+# option): a hint printed after a command must repeat every one that was given,
+# or the suggested command looks at another job's state (e.g. 0 dead letters).
+STATE_SELECTING = (("project", "--bigtable-project"), ("instance", "--bigtable-instance"),
+                   ("table", "--bigtable-table"), ("state_table", "--state-table"), ("job_name", "--job-name"),
+                   ("state_app_profile", "--state-app-profile"))
+
+
+def mapping_flags(args, mappings: Optional[list] = None) -> str:
+    """The --mapping options of this command line and every state-selecting
+    option given (STATE_SELECTING; a default left out), quoted for a shell: what
+    the hints printed after a command append, so they look at the same state.
+    ``mappings`` replaces the --mapping values (a hint about one table of several)."""
+    from shlex import quote
+
+    from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE
+
+    values = mappings if mappings is not None else \
+        args.mapping if isinstance(args.mapping, (list, tuple)) else [args.mapping]
+    flags = [f"--mapping {quote(str(m))}" for m in values]
+    for attribute, option in STATE_SELECTING:
+        value = getattr(args, attribute, None)
+        if value is None or (attribute == "state_table" and value == DEFAULT_STATE_TABLE):
+            continue
+        flags.append(f"{option} {quote(str(value))}")
+    return " ".join(flags)
 
 
 def submitted(result, args) -> int:
@@ -212,6 +246,7 @@ def build_live_jobs(args, mappings: list) -> list:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
         check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
     states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
+    claim_target_tables(args, mappings, states)
     leases = acquire_leases(args, states, TAIL)
     jobs = []
     for mapping, source, state, lease in zip(mappings, sources, states, leases):
@@ -229,8 +264,53 @@ def build_live_jobs(args, mappings: list) -> list:
     return jobs
 
 
+OUTCOMES = ("applied", "dead_lettered", "skipped")
+
+
+def outcome_snapshot(metrics=None) -> dict:
+    """{job (state key, the metrics' table label): {applied, dead_lettered,
+    skipped}}: this process's totals so far, per table. Take one before a
+    command writes and ``outcome_since`` after it."""
+    from ddb2bt.pipeline.metrics import default_metrics
+
+    metrics = metrics or default_metrics()
+    out: dict = {}
+    for key, counter in (("applied", metrics.changes_applied), ("dead_lettered", metrics.dead_letters),
+                         ("skipped", metrics.changes_skipped)):
+        for family in counter.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    table = out.setdefault(sample.labels.get("table", ""), dict.fromkeys(OUTCOMES, 0))
+                    table[key] += int(sample.value)
+    return out
+
+
+def outcome_since(before: dict, jobs: list, metrics=None) -> dict:
+    """{job: counts} for ``jobs`` (state keys): what happened since ``before``."""
+    after = outcome_snapshot(metrics)
+    zero = dict.fromkeys(OUTCOMES, 0)
+    return {job: {k: after.get(job, zero)[k] - before.get(job, zero)[k] for k in OUTCOMES} for job in jobs}
+
+
+def write_summary(args, counts: dict, mappings: list, states: list) -> str:
+    """The summary every writing command ends with (run, migrate, backfill, dlq
+    redrive): ``done: …``, with the dead-letter hints carrying the options that
+    select the state. Several tables: the total first (the same ``done:`` line),
+    then each table, named, with its own hints. ``counts``: {job: counts}
+    (``outcome_since``)."""
+    if len(mappings) == 1:
+        return report_outcome(counts[states[0].job], mapping_flags(args))
+    total = {k: sum(counts[s.job][k] for s in states) for k in OUTCOMES}
+    lines = [report_outcome(total, "").split("\n", 1)[0] + f" ({len(mappings)} tables)"]
+    for mapping, state in zip(mappings, states):
+        per_table = report_outcome(counts[state.job], mapping_flags(args, [mapping.origin]))
+        lines += [f"  {state.job}: " + per_table.split("\n", 1)[0].removeprefix("done: ")]
+        lines += ["  " + hint for hint in per_table.split("\n")[1:]]
+    return "\n".join(lines)
+
+
 def report_outcome(counts: dict, mapping_flags: str) -> str:
-    """The last line of a local run: what happened to the changes it read."""
+    """The last line of a command that writes: what happened to the changes it read."""
     line = (f"done: {counts['applied']} change(s) applied, {counts['dead_lettered']} dead-lettered, "
             f"{counts['skipped']} skipped")
     if counts["dead_lettered"]:

@@ -29,9 +29,28 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": round(record.created, 3), "level": record.levelname, "stage": stage_of(record.name),
                "logger": record.name, "msg": record.getMessage()}
+        table = getattr(record, "table", None)  # set by TableLogger
+        if table:
+            out["table"] = table
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
+
+
+class TableLogger(logging.LoggerAdapter):
+    """A logger for one table of a job: every line begins with ``[name]`` (the
+    mapping's name, the job's state key) and JSON logs carry it as ``table``, so
+    a job of several tables never logs a line that could be any of them."""
+
+    def process(self, msg, kwargs):
+        table = self.extra["table"]
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), "table": table}
+        return f"[{table}] {msg}", kwargs
+
+
+def table_logger(logger: logging.Logger, table: str):
+    """``logger`` naming ``table`` on every line (TableLogger); plain when no name."""
+    return TableLogger(logger, {"table": table}) if table else logger
 
 
 def setup_logging(level: str, fmt: str) -> None:

@@ -182,6 +182,7 @@ class MappingConfig:
     ttl: Optional["TtlConfig"] = None
     version: int = 1
     origin: str = "<memory>"
+    description: Optional[str] = None  # one line for people (ddb2bt examples lists it); no effect
 
     def __getstate__(self) -> dict:
         # The compiled form (compiled.compile_mapping, kept on the mapping) is
@@ -248,12 +249,16 @@ class _Node:
         self.used.add(key)
         if key not in self.data or self.data[key] is None:
             if required:
-                # A required key that is missing is most often a misspelt one.
-                near = difflib.get_close_matches(key, [str(k) for k in self.data if k != key], n=1)
-                hint = f" (found {near[0]!r}: did you mean {key!r}?)" if near else ""
-                raise ConfigError(f"is required{hint}", self.sub(key))
+                self.missing(key)
             return default
         return self.data[key]
+
+    def missing(self, key: str, why: str = "") -> None:
+        """Raise "is required": a required key that is missing is most often a
+        misspelt one, so a key of this node close to it is named."""
+        near = difflib.get_close_matches(key, [str(k) for k in self.data if k != key and k not in self.used], n=1)
+        hint = f" (found {near[0]!r}: did you mean {key!r}?)" if near else ""
+        raise ConfigError(f"is required{why}{hint}", self.sub(key))
 
     def string(self, key: str, required: bool = False, default: Optional[str] = None) -> Optional[str]:
         value = self.get(key, default, required)
@@ -353,6 +358,7 @@ def parse_mapping(data: Any, origin: str = "<memory>") -> MappingConfig:
         ttl=_parse_ttl(root.node("ttl")),
         version=version,
         origin=origin,
+        description=root.string("description"),
     )
     root.done()
     return mapping
@@ -610,7 +616,7 @@ def _parse_other(node: Optional[_Node], family_names: set) -> OtherAttributes:
     family = node.string("family")
     if mode == "column":
         if family is None:
-            raise ConfigError("is required when mode is 'column'", node.sub("family"))
+            node.missing("family", " when mode is 'column'")
         if family not in family_names:
             raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("family"))
     encoding = node.choice("encoding", ENCODINGS, "auto")

@@ -28,6 +28,21 @@ _PII_NAME = re.compile(r"(e-?mail|phone|mobile|ssn|social|name$|^name|address|bi
                        r"tax.?id|national.?id|ip.?addr)", re.I)
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 _SPREADING = {"reverse", "salt", "max_minus"}
+# Low-cardinality key prefixes (hotspots). Statically, a key whose first
+# placeholder is named like an enum (the last word of OrderStatus, order_type,
+# …; or an is_/has_ flag): a handful of values, so all rows of one value form
+# one contiguous key range and the common value's writes land on one node.
+_ENUM_WORDS = {"status", "state", "type", "kind", "category", "phase", "stage", "level", "priority", "tier",
+               "flag", "enabled", "active", "deleted", "gender", "currency", "country", "region", "lang",
+               "language", "channel", "mode", "bucket", "class", "group", "color", "colour", "visibility"}
+_FLAG_WORDS = {"is", "has"}
+_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+# With --sample, measured: a first placeholder with at most this many distinct
+# values whose most common value holds at least DOMINANT_SHARE of the sampled
+# keys. Only judged from LOW_CARDINALITY_MIN_SAMPLE keys up: fewer prove nothing.
+LOW_CARDINALITY_DISTINCT = 16
+DOMINANT_SHARE = 0.3
+LOW_CARDINALITY_MIN_SAMPLE = 20
 
 
 @dataclass(frozen=True)
@@ -67,28 +82,136 @@ def _known_attributes(mapping: MappingConfig) -> set:
     return known
 
 
+def _rule_templates(mapping: MappingConfig) -> Iterable:
+    """(where, template, rule, is_index) for every key template of the mapping."""
+    for i, rule in enumerate(mapping.rules):
+        if rule.row_key is not None:
+            yield f"rules[{i}] {rule.name}: row_key", rule.row_key, rule, False
+        for j, index in enumerate(rule.indexes):
+            yield f"rules[{i}] {rule.name}: indexes[{j}] {index.name}", index.row_key, rule, True
+
+
+def _catch_all(rule) -> Optional[str]:
+    """How a rule maps attributes it does not name, if it maps them at all:
+    ``other_attributes`` (mode column) or the ``item_column``."""
+    if rule.other.mode == "column":
+        return f"other_attributes (family {rule.other.family})"
+    if rule.item_column is not None:
+        return "the item_column"
+    return None
+
+
 def placeholder_findings(mapping: MappingConfig) -> list:
-    """Row-key placeholders that name an attribute the mapping knows nothing of
-    (neither a key attribute nor mapped anywhere): likely a typo, and then every
-    item lacking it is a dead letter. Rules with a hook may make up attributes."""
+    """Key placeholders that name an attribute the mapping does not name.
+
+    What a missing attribute costs differs by template: an item without a
+    row-key attribute cannot get a row and is a dead letter; an item without an
+    index attribute simply gets no index row (a sparse index, like a GSI).
+    An attribute mapped through ``other_attributes`` or the ``item_column`` is
+    mapped — only not by name — so it is not reported as unmapped (a note says
+    what an item without it gets, and a close named attribute is offered as
+    the likely intent). Rules with a hook may make up attributes: skipped."""
     known = _known_attributes(mapping)
     out = []
-    hooked = {rule.name for rule in mapping.rules if rule.hook}
-    for where, template in _templates(mapping):
-        if any(f" {name}:" in where for name in hooked):
+    for where, template, rule, is_index in _rule_templates(mapping):
+        if rule.hook:
             continue
         for source in template.sources:
-            if source not in known:
+            if source in known:
+                continue
+            without = ("an item without it gets no index row (the index is sparse)" if is_index else
+                       "an item without it has no row key and will be a dead letter")
+            via = _catch_all(rule)
+            if via is None:
                 close = difflib.get_close_matches(source, sorted(known), n=1)
                 hint = f" (did you mean {{{close[0]}}}?)" if close else ""
                 out.append(Finding(WARN, "unknown_placeholder", where,
-                                   f"{{{source}}} is neither a key attribute nor mapped anywhere{hint}: every "
-                                   "item without it will be a dead letter"))
+                                   f"{{{source}}} is neither a key attribute nor mapped anywhere{hint}: {without}"))
+                continue
+            # Mapped, only not by name: a warning only for what is almost surely a
+            # typo of a named attribute ({skk} for {sk}); OrderDate is not OrderId.
+            typo = next((name for name in sorted(known) if _is_typo(source, name)), None)
+            if typo is not None:
+                out.append(Finding(WARN, "unknown_placeholder", where,
+                                   f"{{{source}}} is named nowhere else in the mapping (did you mean {{{typo}}}?); "
+                                   f"only {via} would map it: {without}"))
+            else:
+                out.append(Finding(INFO, "placeholder_via_other", where,
+                                   f"{{{source}}} is mapped through {via}: {without}"))
+    return out
+
+
+def _is_typo(a: str, b: str) -> bool:
+    """One edit apart, ignoring case (two for names of 8+ characters): a slip of
+    the keyboard, not merely a similar name."""
+    a, b = a.lower(), b.lower()
+    if a == b:
+        return True
+    limit = 2 if min(len(a), len(b)) >= 8 else 1
+    if abs(len(a) - len(b)) > limit:
+        return False
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1] <= limit
+
+
+def looks_enum_like(name: str) -> bool:
+    """An attribute name that says "one of a few values": its last word is an
+    enum word (OrderStatus, order_type) or its first is is/has (isActive)."""
+    words = [w.lower() for w in _WORDS.findall(name)]
+    return bool(words) and (words[-1] in _ENUM_WORDS or (len(words) > 1 and words[0] in _FLAG_WORDS))
+
+
+def _leading_placeholder(t: KeyTemplate) -> Optional[Placeholder]:
+    """The first placeholder of a key, not spread by salt/reverse/max_minus:
+    what its rows are grouped by (a literal before it is the same for every
+    row, so it moves the range but does not split it)."""
+    for tok in t.tokens:
+        if isinstance(tok, Placeholder):
+            return None if _SPREADING & {name for name, _ in tok.transforms} else tok
+    return None
+
+
+def low_cardinality_findings(mapping: MappingConfig) -> list:
+    out = []
+    for where, t, _, _ in _rule_templates(mapping):
+        lead = _leading_placeholder(t)
+        if lead is not None and looks_enum_like(lead.source):
+            out.append(Finding(WARN, "low_cardinality_prefix", where,
+                               f"key {t.text!r}: its first variable part, {{{lead.source}}}, looks like one of a "
+                               "few values (a status, type or flag): all rows of one value are one contiguous range, "
+                               "so the common value's writes land on one node (hotspot). Put a high-cardinality "
+                               "value first (the item's id), or salt it ({…|salt:N})"))
+    return out
+
+
+def _sampled_low_cardinality(mapping: MappingConfig, items: list) -> list:
+    out = []
+    for where, t, _, _ in _rule_templates(mapping):
+        lead = _leading_placeholder(t)
+        if lead is None:
+            continue
+        values = Counter(repr(sorted(item[lead.source].items())) if isinstance(item[lead.source], dict)
+                         else repr(item[lead.source]) for item in items if lead.source in item)
+        total = sum(values.values())
+        if total < LOW_CARDINALITY_MIN_SAMPLE or len(values) > LOW_CARDINALITY_DISTINCT:
+            continue
+        share = values.most_common(1)[0][1] / total
+        if share >= DOMINANT_SHARE:
+            # The value itself is not printed: it is item content.
+            out.append(Finding(WARN, "low_cardinality_prefix", where,
+                               f"{{{lead.source}}}, the key's first variable part, has {len(values)} distinct value(s) in "
+                               f"{total} sampled items, the most common in {share:.0%} of them: one contiguous "
+                               "range takes most writes (hotspot); put a high-cardinality value first or salt it"))
     return out
 
 
 def static_findings(mapping: MappingConfig) -> list:
-    out: list = placeholder_findings(mapping)
+    out: list = placeholder_findings(mapping) + low_cardinality_findings(mapping)
     for where, t in _templates(mapping):
         first = _first_placeholder(t)
         if first is not None and not _SPREADING & {name for name, _ in first.transforms}:
@@ -224,5 +347,8 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
 def lint(mapping: MappingConfig, items: Optional[Iterable] = None) -> list:
     findings = static_findings(mapping)
     if items is not None:
+        items = list(items)
         findings += sample_findings(mapping, items)
+        flagged = {f.where for f in findings if f.code == "low_cardinality_prefix"}
+        findings += [f for f in _sampled_low_cardinality(mapping, items) if f.where not in flagged]
     return findings

@@ -28,6 +28,7 @@ import apache_beam as beam
 
 from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration
+from ddb2bt.pipeline.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
 DAY_MS = 24 * 3600 * 1000
 TAIL_STOP_WAIT_S = 60.0
+# Progress without a terminal: one log line this often (a log, not an animation).
+PLAIN_PROGRESS_EVERY_S = 30.0
+WATCH_POLL_S = 0.5  # how often the progress is looked at
 
 
 @dataclass(frozen=True)
@@ -88,16 +92,22 @@ class Worker(threading.Thread):
             raise self.error
 
 
-def watch(worker: Worker, total: Optional[int], desc: str, value: Callable[[], float]) -> None:
-    """Show a progress bar (items/s and ETA) while ``worker`` runs; in logs (not a
-    terminal) a line every few seconds. Re-raises the worker's failure."""
+def watch(worker: Worker, total: Optional[int], desc: str, value: Callable[[], float],
+          tty: Optional[bool] = None, clock: Callable[[], float] = time.monotonic) -> None:
+    """Show a progress bar (items/s and ETA) while ``worker`` runs; when stderr is
+    not a terminal (a log file, CI, a container), a plain log line every
+    ``PLAIN_PROGRESS_EVERY_S`` instead: a bar's carriage returns would flood the
+    log. Re-raises the worker's failure."""
     from tqdm import tqdm
 
-    tty = sys.stderr.isatty()
+    tty = sys.stderr.isatty() if tty is None else tty
+    if not tty:
+        _watch_plain(worker, total, desc, value, clock)
+        return
     with tqdm(total=total or None, unit="item", desc=desc, dynamic_ncols=True, file=sys.stderr,
-              mininterval=0.5 if tty else 10.0) as bar:
+              mininterval=WATCH_POLL_S) as bar:
         while worker.is_alive():
-            worker.join(0.5)
+            worker.join(WATCH_POLL_S)
             bar.n = int(value())
             bar.update(0)
         bar.n = int(value())
@@ -107,6 +117,31 @@ def watch(worker: Worker, total: Optional[int], desc: str, value: Callable[[], f
             bar.total = bar.n
         bar.refresh()
     worker.check()
+
+
+def _watch_plain(worker: Worker, total: Optional[int], desc: str, value: Callable[[], float],
+                 clock: Callable[[], float]) -> None:
+    start = last = clock()
+    while worker.is_alive():
+        worker.join(WATCH_POLL_S)
+        now = clock()
+        if now - last >= PLAIN_PROGRESS_EVERY_S and worker.is_alive():
+            last = now
+            log.info("%s", progress_line(desc, int(value()), total, now - start))
+    if worker.error is None:
+        log.info("%s", progress_line(desc, int(value()), None, clock() - start) + " (done)")
+    worker.check()
+
+
+def progress_line(desc: str, done: int, total: Optional[int], elapsed_s: float) -> str:
+    """``verify: 1200/5000 items (24%), 400 items/s, about 10s left`` (total
+    and ETA when known: the total is an estimate, DescribeTable's ItemCount)."""
+    rate = done / elapsed_s if elapsed_s > 0 else 0.0
+    line = f"{desc}: {done}" + (f"/{total} items ({min(100, 100 * done // total)}%)" if total else " items")
+    line += f", {rate:.0f} items/s"
+    if total and rate > 0 and done < total:
+        line += f", about {(total - done) / rate:.0f}s left"
+    return line
 
 
 def run_in_thread(name: str, fn: Callable[[], object], total: Optional[int] = None,
@@ -174,7 +209,7 @@ def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
                                         export_time)
     migration.store.save_meta("backfill_expected", str(expected))
     default_metrics().for_table(migration.store.job).backfill_expected.set(expected)
-    log.info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
+    table_logger(log, mapping.name).info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
              handoff, handoff - handoff % 1000 - 1)
     return source, handoff, expected
 
@@ -309,7 +344,8 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
     migrations = [Migration(job.state.store()) for job in jobs]
     phases = [m.phase for m in migrations]
     for job, phase in zip(jobs, phases):
-        log.info("migrate %s → %s: phase %s", job.mapping.source.table, job.mapping.target.table, phase or "new")
+        table_logger(log, job.mapping.name).info("migrate %s → %s: phase %s", job.mapping.source.table,
+                                                 job.mapping.target.table, phase or "new")
     if not is_local(beam_args):
         return Outcome(launched=launch_migrate(jobs, options, beam_args, migrations, dry_run))
     stop_token = uuid.uuid4().hex

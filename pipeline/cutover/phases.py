@@ -34,6 +34,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.pipeline.logs import table_logger
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,8 @@ class MarkingPolicy:
             self._active = parse_phase(self._store.load_meta("phase")) == BACKFILLING
         except Exception as exc:  # unreadable: mark (see the class docstring)
             if not self._active:
-                log.warning("cannot read the migration phase (%s): marking until it can be read",
+                table_logger(log, getattr(self._factory, "job", "")).warning(
+                    "cannot read the migration phase (%s): marking until it can be read",
                             type(exc).__name__)
             self._active = True
         return self._active
@@ -132,6 +134,11 @@ class Migration:
 
     def now_ms(self) -> int:
         return self._now_ms()
+
+    @property
+    def log(self):
+        """The module's logger naming this migration's table (its job) on every line."""
+        return table_logger(log, getattr(self.store, "job", ""))
 
     # -- reading
     @property
@@ -180,7 +187,7 @@ class Migration:
         self.store.save_meta("phase", str(target))
         self.store.save_meta("phase_changed_ms", str(self._now_ms()))
         default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE).set_phase(str(target))
-        log.info("migration phase: %s", target)
+        self.log.info("migration phase: %s", target)
 
     def begin_backfill(self, source_spec: dict, bookkeeping, tables: Sequence[str],
                        handoff_ms: Optional[int] = None) -> int:
@@ -210,7 +217,7 @@ class Migration:
                     f"a backfill with {recorded} is in progress; rerun with the same source options to resume "
                     "it, or add --restart to begin a new one", "backfill")
             bookkeeping.ensure(tables)  # idempotent: a crash may have come before it
-            log.info("resuming the backfill with handoff time %d", self.handoff_ms)
+            self.log.info("resuming the backfill with handoff time %d", self.handoff_ms)
             return self.handoff_ms
         return self.begin_backfill(source_spec, bookkeeping, tables, handoff_ms)
 
@@ -244,7 +251,7 @@ class Migration:
             bookkeeping.ensure(targets)
             return False
         self.store.save_meta("finished_ms", str(self._now_ms()))
-        log.info("migration bookkeeping removed from %s", ", ".join(targets) or "(no table)")
+        self.log.info("migration bookkeeping removed from %s", ", ".join(targets) or "(no table)")
         return True
 
     def go_live(self) -> None:

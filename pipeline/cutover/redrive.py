@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.logs import table_logger
 from ddb2bt.pipeline.source.records import record_from_json
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.errors import MappingError
@@ -152,7 +153,7 @@ def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, n
             try:
                 rows = converge_change(mapping, keys, current, tuple(seen[key]), ts)
             except MappingError as exc:
-                log.info("an item's dead letters still fail to map: %s", exc.reason)
+                table_logger(log, mapping.name).info("an item's dead letters still fail to map: %s", exc.reason)
                 outcome[key] = "failing"
                 continue
             if options.dry_run:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from botocore.exceptions import ClientError
 
@@ -52,19 +52,22 @@ class Facts:
     bookkeeping_tables: list = field(default_factory=list)
 
 
-def assess(f: Facts) -> tuple:
-    """(ready, [reasons it is not])."""
+def assess(f: Facts, flags: str = "") -> tuple:
+    """(ready, [reasons it is not]). ``flags``: the options that select this
+    job's state (--mapping, --job-name, --state-table, …), appended to every
+    command a reason suggests, so it looks at the same state."""
+    f_ = f" {flags}" if flags else ""
     reasons = []
     if f.phase is None:
-        reasons.append("no migration recorded for this job: run ddb2bt migrate")
+        reasons.append(f"no migration recorded for this job: run ddb2bt migrate{f_}")
     elif f.phase == BACKFILLING:
         reasons.append(f"backfill running: {f.backfill_done_parts}/{f.backfill_parts} parts done")
     elif f.phase == CATCHING_UP:
         reasons.append("backfill done; the tail is still catching up")
     if f.bookkeeping_tables:
         reasons.append(f"bookkeeping cells may remain in {', '.join(f.bookkeeping_tables)} (touch-marker family "
-                       "not dropped yet: the migration has not finished; rerun ddb2bt migrate or keep the tail "
-                       "running)")
+                       f"not dropped yet: the migration has not finished; rerun ddb2bt migrate{f_} or keep the "
+                       "tail running)")
     lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
     if lagging:
         worst = max(s.lag_ms(f.now_ms) for s in lagging)
@@ -73,14 +76,14 @@ def assess(f: Facts) -> tuple:
     if headroom < HEADROOM_READY_MS:
         reasons.append(f"retention headroom {headroom / 3600000:.1f}h < 6h: changes risk being trimmed")
     if f.dead_letters:
-        reasons.append(f"{f.dead_letters} dead letter(s): inspect with ddb2bt dlq list")
+        reasons.append(f"{f.dead_letters} dead letter(s): inspect with ddb2bt dlq list{f_}")
     v = f.last_verify
     if not v:
-        reasons.append("never verified: run ddb2bt verify")
+        reasons.append(f"never verified: run ddb2bt verify{f_}")
     elif not v.get("identical"):
         reasons.append("the last verify found differences")
     elif v.get("sampled"):
-        reasons.append("the last verify was sampled: run a full ddb2bt verify before cutover")
+        reasons.append(f"the last verify was sampled: run a full ddb2bt verify{f_} before cutover")
     elif f.backfill_done_ms and v.get("checked_at_ms", 0) < f.backfill_done_ms:
         reasons.append("the last verify is older than the end of the backfill: verify again")
     return (not reasons, reasons)
@@ -145,8 +148,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
     return facts
 
 
-def render(f: Facts) -> list:
-    ready, reasons = assess(f)
+def render(f: Facts, flags: str = "") -> list:
+    ready, reasons = assess(f, flags)
     when = lambda ms: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000)) if ms else "-"
     lines = [f"phase: {f.phase or '-'}    handoff: {when(f.handoff_ms)}"]
     expected = f" of ~{f.backfill_expected}" if f.backfill_expected else ""
@@ -168,11 +171,12 @@ def render(f: Facts) -> list:
     return lines
 
 
-def table_facts(mapping, store, read_retry) -> Facts:
+def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     """One table's facts: its stream from DescribeTable (status still answers,
     without shard lag, when the source cannot be described), its state, its
     marker family. A missing source table is an error: with no stream, a
-    retention headroom would be a made-up number."""
+    retention headroom would be a made-up number. ``describe=False``: the source
+    is known to be unreachable (ddb2bt.pipeline.reachability): no stream facts."""
     import logging
 
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
@@ -181,6 +185,8 @@ def table_facts(mapping, store, read_retry) -> Facts:
 
     arn = None
     try:
+        if not describe:
+            raise ConnectionError("unreachable (see above)")
         arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
                              retry=read_retry).get("LatestStreamArn")
     except SourceTableMissing:
@@ -192,12 +198,12 @@ def table_facts(mapping, store, read_retry) -> Facts:
                   tables=mapping.tables)
 
 
-def render_tables(named: list) -> list:
+def render_tables(named: list, flags: Callable[[str], str] = lambda name: "") -> list:
     """A job of several tables: one line per table, then the total. ``named`` is
-    [(table name, Facts)]."""
+    [(table name, Facts)]; ``flags(name)`` the options selecting that table's state."""
     lines, ready_count = [], 0
     for name, f in named:
-        ready, reasons = assess(f)
+        ready, reasons = assess(f, flags(name))
         ready_count += ready
         lag = max((s.lag_ms(f.now_ms) for s in f.shards if not s.finished), default=0)
         lines.append(f"{name}: {'READY' if ready else 'NOT READY'}  phase {f.phase or '-'}, "
@@ -211,8 +217,8 @@ def render_tables(named: list) -> list:
     return lines
 
 
-def facts_json(f: Facts) -> dict:
-    ready, reasons = assess(f)
+def facts_json(f: Facts, flags: str = "") -> dict:
+    ready, reasons = assess(f, flags)
     return {"ready": ready, "reasons": reasons, "phase": f.phase, "handoff_ms": f.handoff_ms,
             "dead_letters": f.dead_letters, "last_verify": f.last_verify,
             "bookkeeping_tables": f.bookkeeping_tables, "shards": [vars(s) for s in f.shards]}

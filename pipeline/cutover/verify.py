@@ -23,6 +23,7 @@ from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.pipeline.cutover.compare import LayoutDiff, diff_layout, expected_layout
 from ddb2bt.pipeline.dynamodb import parallel_scan
+from ddb2bt.pipeline.redaction import Redaction
 
 EXAMPLES_PER_KIND = 5
 REDACTED = "<redacted: use --show-values>"
@@ -61,26 +62,27 @@ def _show(value: bytes, show: bool) -> str:
     return value.decode("utf-8", "backslashreplace") if show else REDACTED
 
 
-def _unmappable(found: list, show: bool) -> dict:
-    """Unmappable items as differences: the reason, and the item's key (its values
-    redacted like every value unless --show-values)."""
-    examples = [{"key": {name: (value if show else REDACTED) for name, value in keys.items()},
+def _unmappable(found: list, show: bool, policy: Redaction = Redaction()) -> dict:
+    """Unmappable items as differences: the reason, and the item's key (redacted
+    unless --show-keys, ddb2bt.pipeline.redaction)."""
+    examples = [{"key": {name: (value if policy.show_keys else policy.key("")) for name, value in keys.items()},
                  "reason": exc.reason, "message": exc.message if show else exc.reason}
                 for keys, exc in found[:EXAMPLES_PER_KIND]]
     return {"count": len(found), "examples": examples}
 
 
-def _examples(diff: LayoutDiff, expected: dict, actual: dict, show: bool) -> dict:
+def _examples(diff: LayoutDiff, expected: dict, actual: dict, show: bool, policy: Redaction = Redaction()) -> dict:
     out = {}
+    row_text = lambda row: policy.key(row.decode("utf-8", "backslashreplace"))  # row keys are built from keys
     for kind in ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells"):
         entries = getattr(diff, kind)
         shown = []
         for entry in entries[:EXAMPLES_PER_KIND]:
             if isinstance(entry, bytes):
-                shown.append({"row": entry.decode("utf-8", "backslashreplace")})
+                shown.append({"row": row_text(entry)})
                 continue
             row, family, qualifier = entry
-            ex = {"row": row.decode("utf-8", "backslashreplace"),
+            ex = {"row": row_text(row),
                   "column": f"{family}:{qualifier.decode('utf-8', 'backslashreplace')}"}
             if kind == "different_cells":
                 want = expected[row][(family, qualifier)]
@@ -91,9 +93,9 @@ def _examples(diff: LayoutDiff, expected: dict, actual: dict, show: bool) -> dic
             shown.append(ex)
         out[kind] = {"count": len(entries), "examples": shown}
     out["version_clashes"] = {"count": len(diff.version_clashes), "examples": [
-        {"row": c.row_key.decode("utf-8", "backslashreplace"),
+        {"row": row_text(c.row_key),
          "column": f"{c.family}:{c.qualifier.decode('utf-8', 'backslashreplace')}", "version_ms": c.version_ms,
-         "items": list(c.keys) if show else [REDACTED] * len(c.keys)}
+         "items": list(c.keys) if policy.show_keys else [policy.key("")] * len(c.keys)}
         for c in diff.version_clashes[:EXAMPLES_PER_KIND]]}
     out["multi_version_columns"] = {"count": len(diff.extra_versions),
                                     "note": "older versions below the newest; read paths never see them"}
@@ -102,9 +104,10 @@ def _examples(diff: LayoutDiff, expected: dict, actual: dict, show: bool) -> dic
 
 def verify(mapping: MappingConfig, ddb, read_table: Callable, read_rows: Callable, segments: int = 8,
            sample_rate: float = 1.0, consistent: bool = True, show_values: bool = False,
-           on_page: Callable[[int], None] = lambda n: None) -> VerifyReport:
+           on_page: Callable[[int], None] = lambda n: None, show_keys: bool = False) -> VerifyReport:
     """``read_table(table)`` → read_table() output; ``read_rows(table, keys)`` → same for those rows."""
     is_sample = sample_rate < 1.0
+    policy = Redaction(show_keys=show_keys or show_values, show_values=show_values)
     keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
     keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
     items = scan_source(ddb, mapping.source.table, segments, consistent, on_page, keep)
@@ -115,7 +118,7 @@ def verify(mapping: MappingConfig, ddb, read_table: Callable, read_rows: Callabl
     report = VerifyReport(identical=not unmappable, sampled=is_sample, items=len(items),
                           rows_expected=sum(len(rows) for rows in expected.values()),
                           checked_at_ms=time.time_ns() // 1_000_000,
-                          unmappable_items=_unmappable(unmappable, show_values))
+                          unmappable_items=_unmappable(unmappable, show_values, policy))
     for table in mapping.tables:
         want = expected.get(table, {})
         have = read_rows(table, sorted(want)) if is_sample else read_table(table)
@@ -123,7 +126,7 @@ def verify(mapping: MappingConfig, ddb, read_table: Callable, read_rows: Callabl
         if is_sample:
             diff.extra_rows = []
         diff.version_clashes = [c for c in clashes if c.table == table]
-        report.tables[table] = _examples(diff, want, have, show_values)
+        report.tables[table] = _examples(diff, want, have, show_values, policy)
         report.identical &= diff.identical
     return report
 
@@ -148,7 +151,8 @@ def print_report(report: VerifyReport, out=print) -> None:
 
 
 def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate: float = 1.0,
-                  consistent: bool = True, show_values: bool = False, progress: bool = True) -> VerifyReport:
+                  consistent: bool = True, show_values: bool = False, progress: bool = True,
+                  show_keys: bool = False) -> VerifyReport:
     """`ddb2bt verify`: compare, with a progress bar, and record the summary in the
     state table (``status`` reads it)."""
     from ddb2bt.pipeline.connections import dynamodb_client
@@ -168,7 +172,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
         return verify(mapping, ddb, lambda table: read_table(t.project, t.instance, table),
                       lambda table, keys: read_rows(t.project, t.instance, table, keys),
                       segments=segments, sample_rate=sample_rate, consistent=consistent, show_values=show_values,
-                      on_page=lambda n: scanned.__setitem__(0, scanned[0] + n))
+                      on_page=lambda n: scanned.__setitem__(0, scanned[0] + n), show_keys=show_keys)
 
     report = run_in_thread("verify", run, expected, (lambda: scanned[0]) if progress else None)
     summary = {k: v for k, v in report.to_json().items() if k != "tables"}

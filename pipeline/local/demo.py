@@ -109,11 +109,18 @@ def run_demo(args) -> int:
         runner = threading.Thread(target=run_pipeline, name="pipeline", daemon=True)
         runner.start()
         max_lag = 0.0
-        # On a terminal the bar redraws; in logs (CI) it prints a line every few seconds.
+        # On a terminal the bar redraws; in logs (CI) a plain line now and then instead.
+        from ddb2bt.pipeline.cutover.controller import PLAIN_PROGRESS_EVERY_S
+
         tty = sys.stderr.isatty()
+        last_line = time.monotonic()
         with tqdm(total=args.changes, unit="chg", desc="replicated", dynamic_ncols=True,
-                  mininterval=0.5 if tty else 5.0, file=sys.stderr) as bar:
+                  mininterval=0.5, file=sys.stderr, disable=not tty) as bar:
             while runner.is_alive():
+                if not tty and time.monotonic() - last_line >= PLAIN_PROGRESS_EVERY_S:
+                    last_line = time.monotonic()
+                    print(f"replicated {bar.n} of {written[0]} written changes, lag "
+                          f"{metrics.lag.max_lag_seconds():.2f}s", file=sys.stderr, flush=True)
                 applied = int(_counter_total(metrics.changes_applied) + _counter_total(metrics.changes_skipped)
                               + _counter_total(metrics.dead_letters))
                 lag = metrics.lag.max_lag_seconds()

@@ -83,10 +83,14 @@ def _redacted(keys: Mapping) -> dict:
 REDACTED = "<redacted>"
 
 
-def key_text(record_json: str) -> str:
+def key_text(record_json: str, show: bool = True) -> str:
     """The item key of a stored dead letter, for a listing: ``pk="hats" sk="x#1"``
     (strings quoted, numbers as digits, binary as base64, anything else as its
-    DynamoDB JSON); ``pk=<redacted>`` where the letter was stored without values."""
+    DynamoDB JSON); ``pk=<redacted>`` where the letter was stored without values.
+    ``show=False`` (the CLI's key policy, ddb2bt.pipeline.redaction) redacts a
+    stored key as ``pk=<redacted: --show-keys>``."""
+    from ddb2bt.pipeline.redaction import KEY_REDACTED
+
     try:
         keys = json.loads(record_json).get("keys") or {}
     except (ValueError, AttributeError):
@@ -96,6 +100,8 @@ def key_text(record_json: str) -> str:
         value = keys[name]
         if value == REDACTED:
             shown = REDACTED
+        elif not show:
+            shown = KEY_REDACTED
         elif isinstance(value, dict) and len(value) == 1:
             ((tag, inner),) = value.items()
             shown = json.dumps(inner, ensure_ascii=False) if tag == "S" else (

@@ -311,8 +311,9 @@ class PartitionReader:
                 self._metrics.dynamodb_throttles.labels(operation).inc()
 
         policy = self._options.retry
-        return retrying(policy, operation, count, self._sleep, retry_on=(StreamThrottled,),
-                        where=self._where)(attempt)
+        # The table in the label: a job of several tables logs which one is failing.
+        return retrying(policy, f"{operation} of {self._table}", count, self._sleep,
+                        retry_on=(StreamThrottled,), where=self._where)(attempt)
 
     # -- discovery
     def discover(self, tracker) -> bool:

@@ -124,7 +124,7 @@ def test_validate_warns_of_an_unknown_row_key_placeholder(tmp_path, capsys):
     typo.write_text((ROOT / "examples/product_catalog.yaml").read_text().replace('"{pk}#{sk}"', '"{pk}#{skk}"'))
     assert main(["validate", "--mapping", str(typo)]) == 0
     out = capsys.readouterr().out
-    assert "unknown_placeholder" in out and "{skk}" in out and "did you mean {sk}?" in out
+    assert "WARN unknown_placeholder" in out and "{skk}" in out and "did you mean {sk}?" in out
     assert main(["validate", "--mapping", str(typo), "--strict"]) == 1
     assert main(["validate", "--mapping", MAPPING, "--strict"]) == 0  # the examples are clean
 

@@ -199,23 +199,28 @@ def _letter(keys, reason="unknown_family"):
     return DeadLetter(reason, "MappingError", "family 'X' does not exist", "write", record, 1_700_000_000_500)
 
 
-@pytest.mark.parametrize("include_values,key_line", [
-    (True, 'key pk="hats" sk="fedoras#brandA"'),
-    (False, "key pk=<redacted> sk=<redacted>"),
+@pytest.mark.parametrize("include_values,show_keys,key_line", [
+    (True, True, 'key pk="hats" sk="fedoras#brandA"'),
+    (True, False, "key pk=<redacted: --show-keys> sk=<redacted: --show-keys>"),  # verify's policy too
+    (False, True, "key pk=<redacted> sk=<redacted>"),
 ])
 def test_dlq_list_shows_each_letters_key_and_how_to_inspect_or_redrive_it(monkeypatch, capsys, include_values,
-                                                                         key_line):
+                                                                         show_keys, key_line):
     import ddb2bt.pipeline.cli as cli
 
     store = StateStore(InMemoryBigtable(), "job", lambda: 5, include_values)
     store.save_dead_letters([_letter({"pk": {"S": "hats"}, "sk": {"S": "fedoras#brandA"}})])
     monkeypatch.setattr(cli, "state_spec", lambda *a, **k: SimpleNamespace(store=lambda: store))
-    assert main(["dlq", "list", "-m", CATALOG]) == 0
+    monkeypatch.setattr(cli, "check_reachable", lambda *a, **k: None)  # the state is the fake above
+    assert main(["dlq", "list", "-m", CATALOG, "--job-name", "shpo", "--state-table", "st2"]
+                + (["--show-keys"] if show_keys else [])) == 0
     out = capsys.readouterr().out
     (letter_id,) = [e["id"] for e in store.list_dead_letters()]
     assert f"      {key_line}  id {letter_id}\n" in out
-    assert (f"inspect one: ddb2bt dlq show -m {CATALOG} ID    re-apply once the cause is fixed: "
-            f"ddb2bt dlq redrive -m {CATALOG} [--reason R] [--dry-run]") in out
+    # The hints repeat every option that selects the state: without --job-name they would show another job's.
+    state = f"--mapping {CATALOG} --state-table st2 --job-name shpo"
+    assert (f"inspect one: ddb2bt dlq show {state} ID    re-apply once the cause is fixed: "
+            f"ddb2bt dlq redrive {state} [--reason R] [--dry-run]") in out
     assert "s3cr3t" not in out
     assert ("(keys shown <redacted> were stored without values" in out) is not include_values
 
