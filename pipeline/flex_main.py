@@ -36,6 +36,7 @@ PARAMETERS = {
     "new_stream": ("--new-stream", "flag"),
     # one running job per job name, and the give-up deadlines (docs/operations.md)
     "take_over": ("--take-over", "flag"),
+    "adopt_target": ("--adopt-target", "flag"),
     "standby": ("--standby", "flag"),
     "lease_ttl": ("--lease-ttl", "value"),
     "lease_renew": ("--lease-renew", "value"),
