@@ -508,3 +508,97 @@ class Recovery:
         self.migration.transition(LIVE)
         self.store.save_meta(GAP_META, "")
         self.store.save_meta(PROGRESS_META, "")
+
+
+# --- the command's service -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecoverOptions:
+    exports: tuple = ()  # --from-export locations; empty: only say what is missing
+    s3_bucket: str = "<bucket>"  # for the printed export commands
+    s3_prefix: str = ""
+    accept_inexact: bool = False
+
+
+@dataclass
+class RecoverOutcome:
+    gap: Optional[Gap]
+    windows: list = field(default_factory=list)
+    commands: list = field(default_factory=list)
+    inexact: list = field(default_factory=list)
+    result: Optional[RecoveryResult] = None
+    table_arn: str = ""
+
+    def lines(self) -> list:
+        """What the CLI prints."""
+        if self.gap is None:
+            return ["no checkpoint of this job is trimmed: nothing to recover (ddb2bt run resumes it)"]
+        g = self.gap
+        out = [f"trimmed: {len(g.trimmed_shards)} shard(s) lost changes the stream no longer holds, from the "
+               f"last applied change at {iso(g.last_ms)}"
+               + (f" (earliest shard: {iso(g.first_ms)})" if g.first_ms != g.last_ms else "")
+               + f" to the stream's oldest record at {iso(g.end_ms)} ({g.hours:.1f} h)"]
+        for why in self.inexact:
+            out.append(f"not exact from final images: {why}")
+        if self.result is None:
+            out.append(f"export these {len(self.windows)} window(s) (abutting, each 15 min to 24 h; incremental "
+                       "exports are billed by the size of the changed data, at least 10 MB each):")
+            out += [f"  {cmd}" for cmd in self.commands]
+            out.append("then, once every export is COMPLETED (aws dynamodb describe-export --export-arn ...):")
+            out.append("  ddb2bt recover -m <mapping> --from-export s3://BUCKET/PREFIX/AWSDynamoDB/<ExportId> ... "
+                       "(one --from-export per export)")
+        else:
+            r = self.result
+            out.append(f"recovered: {r.items} change(s) from {r.files + r.files_skipped} data file(s) "
+                       f"({r.files_skipped} done before a restart), {r.dead_letters} dead letter(s); the trimmed "
+                       "shards resume at the oldest record the stream holds: start the tail (ddb2bt run -m <mapping>)")
+        return out
+
+
+def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=None, dynamodb=None,
+                fence: Callable[[], object] = lambda: None, progress=None, now_ms: Optional[int] = None,
+                metrics=None) -> RecoverOutcome:
+    """`ddb2bt recover` against the real services (clients injectable for tests)."""
+    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.cutover.phases import Migration
+    from ddb2bt.pipeline.preflight import resolve_stream
+    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+
+    dynamodb = dynamodb or dynamodb_client(mapping.source.region)
+    streams_client = streams_client or StreamsClientFactory(mapping.source.region)()
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    stream = resolve_stream(mapping, dynamodb)
+    table_arn = stream.stream_arn.split("/stream/", 1)[0]
+    writer = state_spec.bigtable.writer()
+    try:
+        store = state_spec.store(writer)
+        gap = find_gap(streams_client, stream.stream_arn, store.load_checkpoints(stream.stream_arn), now)
+        outcome = RecoverOutcome(gap, table_arn=table_arn)
+        if gap is None:
+            return outcome
+        check_pitr(lambda: dynamodb.describe_continuous_backups(TableName=mapping.source.table),
+                   mapping.source.table, gap)
+        outcome.inexact = inexact_features(mapping)
+        outcome.windows = plan_windows(gap, now)
+        outcome.commands = export_commands(outcome.windows, table_arn, options.s3_bucket, options.s3_prefix)
+        if not options.exports:
+            return outcome
+        if outcome.inexact and not options.accept_inexact:
+            raise RecoveryRefused("the mapping has a feature an incremental export cannot restore exactly: "
+                                  + "; ".join(outcome.inexact) + ". Nothing was written. Back-fill instead "
+                                  "(ddb2bt migrate --restart), or pass --accept-inexact", "recover")
+        exports = [open_export(loc, mapping.source.table, mapping.source.region) for loc in options.exports]
+        check_coverage(exports, gap)
+        batcher = BatchingWriter(writer, None, SinkConfig(overlap_writes=False), versions=store.versions(),
+                                 metrics=metrics)
+        try:
+            recovery = Recovery(mapping, store, batcher, Migration(store), fence=fence,
+                                progress=progress or (lambda done, total: None), metrics=metrics)
+            outcome.result = recovery.run(gap, exports)
+            recovery.resume_tail(gap)
+        finally:
+            batcher.close()
+        return outcome
+    finally:
+        writer.close()
