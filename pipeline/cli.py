@@ -149,6 +149,10 @@ def cmd_validate(args) -> int:
         rules = ", ".join(r.name for r in mapping.rules)
         print(f"OK: {mapping.origin}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
               f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
+        from ddb2bt.pipeline.cutover.recover import inexact_features
+
+        for why in inexact_features(mapping):  # said before a recovery writes anything (docs/recover.md)
+            print(f"note: ddb2bt recover (incremental exports) cannot restore this exactly: {why}")
     return 1 if failed else 0
 
 

@@ -189,7 +189,8 @@ class Crash(Exception):
     pass
 
 
-def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tmp_path, unique):
+def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tmp_path, unique, monkeypatch,
+                                                                      capsys):
     ddb = dynamodb_client()
     sources = []
     for base, names, keys, make in CASES:
@@ -203,7 +204,7 @@ def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tm
         ensure_mapping_table(mapping)
         ensure_state_table(mapping.target.project, mapping.target.instance, "ddb2bt_state")
         source = Source(mapping, names, ddb, make)
-        source.keys = keys
+        source.keys, source.path = keys, str(path)
         sources.append(source)
 
     rng = random.Random(24)
@@ -235,7 +236,22 @@ def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tm
         replicate(sources[:1])
     assert "LOST" in str(err.value) and "ddb2bt recover" in str(err.value)
 
-    # 4. recover: the plan, the exports AWS would write for it, then apply (one crashes and reruns)
+    # 4. through the CLI (first job): status says how to recover; recover prints the plan
+    from ddb2bt.pipeline import connections
+    from ddb2bt.pipeline.cli import main as ddb2bt
+
+    first = sources[0]
+    monkeypatch.setattr(connections, "dynamodb_client", lambda region=None: DescribeShim(first))
+    monkeypatch.setattr(connections, "StreamsClientFactory", lambda region=None: lambda: first.stream)
+    capsys.readouterr()
+    assert ddb2bt(["status", "-m", first.path]) == 1
+    assert "trimmed: recover with ddb2bt recover -m" in capsys.readouterr().out
+    assert ddb2bt(["recover", "-m", first.path, "--s3-bucket", "my-exports"]) == 0
+    printed = capsys.readouterr().out
+    assert "trimmed: 1 shard(s) lost changes" in printed
+    assert "aws dynamodb export-table-to-point-in-time --table-arn" in printed and "--s3-bucket my-exports" in printed
+
+    # 5. recover: the plan, the exports AWS would write for it, then apply (one crashes and reruns)
     for n, s in enumerate(sources):
         spec = state_spec(s.mapping)
         shim = DescribeShim(s)
@@ -254,12 +270,16 @@ def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tm
             with pytest.raises(Crash):
                 recover_job(s.mapping, spec, options, streams_client=s.stream, dynamodb=shim, now_ms=now,
                             fence=fence, progress=lambda done, total: finished.append(done) if done else None)
+        if n == 0:  # the rerun through the CLI: lease held, progress bar, resumed after the finished file
+            args = ["recover", "-m", s.path] + [a for e in exports for a in ("--from-export", e)]
+            assert ddb2bt(args) == 0
+            out = capsys.readouterr().out
+            assert "(1 done before a restart), 0 dead letter(s)" in out, out
+            continue
         done = recover_job(s.mapping, spec, options, streams_client=s.stream, dynamodb=shim, now_ms=now)
         assert done.result is not None and done.result.dead_letters == 0
-        if n == 0:
-            assert done.result.files_skipped >= 1  # resumed after the files finished before the crash
 
-    # 5. the tail resumes at the oldest record the stream holds
+    # 6. the tail resumes at the oldest record the stream holds
     replicate(sources)
     for s in sources:
         items = workload.scan_all(ddb, s.mapping.source.table)
