@@ -42,7 +42,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from ddb2bt.pipeline.cutover.exports import INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms
@@ -86,6 +85,11 @@ class Gap:
     end_ms: int
     trimmed_shards: tuple  # shard ids whose checkpoints point at trimmed data
     stream_arn: str = ""
+    # ((shard id, sequence number of its oldest held record), ...): where the tail
+    # resumes. That record's change is inside the last export window (it ends past
+    # it), so resuming *after* it loses nothing; and if the record is trimmed too
+    # before the tail runs, the tail stops loudly again instead of skipping changes.
+    resume_after: tuple = ()
 
     @property
     def start_s(self) -> int:
@@ -140,7 +144,7 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) ->
         start = desc.get("LastEvaluatedShardId")
         if not start:
             break
-    trimmed, last_applied, oldest_held = [], [], []
+    trimmed, last_applied, oldest_held, resume = [], [], [], []
     for shard_id, ckpt in sorted(checkpoints.items()):
         if ckpt.finished or not ckpt.sequence_number or ckpt.sequence_number == RESUME_AT_TRIM_HORIZON:
             continue
@@ -158,6 +162,7 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) ->
             records = streams_client.get_records(ShardIterator=it, Limit=1).get("Records") or []
             if records:
                 oldest_held.append(_record_ms(records[0]))
+                resume.append((shard_id, records[0]["dynamodb"]["SequenceNumber"]))
         # else: aged out of the stream with changes after the checkpoint unread
         trimmed.append(shard_id)
         last_applied.append(ckpt.change_ms if ckpt.change_ms is not None else ckpt.updated_ms)
@@ -165,7 +170,7 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) ->
         return None
     end = max(oldest_held) if oldest_held else now_ms - LATEST_RESTORABLE_LAG_S * 1000
     return Gap(first_ms=min(last_applied), last_ms=max(last_applied), end_ms=max(end, max(last_applied)),
-               trimmed_shards=tuple(trimmed), stream_arn=stream_arn)
+               trimmed_shards=tuple(trimmed), stream_arn=stream_arn, resume_after=tuple(resume))
 
 
 def _split(start: int, end: int) -> list:
@@ -446,7 +451,8 @@ class Recovery:
     def begin(self, gap: Gap) -> None:
         from ddb2bt.pipeline.cutover.phases import RECOVERING
 
-        spec = json.dumps({"first_ms": gap.first_ms, "last_ms": gap.last_ms, "end_ms": gap.end_ms, "stream": gap.stream_arn,
+        spec = json.dumps({"first_ms": gap.first_ms, "last_ms": gap.last_ms, "end_ms": gap.end_ms,
+                           "stream": gap.stream_arn,
                            "shards": list(gap.trimmed_shards)}, sort_keys=True)
         if self.migration.phase == RECOVERING and self.store.load_meta(GAP_META) == spec:
             return  # resuming the same recovery
@@ -497,13 +503,15 @@ class Recovery:
         return len(letters)
 
     def resume_tail(self, gap: Gap) -> None:
-        """The trimmed shards resume at the oldest record the stream holds; then the
-        phase goes back to LIVE (the tail, started next, replays from there)."""
+        """The trimmed shards resume after their oldest held record (inside the last
+        window), or at TRIM_HORIZON when they held none; then the phase goes back
+        to LIVE (the tail, started next, replays from there)."""
         from ddb2bt.pipeline.cutover.phases import LIVE
         from ddb2bt.pipeline.state import ShardCheckpoint
 
         self.fence()
-        self.store.save_checkpoints([ShardCheckpoint(gap.stream_arn, s, RESUME_AT_TRIM_HORIZON)
+        after = dict(gap.resume_after)
+        self.store.save_checkpoints([ShardCheckpoint(gap.stream_arn, s, after.get(s, RESUME_AT_TRIM_HORIZON))
                                      for s in gap.trimmed_shards])
         self.migration.transition(LIVE)
         self.store.save_meta(GAP_META, "")
@@ -552,7 +560,8 @@ class RecoverOutcome:
             r = self.result
             out.append(f"recovered: {r.items} change(s) from {r.files + r.files_skipped} data file(s) "
                        f"({r.files_skipped} done before a restart), {r.dead_letters} dead letter(s); the trimmed "
-                       "shards resume at the oldest record the stream holds: start the tail (ddb2bt run -m <mapping>)")
+                       "shards resume at the oldest record the stream holds: start the tail within 24 h (ddb2bt run -m "
+                       "<mapping>)")
         return out
 
 

@@ -11,7 +11,6 @@ anything is written."""
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 
 import pytest
 

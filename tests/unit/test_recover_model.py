@@ -77,8 +77,7 @@ class Crash(Exception):
     pass
 
 
-@settings(max_examples=int(__import__('os').environ.get('RECOVER_EXAMPLES', 300)), deadline=None,
-          phases=None if not __import__('os').environ.get('NO_SHRINK') else [__import__('hypothesis').Phase.generate])
+@settings(max_examples=300, deadline=None)
 @given(st.sampled_from(sorted(CASES)), st.data())
 def test_recovery_from_random_windows_converges(case, data):
     mapping, pks, sks, make, (pk_name, sk_name) = CASES[case]
