@@ -39,12 +39,13 @@ log = logging.getLogger(__name__)
 
 
 class Phase(enum.StrEnum):
+    # A trimmed tail being recovered from incremental exports (cutover/recover.py);
+    # the tail is stopped (recover holds its lease), so nothing marks. First: a job
+    # of several tables is as far as its least advanced table (controller._overall).
+    RECOVERING = "RECOVERING"
     BACKFILLING = "BACKFILLING"
     CATCHING_UP = "CATCHING_UP"
     LIVE = "LIVE"
-    # A trimmed tail being recovered from incremental exports (cutover/recover.py);
-    # the tail is stopped (recover holds its lease), so nothing marks.
-    RECOVERING = "RECOVERING"
 
 
 BACKFILLING, CATCHING_UP, LIVE = Phase.BACKFILLING, Phase.CATCHING_UP, Phase.LIVE
