@@ -5,7 +5,7 @@ modifies that remove attributes, deletes, re-inserts of deleted keys — and the
 (fake, since moto cannot trim) stream then trims past the jobs' checkpoints. The
 run now refuses, naming `ddb2bt recover`. The incremental exports of the missing
 span are written from the change history as AWS writes them (published layout,
-abutting windows from `plan_windows`); `recover` applies them (one of them
+abutting windows from `plan_windows`; one job's from S3); `recover` applies them (one of them
 crashes midway and is rerun) and the tail resumes from the stream's oldest
 record. Each target then equals the mapping of a Scan of its table.
 
@@ -260,6 +260,15 @@ def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tm
         assert plan.gap is not None and plan.gap.trimmed_shards == ("shardId-1",) and plan.result is None
         assert plan.commands and all("--export-type INCREMENTAL_EXPORT" in c for c in plan.commands)
         exports = tuple(s.export(tmp_path / f"exports{n}", i, w.from_s, w.to_s) for i, w in enumerate(plan.windows))
+        if n == 1:  # this job's exports from S3 (moto), as AWS leaves them: s3://bucket/AWSDynamoDB/...
+            import boto3
+
+            s3, bucket = boto3.client("s3"), f"recover-{unique}"
+            s3.create_bucket(Bucket=bucket)
+            for f in sorted((tmp_path / "exports1").rglob("*")):
+                if f.is_file():
+                    s3.upload_file(str(f), bucket, str(f.relative_to(tmp_path / "exports1")))
+            exports = tuple(f"s3://{bucket}/" + e.split("/exports1/", 1)[1] for e in exports)
         options = RecoverOptions(exports=exports)
         if n == 0:  # crash at the first write after the first data file was finished
             finished = []
