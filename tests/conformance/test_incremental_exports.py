@@ -13,11 +13,13 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from ddb2bt.pipeline.cutover.compare import expected_layout
 from ddb2bt.pipeline.cutover.phases import LIVE, RECOVERING, Migration
 from ddb2bt.pipeline.cutover.recover import (Gap, Recovery, RecoveryRefused, check_coverage, check_pitr,
                                              inexact_features, open_export, read_changes)
+from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, StateStore
@@ -93,10 +95,13 @@ def test_two_windows_recover_the_target_to_the_final_items():
     exports = [open_export(str(p), "Catalog", "us-east-1") for p in exports_of("two_windows")]
     migration = Migration(store, now_ms=lambda: NOW_MS, sleep=lambda s: None)
     seen = []
+    registry = CollectorRegistry()
+    metrics = PipelineMetrics(registry).for_table(config.name)
     recovery = Recovery(config, store, BatchingWriter(bt, None, FAST, sleep=lambda s: None), migration,
-                        progress=lambda done, total: seen.append((done, total)))
+                        progress=lambda done, total: seen.append((done, total)), metrics=metrics)
     result = recovery.run(GAP, exports)
     assert migration.phase == RECOVERING
+    assert registry.get_sample_value("ddb2bt_recovered_items_total", {"table": config.name}) == 5
     assert (result.files, result.items, result.dead_letters) == (3, 5, 0)
     assert seen[-1] == (3, 3)
     recovery.resume_tail(GAP)
