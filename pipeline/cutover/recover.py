@@ -48,6 +48,10 @@ from ddb2bt.pipeline.cutover.exports import INCREMENTAL_EXPORT, DYNAMODB_JSON, O
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 
+__all__ = ["Gap", "Window", "ExportChange", "IncrementalExport", "Recovery", "RecoveryRefused", "RecoveryResult",
+           "RecoverOptions", "RecoverOutcome", "find_gap", "plan_windows", "check_pitr", "export_commands",
+           "open_export", "read_changes", "check_coverage", "inexact_features", "change_record", "recover_job"]
+
 log = logging.getLogger(__name__)
 
 # Published limits of an incremental export window (AWS: "from 15 minutes up to 24
@@ -444,56 +448,58 @@ class Recovery:
         self.fence, self.progress, self.metrics = fence, progress, metrics
         self.read = read or read_changes
 
-    def _done(self) -> set:
+    def _done(self) -> int:
         raw = self.store.load_meta(PROGRESS_META)
-        return set(json.loads(raw)) if raw else set()
+        return int(raw) if raw else 0
 
-    def begin(self, gap: Gap) -> None:
+    def begin(self, gap: Gap, files: Sequence[str]) -> None:
+        """Phase RECOVERING, or resume: the same gap and the same data files (in
+        order) continue after the last finished one; anything else starts over
+        (re-applying from the first window is safe: the same cells again, bounded
+        deletes, and the windows run to the end in order)."""
+        import hashlib
+
         from ddb2bt.pipeline.cutover.phases import RECOVERING
 
         spec = json.dumps({"first_ms": gap.first_ms, "last_ms": gap.last_ms, "end_ms": gap.end_ms,
-                           "stream": gap.stream_arn,
-                           "shards": list(gap.trimmed_shards)}, sort_keys=True)
+                           "stream": gap.stream_arn, "shards": list(gap.trimmed_shards),
+                           "files": hashlib.sha256("\n".join(files).encode()).hexdigest()}, sort_keys=True)
         if self.migration.phase == RECOVERING and self.store.load_meta(GAP_META) == spec:
-            return  # resuming the same recovery
+            log.info("resuming the recovery after %d finished data file(s)", self._done())
+            return
         self.migration.transition(RECOVERING)
         self.store.save_meta(GAP_META, spec)
-        self.store.save_meta(PROGRESS_META, "[]")
+        self.store.save_meta(PROGRESS_META, "0")
 
     def run(self, gap: Gap, exports: Sequence[IncrementalExport]) -> RecoveryResult:
         from ddb2bt.transforms.dofns import map_record
 
         ordered = check_coverage(exports, gap)
-        self.begin(gap)
+        files = [(export, rel) for export in ordered for rel, _ in export.files]
+        self.begin(gap, [f"{export.location}|{rel}" for export, rel in files])
         done = self._done()
-        total = sum(len(e.files) for e in ordered)
-        result = RecoveryResult()
-        count = 0
-        for export in ordered:
-            for rel, _ in export.files:
-                token = f"{export.location}|{rel}"
-                count += 1
-                if token in done:
-                    result.files_skipped += 1
-                    self.progress(count, total)
+        result = RecoveryResult(files_skipped=min(done, len(files)))
+        self.progress(result.files_skipped, len(files))
+        for index, (export, rel) in enumerate(files):
+            if index < done:
+                continue  # finished before a restart
+            if export.files[0][0] == rel:
+                log.info("applying the incremental export %s (%s)", export.location, export.window())
+            for change in self.read(export, rel):
+                record = change_record(change)
+                if record is None:
                     continue
-                for change in self.read(export, rel):
-                    record = change_record(change)
-                    if record is None:
-                        continue
-                    mapped = map_record(self.mapping, record, lambda: int(time.time() * 1000))
-                    self.fence()
-                    dead = self.batcher.add(mapped)
-                    result.dead_letters += self._dead(dead)
-                    result.items += 1
-                    if self.metrics is not None:
-                        self.metrics.recovered_items.inc()
+                mapped = map_record(self.mapping, record, lambda: int(time.time() * 1000))
                 self.fence()
-                result.dead_letters += self._dead(self.batcher.flush())
-                done.add(token)
-                self.store.save_meta(PROGRESS_META, json.dumps(sorted(done)))
-                result.files += 1
-                self.progress(count, total)
+                result.dead_letters += self._dead(self.batcher.add(mapped))
+                result.items += 1
+                if self.metrics is not None:
+                    self.metrics.recovered_items.inc()
+            self.fence()
+            result.dead_letters += self._dead(self.batcher.flush())
+            self.store.save_meta(PROGRESS_META, str(index + 1))  # after the file's writes are acknowledged
+            result.files += 1
+            self.progress(index + 1, len(files))
         return result
 
     def _dead(self, letters) -> int:
