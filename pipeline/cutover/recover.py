@@ -16,19 +16,19 @@ The three steps, each its own function so the CLI only parses and prints:
 1. ``find_gap``: which shards are trimmed, the last change the job applied, the
    oldest record the stream holds — the missing window — and whether PITR
    reaches back that far (``plan_windows``, ``export_commands``).
-2. ``open_exports`` + ``check_coverage``: the exports given, refused with the
+2. ``open_export`` + ``check_coverage``: the exports given, refused with the
    reason when they leave a hole, belong to another table, are full exports,
    are still running or lack old images.
 3. ``Recovery.run``: phase RECOVERING, every window applied in time order as one
    change per item (old image → new image at the last write's second), progress
    saved per data file (a crash resumes after the last finished file), then the
-   trimmed shards are set to resume from the oldest record the stream holds and
-   the phase goes back to LIVE.
+   trimmed shards are set to resume right after the oldest record the stream
+   holds (inside the last window) and the phase goes back to LIVE.
 
 Why the end state is the one a never-stopped job reaches (docs/design.md §8.1):
-consecutive windows abut, so a window's old image is exactly what the target
-holds for the item (the earlier window's new image, or the state the job had
-applied); a change is written with the mapping's own diff, time-bounded (§5), at
+consecutive windows abut and one ends at the second after the last applied
+change, so from there on a window's old image is exactly what the target holds
+for the item (the earlier window's new image, or the state the job had applied); a change is written with the mapping's own diff, time-bounded (§5), at
 the second of its last write, which is at or after every cell the job wrote for
 the item; and the stream replay from the oldest record re-applies, in order,
 every change after it, ending with each item's final change, so its older
