@@ -28,7 +28,8 @@ The three steps, each its own function so the CLI only parses and prints:
 Why the end state is the one a never-stopped job reaches (docs/design.md §8.1):
 consecutive windows abut and one ends at the second after the last applied
 change, so from there on a window's old image is exactly what the target holds
-for the item (the earlier window's new image, or the state the job had applied); a change is written with the mapping's own diff, time-bounded (§5), at
+for the item (the earlier window's new image, or the state the job had
+applied); a change is written with the mapping's own diff, time-bounded (§5), at
 the second of its last write, which is at or after every cell the job wrote for
 the item; and the stream replay from the oldest record re-applies, in order,
 every change after it, ending with each item's final change, so its older
