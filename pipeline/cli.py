@@ -370,7 +370,7 @@ def cmd_recover(args) -> int:
     spec = state_spec(args, mapping)
     options = RecoverOptions(exports=tuple(args.from_export or ()), s3_bucket=args.s3_bucket or "<bucket>",
                              s3_prefix=args.s3_prefix or "", accept_inexact=args.accept_inexact)
-    fence = lambda: None  # noqa: E731 (a read-only run writes nothing)
+    fence, held = (lambda: None), None  # a read-only run writes nothing
     if options.exports:  # writing: hold the tail's lease, so no `run` applies changes meanwhile
         from ddb2bt.pipeline import lease
 
@@ -392,6 +392,8 @@ def cmd_recover(args) -> int:
     finally:
         if bar:
             bar[0].close()
+        if held is not None:  # released at once: the tail (`ddb2bt run`) starts next
+            held.release()
     for line in outcome.lines():
         print(line.replace("<mapping>", args.mapping[0] if isinstance(args.mapping, list) else str(args.mapping)))
     return 0
