@@ -68,6 +68,10 @@ def assess(f: Facts) -> tuple:
         reasons.append(f"bookkeeping cells may remain in {', '.join(f.bookkeeping_tables)} (touch-marker family "
                        "not dropped yet: the migration has not finished; rerun ddb2bt migrate or keep the tail "
                        "running)")
+    lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
+    if lagging:
+        worst = max(s.lag_ms(f.now_ms) for s in lagging)
+        reasons.append(f"{len(lagging)} shard(s) behind by up to {worst / 1000:.0f}s (threshold {LAG_READY_MS // 1000}s)")
     trimmed = [s for s in f.shards if s.trimmed]
     if trimmed:
         reasons.append(f"trimmed: {len(trimmed)} shard(s) lost changes the stream no longer holds; recover with "
@@ -75,10 +79,6 @@ def assess(f: Facts) -> tuple:
     if f.phase == "RECOVERING":
         reasons.append("recovering from incremental exports: rerun ddb2bt recover -m <mapping> --from-export ... "
                        "with the same exports to finish (it resumes after the last applied data file)")
-    lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
-    if lagging:
-        worst = max(s.lag_ms(f.now_ms) for s in lagging)
-        reasons.append(f"{len(lagging)} shard(s) behind by up to {worst / 1000:.0f}s (threshold {LAG_READY_MS // 1000}s)")
     headroom = retention_headroom_ms(f)
     if headroom < HEADROOM_READY_MS:
         reasons.append(f"retention headroom {headroom / 3600000:.1f}h < 6h: changes risk being trimmed")
