@@ -169,6 +169,10 @@ def cmd_validate(args) -> int:
         rules = ", ".join(r.name for r in mapping.rules)
         print(f"OK: {mapping.origin}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
               f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
+        from ddb2bt.pipeline.cutover.recover import inexact_features
+
+        for why in inexact_features(mapping):  # said before a recovery writes anything (docs/recover.md)
+            print(f"note: ddb2bt recover (incremental exports) cannot restore this exactly: {why}")
     return 1 if failed else 0
 
 
@@ -406,6 +410,48 @@ def cmd_status(args) -> int:
         for line in render(named[0][1], flags(named[0][0])) if len(named) == 1 else render_tables(named, flags):
             print(line)
     return 0 if ready else 1
+
+
+def cmd_recover(args) -> int:
+    """Say what a trimmed checkpoint lost and how to export it; with --from-export,
+    apply the exports and set the trimmed shards to resume (docs/recover.md)."""
+    from tqdm import tqdm
+
+    from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job
+    from ddb2bt.pipeline.jobs import acquire_lease
+    from ddb2bt.pipeline.metrics import default_metrics
+
+    mapping = load(args)
+    spec = state_spec(args, mapping)
+    options = RecoverOptions(exports=tuple(args.from_export or ()), s3_bucket=args.s3_bucket or "<bucket>",
+                             s3_prefix=args.s3_prefix or "", accept_inexact=args.accept_inexact)
+    fence, held = (lambda: None), None  # a read-only run writes nothing
+    if options.exports:  # writing: hold the tail's lease, so no `run` applies changes meanwhile
+        from ddb2bt.pipeline import lease
+
+        start_metrics_server(args.metrics_port, args.metrics_host)
+        held = lease.join(acquire_lease(args, spec, "tail"))
+        fence = held.check if held is not None else fence
+    bar: list = []
+
+    def progress(done: int, total: int) -> None:
+        if not bar:
+            bar.append(tqdm(total=total, unit="file", desc="recover", dynamic_ncols=True, file=sys.stderr))
+        bar[0].n = done
+        bar[0].update(0)
+
+    try:
+        outcome = recover_job(mapping, spec, options, progress=progress,
+                              fence=fence,
+                              metrics=default_metrics().for_table(spec.job))
+    finally:
+        if bar:
+            bar[0].close()
+        if held is not None:  # released at once: the tail (`ddb2bt run`) starts next
+            held.release()
+    for line in outcome.lines():
+        print(line.replace("<mapping>", args.mapping[0] if isinstance(args.mapping, list) else str(args.mapping)))
+    return 0
 
 
 def cmd_dlq_list(args) -> int:
@@ -788,6 +834,32 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("recover", help="recover a job whose stream checkpoint was trimmed, from incremental exports",
+                       formatter_class=raw, description=(
+                           "A job down for more than the stream's 24 hours finds its checkpoint trimmed. Without "
+                           "--from-export: says which changes are missing (from the last applied change to the "
+                           "oldest record the stream holds) and prints the `aws dynamodb "
+                           "export-table-to-point-in-time` commands for them (point-in-time recovery must be "
+                           "enabled). With the finished exports: applies them (resumable per data file) and sets "
+                           "the trimmed shards to resume at the stream's oldest record; then start the tail "
+                           "(ddb2bt run). See docs/recover.md."),
+                       epilog="examples:\n  ddb2bt recover -m m.yaml --s3-bucket my-exports\n"
+                              "  ddb2bt recover -m m.yaml --from-export s3://my-exports/AWSDynamoDB/01700000000000-a1b2c3d4 "
+                              "--from-export s3://my-exports/AWSDynamoDB/01700086400000-b2c3d4e5")
+    add_mapping_args(p, several=False)
+    add_state_args(p)
+    p.add_argument("--from-export", action="append", metavar="DIR_OR_S3",
+                   help="a COMPLETED incremental export (the directory or s3://bucket/prefix/AWSDynamoDB/<ExportId> "
+                        "holding manifest-summary.json); repeat it for every window")
+    p.add_argument("--s3-bucket", help="the bucket to put in the printed export commands")
+    p.add_argument("--s3-prefix", help="the S3 prefix to put in the printed export commands")
+    p.add_argument("--accept-inexact", action="store_true",
+                   help="apply even when the mapping has a feature final images cannot restore exactly (named "
+                        "before anything is written)")
+    add_metrics_args(p)
+    add_ops_args(p)
+    p.set_defaults(func=cmd_recover)
 
     p = sub.add_parser("dlq", help="inspect dead letters", formatter_class=raw,
                        epilog="examples:\n  ddb2bt dlq list -m example:product_catalog\n"

@@ -235,6 +235,9 @@ class PipelineMetrics:
         self.version_clashes = Counter(f"{NAMESPACE}_version_clashes",
                                        "Changes refused because another item owns the same cell version",
                                        ["table"], registry=r)
+        self.recovered_items = Counter(f"{NAMESPACE}_recovered_items",
+                                       "Changes applied from incremental exports by `ddb2bt recover`",
+                                       ["table"], registry=r)
         self.backfill_items = Counter(f"{NAMESPACE}_backfill_items_scanned", "Items read by the backfill",
                                       ["table", "source"], registry=r)
         self.backfill_expected = Gauge(f"{NAMESPACE}_backfill_items_expected",
@@ -327,7 +330,7 @@ class TableMetrics:
     _BOUND = ("bigtable_retries", "dynamodb_throttles", "backfill_items", "shards", "migration_phase")
     _CHILDREN = ("end_to_end_lag", "mutate_latency", "batch_rows", "iterator_refreshes", "trimmed_restarts",
                  "backfill_superseded", "markers_stripped", "version_clashes", "backfill_expected",
-                 "checkpoint_time")
+                 "checkpoint_time", "recovered_items")
 
     def __init__(self, metrics: PipelineMetrics, table: str) -> None:
         self.metrics, self.table = metrics, table

@@ -45,6 +45,11 @@ class StateBackend(Protocol):
         """{row_key: {(family, qualifier): value}} latest versions only."""
 
 
+# A checkpoint's sequence number after `ddb2bt recover` (cutover/recover.py): the
+# changes up to the shard's oldest record are applied, so it resumes at TRIM_HORIZON.
+RESUME_AT_TRIM_HORIZON = "TRIM_HORIZON"
+
+
 @dataclass(frozen=True, slots=True)
 class ShardCheckpoint:
     stream_arn: str

@@ -40,12 +40,17 @@ log = logging.getLogger(__name__)
 
 
 class Phase(enum.StrEnum):
+    # A trimmed tail being recovered from incremental exports (cutover/recover.py);
+    # the tail is stopped (recover holds its lease), so nothing marks. First: a job
+    # of several tables is as far as its least advanced table (controller._overall).
+    RECOVERING = "RECOVERING"
     BACKFILLING = "BACKFILLING"
     CATCHING_UP = "CATCHING_UP"
     LIVE = "LIVE"
 
 
 BACKFILLING, CATCHING_UP, LIVE = Phase.BACKFILLING, Phase.CATCHING_UP, Phase.LIVE
+RECOVERING = Phase.RECOVERING
 PHASES = tuple(Phase)
 # Allowed moves. BACKFILLING → BACKFILLING is a restarted backfill (new handoff);
 # CATCHING_UP/LIVE → BACKFILLING a new backfill after the first one.
@@ -55,6 +60,11 @@ TRANSITIONS = {
     CATCHING_UP: frozenset({BACKFILLING, LIVE}),
     LIVE: frozenset({BACKFILLING}),
 }
+# Recovery of a trimmed tail: from a replicating job (no phase, CATCHING_UP, LIVE),
+# resumed as itself, and back to LIVE once the exports are applied.
+for _p in (None, CATCHING_UP, LIVE):
+    TRANSITIONS[_p] = TRANSITIONS[_p] | {RECOVERING}
+TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE})
 # The tail re-reads the phase this often; the backfill waits for two refreshes
 # plus a second before fixing T, so no change at or after T's second goes unmarked.
 PHASE_CACHE_S = 2.0

@@ -28,6 +28,9 @@ class ShardStatus:
     finished: bool
     pending_since_ms: Optional[int]  # creation time of the oldest record not applied yet
     last_applied_ms: Optional[int]
+    # The checkpoint points at data the stream trimmed (changes lost from the stream):
+    # `ddb2bt recover` restores them from incremental exports (docs/recover.md).
+    trimmed: bool = False
 
     def lag_ms(self, now_ms: int) -> int:
         return 0 if self.pending_since_ms is None else max(0, now_ms - self.pending_since_ms)
@@ -72,6 +75,13 @@ def assess(f: Facts, flags: str = "") -> tuple:
     if lagging:
         worst = max(s.lag_ms(f.now_ms) for s in lagging)
         reasons.append(f"{len(lagging)} shard(s) behind by up to {worst / 1000:.0f}s (threshold {LAG_READY_MS // 1000}s)")
+    trimmed = [s for s in f.shards if s.trimmed]
+    if trimmed:
+        reasons.append(f"trimmed: {len(trimmed)} shard(s) lost changes the stream no longer holds; recover with "
+                       "ddb2bt recover -m <mapping> (it prints the incremental exports to make, then applies them)")
+    if f.phase == "RECOVERING":
+        reasons.append("recovering from incremental exports: rerun ddb2bt recover -m <mapping> --from-export ... "
+                       "with the same exports to finish (it resumes after the last applied data file)")
     headroom = retention_headroom_ms(f)
     if headroom < HEADROOM_READY_MS:
         reasons.append(f"retention headroom {headroom / 3600000:.1f}h < 6h: changes risk being trimmed")
@@ -109,6 +119,20 @@ def pending_since(streams, stream_arn: str, shard_id: str, after: Optional[str])
     return datetime_to_ms(records[0]["dynamodb"]["ApproximateCreationDateTime"])
 
 
+def _trimmed(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> bool:
+    """The shard's checkpoint points at records the stream no longer holds."""
+    from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
+
+    if not after or after == RESUME_AT_TRIM_HORIZON:
+        return False
+    try:
+        streams.get_shard_iterator(StreamArn=stream_arn, ShardId=shard_id, ShardIteratorType="AFTER_SEQUENCE_NUMBER",
+                                   SequenceNumber=after)
+    except ClientError as exc:
+        return exc.response.get("Error", {}).get("Code") == "TrimmedDataAccessException"
+    return False
+
+
 def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = None,
            bookkeeping=None, tables: tuple = ()) -> Facts:
     """``bookkeeping`` (a ``cutover.bookkeeping.Bookkeeping``) is asked which of
@@ -141,10 +165,11 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
             c = ckpts.get(shard_id)
             finished = bool(c and c.finished)
             seq = c.sequence_number if c else None
+            trimmed = not finished and _trimmed(streams, stream_arn, shard_id, seq)
             facts.shards.append(ShardStatus(
                 shard_id, seq, finished,
-                None if finished else pending_since(streams, stream_arn, shard_id, seq),
-                c.change_ms if c else None))
+                None if finished or trimmed else pending_since(streams, stream_arn, shard_id, seq),
+                c.change_ms if c else None, trimmed))
     return facts
 
 
@@ -157,8 +182,8 @@ def render(f: Facts, flags: str = "") -> list:
                  f"{expected}; finished {when(f.backfill_done_ms)}")
     lines.append(f"stream: {f.stream_arn or '-'}")
     for s in f.shards:
-        state = "finished" if s.finished else ("at head" if s.pending_since_ms is None else
-                                               f"lag {s.lag_ms(f.now_ms) / 1000:.1f}s")
+        state = "finished" if s.finished else "TRIMMED (changes lost from the stream)" if s.trimmed else (
+            "at head" if s.pending_since_ms is None else f"lag {s.lag_ms(f.now_ms) / 1000:.1f}s")
         lines.append(f"  {s.shard_id}: {state}; position {s.sequence_number or 'start'}")
     lines.append(f"retention headroom: {retention_headroom_ms(f) / 3600000:.1f}h")
     lines.append(f"dead letters: {f.dead_letters}")
@@ -167,6 +192,8 @@ def render(f: Facts, flags: str = "") -> list:
     lines.append("last verify: " + ("-" if not v else
                                     f"{'IDENTICAL' if v.get('identical') else 'DIFFERENT'} "
                                     f"({'sampled' if v.get('sampled') else 'full'}) at {when(v.get('checked_at_ms'))}"))
+    if any(s.trimmed for s in f.shards):
+        lines.append("trimmed: recover with ddb2bt recover -m <mapping> (docs/recover.md)")
     lines.append("READY for cutover" if ready else "NOT READY: " + "; ".join(reasons))
     return lines
 

@@ -33,6 +33,7 @@ from typing import Callable, Iterator, Optional
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
+from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.dynamodb import (IteratorExpired, Listing, StreamThrottled, classify_aws_error, endpoint_of,
                                       list_shards, table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
@@ -251,7 +252,9 @@ def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestri
         if not parent_done:
             waiting.append(shard_id)
             continue
-        if ckpt is not None and ckpt.sequence_number:
+        if ckpt is not None and ckpt.sequence_number == RESUME_AT_TRIM_HORIZON:
+            pos = ShardPos(mode=TRIM_HORIZON)  # recovered from incremental exports (cutover/recover.py)
+        elif ckpt is not None and ckpt.sequence_number:
             pos = ShardPos(after=ckpt.sequence_number)
         elif not r.discovered_once and (parent is None or parent not in listing.shards):
             pos = ShardPos(mode=start_mode)
@@ -355,7 +358,8 @@ class PartitionReader:
         message = (
             f"shard {shard_id} of {self._partition.stream_arn} no longer holds the changes {where}: "
             "they were trimmed (older than the stream's 24 h retention) before being applied, so "
-            "changes were LOST. Recover with a fresh backfill (ddb2bt migrate) of this table; "
+            "changes were LOST. Recover them from incremental exports (ddb2bt recover -m <mapping>: it "
+            "prints the export commands, then applies them), or with a fresh backfill (ddb2bt migrate); "
             "or rerun with --on-trimmed=restart to continue from the oldest available record "
             "(the lost changes stay lost)."
         )

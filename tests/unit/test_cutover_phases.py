@@ -61,9 +61,12 @@ def world(tables=("t", "t_idx")):
     return clock, store, admin, Bookkeeping(admin), Migration(store, clock.now_ms, clock.sleep)
 
 
-STATES = (None, BACKFILLING, CATCHING_UP, LIVE)
+STATES = (None, BACKFILLING, CATCHING_UP, LIVE, Phase.RECOVERING)
 ALLOWED = {(None, BACKFILLING), (BACKFILLING, BACKFILLING), (BACKFILLING, CATCHING_UP), (CATCHING_UP, LIVE),
-           (CATCHING_UP, BACKFILLING), (LIVE, BACKFILLING)}
+           (CATCHING_UP, BACKFILLING), (LIVE, BACKFILLING),
+           # recovery of a trimmed tail (cutover/recover.py): from a replicating job, resumed, back to LIVE
+           (None, Phase.RECOVERING), (CATCHING_UP, Phase.RECOVERING), (LIVE, Phase.RECOVERING),
+           (Phase.RECOVERING, Phase.RECOVERING), (Phase.RECOVERING, LIVE)}
 
 
 @pytest.mark.parametrize("current,target", list(itertools.product(STATES, tuple(Phase))))

@@ -1,0 +1,70 @@
+"""The recovery's plan (cutover/recover.py): which shards are trimmed and what is
+missing, read from the (fake) stream; the export windows that cover it."""
+from __future__ import annotations
+
+import pytest
+
+from ddb2bt.pipeline.cutover.recover import (END_OVERLAP_S, LATEST_RESTORABLE_LAG_S, MAX_WINDOW_S, MIN_WINDOW_S,
+                                             Gap, export_commands, find_gap, plan_windows)
+from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
+from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
+
+HOUR_MS = 3_600_000
+T0 = 1_700_000_000_000
+
+
+def put(client, shard, n, ms):
+    keys = {"pk": {"S": f"k{n}"}}
+    return client.put(shard, "INSERT", keys, {**keys, "n": {"N": str(n)}}, None, created_ms=ms)
+
+
+def test_find_gap_names_the_trimmed_shards_the_last_applied_changes_and_the_oldest_held_record():
+    client = FakeStreamsClient(table="T")
+    for shard in ("busy", "lagging", "intact", "gone"):
+        client.add_shard(shard)
+    busy = [put(client, "busy", i, T0 + i * HOUR_MS) for i in range(40)]
+    lagging = [put(client, "lagging", i, T0 + i * HOUR_MS + 500) for i in range(40)]
+    intact = [put(client, "intact", i, T0 + 30 * HOUR_MS + i) for i in range(3)]
+    gone = [put(client, "gone", 0, T0)]
+    client.shards["busy"].trimmed_before = 20
+    client.shards["lagging"].trimmed_before = 21
+    client.shards["gone"].listed = False  # aged out with a change after its checkpoint unread
+    checkpoints = {
+        "busy": ShardCheckpoint(client.stream_arn, "busy", busy[5], change_ms=T0 + 5 * HOUR_MS),
+        "lagging": ShardCheckpoint(client.stream_arn, "lagging", lagging[3], change_ms=T0 + 3 * HOUR_MS + 500),
+        "intact": ShardCheckpoint(client.stream_arn, "intact", intact[0], change_ms=T0 + 30 * HOUR_MS),
+        "gone": ShardCheckpoint(client.stream_arn, "gone", gone[0], change_ms=T0 - HOUR_MS),
+        "done": ShardCheckpoint(client.stream_arn, "done", "1", finished=True),
+        "recovered": ShardCheckpoint(client.stream_arn, "recovered", RESUME_AT_TRIM_HORIZON),
+    }
+    gap = find_gap(client, client.stream_arn, checkpoints, now_ms=T0 + 45 * HOUR_MS)
+    assert gap.trimmed_shards == ("busy", "gone", "lagging")
+    assert (gap.first_ms, gap.last_ms) == (T0 - HOUR_MS, T0 + 5 * HOUR_MS)
+    assert gap.end_ms == T0 + 21 * HOUR_MS + 500  # the latest of the trimmed shards' oldest held records
+    assert dict(gap.resume_after) == {"busy": busy[20], "lagging": lagging[21]}
+
+
+def test_nothing_trimmed_is_no_gap():
+    client = FakeStreamsClient(table="T")
+    client.add_shard("s")
+    seq = put(client, "s", 0, T0)
+    assert find_gap(client, client.stream_arn, {"s": ShardCheckpoint(client.stream_arn, "s", seq)}, T0) is None
+
+
+@pytest.mark.parametrize("hours", [0.1, 3, 30, 50])
+def test_the_windows_abut_cross_no_boundary_and_respect_the_published_limits(hours):
+    last = T0 + 123_456
+    gap = Gap(first_ms=last - 2 * HOUR_MS, last_ms=last, end_ms=last + int(hours * HOUR_MS), trimmed_shards=("s",))
+    now = gap.end_ms + 20 * HOUR_MS
+    windows = plan_windows(gap, now)
+    assert windows[0].from_s <= gap.start_s
+    assert all(a.to_s == b.from_s for a, b in zip(windows, windows[1:])), "abutting"
+    assert any(w.to_s == gap.boundary_s for w in windows), "a window ends at the second after the last change"
+    assert all(MIN_WINDOW_S <= w.to_s - w.from_s <= MAX_WINDOW_S for w in windows)
+    assert windows[-1].to_s == max(-(-gap.end_ms // 1000) + END_OVERLAP_S, gap.boundary_s + MIN_WINDOW_S)
+    assert windows[-1].to_s <= now // 1000 - LATEST_RESTORABLE_LAG_S
+    commands = export_commands(windows, "arn:aws:dynamodb:us-east-1:1:table/T", "bucket", "recover")
+    assert len(commands) == len(windows)
+    assert (f"--incremental-export-specification ExportFromTime={windows[0].from_s},ExportToTime={windows[0].to_s},"
+            "ExportViewType=NEW_AND_OLD_IMAGES") in commands[0]
+    assert "--export-type INCREMENTAL_EXPORT" in commands[0] and "--s3-prefix recover" in commands[0]
