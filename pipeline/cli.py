@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
-    _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry,
+    _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
@@ -65,6 +65,11 @@ def add_state_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--state-table", default=DEFAULT_STATE_TABLE,
                    help="Bigtable table for checkpoints and dead letters, created on first use (default %(default)s)")
+    p.add_argument("--state-app-profile", metavar="PROFILE",
+                   help="app profile for the state table, the job lease, version claims and the backfill's "
+                        "conditional rows: single-cluster routing with single-row transactions allowed. Needed on a "
+                        "replicated (HA) instance whose data profile (target.app_profile) routes to any cluster, "
+                        "which refuses CheckAndMutateRow (default: target.app_profile)")
     p.add_argument("--job-name", help="name under which state is kept (default: the mapping's name; one mapping "
                                       "only: with several, each table's state is kept under its mapping's name)")
 
@@ -273,6 +278,7 @@ def cmd_backfill(args) -> int:
         warning = check_target(mapping)
         if warning:
             log.warning(warning)
+        check_profiles(args, mapping)
     for mapping in mappings:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     specs = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]

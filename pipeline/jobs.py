@@ -166,6 +166,17 @@ def submitted(result, args) -> int:
     return 0
 
 
+def check_profiles(args, mapping) -> None:
+    """The app-profile preflight (``preflight.check_app_profiles``): refuses a
+    state profile that cannot run CheckAndMutateRow, before anything is written."""
+    from ddb2bt.pipeline.preflight import check_app_profiles
+
+    note = check_app_profiles(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
+                              getattr(args, "state_app_profile", None))
+    if note:
+        log.debug(note)
+
+
 def state_spec(args, mapping, include_values: bool = True):
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
@@ -174,7 +185,8 @@ def state_spec(args, mapping, include_values: bool = True):
     deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
                                   interceptors=tuple(getattr(args, "bigtable_interceptors", ())),
-                                  deadline_s=deadline),
+                                  deadline_s=deadline,
+                                  state_app_profile=getattr(args, "state_app_profile", None)),
                      job=args.job_name or mapping.name, table=args.state_table, include_values=include_values)
 
 
@@ -208,6 +220,7 @@ def build_live_jobs(args, mappings: list) -> list:
         warning = check_target(mapping)
         if warning:
             log.warning(warning)
+        check_profiles(args, mapping)
     for mapping, source in zip(mappings, sources):
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
         check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
