@@ -22,6 +22,7 @@ from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
+from ddb2bt.pipeline.source.stream_source import AUTO_PARTITIONS, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION
 from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_failure, number
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
@@ -60,6 +61,14 @@ def add_mapping_args(p: argparse.ArgumentParser, required: bool = True, several:
                    help="override the mapping's target.table (one mapping only)")
 
 
+def partitions_arg(text: str):
+    """``--partitions``: a whole number ≥ 1, or ``auto``."""
+    return AUTO_PARTITIONS if text == AUTO_PARTITIONS else number(int, minimum=1)(text)
+
+
+partitions_arg.__name__ = "partitions"
+
+
 def add_state_args(p: argparse.ArgumentParser) -> None:
     from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE
 
@@ -94,8 +103,10 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
                    help="seconds between polls of an idle shard (default %(default)s: 4 GetRecords/s, "
                         "under the stream's 5/s per-shard limit)")
     p.add_argument("--discovery-interval", type=number(float, above=0), default=10.0, help="seconds between shard discoveries")
-    p.add_argument("--partitions", type=number(int, minimum=1), default=1,
-                   help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
+    p.add_argument("--partitions", type=partitions_arg, default=1, metavar="N|auto",
+                   help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker). "
+                        "auto: follow the stream's open shard count at launch (one partition per "
+                        f"{SHARDS_PER_PARTITION} shards, at most {MAX_AUTO_PARTITIONS})")
     p.add_argument("--new-stream", action="store_true",
                    help="accept that the table's stream was replaced since the last run (changes in between "
                         "are lost; prefer a new backfill)")

@@ -166,6 +166,20 @@ def submitted(result, args) -> int:
     return 0
 
 
+def partitions_following_shards(mapping, stream_arn: str) -> int:
+    """``--partitions auto``: from the stream's open shards now (one listing)."""
+    from ddb2bt.pipeline.connections import StreamsClientFactory
+    from ddb2bt.pipeline.dynamodb import list_shards
+    from ddb2bt.pipeline.source.stream_source import auto_partitions
+
+    listing = list_shards(StreamsClientFactory(mapping.source.region)(), stream_arn)
+    open_shards = len(listing.shards) - len(listing.closed_ids)
+    partitions = auto_partitions(open_shards)
+    log.info("%s: %d open shard(s): %d partition(s) (--partitions auto)", mapping.source.table, open_shards,
+             partitions)
+    return partitions
+
+
 def check_profiles(args, mapping) -> None:
     """The app-profile preflight (``preflight.check_app_profiles``): refuses a
     state profile that cannot run CheckAndMutateRow, before anything is written."""
@@ -208,7 +222,7 @@ def build_live_jobs(args, mappings: list) -> list:
     from ddb2bt.pipeline.graph import LiveJob, is_local
     from ddb2bt.pipeline.lease import TAIL
     from ddb2bt.pipeline.preflight import check_stream_continuity, check_target, ensure_state_table, resolve_stream
-    from ddb2bt.pipeline.source.stream_source import ReaderOptions
+    from ddb2bt.pipeline.source.stream_source import AUTO_PARTITIONS, ReaderOptions
 
     sources = [resolve_stream(m, dynamodb_client(m.source.region)) for m in mappings]
     for i, source in enumerate(sources):  # e.g. one table named with and without its region
@@ -228,6 +242,9 @@ def build_live_jobs(args, mappings: list) -> list:
     leases = acquire_leases(args, states, TAIL)
     jobs = []
     for mapping, source, state, lease in zip(mappings, sources, states, leases):
+        partitions = args.partitions
+        if partitions == AUTO_PARTITIONS:
+            partitions = partitions_following_shards(mapping, source.stream_arn)
         reader = ReaderOptions(
             start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
             discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
@@ -236,7 +253,7 @@ def build_live_jobs(args, mappings: list) -> list:
         # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
         # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
         jobs.append(LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
-                            partitions=args.partitions, sink=_sink_config(args, lease),
+                            partitions=partitions, sink=_sink_config(args, lease),
                             client_factory=StreamsClientFactory(mapping.source.region), marking=PhaseMarking(state),
                             pushgateway=getattr(args, "metrics_pushgateway", None)))
     return jobs

@@ -252,3 +252,19 @@ def test_a_silent_network_partition_is_named_at_the_first_timeout(monkeypatch, c
     assert len(warnings) == 1, warnings
     assert "DescribeStream" in warnings[0] and endpoint in warnings[0] and "ReadTimeout" in warnings[0]
     assert "(1 attempt)" in warnings[0]
+
+
+def test_partitions_can_follow_the_shard_count():
+    import argparse
+
+    from ddb2bt.pipeline.cli import partitions_arg
+    from ddb2bt.pipeline.source.stream_source import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION,
+                                                      auto_partitions)
+
+    assert auto_partitions(0) == 1 and auto_partitions(1) == 1
+    assert auto_partitions(SHARDS_PER_PARTITION) == 1 and auto_partitions(SHARDS_PER_PARTITION + 1) == 2
+    assert auto_partitions(1_000) == min(MAX_AUTO_PARTITIONS, 125)
+    assert auto_partitions(10 ** 6) == MAX_AUTO_PARTITIONS
+    assert partitions_arg("auto") == "auto" and partitions_arg("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError):
+        partitions_arg("0")
