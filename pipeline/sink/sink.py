@@ -549,7 +549,7 @@ class BatchingWriter:
         dead = []
         for element, change in row.parts:
             single = _Row(row.table, row.row_key, list(change.mutations), [(element, change)])
-            for failed_row, failed_status in self._write_with_retry(row.table, [single]):
+            for failed_row, failed_status in self._write_split(row.table, [single]):
                 dead.append(self._dead_letter(element, failed_status.permanent_reason or "write_failed",
                                               failed_status.message, "BigtableWriteError"))
         return dead
