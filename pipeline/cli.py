@@ -22,8 +22,8 @@ from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
-from ddb2bt.pipeline.source.stream_source import AUTO_PARTITIONS, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION
-from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_failure, number
+from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
+                                     describe_failure, number, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
@@ -59,14 +59,6 @@ def add_mapping_args(p: argparse.ArgumentParser, required: bool = True, several:
                    help="override the mapping's target.instance")
     p.add_argument("--bigtable-table", "--table", dest="table", metavar="TABLE",
                    help="override the mapping's target.table (one mapping only)")
-
-
-def partitions_arg(text: str):
-    """``--partitions``: a whole number ≥ 1, or ``auto``."""
-    return AUTO_PARTITIONS if text == AUTO_PARTITIONS else number(int, minimum=1)(text)
-
-
-partitions_arg.__name__ = "partitions"
 
 
 def add_state_args(p: argparse.ArgumentParser) -> None:

@@ -170,7 +170,7 @@ def partitions_following_shards(mapping, stream_arn: str) -> int:
     """``--partitions auto``: from the stream's open shards now (one listing)."""
     from ddb2bt.pipeline.connections import StreamsClientFactory
     from ddb2bt.pipeline.dynamodb import list_shards
-    from ddb2bt.pipeline.source.stream_source import auto_partitions
+    from ddb2bt.pipeline.options import auto_partitions
 
     listing = list_shards(StreamsClientFactory(mapping.source.region)(), stream_arn)
     open_shards = len(listing.shards) - len(listing.closed_ids)
@@ -222,7 +222,8 @@ def build_live_jobs(args, mappings: list) -> list:
     from ddb2bt.pipeline.graph import LiveJob, is_local
     from ddb2bt.pipeline.lease import TAIL
     from ddb2bt.pipeline.preflight import check_stream_continuity, check_target, ensure_state_table, resolve_stream
-    from ddb2bt.pipeline.source.stream_source import AUTO_PARTITIONS, ReaderOptions
+    from ddb2bt.pipeline.options import AUTO_PARTITIONS
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
     sources = [resolve_stream(m, dynamodb_client(m.source.region)) for m in mappings]
     for i, source in enumerate(sources):  # e.g. one table named with and without its region

@@ -57,21 +57,6 @@ PAGES_PER_ROUND = 10
 # most this old (another partition's, shared through the ShardDirectory) will do.
 REDISCOVERY_MAX_AGE_S = 1.0
 
-# --partitions auto: one partition per this many open shards at launch. A
-# partition reads its shards round-robin in one thread; 8 busy shards (up to
-# 8,000 changes/s, ~5,000 per shard at the 5 GetRecords/s limit) is about what
-# one worker thread maps and writes. Bounded: each partition is a reader and a
-# lease check, and Dataflow runs ~2 per worker.
-SHARDS_PER_PARTITION = 8
-MAX_AUTO_PARTITIONS = 64
-AUTO_PARTITIONS = "auto"
-
-
-def auto_partitions(open_shards: int) -> int:
-    """Partitions for a stream with ``open_shards`` open shards (``--partitions auto``)."""
-    return max(1, min(MAX_AUTO_PARTITIONS, -(-open_shards // SHARDS_PER_PARTITION)))
-
-
 _STOP_REQUESTS: set = set()
 STOP_ALL = "*"  # every reader in this process (Ctrl-C, SIGTERM: ddb2bt.pipeline.signals)
 

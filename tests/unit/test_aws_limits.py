@@ -257,9 +257,8 @@ def test_a_silent_network_partition_is_named_at_the_first_timeout(monkeypatch, c
 def test_partitions_can_follow_the_shard_count():
     import argparse
 
-    from ddb2bt.pipeline.cli import partitions_arg
-    from ddb2bt.pipeline.source.stream_source import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION,
-                                                      auto_partitions)
+    from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, auto_partitions,
+                                         partitions_arg)
 
     assert auto_partitions(0) == 1 and auto_partitions(1) == 1
     assert auto_partitions(SHARDS_PER_PARTITION) == 1 and auto_partitions(SHARDS_PER_PARTITION + 1) == 2
