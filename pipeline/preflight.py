@@ -65,6 +65,9 @@ def ensure_state_table(project: str, instance: str, table_id: str) -> list:
 def check_target(mapping: MappingConfig) -> Optional[str]:
     """A warning when the target misses families (their cells will dead-letter),
     or ConfigError when the table does not exist."""
+    from ddb2bt.pipeline.sink.bigtable_io import forget_process_families
+
+    forget_process_families()  # the job's sinks list the families as they are now
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
     if not admin.exists(mapping.target.table):
         raise ConfigError(

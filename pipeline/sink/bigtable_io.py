@@ -844,6 +844,13 @@ def process_families(project: str, instance: str, table: str, max_age_s: float =
         return families
 
 
+def forget_process_families() -> None:
+    """Forget the process's family lists: a job starting in this process (local
+    runs, tests, embedders) lists them afresh, never from a run before a create-table."""
+    with _PROCESS_LOCK:
+        _PROCESS_FAMILIES.clear()
+
+
 def forget_process_admins() -> None:
     """Drop the process's admin objects and family lists (tests)."""
     with _PROCESS_LOCK:

@@ -238,6 +238,12 @@ class BatchingWriter:
             if used <= families:
                 continue
             missing = sorted(f for f in used - families if f != MARKER_FAMILY)
+            refresh = getattr(self._known_families, "refresh", None)
+            if missing and refresh is not None:
+                # The list may predate a create-table: ask again (a recent listing
+                # will do) before dead-lettering the change.
+                fresh = refresh(row.table)
+                missing = [f for f in missing if fresh is not None and f not in fresh]
             if missing:
                 self._buf.dead.append(self._dead_letter(
                     element, "unknown_family",
@@ -576,6 +582,10 @@ import apache_beam as beam  # noqa: E402  (kept below the pure part on purpose)
 from apache_beam.transforms.window import GlobalWindows  # noqa: E402
 
 FAMILY_CACHE_S = 60.0
+# A change naming a family the cached list lacks makes the process list again,
+# at most this often: a family added by create-table is used at once, and a
+# stream of changes to a truly missing family costs one listing per 5 s.
+FAMILY_RECHECK_S = 5.0
 
 
 class _FamilyCache:
@@ -596,7 +606,16 @@ class _FamilyCache:
         cached = self._cache.get(table)
         if cached is not None and self._now() - cached[0] < FAMILY_CACHE_S:
             return cached[1]
-        families = process_families(self._project, self._instance, table, FAMILY_CACHE_S)
+        families = process_families(self._project, self._instance, table, FAMILY_CACHE_S, self._now)
+        self._cache[table] = (self._now(), families)
+        return families
+
+    def refresh(self, table: str) -> Optional[frozenset]:
+        """The families again, from a listing at most FAMILY_RECHECK_S old: asked
+        when a change names a family the cached list lacks (one added since)."""
+        from ddb2bt.pipeline.sink.bigtable_io import process_families
+
+        families = process_families(self._project, self._instance, table, FAMILY_RECHECK_S, self._now)
         self._cache[table] = (self._now(), families)
         return families
 

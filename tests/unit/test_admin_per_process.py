@@ -104,3 +104,28 @@ def test_family_lists_expire_per_process(counting_admin):
     now[0] = 60.0  # a family added by create-table is seen within a minute
     bigtable_io.process_families("p", "i", "t", 60.0, now=lambda: now[0])
     assert counting_admin["listings"] == {"t": 2}
+
+
+def test_a_family_missing_from_the_cached_list_is_asked_for_again_before_dead_lettering(counting_admin, monkeypatch):
+    from ddb2bt.pipeline.sink.sink import BatchingWriter, _FamilyCache
+
+    now = [0.0]
+    families = {"product_catalog": {"Other"}}  # SKU not there yet
+
+    class Admin(CountingAdmin):
+        def families(self, table):
+            super().families(table)
+            return set(families[table])
+
+    monkeypatch.setattr(bigtable_io, "ADMIN_FACTORY", Admin)
+    cache = _FamilyCache(FakeBigtableSpec("x"), now=lambda: now[0])
+    bt = InMemoryBigtable()
+    batcher = BatchingWriter(bt, None, SinkConfig(retry=FAST.retry), known_families=cache)
+    first, second = changes(2)
+    batcher.add(first)
+    assert [d.reason for d in batcher.flush()] == ["unknown_family"]  # listed twice: still missing
+    families["product_catalog"].add("SKU")  # create-table adds it
+    now[0] = 6.0  # past FAMILY_RECHECK_S, well within FAMILY_CACHE_S
+    batcher.add(second)
+    assert batcher.flush() == []  # asked again, found, written
+    assert b"p1#a" in bt.latest("product_catalog")
