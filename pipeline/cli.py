@@ -21,13 +21,14 @@ from typing import Optional, Sequence
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
-    _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry,
+    _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.reachability import check_reachable
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
-from ddb2bt.pipeline.options import _option_strings, check_beam_args, describe_failure, number
+from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
+                                     describe_failure, number, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
@@ -74,6 +75,11 @@ def add_state_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--state-table", default=DEFAULT_STATE_TABLE,
                    help="Bigtable table for checkpoints and dead letters, created on first use (default %(default)s)")
+    p.add_argument("--state-app-profile", metavar="PROFILE",
+                   help="app profile for the state table, the job lease, version claims and the backfill's "
+                        "conditional rows: single-cluster routing with single-row transactions allowed. Needed on a "
+                        "replicated (HA) instance whose data profile (target.app_profile) routes to any cluster, "
+                        "which refuses CheckAndMutateRow (default: target.app_profile)")
     p.add_argument("--job-name", help="name under which state is kept (default: the mapping's name; one mapping "
                                       "only: with several, each table's state is kept under its mapping's name)")
 
@@ -98,8 +104,10 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
                    help="seconds between polls of an idle shard (default %(default)s: 4 GetRecords/s, "
                         "under the stream's 5/s per-shard limit)")
     p.add_argument("--discovery-interval", type=number(float, above=0), default=10.0, help="seconds between shard discoveries")
-    p.add_argument("--partitions", type=number(int, minimum=1), default=1,
-                   help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker)")
+    p.add_argument("--partitions", type=partitions_arg, default=1, metavar="N|auto",
+                   help="parallel readers; each owns a hash-partition of the shards (Dataflow: ~2 per worker). "
+                        "auto: follow the stream's open shard count at launch (one partition per "
+                        f"{SHARDS_PER_PARTITION} shards, at most {MAX_AUTO_PARTITIONS})")
     p.add_argument("--new-stream", action="store_true",
                    help="accept that the table's stream was replaced since the last run (changes in between "
                         "are lost; prefer a new backfill)")
@@ -318,6 +326,7 @@ def cmd_backfill(args) -> int:
         warning = check_target(mapping)
         if warning:
             log.warning(warning)
+        check_profiles(args, mapping)
     for mapping in mappings:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     specs = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]

@@ -27,9 +27,27 @@ class BigtableSpec:
     # Give up on Bigtable calls that keep failing after this long (None: the
     # default, 300 s; read-only commands pass ~25 s).
     deadline_s: Optional[float] = None
+    # The app profile of the state table, the job lease, version claims and the
+    # backfill's conditional rows (--state-app-profile): CheckAndMutateRow needs
+    # single-cluster routing with single-row transactions, which a replicated
+    # instance's HA (multi-cluster) profile refuses. None: ``app_profile``.
+    state_app_profile: Optional[str] = None
+
+    @property
+    def state_profile(self) -> Optional[str]:
+        return self.state_app_profile or self.app_profile
 
     def writer(self) -> GrpcMutationWriter:
-        return GrpcMutationWriter(self.project, self.instance, self.app_profile, interceptors=self.interceptors)
+        """The data path's writer: plain writes through ``app_profile``,
+        conditional work through ``state_profile``."""
+        return GrpcMutationWriter(self.project, self.instance, self.app_profile, interceptors=self.interceptors,
+                                  transactional_app_profile=self.state_app_profile)
+
+    def state_writer(self, timeout_s: Optional[float] = None) -> GrpcMutationWriter:
+        """A writer for the state table and the lease: everything through ``state_profile``."""
+        extra = {} if timeout_s is None else {"timeout_s": timeout_s}
+        return GrpcMutationWriter(self.project, self.instance, self.state_profile, interceptors=self.interceptors,
+                                  **extra)
 
 
 @dataclass(frozen=True)
@@ -40,8 +58,9 @@ class StateSpec:
     include_values: bool = True
 
     def store(self, writer=None) -> StateStore:
-        backend = BigtableStateBackend(writer or self.bigtable.writer(), self.bigtable.project,
-                                       self.bigtable.instance, self.table, self.bigtable.deadline_s)
+        backend = BigtableStateBackend(writer or self.bigtable.state_writer(), self.bigtable.project,
+                                       self.bigtable.instance, self.table, self.bigtable.deadline_s,
+                                       app_profile=self.bigtable.state_profile)
         return StateStore(backend, self.job, wall_ms, self.include_values)
 
     __call__ = store  # a StateSpec is its own factory
@@ -58,8 +77,14 @@ class StreamsClientFactory:
         import boto3
         from botocore.config import Config
 
+        from ddb2bt.pipeline.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S
+
         # Retries are ours (one policy, counted in metrics): botocore's are off.
-        config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=10, read_timeout=30)
+        # Timeouts sized to the calls (each answers in well under a second): a
+        # request lost in a silent network partition fails, and is logged as a
+        # WARNING naming the call and endpoint, within seconds, not after 30 s.
+        config = Config(retries={"mode": "standard", "total_max_attempts": 1},
+                        connect_timeout=STREAMS_CONNECT_TIMEOUT_S, read_timeout=STREAMS_READ_TIMEOUT_S)
         return boto3.client("dynamodbstreams", region_name=self.region, config=config)
 
 

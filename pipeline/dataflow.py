@@ -81,6 +81,9 @@ class GraphFacts:
     transforms: tuple  # unique names of every transform
     ordered_path_shuffles: tuple  # shuffle transforms between the read and the write
     steps: frozenset = frozenset()  # every label on any transform's path (composites nest theirs)
+    # unique names of splittable DoFns (a ParDo with a restriction coder): what a
+    # runner can checkpoint, split, drain and update mid-element
+    splittable: tuple = ()
 
 
 def _leaf_graph(pipeline_proto) -> tuple:
@@ -132,4 +135,22 @@ def graph_facts(job, paths: Iterable = ()) -> GraphFacts:
         shuffles += shuffles_between(proto, read, write)
     steps = frozenset(part for name in names for part in name.split("/"))
     return GraphFacts(streaming=job.proto.type == 2, transforms=names, ordered_path_shuffles=tuple(shuffles),
-                      steps=steps)
+                      steps=steps, splittable=splittable_dofns(proto))
+
+
+PARDO_URN = "beam:transform:pardo:v1"
+
+
+def splittable_dofns(pipeline_proto) -> tuple:
+    """Unique names of the ParDos that are splittable DoFns (their payload names
+    a restriction coder)."""
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    found = []
+    for t in pipeline_proto.components.transforms.values():
+        if t.spec.urn != PARDO_URN:
+            continue
+        payload = beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload)
+        if payload.restriction_coder_id:
+            found.append(t.unique_name)
+    return tuple(sorted(found))

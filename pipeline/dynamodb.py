@@ -38,6 +38,8 @@ __all__ = [
     "StreamThrottled", "IteratorExpired", "SourceTableMissing", "classify_aws_error",
     "StreamArn", "table_of_stream", "TokenBucket", "ScanPage", "scan_pages", "scan_items",
     "parallel_scan", "Listing", "list_shards", "get_item", "describe_table", "TABLE_OPERATIONS",
+    "count_api_call", "GET_RECORDS_PER_SHARD_PER_S", "ShardPacer", "ShardDirectory", "shard_directory",
+    "STREAMS_CONNECT_TIMEOUT_S", "STREAMS_READ_TIMEOUT_S",
 ]
 
 # DynamoDB Streams keeps records for 24 hours; anything older is trimmed.
@@ -107,10 +109,19 @@ def endpoint_of(client, service: str = "DynamoDB") -> str:
     return f"{service} ({url})" if isinstance(url, str) else service
 
 
+def count_api_call(api: str, table: Optional[str]) -> None:
+    """One attempt of an AWS call, in ``ddb2bt_aws_api_calls_total{table, api}``
+    (the table's name, never a key)."""
+    from ddb2bt.pipeline.metrics import default_metrics
+
+    default_metrics().aws_api_calls.labels(table or "-", api).inc()
+
+
 def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[str] = None,
              on_retry: Optional[Callable[[BaseException], None]] = None, table: Optional[str] = None,
              where: str = "DynamoDB"):
     def attempt():
+        count_api_call(operation, table)
         try:
             return fn()
         except (ClientError, BotoCoreError) as exc:
@@ -358,7 +369,8 @@ def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
     default each page is retried under ``retry``."""
     if call is None:
         call = lambda operation, fn: _retried(operation, fn, retry,  # noqa: E731
-                                              where=endpoint_of(client, "DynamoDB Streams"))
+                                              where=endpoint_of(client, "DynamoDB Streams"),
+                                              table=table_of_stream(stream_arn))
     shards: dict = {}
     descriptions: dict = {}
     closed = set()
@@ -376,3 +388,83 @@ def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
         start = desc.get("LastEvaluatedShardId")
         if not start:
             return Listing(shards, frozenset(closed), descriptions)
+
+
+# --- AWS's limits --------------------------------------------------------------------
+
+# DynamoDB Streams allows 5 GetRecords calls per second per shard (more are
+# throttled, and a Lambda trigger on the table shares the budget).
+GET_RECORDS_PER_SHARD_PER_S = 5
+# Every Streams call answers in well under a second (GetRecords, a 100-shard
+# DescribeStream page): a request without an answer after this long is lost
+# (a silent network partition), not slow. Connect + read stays well under 15 s,
+# so the first failure is a WARNING naming the call and the endpoint by then.
+STREAMS_CONNECT_TIMEOUT_S = 3.0
+STREAMS_READ_TIMEOUT_S = 5.0
+
+
+class ShardPacer:
+    """At most ``per_second`` calls per second per shard: a call waits until
+    1/per_second after the previous call on the same shard (other shards' calls
+    in between count as waiting). One per reader (a shard has one reader)."""
+
+    def __init__(self, per_second: float = GET_RECORDS_PER_SHARD_PER_S,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self._gap = 1.0 / per_second
+        self._clock, self._sleep = clock, sleep
+        self._last: dict = {}
+
+    def wait(self, shard_id: str) -> None:
+        last = self._last.get(shard_id)
+        if last is not None:
+            wait = last + self._gap - self._clock()
+            if wait > 0:
+                self._sleep(wait)
+        self._last[shard_id] = self._clock()
+
+    def forget(self, shard_id: str) -> None:
+        self._last.pop(shard_id, None)
+
+
+class ShardDirectory:
+    """One shard discovery per stream per process, shared by its partitions.
+
+    DescribeStream has a low per-account rate limit and a large table has
+    thousands of shards (ten 100-shard pages per 1,000): each partition listing
+    them every discovery interval would multiply the calls by the partition
+    count. ``listing(max_age_s)`` returns the stream's last listing when it is
+    younger than that, else lists once — partitions asking meanwhile wait for that
+    one listing — so the calls per minute depend on the stream, not on how many
+    partitions read it."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._streams: dict = {}  # stream arn -> (monotonic time listed, Listing)
+        self._listing_locks: dict = {}
+
+    def listing(self, client, stream_arn: str, call: Optional[Callable], max_age_s: float) -> Listing:
+        with self._lock:
+            lock = self._listing_locks.setdefault(stream_arn, threading.Lock())
+        with lock:  # one listing of a stream at a time; the others then reuse it
+            cached = self._streams.get(stream_arn)
+            if cached is not None and self._clock() - cached[0] < max_age_s:
+                return cached[1]
+            listing = list_shards(client, stream_arn, call)
+            self._streams[stream_arn] = (self._clock(), listing)
+            return listing
+
+    def forget(self, stream_arn: Optional[str] = None) -> None:
+        with self._lock:
+            if stream_arn is None:
+                self._streams.clear()
+            else:
+                self._streams.pop(stream_arn, None)
+
+
+_DIRECTORY = ShardDirectory()
+
+
+def shard_directory() -> ShardDirectory:
+    """This process's shard directory."""
+    return _DIRECTORY

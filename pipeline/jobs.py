@@ -200,6 +200,31 @@ def submitted(result, args) -> int:
     return 0
 
 
+def partitions_following_shards(mapping, stream_arn: str) -> int:
+    """``--partitions auto``: from the stream's open shards now (one listing)."""
+    from ddb2bt.pipeline.connections import StreamsClientFactory
+    from ddb2bt.pipeline.dynamodb import list_shards
+    from ddb2bt.pipeline.options import auto_partitions
+
+    listing = list_shards(StreamsClientFactory(mapping.source.region)(), stream_arn)
+    open_shards = len(listing.shards) - len(listing.closed_ids)
+    partitions = auto_partitions(open_shards)
+    log.info("%s: %d open shard(s): %d partition(s) (--partitions auto)", mapping.source.table, open_shards,
+             partitions)
+    return partitions
+
+
+def check_profiles(args, mapping) -> None:
+    """The app-profile preflight (``preflight.check_app_profiles``): refuses a
+    state profile that cannot run CheckAndMutateRow, before anything is written."""
+    from ddb2bt.pipeline.preflight import check_app_profiles
+
+    note = check_app_profiles(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
+                              getattr(args, "state_app_profile", None))
+    if note:
+        log.debug(note)
+
+
 def state_spec(args, mapping, include_values: bool = True):
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
@@ -208,7 +233,8 @@ def state_spec(args, mapping, include_values: bool = True):
     deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
                                   interceptors=tuple(getattr(args, "bigtable_interceptors", ())),
-                                  deadline_s=deadline),
+                                  deadline_s=deadline,
+                                  state_app_profile=getattr(args, "state_app_profile", None)),
                      job=args.job_name or mapping.name, table=args.state_table, include_values=include_values)
 
 
@@ -230,6 +256,7 @@ def build_live_jobs(args, mappings: list) -> list:
     from ddb2bt.pipeline.graph import LiveJob, is_local
     from ddb2bt.pipeline.lease import TAIL
     from ddb2bt.pipeline.preflight import check_stream_continuity, check_target, ensure_state_table, resolve_stream
+    from ddb2bt.pipeline.options import AUTO_PARTITIONS
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
     sources = [resolve_stream(m, dynamodb_client(m.source.region)) for m in mappings]
@@ -242,6 +269,7 @@ def build_live_jobs(args, mappings: list) -> list:
         warning = check_target(mapping)
         if warning:
             log.warning(warning)
+        check_profiles(args, mapping)
     for mapping, source in zip(mappings, sources):
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
         check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
@@ -250,6 +278,9 @@ def build_live_jobs(args, mappings: list) -> list:
     leases = acquire_leases(args, states, TAIL)
     jobs = []
     for mapping, source, state, lease in zip(mappings, sources, states, leases):
+        partitions = args.partitions
+        if partitions == AUTO_PARTITIONS:
+            partitions = partitions_following_shards(mapping, source.stream_arn)
         reader = ReaderOptions(
             start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
             discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
@@ -258,7 +289,7 @@ def build_live_jobs(args, mappings: list) -> list:
         # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
         # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
         jobs.append(LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
-                            partitions=args.partitions, sink=_sink_config(args, lease),
+                            partitions=partitions, sink=_sink_config(args, lease),
                             client_factory=StreamsClientFactory(mapping.source.region), marking=PhaseMarking(state),
                             pushgateway=getattr(args, "metrics_pushgateway", None)))
     return jobs

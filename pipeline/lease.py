@@ -502,7 +502,9 @@ def lease_cell(spec: LeaseSpec) -> LeaseCell:
     from ddb2bt.pipeline.sink.bigtable_io import bigtable_endpoint
 
     b = spec.bigtable
-    writer = GrpcMutationWriter(b.project, b.instance, b.app_profile, timeout_s=LEASE_RPC_TIMEOUT_S)
+    # The lease is a CheckAndMutateRow cell: through the state (single-cluster) profile.
+    writer = GrpcMutationWriter(b.project, b.instance, getattr(b, "state_profile", b.app_profile),
+                                timeout_s=LEASE_RPC_TIMEOUT_S)
     return LeaseCell(writer, spec.table, spec.row_key, f"Bigtable ({bigtable_endpoint()})")
 
 
@@ -537,9 +539,9 @@ class FencedWriter:
     def __init__(self, writer, check: Callable[[], float]) -> None:
         self._writer, self._check = writer, check
 
-    def mutate_rows(self, table_id, entries):
+    def mutate_rows(self, table_id, entries, **kwargs):
         self._check()
-        return self._writer.mutate_rows(table_id, entries)
+        return self._writer.mutate_rows(table_id, entries, **kwargs)
 
     def check_and_mutate(self, table_id, row_key, unless, mutations):
         self._check()

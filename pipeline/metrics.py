@@ -221,6 +221,11 @@ class PipelineMetrics:
                                         ["table", "code"], registry=r)
         self.dynamodb_throttles = Counter(f"{NAMESPACE}_dynamodb_throttles", "Throttled DynamoDB Streams calls",
                                           ["table", "operation"], registry=r)
+        # Every attempt of every DynamoDB / Streams call, by API: the rates the AWS
+        # limits are about (GetRecords 5/s per shard, DescribeStream's low account
+        # limit); docs/operations.md "Within AWS's limits".
+        self.aws_api_calls = Counter(f"{NAMESPACE}_aws_api_calls", "DynamoDB and DynamoDB Streams API calls made "
+                                     "(every attempt), by API", ["table", "api"], registry=r)
         self.iterator_refreshes = Counter(f"{NAMESPACE}_iterator_refreshes", "Expired shard iterators renewed",
                                           ["table"], registry=r)
         self.trimmed_restarts = Counter(f"{NAMESPACE}_trimmed_restarts",
@@ -327,7 +332,8 @@ class TableMetrics:
     ``table`` label bound (``retries.labels(code)``, ``iterator_refreshes.inc()``,
     ``observe_lag(ms)``); the shared lag tracker, registry and totals pass through."""
 
-    _BOUND = ("bigtable_retries", "dynamodb_throttles", "backfill_items", "shards", "migration_phase")
+    _BOUND = ("bigtable_retries", "dynamodb_throttles", "backfill_items", "shards", "migration_phase",
+              "aws_api_calls")
     _CHILDREN = ("end_to_end_lag", "mutate_latency", "batch_rows", "iterator_refreshes", "trimmed_restarts",
                  "backfill_superseded", "markers_stripped", "version_clashes", "backfill_expected",
                  "checkpoint_time", "recovered_items")

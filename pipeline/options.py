@@ -8,13 +8,27 @@ import difflib
 from typing import Callable, Iterable, Optional
 
 __all__ = ["number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
-           "runner_of"]
+           "runner_of", "partitions_arg", "auto_partitions", "AUTO_PARTITIONS"]
 
 # The runners ddb2bt is built and tested for: the local FnApiRunner (what
 # DirectRunner means here) and Dataflow.
 LOCAL_RUNNER_NAMES = ("DirectRunner", "FnApiRunner")
 KNOWN_RUNNERS = LOCAL_RUNNER_NAMES + ("DataflowRunner",)
 _CLOSE_MATCH_CUTOFF = 0.75  # difflib ratio: "--until-idel" ~ "--until-idle", not every option
+
+# --partitions auto: one partition per this many open shards at launch. A
+# partition reads its shards round-robin in one thread; 8 busy shards (up to
+# 8,000 changes/s, ~5,000 per shard at the 5 GetRecords/s limit) is about what
+# one worker thread maps and writes. Bounded: each partition is a reader and a
+# lease check, and Dataflow runs ~2 per worker.
+SHARDS_PER_PARTITION = 8
+MAX_AUTO_PARTITIONS = 64
+AUTO_PARTITIONS = "auto"
+
+
+def auto_partitions(open_shards: int) -> int:
+    """Partitions for a stream with ``open_shards`` open shards (``--partitions auto``)."""
+    return max(1, min(MAX_AUTO_PARTITIONS, -(-open_shards // SHARDS_PER_PARTITION)))
 
 
 def number(kind: type = float, minimum: Optional[float] = None, maximum: Optional[float] = None,
@@ -38,6 +52,14 @@ def number(kind: type = float, minimum: Optional[float] = None, maximum: Optiona
 
     parse.__name__ = kind.__name__
     return parse
+
+
+def partitions_arg(text: str):
+    """``--partitions``: a whole number ≥ 1, or ``auto``."""
+    return AUTO_PARTITIONS if text == AUTO_PARTITIONS else number(int, minimum=1)(text)
+
+
+partitions_arg.__name__ = "partitions"
 
 
 def _beam_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """Checks made before a job starts, each failing fast with what to do."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -64,6 +65,9 @@ def ensure_state_table(project: str, instance: str, table_id: str) -> list:
 def check_target(mapping: MappingConfig) -> Optional[str]:
     """A warning when the target misses families (their cells will dead-letter),
     or ConfigError when the table does not exist."""
+    from ddb2bt.pipeline.sink.bigtable_io import forget_process_families
+
+    forget_process_families()  # the job's sinks list the families as they are now
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
     if not admin.exists(mapping.target.table):
         raise ConfigError(
@@ -88,3 +92,54 @@ def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> 
             f"the table's stream was replaced: checkpoints are for stream {', '.join(sorted(known))}, the table "
             f"now has {current}. Changes made while the stream was disabled are LOST. Back-fill again "
             "(ddb2bt migrate --restart), or pass --new-stream to tail the new stream anyway.")
+
+
+DEFAULT_APP_PROFILE = "default"  # what requests without an app profile use
+
+
+def check_app_profiles(project: str, instance: str, app_profile: Optional[str], state_app_profile: Optional[str],
+                       admin=None) -> Optional[str]:
+    """Refuse a job whose state app profile cannot run single-row transactions.
+
+    The job lease, version claims, checkpoints and the backfill's conditional rows
+    use CheckAndMutateRow, which Bigtable accepts only through an app profile with
+    single-cluster routing and single-row transactions allowed; a replicated
+    (HA) instance's multi-cluster profile rejects it — the emulator does not.
+    ``admin``: anything with ``app_profile(id) -> AppProfileFacts`` (a fake in
+    tests; by default the process's BigtableAdmin). Returns a note when the
+    check could not run (the emulator has no app profiles), None when it passed;
+    raises ConfigError naming the profile and what to change."""
+    from ddb2bt.pipeline.sink.bigtable_io import MULTI_CLUSTER, AppProfileUnknown, process_admin
+
+    state = state_app_profile or app_profile or DEFAULT_APP_PROFILE
+    option = "--state-app-profile"  # the fix, whichever profile was used
+    if admin is None and os.environ.get("BIGTABLE_EMULATOR_HOST"):
+        return "app profiles not checked: the Bigtable emulator has none (and no replication)"
+    create = (f"gcloud bigtable app-profiles create ddb2bt-state --instance={instance} --route-to=CLUSTER_ID "
+              f"--transactional-writes")
+    admin = admin if admin is not None else process_admin(project, instance)
+    try:
+        facts = admin.app_profile(state)
+        data = admin.app_profile(app_profile) if app_profile and app_profile != state else None
+    except AppProfileUnknown as exc:
+        return f"app profiles not checked: {exc}"
+    where = f"app profile {state!r} of Bigtable instance {instance}"
+    if not facts.exists:
+        raise ConfigError(f"{where} does not exist; create one with single-cluster routing and single-row "
+                          f"transactions ({create}) and pass it with --state-app-profile", option)
+    if facts.routing == MULTI_CLUSTER:
+        raise ConfigError(
+            f"{where} uses multi-cluster routing, which refuses the CheckAndMutateRow calls of the job lease, "
+            "version claims and checkpoints. Keep it for the data (target.app_profile) and give the state its "
+            f"own single-cluster profile with single-row transactions: {create}, then pass "
+            "--state-app-profile ddb2bt-state (docs/operations.md, HA instances)", option)
+    if not facts.transactional:
+        raise ConfigError(
+            f"{where} routes to cluster {facts.cluster_id} but does not allow single-row transactions, which "
+            "the job lease, version claims and checkpoints need (CheckAndMutateRow). Allow them: gcloud bigtable "
+            f"app-profiles update {state} --instance={instance} --route-to={facts.cluster_id} "
+            "--transactional-writes, or pass another profile with --state-app-profile", option)
+    if data is not None and not data.exists:
+        raise ConfigError(f"app profile {app_profile!r} of Bigtable instance {instance} does not exist",
+                          "target.app_profile")
+    return None

@@ -14,6 +14,7 @@ the replay is harmless (explicit timestamps, time-bounded deletes).
 from __future__ import annotations
 
 import hashlib
+import json
 import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
@@ -242,6 +243,28 @@ class StateStore:
         return value.decode() if value is not None else None
 
 
+    # -- what the stream readers last saw of their shards (read by `status`, which
+    # then needs no GetRecords call of its own: docs/operations.md, AWS limits)
+    def save_reader_report(self, stream_arn: str, partition: str, pending_since: dict) -> None:
+        """``pending_since``: {shard id: creation ms of the oldest record not read
+        yet, or None at the head}, as partition ``partition`` of the stream saw it now."""
+        body = json.dumps({"at_ms": self._now_ms(), "shards": pending_since}, sort_keys=True)
+        self.save_meta(f"{READER_REPORT}#{stream_label(stream_arn)}#{partition}", body)
+
+    def load_reader_reports(self, stream_arn: str) -> list:
+        """[{"at_ms": ..., "shards": {...}}] of every partition that reported."""
+        prefix = f"{self._job}#meta#{READER_REPORT}#{stream_label(stream_arn)}#".encode()
+        out = []
+        for cells in self._backend.read_prefix(prefix).values():
+            value = cells.get((META, b"value"))
+            if value is not None:
+                out.append(json.loads(value.decode()))
+        return out
+
+
+READER_REPORT = "reader"
+
+
 def _set_latest(family: str, cells: dict, ts_ms: int) -> list:
     """SetCell at ``ts_ms`` plus removal of older versions, per column."""
     out = []
@@ -254,10 +277,18 @@ def _set_latest(family: str, cells: dict, ts_ms: int) -> list:
 class BigtableStateBackend:
     """StateBackend on a Bigtable table, through the same MutationWriter as the sink."""
 
-    def __init__(self, writer, project: str, instance: str, table_id: str, deadline_s: Optional[float] = None) -> None:
+    def __init__(self, writer, project: str, instance: str, table_id: str, deadline_s: Optional[float] = None,
+                 app_profile: Optional[str] = None) -> None:
         from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
 
         self._writer = writer
+        # State rows are read back by conditional calls (claims): written and read
+        # through the transactional (single-cluster) profile, also when the
+        # writer is the sink's (docs/operations.md#ha-instances-app-profiles).
+        route = getattr(writer, "route_transactional", None)
+        if route is not None:
+            route(table_id)
+        self._app_profile = app_profile
         self._project = project
         self._instance = instance
         self._table_id = table_id
@@ -293,7 +324,7 @@ class BigtableStateBackend:
 
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
                           client=self._data_client(), deadline_s=self._deadline_s,
-                          attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S)
+                          attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S, app_profile=self._app_profile)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
 
     def read_keys(self, keys: Sequence) -> dict:
@@ -303,7 +334,8 @@ class BigtableStateBackend:
         # read_rows classifies the data client's errors and retries them itself
         # (warnings, then the state deadline).
         rows = read_rows(self._project, self._instance, self._table_id, keys, client=self._data_client(),
-                         deadline_s=self._deadline_s, attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S)
+                         deadline_s=self._deadline_s, attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S,
+                         app_profile=self._app_profile)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
 
     def claim(self, key: bytes, unless, mutations: Sequence) -> bool:

@@ -407,21 +407,31 @@ class _ReadBackfillFn(beam.DoFn):
 
 
 def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config, client_factory=None,
-                 reshuffle: bool = False, pushgateway: Optional[str] = None) -> beam.PCollection:
-    """Add the backfill path to ``p``; returns the dead-letter PCollection."""
+                 reshuffle: bool = False, pushgateway: Optional[str] = None,
+                 splittable: Optional[bool] = None) -> beam.PCollection:
+    """Add the backfill path to ``p``; returns the dead-letter PCollection.
+    ``splittable`` (default: with ``reshuffle``, i.e. on Dataflow): read with the
+    splittable reader (``backfill_sdf``: checkpoints, drain, update), else with
+    the threaded one (parts of a task in parallel on the local runner)."""
     from ddb2bt.pipeline.sink.sink import _WriteToBigtableFn
     from ddb2bt.transforms.dofns import _MapChangesFn
     import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
 
-    tasks = plan_tasks(job.source.parts(), job.tasks)
-    pcoll = p | "BackfillTasks" >> beam.Create(tasks)
-    if reshuffle:
-        # Spread tasks over workers. Safe: this is before reading, not between
-        # reading and writing (per-row order is not at stake in a backfill anyway).
-        pcoll = pcoll | "SpreadTasks" >> beam.Reshuffle()
+    if reshuffle if splittable is None else splittable:
+        from ddb2bt.pipeline.cutover.backfill_sdf import ReadBackfillParts
+
+        read = p | "ReadBackfill" >> ReadBackfillParts(job, state, client_factory, reshuffle=reshuffle)
+    else:
+        tasks = plan_tasks(job.source.parts(), job.tasks)
+        pcoll = p | "BackfillTasks" >> beam.Create(tasks)
+        if reshuffle:
+            # Spread tasks over workers. Safe: this is before reading, not between
+            # reading and writing (per-row order is not at stake in a backfill anyway).
+            pcoll = pcoll | "SpreadTasks" >> beam.Reshuffle()
+        read = pcoll | "ReadBackfill" >> beam.ParDo(_ReadBackfillFn(job, state, client_factory)).with_output_types(
+            StreamElement)
     return (
-        pcoll
-        | "ReadBackfill" >> beam.ParDo(_ReadBackfillFn(job, state, client_factory)).with_output_types(StreamElement)
+        read
         | "MapBackfill" >> beam.ParDo(_MapChangesFn(mapping)).with_output_types(StreamElement)
         | "WriteBackfill" >> beam.ParDo(_WriteToBigtableFn(state.bigtable, state, sink_config,
                                                            pushgateway=pushgateway))

@@ -37,9 +37,9 @@ class Bookkeeping:
 
     @classmethod
     def for_target(cls, project: str, instance: str) -> "Bookkeeping":
-        from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+        from ddb2bt.pipeline.sink.bigtable_io import process_admin
 
-        return cls(BigtableAdmin(project, instance))
+        return cls(process_admin(project, instance))  # one admin client per process (its quota is low)
 
     def ensure(self, tables: Sequence[str]) -> None:
         for table in tables:

@@ -10,15 +10,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from botocore.exceptions import ClientError
-
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
 from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, list_shards
-from ddb2bt.transforms.model import datetime_to_ms
 
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
 LAG_READY_MS = 60 * 1000
+# The readers save what they see of their shards every 30 s (stream_sdf.READER_REPORT_S)
+# and when they end: a report older than this is from a reader that stopped.
+REPORT_FRESH_MS = 5 * 60 * 1000
 
 
 @dataclass
@@ -28,9 +28,15 @@ class ShardStatus:
     finished: bool
     pending_since_ms: Optional[int]  # creation time of the oldest record not applied yet
     last_applied_ms: Optional[int]
+<<<<<<< HEAD
     # The checkpoint points at data the stream trimmed (changes lost from the stream):
     # `ddb2bt recover` restores them from incremental exports (docs/recover.md).
     trimmed: bool = False
+=======
+    # ms since a reader last reported on the shard (None: never); pending_since_ms
+    # is what that report said
+    reported_ago_ms: Optional[int] = 0
+>>>>>>> limits
 
     def lag_ms(self, now_ms: int) -> int:
         return 0 if self.pending_since_ms is None else max(0, now_ms - self.pending_since_ms)
@@ -69,8 +75,18 @@ def assess(f: Facts, flags: str = "") -> tuple:
         reasons.append("backfill done; the tail is still catching up")
     if f.bookkeeping_tables:
         reasons.append(f"bookkeeping cells may remain in {', '.join(f.bookkeeping_tables)} (touch-marker family "
+<<<<<<< HEAD
                        f"not dropped yet: the migration has not finished; rerun ddb2bt migrate{f_} or keep the "
                        "tail running)")
+=======
+                       "not dropped yet: the migration has not finished; rerun ddb2bt migrate or keep the tail "
+                       "running)")
+    silent = [s for s in f.shards if not s.finished and (s.reported_ago_ms is None
+                                                          or s.reported_ago_ms > REPORT_FRESH_MS)]
+    if silent:
+        reasons.append(f"{len(silent)} shard(s) without a report from a running reader in the last "
+                       f"{REPORT_FRESH_MS // 60000} min: is the tail (ddb2bt run / migrate) running?")
+>>>>>>> limits
     lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
     if lagging:
         worst = max(s.lag_ms(f.now_ms) for s in lagging)
@@ -105,18 +121,18 @@ def retention_headroom_ms(f: Facts) -> int:
     return STREAM_RETENTION_MS - oldest_age
 
 
-def pending_since(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> Optional[int]:
-    """Creation time of the first record after ``after`` (None: nothing pending)."""
-    args = {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": after} if after else \
-        {"ShardIteratorType": "TRIM_HORIZON"}
-    try:
-        it = streams.get_shard_iterator(StreamArn=stream_arn, ShardId=shard_id, **args)["ShardIterator"]
-        records = streams.get_records(ShardIterator=it, Limit=1).get("Records", [])
-    except ClientError:
-        return None
-    if not records:
-        return None
-    return datetime_to_ms(records[0]["dynamodb"]["ApproximateCreationDateTime"])
+def reported_shards(store, stream_arn: str) -> dict:
+    """{shard id: (report ms, pending since ms | None)} from the readers' newest
+    reports (``StateStore.save_reader_report``). Status reads no shard records
+    itself: GetRecords is limited to 5 calls/s per shard, shared with the tail
+    and any Lambda trigger (docs/operations.md, AWS limits)."""
+    out: dict = {}
+    for report in store.load_reader_reports(stream_arn):
+        at = int(report.get("at_ms", 0))
+        for shard_id, pending in (report.get("shards") or {}).items():
+            if shard_id not in out or out[shard_id][0] < at:
+                out[shard_id] = (at, pending)
+    return out
 
 
 def _trimmed(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> bool:
@@ -161,15 +177,23 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
         # status answers within ~30 s even when the stream endpoint is unreachable
         listed = list_shards(streams, stream_arn, retry=RetryPolicy(0.2, 5.0, READ_ONLY_DEADLINE_S)).shards
         ckpts = store.load_checkpoints(stream_arn)
+        reports = reported_shards(store, stream_arn)
         for shard_id in sorted(listed):
             c = ckpts.get(shard_id)
             finished = bool(c and c.finished)
             seq = c.sequence_number if c else None
+<<<<<<< HEAD
             trimmed = not finished and _trimmed(streams, stream_arn, shard_id, seq)
             facts.shards.append(ShardStatus(
                 shard_id, seq, finished,
                 None if finished or trimmed else pending_since(streams, stream_arn, shard_id, seq),
                 c.change_ms if c else None, trimmed))
+=======
+            at, pending = reports.get(shard_id, (None, None))
+            facts.shards.append(ShardStatus(
+                shard_id, seq, finished, None if finished else pending, c.change_ms if c else None,
+                None if at is None else max(0, facts.now_ms - at)))
+>>>>>>> limits
     return facts
 
 
@@ -182,8 +206,16 @@ def render(f: Facts, flags: str = "") -> list:
                  f"{expected}; finished {when(f.backfill_done_ms)}")
     lines.append(f"stream: {f.stream_arn or '-'}")
     for s in f.shards:
+<<<<<<< HEAD
         state = "finished" if s.finished else "TRIMMED (changes lost from the stream)" if s.trimmed else (
             "at head" if s.pending_since_ms is None else f"lag {s.lag_ms(f.now_ms) / 1000:.1f}s")
+=======
+        state = "finished" if s.finished else ("at head" if s.pending_since_ms is None else
+                                               f"lag {s.lag_ms(f.now_ms) / 1000:.1f}s")
+        if not s.finished:
+            state += " (no reader report)" if s.reported_ago_ms is None else \
+                f" (reported {s.reported_ago_ms / 1000:.0f}s ago)"
+>>>>>>> limits
         lines.append(f"  {s.shard_id}: {state}; position {s.sequence_number or 'start'}")
     lines.append(f"retention headroom: {retention_headroom_ms(f) / 3600000:.1f}h")
     lines.append(f"dead letters: {f.dead_letters}")

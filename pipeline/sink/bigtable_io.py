@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass
-from typing import Iterable, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 import grpc
 
@@ -474,13 +476,22 @@ class GrpcMutationWriter:
 
     def __init__(self, project: str, instance: str, app_profile: Optional[str] = None,
                  channel: Optional[grpc.Channel] = None, timeout_s: float = DEFAULT_RPC_TIMEOUT_S,
-                 interceptors: Sequence = ()) -> None:
+                 interceptors: Sequence = (), transactional_app_profile: Optional[str] = None) -> None:
         self._channel = channel or make_channel(interceptors=interceptors)
         # fence() -> seconds a write may still take; raises when this process may
         # no longer write (its job lease lapsed). Checked right before each write.
         self._fence = None
         self._prefix = f"projects/{project}/instances/{instance}/tables/"
         self._app_profile = app_profile
+        # Replicated instances (docs/operations.md#ha-instances-app-profiles):
+        # CheckAndMutateRow needs single-cluster routing with single-row
+        # transactions, which an HA (multi-cluster) profile refuses. Conditional
+        # calls, the reads they depend on, the state table and any write a
+        # conditional check must see go through this profile (one cluster: no
+        # replication lag between a write and the check that must see it); plain
+        # data writes keep ``app_profile``.
+        self._txn_profile = transactional_app_profile or app_profile
+        self._txn_tables: set = set()
         self._timeout_s = timeout_s
         self._request_cls, response_cls = _pb_types()
         self._call = self._channel.unary_stream(
@@ -520,15 +531,30 @@ class GrpcMutationWriter:
             return self._timeout_s
         return max(0.001, min(self._timeout_s, self._fence()))
 
-    def _params(self, table_name: str) -> tuple:
-        params = f"table_name={table_name}" + (f"&app_profile_id={self._app_profile}" if self._app_profile else "")
+    @property
+    def routes_transactional(self) -> bool:
+        """True when conditional work goes through another app profile than plain
+        data writes (``--state-app-profile``): the sink then sends the writes a
+        conditional check must see with ``mutate_rows(..., transactional=True)``."""
+        return self._txn_profile != self._app_profile
+
+    def route_transactional(self, table_id: str) -> None:
+        """Every write to ``table_id`` (the state table) goes through the
+        transactional profile: its rows are read back by conditional calls."""
+        self._txn_tables.add(table_id)
+
+    def _params(self, table_name: str, profile: Optional[str] = None) -> tuple:
+        params = f"table_name={table_name}" + (f"&app_profile_id={profile}" if profile else "")
         return (("x-goog-request-params", params),)
+
+    def _txn_params(self, table_name: str) -> tuple:
+        return self._params(table_name, self._txn_profile)
 
     def cells_since(self, table_id: str, row_keys: Sequence, family: str, since_ms: int) -> set:
         table_name = self._prefix + table_id
         request = self._read_cls(table_name=table_name)
-        if self._app_profile:
-            request.app_profile_id = self._app_profile
+        if self._txn_profile:
+            request.app_profile_id = self._txn_profile
         request.rows.row_keys.extend(sorted(set(row_keys)))
         chain = request.filter.chain.filters
         # A column range naming the family, not a family regex: the emulator
@@ -541,7 +567,7 @@ class GrpcMutationWriter:
         row: list = []
         key = b""
         try:
-            for response in self._read(request, timeout=self._timeout_s, metadata=self._params(table_name)):
+            for response in self._read(request, timeout=self._timeout_s, metadata=self._txn_params(table_name)):
                 for chunk in response.chunks:
                     if chunk.row_key:
                         key = chunk.row_key
@@ -559,8 +585,8 @@ class GrpcMutationWriter:
     def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
         table_name = self._prefix + table_id
         request = self._cam_cls(table_name=table_name, row_key=row_key)
-        if self._app_profile:
-            request.app_profile_id = self._app_profile
+        if self._txn_profile:
+            request.app_profile_id = self._txn_profile
         chain = request.predicate_filter.chain.filters
         column = chain.add().column_range_filter  # exactly family:qualifier, no regex (see cells_since)
         column.family_name = unless.family
@@ -570,7 +596,7 @@ class GrpcMutationWriter:
         build_mutations(request.false_mutations, mutations)
         timeout = self._write_timeout()
         try:
-            response = self._cam(request, timeout=timeout, metadata=self._params(table_name))
+            response = self._cam(request, timeout=timeout, metadata=self._txn_params(table_name))
         except grpc.RpcError as exc:
             raise classify_rpc_error(exc, "CheckAndMutateRow") from None
         return not response.predicate_matched
@@ -579,14 +605,14 @@ class GrpcMutationWriter:
         """The newest value of one cell, or None (one ReadRows call)."""
         table_name = self._prefix + table_id
         request = self._read_cls(table_name=table_name)
-        if self._app_profile:
-            request.app_profile_id = self._app_profile
+        if self._txn_profile:
+            request.app_profile_id = self._txn_profile
         request.rows.row_keys.append(row_key)
         _newest_of_column(request.filter.chain.filters, family, qualifier)
         value: Optional[bytes] = None
         parts: list = []
         try:
-            for response in self._read(request, timeout=self._timeout_s, metadata=self._params(table_name)):
+            for response in self._read(request, timeout=self._timeout_s, metadata=self._txn_params(table_name)):
                 for chunk in response.chunks:
                     parts.append(chunk.value)
                     if chunk.reset_row:
@@ -604,8 +630,8 @@ class GrpcMutationWriter:
         absent). True when swapped. Never fenced: the job lease itself uses it."""
         table_name = self._prefix + table_id
         request = self._cam_cls(table_name=table_name, row_key=row_key)
-        if self._app_profile:
-            request.app_profile_id = self._app_profile
+        if self._txn_profile:
+            request.app_profile_id = self._txn_profile
         chain = request.predicate_filter.chain.filters
         _newest_of_column(chain, family, qualifier)
         if expected is not None:
@@ -615,18 +641,20 @@ class GrpcMutationWriter:
         mutations = [DeleteCells(family, qualifier, 0, 0), SetCell(family, qualifier, value, ts_ms)]
         build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
         try:
-            response = self._cam(request, timeout=self._timeout_s, metadata=self._params(table_name))
+            response = self._cam(request, timeout=self._timeout_s, metadata=self._txn_params(table_name))
         except grpc.RpcError as exc:
             raise classify_rpc_error(exc, "CheckAndMutateRow") from None
         return response.predicate_matched == (expected is not None)
 
-    def mutate_rows(self, table_id: str, entries: Sequence[Entry]) -> list:
+    def mutate_rows(self, table_id: str, entries: Sequence[Entry], transactional: bool = False) -> list:
+        """``transactional``: through the transactional profile (see __init__)."""
         table_name = self._prefix + table_id
-        request = encode_mutate_rows(table_name, self._app_profile, entries)
+        profile = self._txn_profile if transactional or table_id in self._txn_tables else self._app_profile
+        request = encode_mutate_rows(table_name, profile, entries)
         statuses: list = [None] * len(entries)
         timeout = self._write_timeout()  # the fence, right before the RPC
         try:
-            for response in self._call_encoded(request, timeout=timeout, metadata=self._params(table_name)):
+            for response in self._call_encoded(request, timeout=timeout, metadata=self._params(table_name, profile)):
                 for e in response.entries:
                     statuses[e.index] = ENTRY_OK if e.status.code == OK else EntryStatus(e.status.code, e.status.message)
         except grpc.RpcError as exc:
@@ -728,6 +756,107 @@ class BigtableAdmin:
         if table.exists():
             table.delete()
 
+    def app_profile(self, profile_id: str) -> "AppProfileFacts":
+        """The app profile's routing and transactional setting (GetAppProfile).
+        ``AppProfileUnknown`` where the service has no app profiles (the emulator)."""
+        from google.api_core import exceptions as gexc
+        from google.cloud.bigtable.enums import RoutingPolicyType
+
+        profile = self._instance.app_profile(profile_id)
+        try:
+            profile.reload()
+        except gexc.MethodNotImplemented as exc:
+            raise AppProfileUnknown(f"{profile_id}: the service has no app profiles ({exc.message})") from None
+        except gexc.NotFound:
+            return AppProfileFacts(profile_id, exists=False)
+        single = profile.routing_policy_type == RoutingPolicyType.SINGLE
+        return AppProfileFacts(profile_id, routing=SINGLE_CLUSTER if single else MULTI_CLUSTER,
+                               cluster_id=profile.cluster_id if single else None,
+                               transactional=bool(profile.allow_transactional_writes) if single else False)
+
+
+SINGLE_CLUSTER = "single-cluster"
+MULTI_CLUSTER = "multi-cluster"
+
+
+@dataclass(frozen=True)
+class AppProfileFacts:
+    """What the preflight needs of an app profile (``BigtableAdmin.app_profile``)."""
+
+    profile_id: str
+    exists: bool = True
+    routing: str = SINGLE_CLUSTER
+    cluster_id: Optional[str] = None
+    transactional: bool = False  # single-row transactions (CheckAndMutateRow) allowed
+
+
+class AppProfileUnknown(Exception):
+    """The admin API cannot describe app profiles here (the emulator has none)."""
+
+
+# --- one admin client per process ---------------------------------------------
+# The admin API has a low per-project quota. A Dataflow job runs processes x
+# threads x DoFns x tables: every sink DoFn building its own admin client and
+# listing families every minute would multiply the calls by all of them. So one
+# BigtableAdmin per (project, instance) per process, and one family listing per
+# table per FAMILY_LIST_MAX_AGE_S per process, shared by every DoFn.
+
+FAMILY_LIST_MAX_AGE_S = 60.0  # a family added by `create-table` while a job runs is seen within a minute
+# Built by this (tests count the admin clients a pipeline makes through it).
+ADMIN_FACTORY: Callable[[str, str], "BigtableAdmin"] = BigtableAdmin
+_PROCESS_ADMINS: dict = {}
+_PROCESS_FAMILIES: dict = {}  # (project, instance, table) -> (monotonic time, frozenset | None)
+_PROCESS_LOCK = threading.Lock()
+
+
+def process_admin(project: str, instance: str):
+    """This process's admin object for the instance (built on first use)."""
+    key = (project, instance)
+    with _PROCESS_LOCK:
+        admin = _PROCESS_ADMINS.get(key)
+        if admin is None:
+            admin = _PROCESS_ADMINS[key] = ADMIN_FACTORY(project, instance)
+        return admin
+
+
+def process_families(project: str, instance: str, table: str, max_age_s: float = FAMILY_LIST_MAX_AGE_S,
+                     now: Callable[[], float] = time.monotonic) -> Optional[frozenset]:
+    """The table's column families, listed at most once per ``max_age_s`` per
+    process; None when they cannot be listed (no admin permission: the writes'
+    own errors tell then)."""
+    key = (project, instance, table)
+    with _PROCESS_LOCK:  # one listing at a time: DoFns asking together share it
+        cached = _PROCESS_FAMILIES.get(key)
+        if cached is not None and now() - cached[0] < max_age_s:
+            return cached[1]
+    admin = process_admin(project, instance)
+    with _PROCESS_LOCK:
+        cached = _PROCESS_FAMILIES.get(key)
+        if cached is not None and now() - cached[0] < max_age_s:
+            return cached[1]
+        try:
+            families: Optional[frozenset] = frozenset(admin.families(table))
+        except Exception as exc:  # no admin permission: fall back to the write's own answer
+            log.warning("cannot list column families of %s (%s); relying on write errors", table,
+                        type(exc).__name__)
+            families = None
+        _PROCESS_FAMILIES[key] = (now(), families)
+        return families
+
+
+def forget_process_families() -> None:
+    """Forget the process's family lists: a job starting in this process (local
+    runs, tests, embedders) lists them afresh, never from a run before a create-table."""
+    with _PROCESS_LOCK:
+        _PROCESS_FAMILIES.clear()
+
+
+def forget_process_admins() -> None:
+    """Drop the process's admin objects and family lists (tests)."""
+    with _PROCESS_LOCK:
+        _PROCESS_ADMINS.clear()
+        _PROCESS_FAMILIES.clear()
+
 
 def ensure_mapping_table(mapping: MappingConfig) -> list:
     """Create or update every table the mapping writes (target and index tables)."""
@@ -762,7 +891,8 @@ SMALL_ATTEMPT_TIMEOUT_S = 20.0
 
 
 def _read(project: str, instance: str, table_id: str, queries: Iterable, client=None,
-          deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
+          deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S,
+          app_profile: Optional[str] = None) -> dict:
     """Run ReadRows queries; with ``client`` given it is reused and left open (callers
     reading often keep one), otherwise a client lives for this call only.
 
@@ -778,7 +908,7 @@ def _read(project: str, instance: str, table_id: str, queries: Iterable, client=
                          deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
     timeout = min(attempt_timeout_s, policy.deadline_s) if policy.deadline_s > 0 else attempt_timeout_s
     try:
-        with client.get_table(instance, table_id) as table:
+        with client.get_table(instance, table_id, **({"app_profile_id": app_profile} if app_profile else {})) as table:
             for query in queries:
                 def attempt(query=query) -> list:
                     try:
@@ -800,7 +930,7 @@ def _read(project: str, instance: str, table_id: str, queries: Iterable, client=
 
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
                latest_only: bool = False, client=None, deadline_s: Optional[float] = None,
-               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None) -> dict:
     """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import row_filters
@@ -810,17 +940,19 @@ def read_table(project: str, instance: str, table_id: str, prefix: Optional[byte
         query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
     if latest_only:
         query.filter = row_filters.CellsColumnLimitFilter(1)
-    return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s)
+    return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s, app_profile)
 
 
 def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, client=None,
-              deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> dict:
+              deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S,
+              app_profile: Optional[str] = None) -> dict:
     """Like read_table, for the given rows only (missing rows are absent)."""
     from google.cloud.bigtable.data import ReadRowsQuery
 
     keys = list(row_keys)
     queries = [ReadRowsQuery(row_keys=keys[i:i + READ_BATCH_ROWS]) for i in range(0, len(keys), READ_BATCH_ROWS)]
-    return _read(project, instance, table_id, queries, client, deadline_s, attempt_timeout_s) if queries else {}
+    return _read(project, instance, table_id, queries, client, deadline_s, attempt_timeout_s,
+                 app_profile) if queries else {}
 
 
 READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set

@@ -130,6 +130,7 @@ class BatchingWriter:
         versions: Optional[VersionOwners] = None,
     ) -> None:
         self._writer = writer
+        self._routes_transactional = bool(getattr(writer, "routes_transactional", False))
         self._state = state
         self._config = config
         # The table's view of the metrics: every series of this sink is labelled
@@ -237,6 +238,12 @@ class BatchingWriter:
             if used <= families:
                 continue
             missing = sorted(f for f in used - families if f != MARKER_FAMILY)
+            refresh = getattr(self._known_families, "refresh", None)
+            if missing and refresh is not None:
+                # The list may predate a create-table: ask again (a recent listing
+                # will do) before dead-lettering the change.
+                fresh = refresh(row.table)
+                missing = [f for f in missing if fresh is not None and f not in fresh]
             if missing:
                 self._buf.dead.append(self._dead_letter(
                     element, "unknown_family",
@@ -326,7 +333,7 @@ class BatchingWriter:
         for row in batch.rows.values():
             by_table.setdefault(row.table, []).append(row)
         for table, rows in by_table.items():
-            for row, status in self._write_all(table, rows):
+            for row, status in self._write_split(table, rows):
                 # The emulator says "unknown family", the service NOT_FOUND or
                 # INVALID_ARGUMENT: any permanent failure of a row with markers is
                 # tried once more without them; a real error fails again and is isolated.
@@ -407,14 +414,28 @@ class BatchingWriter:
         if batch:
             yield batch
 
-    def _write_all(self, table: str, rows: list) -> list:
+    def _write_split(self, table: str, rows: list) -> list:
+        """Like _write_all; with a separate state app profile (a replicated
+        instance), the rows a conditional check must see — the tail's touch
+        markers, the backfill's guarded rows — go through that profile's single
+        cluster, the rest through the data profile (docs/operations.md#ha-instances-app-profiles)."""
+        if not self._routes_transactional:
+            return self._write_all(table, rows)
+        pinned: list = []
+        plain: list = []
+        for r in rows:
+            must_see = has_markers(r.mutations) or any(c.guard is not None for _, c in r.parts)
+            (pinned if must_see else plain).append(r)
+        return self._write_all(table, plain) + self._write_all(table, pinned, transactional=True)
+
+    def _write_all(self, table: str, rows: list, transactional: bool = False) -> list:
         """[(row, permanent EntryStatus)] for rows that failed for good."""
         failed: list = []
         for batch in self._requests(rows):
-            failed.extend(self._write_with_retry(table, batch))
+            failed.extend(self._write_with_retry(table, batch, transactional))
         return failed
 
-    def _write_with_retry(self, table: str, rows: list) -> list:
+    def _write_with_retry(self, table: str, rows: list, transactional: bool = False) -> list:
         pending = list(rows)
         permanent: list = []
 
@@ -423,7 +444,9 @@ class BatchingWriter:
             started = time.perf_counter()
             sent = len(pending)
             try:
-                statuses = self._writer.mutate_rows(table, [(r.row_key, r.mutations) for r in pending])
+                entries = [(r.row_key, r.mutations) for r in pending]
+                statuses = self._writer.mutate_rows(table, entries, transactional=True) if transactional \
+                    else self._writer.mutate_rows(table, entries)
             except BigtablePermanent as exc:
                 if getattr(exc, "code", "") in FATAL_CODES:
                     raise  # table missing or no permission: nothing can succeed, stop loudly
@@ -433,7 +456,7 @@ class BatchingWriter:
                     return
                 # The request as a whole was rejected: find the culprit row by row.
                 for row in rejected:
-                    permanent.extend(self._write_with_retry(table, [row]))
+                    permanent.extend(self._write_with_retry(table, [row], transactional))
                 return
             finally:
                 if self._metrics:
@@ -474,7 +497,8 @@ class BatchingWriter:
     def _repair_touched(self, guarded: list) -> None:
         if guarded:
             repair_touched(self._writer, guarded, self._config.retry, self._sleep,
-                           lambda table, rows: self._write_all(table, [_Row(table, k, m) for k, m in rows]),
+                           lambda table, rows: self._write_all(table, [_Row(table, k, m) for k, m in rows],
+                                                               self._routes_transactional),
                            self._metrics)
 
     def _write_conditional(self, conditional: list) -> list:
@@ -531,7 +555,7 @@ class BatchingWriter:
         dead = []
         for element, change in row.parts:
             single = _Row(row.table, row.row_key, list(change.mutations), [(element, change)])
-            for failed_row, failed_status in self._write_with_retry(row.table, [single]):
+            for failed_row, failed_status in self._write_split(row.table, [single]):
                 dead.append(self._dead_letter(element, failed_status.permanent_reason or "write_failed",
                                               failed_status.message, "BigtableWriteError"))
         return dead
@@ -558,28 +582,40 @@ import apache_beam as beam  # noqa: E402  (kept below the pure part on purpose)
 from apache_beam.transforms.window import GlobalWindows  # noqa: E402
 
 FAMILY_CACHE_S = 60.0
+# A change naming a family the cached list lacks makes the process list again,
+# at most this often: a family added by create-table is used at once, and a
+# stream of changes to a truly missing family costs one listing per 5 s.
+FAMILY_RECHECK_S = 5.0
 
 
 class _FamilyCache:
     """Column families per table, refreshed at most once a minute, so a family
-    added by `create-table` while the job runs is picked up."""
+    added by `create-table` while the job runs is picked up. Looked up per row
+    without a lock; on expiry it asks the process's shared listing
+    (``process_families``): one admin client and one listing per table per
+    minute per process, however many sink DoFns it runs."""
 
     def __init__(self, spec, now: Callable[[], float] = time.monotonic) -> None:
-        from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
-
-        self._admin = BigtableAdmin(spec.project, spec.instance)
+        self._project, self._instance = spec.project, spec.instance
         self._now = now
         self._cache: dict = {}
 
     def __call__(self, table: str) -> Optional[frozenset]:
+        from ddb2bt.pipeline.sink.bigtable_io import process_families
+
         cached = self._cache.get(table)
         if cached is not None and self._now() - cached[0] < FAMILY_CACHE_S:
             return cached[1]
-        try:
-            families = frozenset(self._admin.families(table))
-        except Exception as exc:  # no admin permission: fall back to the write's own answer
-            log.warning("cannot list column families of %s (%s); relying on write errors", table, type(exc).__name__)
-            families = None
+        families = process_families(self._project, self._instance, table, FAMILY_CACHE_S, self._now)
+        self._cache[table] = (self._now(), families)
+        return families
+
+    def refresh(self, table: str) -> Optional[frozenset]:
+        """The families again, from a listing at most FAMILY_RECHECK_S old: asked
+        when a change names a family the cached list lacks (one added since)."""
+        from ddb2bt.pipeline.sink.bigtable_io import process_families
+
+        families = process_families(self._project, self._instance, table, FAMILY_RECHECK_S, self._now)
         self._cache[table] = (self._now(), families)
         return families
 

@@ -12,7 +12,7 @@ from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration
 
-from ddb2bt.pipeline.dynamodb import table_of_stream
+from ddb2bt.pipeline.dynamodb import shard_directory, table_of_stream
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.source.records import batch_records
 from ddb2bt.pipeline.source.stream_source import (
@@ -27,6 +27,10 @@ from ddb2bt.pipeline.source.stream_source import (
 
 log = logging.getLogger(__name__)
 PHASE_CHECK_S = 10.0  # how often an idle reader looks at the migration phase
+# How often a partition saves what it saw of its shards (lag, at head) for
+# `status`, which so reads no shard records itself (a third reader next to a
+# Lambda trigger would be throttled): one small state write per partition.
+READER_REPORT_S = 30.0
 
 
 class PartitionTracker(RestrictionTracker):
@@ -124,12 +128,28 @@ class _StreamContext:
         self.readers: dict = {}
         self.phase_checked = -1e9
         self.bookkeeping = None
+        self.reported: dict = {}  # partition -> monotonic time of its last reader report
+
+    def report(self, partition: StreamPartition, reader: PartitionReader, force: bool = False) -> None:
+        """Save the partition's view of its shards for `status`, at most every
+        READER_REPORT_S (and when it ends); a failure only delays the next one."""
+        now = time.monotonic()
+        if not force and now - self.reported.get(partition, -1e9) < READER_REPORT_S:
+            return
+        self.reported[partition] = now
+        try:
+            self.state.save_reader_report(partition.stream_arn, f"{partition.index}-{partition.count}",
+                                          reader.pending_since())
+        except Exception as exc:  # reading goes on; status shows the report's age
+            log.warning("cannot save the reader report of %s (%s: %s)", table_of_stream(partition.stream_arn),
+                        type(exc).__name__, exc)
 
     def reader(self, partition: StreamPartition) -> PartitionReader:
         reader = self.readers.get(partition)
         if reader is None:
             reader = self.readers[partition] = PartitionReader(
-                self.client, partition, self.options, self.state.load_checkpoints, self.metrics)
+                self.client, partition, self.options, self.state.load_checkpoints, self.metrics,
+                directory=shard_directory())  # one shard listing per stream per process
         return reader
 
     def close(self) -> None:
@@ -181,6 +201,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         if result.stopped:
             return
         decision = reader.idle_decision(tracker, result)
+        ctx.report(partition, reader, force=decision == "end")
         if decision == "end":
             log.info("partition %d/%d of %s idle for %ss: done", partition.index, partition.count,
                      partition.stream_arn, options.until_idle_s)

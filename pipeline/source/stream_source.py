@@ -34,8 +34,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
-from ddb2bt.pipeline.dynamodb import (IteratorExpired, Listing, StreamThrottled, classify_aws_error, endpoint_of,
-                                      list_shards, table_of_stream)
+from ddb2bt.pipeline.dynamodb import (IteratorExpired, Listing, ShardDirectory, ShardPacer, StreamThrottled,
+                                      classify_aws_error, count_api_call, endpoint_of, table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.metrics import PipelineMetrics
@@ -54,6 +54,9 @@ GET_RECORDS_LIMIT = 1000  # the service's maximum per call
 # backlog is drained in large bundles while a bundle's unacknowledged work stays
 # small enough to redo quickly after a failure.
 PAGES_PER_ROUND = 10
+# After a shard closes its children may be listed: a listing of the stream at
+# most this old (another partition's, shared through the ShardDirectory) will do.
+REDISCOVERY_MAX_AGE_S = 1.0
 
 _STOP_REQUESTS: set = set()
 STOP_ALL = "*"  # every reader in this process (Ctrl-C, SIGTERM: ddb2bt.pipeline.signals)
@@ -282,8 +285,15 @@ class PartitionReader:
     def __init__(self, client, partition: StreamPartition, options: ReaderOptions,
                  load_checkpoints: Callable[[str], dict], metrics: Optional[PipelineMetrics] = None,
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, directory: Optional[ShardDirectory] = None,
+                 pacer: Optional[ShardPacer] = None) -> None:
         self._client = client
+        # Within AWS's limits (docs/operations.md): the stream's shards are listed
+        # once per process for all its partitions (the SDF passes the process's
+        # ShardDirectory; alone, a reader has its own); GetRecords is paced per shard.
+        self._directory = directory if directory is not None else ShardDirectory()
+        self._pacer = pacer if pacer is not None else ShardPacer(sleep=sleep)
+        self._rediscover = False
         self._partition = partition
         self._options = options
         self._load_checkpoints = load_checkpoints
@@ -294,6 +304,9 @@ class PartitionReader:
         self._now_ms = now_ms
         self._sleep = sleep
         self._iterators: dict = {}  # shard id -> (ShardPos it was made for, iterator)
+        # shard id -> creation ms of the oldest record not read yet (None: at the
+        # head), for `status` (saved by the SDF, see pending_since)
+        self._pending: dict = {}
         self._last_discovery_ms: Optional[int] = None
         self._waiting: list = []
         self._table = self._metrics.table if self._metrics is not None else table_of_stream(partition.stream_arn)
@@ -304,6 +317,10 @@ class PartitionReader:
     # -- remote calls with one retry policy
     def _call(self, operation: str, fn: Callable):
         def attempt():
+            if self._metrics is not None:
+                self._metrics.aws_api_calls.labels(operation).inc()
+            else:
+                count_api_call(operation, self._table)
             try:
                 return fn()
             except (ClientError, BotoCoreError) as exc:
@@ -322,7 +339,9 @@ class PartitionReader:
     def discover(self, tracker) -> bool:
         r = tracker.current_restriction()
         claim = tracker.try_claim
-        listing = list_shards(self._client, self._partition.stream_arn, self._call)
+        max_age = REDISCOVERY_MAX_AGE_S if self._rediscover else self._options.discovery_interval_s
+        listing = self._directory.listing(self._client, self._partition.stream_arn, self._call, max_age)
+        self._rediscover = False
         checkpoints = self._load_checkpoints(self._partition.stream_arn)
         claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints, self._options.start)
         for c in claims + [ClaimDiscovered()]:
@@ -374,6 +393,7 @@ class PartitionReader:
     def _get_records(self, shard_id: str, pos: ShardPos) -> dict:
         for _ in range(3):  # an iterator can expire between renewal and use; renew at most twice
             iterator = self._iterator(shard_id, pos)
+            self._pacer.wait(shard_id)  # at most GET_RECORDS_PER_SHARD_PER_S on this shard
             try:
                 return self._call("GetRecords", lambda: self._client.get_records(
                     ShardIterator=iterator, Limit=GET_RECORDS_LIMIT))
@@ -411,6 +431,7 @@ class PartitionReader:
                 # finally: also for a round stopped part-way); the lag tracker per
                 # record, before the record can reach the sink.
                 read: dict = {}
+                rec = None
                 try:
                     for raw in records:
                         rec = from_stream_record(raw, stream_arn, shard_id)
@@ -428,15 +449,22 @@ class PartitionReader:
                         metrics.read(self._table, event_name, count)
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
+                # A full page: more may follow, the next unread record is at least as
+                # new as the last one read (a conservative lag); else at the head.
+                self._pending[shard_id] = rec.change_ms if rec is not None and nxt is not None \
+                    and len(records) >= GET_RECORDS_LIMIT else None
                 if nxt is None:
                     if not claim(ClaimClosed(shard_id)):
                         result.stopped = True
                         return result
                     self._iterators.pop(shard_id, None)
+                    self._pending.pop(shard_id, None)
                     yield ShardClosed(self._partition.stream_arn, shard_id, new_pos.after)
                     # Discover again next round: this shard's children can start as
                     # soon as the sink has recorded it finished.
                     self._last_discovery_ms = None
+                    self._rediscover = True
+                    self._pacer.forget(shard_id)
                     result.at_head = False
                     break
                 self._iterators[shard_id] = (new_pos, nxt)
@@ -450,6 +478,14 @@ class PartitionReader:
     @property
     def waiting(self) -> list:
         return list(self._waiting)
+
+    def pending_since(self) -> dict:
+        """{shard id: creation ms of the oldest record not read yet, None at the
+        head} of the shards this partition reads (closed ones leave)."""
+        active = dict(self._pending)
+        for shard_id in [s for s in active if s not in self._iterators]:
+            del active[shard_id]  # closed (read to its end) or never read
+        return active
 
     def idle_decision(self, tracker, result: RoundResult) -> str:
         """After a round: "continue" (more data), "poll" (idle, wait), "end"."""

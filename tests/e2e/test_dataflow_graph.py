@@ -53,9 +53,11 @@ def test_backfill_is_a_batch_job(stack, tmp_path, unique, launched):
     assert cli.main(["backfill", "--mapping", str(path), "--segments", "16", "--tasks", "4"] + DATAFLOW) == 0
     facts = graph_facts(launched[0].job, [("ReadBackfill", "WriteBackfill")])
     assert not facts.streaming
-    for step in ("BackfillTasks", "SpreadTasks", "ReadBackfill", "MapBackfill", "WriteBackfill"):
+    for step in ("BackfillParts", "SpreadParts", "ReadBackfill", "MapBackfill", "WriteBackfill"):
         assert step in facts.steps
     assert facts.ordered_path_shuffles == ()
+    # the backfill is a splittable read (checkpoints, drain, update): one part per element
+    assert [n for n in facts.splittable if "ReadBackfill" in n] == ["ReadBackfill/ReadParts"]
 
 
 def test_migrate_is_one_streaming_job_with_tail_and_backfill(stack, tmp_path, unique, launched):
@@ -66,6 +68,8 @@ def test_migrate_is_one_streaming_job_with_tail_and_backfill(stack, tmp_path, un
     for step in ("ReadStream", "MapChanges", "WriteToBigtable", "ReadBackfill", "WriteBackfill"):
         assert step in facts.steps
     assert facts.ordered_path_shuffles == ()
+    assert any("ReadBackfill/ReadParts" in n for n in facts.splittable)  # the backfill: splittable
+    assert any("ReadStream" in n for n in facts.splittable)  # the stream source too
 
 
 def setup_tables(tmp_path, unique, count=3):

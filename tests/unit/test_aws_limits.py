@@ -1,0 +1,269 @@
+"""Within AWS's published limits (issue 22, docs/operations.md "Within AWS's
+limits"): GetRecords paced to 5 calls/s per shard, one DescribeStream listing per
+stream per process shared by its partitions (calls per minute independent of the
+partition count, 8 partitions over 1,000 shards), `status` reading no shard
+records, the API-call metric, and Streams calls that fail within seconds when a
+silent network partition swallows them.
+
+The fake stream (pipeline/testing/fakes.py) stands in for what moto cannot show:
+thousands of shards and per-call accounting. Time is a fake clock: the pacing
+and the per-minute counts are asserted on simulated time, never on wall time."""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ddb2bt.pipeline.cutover.status import assess, gather, render
+from ddb2bt.pipeline.dynamodb import (GET_RECORDS_PER_SHARD_PER_S, STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S,
+                                      ShardDirectory, ShardPacer)
+from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.source import stream_source
+from ddb2bt.pipeline.source.stream_source import (LocalTracker, PartitionReader, ReaderOptions, StreamPartition,
+                                                  drain_round)
+from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
+
+FAST = RetryPolicy(initial_s=0.001, max_backoff_s=0.002, deadline_s=5.0)
+LISTING_PAGE = 100  # DescribeStream's maximum shards per page
+
+
+class SimClock:
+    """Simulated time: ``sleep`` moves it on."""
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def ms(self) -> int:
+        return int(self.t * 1000)
+
+    def sleep(self, seconds: float) -> None:
+        self.t += max(0.0, seconds)
+
+
+def reader_for(client, clock, index=0, count=1, directory=None, metrics=None, **options):
+    state = StateStore(InMemoryBigtable(), "job", clock.ms)
+    opts = ReaderOptions(retry=FAST, **options)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, index, count), opts, state.load_checkpoints,
+                             metrics or PipelineMetrics(CollectorRegistry()), now_ms=clock.ms, sleep=clock.sleep,
+                             directory=directory or ShardDirectory(clock),
+                             pacer=ShardPacer(clock=clock, sleep=clock.sleep))
+    return reader, state
+
+
+def test_a_backlogged_shard_gets_at_most_5_get_records_calls_per_second(monkeypatch):
+    monkeypatch.setattr(stream_source, "GET_RECORDS_LIMIT", 100)  # smaller pages, same rule: cheaper
+    client = FakeStreamsClient()
+    client.add_shard("s0")
+    for i in range(1_200):  # 12 full pages: one round reads PAGES_PER_ROUND of them back to back
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
+    clock = SimClock()
+    calls: list = []
+    get_records = client.get_records
+
+    def timed(**kw):
+        calls.append(clock())
+        return get_records(**kw)
+
+    client.get_records = timed
+    reader, _ = reader_for(client, clock)
+    tracker = LocalTracker()
+    read = 0
+    while read < 1_200:
+        elements, result = drain_round(reader, tracker)
+        read += result.records
+    assert len(calls) >= 12
+    # every window of one second holds at most 5 calls
+    for i, t in enumerate(calls):
+        in_window = [c for c in calls[i:] if c < t + 1.0]
+        assert len(in_window) <= GET_RECORDS_PER_SHARD_PER_S, (t, in_window)
+
+
+def test_the_pacer_waits_only_for_the_same_shard():
+    clock = SimClock()
+    pacer = ShardPacer(clock=clock, sleep=clock.sleep)
+    pacer.wait("a")
+    pacer.wait("b")  # another shard: no wait
+    assert clock() == 1_000.0
+    pacer.wait("a")
+    assert clock() == pytest.approx(1_000.0 + 1 / GET_RECORDS_PER_SHARD_PER_S)
+
+
+def describe_calls_per_minute(partitions: int, shards: int = 1_000) -> tuple:
+    """DescribeStream calls in one simulated minute with ``partitions`` readers of
+    one stream in one process (one shared ShardDirectory), and the metric's count."""
+    client = FakeStreamsClient(describe_page=LISTING_PAGE)
+    for i in range(shards):
+        client.add_shard(f"shardId-{i:05d}")
+    clock = SimClock()
+    directory = ShardDirectory(clock)
+    metrics = PipelineMetrics(CollectorRegistry())
+    readers = [(reader_for(client, clock, i, partitions, directory, metrics, discovery_interval_s=10.0)[0],
+                LocalTracker()) for i in range(partitions)]
+    start = clock()
+    while clock() < start + 60.0:
+        for reader, tracker in readers:
+            drain_round(reader, tracker)
+        clock.sleep(3.0)  # the partitions' rounds, every 3 s (staggered against the 10 s interval)
+    owned = sum(len(t.current_restriction().positions) for _, t in readers)
+    counted = metrics.aws_api_calls.labels("Fake", "DescribeStream")._value.get()
+    return client.calls.count("DescribeStream"), counted, owned
+
+
+def test_describe_stream_calls_per_minute_do_not_grow_with_the_partitions():
+    one, counted_one, owned_one = describe_calls_per_minute(1)
+    eight, counted_eight, owned_eight = describe_calls_per_minute(8)
+    assert owned_one == owned_eight == 1_000  # every shard read, by exactly one partition
+    pages = 1_000 // LISTING_PAGE
+    # at most one listing (10 pages) per 10 s discovery interval — 6 a minute (5 with
+    # rounds every 3 s: at 0, 12, 24, 36, 48 s) — however many partitions
+    assert one == eight
+    assert 5 * pages <= eight <= 6 * pages
+    assert counted_one == one and counted_eight == eight  # the metric counts every call
+
+
+def test_partitions_in_one_process_share_one_listing_even_when_a_shard_closes():
+    client = FakeStreamsClient(describe_page=LISTING_PAGE)
+    for i in range(200):
+        client.add_shard(f"shardId-{i:05d}")
+    clock = SimClock()
+    directory = ShardDirectory(clock)
+    readers = [(reader_for(client, clock, i, 8, directory, discovery_interval_s=10.0)[0], LocalTracker())
+               for i in range(8)]
+    for reader, tracker in readers:
+        drain_round(reader, tracker)
+    assert client.calls.count("DescribeStream") == 2  # 200 shards: two pages, once for all 8
+    for shard in list(client.shards)[:8]:
+        client.close_shard(shard)  # each closed shard makes its reader discover again next round
+    clock.sleep(0.1)
+    for _ in range(2):
+        for reader, tracker in readers:
+            drain_round(reader, tracker)
+    # the closes re-list at most once (a listing younger than 1 s is shared)
+    assert client.calls.count("DescribeStream") <= 4
+
+
+def test_status_reads_no_shard_records_and_takes_the_lag_from_the_readers_reports():
+    client = FakeStreamsClient()
+    for shard in ("s0", "s1"):
+        client.add_shard(shard)
+    for i in range(1_500):
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
+    clock = SimClock(start=1_700_000_100.0)
+    reader, state = reader_for(client, clock)
+    drain_round(reader, LocalTracker())  # read to the head of both shards
+    state.save_reader_report(client.stream_arn, "0-1", reader.pending_since())
+    client.calls.clear()
+    facts = gather(state, client, client.stream_arn, now_ms=clock.ms())
+    assert "GetRecords" not in client.calls and "GetShardIterator" not in client.calls
+    assert set(client.calls) == {"DescribeStream"}
+    by_id = {s.shard_id: s for s in facts.shards}
+    assert set(by_id) == {"s0", "s1"}
+    assert all(s.pending_since_ms is None and s.reported_ago_ms == 0 for s in by_id.values())
+    # a reader's report of a backlog shows as lag
+    state.save_reader_report(client.stream_arn, "0-1", {"s0": clock.ms() - 120_000, "s1": None})
+    lagging = gather(state, client, client.stream_arn, now_ms=clock.ms())
+    ready, reasons = assess(lagging)
+    assert any("1 shard(s) behind by up to 120s" in r for r in reasons)
+    # a stream nobody reports on is NOT READY, saying why
+    silent = gather(StateStore(InMemoryBigtable(), "job", clock.ms), client, client.stream_arn, now_ms=clock.ms())
+    ready, reasons = assess(silent)
+    assert not ready and any("without a report from a running reader" in r for r in reasons)
+    assert any("no reader report" in line for line in render(silent))
+
+
+def test_a_full_page_is_reported_as_pending_since_its_last_record(monkeypatch):
+    monkeypatch.setattr(stream_source, "PAGES_PER_ROUND", 1)  # a round ends after one full page
+    client = FakeStreamsClient()
+    client.add_shard("s0")
+    for i in range(1_500):
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}}, created_ms=1_000 + i)
+    clock = SimClock()
+    reader, _ = reader_for(client, clock)
+    tracker = LocalTracker()
+    drain_round(reader, tracker)
+    assert reader.pending_since() == {"s0": 1_000 + 999}  # the last record of the full page
+    drain_round(reader, tracker)
+    assert reader.pending_since() == {"s0": None}  # a short page: at the head
+
+
+def test_streams_calls_are_sized_to_fail_well_within_15_seconds():
+    from ddb2bt.pipeline.connections import StreamsClientFactory
+
+    client = StreamsClientFactory(region="us-east-1")()
+    config = client.meta.config
+    assert config.read_timeout == STREAMS_READ_TIMEOUT_S and config.connect_timeout == STREAMS_CONNECT_TIMEOUT_S
+    assert STREAMS_CONNECT_TIMEOUT_S + STREAMS_READ_TIMEOUT_S < 15
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_silent_network_partition_is_named_at_the_first_timeout(monkeypatch, caplog):
+    """An endpoint that accepts connections and never answers (what a silent
+    partition looks like): the first DescribeStream fails after the read timeout
+    and is logged as a WARNING naming the call, the endpoint and the timeout."""
+    from ddb2bt.pipeline.connections import StreamsClientFactory
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list = []
+    done = threading.Event()
+
+    def swallow() -> None:
+        server.settimeout(0.2)
+        while not done.is_set():
+            try:
+                held.append(server.accept()[0])  # never read, never answered
+            except OSError:
+                continue
+
+    threading.Thread(target=swallow, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", endpoint)  # the spelling botocore reads
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    client = StreamsClientFactory(region="us-east-1")()
+    arn = "arn:aws:dynamodb:us-east-1:000000000000:table/T/stream/2024-01-01T00:00:00.000"
+
+    def stop(seconds):  # the first backoff: the warning is out, that is all this test needs
+        raise _Stop()
+
+    reader = PartitionReader(client, StreamPartition(arn, 0, 1), ReaderOptions(retry=RetryPolicy(0.1, 1.0, 60.0)),
+                             lambda a: {}, None, sleep=stop)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ddb2bt.pipeline.retry"), pytest.raises(_Stop):
+            reader.discover(LocalTracker())
+    finally:
+        done.set()
+        for conn in held:
+            conn.close()
+        server.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "DescribeStream" in warnings[0] and endpoint in warnings[0] and "ReadTimeout" in warnings[0]
+    assert "(1 attempt)" in warnings[0]
+
+
+def test_partitions_can_follow_the_shard_count():
+    import argparse
+
+    from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, auto_partitions,
+                                         partitions_arg)
+
+    assert auto_partitions(0) == 1 and auto_partitions(1) == 1
+    assert auto_partitions(SHARDS_PER_PARTITION) == 1 and auto_partitions(SHARDS_PER_PARTITION + 1) == 2
+    assert auto_partitions(1_000) == min(MAX_AUTO_PARTITIONS, 125)
+    assert auto_partitions(10 ** 6) == MAX_AUTO_PARTITIONS
+    assert partitions_arg("auto") == "auto" and partitions_arg("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError):
+        partitions_arg("0")
