@@ -36,6 +36,7 @@ PARAMETERS = {
     "new_stream": ("--new-stream", "flag"),
     # one running job per job name, and the give-up deadlines (docs/operations.md)
     "take_over": ("--take-over", "flag"),
+    "state_app_profile": ("--state-app-profile", "value"),
     "adopt_target": ("--adopt-target", "flag"),
     "standby": ("--standby", "flag"),
     "lease_ttl": ("--lease-ttl", "value"),

@@ -245,10 +245,11 @@ class StateStore:
 
     # -- what the stream readers last saw of their shards (read by `status`, which
     # then needs no GetRecords call of its own: docs/operations.md, AWS limits)
-    def save_reader_report(self, stream_arn: str, partition: str, pending_since: dict) -> None:
+    def save_reader_report(self, stream_arn: str, partition: str, pending_since: dict, ended: bool = False) -> None:
         """``pending_since``: {shard id: creation ms of the oldest record not read
-        yet, or None at the head}, as partition ``partition`` of the stream saw it now."""
-        body = json.dumps({"at_ms": self._now_ms(), "shards": pending_since}, sort_keys=True)
+        yet, or None at the head}, as partition ``partition`` of the stream saw it now;
+        ``ended``: the partition's reader stopped after this report (nobody reads on)."""
+        body = json.dumps({"at_ms": self._now_ms(), "shards": pending_since, "ended": ended}, sort_keys=True)
         self.save_meta(f"{READER_REPORT}#{stream_label(stream_arn)}#{partition}", body)
 
     def load_reader_reports(self, stream_arn: str) -> list:

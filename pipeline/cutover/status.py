@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from botocore.exceptions import ClientError
+
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
 from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, list_shards
@@ -28,15 +30,12 @@ class ShardStatus:
     finished: bool
     pending_since_ms: Optional[int]  # creation time of the oldest record not applied yet
     last_applied_ms: Optional[int]
-<<<<<<< HEAD
     # The checkpoint points at data the stream trimmed (changes lost from the stream):
     # `ddb2bt recover` restores them from incremental exports (docs/recover.md).
     trimmed: bool = False
-=======
     # ms since a reader last reported on the shard (None: never); pending_since_ms
     # is what that report said
     reported_ago_ms: Optional[int] = 0
->>>>>>> limits
 
     def lag_ms(self, now_ms: int) -> int:
         return 0 if self.pending_since_ms is None else max(0, now_ms - self.pending_since_ms)
@@ -75,18 +74,13 @@ def assess(f: Facts, flags: str = "") -> tuple:
         reasons.append("backfill done; the tail is still catching up")
     if f.bookkeeping_tables:
         reasons.append(f"bookkeeping cells may remain in {', '.join(f.bookkeeping_tables)} (touch-marker family "
-<<<<<<< HEAD
                        f"not dropped yet: the migration has not finished; rerun ddb2bt migrate{f_} or keep the "
                        "tail running)")
-=======
-                       "not dropped yet: the migration has not finished; rerun ddb2bt migrate or keep the tail "
-                       "running)")
-    silent = [s for s in f.shards if not s.finished and (s.reported_ago_ms is None
-                                                          or s.reported_ago_ms > REPORT_FRESH_MS)]
+    silent = [s for s in f.shards if not s.finished and not s.trimmed and (s.reported_ago_ms is None
+                                                                           or s.reported_ago_ms > REPORT_FRESH_MS)]
     if silent:
         reasons.append(f"{len(silent)} shard(s) without a report from a running reader in the last "
-                       f"{REPORT_FRESH_MS // 60000} min: is the tail (ddb2bt run / migrate) running?")
->>>>>>> limits
+                       f"{REPORT_FRESH_MS // 60000} min: is the tail (ddb2bt run{f_} / migrate) running?")
     lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
     if lagging:
         worst = max(s.lag_ms(f.now_ms) for s in lagging)
@@ -94,9 +88,9 @@ def assess(f: Facts, flags: str = "") -> tuple:
     trimmed = [s for s in f.shards if s.trimmed]
     if trimmed:
         reasons.append(f"trimmed: {len(trimmed)} shard(s) lost changes the stream no longer holds; recover with "
-                       "ddb2bt recover -m <mapping> (it prints the incremental exports to make, then applies them)")
+                       f"ddb2bt recover{f_ or ' -m <mapping>'} (it prints the incremental exports to make, then applies them)")
     if f.phase == "RECOVERING":
-        reasons.append("recovering from incremental exports: rerun ddb2bt recover -m <mapping> --from-export ... "
+        reasons.append(f"recovering from incremental exports: rerun ddb2bt recover{f_ or ' -m <mapping>'} --from-export ... "
                        "with the same exports to finish (it resumes after the last applied data file)")
     headroom = retention_headroom_ms(f)
     if headroom < HEADROOM_READY_MS:
@@ -122,7 +116,7 @@ def retention_headroom_ms(f: Facts) -> int:
 
 
 def reported_shards(store, stream_arn: str) -> dict:
-    """{shard id: (report ms, pending since ms | None)} from the readers' newest
+    """{shard id: (report ms, pending since ms | None, ended)} from the readers' newest
     reports (``StateStore.save_reader_report``). Status reads no shard records
     itself: GetRecords is limited to 5 calls/s per shard, shared with the tail
     and any Lambda trigger (docs/operations.md, AWS limits)."""
@@ -131,7 +125,7 @@ def reported_shards(store, stream_arn: str) -> dict:
         at = int(report.get("at_ms", 0))
         for shard_id, pending in (report.get("shards") or {}).items():
             if shard_id not in out or out[shard_id][0] < at:
-                out[shard_id] = (at, pending)
+                out[shard_id] = (at, pending, bool(report.get("ended")))
     return out
 
 
@@ -182,18 +176,16 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
             c = ckpts.get(shard_id)
             finished = bool(c and c.finished)
             seq = c.sequence_number if c else None
-<<<<<<< HEAD
-            trimmed = not finished and _trimmed(streams, stream_arn, shard_id, seq)
+            at, pending, ended = reports.get(shard_id, (None, None, True))
+            reported_ago = None if at is None else max(0, facts.now_ms - at)
+            # A running reader stops loudly on trimmed data itself; only a shard no
+            # running reader reports on (a stopped job) is probed, with one
+            # GetShardIterator and no record read (docs/operations.md, AWS's limits).
+            fresh = not ended and reported_ago is not None and reported_ago <= REPORT_FRESH_MS
+            trimmed = not finished and not fresh and _trimmed(streams, stream_arn, shard_id, seq)
             facts.shards.append(ShardStatus(
-                shard_id, seq, finished,
-                None if finished or trimmed else pending_since(streams, stream_arn, shard_id, seq),
-                c.change_ms if c else None, trimmed))
-=======
-            at, pending = reports.get(shard_id, (None, None))
-            facts.shards.append(ShardStatus(
-                shard_id, seq, finished, None if finished else pending, c.change_ms if c else None,
-                None if at is None else max(0, facts.now_ms - at)))
->>>>>>> limits
+                shard_id, seq, finished, None if finished or trimmed else pending,
+                c.change_ms if c else None, trimmed, reported_ago))
     return facts
 
 
@@ -206,16 +198,11 @@ def render(f: Facts, flags: str = "") -> list:
                  f"{expected}; finished {when(f.backfill_done_ms)}")
     lines.append(f"stream: {f.stream_arn or '-'}")
     for s in f.shards:
-<<<<<<< HEAD
         state = "finished" if s.finished else "TRIMMED (changes lost from the stream)" if s.trimmed else (
             "at head" if s.pending_since_ms is None else f"lag {s.lag_ms(f.now_ms) / 1000:.1f}s")
-=======
-        state = "finished" if s.finished else ("at head" if s.pending_since_ms is None else
-                                               f"lag {s.lag_ms(f.now_ms) / 1000:.1f}s")
-        if not s.finished:
+        if not s.finished and not s.trimmed:
             state += " (no reader report)" if s.reported_ago_ms is None else \
                 f" (reported {s.reported_ago_ms / 1000:.0f}s ago)"
->>>>>>> limits
         lines.append(f"  {s.shard_id}: {state}; position {s.sequence_number or 'start'}")
     lines.append(f"retention headroom: {retention_headroom_ms(f) / 3600000:.1f}h")
     lines.append(f"dead letters: {f.dead_letters}")
@@ -225,7 +212,7 @@ def render(f: Facts, flags: str = "") -> list:
                                     f"{'IDENTICAL' if v.get('identical') else 'DIFFERENT'} "
                                     f"({'sampled' if v.get('sampled') else 'full'}) at {when(v.get('checked_at_ms'))}"))
     if any(s.trimmed for s in f.shards):
-        lines.append("trimmed: recover with ddb2bt recover -m <mapping> (docs/recover.md)")
+        lines.append(f"trimmed: recover with ddb2bt recover{' ' + flags if flags else ' -m <mapping>'} (docs/recover.md)")
     lines.append("READY for cutover" if ready else "NOT READY: " + "; ".join(reasons))
     return lines
 

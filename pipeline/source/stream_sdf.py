@@ -139,7 +139,7 @@ class _StreamContext:
         self.reported[partition] = now
         try:
             self.state.save_reader_report(partition.stream_arn, f"{partition.index}-{partition.count}",
-                                          reader.pending_since())
+                                          reader.pending_since(), ended=force)
         except Exception as exc:  # reading goes on; status shows the report's age
             log.warning("cannot save the reader report of %s (%s: %s)", table_of_stream(partition.stream_arn),
                         type(exc).__name__, exc)

@@ -245,7 +245,7 @@ def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tm
     monkeypatch.setattr(connections, "StreamsClientFactory", lambda region=None: lambda: first.stream)
     capsys.readouterr()
     assert ddb2bt(["status", "-m", first.path]) == 1
-    assert "trimmed: recover with ddb2bt recover -m" in capsys.readouterr().out
+    assert f"trimmed: recover with ddb2bt recover --mapping {first.path}" in capsys.readouterr().out
     assert ddb2bt(["recover", "-m", first.path, "--s3-bucket", "my-exports"]) == 0
     printed = capsys.readouterr().out
     assert "trimmed: 1 shard(s) lost changes" in printed
