@@ -26,6 +26,15 @@ removals, and the removed data comes back. Every ``run``, ``migrate`` and
   acquired it; and each write's RPC deadline is capped at the lease's remaining
   validity, so no write outlives it. (Assumes the hosts' wall clocks differ by
   less than the margin: NTP keeps them within milliseconds.)
+* A blip is ridden through (docs/design.md, "Ownership"): when no renewal has
+  succeeded for ``ttl - margin`` the holder does not give up, it stops writing
+  (``check`` raises ``LeaseUnproven``, a retryable error, so every write's retry
+  loop waits) and its heartbeat keeps trying. A renewal is a compare-and-set
+  against the exact value this holder last wrote, so when one succeeds nobody
+  else can have taken the lease meanwhile, and writing resumes without a
+  restart. Only when the cell changed hands (``LeaseLost``) or ownership stayed
+  unproven for ``give_up_s`` (``--bigtable-deadline``) does the holder stop for
+  good.
 * ``--take-over`` swaps the lease to the new process at once, which then waits
   until the old holder's expiry before writing: the old one fails its next
   renewal and stops, as above.
@@ -45,7 +54,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ddb2bt.pipeline.retry import BETWEEN_ATTEMPTS
+from ddb2bt.pipeline.retry import BETWEEN_ATTEMPTS, DEFAULT_DEADLINE_S
 from ddb2bt.transforms.errors import PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -69,7 +78,14 @@ class LeaseHeld(PermanentError):
 
 
 class LeaseLost(PermanentError):
-    """This process may no longer write: its lease lapsed or was taken over."""
+    """This process may no longer write: its lease was taken over, or stayed
+    unproven for longer than the give-up deadline."""
+
+
+class LeaseUnproven(RetryableError):
+    """This process cannot prove right now that it still holds its lease (no
+    renewal succeeded for ``ttl - margin``): it writes nothing until one does.
+    Retryable: the heartbeat keeps renewing, and a write's retry loop waits."""
 
 
 def margin_s(ttl_s: float) -> float:
@@ -140,6 +156,9 @@ class LeaseSpec:
     ttl_s: float = DEFAULT_TTL_S
     renew_s: float = DEFAULT_RENEW_S
     shared: bool = False  # a Dataflow job: every worker renews as the holder
+    # How long ownership may stay unproven (Bigtable unreachable, the process
+    # paused) before the holder gives up for good: the job's --bigtable-deadline.
+    give_up_s: float = DEFAULT_DEADLINE_S
 
     @property
     def row_key(self) -> bytes:
@@ -362,7 +381,7 @@ class Lease:
         if self._lost is not None or self._raw is None:
             return False
         sent = self._clock()
-        if not self.spec.shared and sent >= self._valid_until:
+        if sent - self._valid_until >= self.spec.give_up_s:
             self._lose(self._lapsed_message(sent))
             return False
         now = self._wall()
@@ -376,12 +395,18 @@ class Lease:
             self._last_error = f"{self._cell.where}: {exc}"
             if sent - self._last_warning >= self.spec.renew_s:
                 self._last_warning = sent
-                log.warning("renewing the %s lease of job %s failed (%s); retrying; this process stops writing "
-                            "in %.0fs unless a renewal succeeds", self.spec.role, self.spec.job, exc,
-                            max(0.0, self._valid_until - sent))
+                left = self._valid_until - sent
+                log.warning("renewing the %s lease of job %s at %s failed (%s); retrying; %s", self.spec.role,
+                            self.spec.job, self._cell.where, exc,
+                            f"this process pauses its writes in {left:.0f}s unless a renewal succeeds" if left > 0
+                            else f"writes paused until a renewal proves nobody took over (gives up in "
+                                 f"{max(0.0, self.spec.give_up_s + left):.0f}s)")
             return False
         with self._lock:
             if swapped:
+                if sent > self._valid_until:  # writes were paused: the compare-and-set proves nobody took over
+                    log.warning("the %s lease of job %s is renewed again after %.0fs unproven: nobody took over, "
+                                "writing resumes", self.spec.role, self.spec.job, sent - self._valid_until)
                 self._raw = new
                 self._valid_until = sent + self.spec.ttl_s - self._margin
                 return True
@@ -406,12 +431,20 @@ class Lease:
         ago = now - self._valid_until + self.spec.ttl_s - self._margin
         cause = (f"renewing it kept failing: {self._last_error}" if self._last_error else
                  "this process was paused, or could not reach Bigtable")
-        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}), so "
-                "another process may hold it now: this process stops before writing anything more")
+        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
+                f"ownership stayed unproven for more than {self.spec.give_up_s:g}s (--bigtable-deadline): this "
+                "process stops before writing anything more")
+
+    def _unproven_message(self, now: float) -> str:
+        ago = now - self._valid_until + self.spec.ttl_s - self._margin
+        cause = f"renewing it fails: {self._last_error}" if self._last_error else "this process was paused"
+        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
+                "another process may hold it: writes are paused until a renewal proves nobody took over")
 
     def check(self) -> float:
-        """The fence: seconds this process may still write; raises LeaseLost when
-        it may not (taken over, or not renewed for ttl - margin by its own clock)."""
+        """The fence: seconds this process may still write. Raises LeaseUnproven
+        (retryable) while no renewal succeeded for ttl - margin by its own clock,
+        LeaseLost once it was taken over or stayed unproven for ``give_up_s``."""
         if self._lost is not None:
             raise LeaseLost(self._lost)
         if self._raw is None:
@@ -420,10 +453,12 @@ class Lease:
         remaining = self._valid_until - now
         if remaining > 0:
             return remaining
-        if self.spec.shared and self.renew():  # a Dataflow worker re-proves the job's hold
-            return self._valid_until - self._clock()
-        self._lose(self._lapsed_message(now))
-        raise LeaseLost(self._lost or "lease lost")
+        if now - self._valid_until >= self.spec.give_up_s:
+            self._lose(self._lapsed_message(now))
+            raise LeaseLost(self._lost or "lease lost")
+        # Unproven: the heartbeat keeps renewing (no RPC here, so a write path
+        # never blocks on the lease); the caller's retry loop waits for it.
+        raise LeaseUnproven(self._unproven_message(now))
 
     # -- heartbeat, release ------------------------------------------------------
     def start_heartbeat(self) -> None:
@@ -489,7 +524,10 @@ def check_held() -> None:
     run between retry attempts, so no retry loop outlives a lost lease."""
     for lease in list(_REGISTRY.values()):
         if lease.active:
-            lease.check()
+            try:
+                lease.check()
+            except LeaseUnproven:
+                pass  # the retry loop goes on waiting; its own write re-checks
 
 
 if check_held not in BETWEEN_ATTEMPTS:
@@ -564,8 +602,10 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
     a Dataflow launch (``dataflow_job``) it is taken for the job with a start-up
     grace and handed over to the workers."""
     holder = dataflow_holder(dataflow_job) if dataflow_job else f"{command}:{uuid.uuid4().hex[:12]}"
+    deadline = state_spec.bigtable.deadline_s
     spec = LeaseSpec(state_spec.bigtable, state_spec.table, state_spec.job, role, holder, options.ttl_s,
-                     options.renew_s, shared=dataflow_job is not None)
+                     options.renew_s, shared=dataflow_job is not None,
+                     give_up_s=deadline if deadline is not None else DEFAULT_DEADLINE_S)
     from ddb2bt.pipeline.retry import RetryPolicy
 
     lease = Lease(spec, lease_cell(spec), command=command)

@@ -27,6 +27,9 @@ from ddb2bt.pipeline.source.stream_source import (
 
 log = logging.getLogger(__name__)
 PHASE_CHECK_S = 10.0  # how often an idle reader looks at the migration phase
+# While the lease is unproven a partition looks again this often (FnApiRunner
+# ignores deferral delays, so it also sleeps that long: no spinning core).
+UNPROVEN_WAIT_S = 1.0
 
 
 class PartitionTracker(RestrictionTracker):
@@ -172,7 +175,17 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         ctx = self._contexts[partition.stream_arn]
         options = ctx.options
         if ctx.lease is not None:
-            ctx.lease.check()  # raises once the table's lease is lost: this process stops
+            from ddb2bt.pipeline.lease import LeaseUnproven
+
+            try:
+                ctx.lease.check()  # raises LeaseLost once the table's lease is lost: this process stops
+            except LeaseUnproven:
+                # Ownership unproven (a Bigtable blip, or this worker was paused):
+                # read nothing until the heartbeat proves it again, then go on
+                # without a restart (docs/design.md, "Ownership").
+                time.sleep(UNPROVEN_WAIT_S)
+                tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
+                return
         if stop_requested(options.stop_token):
             tracker.try_claim(ClaimEnd())
             return
