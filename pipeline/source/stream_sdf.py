@@ -15,6 +15,7 @@ from apache_beam.utils.timestamp import Duration
 from ddb2bt.pipeline.dynamodb import table_of_stream
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.source.records import batch_records
+from ddb2bt.pipeline.state import stream_label
 from ddb2bt.pipeline.source.stream_source import (
     ClaimEnd,
     PartitionReader,
@@ -127,6 +128,7 @@ class _StreamContext:
         self.readers: dict = {}
         self.phase_checked = -1e9
         self.bookkeeping = None
+        self.heads: dict = {}  # partition index -> at the stream head at its last round
 
     def reader(self, partition: StreamPartition) -> PartitionReader:
         reader = self.readers.get(partition)
@@ -199,7 +201,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
                      partition.stream_arn, options.until_idle_s)
             tracker.try_claim(ClaimEnd())
             return
-        self._tick_cutover(ctx, at_head=decision == "poll")
+        self._tick_cutover(ctx, partition, at_head=decision == "poll")
         if decision == "poll":
             self._idle_streak += 1
             if options.sleep_when_idle:
@@ -215,13 +217,14 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         self._idle_streak = 0
         tracker.defer_remainder(Duration.of(0))
 
-    def _tick_cutover(self, ctx: _StreamContext, at_head: bool) -> None:
+    def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, at_head: bool) -> None:
         """Let the cutover machine take its next step (the phase is the cutover
         module's to write): without a local controller — on Dataflow, or next to a
         separate batch backfill — the readers are what moves a migration on."""
         from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
         from ddb2bt.pipeline.cutover.phases import Migration, advance
 
+        ctx.heads[partition.index] = at_head
         now = time.monotonic()
         if now - ctx.phase_checked < PHASE_CHECK_S:
             return
@@ -232,7 +235,13 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         try:
             if ctx.bookkeeping is None:
                 ctx.bookkeeping = Bookkeeping.for_target(spec.project, spec.instance)
-            advance(Migration(ctx.state), ctx.bookkeeping, at_head, ctx.options.promote_live)
+            migration = Migration(ctx.state)
+            # LIVE only once EVERY partition of the stream is at the head (each
+            # reader reports its own; one at the head proves nothing of the others).
+            label = stream_label(ctx.source.stream_arn)
+            migration.report_heads(label, ctx.heads)
+            advance(migration, ctx.bookkeeping, migration.all_at_head(label, partition.count),
+                    ctx.options.promote_live)
         except Exception as exc:  # the phase moves on at the next tick; reading must go on
             log.warning("cannot advance the migration phase of %s (%s: %s)", table_of_stream(ctx.source.stream_arn),
                         type(exc).__name__, exc)
