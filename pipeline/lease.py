@@ -41,6 +41,17 @@ removals, and the removed data comes back. Every ``run``, ``migrate`` and
 * On Dataflow the lease belongs to the job, not a process: the holder id is
   ``dataflow:<job name>``, the launcher takes it (with a start-up grace, since
   workers need minutes to start) and every worker renews it under that id.
+* Inside a shared (Dataflow) job, each stream partition has an owner of its own
+  (``PartitionOwners``): a lease per partition, held by one worker process
+  (holder ``worker:<host>:<pid>:<nonce>``), taken by compare-and-set, renewed by
+  that worker and checked before the reader reads and before the sink writes or
+  checkpoints anything of that partition. Each acquisition writes a new value, so
+  the cell works as the partition's epoch: a worker that was paused while Dataflow
+  moved the partition to another worker finds, when it wakes, that its own
+  monotonic clock has run past the lease (so it stops), and its renewal's
+  compare-and-set fails against the new owner's value (so it never resumes).
+  A worker that stops processing a partition (Dataflow moved it while the worker
+  was healthy) releases the partition's lease after ``PARTITION_IDLE_RELEASE_S``.
 """
 from __future__ import annotations
 
@@ -226,6 +237,12 @@ class LeaseCell:
             close()
 
 
+# A worker releases a partition's lease when it has not processed the partition
+# for this long (Dataflow moved it elsewhere): the new owner then waits at most
+# this, not a whole TTL. Readers come back every poll interval (~1 s).
+PARTITION_IDLE_RELEASE_S = 10.0
+
+
 class Lease:
     """One process's (or one Dataflow worker's) hold on a job's lease. Clocks and
     the cell are injected for tests."""
@@ -254,6 +271,9 @@ class Lease:
         self._last_warning = float("-inf")
         self._last_error: Optional[str] = None  # of the last failed renewal, for the final message
         self.active = False  # holding, with its heartbeat running
+        # Partition leases: released by the heartbeat when not used for this long.
+        self.idle_release_s: Optional[float] = None
+        self.last_used = clock()
 
     # -- state -------------------------------------------------------------------
     def _state(self, now_ms: int, ttl_s: Optional[float] = None, released: bool = False) -> LeaseState:
@@ -471,6 +491,11 @@ class Lease:
     def _beat(self) -> None:
         delay = self.spec.renew_s
         while not self._stop.wait(delay):
+            if self.idle_release_s is not None and self._clock() - self.last_used > self.idle_release_s:
+                log.info("released the %s lease of job %s: not used for %gs (the work moved)", self.spec.role,
+                         self.spec.job, self.idle_release_s)
+                self.release()
+                return
             ok = self.renew()
             if self._lost is not None:
                 return
@@ -623,3 +648,86 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
         lease.release()  # closes its channel (it holds nothing to give up)
         raise
     return lease, spec
+
+
+# --- per partition: which worker process of a shared job may write it -------------
+
+WORKER_ID = f"worker:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def partition_index(shard_id: str, count: int) -> int:
+    """The partition a shard belongs to (the readers' own rule, StreamPartition.owns)."""
+    import zlib
+
+    return zlib.crc32(shard_id.encode()) % count
+
+
+class PartitionOwners:
+    """This process's partition leases in a shared (Dataflow) job; see the module
+    docstring. ``cell_for`` builds a LeaseCell for a spec (injected in tests)."""
+
+    def __init__(self, cell_for: Callable[[LeaseSpec], LeaseCell] = None, worker: str = None,
+                 heartbeat: bool = True, **lease_kw) -> None:
+        self._cell_for = cell_for or lease_cell
+        self._heartbeat = heartbeat  # tests renew by hand on an injected clock
+        self._worker = worker or WORKER_ID
+        self._lease_kw = lease_kw
+        self._leases: dict = {}  # (stream_arn, index) -> Lease
+        self._counts: dict = {}  # stream_arn -> partition count
+        self._lock = threading.Lock()
+
+    def spec_for(self, job: LeaseSpec, stream_arn: str, index: int) -> LeaseSpec:
+        from ddb2bt.pipeline.state import stream_label
+
+        return LeaseSpec(job.bigtable, job.table, job.job, f"{job.role}#p#{stream_label(stream_arn)}#{index}",
+                         self._worker, job.ttl_s, job.renew_s, shared=False, give_up_s=job.give_up_s)
+
+    def claim(self, job: LeaseSpec, stream_arn: str, index: int, count: int) -> Optional[Lease]:
+        """The partition's lease held by this process, taking it if it is free;
+        None while another worker holds it (the caller reads nothing meanwhile)."""
+        with self._lock:
+            self._counts[stream_arn] = count
+            key = (stream_arn, index)
+            lease = self._leases.get(key)
+            if lease is not None and lease._lost is None:
+                lease.last_used = lease._clock()
+                return lease
+            spec = self.spec_for(job, stream_arn, index)
+            lease = Lease(spec, self._cell_for(spec), command="worker", **self._lease_kw)
+            other = lease.try_acquire()
+            if other is not None:
+                lease._cell.close()
+                self._leases.pop(key, None)
+                return None
+            lease.idle_release_s = PARTITION_IDLE_RELEASE_S
+            if self._heartbeat:
+                lease.start_heartbeat()
+            self._leases[key] = lease
+            return lease
+
+    def check(self, positions) -> None:
+        """Before writing or checkpointing changes of ``positions`` ((stream_arn,
+        shard_id) pairs): this process must own each one's partition now. Raises
+        LeaseUnproven (retryable: wait) or LeaseLost (the partition moved: stop)."""
+        for stream_arn, shard_id in positions:
+            count = self._counts.get(stream_arn)
+            if count is None:
+                continue  # no partition ownership for this stream in this process (not a shared job)
+            lease = self._leases.get((stream_arn, partition_index(shard_id, count)))
+            if lease is None:
+                raise LeaseLost(f"this worker does not own the partition of shard {shard_id}: it moved to another "
+                                "worker; its changes are written by that one")
+            lease.last_used = lease._clock()
+            lease.check()
+
+    def held(self, stream_arn: str, index: int) -> Optional[Lease]:
+        return self._leases.get((stream_arn, index))
+
+    def release_all(self) -> None:
+        with self._lock:
+            for lease in self._leases.values():
+                lease.release()
+            self._leases.clear()
+
+
+OWNERS = PartitionOwners()  # per process, shared by its readers and sinks

@@ -130,6 +130,7 @@ class BatchingWriter:
         sleep: Callable[[float], None] = time.sleep,
         overlap: bool = False,
         versions: Optional[VersionOwners] = None,
+        partition_fence: Optional[Callable] = None,
     ) -> None:
         self._writer = writer
         self._state = state
@@ -143,6 +144,9 @@ class BatchingWriter:
         self._sleep = sleep
         # Who owns each versioned cell (sink/versions.py); None: not tracked.
         self._versions = versions
+        # A shared (Dataflow) job: this process must own the partitions of the
+        # changes it writes (ddb2bt.pipeline.lease.PartitionOwners.check).
+        self._partition_fence = partition_fence
         self._reset()
         # overlap: a full batch is written on this one thread while add() goes on;
         # (batch, future) of the one in flight, if any.
@@ -323,6 +327,7 @@ class BatchingWriter:
         """Write a batch, store its dead letters, then checkpoint: (dead, ack ms).
         Touches only the batch, the writer and the state store (and thread-safe
         Prometheus metrics), so it may run on the sink thread."""
+        self._fence_partitions(batch)
         dead = list(batch.dead)
         # Recorded before anything is written (guards.py: the repair's crash window).
         intents = self._record_intents(batch)
@@ -349,6 +354,7 @@ class BatchingWriter:
         if settle:
             self._versions.settle(settle)
         ack_ms = self._now_ms()
+        self._fence_partitions(batch)  # the writes may have taken long: still the owner before checkpointing?
         if self._state is not None:
             if dead:
                 self._state.save_dead_letters(dead)
@@ -479,6 +485,14 @@ class BatchingWriter:
                 f"gave up writing to {table} after {self._config.retry.deadline_s:.0f}s (--bigtable-deadline): "
                 f"{where} kept failing: {cause}", code=getattr(cause, "code", "")) from exc
         return permanent
+
+    def _fence_partitions(self, batch: _Batch) -> None:
+        """Wait (retry policy) while this process cannot prove it owns the batch's
+        partitions; LeaseLost (the partition moved to another worker) stops it."""
+        if self._partition_fence is None or not (batch.positions or batch.closed):
+            return
+        keys = list(batch.positions) + [(c.stream_arn, c.shard_id) for c in batch.closed]
+        retrying(self._config.retry, "partition ownership", None, self._sleep)(lambda: self._partition_fence(keys))
 
     def _record_intents(self, batch: _Batch) -> list:
         """Durably record the batch's guarded rows, per part, before they are
@@ -678,9 +692,13 @@ class _WriteToBigtableFn(beam.DoFn):
         self._writer = fence(self._bigtable.writer(), join(self._config.lease))
         self._state = self._state_spec.store(self._writer) if self._state_spec else None
         self._families = _FamilyCache(self._bigtable) if self._check_families else None
+        from ddb2bt.pipeline.lease import OWNERS
+
+        shared = self._config.lease is not None and self._config.lease.shared
         self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families,
                                        overlap=self._config.overlap_writes,
-                                       versions=self._state.versions() if self._state is not None else None)
+                                       versions=self._state.versions() if self._state is not None else None,
+                                       partition_fence=OWNERS.check if shared else None)
 
     def process(self, element):
         yield from self._batcher.add(element)

@@ -188,6 +188,10 @@ class _ReadStreamPartitionsFn(beam.DoFn):
                 time.sleep(UNPROVEN_WAIT_S)
                 tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
                 return
+            if ctx.lease.spec.shared and not self._own_partition(ctx, partition):
+                time.sleep(UNPROVEN_WAIT_S)
+                tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
+                return
         if stop_requested(options.stop_token):
             tracker.try_claim(ClaimEnd())
             return
@@ -216,6 +220,22 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return
         self._idle_streak = 0
         tracker.defer_remainder(Duration.of(0))
+
+    @staticmethod
+    def _own_partition(ctx: _StreamContext, partition: StreamPartition) -> bool:
+        """A worker of a shared (Dataflow) job reads a partition only while it
+        owns it (ddb2bt.pipeline.lease.PartitionOwners): another worker may hold
+        it (Dataflow moved the work, or this worker was paused meanwhile)."""
+        from ddb2bt.pipeline.lease import OWNERS, LeaseLost, LeaseUnproven
+
+        owner = OWNERS.claim(ctx.lease.spec, partition.stream_arn, partition.index, partition.count)
+        if owner is None:
+            return False
+        try:
+            owner.check()
+        except (LeaseUnproven, LeaseLost):
+            return False
+        return True
 
     def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, at_head: bool) -> None:
         """Let the cutover machine take its next step (the phase is the cutover

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
-                                   LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, check_held, fence, margin_s,
-                                   register)
+                                   LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, PARTITION_IDLE_RELEASE_S,
+                                   PartitionOwners, check_held, fence, margin_s, partition_index, register)
 from ddb2bt.pipeline.sink.bigtable_io import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.retry import RetryPolicy
@@ -384,3 +384,61 @@ def test_a_dataflow_launch_holds_the_lease_for_the_job_and_its_workers_join(monk
             acquire_lease(args2, state, "tail")
     finally:
         worker.release()
+
+
+# --- per-partition owners inside a shared (Dataflow) job -----------------------------
+
+STREAM = "arn:aws:dynamodb:r:1:table/T/stream/x"
+
+
+def owners(world, bt, name):
+    return PartitionOwners(lambda spec: LeaseCell(bt, "state", spec.row_key), worker=f"worker:{name}",
+                           heartbeat=False, wall=world.wall, clock=world.clock, sleep=world.sleep,
+                           host=f"host-{name}", pid=abs(hash(name)) % 30000 + 2, node=f"vm-{name}")
+
+
+def test_a_paused_worker_whose_partition_moved_writes_nothing_when_woken():
+    """Dataflow moves a partition's work off a SIGSTOPped worker; the new owner
+    takes the partition once the old lease has run out by the cell's clock; the
+    old one, woken, cannot prove ownership (its own monotonic clock ran on) and
+    its renewal's compare-and-set fails against the new owner's value: its sink
+    writes and checkpoints nothing more, and it never resumes."""
+    world, bt = World(), InMemoryBigtable()
+    job = LeaseSpec(Bt(), "state", "job", "tail", "dataflow:job-1", TTL, RENEW, shared=True)
+    w1, w2 = owners(world, bt, "w1"), owners(world, bt, "w2")
+    shard = next(f"shard-{i}" for i in range(100) if partition_index(f"shard-{i}", 2) == 0)
+    assert w1.claim(job, STREAM, 0, 2) is not None
+    assert w2.claim(job, STREAM, 0, 2) is None, "one owner per partition"
+    assert w2.claim(job, STREAM, 1, 2) is not None, "partitions are owned independently"
+    w1.check([(STREAM, shard)])
+    sink = BatchingWriter(bt, StateStore(bt, "job", world.wall), SinkConfig(retry=RetryPolicy(0.001, 0.001, 0.05)),
+                          partition_fence=w1.check)
+    sink.add(_change("1"))
+    sink.flush()
+    assert bt.latest("t")
+    # w1 is SIGSTOPped; Dataflow gives partition 0 to w2, which takes it at expiry.
+    world.sleep(TTL + 1)
+    assert w2.claim(job, STREAM, 0, 2) is not None
+    # w1 wakes with a buffered change of partition 0: nothing is written.
+    sink.add(_change("2"))
+    calls = len(bt.calls)
+    with pytest.raises((LeaseUnproven, LeaseLost)):
+        sink.flush()
+    assert len(bt.calls) == calls, "not one write RPC"
+    assert not w1.held(STREAM, 0).renew(), "its renewal fails: the cell holds w2's value"
+    with pytest.raises(LeaseLost):
+        w1.check([(STREAM, shard)])
+    assert w1.claim(job, STREAM, 0, 2) is None, "and it cannot take the partition back while w2 holds it"
+    w2.check([(STREAM, shard)])
+
+
+def test_a_partition_a_worker_no_longer_processes_is_released_for_the_next_owner():
+    world, bt = World(), InMemoryBigtable()
+    job = LeaseSpec(Bt(), "state", "job", "tail", "dataflow:job-1", TTL, RENEW, shared=True)
+    w1, w2 = owners(world, bt, "w1"), owners(world, bt, "w2")
+    lease = w1.claim(job, STREAM, 0, 1)
+    world.sleep(PARTITION_IDLE_RELEASE_S + 1)
+    assert lease.renew()  # still renewed by its heartbeat ...
+    assert world.clock() - lease.last_used > lease.idle_release_s  # ... which releases it when idle
+    lease.release()
+    assert w2.claim(job, STREAM, 0, 1) is not None, "taken at once, not after a TTL"
