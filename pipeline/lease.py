@@ -401,7 +401,7 @@ class Lease:
         if self._lost is not None or self._raw is None:
             return False
         sent = self._clock()
-        if sent - self._valid_until >= self.spec.give_up_s:
+        if self._gave_up(sent):
             self._lose(self._lapsed_message(sent))
             return False
         now = self._wall()
@@ -420,7 +420,7 @@ class Lease:
                             self.spec.job, self._cell.where, exc,
                             f"this process pauses its writes in {left:.0f}s unless a renewal succeeds" if left > 0
                             else f"writes paused until a renewal proves nobody took over (gives up in "
-                                 f"{max(0.0, self.spec.give_up_s + left):.0f}s)")
+                                 f"{max(0.0, self.spec.give_up_s - self._since_renewal(sent)):.0f}s)")
             return False
         with self._lock:
             if swapped:
@@ -447,12 +447,24 @@ class Lease:
                        "process stops before its next write")
         return False
 
+    def _gave_up(self, now: float) -> bool:
+        """A process gives up after ``give_up_s`` without a renewal (its command
+        then fails, naming Bigtable). A Dataflow worker never does: a worker whose
+        lease is gone for good would fail every bundle forever, while Dataflow
+        retries them; it stays unproven (bundles fail and are retried) until a
+        renewal proves the job still holds the lease, or another holder shows."""
+        return not self.spec.shared and self._since_renewal(now) >= self.spec.give_up_s
+
+    def _since_renewal(self, now: float) -> float:
+        """Seconds since the last successful renewal was sent (own clock)."""
+        return now - self._valid_until + self.spec.ttl_s - self._margin
+
     def _lapsed_message(self, now: float) -> str:
-        ago = now - self._valid_until + self.spec.ttl_s - self._margin
+        ago = self._since_renewal(now)
         cause = (f"renewing it kept failing: {self._last_error}" if self._last_error else
                  "this process was paused, or could not reach Bigtable")
         return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
-                f"ownership stayed unproven for more than {self.spec.give_up_s:g}s (--bigtable-deadline): this "
+                f"no renewal succeeded for more than {self.spec.give_up_s:g}s (--bigtable-deadline): this "
                 "process stops before writing anything more")
 
     def _unproven_message(self, now: float) -> str:
@@ -473,7 +485,7 @@ class Lease:
         remaining = self._valid_until - now
         if remaining > 0:
             return remaining
-        if now - self._valid_until >= self.spec.give_up_s:
+        if self._gave_up(now):
             self._lose(self._lapsed_message(now))
             raise LeaseLost(self._lost or "lease lost")
         # Unproven: the heartbeat keeps renewing (no RPC here, so a write path

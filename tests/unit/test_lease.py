@@ -267,10 +267,16 @@ def test_a_blip_shorter_than_the_deadline_is_ridden_through_without_a_restart(sh
         for _ in range(90):
             world.sleep(1.0)
             a.renew()
-        with pytest.raises(LeaseLost, match="unproven for more than 60s"):
-            a.check()
-        down["on"] = False
-        assert not a.renew(), "given up is final: a restart re-acquires"
+        if shared:  # a Dataflow worker never gives up for good: Dataflow retries its bundles meanwhile
+            with pytest.raises(LeaseUnproven):
+                a.check()
+            down["on"] = False
+            assert a.renew() and a.check() > 0
+        else:  # a local process stops, naming why (its command fails)
+            with pytest.raises(LeaseLost, match="no renewal succeeded for more than 60s"):
+                a.check()
+            down["on"] = False
+            assert not a.renew(), "given up is final: a restart re-acquires"
     finally:
         from ddb2bt.pipeline.lease import _REGISTRY
         _REGISTRY.pop(a.spec.key, None)
