@@ -27,7 +27,6 @@ from ddb2bt.pipeline.source.stream_source import (
 )
 
 log = logging.getLogger(__name__)
-PHASE_CHECK_S = 10.0  # how often an idle reader looks at the migration phase
 # While the lease is unproven a partition looks again this often (FnApiRunner
 # ignores deferral delays, so it also sleeps that long: no spinning core).
 UNPROVEN_WAIT_S = 1.0
@@ -126,9 +125,7 @@ class _StreamContext:
         self.metrics = metrics.for_table(getattr(source.state_factory, "job", None)
                                          or table_of_stream(source.stream_arn))
         self.readers: dict = {}
-        self.phase_checked = -1e9
-        self.bookkeeping = None
-        self.heads: dict = {}  # partition index -> at the stream head at its last round
+        self.keeper = None  # the cutover keeper of this stream's job (False: none)
 
     def reader(self, partition: StreamPartition) -> PartitionReader:
         reader = self.readers.get(partition)
@@ -238,33 +235,16 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         return True
 
     def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, at_head: bool) -> None:
-        """Let the cutover machine take its next step (the phase is the cutover
-        module's to write): without a local controller — on Dataflow, or next to a
-        separate batch backfill — the readers are what moves a migration on."""
-        from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-        from ddb2bt.pipeline.cutover.phases import Migration, advance
+        """Tell the cutover keeper where this partition is. The keeper — not this
+        reader — moves the migration on (phase, finish) on a thread of its own
+        (ddb2bt.pipeline.cutover.keeper): on Dataflow, or next to a separate
+        batch backfill, no controller does."""
+        from ddb2bt.pipeline.cutover.keeper import keeper_for
 
-        ctx.heads[partition.index] = at_head
-        now = time.monotonic()
-        if now - ctx.phase_checked < PHASE_CHECK_S:
-            return
-        ctx.phase_checked = now
-        spec = getattr(ctx.source.state_factory, "bigtable", None)
-        if spec is None:  # a state store without a Bigtable target (tests)
-            return
-        try:
-            if ctx.bookkeeping is None:
-                ctx.bookkeeping = Bookkeeping.for_target(spec.project, spec.instance)
-            migration = Migration(ctx.state)
-            # LIVE only once EVERY partition of the stream is at the head (each
-            # reader reports its own; one at the head proves nothing of the others).
-            label = stream_label(ctx.source.stream_arn)
-            migration.report_heads(label, ctx.heads)
-            advance(migration, ctx.bookkeeping, migration.all_at_head(label, partition.count),
-                    ctx.options.promote_live)
-        except Exception as exc:  # the phase moves on at the next tick; reading must go on
-            log.warning("cannot advance the migration phase of %s (%s: %s)", table_of_stream(ctx.source.stream_arn),
-                        type(exc).__name__, exc)
+        if ctx.keeper is None:
+            ctx.keeper = keeper_for(ctx.source.state_factory, ctx.options.promote_live) or False
+        if ctx.keeper:
+            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, at_head)
 
     def teardown(self) -> None:
         for ctx in getattr(self, "_contexts", {}).values():
