@@ -27,11 +27,12 @@ class CutoverKeeper:
     ``Bookkeeping`` (admin client), both on its own thread, lazily."""
 
     def __init__(self, store_factory: Callable, bookkeeping_factory: Callable, promote_live: bool,
-                 interval_s: float = KEEPER_INTERVAL_S) -> None:
+                 interval_s: float = KEEPER_INTERVAL_S, migration_factory: Optional[Callable] = None) -> None:
         self._store_factory = store_factory
         self._bookkeeping_factory = bookkeeping_factory
         self._promote_live = promote_live
         self._interval_s = interval_s
+        self._migration_factory = migration_factory  # store -> Migration (clocks injected in tests)
         self._reports: dict = {}  # stream label -> (partition count, {index: at head})
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -39,13 +40,14 @@ class CutoverKeeper:
         self._store = None
         self._bookkeeping = None
 
-    def report(self, stream: str, index: int, count: int, at_head: bool) -> None:
-        """A reader's partition is (or is not) at the stream head; starts the keeper."""
+    def report(self, stream: str, index: int, count: int, at_head: bool, start: bool = True) -> None:
+        """A reader's partition is (or is not) at the stream head; starts the
+        keeper's thread (``start``; tests step it by hand)."""
         with self._lock:
             _, heads = self._reports.get(stream, (count, {}))
             heads[index] = at_head
             self._reports[stream] = (count, heads)
-            if self._thread is None:
+            if start and self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="ddb2bt-cutover-keeper")
                 self._thread.start()
 
@@ -58,6 +60,8 @@ class CutoverKeeper:
         the phase (None when it could not be read; it is tried again next step)."""
         from ddb2bt.pipeline.cutover.phases import Migration, advance
 
+        make_migration = self._migration_factory or Migration
+
         with self._lock:
             reports = {s: (count, dict(heads)) for s, (count, heads) in self._reports.items()}
         try:
@@ -65,7 +69,7 @@ class CutoverKeeper:
                 self._store = self._store_factory()
             if self._bookkeeping is None:
                 self._bookkeeping = self._bookkeeping_factory()
-            migration = Migration(self._store)
+            migration = make_migration(self._store)
             for stream, (_, heads) in reports.items():
                 migration.report_heads(stream, heads)
             # LIVE only once EVERY partition of every stream is at the head.

@@ -123,7 +123,7 @@ def test_workers_of_one_job_ride_out_a_pause_a_partition_move_and_a_25s_blip(sta
             stopped_at = time.time()
             os.kill(procs[victim].pid, signal.SIGSTOP)
             changes = apply_ops(ddb, job_a.source.table, 43, 150)
-            wait_for(lambda: set(partition_owners(job_a).values()) == {procs[other].pid}, 60,
+            wait_for(lambda: partition_owners(job_a) == {0: procs[other].pid, 1: procs[other].pid}, 60,
                      "the other worker to own every partition")
             moved_at = time.time()
             wait_for(lambda: [t for t in writes(logs[other][1]) if t > moved_at], 60, "the new owner's writes")

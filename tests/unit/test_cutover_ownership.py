@@ -225,20 +225,13 @@ def test_the_keeper_moves_the_phase_and_waits_for_every_partition_at_the_head():
     clock, store, admin, bk, m = world()
     m.begin_backfill(SPEC, bk, TABLES)
     _all_parts_done(store)
-    import ddb2bt.pipeline.cutover.phases as phases_module
-
-    keeper = CutoverKeeper(lambda: store, lambda: bk, promote_live=True)
-    keeper._thread = object()  # stepped by hand here (no thread)
-    keeper.report("s1", 0, 2, True)
-    keeper.report("s1", 1, 2, False)  # partition 1 lags
-    original = phases_module.Migration
-    phases_module.Migration = lambda s: original(s, clock.now_ms, clock.sleep)
-    try:
-        assert keeper.step() == CATCHING_UP
-        clock.sleep(MARKING_WAIT_S)
-        assert keeper.step() == CATCHING_UP, "held back: one partition lags"
-        assert not any(MARKER_FAMILY in f for f in admin.tables.values()), "the keeper ran the finish"
-        keeper.report("s1", 1, 2, True)
-        assert keeper.step() == LIVE
-    finally:
-        phases_module.Migration = original
+    keeper = CutoverKeeper(lambda: store, lambda: bk, promote_live=True,
+                           migration_factory=lambda s: Migration(s, clock.now_ms, clock.sleep))
+    keeper.report("s1", 0, 2, True, start=False)
+    keeper.report("s1", 1, 2, False, start=False)  # partition 1 lags
+    assert keeper.step() == CATCHING_UP
+    clock.sleep(MARKING_WAIT_S)
+    assert keeper.step() == CATCHING_UP, "held back: one partition lags"
+    assert not any(MARKER_FAMILY in f for f in admin.tables.values()), "the keeper ran the finish"
+    keeper.report("s1", 1, 2, True, start=False)
+    assert keeper.step() == LIVE
