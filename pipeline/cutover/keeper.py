@@ -33,7 +33,8 @@ class CutoverKeeper:
         self._promote_live = promote_live
         self._interval_s = interval_s
         self._migration_factory = migration_factory  # store -> Migration (clocks injected in tests)
-        self._reports: dict = {}  # stream label -> (partition count, {index: at head})
+        self._reports: dict = {}  # stream label -> (partition count, {index: at head}) since the last step
+        self._counts: dict = {}  # stream label -> partition count (every stream ever reported)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -47,6 +48,7 @@ class CutoverKeeper:
             _, heads = self._reports.get(stream, (count, {}))
             heads[index] = at_head
             self._reports[stream] = (count, heads)
+            self._counts[stream] = count
             if start and self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="ddb2bt-cutover-keeper")
                 self._thread.start()
@@ -63,7 +65,11 @@ class CutoverKeeper:
         make_migration = self._migration_factory or Migration
 
         with self._lock:
-            reports = {s: (count, dict(heads)) for s, (count, heads) in self._reports.items()}
+            # Only what the readers reported since the last step is recorded: a
+            # worker that stopped reading a partition (it moved, or the worker
+            # was paused) must not keep reporting it at the head.
+            reports, self._reports = self._reports, {}
+            counts = dict(self._counts)
         try:
             if self._store is None:
                 self._store = self._store_factory()
@@ -73,7 +79,7 @@ class CutoverKeeper:
             for stream, (_, heads) in reports.items():
                 migration.report_heads(stream, heads)
             # LIVE only once EVERY partition of every stream is at the head.
-            at_head = bool(reports) and all(migration.all_at_head(s, count) for s, (count, _) in reports.items())
+            at_head = bool(counts) and all(migration.all_at_head(s, count) for s, count in counts.items())
             return advance(migration, self._bookkeeping, at_head, self._promote_live)
         except Exception as exc:  # the phase moves on at the next step; reading goes on regardless
             log.warning("cannot advance the migration phase of %s (%s: %s)", getattr(self._store, "job", "?"),
