@@ -732,6 +732,13 @@ class PartitionOwners:
             lease.last_used = lease._clock()
             lease.check()
 
+    def check_partition(self, stream_arn: str, index: int) -> float:
+        """This process owns the partition now (else LeaseUnproven / LeaseLost)."""
+        lease = self._leases.get((stream_arn, index))
+        if lease is None:
+            raise LeaseLost(f"this worker does not own partition {index} of {stream_arn}")
+        return lease.check()
+
     def held(self, stream_arn: str, index: int) -> Optional[Lease]:
         return self._leases.get((stream_arn, index))
 

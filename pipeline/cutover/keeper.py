@@ -41,12 +41,15 @@ class CutoverKeeper:
         self._store = None
         self._bookkeeping = None
 
-    def report(self, stream: str, index: int, count: int, at_head: bool, start: bool = True) -> None:
+    def report(self, stream: str, index: int, count: int, at_head: bool, start: bool = True,
+               fence: Optional[Callable[[], object]] = None) -> None:
         """A reader's partition is (or is not) at the stream head; starts the
-        keeper's thread (``start``; tests step it by hand)."""
+        keeper's thread (``start``; tests step it by hand). ``fence`` raises when
+        this process no longer owns the partition (its lease): the report is then
+        not recorded (a worker woken after its partition moved writes nothing)."""
         with self._lock:
             _, heads = self._reports.get(stream, (count, {}))
-            heads[index] = at_head
+            heads[index] = (at_head, fence)
             self._reports[stream] = (count, heads)
             self._counts[stream] = count
             if start and self._thread is None:
@@ -77,7 +80,7 @@ class CutoverKeeper:
                 self._bookkeeping = self._bookkeeping_factory()
             migration = make_migration(self._store)
             for stream, (_, heads) in reports.items():
-                migration.report_heads(stream, heads)
+                migration.report_heads(stream, {i: at for i, (at, fence) in heads.items() if _owned(fence)})
             # LIVE only once EVERY partition of every stream is at the head.
             at_head = bool(counts) and all(migration.all_at_head(s, count) for s, count in counts.items())
             return advance(migration, self._bookkeeping, at_head, self._promote_live)
@@ -88,6 +91,16 @@ class CutoverKeeper:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _owned(fence: Optional[Callable[[], object]]) -> bool:
+    if fence is None:
+        return True
+    try:
+        fence()
+        return True
+    except Exception:  # lost or unproven: not this process's to report
+        return False
 
 
 _KEEPERS: dict = {}

@@ -244,7 +244,14 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         if ctx.keeper is None:
             ctx.keeper = keeper_for(ctx.source.state_factory, ctx.options.promote_live) or False
         if ctx.keeper:
-            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, at_head)
+            fence = None
+            if ctx.lease is not None:
+                from ddb2bt.pipeline.lease import OWNERS
+
+                fence = (lambda: OWNERS.check_partition(partition.stream_arn, partition.index)) \
+                    if ctx.lease.spec.shared else ctx.lease.check
+            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, at_head,
+                              fence=fence)
 
     def teardown(self) -> None:
         for ctx in getattr(self, "_contexts", {}).values():

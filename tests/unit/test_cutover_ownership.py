@@ -235,3 +235,20 @@ def test_the_keeper_moves_the_phase_and_waits_for_every_partition_at_the_head():
     assert not any(MARKER_FAMILY in f for f in admin.tables.values()), "the keeper ran the finish"
     keeper.report("s1", 1, 2, True, start=False)
     assert keeper.step() == LIVE
+
+
+def test_the_keeper_records_no_report_of_a_partition_this_process_no_longer_owns():
+    from ddb2bt.pipeline.cutover.keeper import CutoverKeeper
+    from ddb2bt.pipeline.lease import LeaseLost
+
+    clock, store, admin, bk, m = world()
+    keeper = CutoverKeeper(lambda: store, lambda: bk, promote_live=True,
+                           migration_factory=lambda s: Migration(s, clock.now_ms, clock.sleep))
+
+    def moved():
+        raise LeaseLost("partition 0 moved to another worker")
+
+    keeper.report("s1", 0, 2, True, start=False, fence=moved)  # reported just before a SIGSTOP
+    keeper.report("s1", 1, 2, True, start=False)
+    keeper.step()
+    assert store.load_meta("head#s1#0") is None and store.load_meta("head#s1#1") is not None
