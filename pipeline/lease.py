@@ -437,6 +437,25 @@ class Lease:
                 self._raw = raw
                 self._valid_until = min(sent + (cur.expires_ms - now) / 1000, sent + self.spec.ttl_s) - self._margin
                 return True
+        if cur is not None and cur.holder == self.spec.holder:
+            # Our own renewal, sent during a blip and applied only after it (the
+            # network held it), already expired: nobody else wrote the cell since
+            # (its holder would differ), so renew from that value.
+            sent, now = self._clock(), self._wall()
+            new = self._state(now).to_bytes()
+            try:
+                swapped = self._cell.swap(raw, new, now)
+            except (RetryableError, PermanentError) as exc:
+                self._last_error = f"{self._cell.where}: {exc}"
+                return False
+            if swapped:
+                with self._lock:
+                    self._raw = new
+                    self._valid_until = sent + self.spec.ttl_s - self._margin
+                log.warning("the %s lease of job %s is renewed again (a renewal delayed by the network landed "
+                            "late): nobody took over, writing resumes", self.spec.role, self.spec.job)
+                return True
+            return False  # changed again meanwhile: the next renewal looks again
         if self.spec.shared and self.try_acquire() is None:
             return True
         if cur is None:

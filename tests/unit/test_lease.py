@@ -448,3 +448,20 @@ def test_a_partition_a_worker_no_longer_processes_is_released_for_the_next_owner
     assert world.clock() - lease.last_used > lease.idle_release_s  # ... which releases it when idle
     lease.release()
     assert w2.claim(job, STREAM, 0, 1) is not None, "taken at once, not after a TTL"
+
+
+def test_a_renewal_held_by_the_network_and_applied_after_the_blip_is_not_a_take_over():
+    """A renewal sent during a blip is delivered late (a proxy or a congested
+    link held it), after its own expiry: the holder's next renewal finds its own
+    expired value in the cell — nobody else wrote it — and renews from it."""
+    world, bt = World(), InMemoryBigtable()
+    a = make(world, bt, "a")
+    a.acquire(heartbeat=False)
+    late = a._state(world.wall()).to_bytes()  # the held renewal, stamped now ...
+    world.sleep(TTL + 5)  # ... applied after the blip, already expired
+    assert bt.swap_cell("state", a.spec.row_key, "meta", b"lease", a._raw, late, world.wall())
+    with pytest.raises(LeaseUnproven):
+        a.check()
+    assert a.renew() and a.check() > 0, "ridden through, not taken over by itself"
+    b = make(world, bt, "b", node="other")
+    assert b.try_acquire() is not None, "and held again: a contender is refused"
