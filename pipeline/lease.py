@@ -522,7 +522,8 @@ class Lease:
     def _beat(self) -> None:
         delay = self.spec.renew_s
         while not self._stop.wait(delay):
-            if self.idle_release_s is not None and self._clock() - self.last_used > self.idle_release_s:
+            if (self.idle_release_s is not None and self._clock() - self.last_used > self.idle_release_s
+                    and self._valid_until > self._clock()):  # unproven (a blip, a pause): nothing to release yet
                 log.info("released the %s lease of job %s: not used for %gs (the work moved)", self.spec.role,
                          self.spec.job, self.idle_release_s)
                 self.release()
@@ -725,7 +726,10 @@ class PartitionOwners:
                 return lease
             spec = self.spec_for(job, stream_arn, index)
             lease = Lease(spec, self._cell_for(spec), command="worker", **self._lease_kw)
-            other = lease.try_acquire()
+            try:
+                other = lease.try_acquire()
+            except (RetryableError, PermanentError):
+                other = True  # Bigtable unreachable: not taken now, tried again next round
             if other is not None:
                 lease._cell.close()
                 self._leases.pop(key, None)
@@ -750,6 +754,13 @@ class PartitionOwners:
                                 "worker; its changes are written by that one")
             lease.last_used = lease._clock()
             lease.check()
+
+    def touch(self, stream_arn: str, index: int) -> None:
+        """The reader is still given this partition (even while it cannot read:
+        a blip), so its lease is not released as idle."""
+        lease = self._leases.get((stream_arn, index))
+        if lease is not None:
+            lease.last_used = lease._clock()
 
     def check_partition(self, stream_arn: str, index: int) -> float:
         """This process owns the partition now (else LeaseUnproven / LeaseLost)."""

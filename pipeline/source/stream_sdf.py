@@ -174,8 +174,10 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         ctx = self._contexts[partition.stream_arn]
         options = ctx.options
         if ctx.lease is not None:
-            from ddb2bt.pipeline.lease import LeaseUnproven
+            from ddb2bt.pipeline.lease import OWNERS, LeaseUnproven
 
+            if ctx.lease.spec.shared:
+                OWNERS.touch(partition.stream_arn, partition.index)
             try:
                 ctx.lease.check()  # raises LeaseLost once the table's lease is lost: this process stops
             except LeaseUnproven:
