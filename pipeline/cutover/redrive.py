@@ -170,7 +170,7 @@ def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, n
                 continue
             if marking():  # a backfill may run: its guard must see this write (module docstring)
                 marker = SetCell(MARKER_FAMILY, marker_qualifier(keys), b"", ts)
-                rows = tuple(replace(r, mutations=r.mutations + (marker,)) for r in rows)
+                rows = tuple(replace(r, mutations=r.mutations + (marker,), size_bytes=-1) for r in rows)
             record = ChangeRecord(MODIFY if current is not None else REMOVE, keys, current,
                                   current if current is not None else (seen[key][-1] if seen[key] else None), ts)
             batcher.add(MappedChange(record, rows))
