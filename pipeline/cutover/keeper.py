@@ -63,7 +63,7 @@ class CutoverKeeper:
     def step(self):
         """One step: record the reports, then let the phase machine move. Returns
         the phase (None when it could not be read; it is tried again next step)."""
-        from ddb2bt.pipeline.cutover.phases import Migration, advance
+        from ddb2bt.pipeline.cutover.phases import CATCHING_UP, Migration, advance
 
         make_migration = self._migration_factory or Migration
 
@@ -79,10 +79,12 @@ class CutoverKeeper:
             if self._bookkeeping is None:
                 self._bookkeeping = self._bookkeeping_factory()
             migration = make_migration(self._store)
-            for stream, (_, heads) in reports.items():
-                migration.report_heads(stream, {i: at for i, (at, fence) in heads.items() if _owned(fence)})
-            # LIVE only once EVERY partition of every stream is at the head.
-            at_head = bool(counts) and all(migration.all_at_head(s, count) for s, count in counts.items())
+            at_head = False
+            if migration.phase == CATCHING_UP:  # only then does LIVE depend on where the partitions are
+                for stream, (_, heads) in reports.items():
+                    migration.report_heads(stream, {i: at for i, (at, fence) in heads.items() if _owned(fence)})
+                # LIVE only once EVERY partition of every stream is at the head.
+                at_head = bool(counts) and all(migration.all_at_head(s, count) for s, count in counts.items())
             return advance(migration, self._bookkeeping, at_head, self._promote_live)
         except Exception as exc:  # the phase moves on at the next step; reading goes on regardless
             log.warning("cannot advance the migration phase of %s (%s: %s)", getattr(self._store, "job", "?"),

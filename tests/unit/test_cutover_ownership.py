@@ -231,8 +231,11 @@ def test_the_keeper_moves_the_phase_and_waits_for_every_partition_at_the_head():
     keeper.report("s1", 1, 2, False, start=False)  # partition 1 lags
     assert keeper.step() == CATCHING_UP
     clock.sleep(MARKING_WAIT_S)
+    keeper.report("s1", 0, 2, True, start=False)  # readers report every round
+    keeper.report("s1", 1, 2, False, start=False)
     assert keeper.step() == CATCHING_UP, "held back: one partition lags"
     assert not any(MARKER_FAMILY in f for f in admin.tables.values()), "the keeper ran the finish"
+    keeper.report("s1", 0, 2, True, start=False)
     keeper.report("s1", 1, 2, True, start=False)
     assert keeper.step() == LIVE
 
@@ -242,6 +245,9 @@ def test_the_keeper_records_no_report_of_a_partition_this_process_no_longer_owns
     from ddb2bt.pipeline.lease import LeaseLost
 
     clock, store, admin, bk, m = world()
+    m.begin_backfill(SPEC, bk, TABLES)
+    _all_parts_done(store)
+    assert m.finish_backfill()  # CATCHING_UP: where the partitions are matters now
     keeper = CutoverKeeper(lambda: store, lambda: bk, promote_live=True,
                            migration_factory=lambda s: Migration(s, clock.now_ms, clock.sleep))
 
