@@ -40,6 +40,7 @@ class CutoverKeeper:
         self._thread: Optional[threading.Thread] = None
         self._store = None
         self._bookkeeping = None
+        self.users = 0  # stream contexts using it (keeper_for / release_keeper)
 
     def report(self, stream: str, index: int, count: int, at_head: bool, start: bool = True,
                fence: Optional[Callable[[], object]] = None) -> None:
@@ -93,6 +94,9 @@ class CutoverKeeper:
 
     def stop(self) -> None:
         self._stop.set()
+        close = getattr(self._store, "close", None)
+        if close is not None:
+            close()
 
 
 def _owned(fence: Optional[Callable[[], object]]) -> bool:
@@ -123,4 +127,18 @@ def keeper_for(state_spec, promote_live: bool) -> Optional[CutoverKeeper]:
 
             keeper = _KEEPERS[key] = CutoverKeeper(
                 state_spec, lambda: Bookkeeping.for_target(bigtable.project, bigtable.instance), promote_live)
+        keeper.users += 1
         return keeper
+
+
+def release_keeper(keeper: CutoverKeeper) -> None:
+    """A stream context is done with its keeper (DoFn teardown): the last one
+    stops it, so a pipeline that ended leaves no thread behind."""
+    with _KEEPERS_LOCK:
+        keeper.users -= 1
+        if keeper.users > 0:
+            return
+        for key, value in list(_KEEPERS.items()):
+            if value is keeper:
+                del _KEEPERS[key]
+    keeper.stop()

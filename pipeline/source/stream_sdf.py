@@ -135,6 +135,11 @@ class _StreamContext:
         return reader
 
     def close(self) -> None:
+        if self.keeper:
+            from ddb2bt.pipeline.cutover.keeper import release_keeper
+
+            release_keeper(self.keeper)
+            self.keeper = None
         close = getattr(self.client, "close", None)
         if close:
             close()

@@ -258,3 +258,26 @@ def test_the_keeper_records_no_report_of_a_partition_this_process_no_longer_owns
     keeper.report("s1", 1, 2, True, start=False)
     keeper.step()
     assert store.load_meta("head#s1#0") is None and store.load_meta("head#s1#1") is not None
+
+
+def test_the_last_stream_context_done_with_a_keeper_stops_it():
+    from dataclasses import dataclass
+
+    from ddb2bt.pipeline.cutover.keeper import _KEEPERS, keeper_for, release_keeper
+
+    @dataclass(frozen=True)
+    class Spec:  # a StateSpec stand-in: where the state lives
+        bigtable: object
+        job: str = "j"
+        table: str = "state"
+
+    class Bt:
+        project, instance = "p", "i"
+
+    spec = Spec(Bt())
+    first, second = keeper_for(spec, True), keeper_for(spec, True)
+    assert first is second and first.users == 2
+    release_keeper(first)
+    assert not first._stop.is_set()
+    release_keeper(second)
+    assert first._stop.is_set() and first not in _KEEPERS.values()
