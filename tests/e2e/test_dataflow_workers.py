@@ -126,6 +126,7 @@ def test_workers_of_one_job_ride_out_a_pause_a_partition_move_and_a_25s_blip(sta
             wait_for(lambda: partition_owners(job_a) == {0: procs[other].pid, 1: procs[other].pid}, 60,
                      "the other worker to own every partition")
             moved_at = time.time()
+            more = apply_ops(ddb, job_a.source.table, 46, 60)  # changes the new owner must apply
             wait_for(lambda: [t for t in writes(logs[other][1]) if t > moved_at], 60, "the new owner's writes")
             woken_at = time.time()
             os.kill(procs[victim].pid, signal.SIGCONT)
@@ -135,6 +136,7 @@ def test_workers_of_one_job_ride_out_a_pause_a_partition_move_and_a_25s_blip(sta
             # most a renewal interval before the SIGSTOP.
             assert woken_at - stopped_at >= TTL_S - RENEW_S, "the partition moved before its lease ran out"
             changes.join(120)
+            more.join(120)
             converged(job_a, ddb, 90, "job A to converge after the move")
 
             # 3. A 25 s blip toward Bigtable (every process) and DynamoDB Streams
