@@ -26,12 +26,32 @@ removals, and the removed data comes back. Every ``run``, ``migrate`` and
   acquired it; and each write's RPC deadline is capped at the lease's remaining
   validity, so no write outlives it. (Assumes the hosts' wall clocks differ by
   less than the margin: NTP keeps them within milliseconds.)
+* A blip is ridden through (docs/design.md, "Ownership"): when no renewal has
+  succeeded for ``ttl - margin`` the holder does not give up, it stops writing
+  (``check`` raises ``LeaseUnproven``, a retryable error, so every write's retry
+  loop waits) and its heartbeat keeps trying. A renewal is a compare-and-set
+  against the exact value this holder last wrote, so when one succeeds nobody
+  else can have taken the lease meanwhile, and writing resumes without a
+  restart. Only when the cell changed hands (``LeaseLost``) or ownership stayed
+  unproven for ``give_up_s`` (``--bigtable-deadline``) does the holder stop for
+  good.
 * ``--take-over`` swaps the lease to the new process at once, which then waits
   until the old holder's expiry before writing: the old one fails its next
   renewal and stops, as above.
 * On Dataflow the lease belongs to the job, not a process: the holder id is
   ``dataflow:<job name>``, the launcher takes it (with a start-up grace, since
   workers need minutes to start) and every worker renews it under that id.
+* Inside a shared (Dataflow) job, each stream partition has an owner of its own
+  (``PartitionOwners``): a lease per partition, held by one worker process
+  (holder ``worker:<host>:<pid>:<nonce>``), taken by compare-and-set, renewed by
+  that worker and checked before the reader reads and before the sink writes or
+  checkpoints anything of that partition. Each acquisition writes a new value, so
+  the cell works as the partition's epoch: a worker that was paused while Dataflow
+  moved the partition to another worker finds, when it wakes, that its own
+  monotonic clock has run past the lease (so it stops), and its renewal's
+  compare-and-set fails against the new owner's value (so it never resumes).
+  A worker that stops processing a partition (Dataflow moved it while the worker
+  was healthy) releases the partition's lease after ``PARTITION_IDLE_RELEASE_S``.
 """
 from __future__ import annotations
 
@@ -45,7 +65,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ddb2bt.pipeline.retry import BETWEEN_ATTEMPTS
+from ddb2bt.pipeline.retry import BETWEEN_ATTEMPTS, DEFAULT_DEADLINE_S
 from ddb2bt.transforms.errors import PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -69,7 +89,14 @@ class LeaseHeld(PermanentError):
 
 
 class LeaseLost(PermanentError):
-    """This process may no longer write: its lease lapsed or was taken over."""
+    """This process may no longer write: its lease was taken over, or stayed
+    unproven for longer than the give-up deadline."""
+
+
+class LeaseUnproven(RetryableError):
+    """This process cannot prove right now that it still holds its lease (no
+    renewal succeeded for ``ttl - margin``): it writes nothing until one does.
+    Retryable: the heartbeat keeps renewing, and a write's retry loop waits."""
 
 
 def margin_s(ttl_s: float) -> float:
@@ -140,6 +167,9 @@ class LeaseSpec:
     ttl_s: float = DEFAULT_TTL_S
     renew_s: float = DEFAULT_RENEW_S
     shared: bool = False  # a Dataflow job: every worker renews as the holder
+    # How long ownership may stay unproven (Bigtable unreachable, the process
+    # paused) before the holder gives up for good: the job's --bigtable-deadline.
+    give_up_s: float = DEFAULT_DEADLINE_S
 
     @property
     def row_key(self) -> bytes:
@@ -207,6 +237,12 @@ class LeaseCell:
             close()
 
 
+# A worker releases a partition's lease when it has not processed the partition
+# for this long (Dataflow moved it elsewhere): the new owner then waits at most
+# this, not a whole TTL. Readers come back every poll interval (~1 s).
+PARTITION_IDLE_RELEASE_S = 10.0
+
+
 class Lease:
     """One process's (or one Dataflow worker's) hold on a job's lease. Clocks and
     the cell are injected for tests."""
@@ -235,6 +271,9 @@ class Lease:
         self._last_warning = float("-inf")
         self._last_error: Optional[str] = None  # of the last failed renewal, for the final message
         self.active = False  # holding, with its heartbeat running
+        # Partition leases: released by the heartbeat when not used for this long.
+        self.idle_release_s: Optional[float] = None
+        self.last_used = clock()
 
     # -- state -------------------------------------------------------------------
     def _state(self, now_ms: int, ttl_s: Optional[float] = None, released: bool = False) -> LeaseState:
@@ -362,7 +401,7 @@ class Lease:
         if self._lost is not None or self._raw is None:
             return False
         sent = self._clock()
-        if not self.spec.shared and sent >= self._valid_until:
+        if self._gave_up(sent):
             self._lose(self._lapsed_message(sent))
             return False
         now = self._wall()
@@ -376,12 +415,18 @@ class Lease:
             self._last_error = f"{self._cell.where}: {exc}"
             if sent - self._last_warning >= self.spec.renew_s:
                 self._last_warning = sent
-                log.warning("renewing the %s lease of job %s failed (%s); retrying; this process stops writing "
-                            "in %.0fs unless a renewal succeeds", self.spec.role, self.spec.job, exc,
-                            max(0.0, self._valid_until - sent))
+                left = self._valid_until - sent
+                log.warning("renewing the %s lease of job %s at %s failed (%s); retrying; %s", self.spec.role,
+                            self.spec.job, self._cell.where, exc,
+                            f"this process pauses its writes in {left:.0f}s unless a renewal succeeds" if left > 0
+                            else f"writes paused until a renewal proves nobody took over (gives up in "
+                                 f"{max(0.0, self.spec.give_up_s - self._since_renewal(sent)):.0f}s)")
             return False
         with self._lock:
             if swapped:
+                if sent > self._valid_until:  # writes were paused: the compare-and-set proves nobody took over
+                    log.warning("the %s lease of job %s is renewed again after %.0fs unproven: nobody took over, "
+                                "writing resumes", self.spec.role, self.spec.job, sent - self._valid_until)
                 self._raw = new
                 self._valid_until = sent + self.spec.ttl_s - self._margin
                 return True
@@ -392,6 +437,25 @@ class Lease:
                 self._raw = raw
                 self._valid_until = min(sent + (cur.expires_ms - now) / 1000, sent + self.spec.ttl_s) - self._margin
                 return True
+        if cur is not None and cur.holder == self.spec.holder:
+            # Our own renewal, sent during a blip and applied only after it (the
+            # network held it), already expired: nobody else wrote the cell since
+            # (its holder would differ), so renew from that value.
+            sent, now = self._clock(), self._wall()
+            new = self._state(now).to_bytes()
+            try:
+                swapped = self._cell.swap(raw, new, now)
+            except (RetryableError, PermanentError) as exc:
+                self._last_error = f"{self._cell.where}: {exc}"
+                return False
+            if swapped:
+                with self._lock:
+                    self._raw = new
+                    self._valid_until = sent + self.spec.ttl_s - self._margin
+                log.warning("the %s lease of job %s is renewed again (a renewal delayed by the network landed "
+                            "late): nobody took over, writing resumes", self.spec.role, self.spec.job)
+                return True
+            return False  # changed again meanwhile: the next renewal looks again
         if self.spec.shared and self.try_acquire() is None:
             return True
         if cur is None:
@@ -402,16 +466,36 @@ class Lease:
                        "process stops before its next write")
         return False
 
+    def _gave_up(self, now: float) -> bool:
+        """A process gives up after ``give_up_s`` without a renewal (its command
+        then fails, naming Bigtable). A Dataflow worker never does: a worker whose
+        lease is gone for good would fail every bundle forever, while Dataflow
+        retries them; it stays unproven (bundles fail and are retried) until a
+        renewal proves the job still holds the lease, or another holder shows."""
+        return not self.spec.shared and self._since_renewal(now) >= self.spec.give_up_s
+
+    def _since_renewal(self, now: float) -> float:
+        """Seconds since the last successful renewal was sent (own clock)."""
+        return now - self._valid_until + self.spec.ttl_s - self._margin
+
     def _lapsed_message(self, now: float) -> str:
-        ago = now - self._valid_until + self.spec.ttl_s - self._margin
+        ago = self._since_renewal(now)
         cause = (f"renewing it kept failing: {self._last_error}" if self._last_error else
                  "this process was paused, or could not reach Bigtable")
-        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}), so "
-                "another process may hold it now: this process stops before writing anything more")
+        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
+                f"no renewal succeeded for more than {self.spec.give_up_s:g}s (--bigtable-deadline): this "
+                "process stops before writing anything more")
+
+    def _unproven_message(self, now: float) -> str:
+        ago = now - self._valid_until + self.spec.ttl_s - self._margin
+        cause = f"renewing it fails: {self._last_error}" if self._last_error else "this process was paused"
+        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
+                "another process may hold it: writes are paused until a renewal proves nobody took over")
 
     def check(self) -> float:
-        """The fence: seconds this process may still write; raises LeaseLost when
-        it may not (taken over, or not renewed for ttl - margin by its own clock)."""
+        """The fence: seconds this process may still write. Raises LeaseUnproven
+        (retryable) while no renewal succeeded for ttl - margin by its own clock,
+        LeaseLost once it was taken over or stayed unproven for ``give_up_s``."""
         if self._lost is not None:
             raise LeaseLost(self._lost)
         if self._raw is None:
@@ -420,10 +504,12 @@ class Lease:
         remaining = self._valid_until - now
         if remaining > 0:
             return remaining
-        if self.spec.shared and self.renew():  # a Dataflow worker re-proves the job's hold
-            return self._valid_until - self._clock()
-        self._lose(self._lapsed_message(now))
-        raise LeaseLost(self._lost or "lease lost")
+        if self._gave_up(now):
+            self._lose(self._lapsed_message(now))
+            raise LeaseLost(self._lost or "lease lost")
+        # Unproven: the heartbeat keeps renewing (no RPC here, so a write path
+        # never blocks on the lease); the caller's retry loop waits for it.
+        raise LeaseUnproven(self._unproven_message(now))
 
     # -- heartbeat, release ------------------------------------------------------
     def start_heartbeat(self) -> None:
@@ -436,6 +522,12 @@ class Lease:
     def _beat(self) -> None:
         delay = self.spec.renew_s
         while not self._stop.wait(delay):
+            if (self.idle_release_s is not None and self._clock() - self.last_used > self.idle_release_s
+                    and self._valid_until > self._clock()):  # unproven (a blip, a pause): nothing to release yet
+                log.info("released the %s lease of job %s: not used for %gs (the work moved)", self.spec.role,
+                         self.spec.job, self.idle_release_s)
+                self.release()
+                return
             ok = self.renew()
             if self._lost is not None:
                 return
@@ -489,7 +581,10 @@ def check_held() -> None:
     run between retry attempts, so no retry loop outlives a lost lease."""
     for lease in list(_REGISTRY.values()):
         if lease.active:
-            lease.check()
+            try:
+                lease.check()
+            except LeaseUnproven:
+                pass  # the retry loop goes on waiting; its own write re-checks
 
 
 if check_held not in BETWEEN_ATTEMPTS:
@@ -566,8 +661,10 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
     a Dataflow launch (``dataflow_job``) it is taken for the job with a start-up
     grace and handed over to the workers."""
     holder = dataflow_holder(dataflow_job) if dataflow_job else f"{command}:{uuid.uuid4().hex[:12]}"
+    deadline = state_spec.bigtable.deadline_s
     spec = LeaseSpec(state_spec.bigtable, state_spec.table, state_spec.job, role, holder, options.ttl_s,
-                     options.renew_s, shared=dataflow_job is not None)
+                     options.renew_s, shared=dataflow_job is not None,
+                     give_up_s=deadline if deadline is not None else DEFAULT_DEADLINE_S)
     from ddb2bt.pipeline.retry import RetryPolicy
 
     lease = Lease(spec, lease_cell(spec), command=command)
@@ -585,3 +682,103 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
         lease.release()  # closes its channel (it holds nothing to give up)
         raise
     return lease, spec
+
+
+# --- per partition: which worker process of a shared job may write it -------------
+
+WORKER_ID = f"worker:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def partition_index(shard_id: str, count: int) -> int:
+    """The partition a shard belongs to (the readers' own rule, StreamPartition.owns)."""
+    import zlib
+
+    return zlib.crc32(shard_id.encode()) % count
+
+
+class PartitionOwners:
+    """This process's partition leases in a shared (Dataflow) job; see the module
+    docstring. ``cell_for`` builds a LeaseCell for a spec (injected in tests)."""
+
+    def __init__(self, cell_for: Callable[[LeaseSpec], LeaseCell] = None, worker: str = None,
+                 heartbeat: bool = True, **lease_kw) -> None:
+        self._cell_for = cell_for or lease_cell
+        self._heartbeat = heartbeat  # tests renew by hand on an injected clock
+        self._worker = worker or WORKER_ID
+        self._lease_kw = lease_kw
+        self._leases: dict = {}  # (stream_arn, index) -> Lease
+        self._counts: dict = {}  # stream_arn -> partition count
+        self._lock = threading.Lock()
+
+    def spec_for(self, job: LeaseSpec, stream_arn: str, index: int) -> LeaseSpec:
+        from ddb2bt.pipeline.state import stream_label
+
+        return LeaseSpec(job.bigtable, job.table, job.job, f"{job.role}#p#{stream_label(stream_arn)}#{index}",
+                         self._worker, job.ttl_s, job.renew_s, shared=False, give_up_s=job.give_up_s)
+
+    def claim(self, job: LeaseSpec, stream_arn: str, index: int, count: int) -> Optional[Lease]:
+        """The partition's lease held by this process, taking it if it is free;
+        None while another worker holds it (the caller reads nothing meanwhile)."""
+        with self._lock:
+            self._counts[stream_arn] = count
+            key = (stream_arn, index)
+            lease = self._leases.get(key)
+            if lease is not None and lease._lost is None:
+                lease.last_used = lease._clock()
+                return lease
+            spec = self.spec_for(job, stream_arn, index)
+            lease = Lease(spec, self._cell_for(spec), command="worker", **self._lease_kw)
+            try:
+                other = lease.try_acquire()
+            except (RetryableError, PermanentError):
+                other = True  # Bigtable unreachable: not taken now, tried again next round
+            if other is not None:
+                lease._cell.close()
+                self._leases.pop(key, None)
+                return None
+            lease.idle_release_s = PARTITION_IDLE_RELEASE_S
+            if self._heartbeat:
+                lease.start_heartbeat()
+            self._leases[key] = lease
+            return lease
+
+    def check(self, positions) -> None:
+        """Before writing or checkpointing changes of ``positions`` ((stream_arn,
+        shard_id) pairs): this process must own each one's partition now. Raises
+        LeaseUnproven (retryable: wait) or LeaseLost (the partition moved: stop)."""
+        for stream_arn, shard_id in positions:
+            count = self._counts.get(stream_arn)
+            if count is None:
+                continue  # no partition ownership for this stream in this process (not a shared job)
+            lease = self._leases.get((stream_arn, partition_index(shard_id, count)))
+            if lease is None:
+                raise LeaseLost(f"this worker does not own the partition of shard {shard_id}: it moved to another "
+                                "worker; its changes are written by that one")
+            lease.last_used = lease._clock()
+            lease.check()
+
+    def touch(self, stream_arn: str, index: int) -> None:
+        """The reader is still given this partition (even while it cannot read:
+        a blip), so its lease is not released as idle."""
+        lease = self._leases.get((stream_arn, index))
+        if lease is not None:
+            lease.last_used = lease._clock()
+
+    def check_partition(self, stream_arn: str, index: int) -> float:
+        """This process owns the partition now (else LeaseUnproven / LeaseLost)."""
+        lease = self._leases.get((stream_arn, index))
+        if lease is None:
+            raise LeaseLost(f"this worker does not own partition {index} of {stream_arn}")
+        return lease.check()
+
+    def held(self, stream_arn: str, index: int) -> Optional[Lease]:
+        return self._leases.get((stream_arn, index))
+
+    def release_all(self) -> None:
+        with self._lock:
+            for lease in self._leases.values():
+                lease.release()
+            self._leases.clear()
+
+
+OWNERS = PartitionOwners()  # per process, shared by its readers and sinks

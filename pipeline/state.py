@@ -164,6 +164,30 @@ class StateStore:
         if deletes:
             self._backend.write_rows(deletes)
 
+    # -- the backfill's repair journal (cutover/guards.py): guarded rows are
+    # recorded here before they are written, so a crash between their write and
+    # their repair is repaired on resume even if the Scan no longer returns them.
+    def _repair_prefix(self, source: str, part: str) -> bytes:
+        return f"{self._job}#bfrepair#{source}#{part}#".encode()
+
+    def save_repair_intent(self, source: str, part: str, intent_id: str, payload: str) -> bytes:
+        """Durably record one batch's guarded rows of a part; returns its key."""
+        now = self._now_ms()
+        key = self._repair_prefix(source, part) + intent_id.encode()
+        self._backend.write_rows([(key, _set_latest(CKPT, {b"rows": payload.encode()}, now))])
+        return key
+
+    def load_repair_intents(self, source: str, part: str) -> dict:
+        """{key: payload} of the part's recorded, not yet cleared, guarded rows."""
+        rows = self._backend.read_prefix(self._repair_prefix(source, part))
+        return {key: cells[(CKPT, b"rows")].decode() for key, cells in rows.items() if (CKPT, b"rows") in cells}
+
+    def clear_repair_intents(self, keys: Sequence) -> None:
+        now = self._now_ms()
+        rows = [(key, [DeleteCells(CKPT, b"rows", 0, now + 1)]) for key in keys]
+        if rows:
+            self._backend.write_rows(rows)
+
     def delete_dead_letters(self, ids: Sequence) -> None:
         """Remove dead letters by id (after a successful redrive)."""
         now = self._now_ms()
@@ -242,6 +266,13 @@ class StateStore:
         value = cells.get((META, b"value")) if cells else None
         return value.decode() if value is not None else None
 
+
+    def swap_meta(self, name: str, expected: Optional[str], value: str) -> bool:
+        """Compare-and-set of a meta value (CheckAndMutateRow): write ``value`` iff
+        the stored one is exactly ``expected`` (None: absent). True when written."""
+        key = f"{self._job}#meta#{name}".encode()
+        return self._backend.swap(key, META, b"value", None if expected is None else expected.encode(),
+                                  value.encode(), self._now_ms())
 
     # -- what the stream readers last saw of their shards (read by `status`, which
     # then needs no GetRecords call of its own: docs/operations.md, AWS limits)
@@ -338,6 +369,18 @@ class BigtableStateBackend:
                          deadline_s=self._deadline_s, attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S,
                          app_profile=self._app_profile)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
+
+    def swap(self, key: bytes, family: str, qualifier: bytes, expected: Optional[bytes], value: bytes,
+             ts_ms: int) -> bool:
+        """Compare-and-set of one state cell (the phase). A retried swap whose first
+        attempt was applied answers False: callers re-read (their values are unique)."""
+        from ddb2bt.pipeline.retry import RetryPolicy, retry_call
+        from ddb2bt.pipeline.sink.bigtable_io import bigtable_endpoint
+
+        return retry_call(lambda: self._writer.swap_cell(self._table_id, key, family, qualifier, expected, value,
+                                                         ts_ms),
+                          what=f"CheckAndMutateRow on state table {self._table_id}",
+                          policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
         """CheckAndMutateRow on the state table: apply unless ``unless`` holds."""

@@ -26,6 +26,17 @@ _FAMILY_NAME = re.compile(r"[_a-zA-Z0-9][-_.a-zA-Z0-9]*\Z")
 _TABLE_ID = re.compile(r"[_a-zA-Z0-9][-_.a-zA-Z0-9]{0,49}\Z")
 _DDB_TABLE = re.compile(r"[a-zA-Z0-9_.-]{3,255}\Z")
 MAX_FAMILIES = 100  # Bigtable's recommended ceiling per table
+# Column families of ddb2bt's own (the migration's touch markers, ddb2bt_touch):
+# the cutover creates and drops them, so a mapping that used such a name would
+# have its data dropped with them (docs/design.md §7).
+RESERVED_FAMILY_PREFIX = "ddb2bt_"
+
+
+def _not_reserved(name: str, path: str) -> None:
+    if name.lower().startswith(RESERVED_FAMILY_PREFIX):
+        raise ConfigError(f"column family {name!r}: names starting with {RESERVED_FAMILY_PREFIX!r} are reserved "
+                          "for ddb2bt's own bookkeeping (the migration drops them when it finishes); choose another "
+                          "name", path)
 OTHER_MODES = ("column", "ignore", "dead_letter")
 MATCH_KINDS = ("equals", "prefix", "regex", "present")
 
@@ -375,6 +386,7 @@ def _parse_families(root: _Node) -> tuple:
         path = fams.sub(str(name))
         if not isinstance(name, str) or not _FAMILY_NAME.match(name):
             raise ConfigError(f"{name!r} is not a valid column family name", path)
+        _not_reserved(name, path)
         spec = fams.get(name) or {}
         node = _Node(spec, path)
         family = FamilyConfig(
@@ -477,6 +489,7 @@ def _parse_index(data: Any, path: str, delimiter: str, family_names: set, source
             f"must include the item's key ({', '.join('{' + k + '}' for k in missing)} missing): "
             "one index row per item, so two items can never share one", node.sub("row_key"))
     family = node.string("family", required=True)
+    _not_reserved(family, node.sub("family"))
     table = node.string("table")
     if table is None and family not in family_names:
         raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("family"))

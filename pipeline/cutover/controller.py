@@ -200,11 +200,24 @@ def _bookkeeping(mapping) -> Bookkeeping:
     return Bookkeeping.for_target(mapping.target.project, mapping.target.instance)
 
 
+def check_source_clock(mapping) -> None:
+    """Refuse a cutover on a clock too far from AWS's (cutover/clock.py), before
+    anything is recorded or written."""
+    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.cutover.clock import check_clock
+
+    client = dynamodb_client(mapping.source.region)
+    check_clock(lambda: client.describe_table(TableName=mapping.source.table),
+                f"DynamoDB ({mapping.source.region or 'default region'})")
+
+
 def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
     """Resume or begin the backfill: (source, handoff ms)."""
     from ddb2bt.pipeline.metrics import default_metrics
 
     source, source_spec, export_time, expected = backfill_source(options, mapping)
+    if export_time is None:  # T comes from this host's clock (an export's from AWS's): check it first
+        check_source_clock(mapping)
     handoff = migration.resume_or_begin(source_spec, options.restart, _bookkeeping(mapping), mapping.tables,
                                         export_time)
     migration.store.save_meta("backfill_expected", str(expected))

@@ -16,17 +16,28 @@ the sink applies it with one of these two strategies:
   over ``[0, backfill_ms + 1)``, never reaching the tail's newer cells).
 
 Either way an item the tail touched after the handoff ends up exactly as the
-tail wrote it. The functions take the writer, the retry policy and the clock from
+tail wrote it.
+
+The repair has a crash window: a process that dies (or loses its lease, or hits
+its deadline) after the plain write and before the repair leaves the rows
+written and unrepaired, and on resume the Scan no longer returns an item the
+tail deleted meanwhile. So the sink records each batch's guarded rows in the
+state table *before* writing them (``encode_intent``: the row, its marker and
+the backfill's columns — no values), clears the record after the repair, and
+repairs every record left of a part before that part is marked done
+(``repair_intents``), i.e. before the finish can drop the markers. The functions take the writer, the retry policy and the clock from
 the sink, which calls them after a batch's plain writes.
 """
 from __future__ import annotations
 
+import base64
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.sink.bigtable_io import FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, EntryStatus
-from ddb2bt.transforms.model import DeleteCells, SetCell
+from ddb2bt.transforms.model import DeleteCells, Guard, RowChange, SetCell
 
 
 # CheckAndMutateRow takes one row per call, so a batch of conditional rows is a
@@ -112,3 +123,41 @@ def repair_touched(writer, guarded: list, retry: RetryPolicy, sleep: Callable[[f
                 raise BigtablePermanent(f"repair of backfill rows in {table} failed: {failed[0][1].message}")
             if metrics:
                 metrics.backfill_superseded.inc(len(repairs))
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def encode_intent(guarded: list) -> str:
+    """Guarded RowChanges → what a repair needs of them, as JSON: the row, its
+    marker, the handoff and the backfill's columns (never a value)."""
+    return json.dumps([{
+        "t": c.table, "k": _b64(c.row_key), "f": c.guard.family, "q": _b64(c.guard.qualifier),
+        "s": c.guard.since_ms, "b": c.guard.backfill_ms,
+        "c": sorted({(m.family, _b64(m.qualifier)) for m in c.mutations if isinstance(m, SetCell)}),
+    } for c in guarded], separators=(",", ":"))
+
+
+def decode_intent(payload: str) -> list:
+    """``encode_intent``'s rows as RowChanges that ``repair_touched`` takes (the
+    SetCells name the columns only)."""
+    out = []
+    for r in json.loads(payload):
+        columns = tuple(SetCell(f, base64.b64decode(q), b"", 0) for f, q in r["c"])
+        out.append(RowChange(r["t"], base64.b64decode(r["k"]), columns,
+                             Guard(r["f"], base64.b64decode(r["q"]), r["s"], False, r["b"])))
+    return out
+
+
+def repair_intents(writer, payloads, retry: RetryPolicy, sleep: Callable[[float], None],
+                   write_rows: Callable[[str, list], list], metrics=None) -> None:
+    """Repair the guarded rows of recorded intents (a crash may have come between
+    their write and their repair). Idempotent: only the backfill's own cells of
+    touched items are deleted, never the tail's."""
+    rows = [c for payload in payloads for c in decode_intent(payload)]
+    by_since: dict = {}
+    for c in rows:  # one marker read per table and handoff
+        by_since.setdefault((c.table, c.guard.since_ms, c.guard.family), []).append(c)
+    for group in by_since.values():
+        repair_touched(writer, group, retry, sleep, write_rows, metrics)

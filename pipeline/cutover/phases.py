@@ -18,6 +18,12 @@ Phases (stored in the state table, ``{job}#meta#phase``)::
 
 This module is the only code that writes the phase (``Migration.transition``
 checks every move against ``TRANSITIONS`` and raises ``PhaseError`` otherwise).
+Every move is a compare-and-set against the exact value the decision was based
+on: the stored value is ``PHASE@nonce`` (a fresh nonce per move, so even a
+restarted backfill's BACKFILLING → BACKFILLING changes it), and a process that
+decided "every part is done" just before a ``backfill --restart`` cleared the
+progress loses its compare-and-set instead of writing CATCHING_UP over the new
+BACKFILLING (``PhaseMoved``).
 The mapping stage only *reads* it, through ``MarkingPolicy``, which is fail-safe:
 whenever the phase cannot be read, the tail marks.
 
@@ -31,6 +37,7 @@ import enum
 import json
 import logging
 import time
+import uuid
 from typing import Callable, Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
@@ -69,10 +76,25 @@ TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE})
 # plus a second before fixing T, so no change at or after T's second goes unmarked.
 PHASE_CACHE_S = 2.0
 MARKING_WAIT_S = 2 * PHASE_CACHE_S + 1.0
+# A partition's "at the head" report counts this long: readers report every
+# phase check (10 s), so three missed reports mean it lags or stopped.
+HEAD_FRESH_S = 30.0
 
 
 class PhaseError(PermanentError):
     """A phase move the machine does not allow, or a phase value it does not know."""
+
+
+class PhaseMoved(PhaseError):
+    """The phase changed between reading it and moving it (another process moved
+    it first): the move was not made; decide again from the new phase."""
+
+
+# The stored value is "PHASE@nonce": readers take the part before this.
+NONCE_SEP = "@"
+# How often a move re-reads and retries when another process moved the phase
+# first (only for moves that are right from any phase: a new backfill).
+CAS_ATTEMPTS = 3
 
 
 def check_transition(current: Optional[Phase], target: Phase) -> None:
@@ -84,7 +106,7 @@ def parse_phase(value: Optional[str]) -> Optional[Phase]:
     if not value:
         return None
     try:
-        return Phase(value)
+        return Phase(value.split(NONCE_SEP, 1)[0])
     except ValueError:
         raise PhaseError(f"unknown migration phase {value!r} in the state table") from None
 
@@ -171,6 +193,25 @@ class Migration:
         value = self.store.load_meta("finished_ms")
         return int(value) if value else None
 
+    # -- where the tail's partitions are (LIVE needs every one at the head)
+    def report_heads(self, stream: str, heads: dict) -> None:
+        """Record, per partition index of a stream, whether its reader is at the
+        stream head now (its last round found nothing new)."""
+        now = self._now_ms()
+        for index, at_head in heads.items():
+            self.store.save_meta(f"head#{stream}#{index}", str(now if at_head else 0))
+
+    def all_at_head(self, stream: str, partitions: int) -> bool:
+        """Every one of the stream's ``partitions`` reported "at the head" within
+        ``HEAD_FRESH_S``: a partition that lags, or whose reader stopped
+        reporting, holds LIVE back."""
+        now = self._now_ms()
+        for index in range(partitions):
+            value = self.store.load_meta(f"head#{stream}#{index}")
+            if not value or now - int(value) > HEAD_FRESH_S * 1000:
+                return False
+        return True
+
     def source_spec(self) -> Optional[dict]:
         value = self.store.load_meta("backfill_source")
         return json.loads(value) if value else None
@@ -189,12 +230,28 @@ class Migration:
         done = sum(1 for p in self.store.load_backfill_progress().values() if p.done)
         return parts > 0 and done >= parts
 
+    def phase_value(self) -> Optional[str]:
+        """The stored phase exactly as read (with its nonce): what a later
+        ``transition(..., expected=...)`` compares against."""
+        return self.store.load_meta("phase")
+
     # -- the one place the phase is written
-    def transition(self, target: Phase) -> None:
-        check_transition(self.phase, target)
+    def transition(self, target: Phase, expected: Optional[str] = None, *, based_on_read: bool = False) -> None:
+        """Move to ``target`` by compare-and-set. With ``based_on_read`` the move
+        is made only if the phase is still exactly ``expected`` (the value the
+        caller's decision was based on), else PhaseMoved; without it the current
+        value is read here (and re-read if another process moves it meanwhile)."""
         from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
 
-        self.store.save_meta("phase", str(target))
+        for _ in range(1 if based_on_read else CAS_ATTEMPTS):
+            current = expected if based_on_read else self.phase_value()
+            check_transition(parse_phase(current), target)
+            new = f"{target}{NONCE_SEP}{uuid.uuid4().hex[:12]}"
+            if self.store.swap_meta("phase", current, new) or self.phase_value() == new:
+                break  # (a retried swap whose first attempt was applied reads back our own value)
+        else:
+            raise PhaseMoved(f"the migration phase changed (another process moved it) before it could move to "
+                             f"{target}")
         self.store.save_meta("phase_changed_ms", str(self._now_ms()))
         default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE).set_phase(str(target))
         self.log.info("migration phase: %s", target)
@@ -210,8 +267,13 @@ class Migration:
         self.store.save_meta("finished_ms", "")
         self.store.save_meta("marker_tables", json.dumps(sorted(set(tables) | set(self.marker_tables()))))
         bookkeeping.ensure(tables)
-        self._sleep(MARKING_WAIT_S)
-        handoff = handoff_ms if handoff_ms is not None else self._now_ms()
+        from ddb2bt.pipeline.cutover.clock import CLOCK_SKEW_MARGIN_S
+
+        # T is set back by the clock margin (cutover/clock.py: this clock may run
+        # that much ahead of AWS's), so the wait covers the margin too: every
+        # tail marks from T on.
+        self._sleep(MARKING_WAIT_S + (CLOCK_SKEW_MARGIN_S if handoff_ms is None else 0.0))
+        handoff = handoff_ms if handoff_ms is not None else self._now_ms() - int(CLOCK_SKEW_MARGIN_S * 1000)
         self.store.save_meta("backfill_source", json.dumps(source_spec, sort_keys=True))
         self.store.save_meta("handoff_ms", str(handoff))
         self.store.save_meta("backfill_done_ms", "")
@@ -234,10 +296,17 @@ class Migration:
     def finish_backfill(self) -> bool:
         """BACKFILLING → CATCHING_UP once every part is done; idempotent (False when
         another process moved it already, or parts are missing)."""
-        if self.phase != BACKFILLING or not self.backfill_complete():
+        seen = self.phase_value()
+        if parse_phase(seen) != BACKFILLING or not self.backfill_complete():
+            return False
+        try:
+            # Only if nobody moved the phase since it was read: a `backfill
+            # --restart` meanwhile cleared the progress this decision was based on.
+            self.transition(CATCHING_UP, seen, based_on_read=True)
+        except PhaseMoved:
+            log.info("the phase moved while finishing the backfill (a new backfill began?): left as it is")
             return False
         self.store.save_meta("backfill_done_ms", str(self._now_ms()))
-        self.transition(CATCHING_UP)
         return True
 
     def finish(self, bookkeeping, tables: Sequence[str] = (), wait: bool = True) -> bool:
@@ -266,11 +335,12 @@ class Migration:
 
     def go_live(self) -> None:
         """CATCHING_UP → LIVE; only after the finish (nothing of ours left)."""
-        if self.phase == LIVE:
+        seen = self.phase_value()
+        if parse_phase(seen) == LIVE:
             return
         if self.finished_ms is None:
             raise PhaseError("the migration cannot go LIVE before its bookkeeping is removed (finish)")
-        self.transition(LIVE)
+        self.transition(LIVE, seen, based_on_read=True)
 
 
 def advance(migration: Migration, bookkeeping, at_head: bool, promote_live: bool) -> Optional[Phase]:

@@ -21,8 +21,13 @@ letters (by key, oldest first):
      and been undone by it, so go back to 1 with the newer state (the image just
      written counts as stored: its cells are deleted if no longer owned).
 
-The backfill guards a scanned item with touch markers; a redrive needs none —
-the second read is its guard, so it is safe in every phase, with the tail running.
+The second read guards against the tail; against a *backfill* it is not enough:
+a backfill batch that scanned the item before the redrive can land after it and
+bring back what the redrive deleted. So while a backfill may run (phase
+BACKFILLING, or unreadable) a redrive marks the rows it writes with touch
+markers, like the tail (``ddb2bt_touch``, at its write time, after the handoff),
+and the backfill's guard then leaves them alone. With that it is safe in every
+phase, with the tail running.
 Items are redriven in groups, so the wait is paid once per round of a group.
 Its dead letters are removed once the item converged; those whose item cannot
 be mapped yet, or kept changing for ``max_rounds`` reads, are kept.
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.retry import RetryPolicy
@@ -39,8 +44,8 @@ from ddb2bt.pipeline.logs import table_logger
 from ddb2bt.pipeline.source.records import record_from_json
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.errors import MappingError
-from ddb2bt.transforms.mapping import converge_change, handoff_second_ms
-from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, MappedChange
+from ddb2bt.transforms.mapping import MARKER_FAMILY, converge_change, handoff_second_ms, marker_qualifier
+from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, MappedChange, SetCell
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +121,17 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
     """Redrive the dead letters of ``store`` matching ``options`` (see the module
     docstring). ``batcher`` is a ``sink.BatchingWriter`` without a state store (a
     redrive must not move stream checkpoints); ``reader`` an ``ItemReader``."""
+    from ddb2bt.pipeline.cutover.phases import MarkingPolicy
+
+    policy = MarkingPolicy(lambda: store)
+    policy.setup()
     letters = store.list_dead_letters(reason=options.reason, since_ms=options.since_ms)
     groups, redacted = _group(letters)
     outcome: dict = {}
     items = list(groups.items())
     for start in range(0, len(items), GROUP_ITEMS):
         _converge(mapping, dict(items[start:start + GROUP_ITEMS]), batcher, reader, options, now_ms, sleep,
-                  outcome)
+                  outcome, policy.active)
     resolved = [e["id"] for key, (_, entries, _) in groups.items() if outcome.get(key) == "resolved"
                 for e in entries]
     count = lambda what: sum(len(entries) for key, (_, entries, _) in groups.items() if outcome.get(key) == what)
@@ -132,7 +141,8 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
                          redacted=redacted, unstable=len(letters) - redacted - len(resolved) - count("failing"))
 
 
-def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, now_ms, sleep, outcome: dict) -> None:
+def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, now_ms, sleep, outcome: dict,
+              marking: Callable[[], bool] = lambda: True) -> None:
     """Rounds of read → write → (next second) → read for a group of items; fills
     ``outcome`` {item key: "resolved" | "failing"} (absent: kept changing)."""
     seen = {key: list(images) for key, (_, _, images) in groups.items()}
@@ -159,6 +169,9 @@ def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, n
             if options.dry_run:
                 outcome[key] = "resolved"
                 continue
+            if marking():  # a backfill may run: its guard must see this write (module docstring)
+                marker = SetCell(MARKER_FAMILY, marker_qualifier(keys), b"", ts)
+                rows = tuple(replace(r, mutations=r.mutations + (marker,), size_bytes=-1) for r in rows)
             record = ChangeRecord(MODIFY if current is not None else REMOVE, keys, current,
                                   current if current is not None else (seen[key][-1] if seen[key] else None), ts)
             batcher.add(MappedChange(record, rows))

@@ -690,6 +690,11 @@ def _gc_rule(family: FamilyConfig):
     return cf.GCRuleIntersection(rules=rules) if family.gc == "intersection" else cf.GCRuleUnion(rules=rules)
 
 
+# A column-family listing answers in milliseconds; this bounds it when Bigtable
+# does not answer at all.
+FAMILY_LIST_TIMEOUT_S = 10.0
+
+
 class BigtableAdmin:
     """Table administration through the classic admin client (works on the emulator)."""
 
@@ -707,7 +712,12 @@ class BigtableAdmin:
         return self.table(table_id).exists()
 
     def families(self, table_id: str) -> set:
-        return set(self.table(table_id).list_column_families())
+        # Bounded, without the classic client's own retries: they keep trying an
+        # unreachable endpoint for minutes, and a sink (or a job that must stop
+        # once its lease is gone) waits on this call.
+        response = self._client.table_admin_client.get_table(
+            request={"name": self.table(table_id).name}, timeout=FAMILY_LIST_TIMEOUT_S, retry=None)
+        return set(response.column_families)
 
     def ensure_table(self, table_id: str, families: Iterable[FamilyConfig]) -> list:
         """Create the table or add/update its families; idempotent. Returns a list

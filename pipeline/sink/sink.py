@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,7 @@ from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, 
 from ddb2bt.pipeline.sink.bigtable_io import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, BigtableRetryable,
                                               EntryStatus, MutationWriter, bigtable_endpoint, code_name)
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
-from ddb2bt.pipeline.cutover.guards import repair_touched, write_conditional
+from ddb2bt.pipeline.cutover.guards import encode_intent, repair_intents, repair_touched, write_conditional
 from ddb2bt.pipeline.metrics import UNNAMED_TABLE, PipelineMetrics
 from ddb2bt.pipeline.sink.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
@@ -97,6 +98,7 @@ class _Batch:
     elements: list = field(default_factory=list)  # every MappedChange, in order
     conditional: list = field(default_factory=list)  # [(MappedChange, RowChange)] for CheckAndMutateRow
     guarded: list = field(default_factory=list)  # backfill RowChanges to repair if the tail touched them
+    guard_parts: dict = field(default_factory=dict)  # (source, part) -> its guarded RowChanges (the journal)
     backfill: dict = field(default_factory=dict)  # (source, part) -> BackfillCheckpoint
 
     def empty(self) -> bool:
@@ -128,6 +130,7 @@ class BatchingWriter:
         sleep: Callable[[float], None] = time.sleep,
         overlap: bool = False,
         versions: Optional[VersionOwners] = None,
+        partition_fence: Optional[Callable] = None,
     ) -> None:
         self._writer = writer
         self._routes_transactional = bool(getattr(writer, "routes_transactional", False))
@@ -142,6 +145,9 @@ class BatchingWriter:
         self._sleep = sleep
         # Who owns each versioned cell (sink/versions.py); None: not tracked.
         self._versions = versions
+        # A shared (Dataflow) job: this process must own the partitions of the
+        # changes it writes (ddb2bt.pipeline.lease.PartitionOwners.check).
+        self._partition_fence = partition_fence
         self._reset()
         # overlap: a full batch is written on this one thread while add() goes on;
         # (batch, future) of the one in flight, if any.
@@ -203,6 +209,9 @@ class BatchingWriter:
                     buf.conditional.append((element, row))
                     continue
                 buf.guarded.append(row)
+                pos = element.record.position
+                if isinstance(pos, BackfillPosition):
+                    buf.guard_parts.setdefault((pos.source, pos.part), []).append(row)
             key = (row.table, row.row_key)
             pending = buf.rows.get(key)
             if pending is None:
@@ -325,7 +334,10 @@ class BatchingWriter:
         """Write a batch, store its dead letters, then checkpoint: (dead, ack ms).
         Touches only the batch, the writer and the state store (and thread-safe
         Prometheus metrics), so it may run on the sink thread."""
+        self._fence_partitions(batch)
         dead = list(batch.dead)
+        # Recorded before anything is written (guards.py: the repair's crash window).
+        intents = self._record_intents(batch)
         settle: dict = {}
         if self._versions is not None:
             dead += self._resolve_versions(batch, settle)
@@ -338,17 +350,18 @@ class BatchingWriter:
                 # INVALID_ARGUMENT: any permanent failure of a row with markers is
                 # tried once more without them; a real error fails again and is isolated.
                 if has_markers(row.mutations):
-                    row = self._without_markers(row)
-                    failed = self._write_with_retry(table, [row])
+                    failed = self._write_marked(table, row)
                     if not failed:
                         continue
                     row, status = failed[0]
                 dead.extend(self._isolate(row, status))
         dead.extend(self._write_conditional(batch.conditional))
         self._repair_touched(batch.guarded)
+        intents += self._repair_left_over(batch, intents)
         if settle:
             self._versions.settle(settle)
         ack_ms = self._now_ms()
+        self._fence_partitions(batch)  # the writes may have taken long: still the owner before checkpointing?
         if self._state is not None:
             if dead:
                 self._state.save_dead_letters(dead)
@@ -360,6 +373,8 @@ class BatchingWriter:
             self._state.save_checkpoints(_merge_checkpoints(checkpoints))
             if batch.backfill:
                 self._state.save_backfill_progress(list(batch.backfill.values()))
+            if intents:  # repaired and checkpointed: a crash before this only repeats a repair
+                self._state.clear_repair_intents(intents)
         return dead, ack_ms
 
     def _report(self, batch: _Batch, dead: list, ack_ms: int) -> list:
@@ -494,6 +509,46 @@ class BatchingWriter:
                 f"{where} kept failing: {cause}", code=getattr(cause, "code", "")) from exc
         return permanent
 
+    def _fence_partitions(self, batch: _Batch) -> None:
+        """Wait (retry policy) while this process cannot prove it owns the batch's
+        partitions; LeaseLost (the partition moved to another worker) stops it."""
+        if self._partition_fence is None or not (batch.positions or batch.closed):
+            return
+        keys = list(batch.positions) + [(c.stream_arn, c.shard_id) for c in batch.closed]
+        retrying(self._config.retry, "partition ownership", None, self._sleep)(lambda: self._partition_fence(keys))
+
+    def _record_intents(self, batch: _Batch) -> list:
+        """Durably record the batch's guarded rows, per part, before they are
+        written; returns the records' keys (cleared after the checkpoint)."""
+        if self._state is None or not batch.guard_parts:
+            return []
+        batch_id = uuid.uuid4().hex
+        return [self._state.save_repair_intent(source, part, batch_id, encode_intent(rows))
+                for (source, part), rows in batch.guard_parts.items()]
+
+    def _repair_left_over(self, batch: _Batch, own: list) -> list:
+        """Before a part is marked done: repair what an earlier attempt recorded
+        and may have written without repairing (it crashed in between); returns
+        the records' keys, cleared with the batch's own."""
+        if self._state is None:
+            return []
+        keys: list = []
+        payloads: list = []
+        mine = set(own)
+        for (source, part), ckpt in batch.backfill.items():
+            if not ckpt.done:
+                continue
+            for key, payload in self._state.load_repair_intents(source, part).items():
+                if key not in mine:
+                    keys.append(key)
+                    payloads.append(payload)
+        if payloads:
+            log.warning("repairing %d backfill batch(es) whose write was interrupted before its repair", len(payloads))
+            repair_intents(self._writer, payloads, self._config.retry, self._sleep,
+                           lambda table, rows: self._write_all(table, [_Row(table, k, m) for k, m in rows]),
+                           self._metrics)
+        return keys
+
     def _repair_touched(self, guarded: list) -> None:
         if guarded:
             repair_touched(self._writer, guarded, self._config.retry, self._sleep,
@@ -534,6 +589,35 @@ class BatchingWriter:
         batch.conditional = [(e, c) for e, c in ((e, replaced.get(id(c), c)) for e, c in batch.conditional
                                                  if id(e) not in dead_ids) if c.mutations]
         return dead
+
+    def _markers_needed(self) -> bool:
+        """Whether a backfill may be running (phase BACKFILLING, or unknown): then
+        touch markers must never be stripped — a backfill batch that scanned the
+        item earlier could land after this change and bring back what it removed."""
+        if self._state is None:
+            return False
+        from ddb2bt.pipeline.cutover.phases import BACKFILLING, parse_phase
+
+        try:
+            return parse_phase(self._state.load_meta("phase")) == BACKFILLING
+        except Exception:  # unreadable: fail safe
+            return True
+
+    def _write_marked(self, table: str, row: _Row) -> list:
+        """A row with touch markers failed for good (the marker family is missing).
+        After the finish it is written again without them; while a backfill may run
+        it is retried with them until the family exists (a new backfill writes the
+        phase before it creates the family), up to the deadline."""
+        def attempt() -> list:
+            if not self._markers_needed():
+                return self._write_with_retry(table, [self._without_markers(row)])
+            failed = self._write_with_retry(table, [row])
+            if failed:
+                raise _StillFailing(f"a change with touch markers to {table} failed while a backfill may be "
+                                    f"running ({failed[0][1].message}); retrying until the marker family exists")
+            return failed
+        return retrying(self._config.retry, f"MutateRows with touch markers on {table}", None, self._sleep,
+                        where=f"Bigtable ({bigtable_endpoint()})")(attempt)
 
     def _without_markers(self, row: _Row) -> _Row:
         """A row whose write raced the finish (the marker family was dropped): the
@@ -644,9 +728,13 @@ class _WriteToBigtableFn(beam.DoFn):
         self._writer = fence(self._bigtable.writer(), join(self._config.lease))
         self._state = self._state_spec.store(self._writer) if self._state_spec else None
         self._families = _FamilyCache(self._bigtable) if self._check_families else None
+        from ddb2bt.pipeline.lease import OWNERS
+
+        shared = self._config.lease is not None and self._config.lease.shared
         self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families,
                                        overlap=self._config.overlap_writes,
-                                       versions=self._state.versions() if self._state is not None else None)
+                                       versions=self._state.versions() if self._state is not None else None,
+                                       partition_fence=OWNERS.check if shared else None)
 
     def process(self, element):
         yield from self._batcher.add(element)

@@ -15,6 +15,7 @@ from apache_beam.utils.timestamp import Duration
 from ddb2bt.pipeline.dynamodb import shard_directory, table_of_stream
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.source.records import batch_records
+from ddb2bt.pipeline.state import stream_label
 from ddb2bt.pipeline.source.stream_source import (
     ClaimEnd,
     PartitionReader,
@@ -26,11 +27,13 @@ from ddb2bt.pipeline.source.stream_source import (
 )
 
 log = logging.getLogger(__name__)
-PHASE_CHECK_S = 10.0  # how often an idle reader looks at the migration phase
 # How often a partition saves what it saw of its shards (lag, at head) for
 # `status`, which so reads no shard records itself (a third reader next to a
 # Lambda trigger would be throttled): one small state write per partition.
 READER_REPORT_S = 30.0
+# While the lease is unproven a partition looks again this often (FnApiRunner
+# ignores deferral delays, so it also sleeps that long: no spinning core).
+UNPROVEN_WAIT_S = 1.0
 
 
 class PartitionTracker(RestrictionTracker):
@@ -126,8 +129,7 @@ class _StreamContext:
         self.metrics = metrics.for_table(getattr(source.state_factory, "job", None)
                                          or table_of_stream(source.stream_arn))
         self.readers: dict = {}
-        self.phase_checked = -1e9
-        self.bookkeeping = None
+        self.keeper = None  # the cutover keeper of this stream's job (False: none)
         self.reported: dict = {}  # partition -> monotonic time of its last reader report
 
     def report(self, partition: StreamPartition, reader: PartitionReader, force: bool = False) -> None:
@@ -153,6 +155,11 @@ class _StreamContext:
         return reader
 
     def close(self) -> None:
+        if self.keeper:
+            from ddb2bt.pipeline.cutover.keeper import release_keeper
+
+            release_keeper(self.keeper)
+            self.keeper = None
         close = getattr(self.client, "close", None)
         if close:
             close()
@@ -192,7 +199,23 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         ctx = self._contexts[partition.stream_arn]
         options = ctx.options
         if ctx.lease is not None:
-            ctx.lease.check()  # raises once the table's lease is lost: this process stops
+            from ddb2bt.pipeline.lease import OWNERS, LeaseUnproven
+
+            if ctx.lease.spec.shared:
+                OWNERS.touch(partition.stream_arn, partition.index)
+            try:
+                ctx.lease.check()  # raises LeaseLost once the table's lease is lost: this process stops
+            except LeaseUnproven:
+                # Ownership unproven (a Bigtable blip, or this worker was paused):
+                # read nothing until the heartbeat proves it again, then go on
+                # without a restart (docs/design.md, "Ownership").
+                time.sleep(UNPROVEN_WAIT_S)
+                tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
+                return
+            if ctx.lease.spec.shared and not self._own_partition(ctx, partition):
+                time.sleep(UNPROVEN_WAIT_S)
+                tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
+                return
         if stop_requested(options.stop_token):
             tracker.try_claim(ClaimEnd())
             return
@@ -207,7 +230,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
                      partition.stream_arn, options.until_idle_s)
             tracker.try_claim(ClaimEnd())
             return
-        self._tick_cutover(ctx, at_head=decision == "poll")
+        self._tick_cutover(ctx, partition, at_head=decision == "poll")
         if decision == "poll":
             self._idle_streak += 1
             if options.sleep_when_idle:
@@ -223,27 +246,40 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         self._idle_streak = 0
         tracker.defer_remainder(Duration.of(0))
 
-    def _tick_cutover(self, ctx: _StreamContext, at_head: bool) -> None:
-        """Let the cutover machine take its next step (the phase is the cutover
-        module's to write): without a local controller — on Dataflow, or next to a
-        separate batch backfill — the readers are what moves a migration on."""
-        from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-        from ddb2bt.pipeline.cutover.phases import Migration, advance
+    @staticmethod
+    def _own_partition(ctx: _StreamContext, partition: StreamPartition) -> bool:
+        """A worker of a shared (Dataflow) job reads a partition only while it
+        owns it (ddb2bt.pipeline.lease.PartitionOwners): another worker may hold
+        it (Dataflow moved the work, or this worker was paused meanwhile)."""
+        from ddb2bt.pipeline.lease import OWNERS, LeaseLost, LeaseUnproven
 
-        now = time.monotonic()
-        if now - ctx.phase_checked < PHASE_CHECK_S:
-            return
-        ctx.phase_checked = now
-        spec = getattr(ctx.source.state_factory, "bigtable", None)
-        if spec is None:  # a state store without a Bigtable target (tests)
-            return
+        owner = OWNERS.claim(ctx.lease.spec, partition.stream_arn, partition.index, partition.count)
+        if owner is None:
+            return False
         try:
-            if ctx.bookkeeping is None:
-                ctx.bookkeeping = Bookkeeping.for_target(spec.project, spec.instance)
-            advance(Migration(ctx.state), ctx.bookkeeping, at_head, ctx.options.promote_live)
-        except Exception as exc:  # the phase moves on at the next tick; reading must go on
-            log.warning("cannot advance the migration phase of %s (%s: %s)", table_of_stream(ctx.source.stream_arn),
-                        type(exc).__name__, exc)
+            owner.check()
+        except (LeaseUnproven, LeaseLost):
+            return False
+        return True
+
+    def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, at_head: bool) -> None:
+        """Tell the cutover keeper where this partition is. The keeper — not this
+        reader — moves the migration on (phase, finish) on a thread of its own
+        (ddb2bt.pipeline.cutover.keeper): on Dataflow, or next to a separate
+        batch backfill, no controller does."""
+        from ddb2bt.pipeline.cutover.keeper import keeper_for
+
+        if ctx.keeper is None:
+            ctx.keeper = keeper_for(ctx.source.state_factory, ctx.options.promote_live) or False
+        if ctx.keeper:
+            fence = None
+            if ctx.lease is not None:
+                from ddb2bt.pipeline.lease import OWNERS
+
+                fence = (lambda: OWNERS.check_partition(partition.stream_arn, partition.index)) \
+                    if ctx.lease.spec.shared else ctx.lease.check
+            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, at_head,
+                              fence=fence)
 
     def teardown(self) -> None:
         for ctx in getattr(self, "_contexts", {}).values():

@@ -142,6 +142,10 @@ class InMemoryBigtable:
     def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
         return self.check_and_mutate("__state__", key, unless, mutations)
 
+    def swap(self, key: bytes, family: str, qualifier: bytes, expected: Optional[bytes], value: bytes,
+             ts_ms: int) -> bool:
+        return self.swap_cell("__state__", key, family, qualifier, expected, value, ts_ms)
+
     def latest(self, table_id: str) -> dict:
         """{row_key: {(family, qualifier): newest value}}."""
         with self._lock:

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from ddb2bt.pipeline.cutover import phases
+from ddb2bt.pipeline.cutover.clock import CLOCK_SKEW_MARGIN_S
 from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
 from ddb2bt.pipeline.cutover.phases import (BACKFILLING, CATCHING_UP, LIVE, MARKING_WAIT_S, PHASE_CACHE_S,
                                             MarkingPolicy, Migration, Phase, PhaseError, advance,
@@ -97,7 +98,9 @@ def test_begin_creates_the_marker_family_then_waits_for_the_tails_then_fixes_the
     handoff = m.begin_backfill({"kind": "scan", "parts": 2}, bk, ("t", "t_idx"))
     assert m.phase == BACKFILLING
     assert all(MARKER_FAMILY in f for f in admin.tables.values())
-    assert clock.slept == [MARKING_WAIT_S]
+    # T is set back by the clock margin (this clock may run that much ahead of
+    # AWS's), and the wait covers it: the tails mark from T's second on.
+    assert clock.slept == [MARKING_WAIT_S + CLOCK_SKEW_MARGIN_S]
     assert handoff == start + MARKING_WAIT_S * 1000 == m.handoff_ms
     assert m.marker_tables() == ["t", "t_idx"]
     # resuming the same backfill keeps T; other options refuse; --restart begins anew

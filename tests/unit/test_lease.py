@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
-                                   LeaseOptions, LeaseSpec, LeaseState, fence, margin_s)
+                                   LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, PARTITION_IDLE_RELEASE_S,
+                                   PartitionOwners, check_held, fence, margin_s, partition_index, register)
 from ddb2bt.pipeline.sink.bigtable_io import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.retry import RetryPolicy
@@ -43,8 +44,9 @@ class World:
 
 
 def make(world, bt, name, *, pid=None, node="nodeA", holder=None, alive=lambda pid: True, shared=False, ttl=TTL,
-         renew=RENEW) -> Lease:
-    spec = LeaseSpec(Bt(), "state", "job", "tail", holder or f"run:{name}", ttl, renew, shared=shared)
+         renew=RENEW, give_up=300.0) -> Lease:
+    spec = LeaseSpec(Bt(), "state", "job", "tail", holder or f"run:{name}", ttl, renew, shared=shared,
+                     give_up_s=give_up)
     return Lease(spec, LeaseCell(bt, "state", spec.row_key), command="run", wall=world.wall, clock=world.clock,
                  sleep=world.sleep, host=f"host-{name}", pid=pid or abs(hash(name)) % 30000 + 2, node=node,
                  alive=alive)
@@ -103,9 +105,9 @@ def test_a_paused_holder_stops_before_the_standby_can_take_over():
             taken_at = world.t
     assert taken_at >= last_renewal + TTL
     # a resumes (SIGCONT): its own clock says the lease may be gone: no write.
-    with pytest.raises(LeaseLost, match="paused"):
+    with pytest.raises(LeaseUnproven, match="paused"):
         a.check()
-    assert not a.renew()
+    assert not a.renew()  # the cell changed hands: lost for good
     with pytest.raises(LeaseLost):
         a.check()
     assert b.check() > 0
@@ -150,6 +152,8 @@ def test_random_schedules_never_let_two_processes_write_at_once():
                 def write():
                     try:
                         p.check()
+                    except LeaseUnproven:
+                        return
                     except LeaseLost:
                         if p._raw is not None and p._lost:
                             p._raw, p._lost = None, None  # a stopped process restarts (as a new run would)
@@ -225,9 +229,71 @@ def test_renewal_failures_stop_writes_after_ttl_minus_margin():
         assert not a.renew()
         try:
             a.check()
-        except LeaseLost:
+        except LeaseUnproven:
             break
     assert world.t - start == pytest.approx(TTL - margin_s(TTL), abs=1.0)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["local", "dataflow-shared"])
+def test_a_blip_shorter_than_the_deadline_is_ridden_through_without_a_restart(shared):
+    """Bigtable unreachable for 25 s (longer than the TTL): writes pause while
+    ownership is unproven, and resume once a renewal's compare-and-set proves
+    nobody took over; a retry loop waiting meanwhile is not stopped by the fence.
+    Then a blip longer than the give-up deadline stops the holder for good."""
+    world = World()
+    down = {"on": False}
+    bt = InMemoryBigtable(fault=lambda t, e, n: [EntryStatus(14, "unavailable")] if down["on"] else None)
+    a = make(world, bt, "a", holder="dataflow:j" if shared else None, shared=shared, give_up=60.0)
+    if shared:
+        a.acquire(heartbeat=False)
+        a = make(world, bt, "w1", holder="dataflow:j", shared=True, node="vm1", give_up=60.0)
+        a.try_acquire()
+    else:
+        a.acquire(heartbeat=False)
+    a.active = True
+    register(a)
+    try:
+        down["on"] = True
+        for _ in range(25):
+            world.sleep(1.0)
+            a.renew()
+        with pytest.raises(LeaseUnproven):
+            a.check()
+        check_held()  # between retry attempts: unproven is no reason to leave the retry loop
+        down["on"] = False
+        world.sleep(1.0)
+        assert a.renew() and a.check() > 0 and a.holding
+        down["on"] = True
+        for _ in range(90):
+            world.sleep(1.0)
+            a.renew()
+        if shared:  # a Dataflow worker never gives up for good: Dataflow retries its bundles meanwhile
+            with pytest.raises(LeaseUnproven):
+                a.check()
+            down["on"] = False
+            assert a.renew() and a.check() > 0
+        else:  # a local process stops, naming why (its command fails)
+            with pytest.raises(LeaseLost, match="no renewal succeeded for more than 60s"):
+                a.check()
+            down["on"] = False
+            assert not a.renew(), "given up is final: a restart re-acquires"
+    finally:
+        from ddb2bt.pipeline.lease import _REGISTRY
+        _REGISTRY.pop(a.spec.key, None)
+
+
+def test_a_paused_dataflow_worker_resumes_only_if_nobody_took_the_job_over():
+    world, bt = World(), InMemoryBigtable()
+    w1 = make(world, bt, "w1", holder="dataflow:j", shared=True, node="vm1")
+    w1.acquire(heartbeat=False)
+    world.sleep(TTL + 5)  # SIGSTOPped; the job's lease expired meanwhile and another job took it
+    other = make(world, bt, "other", holder="dataflow:k", shared=True, node="vm9")
+    assert other.try_acquire() is None
+    with pytest.raises(LeaseUnproven):
+        w1.check()
+    assert not w1.renew()
+    with pytest.raises(LeaseLost, match="taken over"):
+        w1.check()
 
 
 def test_a_renewal_that_landed_after_its_timeout_is_adopted():
@@ -289,7 +355,7 @@ def test_the_sink_writes_nothing_and_checkpoints_nothing_once_the_lease_is_lost(
     world.sleep(TTL)  # paused past the lease
     sink.add(_change("2"))
     calls = len(bt.calls)
-    with pytest.raises(LeaseLost):
+    with pytest.raises((LeaseUnproven, LeaseLost)):
         sink.flush()
     assert len(bt.calls) == calls  # not one RPC after the fence said no
     ck = state.load_checkpoints("arn:aws:dynamodb:r:1:table/T/stream/x")
@@ -324,3 +390,78 @@ def test_a_dataflow_launch_holds_the_lease_for_the_job_and_its_workers_join(monk
             acquire_lease(args2, state, "tail")
     finally:
         worker.release()
+
+
+# --- per-partition owners inside a shared (Dataflow) job -----------------------------
+
+STREAM = "arn:aws:dynamodb:r:1:table/T/stream/x"
+
+
+def owners(world, bt, name):
+    return PartitionOwners(lambda spec: LeaseCell(bt, "state", spec.row_key), worker=f"worker:{name}",
+                           heartbeat=False, wall=world.wall, clock=world.clock, sleep=world.sleep,
+                           host=f"host-{name}", pid=abs(hash(name)) % 30000 + 2, node=f"vm-{name}")
+
+
+def test_a_paused_worker_whose_partition_moved_writes_nothing_when_woken():
+    """Dataflow moves a partition's work off a SIGSTOPped worker; the new owner
+    takes the partition once the old lease has run out by the cell's clock; the
+    old one, woken, cannot prove ownership (its own monotonic clock ran on) and
+    its renewal's compare-and-set fails against the new owner's value: its sink
+    writes and checkpoints nothing more, and it never resumes."""
+    world, bt = World(), InMemoryBigtable()
+    job = LeaseSpec(Bt(), "state", "job", "tail", "dataflow:job-1", TTL, RENEW, shared=True)
+    w1, w2 = owners(world, bt, "w1"), owners(world, bt, "w2")
+    shard = next(f"shard-{i}" for i in range(100) if partition_index(f"shard-{i}", 2) == 0)
+    assert w1.claim(job, STREAM, 0, 2) is not None
+    assert w2.claim(job, STREAM, 0, 2) is None, "one owner per partition"
+    assert w2.claim(job, STREAM, 1, 2) is not None, "partitions are owned independently"
+    w1.check([(STREAM, shard)])
+    sink = BatchingWriter(bt, StateStore(bt, "job", world.wall), SinkConfig(retry=RetryPolicy(0.001, 0.001, 0.05)),
+                          partition_fence=w1.check)
+    sink.add(_change("1"))
+    sink.flush()
+    assert bt.latest("t")
+    # w1 is SIGSTOPped; Dataflow gives partition 0 to w2, which takes it at expiry.
+    world.sleep(TTL + 1)
+    assert w2.claim(job, STREAM, 0, 2) is not None
+    # w1 wakes with a buffered change of partition 0: nothing is written.
+    sink.add(_change("2"))
+    calls = len(bt.calls)
+    with pytest.raises((LeaseUnproven, LeaseLost)):
+        sink.flush()
+    assert len(bt.calls) == calls, "not one write RPC"
+    assert not w1.held(STREAM, 0).renew(), "its renewal fails: the cell holds w2's value"
+    with pytest.raises(LeaseLost):
+        w1.check([(STREAM, shard)])
+    assert w1.claim(job, STREAM, 0, 2) is None, "and it cannot take the partition back while w2 holds it"
+    w2.check([(STREAM, shard)])
+
+
+def test_a_partition_a_worker_no_longer_processes_is_released_for_the_next_owner():
+    world, bt = World(), InMemoryBigtable()
+    job = LeaseSpec(Bt(), "state", "job", "tail", "dataflow:job-1", TTL, RENEW, shared=True)
+    w1, w2 = owners(world, bt, "w1"), owners(world, bt, "w2")
+    lease = w1.claim(job, STREAM, 0, 1)
+    world.sleep(PARTITION_IDLE_RELEASE_S + 1)
+    assert lease.renew()  # still renewed by its heartbeat ...
+    assert world.clock() - lease.last_used > lease.idle_release_s  # ... which releases it when idle
+    lease.release()
+    assert w2.claim(job, STREAM, 0, 1) is not None, "taken at once, not after a TTL"
+
+
+def test_a_renewal_held_by_the_network_and_applied_after_the_blip_is_not_a_take_over():
+    """A renewal sent during a blip is delivered late (a proxy or a congested
+    link held it), after its own expiry: the holder's next renewal finds its own
+    expired value in the cell — nobody else wrote it — and renews from it."""
+    world, bt = World(), InMemoryBigtable()
+    a = make(world, bt, "a")
+    a.acquire(heartbeat=False)
+    late = a._state(world.wall()).to_bytes()  # the held renewal, stamped now ...
+    world.sleep(TTL + 5)  # ... applied after the blip, already expired
+    assert bt.swap_cell("state", a.spec.row_key, "meta", b"lease", a._raw, late, world.wall())
+    with pytest.raises(LeaseUnproven):
+        a.check()
+    assert a.renew() and a.check() > 0, "ridden through, not taken over by itself"
+    b = make(world, bt, "b", node="other")
+    assert b.try_acquire() is not None, "and held again: a contender is refused"
