@@ -64,6 +64,9 @@ class SinkConfig:
     # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): when set, every write and
     # checkpoint is fenced by it (a process that lost it writes nothing more).
     lease: Optional[object] = None
+    # Writes go through the per-item ordering guard (a source that may deliver out
+    # of order: Kinesis; docs/design.md §10): sink/guarded.GuardedBatchingWriter.
+    ordering_guard: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.max_batch_mutations <= MAX_MUTATIONS_PER_REQUEST:
@@ -608,6 +611,12 @@ class _WriteToBigtableFn(beam.DoFn):
         self._writer = fence(self._bigtable.writer(), join(self._config.lease))
         self._state = self._state_spec.store(self._writer) if self._state_spec else None
         self._families = _FamilyCache(self._bigtable) if self._check_families else None
+        if self._config.ordering_guard:
+            from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
+
+            self._batcher = GuardedBatchingWriter(self._writer, self._state, self._config, default_metrics(),
+                                                  self._families)
+            return
         self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families,
                                        overlap=self._config.overlap_writes,
                                        versions=self._state.versions() if self._state is not None else None)

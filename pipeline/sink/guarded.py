@@ -1,0 +1,162 @@
+"""Writes guarded by the per-item clock (docs/design.md §10): the I/O half of
+``ddb2bt.transforms.ordering``.
+
+For a batch of GuardedRows: one ReadRows per table reads the clock cells of every
+row in the batch; then each row whose change is newer than its clock is written
+with one CheckAndMutateRow that applies the whole new state and the new clock
+only if the clock still holds what was read (a compare-and-swap). A swap that
+lost a race (another writer moved the clock) re-reads that one clock and
+decides again. Rows are independent, so their order within a batch does not
+matter for correctness, only for how many swaps are needed.
+
+On a replicated instance CheckAndMutateRow needs an app profile with
+single-cluster routing (docs/design.md §10.4): the guard's reads and swaps go
+through that profile, so every decision is made on one cluster.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
+
+from ddb2bt.pipeline.retry import retrying
+from ddb2bt.pipeline.sink.bigtable_io import BigtableRetryable, bigtable_endpoint
+from ddb2bt.pipeline.sink.sink import BatchingWriter
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.model import DeadLetter, MappedChange
+from ddb2bt.transforms.limits import checked_size
+from ddb2bt.transforms.ordering import CLOCK_FAMILY, GuardedRow, decode_clock, row_mutations
+
+__all__ = ["ClockWriter", "GuardStats", "GuardedBatchingWriter", "apply_guarded"]
+
+# Swaps of one row that may lose to concurrent writers before the batch fails
+# (retryably): each loss means another writer advanced the clock, so this bounds
+# only pathological contention, not correctness.
+MAX_SWAP_ATTEMPTS = 20
+
+
+class ClockWriter(Protocol):
+    """What the guard needs from Bigtable (GrpcMutationWriter; InMemoryBigtable)."""
+
+    def read_family(self, table_id: str, row_keys: Sequence, family: str) -> dict: ...
+
+    def swap_row(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
+                 mutations: Sequence) -> bool: ...
+
+
+@dataclass
+class GuardStats:
+    applied: int = 0  # rows written (the change was newer than the row's clock)
+    stale: int = 0  # rows left alone: an older or duplicate change
+    lost_races: int = 0  # swaps that found the clock moved and were decided again
+    rejected: list = field(default_factory=list)  # [(GuardedRow, MappingError)]: over a Bigtable limit
+
+
+class SwapContention(BigtableRetryable):
+    """A row's clock kept moving under this writer: retryable."""
+
+
+def apply_guarded(writer: ClockWriter, rows: Sequence[GuardedRow], stats: Optional[GuardStats] = None) -> GuardStats:
+    """Apply ``rows`` (any order) through the clock guard. Returns the counts;
+    rows whose mutations break a Bigtable limit are in ``stats.rejected`` and not
+    written (the caller dead-letters their change)."""
+    stats = stats if stats is not None else GuardStats()
+    if not rows:
+        return stats
+    clocks: dict = {}  # (table, row, item) -> newest clock value or None
+    by_table: dict = {}
+    for row in rows:
+        by_table.setdefault(row.table, set()).add(row.row_key)
+    for table, keys in by_table.items():
+        found = writer.read_family(table, sorted(keys), CLOCK_FAMILY)
+        for key in keys:
+            for qualifier, value in found.get(key, {}).items():
+                clocks[(table, key, qualifier)] = value
+    for row in rows:
+        slot = (row.table, row.row_key, row.item)
+        for attempt in range(MAX_SWAP_ATTEMPTS):
+            raw = clocks.get(slot)
+            mutations = row_mutations(row, decode_clock(raw) if raw is not None else None)
+            if mutations is None:
+                stats.stale += 1
+                break
+            try:
+                checked_size(row.row_key, mutations)
+            except MappingError as exc:
+                stats.rejected.append((row, exc))
+                break
+            if writer.swap_row(row.table, row.row_key, CLOCK_FAMILY, row.item, raw, mutations):
+                clocks[slot] = _new_clock_value(mutations, row)
+                stats.applied += 1
+                break
+            stats.lost_races += 1
+            clocks[slot] = writer.read_family(row.table, [row.row_key], CLOCK_FAMILY).get(
+                row.row_key, {}).get(row.item)
+        else:
+            raise SwapContention(f"the clock of a row in {row.table} moved {MAX_SWAP_ATTEMPTS} times under this "
+                                 "writer; another process writes the same rows")
+    return stats
+
+
+def _new_clock_value(mutations: tuple, row: GuardedRow) -> bytes:
+    for m in mutations:
+        if m.family == CLOCK_FAMILY and m.qualifier == row.item and hasattr(m, "value"):
+            return m.value
+    raise AssertionError("row_mutations always sets the clock")  # pragma: no cover
+
+
+
+
+class GuardedBatchingWriter(BatchingWriter):
+    """The sink for a source that may deliver out of order: MappedChanges whose
+    rows are GuardedRows are buffered and, at each flush, written through the
+    guard (``apply_guarded``); dead letters are stored and checkpoints advanced
+    exactly as by ``BatchingWriter`` (the same ``_commit``), only after every
+    guarded write of the batch is acknowledged. Rows are independent under the
+    guard, so there is no per-row ordering to keep and no overlap to manage."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["overlap"] = False
+        kwargs["versions"] = None  # the clock's owned cells replace the version registry (docs/design.md §10.5)
+        super().__init__(*args, **kwargs)
+        self.stats = GuardStats()
+
+    def _add_change(self, element: MappedChange) -> list:
+        flushed: list = []
+        buf = self._buf
+        if buf.conditional and len(buf.conditional) + len(element.rows) > self._config.max_batch_rows:
+            flushed = self._flush_full()
+            buf = self._buf
+        if element.dead_letter is not None:
+            buf.dead.append(element.dead_letter)
+        else:
+            buf.conditional.extend((element, row) for row in element.rows)
+        self._track(element)
+        buf.elements.append(element)
+        return flushed
+
+    def _write_conditional(self, conditional: list) -> list:
+        if not conditional:
+            return []
+        rows = [row for _, row in conditional]
+        changes = {id(row): element for element, row in conditional}
+        stats = GuardStats()
+
+        def attempt() -> None:
+            stats.rejected.clear()
+            apply_guarded(self._writer, rows, stats)
+
+        where = f"Bigtable ({bigtable_endpoint()})"
+        retrying(self._config.retry, "guarded writes", None, self._sleep, where=where)(attempt)
+        self.stats.applied += stats.applied
+        self.stats.stale += stats.stale
+        self.stats.lost_races += stats.lost_races
+        dead = []
+        seen: set = set()
+        for row, exc in stats.rejected:
+            element = changes[id(row)]
+            if id(element) in seen:
+                continue
+            seen.add(id(element))
+            dead.append(DeadLetter(reason=exc.reason, error_class=type(exc).__name__, message=exc.message,
+                                   stage="write", record=element.record, failed_at_ms=self._now_ms()))
+        return dead
