@@ -158,7 +158,7 @@ def draw_ops(data, pks, sks):
                      label="ops")
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(st.sampled_from(sorted(CASES)), st.sampled_from([1, 1000]), st.data())
 def test_guard_converges_under_any_delivery_order(case, precision_us, data):
     global make_item
