@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -198,7 +199,11 @@ def build_live_jobs(args, mappings: list) -> list:
     from ddb2bt.pipeline.preflight import check_stream_continuity, check_target, ensure_state_table, resolve_stream
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
-    sources = [resolve_stream(m, dynamodb_client(m.source.region)) for m in mappings]
+    from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
+
+    # A mapping with source.kinesis reads its Kinesis stream (docs/kinesis.md).
+    sources = [resolve_kinesis(m) if m.source.kinesis is not None else resolve_stream(m, dynamodb_client(m.source.region))
+               for m in mappings]
     for i, source in enumerate(sources):  # e.g. one table named with and without its region
         first = next(j for j, other in enumerate(sources) if other.stream_arn == source.stream_arn)
         if first != i:
@@ -222,9 +227,16 @@ def build_live_jobs(args, mappings: list) -> list:
         )
         # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
         # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
+        kinesis = mapping.source.kinesis
+        sink = _sink_config(args, lease)
+        client_factory = StreamsClientFactory(mapping.source.region)
+        if kinesis is not None:  # out-of-order delivery: the ordering guard writes (docs/design.md §10)
+            sink = replace(sink, ordering_guard=True)
+            client_factory = KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region,
+                                                  kinesis.precision)
         jobs.append(LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
-                            partitions=args.partitions, sink=_sink_config(args, lease),
-                            client_factory=StreamsClientFactory(mapping.source.region), marking=PhaseMarking(state),
+                            partitions=args.partitions, sink=sink,
+                            client_factory=client_factory, marking=PhaseMarking(state),
                             pushgateway=getattr(args, "metrics_pushgateway", None)))
     return jobs
 

@@ -791,6 +791,10 @@ def ensure_mapping_table(mapping: MappingConfig) -> list:
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
     changes = []
     for table, families in mapping.table_families().items():
+        if mapping.source.kinesis is not None:  # the ordering guard's clock cells (docs/design.md §10)
+            from ddb2bt.transforms.ordering import CLOCK_FAMILY
+
+            families = list(families) + [FamilyConfig(CLOCK_FAMILY, max_versions=1)]
         changes += admin.ensure_table(table, families)
     return changes
 

@@ -190,6 +190,9 @@ class KinesisStreamsClient:
         self._iterators: dict = {}  # iterator -> shard id (pacing is per shard)
         self.meta = getattr(kinesis, "meta", None)
         self.millis_behind: dict = {}  # shard -> MillisBehindLatest of its last page
+        self._retention_s: Optional[float] = None
+        self._ending: dict = {}  # closed shard -> (starting, ending sequence number)
+        self._last_seen: dict = {}  # shard -> last sequence number read or resumed after
 
     # DynamoDB Streams: DescribeStream(StreamArn, Limit, ExclusiveStartShardId)
     def describe_stream(self, StreamArn: str, Limit: int = 100, ExclusiveStartShardId: Optional[str] = None) -> dict:
@@ -203,10 +206,21 @@ class KinesisStreamsClient:
                 # out of order, which the ordering guard absorbs (docs/kinesis.md).
                 shards.append({"ShardId": s["ShardId"], "ParentShardId": s.get("ParentShardId"),
                                "SequenceNumberRange": s.get("SequenceNumberRange", {})})
+                ending = s.get("SequenceNumberRange", {}).get("EndingSequenceNumber")
+                if ending is not None:
+                    self._ending[s["ShardId"]] = (int(s["SequenceNumberRange"].get("StartingSequenceNumber", 0)),
+                                                  int(ending))
             token = page.get("NextToken")
             if not token:
                 break
             kwargs = {"NextToken": token}
+        if self._retention_s is None:
+            hours = self._k.describe_stream_summary(**self._stream)["StreamDescriptionSummary"].get(
+                "RetentionPeriodHours", 24)
+            self._retention_s = hours * 3600
+            from ddb2bt.pipeline.metrics import default_metrics
+
+            default_metrics().lag.set_retention(StreamArn, self._retention_s)  # the headroom gauge's window
         return {"StreamDescription": {"StreamArn": StreamArn, "Shards": shards, "StreamStatus": "ENABLED",
                                       "StreamViewType": "NEW_AND_OLD_IMAGES"}}
 
@@ -215,6 +229,7 @@ class KinesisStreamsClient:
         kwargs: dict = dict(self._stream, ShardId=ShardId)
         if ShardIteratorType == "AFTER_SEQUENCE_NUMBER":
             self._check_not_trimmed(ShardId, SequenceNumber)
+            self._last_seen[ShardId] = int(SequenceNumber)
             kwargs.update(ShardIteratorType="AFTER_SEQUENCE_NUMBER", StartingSequenceNumber=SequenceNumber)
         elif self._start_timestamp is not None:
             kwargs.update(ShardIteratorType="AT_TIMESTAMP", Timestamp=self._start_timestamp)
@@ -250,7 +265,14 @@ class KinesisStreamsClient:
         raw = page.get("Records") or []
         self._pacer.after_call(self._name, shard, sum(len(r.get("Data") or b"") for r in raw))
         records = [d for d in (decode_kinesis_record(r, self._table, self._precision) for r in raw) if d is not None]
+        if raw:
+            self._last_seen[shard] = int(raw[-1]["SequenceNumber"])
         nxt = page.get("NextShardIterator")
+        if nxt is not None and not raw and self._read_to_end(shard):
+            # AWS ends a closed shard's iteration with a null NextShardIterator;
+            # an endpoint that keeps handing out iterators (moto) is ended here
+            # once nothing is left up to the shard's ending sequence number.
+            nxt = None
         if nxt is not None:
             self._iterators[nxt] = shard
         if "MillisBehindLatest" in page:
@@ -258,6 +280,14 @@ class KinesisStreamsClient:
         # A page of only other tables' records comes back empty: the reader moves on
         # with NextShardIterator (its checkpoint stays at its own table's last record).
         return {"Records": records, "NextShardIterator": nxt}
+
+    def _read_to_end(self, shard: str) -> bool:
+        bounds = self._ending.get(shard)
+        if bounds is None:
+            return False
+        starting, ending = bounds
+        last = self._last_seen.get(shard)
+        return ending <= starting or (last is not None and last >= ending)
 
     def close(self) -> None:
         close = getattr(self._k, "close", None)
@@ -286,3 +316,46 @@ class KinesisClientFactory:
         start = (_dt.datetime.fromtimestamp(self.start_timestamp_ms / 1000, _dt.timezone.utc)
                  if self.start_timestamp_ms is not None else None)
         return KinesisStreamsClient(client, self.stream, self.table, self.precision, start_timestamp=start)
+
+
+@dataclass(frozen=True)
+class KinesisSource:
+    """What ``resolve_kinesis`` found: the per-table stream name the job reads
+    (``kinesis_stream_arn``), the table, the Kinesis stream, its retention."""
+
+    stream_arn: str
+    table: str
+    stream: str
+    retention_hours: int
+
+
+def resolve_kinesis(mapping, kinesis=None) -> KinesisSource:
+    """The mapping's Kinesis stream, checked to exist and be readable; fails with
+    a ConfigError naming ``source.kinesis.stream`` otherwise."""
+    from botocore.exceptions import BotoCoreError
+
+    from ddb2bt.transforms.errors import ConfigError, PermanentError
+
+    config = mapping.source.kinesis
+    if kinesis is None:
+        import boto3
+
+        kinesis = boto3.client("kinesis", region_name=mapping.source.region)
+    target = {"StreamARN": config.stream} if config.stream.startswith("arn:") else {"StreamName": config.stream}
+    try:
+        summary = kinesis.describe_stream_summary(**target)["StreamDescriptionSummary"]
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "ResourceNotFoundException":
+            raise ConfigError(f"Kinesis stream {config.stream!r} does not exist (in this account and region)",
+                              "source.kinesis.stream") from None
+        raise PermanentError(f"DescribeStreamSummary {config.stream}: {code}: "
+                             f"{exc.response['Error'].get('Message', '')}") from None
+    except BotoCoreError as exc:
+        raise PermanentError(f"cannot reach Kinesis: {exc}") from None
+    arn = summary.get("StreamARN", "")
+    parts = arn.split(":")
+    region = parts[3] if len(parts) > 4 else (mapping.source.region or "local")
+    account = parts[4] if len(parts) > 4 else "000000000000"
+    return KinesisSource(kinesis_stream_arn(mapping.source.table, summary["StreamName"], region, account),
+                         mapping.source.table, config.stream, int(summary.get("RetentionPeriodHours", 24)))
