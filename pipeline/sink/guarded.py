@@ -15,6 +15,7 @@ through that profile, so every decision is made on one cluster.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
@@ -32,6 +33,10 @@ __all__ = ["ClockWriter", "GuardStats", "GuardedBatchingWriter", "apply_guarded"
 # (retryably): each loss means another writer advanced the clock, so this bounds
 # only pathological contention, not correctness.
 MAX_SWAP_ATTEMPTS = 20
+# Swaps in flight at once in a sink (different rows): CheckAndMutateRow is one
+# round trip per row and cannot be batched; 16 keeps a worker's gRPC channel busy
+# without a thread per row of a 1,000-row batch.
+GUARD_CONCURRENCY = 16
 
 
 class ClockWriter(Protocol):
@@ -55,8 +60,10 @@ class SwapContention(BigtableRetryable):
     """A row's clock kept moving under this writer: retryable."""
 
 
-def apply_guarded(writer: ClockWriter, rows: Sequence[GuardedRow], stats: Optional[GuardStats] = None) -> GuardStats:
-    """Apply ``rows`` (any order) through the clock guard. Returns the counts;
+def apply_guarded(writer: ClockWriter, rows: Sequence[GuardedRow], stats: Optional[GuardStats] = None,
+                  concurrency: int = 1) -> GuardStats:
+    """Apply ``rows`` (any order) through the clock guard, ``concurrency`` slots
+    (an item's cells in one row) at a time. Returns the counts;
     rows whose mutations break a Bigtable limit are in ``stats.rejected`` and not
     written (the caller dead-letters their change)."""
     stats = stats if stats is not None else GuardStats()
@@ -71,30 +78,56 @@ def apply_guarded(writer: ClockWriter, rows: Sequence[GuardedRow], stats: Option
         for key in keys:
             for qualifier, value in found.get(key, {}).items():
                 clocks[(table, key, qualifier)] = value
+    # Rows of one item in one row ("slot") are decided one after the other, with
+    # the clock each swap left; different slots are independent (design §10.2),
+    # so they are swapped concurrently: CheckAndMutateRow cannot be batched, and
+    # one at a time leaves the sink waiting on round trips.
+    slots: dict = {}
     for row in rows:
-        slot = (row.table, row.row_key, row.item)
+        slots.setdefault((row.table, row.row_key, row.item), []).append(row)
+    if len(slots) == 1 or concurrency <= 1:
+        for slot, slot_rows in slots.items():
+            _apply_slot(writer, slot, slot_rows, clocks.get(slot), stats)
+        return stats
+    parts = []
+    with ThreadPoolExecutor(max_workers=min(concurrency, len(slots))) as pool:
+        futures = []
+        for slot, slot_rows in slots.items():
+            part = GuardStats()
+            parts.append(part)
+            futures.append(pool.submit(_apply_slot, writer, slot, slot_rows, clocks.get(slot), part))
+        for future in futures:
+            future.result()  # re-raises a slot's failure (the batch is retried whole: idempotent)
+    for part in parts:
+        stats.applied += part.applied
+        stats.stale += part.stale
+        stats.lost_races += part.lost_races
+        stats.rejected.extend(part.rejected)
+    return stats
+
+
+def _apply_slot(writer: ClockWriter, slot: tuple, rows: list, raw: Optional[bytes], stats: GuardStats) -> None:
+    table, row_key, item = slot
+    for row in rows:
         for attempt in range(MAX_SWAP_ATTEMPTS):
-            raw = clocks.get(slot)
             mutations = row_mutations(row, decode_clock(raw) if raw is not None else None)
             if mutations is None:
                 stats.stale += 1
                 break
             try:
-                checked_size(row.row_key, mutations)
+                checked_size(row_key, mutations)
             except MappingError as exc:
                 stats.rejected.append((row, exc))
                 break
-            if writer.swap_row(row.table, row.row_key, CLOCK_FAMILY, row.item, raw, mutations):
-                clocks[slot] = _new_clock_value(mutations, row)
+            if writer.swap_row(table, row_key, CLOCK_FAMILY, item, raw, mutations):
+                raw = _new_clock_value(mutations, row)
                 stats.applied += 1
                 break
             stats.lost_races += 1
-            clocks[slot] = writer.read_family(row.table, [row.row_key], CLOCK_FAMILY).get(
-                row.row_key, {}).get(row.item)
+            raw = writer.read_family(table, [row_key], CLOCK_FAMILY).get(row_key, {}).get(item)
         else:
-            raise SwapContention(f"the clock of a row in {row.table} moved {MAX_SWAP_ATTEMPTS} times under this "
+            raise SwapContention(f"the clock of a row in {table} moved {MAX_SWAP_ATTEMPTS} times under this "
                                  "writer; another process writes the same rows")
-    return stats
 
 
 def _new_clock_value(mutations: tuple, row: GuardedRow) -> bytes:
@@ -143,7 +176,7 @@ class GuardedBatchingWriter(BatchingWriter):
 
         def attempt() -> None:
             stats.rejected.clear()
-            apply_guarded(self._writer, rows, stats)
+            apply_guarded(self._writer, rows, stats, GUARD_CONCURRENCY)
 
         where = f"Bigtable ({bigtable_endpoint()})"
         retrying(self._config.retry, "guarded writes", None, self._sleep, where=where)(attempt)

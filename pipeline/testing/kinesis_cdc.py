@@ -17,7 +17,7 @@ from typing import Optional
 from ddb2bt.transforms.attrs import item_to_dynamodb_json
 from ddb2bt.transforms.model import datetime_to_ms
 
-__all__ = ["Disorder", "change_document", "publish_changes", "read_table_changes"]
+__all__ = ["Disorder", "FakeKinesis", "change_document", "publish_changes", "read_table_changes"]
 
 
 @dataclass(frozen=True)
@@ -111,3 +111,59 @@ def split_first_open_shard(kinesis, stream: str) -> None:
     shard = next(s for s in shards if "EndingSequenceNumber" not in s.get("SequenceNumberRange", {}))
     low, high = int(shard["HashKeyRange"]["StartingHashKey"]), int(shard["HashKeyRange"]["EndingHashKey"])
     kinesis.split_shard(StreamName=stream, ShardToSplit=shard["ShardId"], NewStartingHashKey=str((low + high) // 2))
+
+
+class FakeKinesis:
+    """Kinesis's read API over in-memory shards: {shard: [records]}, parents,
+    closed shards, and a trim point per shard (records before it are gone)."""
+
+    def __init__(self) -> None:
+        self.shards: dict = {}
+        self.parents: dict = {}
+        self.closed: set = set()
+        self.trimmed: dict = {}  # shard -> index of the oldest record still kept
+        self.calls: list = []
+
+    def add(self, shard, docs, parent=None, closed=False, first_seq=1):
+        """A shard holding ``docs`` (change documents) from sequence number ``first_seq``."""
+        self.shards[shard] = [{"SequenceNumber": str(first_seq + i), "Data": json.dumps(d).encode()}
+                              for i, d in enumerate(docs)]
+        self.parents[shard] = parent
+        if closed:
+            self.closed.add(shard)
+
+    def describe_stream_summary(self, **kw):
+        return {"StreamDescriptionSummary": {"StreamName": "cdc", "RetentionPeriodHours": 48}}
+
+    def list_shards(self, **kw):
+        out = []
+        for sid, records in self.shards.items():
+            rng = {"StartingSequenceNumber": records[0]["SequenceNumber"] if records else "0"}
+            if sid in self.closed:
+                rng["EndingSequenceNumber"] = records[-1]["SequenceNumber"] if records else "0"
+            out.append({"ShardId": sid, "ParentShardId": self.parents[sid], "SequenceNumberRange": rng})
+        return {"Shards": out}
+
+    def _kept(self, shard):
+        return self.shards[shard][self.trimmed.get(shard, 0):]
+
+    def get_shard_iterator(self, ShardId, ShardIteratorType, StartingSequenceNumber=None, Timestamp=None, **kw):
+        kept = self._kept(ShardId)
+        if ShardIteratorType in ("TRIM_HORIZON", "AT_TIMESTAMP"):
+            index = 0
+        elif ShardIteratorType == "LATEST":
+            index = len(kept)
+        else:
+            seq = int(StartingSequenceNumber)
+            index = next((i for i, r in enumerate(kept) if int(r["SequenceNumber"]) >= seq
+                          + (ShardIteratorType == "AFTER_SEQUENCE_NUMBER")), len(kept))
+        return {"ShardIterator": f"{ShardId}|{index}"}
+
+    def get_records(self, ShardIterator, Limit):
+        shard, index = ShardIterator.split("|")
+        self.calls.append(shard)
+        kept = self._kept(shard)
+        page = kept[int(index):int(index) + Limit]
+        end = int(index) + len(page)
+        nxt = None if shard in self.closed and end >= len(kept) else f"{shard}|{end}"
+        return {"Records": page, "NextShardIterator": nxt, "MillisBehindLatest": 0}

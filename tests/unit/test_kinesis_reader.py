@@ -11,64 +11,10 @@ from botocore.exceptions import ClientError
 
 from ddb2bt.pipeline.source.kinesis import (KinesisStreamsClient, ShardPacer, kinesis_stream_arn,
                                             parse_kinesis_stream_arn)
+from ddb2bt.pipeline.testing.kinesis_cdc import FakeKinesis
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.transforms.model import ShardClosed
-
-
-class FakeKinesis:
-    """Kinesis's read API over in-memory shards: {shard: [records]}, parents,
-    closed shards, and a trim point per shard (records before it are gone)."""
-
-    def __init__(self) -> None:
-        self.shards: dict = {}
-        self.parents: dict = {}
-        self.closed: set = set()
-        self.trimmed: dict = {}  # shard -> index of the oldest record still kept
-        self.calls: list = []
-
-    def add(self, shard, docs, parent=None, closed=False, first_seq=1):
-        self.shards[shard] = [{"SequenceNumber": str(first_seq + i), "Data": json.dumps(d).encode()}
-                              for i, d in enumerate(docs)]
-        self.parents[shard] = parent
-        if closed:
-            self.closed.add(shard)
-
-    def describe_stream_summary(self, **kw):
-        return {"StreamDescriptionSummary": {"StreamName": "cdc", "RetentionPeriodHours": 48}}
-
-    def list_shards(self, **kw):
-        out = []
-        for sid, records in self.shards.items():
-            rng = {"StartingSequenceNumber": records[0]["SequenceNumber"] if records else "0"}
-            if sid in self.closed:
-                rng["EndingSequenceNumber"] = records[-1]["SequenceNumber"] if records else "0"
-            out.append({"ShardId": sid, "ParentShardId": self.parents[sid], "SequenceNumberRange": rng})
-        return {"Shards": out}
-
-    def _kept(self, shard):
-        return self.shards[shard][self.trimmed.get(shard, 0):]
-
-    def get_shard_iterator(self, ShardId, ShardIteratorType, StartingSequenceNumber=None, Timestamp=None, **kw):
-        kept = self._kept(ShardId)
-        if ShardIteratorType in ("TRIM_HORIZON", "AT_TIMESTAMP"):
-            index = 0
-        elif ShardIteratorType == "LATEST":
-            index = len(kept)
-        else:
-            seq = int(StartingSequenceNumber)
-            index = next((i for i, r in enumerate(kept) if int(r["SequenceNumber"]) >= seq
-                          + (ShardIteratorType == "AFTER_SEQUENCE_NUMBER")), len(kept))
-        return {"ShardIterator": f"{ShardId}|{index}"}
-
-    def get_records(self, ShardIterator, Limit):
-        shard, index = ShardIterator.split("|")
-        self.calls.append(shard)
-        kept = self._kept(shard)
-        page = kept[int(index):int(index) + Limit]
-        end = int(index) + len(page)
-        nxt = None if shard in self.closed and end >= len(kept) else f"{shard}|{end}"
-        return {"Records": page, "NextShardIterator": nxt, "MillisBehindLatest": 0}
 
 
 def doc(table, pk, n, created=1_700_000_000_000):

@@ -168,9 +168,10 @@ def test_guard_converges_under_any_delivery_order(case, precision_us, data):
     order = deliveries(data, records)
     bt = InMemoryBigtable()
     batch = data.draw(st.integers(1, 7), label="batch size")
+    concurrency = data.draw(st.sampled_from([1, 4]), label="slots swapped at once")
     for start in range(0, len(order), batch):
         rows = [row for record in order[start:start + batch] for row in guarded_rows(mapping, record)]
-        stats = apply_guarded(bt, rows)
+        stats = apply_guarded(bt, rows, concurrency=concurrency)
         assert not stats.rejected
     assert converged(mapping, bt, final), "the target is not the mapping of the final table"
     # A second delivery of everything (a full replay) changes nothing.
