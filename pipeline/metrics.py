@@ -235,6 +235,10 @@ class PipelineMetrics:
         self.backfill_superseded = Counter(f"{NAMESPACE}_backfill_superseded",
                                            "Backfill rows skipped because the live tail already applied a newer "
                                            "change of the item", ["table"], registry=r)
+        self.ordering_guard = Counter(f"{NAMESPACE}_ordering_guard_rows",
+                                      "Rows through the ordering guard of an out-of-order source (Kinesis), by "
+                                      "outcome: applied, stale (an older or duplicate change: nothing written), "
+                                      "lost_race (decided again)", ["table", "outcome"], registry=r)
         self.markers_stripped = Counter(f"{NAMESPACE}_markers_stripped",
                                         "Rows written again without touch markers because the marker family was "
                                         "dropped by the migration's finish meanwhile", ["table"], registry=r)
@@ -330,7 +334,8 @@ class TableMetrics:
     ``table`` label bound (``retries.labels(code)``, ``iterator_refreshes.inc()``,
     ``observe_lag(ms)``); the shared lag tracker, registry and totals pass through."""
 
-    _BOUND = ("bigtable_retries", "dynamodb_throttles", "backfill_items", "shards", "migration_phase")
+    _BOUND = ("bigtable_retries", "dynamodb_throttles", "backfill_items", "shards", "migration_phase",
+              "ordering_guard")
     _CHILDREN = ("end_to_end_lag", "mutate_latency", "batch_rows", "iterator_refreshes", "trimmed_restarts",
                  "backfill_superseded", "markers_stripped", "version_clashes", "backfill_expected",
                  "checkpoint_time")

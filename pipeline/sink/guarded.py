@@ -183,6 +183,11 @@ class GuardedBatchingWriter(BatchingWriter):
         self.stats.applied += stats.applied
         self.stats.stale += stats.stale
         self.stats.lost_races += stats.lost_races
+        if self._metrics is not None and hasattr(self._metrics, "ordering_guard"):
+            for outcome, count in (("applied", stats.applied), ("stale", stats.stale),
+                                   ("lost_race", stats.lost_races)):
+                if count:
+                    self._metrics.ordering_guard.labels(outcome).inc(count)
         dead = []
         seen: set = set()
         for row, exc in stats.rejected:

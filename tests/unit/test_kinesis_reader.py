@@ -121,3 +121,37 @@ def test_other_errors_are_not_taken_for_trimming():
     with pytest.raises(ClientError, match="AccessDenied"):
         client.get_shard_iterator(StreamArn="x", ShardId="s", ShardIteratorType="AFTER_SEQUENCE_NUMBER",
                                   SequenceNumber="1")
+
+
+def test_the_guarded_sink_checkpoints_after_its_writes_and_counts_stale_changes():
+    """GuardedBatchingWriter: out-of-order changes of one shard, one flush: the
+    target holds the newest state, the checkpoint is the last position read, and
+    the older change is counted stale."""
+    from prometheus_client import CollectorRegistry
+
+    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
+    from ddb2bt.pipeline.sink.sink import SinkConfig
+    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+    from ddb2bt.transforms.config import load_mapping
+    from ddb2bt.transforms.dofns import map_record_guarded
+    from ddb2bt.transforms.model import INSERT, MODIFY, ChangeRecord, MappedBatch, StreamPosition
+
+    mapping = load_mapping("examples/product_catalog.yaml")
+    arn = kinesis_stream_arn("ProductCatalog", "cdc")
+    key = {"pk": {"S": "hats"}, "sk": {"S": "b"}}
+    v1, v2 = dict(key, Price={"N": "1"}), dict(key, Price={"N": "2"})
+    newer = ChangeRecord(MODIFY, key, v2, v1, 2000, StreamPosition(arn, "s", "1"), change_us=2_000_000)
+    older = ChangeRecord(INSERT, key, v1, None, 1000, StreamPosition(arn, "s", "2"), change_us=1_000_000)
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: 5000)
+    metrics = PipelineMetrics(CollectorRegistry()).for_table("job")
+    writer = GuardedBatchingWriter(bt, store, SinkConfig(ordering_guard=True), metrics)
+    writer.add(MappedBatch(tuple(map_record_guarded(mapping, r, lambda: 0) for r in (newer, older))))
+    assert writer.flush() == []
+    row = bt.latest("product_catalog")[b"hats#b"]
+    assert row[("SKU", b"Price")] == (2).to_bytes(8, "big")
+    assert store.load_checkpoints(arn)["s"].sequence_number == "2"
+    assert (writer.stats.applied, writer.stats.stale) == (1, 1)
+    assert metrics.ordering_guard.labels("stale")._value.get() == 1
