@@ -42,8 +42,8 @@ from ddb2bt.transforms.attrs import item_from_dynamodb_json
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KinesisClientFactory", "KinesisStreamsClient", "ShardPacer", "decode_kinesis_record",
-           "kinesis_stream_arn", "parse_kinesis_stream_arn"]
+__all__ = ["KinesisClientFactory", "KinesisSource", "KinesisStreamsClient", "ShardPacer", "decode_kinesis_record",
+           "kinesis_stream_arn", "parse_kinesis_stream_arn", "resolve_kinesis"]
 
 # Kinesis's per-shard read limits for shared-throughput consumers (AWS: "Quotas
 # and limits", GetRecords): 5 calls per second per shard and 2 MB per second per
@@ -189,7 +189,6 @@ class KinesisStreamsClient:
         self._start_timestamp = start_timestamp
         self._iterators: dict = {}  # iterator -> shard id (pacing is per shard)
         self.meta = getattr(kinesis, "meta", None)
-        self.millis_behind: dict = {}  # shard -> MillisBehindLatest of its last page
         self._retention_s: Optional[float] = None
         self._ending: dict = {}  # closed shard -> (starting, ending sequence number)
         self._last_seen: dict = {}  # shard -> last sequence number read or resumed after
@@ -275,8 +274,6 @@ class KinesisStreamsClient:
             nxt = None
         if nxt is not None:
             self._iterators[nxt] = shard
-        if "MillisBehindLatest" in page:
-            self.millis_behind[shard] = page["MillisBehindLatest"]
         # A page of only other tables' records comes back empty: the reader moves on
         # with NextShardIterator (its checkpoint stays at its own table's last record).
         return {"Records": records, "NextShardIterator": nxt}
