@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -200,13 +201,13 @@ def submitted(result, args) -> int:
     return 0
 
 
-def partitions_following_shards(mapping, stream_arn: str) -> int:
-    """``--partitions auto``: from the stream's open shards now (one listing)."""
-    from ddb2bt.pipeline.connections import StreamsClientFactory
+def partitions_following_shards(mapping, stream_arn: str, client_factory) -> int:
+    """``--partitions auto``: from the stream's open shards now (one listing, through
+    the source's own client: DynamoDB Streams or the Kinesis adapter)."""
     from ddb2bt.pipeline.dynamodb import list_shards
     from ddb2bt.pipeline.options import auto_partitions
 
-    listing = list_shards(StreamsClientFactory(mapping.source.region)(), stream_arn)
+    listing = list_shards(client_factory(), stream_arn)
     open_shards = len(listing.shards) - len(listing.closed_ids)
     partitions = auto_partitions(open_shards)
     log.info("%s: %d open shard(s): %d partition(s) (--partitions auto)", mapping.source.table, open_shards,
@@ -259,7 +260,11 @@ def build_live_jobs(args, mappings: list) -> list:
     from ddb2bt.pipeline.options import AUTO_PARTITIONS
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
-    sources = [resolve_stream(m, dynamodb_client(m.source.region)) for m in mappings]
+    from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
+
+    # A mapping with source.kinesis reads its Kinesis stream (docs/kinesis.md).
+    sources = [resolve_kinesis(m) if m.source.kinesis is not None else resolve_stream(m, dynamodb_client(m.source.region))
+               for m in mappings]
     for i, source in enumerate(sources):  # e.g. one table named with and without its region
         first = next(j for j, other in enumerate(sources) if other.stream_arn == source.stream_arn)
         if first != i:
@@ -278,9 +283,6 @@ def build_live_jobs(args, mappings: list) -> list:
     leases = acquire_leases(args, states, TAIL)
     jobs = []
     for mapping, source, state, lease in zip(mappings, sources, states, leases):
-        partitions = args.partitions
-        if partitions == AUTO_PARTITIONS:
-            partitions = partitions_following_shards(mapping, source.stream_arn)
         reader = ReaderOptions(
             start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
             discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
@@ -288,9 +290,19 @@ def build_live_jobs(args, mappings: list) -> list:
         )
         # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
         # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
+        kinesis = mapping.source.kinesis
+        sink = _sink_config(args, lease)
+        client_factory = StreamsClientFactory(mapping.source.region)
+        if kinesis is not None:  # out-of-order delivery: the ordering guard writes (docs/design.md §10)
+            sink = replace(sink, ordering_guard=True)
+            client_factory = KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region,
+                                                  kinesis.precision)
+        partitions = args.partitions
+        if partitions == AUTO_PARTITIONS:
+            partitions = partitions_following_shards(mapping, source.stream_arn, client_factory)
         jobs.append(LiveJob(mapping=mapping, stream_arn=source.stream_arn, reader=reader, state=state,
-                            partitions=partitions, sink=_sink_config(args, lease),
-                            client_factory=StreamsClientFactory(mapping.source.region), marking=PhaseMarking(state),
+                            partitions=partitions, sink=sink,
+                            client_factory=client_factory, marking=PhaseMarking(state),
                             pushgateway=getattr(args, "metrics_pushgateway", None)))
     return jobs
 

@@ -59,6 +59,11 @@ class LagTracker:
         self._lock = threading.Lock()
         self._shards: dict = {}
         self._tables: dict = {}  # stream -> its table's label (set by the reader's view)
+        self._retention_s: dict = {}  # stream -> its retention when not DynamoDB Streams' 24 h (Kinesis)
+
+    def set_retention(self, stream: str, seconds: float) -> None:
+        """The stream's retention, for the headroom gauge (a Kinesis stream keeps 24 h to a year)."""
+        self._retention_s[stream] = seconds
 
     def label(self, stream: str, table: str) -> None:
         """The ``table`` label of ``stream``'s series (the reader knows it)."""
@@ -122,13 +127,14 @@ class LagTracker:
         return {(self.table_of(stream), stream, shard): v for (stream, shard), v in self.lag_seconds().items()}
 
     def retention_headroom_seconds(self) -> dict:
-        """{stream: 24 h − age of the oldest unprocessed change}."""
+        """{stream: retention (24 h unless set) − age of the oldest unprocessed change}."""
         now_ms = self._clock() * 1000
         out: dict = {}
         with self._lock:
             for (stream, _), s in self._shards.items():
                 age = 0.0 if s.pending_oldest_ms is None else (now_ms - s.pending_oldest_ms) / 1000
-                out[stream] = min(out.get(stream, STREAM_RETENTION_S), STREAM_RETENTION_S - age)
+                retention = self._retention_s.get(stream, STREAM_RETENTION_S)
+                out[stream] = min(out.get(stream, retention), retention - age)
         return out
 
     def max_lag_seconds(self) -> float:
@@ -234,6 +240,10 @@ class PipelineMetrics:
         self.backfill_superseded = Counter(f"{NAMESPACE}_backfill_superseded",
                                            "Backfill rows skipped because the live tail already applied a newer "
                                            "change of the item", ["table"], registry=r)
+        self.ordering_guard = Counter(f"{NAMESPACE}_ordering_guard_rows",
+                                      "Rows through the ordering guard of an out-of-order source (Kinesis), by "
+                                      "outcome: applied, stale (an older or duplicate change: nothing written), "
+                                      "lost_race (decided again)", ["table", "outcome"], registry=r)
         self.markers_stripped = Counter(f"{NAMESPACE}_markers_stripped",
                                         "Rows written again without touch markers because the marker family was "
                                         "dropped by the migration's finish meanwhile", ["table"], registry=r)
@@ -333,7 +343,7 @@ class TableMetrics:
     ``observe_lag(ms)``); the shared lag tracker, registry and totals pass through."""
 
     _BOUND = ("bigtable_retries", "dynamodb_throttles", "backfill_items", "shards", "migration_phase",
-              "aws_api_calls")
+              "aws_api_calls", "ordering_guard")
     _CHILDREN = ("end_to_end_lag", "mutate_latency", "batch_rows", "iterator_refreshes", "trimmed_restarts",
                  "backfill_superseded", "markers_stripped", "version_clashes", "backfill_expected",
                  "checkpoint_time", "recovered_items")

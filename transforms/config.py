@@ -42,11 +42,25 @@ MATCH_KINDS = ("equals", "prefix", "regex", "present")
 
 
 @dataclass(frozen=True)
+class KinesisSourceConfig:
+    """``source.kinesis``: the table's changes come from a Kinesis data stream
+    (docs/kinesis.md); ``precision`` is the destination's
+    ApproximateCreationDateTimePrecision ("auto": told apart by magnitude)."""
+
+    stream: str
+    precision: str = "auto"
+
+
+KINESIS_PRECISIONS = ("auto", "millisecond", "microsecond")
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     table: str
     partition_key: str
     sort_key: Optional[str] = None
     region: Optional[str] = None
+    kinesis: Optional[KinesisSourceConfig] = None
 
     @property
     def key_attributes(self) -> tuple:
@@ -326,6 +340,7 @@ def parse_mapping(data: Any, origin: str = "<memory>") -> MappingConfig:
         partition_key=key.string("partition", required=True),
         sort_key=key.string("sort"),
         region=src.string("region"),
+        kinesis=_parse_kinesis(src.node("kinesis")),
     )
     key.done()
     src.done()
@@ -373,6 +388,15 @@ def parse_mapping(data: Any, origin: str = "<memory>") -> MappingConfig:
     )
     root.done()
     return mapping
+
+
+def _parse_kinesis(node: Optional[_Node]) -> Optional[KinesisSourceConfig]:
+    if node is None:
+        return None
+    config = KinesisSourceConfig(stream=node.string("stream", required=True),
+                                 precision=node.choice("precision", KINESIS_PRECISIONS, "auto"))
+    node.done()
+    return config
 
 
 def _parse_families(root: _Node) -> tuple:

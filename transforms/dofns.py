@@ -32,6 +32,20 @@ def map_record(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[]
         )
 
 
+def map_record_guarded(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[], int]) -> MappedChange:
+    """Like ``map_record``, for a source that may deliver out of order (Kinesis):
+    the rows are ``ordering.GuardedRow`` states for the ordering guard
+    (docs/design.md §10), not diffs."""
+    from ddb2bt.transforms.ordering import guarded_rows
+
+    try:
+        return MappedChange(record=record, rows=guarded_rows(mapping, record))
+    except MappingError as exc:
+        return MappedChange(record=record, dead_letter=DeadLetter(
+            reason=exc.reason, error_class=type(exc).__name__, message=exc.message, stage="map", record=record,
+            failed_at_ms=now_ms()))
+
+
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -48,13 +62,20 @@ class _MapChangesFn(beam.DoFn):
         self._mapping = mapping
         self._now_ms = now_ms
         self._marking = marking
+        # A Kinesis source delivers out of order: its changes go to the ordering
+        # guard as states (no touch markers: the guard orders the backfill too).
+        self._guarded = mapping.source.kinesis is not None
 
     def setup(self) -> None:
         if self._marking is not None:
             self._marking.setup()
 
     def process(self, element) -> Iterator:
-        if type(element) is RecordBatch:
+        if self._guarded and type(element) in (RecordBatch, ChangeRecord):
+            records = element.records if type(element) is RecordBatch else (element,)
+            mapped = tuple(map_record_guarded(self._mapping, r, self._now_ms) for r in records)
+            yield MappedBatch(mapped) if type(element) is RecordBatch else mapped[0]
+        elif type(element) is RecordBatch:
             mark = self._marking is not None and self._marking.active()
             mapping, now_ms = self._mapping, self._now_ms
             yield MappedBatch(tuple(map_record(mapping, r, now_ms, mark and r.backfill_since_ms is None)

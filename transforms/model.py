@@ -113,6 +113,10 @@ class ChangeRecord:
     # Backfill only: the handoff second. Rows holding versioned cells are written
     # only if the live tail has not touched the item since then (see mapping.py).
     backfill_since_ms: Optional[int] = None
+    # The change time in microseconds where the source gives it that precisely
+    # (Kinesis with MICROSECOND precision); -1: only change_ms is known. Only the
+    # ordering guard reads it (docs/design.md §10).
+    change_us: int = -1
 
     @property
     def item(self) -> Optional[Item]:

@@ -417,6 +417,12 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
     from ddb2bt.transforms.dofns import _MapChangesFn
     import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
 
+    if mapping.source.kinesis is not None and not sink_config.ordering_guard:
+        # An out-of-order tail: backfilled items go through the ordering guard too
+        # (docs/design.md §10.6), never around it.
+        from dataclasses import replace
+
+        sink_config = replace(sink_config, ordering_guard=True)
     if reshuffle if splittable is None else splittable:
         from ddb2bt.pipeline.cutover.backfill_sdf import ReadBackfillParts
 

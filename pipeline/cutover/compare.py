@@ -125,12 +125,26 @@ def diff_layout(expected: dict, actual_versions: dict) -> LayoutDiff:
     return d
 
 
+def without_clocks(actual_versions: dict) -> dict:
+    """read_table() output without the ordering guard's clock cells (a Kinesis
+    job's own bookkeeping, docs/design.md §10); a row holding only clocks (a
+    deleted item's tombstone) is no row of the mapping's."""
+    from ddb2bt.transforms.ordering import CLOCK_FAMILY
+
+    out = {}
+    for row, cols in actual_versions.items():
+        kept = {c: v for c, v in cols.items() if c[0] != CLOCK_FAMILY}
+        if kept:
+            out[row] = kept
+    return out
+
+
 def compare_mapping(mapping: MappingConfig, items, read: Callable[[str], dict]) -> dict:
     """{table: LayoutDiff} for every table the mapping writes; ``read(table)``
     returns read_table() output."""
     clashes: list = []
     expected = expected_layout(mapping, items, clashes=clashes)
-    out = {table: diff_layout(expected.get(table, {}), read(table)) for table in mapping.tables}
+    out = {table: diff_layout(expected.get(table, {}), without_clocks(read(table))) for table in mapping.tables}
     for clash in clashes:
         out[clash.table].version_clashes.append(clash)
     return out

@@ -145,6 +145,7 @@ def stack_env(bigtable_port: int, moto_port: int, region: str = DEFAULT_REGION) 
         # What botocore actually reads for the "DynamoDB Streams" service id.
         "AWS_ENDPOINT_URL_DYNAMODB_STREAMS": aws,
         "AWS_ENDPOINT_URL_S3": aws,
+        "AWS_ENDPOINT_URL_KINESIS": aws,  # Kinesis Data Streams for DynamoDB (docs/kinesis.md)
         "AWS_ACCESS_KEY_ID": DUMMY_KEY_ID,
         "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
         "AWS_DEFAULT_REGION": region,

@@ -646,6 +646,65 @@ class GrpcMutationWriter:
             raise classify_rpc_error(exc, "CheckAndMutateRow") from None
         return response.predicate_matched == (expected is not None)
 
+    def read_family(self, table_id: str, row_keys: Sequence, family: str) -> dict:
+        """{row_key: {qualifier: newest value}} of one family in the given rows (one
+        ReadRows call). The ordering guard reads its clock cells with it, through the
+        transactional profile: on a replicated instance the swap that follows must see
+        the same cluster (docs/operations.md, HA instances)."""
+        table_name = self._prefix + table_id
+        request = self._read_cls(table_name=table_name)
+        if self._txn_profile:
+            request.app_profile_id = self._txn_profile
+        request.rows.row_keys.extend(sorted(set(row_keys)))
+        chain = request.filter.chain.filters
+        chain.add().column_range_filter.family_name = family  # no regex (see cells_since)
+        chain.add().cells_per_column_limit_filter = 1
+        found: dict = {}
+        pending: list = []  # [(row, qualifier, value)] of the row being read
+        key, qualifier, parts = b"", b"", []
+        try:
+            for response in self._read(request, timeout=self._timeout_s, metadata=self._txn_params(table_name)):
+                for chunk in response.chunks:
+                    if chunk.row_key:
+                        key = chunk.row_key
+                    if chunk.HasField("qualifier"):
+                        qualifier = chunk.qualifier.value
+                    parts.append(chunk.value)
+                    if chunk.reset_row:
+                        pending, parts = [], []
+                        continue
+                    if chunk.value_size == 0:  # the cell's last chunk
+                        pending.append((key, qualifier, b"".join(parts)))
+                        parts = []
+                    if chunk.commit_row:
+                        for k, q, v in pending:
+                            found.setdefault(k, {})[q] = v
+                        pending = []
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc, "ReadRows") from None
+        return found
+
+    def swap_row(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
+                 mutations: Sequence) -> bool:
+        """CheckAndMutateRow: apply ``mutations`` iff the newest value of
+        family:qualifier is ``expected`` (None: iff the cell is absent). True when
+        applied. Fenced like every write."""
+        table_name = self._prefix + table_id
+        request = self._cam_cls(table_name=table_name, row_key=row_key)
+        if self._txn_profile:
+            request.app_profile_id = self._txn_profile
+        chain = request.predicate_filter.chain.filters
+        _newest_of_column(chain, family, qualifier)
+        if expected is not None:
+            chain.add().value_regex_filter = _exact_regex(expected)
+        build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
+        timeout = self._write_timeout()
+        try:
+            response = self._cam(request, timeout=timeout, metadata=self._txn_params(table_name))
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc, "CheckAndMutateRow") from None
+        return response.predicate_matched == (expected is not None)
+
     def mutate_rows(self, table_id: str, entries: Sequence[Entry], transactional: bool = False) -> list:
         """``transactional``: through the transactional profile (see __init__)."""
         table_name = self._prefix + table_id
@@ -873,6 +932,10 @@ def ensure_mapping_table(mapping: MappingConfig) -> list:
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
     changes = []
     for table, families in mapping.table_families().items():
+        if mapping.source.kinesis is not None:  # the ordering guard's clock cells (docs/design.md §10)
+            from ddb2bt.transforms.ordering import CLOCK_FAMILY
+
+            families = list(families) + [FamilyConfig(CLOCK_FAMILY, max_versions=1)]
         changes += admin.ensure_table(table, families)
     return changes
 

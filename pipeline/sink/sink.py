@@ -65,6 +65,9 @@ class SinkConfig:
     # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): when set, every write and
     # checkpoint is fenced by it (a process that lost it writes nothing more).
     lease: Optional[object] = None
+    # Writes go through the per-item ordering guard (a source that may deliver out
+    # of order: Kinesis; docs/design.md §10): sink/guarded.GuardedBatchingWriter.
+    ordering_guard: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.max_batch_mutations <= MAX_MUTATIONS_PER_REQUEST:
@@ -728,6 +731,14 @@ class _WriteToBigtableFn(beam.DoFn):
         self._writer = fence(self._bigtable.writer(), join(self._config.lease))
         self._state = self._state_spec.store(self._writer) if self._state_spec else None
         self._families = _FamilyCache(self._bigtable) if self._check_families else None
+        if self._config.ordering_guard:
+            # No partition fence needed: every guarded write is a compare-and-set on
+            # the item's clock, so a zombie's older change loses (docs/design.md §10).
+            from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
+
+            self._batcher = GuardedBatchingWriter(self._writer, self._state, self._config, default_metrics(),
+                                                  self._families)
+            return
         from ddb2bt.pipeline.lease import OWNERS
 
         shared = self._config.lease is not None and self._config.lease.shared

@@ -40,6 +40,9 @@ def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -
         event_id=raw.get("eventID", ""),
         is_ttl_delete=is_ttl_delete,
         size_bytes=size if type(size) is int else int(size or 0),
+        # Kinesis records carry the change time in µs where the destination says
+        # MICROSECOND (source/kinesis.py): the ordering guard's finer clock.
+        change_us=raw.get("changeMicros", -1),
     )
 
 

@@ -95,6 +95,33 @@ class InMemoryBigtable:
             row[(family, qualifier)] = {ts_ms: value}
             return True
 
+    def read_family(self, table_id: str, row_keys: Sequence, family: str) -> dict:
+        """Like GrpcMutationWriter.read_family: {row: {qualifier: newest value}}."""
+        with self._lock:
+            rows = self.tables.get(table_id, {})
+            return {k: {q: versions[max(versions)] for (f, q), versions in rows[k].items() if f == family}
+                    for k in set(row_keys) if k in rows}
+
+    def swap_row(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
+                 mutations: Sequence) -> bool:
+        """Like GrpcMutationWriter.swap_row: ``mutations`` iff the cell's newest value
+        is ``expected`` (None: absent), atomically."""
+        with self._lock:
+            call_no = len(self.calls)
+            self.calls.append((table_id, [row_key]))
+            if self.fault:
+                injected = self.fault(table_id, [(row_key, mutations)], call_no)
+                if injected is not None and injected[0] is not None and not injected[0].ok:
+                    status = injected[0]
+                    raise (BigtableRetryable if status.retryable else BigtablePermanent)(status.message)
+            column = self.tables.get(table_id, {}).get(row_key, {}).get((family, qualifier))
+            if (column[max(column)] if column else None) != expected:
+                return False
+            status = self._apply(table_id, row_key, mutations)
+            if not status.ok:
+                raise BigtablePermanent(status.message)
+            return True
+
     def cells_since(self, table_id: str, row_keys: Sequence, family: str, since_ms: int) -> set:
         with self._lock:
             rows = self.tables.get(table_id, {})

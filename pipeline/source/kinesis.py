@@ -1,0 +1,358 @@
+"""Kinesis Data Streams for DynamoDB as a source (docs/kinesis.md).
+
+DynamoDB can write an item's changes into a Kinesis data stream instead of (or
+next to) a DynamoDB stream. The reading machinery is the DynamoDB Streams
+reader's (``stream_source.PartitionReader``: partitions of shards, parents before
+children, per-shard checkpoints in the state table, resume, lag, trimmed data
+stopping loudly): ``KinesisStreamsClient`` gives it a Kinesis stream through the
+three calls it makes (DescribeStream, GetShardIterator, GetRecords), with
+Kinesis's own limits kept (``ShardPacer``) and every record decoded from the
+published JSON shape into the DynamoDB Streams record shape
+(``decode_kinesis_record``).
+
+What differs, and where it is handled:
+* records of one item can arrive out of order and twice: the writes go through
+  the ordering guard (``ddb2bt.transforms.ordering``, docs/design.md §10);
+* ``ApproximateCreationDateTime`` is epoch milliseconds or microseconds (the
+  destination's ``ApproximateCreationDateTimePrecision``): both are decoded, and
+  the microseconds kept for the guard;
+* several tables can share one stream: each table's job reads it as a stream of
+  its own, ``kinesis_stream_arn(...)`` — a DynamoDB-stream-shaped name carrying
+  the table, so routing, checkpoints, metrics and leases stay per table — and
+  keeps only the records whose ``tableName`` is its table;
+* Kinesis does not say "trimmed" when a checkpoint's record has expired (it
+  silently starts later): on resume the reader asks for the checkpointed record
+  itself (AT_SEQUENCE_NUMBER) and, if another record comes back, reports
+  ``TrimmedDataAccessException`` so the job stops loudly (docs/design.md §8).
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from botocore.exceptions import ClientError
+
+from ddb2bt.transforms.attrs import item_from_dynamodb_json
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KinesisClientFactory", "KinesisSource", "KinesisStreamsClient", "ShardPacer", "decode_kinesis_record",
+           "kinesis_stream_arn", "parse_kinesis_stream_arn", "resolve_kinesis"]
+
+# Kinesis's per-shard read limits for shared-throughput consumers (AWS: "Quotas
+# and limits", GetRecords): 5 calls per second per shard and 2 MB per second per
+# shard. The pacer keeps every shard read by this process under both.
+GET_RECORDS_PER_SECOND = 5
+READ_BYTES_PER_SECOND = 2 * 1024 * 1024
+# GetRecords returns up to 10,000 records / 10 MB per call; the reader asks for
+# what the DynamoDB Streams reader asks (1,000), a page the sink batches whole.
+KINESIS_MAX_RECORDS = 10_000
+
+# A millisecond epoch stays below 1e14 until the year 5138; a microsecond epoch
+# is above it since 1973: the magnitude tells the precision apart.
+MICROSECOND_THRESHOLD = 10 ** 14
+PRECISIONS = ("auto", "millisecond", "microsecond")
+
+# The stream name a table's job reads, in the DynamoDB-stream ARN shape the
+# reader, router and checkpoints key on: the label says it is Kinesis.
+KINESIS_LABEL = "kinesis-"
+TTL_PRINCIPAL = "dynamodb.amazonaws.com"
+
+
+def kinesis_stream_arn(table: str, stream: str, region: str = "local", account: str = "000000000000") -> str:
+    """The per-table name of a Kinesis stream: ``arn:aws:dynamodb:R:A:table/T/stream/kinesis-NAME``."""
+    name = stream.rsplit("/", 1)[-1] if stream.startswith("arn:") else stream
+    return f"arn:aws:dynamodb:{region}:{account}:table/{table}/stream/{KINESIS_LABEL}{name}"
+
+
+def parse_kinesis_stream_arn(arn: str) -> Optional[tuple]:
+    """(table, stream name) of a ``kinesis_stream_arn``; None for a DynamoDB stream."""
+    marker = f"/stream/{KINESIS_LABEL}"
+    if marker not in arn or ":table/" not in arn:
+        return None
+    head, name = arn.split(marker, 1)
+    return head.split(":table/", 1)[1], name
+
+
+def _image(value) -> Optional[dict]:
+    return item_from_dynamodb_json(value) if value is not None else None
+
+
+def decode_kinesis_record(record: dict, table: Optional[str], precision: str = "auto") -> Optional[dict]:
+    """A Kinesis record (boto3 ``get_records`` form: ``Data`` bytes) → a record in
+    the DynamoDB Streams shape ``records.from_stream_record`` reads, or None when it
+    belongs to another table. Malformed data is passed on with what could be read
+    (no Keys, no time), so the mapping dead-letters it with the reason rather than
+    the reader failing."""
+    data = record.get("Data")
+    try:
+        doc = json.loads(data if isinstance(data, (bytes, str)) else base64.b64decode(data))
+    except (ValueError, TypeError):
+        doc = {}
+    if table is not None and doc.get("tableName") not in (None, table):
+        return None
+    ddb = doc.get("dynamodb") or {}
+    out_ddb: dict = {"SequenceNumber": record["SequenceNumber"]}
+    try:
+        if "Keys" in ddb:
+            out_ddb["Keys"] = item_from_dynamodb_json(ddb["Keys"])
+        for name in ("NewImage", "OldImage"):
+            if ddb.get(name) is not None:
+                out_ddb[name] = _image(ddb[name])
+    except Exception:  # an image that does not decode: the mapping dead-letters the record
+        out_ddb.pop("Keys", None)
+    created = ddb.get("ApproximateCreationDateTime")
+    change_us = None
+    if isinstance(created, (int, float)) and not isinstance(created, bool):
+        change_us = _to_micros(int(created), precision)
+        out_ddb["ApproximateCreationDateTime"] = _dt.datetime.fromtimestamp(
+            change_us // 1_000_000, _dt.timezone.utc).replace(microsecond=change_us % 1_000_000)
+    size = ddb.get("SizeBytes")
+    out_ddb["SizeBytes"] = size if isinstance(size, int) else len(data or b"")
+    identity = doc.get("userIdentity") or {}
+    out: dict = {
+        "eventID": doc.get("eventID", ""),
+        "eventName": doc.get("eventName", ""),
+        "dynamodb": out_ddb,
+        "tableName": doc.get("tableName"),
+    }
+    if identity:
+        # Kinesis writes {"type", "principalId"}; DynamoDB Streams {"Type", "PrincipalId"}.
+        out["userIdentity"] = {"Type": identity.get("type", identity.get("Type")),
+                               "PrincipalId": identity.get("principalId", identity.get("PrincipalId"))}
+    if change_us is not None:
+        out["changeMicros"] = change_us
+    return out
+
+
+def _to_micros(value: int, precision: str) -> int:
+    if precision == "microsecond" or (precision == "auto" and value >= MICROSECOND_THRESHOLD):
+        return value
+    return value * 1000
+
+
+class ShardPacer:
+    """Keeps GetRecords on each shard within Kinesis's per-shard limits: at most
+    GET_RECORDS_PER_SECOND calls, and on average READ_BYTES_PER_SECOND (a page of
+    B bytes makes the next call on that shard wait B / rate). Shared by every
+    reader in the process (several tables reading one stream share its budget)."""
+
+    def __init__(self, calls_per_s: float = GET_RECORDS_PER_SECOND, bytes_per_s: float = READ_BYTES_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self._interval = 1.0 / calls_per_s
+        self._bytes_per_s = bytes_per_s
+        self._clock = clock
+        self._sleep = sleep
+        self._next: dict = {}  # (stream, shard) -> earliest time of the next call
+        self._lock = threading.Lock()
+        self.waited_s = 0.0
+
+    def before_call(self, stream: str, shard: str) -> None:
+        with self._lock:
+            now = self._clock()
+            at = max(now, self._next.get((stream, shard), now))
+            self._next[(stream, shard)] = at + self._interval
+        if at > now:
+            self.waited_s += at - now
+            self._sleep(at - now)
+
+    def after_call(self, stream: str, shard: str, nbytes: int) -> None:
+        with self._lock:
+            key = (stream, shard)
+            self._next[key] = max(self._next.get(key, 0.0), self._clock() + nbytes / self._bytes_per_s)
+
+
+PROCESS_PACER = ShardPacer()
+
+
+class KinesisStreamsClient:
+    """A Kinesis stream behind the DynamoDB Streams calls the reader makes, for one
+    table (``table``; None: every record). ``kinesis`` is a boto3 ``kinesis``
+    client; ``stream`` its stream name or ARN."""
+
+    def __init__(self, kinesis, stream: str, table: Optional[str], precision: str = "auto",
+                 pacer: Optional[ShardPacer] = None, start_timestamp: Optional[_dt.datetime] = None) -> None:
+        self._k = kinesis
+        self._stream = {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
+        self._name = stream
+        self._table = table
+        self._precision = precision
+        self._pacer = pacer or PROCESS_PACER
+        # AT_TIMESTAMP: shards started fresh start at this time instead of the
+        # start mode (migrate: the tail from the handoff time).
+        self._start_timestamp = start_timestamp
+        self._iterators: dict = {}  # iterator -> shard id (pacing is per shard)
+        self.meta = getattr(kinesis, "meta", None)
+        self._retention_s: Optional[float] = None
+        self._ending: dict = {}  # closed shard -> (starting, ending sequence number)
+        self._last_seen: dict = {}  # shard -> last sequence number read or resumed after
+
+    # DynamoDB Streams: DescribeStream(StreamArn, Limit, ExclusiveStartShardId)
+    def describe_stream(self, StreamArn: str, Limit: int = 100, ExclusiveStartShardId: Optional[str] = None) -> dict:
+        shards: list = []
+        kwargs: dict = dict(self._stream)
+        while True:
+            page = self._k.list_shards(**kwargs)
+            for s in page.get("Shards", []):
+                # A merge's child has two parents; the reader waits for ParentShardId.
+                # Not waiting for the adjacent parent only lets more changes arrive
+                # out of order, which the ordering guard absorbs (docs/kinesis.md).
+                shards.append({"ShardId": s["ShardId"], "ParentShardId": s.get("ParentShardId"),
+                               "SequenceNumberRange": s.get("SequenceNumberRange", {})})
+                ending = s.get("SequenceNumberRange", {}).get("EndingSequenceNumber")
+                if ending is not None:
+                    self._ending[s["ShardId"]] = (int(s["SequenceNumberRange"].get("StartingSequenceNumber", 0)),
+                                                  int(ending))
+            token = page.get("NextToken")
+            if not token:
+                break
+            kwargs = {"NextToken": token}
+        if self._retention_s is None:
+            hours = self._k.describe_stream_summary(**self._stream)["StreamDescriptionSummary"].get(
+                "RetentionPeriodHours", 24)
+            self._retention_s = hours * 3600
+            from ddb2bt.pipeline.metrics import default_metrics
+
+            default_metrics().lag.set_retention(StreamArn, self._retention_s)  # the headroom gauge's window
+        return {"StreamDescription": {"StreamArn": StreamArn, "Shards": shards, "StreamStatus": "ENABLED",
+                                      "StreamViewType": "NEW_AND_OLD_IMAGES"}}
+
+    def get_shard_iterator(self, StreamArn: str, ShardId: str, ShardIteratorType: str,
+                           SequenceNumber: Optional[str] = None) -> dict:
+        kwargs: dict = dict(self._stream, ShardId=ShardId)
+        if ShardIteratorType == "AFTER_SEQUENCE_NUMBER":
+            self._check_not_trimmed(ShardId, SequenceNumber)
+            self._last_seen[ShardId] = int(SequenceNumber)
+            kwargs.update(ShardIteratorType="AFTER_SEQUENCE_NUMBER", StartingSequenceNumber=SequenceNumber)
+        elif self._start_timestamp is not None:
+            kwargs.update(ShardIteratorType="AT_TIMESTAMP", Timestamp=self._start_timestamp)
+        else:
+            kwargs.update(ShardIteratorType=ShardIteratorType)
+        iterator = self._k.get_shard_iterator(**kwargs)["ShardIterator"]
+        self._iterators[iterator] = ShardId
+        return {"ShardIterator": iterator}
+
+    def _check_not_trimmed(self, shard_id: str, sequence_number: str) -> None:
+        """The checkpointed record must still be in the shard: Kinesis would start
+        at the oldest record instead, silently skipping what expired."""
+        try:
+            it = self._k.get_shard_iterator(**self._stream, ShardId=shard_id, ShardIteratorType="AT_SEQUENCE_NUMBER",
+                                            StartingSequenceNumber=sequence_number)["ShardIterator"]
+            self._pacer.before_call(self._name, shard_id)
+            page = self._k.get_records(ShardIterator=it, Limit=1)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "InvalidArgumentException":
+                raise
+            page = {"Records": []}
+        records = page.get("Records") or []
+        if records and records[0]["SequenceNumber"] == sequence_number:
+            return
+        raise ClientError({"Error": {"Code": "TrimmedDataAccessException", "Message": (
+            f"the record at sequence number {sequence_number} of shard {shard_id} is no longer in the "
+            "Kinesis stream (older than its retention period)")}}, "GetShardIterator")
+
+    def get_records(self, ShardIterator: str, Limit: int = 1000) -> dict:
+        shard = self._iterators.pop(ShardIterator, "?")
+        self._pacer.before_call(self._name, shard)
+        page = self._k.get_records(ShardIterator=ShardIterator, Limit=min(Limit, KINESIS_MAX_RECORDS))
+        raw = page.get("Records") or []
+        self._pacer.after_call(self._name, shard, sum(len(r.get("Data") or b"") for r in raw))
+        records = [d for d in (decode_kinesis_record(r, self._table, self._precision) for r in raw) if d is not None]
+        if raw:
+            self._last_seen[shard] = int(raw[-1]["SequenceNumber"])
+        nxt = page.get("NextShardIterator")
+        if nxt is not None and not raw and self._read_to_end(shard):
+            # AWS ends a closed shard's iteration with a null NextShardIterator;
+            # an endpoint that keeps handing out iterators (moto) is ended here
+            # once nothing is left up to the shard's ending sequence number.
+            nxt = None
+        if nxt is not None:
+            self._iterators[nxt] = shard
+        # A page of only other tables' records comes back empty: the reader moves on
+        # with NextShardIterator (its checkpoint stays at its own table's last record).
+        return {"Records": records, "NextShardIterator": nxt}
+
+    def _read_to_end(self, shard: str) -> bool:
+        bounds = self._ending.get(shard)
+        if bounds is None:
+            return False
+        starting, ending = bounds
+        last = self._last_seen.get(shard)
+        return ending <= starting or (last is not None and last >= ending)
+
+    def close(self) -> None:
+        close = getattr(self._k, "close", None)
+        if close:
+            close()
+
+
+@dataclass(frozen=True)
+class KinesisClientFactory:
+    """Builds the reader's client on the worker: a boto3 ``kinesis`` client (its
+    endpoint from AWS_ENDPOINT_URL_KINESIS when set: the local stack) behind
+    ``KinesisStreamsClient`` for one table."""
+
+    stream: str
+    table: Optional[str]
+    region: Optional[str] = None
+    precision: str = "auto"
+    start_timestamp_ms: Optional[int] = None
+
+    def __call__(self) -> KinesisStreamsClient:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=10, read_timeout=30)
+        client = boto3.client("kinesis", region_name=self.region, config=config)
+        start = (_dt.datetime.fromtimestamp(self.start_timestamp_ms / 1000, _dt.timezone.utc)
+                 if self.start_timestamp_ms is not None else None)
+        return KinesisStreamsClient(client, self.stream, self.table, self.precision, start_timestamp=start)
+
+
+@dataclass(frozen=True)
+class KinesisSource:
+    """What ``resolve_kinesis`` found: the per-table stream name the job reads
+    (``kinesis_stream_arn``), the table, the Kinesis stream, its retention."""
+
+    stream_arn: str
+    table: str
+    stream: str
+    retention_hours: int
+
+
+def resolve_kinesis(mapping, kinesis=None) -> KinesisSource:
+    """The mapping's Kinesis stream, checked to exist and be readable; fails with
+    a ConfigError naming ``source.kinesis.stream`` otherwise."""
+    from botocore.exceptions import BotoCoreError
+
+    from ddb2bt.transforms.errors import ConfigError, PermanentError
+
+    config = mapping.source.kinesis
+    if kinesis is None:
+        import boto3
+
+        kinesis = boto3.client("kinesis", region_name=mapping.source.region)
+    target = {"StreamARN": config.stream} if config.stream.startswith("arn:") else {"StreamName": config.stream}
+    try:
+        summary = kinesis.describe_stream_summary(**target)["StreamDescriptionSummary"]
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "ResourceNotFoundException":
+            raise ConfigError(f"Kinesis stream {config.stream!r} does not exist (in this account and region)",
+                              "source.kinesis.stream") from None
+        raise PermanentError(f"DescribeStreamSummary {config.stream}: {code}: "
+                             f"{exc.response['Error'].get('Message', '')}") from None
+    except BotoCoreError as exc:
+        raise PermanentError(f"cannot reach Kinesis: {exc}") from None
+    arn = summary.get("StreamARN", "")
+    parts = arn.split(":")
+    region = parts[3] if len(parts) > 4 else (mapping.source.region or "local")
+    account = parts[4] if len(parts) > 4 else "000000000000"
+    return KinesisSource(kinesis_stream_arn(mapping.source.table, summary["StreamName"], region, account),
+                         mapping.source.table, config.stream, int(summary.get("RetentionPeriodHours", 24)))

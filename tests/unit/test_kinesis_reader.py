@@ -1,0 +1,157 @@
+"""The Kinesis source's reading rules with a fake Kinesis client (what moto cannot
+do: trimming, throttle limits): the per-shard pacing, trimmed checkpoints stopping
+loudly, closed shards ending, parents before children, tableName filtering, and
+the whole reader (PartitionReader) over it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from botocore.exceptions import ClientError
+
+from ddb2bt.pipeline.source.kinesis import (KinesisStreamsClient, ShardPacer, kinesis_stream_arn,
+                                            parse_kinesis_stream_arn)
+from ddb2bt.pipeline.testing.kinesis_cdc import FakeKinesis
+from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain
+from ddb2bt.transforms.errors import ChangesLostError
+from ddb2bt.transforms.model import ShardClosed
+
+
+def doc(table, pk, n, created=1_700_000_000_000):
+    return {"eventName": "INSERT", "tableName": table, "eventID": f"e{pk}{n}",
+            "dynamodb": {"ApproximateCreationDateTime": created + n, "Keys": {"pk": {"S": pk}},
+                         "NewImage": {"pk": {"S": pk}, "n": {"N": str(n)}}, "SizeBytes": 10}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_pacer_keeps_each_shard_within_five_calls_and_two_mb_per_second():
+    clock = Clock()
+    pacer = ShardPacer(clock=clock, sleep=clock.sleep)
+    for _ in range(10):
+        pacer.before_call("s", "a")
+        pacer.after_call("s", "a", 0)
+    assert clock.now == pytest.approx(9 * 0.2)  # 10 calls: 5 per second
+    pacer.before_call("s", "b")  # another shard has its own budget
+    assert clock.now == pytest.approx(9 * 0.2)
+    pacer.after_call("s", "b", 4 * 1024 * 1024)  # a 4 MB page: the next call waits 2 s
+    start = clock.now
+    pacer.before_call("s", "b")
+    assert clock.now - start == pytest.approx(2.0)
+
+
+def reader_over(fake, table="Catalog", options=ReaderOptions(), checkpoints=None):
+    clock = Clock()
+    client = KinesisStreamsClient(fake, "cdc", table, pacer=ShardPacer(clock=clock, sleep=clock.sleep))
+    arn = kinesis_stream_arn(table, "cdc")
+    reader = PartitionReader(client, StreamPartition(arn, 0, 1), options, lambda _: dict(checkpoints or {}),
+                             sleep=lambda s: None)
+    return reader, arn
+
+
+def test_reads_parents_before_children_keeps_its_table_and_ends_closed_shards():
+    fake = FakeKinesis()
+    fake.add("p", [doc("Catalog", "a", 1), doc("Orders", "x", 1), doc("Catalog", "a", 2)], closed=True)
+    fake.add("c", [doc("Catalog", "a", 3)], parent="p", first_seq=10)
+    reader, arn = reader_over(fake)
+    tracker = LocalTracker()
+    first, _ = drain(reader.read_round(tracker))
+    keys = [(r.keys["pk"]["S"], r.new_image["n"]["N"]) for r in first if not isinstance(r, ShardClosed)]
+    assert keys == [("a", "1"), ("a", "2")]  # only Catalog's, the child not yet (its parent is open)
+    assert isinstance(first[-1], ShardClosed) and first[-1].shard_id == "p"
+    assert all(r.change_us == r.change_ms * 1000 for r in first if not isinstance(r, ShardClosed))
+    assert parse_kinesis_stream_arn(arn) == ("Catalog", "cdc")
+
+
+def test_a_trimmed_checkpoint_stops_loudly():
+    from ddb2bt.pipeline.state import ShardCheckpoint
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
+    fake.trimmed["s"] = 3  # records 1..3 expired; the checkpoint is after record 2
+    reader, arn = reader_over(fake, checkpoints={"s": ShardCheckpoint(kinesis_stream_arn("Catalog", "cdc"), "s", "2")})
+    with pytest.raises(ChangesLostError, match="LOST"):
+        drain(reader.read_round(LocalTracker()))
+
+
+def test_a_kept_checkpoint_resumes_right_after_it():
+    from ddb2bt.pipeline.state import ShardCheckpoint
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
+    fake.trimmed["s"] = 1  # record 1 expired, the checkpoint (record 2) is still there
+    reader, arn = reader_over(fake, checkpoints={"s": ShardCheckpoint(kinesis_stream_arn("Catalog", "cdc"), "s", "2")})
+    out, _ = drain(reader.read_round(LocalTracker()))
+    assert [r.new_image["n"]["N"] for r in out] == ["3", "4", "5"]
+
+
+def test_trimmed_restart_continues_from_the_oldest_record():
+    from ddb2bt.pipeline.state import ShardCheckpoint
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
+    fake.trimmed["s"] = 3
+    reader, arn = reader_over(fake, options=ReaderOptions(on_trimmed="restart"),
+                              checkpoints={"s": ShardCheckpoint(kinesis_stream_arn("Catalog", "cdc"), "s", "2")})
+    out, _ = drain(reader.read_round(LocalTracker()))
+    assert [r.new_image["n"]["N"] for r in out] == ["4", "5"]
+
+
+def test_other_errors_are_not_taken_for_trimming():
+    class Broken(FakeKinesis):
+        def get_shard_iterator(self, **kw):
+            if kw.get("ShardIteratorType") == "AT_SEQUENCE_NUMBER":
+                raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, "GetShardIterator")
+            return super().get_shard_iterator(**kw)
+
+    fake = Broken()
+    fake.add("s", [doc("Catalog", "a", 1)])
+    client = KinesisStreamsClient(fake, "cdc", "Catalog", pacer=ShardPacer(sleep=lambda s: None))
+    with pytest.raises(ClientError, match="AccessDenied"):
+        client.get_shard_iterator(StreamArn="x", ShardId="s", ShardIteratorType="AFTER_SEQUENCE_NUMBER",
+                                  SequenceNumber="1")
+
+
+def test_the_guarded_sink_checkpoints_after_its_writes_and_counts_stale_changes():
+    """GuardedBatchingWriter: out-of-order changes of one shard, one flush: the
+    target holds the newest state, the checkpoint is the last position read, and
+    the older change is counted stale."""
+    from prometheus_client import CollectorRegistry
+
+    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
+    from ddb2bt.pipeline.sink.sink import SinkConfig
+    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+    from ddb2bt.transforms.config import load_mapping
+    from ddb2bt.transforms.dofns import map_record_guarded
+    from ddb2bt.transforms.model import INSERT, MODIFY, ChangeRecord, MappedBatch, StreamPosition
+
+    mapping = load_mapping("examples/product_catalog.yaml")
+    arn = kinesis_stream_arn("ProductCatalog", "cdc")
+    key = {"pk": {"S": "hats"}, "sk": {"S": "b"}}
+    v1, v2 = dict(key, Price={"N": "1"}), dict(key, Price={"N": "2"})
+    newer = ChangeRecord(MODIFY, key, v2, v1, 2000, StreamPosition(arn, "s", "1"), change_us=2_000_000)
+    older = ChangeRecord(INSERT, key, v1, None, 1000, StreamPosition(arn, "s", "2"), change_us=1_000_000)
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: 5000)
+    metrics = PipelineMetrics(CollectorRegistry()).for_table("job")
+    writer = GuardedBatchingWriter(bt, store, SinkConfig(ordering_guard=True), metrics)
+    writer.add(MappedBatch(tuple(map_record_guarded(mapping, r, lambda: 0) for r in (newer, older))))
+    assert writer.flush() == []
+    row = bt.latest("product_catalog")[b"hats#b"]
+    assert row[("SKU", b"Price")] == (2).to_bytes(8, "big")
+    assert store.load_checkpoints(arn)["s"].sequence_number == "2"
+    assert (writer.stats.applied, writer.stats.stale) == (1, 1)
+    assert metrics.ordering_guard.labels("stale")._value.get() == 1
