@@ -230,16 +230,25 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     from ddb2bt.pipeline.dynamodb import SourceTableMissing, describe_table
 
     arn = None
+    kinesis = mapping.source.kinesis
+    streams_factory = StreamsClientFactory(mapping.source.region)
     try:
         if not describe:
             raise ConnectionError("unreachable (see above)")
-        arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
-                             retry=read_retry).get("LatestStreamArn")
+        if kinesis is not None:  # the tail reads the Kinesis stream (docs/kinesis.md)
+            from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
+
+            arn = resolve_kinesis(mapping).stream_arn
+            streams_factory = KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region,
+                                                   kinesis.precision)
+        else:
+            arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
+                                 retry=read_retry).get("LatestStreamArn")
     except SourceTableMissing:
         raise
     except Exception as exc:  # status must work even when the source is unreachable
         logging.getLogger(__name__).warning("cannot describe %s: %s", mapping.source.table, exc)
-    return gather(store, StreamsClientFactory(mapping.source.region)(), arn,
+    return gather(store, streams_factory(), arn,
                   bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
                   tables=mapping.tables)
 
