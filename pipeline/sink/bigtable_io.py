@@ -878,9 +878,16 @@ _PROCESS_FAMILIES: dict = {}  # (project, instance, table) -> (monotonic time, f
 _PROCESS_LOCK = threading.Lock()
 
 
+def _endpoint_key() -> str:
+    """Which Bigtable the clients of this process reach now: the emulator's
+    address when one is set (a test or an embedder may switch emulators within
+    one process; a client built for the old one would talk to a dead port)."""
+    return os.environ.get("BIGTABLE_EMULATOR_HOST", "")
+
+
 def process_admin(project: str, instance: str):
     """This process's admin object for the instance (built on first use)."""
-    key = (project, instance)
+    key = (project, instance, _endpoint_key())
     with _PROCESS_LOCK:
         admin = _PROCESS_ADMINS.get(key)
         if admin is None:
@@ -893,7 +900,7 @@ def process_families(project: str, instance: str, table: str, max_age_s: float =
     """The table's column families, listed at most once per ``max_age_s`` per
     process; None when they cannot be listed (no admin permission: the writes'
     own errors tell then)."""
-    key = (project, instance, table)
+    key = (project, instance, table, _endpoint_key())
     with _PROCESS_LOCK:  # one listing at a time: DoFns asking together share it
         cached = _PROCESS_FAMILIES.get(key)
         if cached is not None and now() - cached[0] < max_age_s:

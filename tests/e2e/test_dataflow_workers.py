@@ -150,6 +150,12 @@ def test_workers_of_one_job_ride_out_a_pause_a_partition_move_and_a_25s_blip(sta
             endpoint = re.escape(bigtable.address)
             wait_for(lambda: re.search(rf"WARNING .*Bigtable.*{endpoint}", (tmp_path / "b.err").read_text()),
                      WARN_WITHIN_S, "the local run's WARNING naming Bigtable")
+            # A partition that swallows Streams requests is named as soon as one that
+            # refuses them: a WARNING naming the Streams endpoint within 15 s of the blip.
+            streams_endpoint = re.escape(streams.address)
+            wait_for(lambda: re.search(rf"WARNING .*{streams_endpoint}", (tmp_path / "b.err").read_text()),
+                     max(0.0, WARN_WITHIN_S - (time.monotonic() - blip_at)),
+                     "the local run's WARNING naming the DynamoDB Streams endpoint")
             time.sleep(max(0.0, BLIP_S - (time.monotonic() - blip_at)))
             bigtable.resume()
             streams.resume()

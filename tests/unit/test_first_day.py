@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import sys
 import threading
@@ -224,7 +225,12 @@ def test_status_against_a_stopped_stack_fails_naming_both_services(monkeypatch, 
     import ddb2bt.pipeline.reachability as reachability
 
     monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"127.0.0.1:{_closed_port()}")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
+    # A `stack` fixture earlier in this worker left per-service endpoints (they win
+    # over AWS_ENDPOINT_URL): point every one of them at the closed port too.
+    closed_aws = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", closed_aws)
+    for name in [n for n in os.environ if n.startswith("AWS_ENDPOINT_URL_")]:
+        monkeypatch.setenv(name, closed_aws)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
