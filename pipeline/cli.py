@@ -310,6 +310,7 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    from ddb2bt.pipeline.cutover.recheck import RecheckOptions
     from ddb2bt.pipeline.cutover.verify import print_report, verify_target
     from ddb2bt.pipeline.preflight import ensure_state_table
 
@@ -321,7 +322,8 @@ def cmd_verify(args) -> int:
             print(f"== {mapping.name} ({mapping.source.table} → {mapping.target.table})")
         reports[mapping.name] = report = verify_target(
             mapping, state_spec(args, mapping).store(), segments=args.segments, sample_rate=args.sample_rate,
-            consistent=not args.eventually_consistent, show_values=args.show_values)
+            consistent=not args.eventually_consistent, show_values=args.show_values,
+            recheck_options=RecheckOptions(wait_s=args.recheck_wait), workdir=args.spill_dir)
         print_report(report)
     identical = all(r.identical for r in reports.values())
     if len(mappings) > 1:
@@ -643,6 +645,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-values", action="store_true", help="show cell values in examples")
     p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")
     p.add_argument("--report", metavar="FILE.json", help="write the machine-readable report here")
+    p.add_argument("--recheck-wait", type=number(float, minimum=0), default=300.0, metavar="SECONDS",
+                   help="re-check each difference once the live tail has applied every change up to then "
+                        "(items changed while verify ran are not differences); wait at most this long for the "
+                        "tail; 0: report differences as first seen (default: 300)")
+    p.add_argument("--spill-dir", metavar="DIR", help="where the comparison's hash buckets are spilled "
+                                                      "(default: the system temporary directory)")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("status", help="phase, lag, backfill progress, READY / NOT READY for cutover",

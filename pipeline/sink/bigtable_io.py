@@ -16,7 +16,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional, Protocol, Sequence
+from typing import Iterable, Iterator, Optional, Protocol, Sequence
 
 import grpc
 
@@ -824,6 +824,65 @@ def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, cl
 
 
 READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set
+
+
+def iter_table(project: str, instance: str, table_id: str, client=None, deadline_s: Optional[float] = None,
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> Iterator:
+    """(row_key, cells) of every row, in key order, as they stream in: nothing of
+    the table is held (``verify`` reads tables of any size with it). A failed
+    stream resumes after the last row received, under our retry policy (each
+    failure logged; given up after ``deadline_s``)."""
+    from google.cloud.bigtable.data import ReadRowsQuery, RowRange
+
+    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S, RetryPolicy, retrying
+
+    own = client is None
+    client = client or data_client(project)
+    policy = RetryPolicy(initial_s=0.2, max_backoff_s=5.0,
+                         deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
+    timeout = min(attempt_timeout_s, policy.deadline_s) if policy.deadline_s > 0 else attempt_timeout_s
+    last: list = [None]
+    done = [False]
+    try:
+        with client.get_table(instance, table_id) as table:
+            def attempt() -> list:
+                # One attempt streams until the end or a failure; rows already
+                # yielded are not read again (the next attempt starts after them).
+                query = ReadRowsQuery() if last[0] is None else ReadRowsQuery(
+                    row_ranges=RowRange(start_key=last[0], start_is_inclusive=False))
+                batch = []
+                stream = None
+                try:
+                    stream = table.read_rows_stream(query, operation_timeout=timeout, attempt_timeout=timeout,
+                                                    retryable_errors=())
+                    for row in stream:
+                        batch.append((row.row_key, _row_cells(row)))
+                        if len(batch) >= STREAM_CHUNK_ROWS:
+                            stream.close()
+                            return batch
+                except Exception as exc:
+                    if batch:  # progress made: hand it over, the next attempt resumes after it
+                        return batch
+                    if type(exc).__module__.startswith("google.api_core"):
+                        raise classify_api_error(exc, "ReadRows") from exc
+                    raise
+                done[0] = True
+                return batch
+
+            while not done[0]:
+                batch = retrying(policy, f"ReadRows on {table_id}", where=f"Bigtable ({bigtable_endpoint()})")(
+                    attempt)
+                for row_key, cells in batch:
+                    last[0] = row_key
+                    yield row_key, cells
+    finally:
+        if own:
+            close_bounded(client.close, "Bigtable data client")
+
+
+# Rows handed over per stream read in iter_table: a bounded buffer (the stream
+# is reopened after each chunk, a cheap call next to 5,000 rows of data).
+STREAM_CHUNK_ROWS = 5000
 
 
 def _prefix_end(prefix: bytes) -> Optional[bytes]:
