@@ -312,9 +312,12 @@ def cmd_migrate(args) -> int:
 def cmd_verify(args) -> int:
     from ddb2bt.pipeline.cutover.recheck import RecheckOptions
     from ddb2bt.pipeline.cutover.verify import print_report, verify_target
+    from ddb2bt.pipeline.options import runner_of
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     mappings = load_all(args)
+    if runner_of(args.beam_args) or args.from_export:
+        return cmd_verify_beam(args, mappings)
     reports = {}
     for mapping in mappings:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
@@ -333,6 +336,47 @@ def cmd_verify(args) -> int:
         body = report.to_json() if len(mappings) == 1 else {"identical": identical, "tables": {
             name: r.to_json() for name, r in reports.items()}}
         Path(args.report).write_text(json.dumps(body, indent=2, ensure_ascii=False))
+    return 0 if identical else 1
+
+
+def cmd_verify_beam(args, mappings: list) -> int:
+    """verify as a Beam job (beam_verify.py): the same report, to --report."""
+    import tempfile
+
+    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
+    from ddb2bt.pipeline.cutover.beam_verify import VerifyTable, run_verify_job
+    from ddb2bt.pipeline.cutover.verify import VerifyReport, print_report
+    from ddb2bt.pipeline.graph import is_local
+    from ddb2bt.transforms.errors import ConfigError
+
+    if args.sample_rate < 1:
+        raise ConfigError("the Beam verify checks every item; drop it or run the local verify", "--sample-rate")
+    if args.from_export and len(mappings) > 1:
+        raise ConfigError("an export holds one table: verify one mapping with it", "--from-export")
+    local = is_local(args.beam_args)
+    if not args.report and not local:
+        raise ConfigError("a Beam verify on a remote runner writes its report there (a gs:// path)", "--report")
+    tables = []
+    for m in mappings:
+        source = (ExportSource(args.from_export, m.source.region) if args.from_export else
+                  ScanSource(m.source.table, args.segments, m.source.region,
+                             consistent_read=not args.eventually_consistent))
+        if args.from_export:
+            source.check(m.source.table, m.source.region)
+        tables.append(VerifyTable(m, source, args.show_values))
+    path = args.report or str(Path(tempfile.mkdtemp(prefix="ddb2bt-verify-")) / "verify.json")
+    result, body = run_verify_job(tables, args.beam_args, path)
+    if body is None:
+        print(f"verify job: its report will be written to {path}")
+        return submitted(result, args)
+    reports = {m.name: body for m in mappings} if len(mappings) == 1 else body["tables"]
+    for name, r in reports.items():
+        if len(mappings) > 1:
+            print(f"== {name}")
+        print_report(VerifyReport(identical=r["identical"], sampled=r["sampled"], items=r["items"],
+                                  rows_expected=r["rows_expected"], tables=r["tables"],
+                                  unmappable_items=r["unmappable_items"]))
+    identical = all(r["identical"] for r in reports.values())
     return 0 if identical else 1
 
 
@@ -636,7 +680,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "rows, missing cells, cells no item owns (orphans) and differing cells, with a few "
                            "examples (values redacted unless --show-values). Exit code 0 only when identical."),
                        epilog="examples:\n  ddb2bt verify -m m.yaml --report verify.json\n"
-                              "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash")
+                              "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash\n"
+                              "  ddb2bt verify -m m.yaml --report gs://b/verify.json --runner DataflowRunner "
+                              "--project p --region r --temp_location gs://b/tmp   # a Beam job")
     add_mapping_args(p)
     add_state_args(p)
     p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
@@ -651,7 +697,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "tail; 0: report differences as first seen (default: 300)")
     p.add_argument("--spill-dir", metavar="DIR", help="where the comparison's hash buckets are spilled "
                                                       "(default: the system temporary directory)")
-    p.set_defaults(func=cmd_verify)
+    p.add_argument("--from-export", metavar="DIR_OR_S3",
+                   help="read the source from a DynamoDB export instead of a Scan (no RCUs); runs verify as a "
+                        "Beam job. Compare against a target that holds exactly the export's state")
+    p.set_defaults(func=cmd_verify, beam=True)
 
     p = sub.add_parser("status", help="phase, lag, backfill progress, READY / NOT READY for cutover",
                        formatter_class=raw,

@@ -81,9 +81,14 @@ def add_cells(out: dict, owners: dict, clashes: Optional[list], keys: dict, cell
                 key = item_keys_json(keys)
             at = (cell.table, cell.row_key, cell.family, cell.qualifier, cell.version_ms)
             other = owners.setdefault(at, key)
-            if other != key and clashes is not None:
-                clashes.append(VersionClash(*at, tuple(sorted((other, key)))))
-            row.setdefault(col, Expect(VERSIONS, {})).value[cell.version_ms] = cell.value
+            versions = row.setdefault(col, Expect(VERSIONS, {})).value
+            if other != key:
+                if clashes is not None:
+                    clashes.append(VersionClash(*at, tuple(sorted((other, key)))))
+                if other < key:
+                    continue  # the smallest key's value is expected, in whatever order items come
+                owners[at] = key
+            versions[cell.version_ms] = cell.value
 
 
 @dataclass

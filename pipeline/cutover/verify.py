@@ -77,15 +77,6 @@ def _show(value: bytes, show: bool) -> str:
     return redact(value, show)
 
 
-def _unmappable(found: list, show: bool) -> dict:
-    """Unmappable items as differences: the reason, and the item's key (its values
-    redacted like every value unless --show-values)."""
-    examples = [{"key": {name: redact(value, show) for name, value in keys.items()},
-                 "reason": exc.reason, "message": exc.message if show else exc.reason}
-                for keys, exc in found[:EXAMPLES_PER_KIND]]
-    return {"count": len(found), "examples": examples}
-
-
 def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callable, segments: int = 8,
            sample_rate: float = 1.0, consistent: bool = True, show_values: bool = False,
            on_page: Callable[[int], None] = lambda n: None, estimated_items: int = 0,
@@ -101,7 +92,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
     keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
     keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
     buckets = bucket_count(estimated_items)
-    findings = _Findings(show_values)
+    findings = Findings(show_values)
     with SpillDir(workdir) as spill_dir:
         actual = None
         if not is_sample:
@@ -186,7 +177,7 @@ class Rechecker:
 
 
 def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
-               keep: Callable[[dict], bool], expected: Spill, findings: "_Findings") -> int:
+               keep: Callable[[dict], bool], expected: Spill, findings: "Findings") -> int:
     """Scan the source in parallel segments; each kept item's owned cells go to
     the spill, one record per (table, row) it maps to. Returns the items kept."""
     count = [0]
@@ -266,33 +257,52 @@ def _entry_sort_key(kind: str, entry) -> tuple:
     return (entry[0], entry[1], entry[2].decode("latin-1"))
 
 
-class _Findings:
+class Findings:
     """Counts, and the first EXAMPLES_PER_KIND examples in row-key order, of every
-    kind of difference per table, however many buckets they come from: the
-    report is the same whatever the bucket count (and the same as the Beam
-    verify's)."""
+    kind of difference per table, however many buckets (or Beam workers) they
+    come from: the report is the same whatever the bucket count, and the same
+    from the Beam verify (beam_verify.py), whose combiner merges these."""
 
-    def __init__(self, show: bool) -> None:
+    def __init__(self, show: bool = False) -> None:
         self.show = show
         self.counts: dict = {}  # (table, kind) -> count
         self.examples: dict = {}  # (table, kind) -> [(sort key, example)] smallest first, bounded
         self.extra_versions: dict = {}
         self.not_rechecked = 0
-        self._unmappable: list = []  # [(canonical key, keys, error)] bounded
+        self.items = 0
+        self.rows_expected = 0
+        self._unmappable: list = []  # [(canonical key, keys, reason, message)] smallest first, bounded
         self._unmappable_count = 0
         self._lock = threading.Lock()
 
+    @classmethod
+    def empty(cls, show: bool = False) -> "Findings":
+        return cls(show)
+
+    def __getstate__(self) -> dict:  # Beam encodes accumulators: no lock travels
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def unmappable(self, keys: dict, exc) -> None:
+        self.add_unmappable(canonical_typed_json({"M": keys}), keys, exc.reason, exc.message)
+
+    def add_unmappable(self, canonical: str, keys: dict, reason: str, message: str) -> None:
         with self._lock:
             self._unmappable_count += 1
-            self._unmappable.append((canonical_typed_json({"M": keys}), keys, exc))
+            self._unmappable.append((canonical, keys, reason, message))
             self._unmappable.sort(key=lambda e: e[0])
             del self._unmappable[EXAMPLES_PER_KIND:]
 
     def unmappable_json(self) -> dict:
-        found = _unmappable([(keys, exc) for _, keys, exc in self._unmappable], self.show)
-        found["count"] = self._unmappable_count
-        return found
+        examples = [{"key": {name: redact(value, self.show) for name, value in keys.items()},
+                     "reason": reason, "message": message if self.show else reason}
+                    for _, keys, reason, message in self._unmappable]
+        return {"count": self._unmappable_count, "examples": examples}
 
     def add(self, table: str, diff: LayoutDiff, want: dict, have: dict) -> None:
         for kind in _KINDS + ("version_clashes",):
@@ -306,6 +316,22 @@ class _Findings:
             shown.sort(key=lambda e: e[0])
             del shown[EXAMPLES_PER_KIND:]
 
+    def merge(self, other: "Findings") -> None:
+        for key, n in other.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + n
+        for key, shown in other.examples.items():
+            mine = self.examples.setdefault(key, [])
+            mine.extend(shown)
+            mine.sort(key=lambda e: e[0])
+            del mine[EXAMPLES_PER_KIND:]
+        for table, n in other.extra_versions.items():
+            self.extra_versions[table] = self.extra_versions.get(table, 0) + n
+        self.not_rechecked += other.not_rechecked
+        self.items += other.items
+        self.rows_expected += other.rows_expected
+        self._unmappable_count += other._unmappable_count
+        self._unmappable = sorted(self._unmappable + other._unmappable, key=lambda e: e[0])[:EXAMPLES_PER_KIND]
+
     def any(self) -> bool:
         return self._unmappable_count > 0 or any(self.counts.values())
 
@@ -316,6 +342,23 @@ class _Findings:
         out["multi_version_columns"] = {"count": self.extra_versions.get(table, 0),
                                         "note": "older versions below the newest; read paths never see them"}
         return out
+
+    def report(self, tables: list, show: bool, is_sample: bool) -> VerifyReport:
+        """The whole report (the Beam verify's end; the local one fills its own)."""
+        self.show = show
+        return VerifyReport(identical=not self.any(), sampled=is_sample, items=self.items,
+                            rows_expected=self.rows_expected, tables={t: self.table_json(t) for t in tables},
+                            checked_at_ms=time.time_ns() // 1_000_000, unmappable_items=self.unmappable_json())
+
+
+def findings_of(table: str, diff: LayoutDiff, want: dict, have: dict, show: bool, rows_expected: int = 0) -> Findings:
+    """One row's (or bucket's) findings, to be merged."""
+    f = Findings(show)
+    f.add(table, diff, want, have)
+    f.rows_expected = rows_expected
+    if diff.extra_versions:
+        f.extra_versions[table] = len(diff.extra_versions)
+    return f
 
 
 def _example(kind: str, entry, want: dict, have: dict, show: bool) -> dict:

@@ -827,11 +827,13 @@ READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set
 
 
 def iter_table(project: str, instance: str, table_id: str, client=None, deadline_s: Optional[float] = None,
-               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S) -> Iterator:
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, start_key: Optional[bytes] = None,
+               end_key: Optional[bytes] = None) -> Iterator:
     """(row_key, cells) of every row, in key order, as they stream in: nothing of
     the table is held (``verify`` reads tables of any size with it). A failed
     stream resumes after the last row received, under our retry policy (each
-    failure logged; given up after ``deadline_s``)."""
+    failure logged; given up after ``deadline_s``). ``start_key`` (inclusive) and
+    ``end_key`` (exclusive) bound the read to one key range."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
 
     from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S, RetryPolicy, retrying
@@ -848,8 +850,12 @@ def iter_table(project: str, instance: str, table_id: str, client=None, deadline
             def attempt() -> list:
                 # One attempt streams until the end or a failure; rows already
                 # yielded are not read again (the next attempt starts after them).
-                query = ReadRowsQuery() if last[0] is None else ReadRowsQuery(
-                    row_ranges=RowRange(start_key=last[0], start_is_inclusive=False))
+                if last[0] is None:
+                    query = ReadRowsQuery() if start_key is None and end_key is None else ReadRowsQuery(
+                        row_ranges=RowRange(start_key=start_key, end_key=end_key))
+                else:
+                    query = ReadRowsQuery(row_ranges=RowRange(start_key=last[0], end_key=end_key,
+                                                              start_is_inclusive=False))
                 batch = []
                 stream = None
                 try:
@@ -878,6 +884,22 @@ def iter_table(project: str, instance: str, table_id: str, client=None, deadline
     finally:
         if own:
             close_bounded(client.close, "Bigtable data client")
+
+
+def table_ranges(project: str, instance: str, table_id: str, client=None) -> list:
+    """[(start_key, end_key)] covering the table (None: unbounded), split where
+    Bigtable's SampleRowKeys says the data splits: read in parallel, each range
+    a similar share of the bytes."""
+    own = client is None
+    client = client or data_client(project)
+    try:
+        with client.get_table(instance, table_id) as table:
+            keys = sorted({k for k, _ in table.sample_row_keys() if k})
+    finally:
+        if own:
+            close_bounded(client.close, "Bigtable data client")
+    bounds = [None] + keys + [None]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
 # Rows handed over per stream read in iter_table: a bounded buffer (the stream
