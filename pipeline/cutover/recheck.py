@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.cutover.compare import LayoutDiff, add_cells, diff_layout
+from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
@@ -43,7 +44,7 @@ POLL_S = 1.0
 @dataclass(frozen=True)
 class RecheckOptions:
     wait_s: float = 300.0  # how long to wait for the tail to pass a re-check's time; 0 disables re-checks
-    rounds: int = 3  # re-checks of a row that keeps changing
+    rounds: int = 5  # re-checks of a row whose item keeps changing
     max_rows: int = 10_000  # divergent rows held for re-checking (bounded memory); beyond: reported as found
 
     @property
@@ -57,32 +58,32 @@ class RecheckResult:
     resolved: int = 0  # ...that matched once the tail had caught up
     rounds: int = 0
     timed_out: bool = False  # the tail did not pass in time: what is left is reported unconfirmed
-    still: dict = field(default_factory=dict)  # table -> (want, have, LayoutDiff) of rows still different
+    unsettled: int = 0  # rows whose items changed on every re-check: not proven either way
+    still: dict = field(default_factory=dict)  # table -> (want, have, LayoutDiff) of rows confirmed different
 
     def to_json(self) -> dict:
-        return {"rows": self.rows, "resolved": self.resolved, "rounds": self.rounds, "timed_out": self.timed_out}
-
-
-def _signature(diff: LayoutDiff) -> tuple:
-    return (tuple(diff.missing_rows), tuple(diff.extra_rows), tuple(diff.missing_cells), tuple(diff.extra_cells),
-            tuple(diff.different_cells), tuple((c.row_key, c.family, c.qualifier, c.version_ms)
-                                               for c in diff.version_clashes))
+        return {"rows": self.rows, "resolved": self.resolved, "rounds": self.rounds, "timed_out": self.timed_out,
+                "unsettled": self.unsettled}
 
 
 def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], Optional[dict]],
             read_rows: Callable[[str, list], dict], tail_passed: Callable[[int], bool],
             options: RecheckOptions = RecheckOptions(), now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6,
-            sleep: Callable[[float], None] = time.sleep, first: Optional[dict] = None) -> RecheckResult:
+            sleep: Callable[[float], None] = time.sleep) -> RecheckResult:
     """``suspects``: {(table, row_key): [owner item keys]} (an extra row has no
-    owner). ``first``: {table: signature} of what verify found, so a difference
-    seen again unchanged stops the re-checks early. Returns what is still
-    different (with the latest reads) and counts."""
+    owner). One round: read the owners (time g), wait until the tail has
+    applied everything up to g, read the rows, read the owners again. A row
+    whose owners did not change in between must now equal their mapping: it
+    is resolved, or confirmed different. A row whose owners changed is
+    re-checked next round; after ``rounds`` it is counted unsettled (changing
+    on every look: not proven either way, reported, not a difference)."""
     result = RecheckResult(rows=len(suspects))
     remaining = dict(suspects)
-    previous = dict(first or {})
+    confirmed: dict = {}  # table -> [want, have, LayoutDiff]
     clock = time.monotonic
     while remaining and result.rounds < options.rounds:
         at = now_ms()
+        before = _read_owners(remaining, get_item)
         started = clock()
         while not tail_passed(at):
             if clock() - started > options.wait_s:
@@ -92,44 +93,63 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
                 return result
             sleep(POLL_S)
         result.rounds += 1
-        fresh: dict = {}
-        for owners in remaining.values():
-            for keys in owners:
-                k = repr(sorted(keys.items()))
-                if k not in fresh:
-                    fresh[k] = (keys, get_item(keys))
+        have_all = {table: read_rows(table, sorted(r for t, r in remaining if t == table))
+                    for table in {t for t, _ in remaining}}
+        after = _read_owners(remaining, get_item)
+        settled = {at_row for at_row, owners in remaining.items()
+                   if all(before[_key_id(k)] == after[_key_id(k)] for k in owners)}
         want: dict = {}
         owned: dict = {}
         clashes: list = []
-        for keys, current in fresh.values():
+        for keys, current in (v for k, v in after.items()):
             if current is None:
                 continue
             try:
                 cells = expected_cells(mapping, current)
             except MappingError:
                 continue  # refused now: its rows compare as extra; verify's unmappable count has it
-            add_cells(want, owned, clashes, keys, [c for c in cells.values() if (c.table, c.row_key) in remaining])
-        still: dict = {}
-        signatures: dict = {}
-        for table in mapping.tables:
-            rows = sorted(r for t, r in remaining if t == table)
+            add_cells(want, owned, clashes, keys, [c for c in cells.values() if (c.table, c.row_key) in settled])
+        for table, have in have_all.items():
+            rows = {r for t, r in settled if t == table}
             if not rows:
                 continue
-            have = read_rows(table, rows)
-            want_t = {r: cols for r, cols in want.get(table, {}).items() if (table, r) in remaining}
-            diff = diff_layout(want_t, have)
-            diff.version_clashes = [c for c in clashes if c.table == table]
-            if not diff.identical:
-                still[table] = (want_t, have, diff)
-                signatures[table] = _signature(diff)
-        divergent = {(t, r) for t, (_, _, d) in still.items() for r in _rows_of(d)}
-        result.resolved += len(set(remaining) - divergent)
-        remaining = {k: v for k, v in remaining.items() if k in divergent}
-        result.still = still
-        if signatures and signatures == {t: previous.get(t) for t in signatures}:
-            break  # the same difference twice in a row: it stays
-        previous = signatures
+            want_t = {r: cols for r, cols in want.get(table, {}).items() if r in rows}
+            diff = diff_layout(want_t, {r: v for r, v in have.items() if r in rows})
+            diff.version_clashes = [c for c in clashes if c.table == table and c.row_key in rows]
+            different = _rows_of(diff)
+            result.resolved += len(rows - different)
+            if different:
+                slot = confirmed.setdefault(table, [{}, {}, LayoutDiff()])
+                slot[0].update({r: v for r, v in want_t.items() if r in different})
+                slot[1].update({r: v for r, v in have.items() if r in different})
+                _extend(slot[2], diff)
+        remaining = {k: v for k, v in remaining.items() if k not in settled}
+    result.unsettled = len(remaining)
+    result.still = {t: tuple(v) for t, v in confirmed.items()}
     return result
+
+
+def _key_id(keys: dict) -> str:
+    return canonical_typed_json({"M": keys})
+
+
+def _read_owners(rows: dict, get_item: Callable) -> dict:
+    """{key id: (keys, current item or None)} of every owner of ``rows``."""
+    out: dict = {}
+    for owners in rows.values():
+        for keys in owners:
+            k = _key_id(keys)
+            if k not in out:
+                out[k] = (keys, get_item(keys))
+    return out
+
+
+def _extend(into: LayoutDiff, diff: LayoutDiff) -> None:
+    for kind in ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells",
+                 "version_clashes"):
+        getattr(into, kind).extend(getattr(diff, kind))
+    for kind in ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells"):
+        getattr(into, kind).sort()
 
 
 def _rows_of(diff: LayoutDiff) -> set:

@@ -144,8 +144,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
         if suspects:
             for d in held.values():
                 _sort(d)
-            outcome = recheck_with.run(suspects, {t: _signature(d) for t, d in held.items()
-                                                  if not d.identical})
+            outcome = recheck_with.run(suspects)
             report.recheck = {**outcome.to_json(), "not_rechecked": findings.not_rechecked}
             if outcome.timed_out or not outcome.rounds:
                 for table, d in held.items():
@@ -154,7 +153,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
                 for table, (want_t, have_t, d) in outcome.still.items():
                     findings.add(table, d, want_t, have_t)
         elif recheck_with is not None:
-            report.recheck = {"rows": 0, "resolved": 0, "rounds": 0, "timed_out": False,
+            report.recheck = {"rows": 0, "resolved": 0, "rounds": 0, "timed_out": False, "unsettled": 0,
                               "not_rechecked": findings.not_rechecked}
     report.unmappable_items = findings.unmappable_json()
     report.tables = {t: findings.table_json(t) for t in mapping.tables}
@@ -171,9 +170,9 @@ class Rechecker:
         self.mapping, self.get_item, self.read_rows, self.tail_passed = mapping, get_item, read_rows, tail_passed
         self.options, self.sleep = options, sleep
 
-    def run(self, suspects: dict, first: dict) -> RecheckResult:
+    def run(self, suspects: dict) -> RecheckResult:
         return recheck(self.mapping, suspects, self.get_item, self.read_rows, self.tail_passed, self.options,
-                       sleep=self.sleep, first=first)
+                       sleep=self.sleep)
 
 
 def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
@@ -242,11 +241,6 @@ def _sort(diff: LayoutDiff) -> None:
     for kind in _KINDS:
         getattr(diff, kind).sort()
     diff.version_clashes.sort(key=lambda c: (c.row_key, c.family, c.qualifier, c.version_ms))
-
-
-def _signature(diff: LayoutDiff) -> tuple:
-    from ddb2bt.pipeline.cutover.recheck import _signature as sig
-    return sig(diff)
 
 
 def _entry_sort_key(kind: str, entry) -> tuple:
@@ -398,6 +392,8 @@ def print_report(report: VerifyReport, out=print) -> None:
         r = report.recheck
         out(f"  re-checked {r['rows']} divergent row(s) after the tail caught up: {r['resolved']} were changes "
             f"in flight" + ("; the tail did not catch up in time, the rest is unconfirmed" if r["timed_out"] else "")
+            + (f"; {r['unsettled']} changed on every re-check (busy items: not proven either way, run verify "
+               f"again when they are quiet)" if r.get("unsettled") else "")
             + (f"; {r['not_rechecked']} more not re-checked (over the limit)" if r["not_rechecked"] else ""))
     if report.sampled:
         out("  (sampled: rows no sampled item owns — extra rows — are not checked)")

@@ -216,3 +216,19 @@ def test_a_real_divergence_survives_the_recheck_and_a_stuck_tail_confirms_nothin
                            RecheckOptions(wait_s=0.05), sleep=lambda s: None))
     assert not report.identical and report.recheck["timed_out"] and report.recheck["resolved"] == 0
     assert counts(report, "product_catalog")["extra_rows"] == 1
+
+
+def test_a_row_whose_item_changes_on_every_look_is_unsettled_not_a_difference(tmp_path):
+    items, bt = catalog_world(10)
+    bt.mutate_rows("product_catalog", [(b"p2#s2", [SetCell("SKU", b"Description", b"old", T + 1)])])
+    read_rows = lambda table, keys: {k: v for k, v in reader(bt)(table).items() if k in set(keys)}
+    looks = [0]
+
+    def busy(keys):  # a hot item: another value at every read
+        looks[0] += 1
+        return item(pk=keys["pk"]["S"], sk=keys["sk"]["S"], Price=looks[0], Description=f"v{looks[0]}")
+
+    rechecker = Rechecker(CATALOG, busy, read_rows, lambda t: True, RecheckOptions(rounds=3), sleep=lambda s: None)
+    report = run(CATALOG, FakeDynamo(items), bt, tmp_path, rechecker)
+    assert report.identical and report.recheck["unsettled"] == 1 and report.recheck["rounds"] == 3
+    assert looks[0] == 6, "the owner is read before and after each of the three rounds"
