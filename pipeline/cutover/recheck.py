@@ -78,7 +78,10 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
     re-checked next round; after ``rounds`` it is counted unsettled (changing
     on every look: not proven either way, reported, not a difference)."""
     result = RecheckResult(rows=len(suspects))
-    remaining = dict(suspects)
+    # A row no item owned when verify scanned (extra) may belong to an item
+    # deleted and created again meanwhile: its candidate owners are the keys
+    # its row key spells, where the key template can be read back.
+    remaining = {at: owners or owner_candidates(mapping, *at) for at, owners in suspects.items()}
     confirmed: dict = {}  # table -> [want, have, LayoutDiff]
     clock = time.monotonic
     while remaining and result.rounds < options.rounds:
@@ -127,6 +130,49 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
     result.unsettled = len(remaining)
     result.still = {t: tuple(v) for t, v in confirmed.items()}
     return result
+
+
+def owner_candidates(mapping: MappingConfig, table: str, row_key: bytes) -> list:
+    """Item keys whose rows could be ``row_key``: every rule and index template
+    of ``table`` read back (split_key) where each key attribute appears as a
+    placeholder without transforms; a part that reads as a number is tried as
+    N too. Candidates are only looked up: an item counts as the row's owner
+    only if it exists and maps to that row."""
+    from ddb2bt.transforms.rowkey import Placeholder, split_key
+
+    key_attrs = mapping.source.key_attributes
+    out: list = []
+    templates = []
+    for rule in mapping.rules:
+        if rule.row_key is not None and table == mapping.target.table:
+            templates.append(rule.row_key)
+        templates += [ix.row_key for ix in rule.indexes if (ix.table or mapping.target.table) == table]
+    for template in templates:
+        try:
+            parts = split_key(template, row_key)
+        except ValueError:
+            continue
+        placeholders = [t for t in template.tokens if isinstance(t, Placeholder)]
+        found: dict = {}
+        for ph, raw in zip(placeholders, parts):
+            if ph.source in key_attrs and not ph.transforms:
+                try:
+                    found[ph.source] = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    pass
+        if set(found) != set(key_attrs):
+            continue
+        options = [{}]
+        for name in key_attrs:
+            typed = [{"S": found[name]}]
+            try:
+                float(found[name])
+                typed.append({"N": found[name]})
+            except ValueError:
+                pass
+            options = [dict(o, **{name: t}) for o in options for t in typed]
+        out += [o for o in options if o not in out]
+    return out
 
 
 def _key_id(keys: dict) -> str:

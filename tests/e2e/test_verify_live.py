@@ -22,7 +22,8 @@ def test_verify_under_a_concurrent_writer_is_identical_and_finds_a_planted_diver
     path, mapping, ddb = setup(tmp_path, unique)
     items = preload(ddb, mapping.source.table, 300, seed=11)
     quiet = preload(ddb, mapping.source.table, 20, seed=12)  # the writer never touches these
-    busy = [i for i in items if (i["pk"], i["sk"]) not in {(q["pk"], q["sk"]) for q in quiet}]
+    key = lambda i: (i["pk"]["S"], i["sk"]["S"])
+    busy = [i for i in items if key(i) not in {key(q) for q in quiet}]
     assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "2", "--until-idle", "1",
                    "--poll-interval", "0.2"]) == 0
     tail = _spawn(["run", "--mapping", str(path), "--poll-interval", "0.2"])

@@ -232,3 +232,24 @@ def test_a_row_whose_item_changes_on_every_look_is_unsettled_not_a_difference(tm
     report = run(CATALOG, FakeDynamo(items), bt, tmp_path, rechecker)
     assert report.identical and report.recheck["unsettled"] == 1 and report.recheck["rounds"] == 3
     assert looks[0] == 6, "the owner is read before and after each of the three rounds"
+
+
+def test_an_extra_row_of_an_item_deleted_and_created_again_meanwhile_is_resolved(tmp_path):
+    items, bt = catalog_world(10)
+    ddb = FakeDynamo(items)
+    again = items[3]
+    tail = Tail(bt, CATALOG)
+
+    def writer():  # deleted before the scan reaches it, created again after: the scan never sees it
+        ddb.items.pop(FakeDynamo.key(again))
+        tail.pending.append(ChangeRecord(MODIFY, {"pk": again["pk"], "sk": again["sk"]}, again, again, T + 10))
+
+    ddb.before_scan = writer
+    read_rows = lambda table, keys: {k: v for k, v in reader(bt)(table).items() if k in set(keys)}
+
+    def get_item(keys):  # the item is back by the time verify re-checks
+        return again if (keys["pk"], keys["sk"]) == (again["pk"], again["sk"]) else ddb.get_item(keys)
+
+    report = run(CATALOG, ddb, bt, tmp_path, Rechecker(CATALOG, get_item, read_rows, tail.passed,
+                                                      sleep=lambda s: None))
+    assert report.identical and report.recheck["resolved"] == 1, report.to_json()
