@@ -81,7 +81,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
            sample_rate: float = 1.0, consistent: bool = True, show_values: bool = False,
            on_page: Callable[[int], None] = lambda n: None, estimated_items: int = 0,
            workdir: Optional[str] = None, recheck_with: Optional["Rechecker"] = None) -> VerifyReport:
-    """Bounded memory (docs/design.md §verify): the target tables are read first
+    """Bounded memory (docs/design.md §10): the target tables are read first
     (``scan_target(table)`` → iterable of ``(row_key, cells)``), then the source
     is scanned in parallel segments; both sides are spilled to hash buckets on
     disk and compared bucket by bucket (spill.py). Sampled mode spills only the
