@@ -248,13 +248,36 @@ def cmd_run(args) -> int:
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
     before = outcome_counts(default_metrics())
     args.job_started = True
-    result = p.run()
-    if not is_local(args.beam_args):
-        return submitted(result, args)  # a streaming job runs on; drain it to stop
-    result.wait_until_finish()
+    # Locally p.run() itself runs the job: the checks start before it.
+    stop_checks = start_continuous_checks(args, jobs) if is_local(args.beam_args) else None
+    try:
+        result = p.run()
+        if not is_local(args.beam_args):
+            return submitted(result, args)  # a streaming job runs on; drain it to stop
+        result.wait_until_finish()
+    finally:
+        if stop_checks is not None:
+            stop_checks.set()
     after = outcome_counts(default_metrics())
     print(report_outcome({k: after[k] - before[k] for k in after}, mapping_flags(args)))
     return 0
+
+
+def start_continuous_checks(args, jobs: list):
+    """--continuous-check RATE: one checking thread per table next to the local
+    job (cutover/continuous.py); returns the Event that stops them."""
+    import threading
+
+    stop = threading.Event()
+    rate = getattr(args, "continuous_check", None)
+    if rate:
+        from ddb2bt.pipeline.cutover.continuous import ContinuousOptions, start_continuous_check
+
+        for job in jobs:
+            start_continuous_check(job.mapping, state_spec(args, job.mapping).store(),
+                                   ContinuousOptions(items_per_s=rate, segments=args.continuous_check_segments),
+                                   stop, job.stream_arn)
+    return stop
 
 
 # --- backfill, migrate, verify, status, dead letters ----------------------------------
@@ -469,6 +492,13 @@ def cmd_dlq_redrive(args) -> int:
     return 0 if kept == 0 else 1
 
 
+def cmd_repair(args) -> int:
+    from ddb2bt.pipeline.cutover.continuous import DIVERGENT
+
+    args.reason, args.since = DIVERGENT, None
+    return cmd_dlq_redrive(args)
+
+
 def cmd_local(args) -> int:
     from ddb2bt.pipeline.local import local_stack as ls
 
@@ -626,6 +656,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_tail_args(p)
     add_metrics_args(p)
     add_ops_args(p)
+    p.add_argument("--continuous-check", type=number(float, above=0), metavar="ITEMS_PER_S",
+                   help="while the tail runs, compare this many items per second with their rows (after the tail "
+                        "passed their last change); divergent items are counted (ddb2bt_verify_divergent_total), "
+                        "logged with keys redacted and recorded as dead letters (reason divergent) for "
+                        "`ddb2bt repair`. Local runner; off by default")
+    p.add_argument("--continuous-check-segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS),
+                   default=64, help="Scan segments one full pass of the continuous check walks, one at a time "
+                                    "(default 64)")
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
@@ -743,6 +781,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--since", type=number(float, minimum=0), help="only those at or after this Unix time (seconds)")
     pr.add_argument("--dry-run", action="store_true", help="only report which dead letters now map; write nothing")
     pr.set_defaults(func=cmd_dlq_redrive)
+
+    p = sub.add_parser("repair", help="rewrite items the continuous check found divergent, in their current state",
+                       formatter_class=raw,
+                       description="The redrive of the dead letters of reason 'divergent' (see dlq redrive): each "
+                                   "item re-read from DynamoDB and written in its CURRENT state through the same "
+                                   "path; safe with the tail running.",
+                       epilog="examples:\n  ddb2bt dlq list -m m.yaml --reason divergent\n  ddb2bt repair -m m.yaml")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.add_argument("--dry-run", action="store_true", help="only report what would be rewritten")
+    p.set_defaults(func=cmd_repair)
 
     p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto)", formatter_class=raw,
                        epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"
