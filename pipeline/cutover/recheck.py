@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 # a second); "the tail is at the head" only covers a moment once this has passed.
 STREAM_VISIBILITY_MS = 3000
 POLL_S = 1.0
+# Records pending and no checkpoint moved for this long: no tail is running (a
+# running one checkpoints every few seconds while it has work), so waiting on.
+TAIL_STALLED_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -89,9 +92,11 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
         before = _read_owners(remaining, get_item)
         started = clock()
         while not tail_passed(at):
-            if clock() - started > options.wait_s:
-                log.warning("verify: the tail did not pass the re-check time within %.0fs (is it running?); "
-                            "%d row(s) reported unconfirmed", options.wait_s, len(remaining))
+            stalled = getattr(tail_passed, "stalled_s", lambda: 0.0)()
+            if clock() - started > options.wait_s or stalled > TAIL_STALLED_S:
+                log.warning("verify: the tail did not pass the re-check time (%s); %d row(s) reported unconfirmed",
+                            f"no progress for {stalled:.0f}s: is it running?" if stalled > TAIL_STALLED_S else
+                            f"waited {options.wait_s:.0f}s", len(remaining))
                 result.timed_out = True
                 return result
             sleep(POLL_S)
@@ -217,10 +222,14 @@ def stream_watermark(streams, stream_arn: Optional[str], store, now_ms: Callable
 
     if not stream_arn:
         return lambda t: True
+    seen = {"positions": None, "moved": time.monotonic()}
 
     def passed(t: int) -> bool:
         listed = list_shards(streams, stream_arn).shards
         checkpoints = store.load_checkpoints(stream_arn)
+        positions = {s: (c.sequence_number, c.finished) for s, c in checkpoints.items()}
+        if positions != seen["positions"]:
+            seen["positions"], seen["moved"] = positions, time.monotonic()
         now = now_ms()
         for shard_id in listed:
             c = checkpoints.get(shard_id)
@@ -232,6 +241,9 @@ def stream_watermark(streams, stream_arn: Optional[str], store, now_ms: Callable
                     return False
             elif pending <= t:
                 return False
+        seen["moved"] = time.monotonic()
         return True
 
+    # How long no checkpoint has moved while records were pending.
+    passed.stalled_s = lambda: time.monotonic() - seen["moved"]
     return passed

@@ -253,3 +253,15 @@ def test_an_extra_row_of_an_item_deleted_and_created_again_meanwhile_is_resolved
     report = run(CATALOG, ddb, bt, tmp_path, Rechecker(CATALOG, get_item, read_rows, tail.passed,
                                                       sleep=lambda s: None))
     assert report.identical and report.recheck["resolved"] == 1, report.to_json()
+
+
+def test_a_tail_that_makes_no_progress_ends_the_wait_early(tmp_path):
+    items, bt = catalog_world(10)
+    plant(bt)
+    read_rows = lambda table, keys: {k: v for k, v in reader(bt)(table).items() if k in set(keys)}
+    never = lambda t: False
+    never.stalled_s = lambda: 31.0  # no checkpoint moved for longer than TAIL_STALLED_S
+    report = run(CATALOG, FakeDynamo(items), bt, tmp_path,
+                 Rechecker(CATALOG, FakeDynamo(items).get_item, read_rows, never, RecheckOptions(wait_s=3600),
+                           sleep=lambda s: None))
+    assert report.recheck["timed_out"] and not report.identical
