@@ -1,6 +1,6 @@
 """Flex Template entrypoint: the launcher runs this file with the template's
 parameters as ``--name=value`` (names with underscores, see
-deploy/dataflow/metadata.json). ``--command`` picks run, backfill or migrate;
+deploy/dataflow/metadata.json). ``--command`` picks run, backfill, migrate or verify;
 our parameters are translated to the CLI's options, everything else (the
 launcher's --runner, --project, --region, --temp_location, --sdk_container_image,
 --update, ...) goes to Beam untouched.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-COMMANDS = ("run", "backfill", "migrate")
+COMMANDS = ("run", "backfill", "migrate", "verify")
 # template parameter → (CLI option, kind); kind "flag" for booleans
 PARAMETERS = {
     "mapping": ("--mapping", "value"),
@@ -33,11 +33,17 @@ PARAMETERS = {
     "consistent_read": ("--consistent-read", "flag"),
     "from_export": ("--from-export", "value"),
     "restart": ("--restart", "flag"),
+    "report": ("--report", "value"),
 }
 TRUE = ("true", "1", "yes")
 BACKFILL_ONLY = {"segments", "tasks", "max_rcu", "page_size", "consistent_read", "from_export", "restart"}
 TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval"}
-NOT_FOR = {"run": BACKFILL_ONLY, "backfill": TAIL_ONLY, "migrate": set()}
+VERIFY_ONLY = {"report"}
+# verify reads (Scan segments or an export) and writes a report: no tail, no read budget, no dead letters
+NOT_VERIFY = TAIL_ONLY | {"tasks", "max_rcu", "page_size", "consistent_read", "restart", "dlq_include_values",
+                          "metrics_pushgateway"}
+NOT_FOR = {"run": BACKFILL_ONLY | VERIFY_ONLY, "backfill": TAIL_ONLY | VERIFY_ONLY, "migrate": VERIFY_ONLY,
+           "verify": NOT_VERIFY}
 
 
 def translate(argv: list) -> list:
@@ -51,7 +57,7 @@ def translate(argv: list) -> list:
         if name == "command":
             continue
         if name in NOT_FOR[command]:
-            continue  # a parameter of another command (one template serves all three)
+            continue  # a parameter of another command (one template serves all four)
         if name in PARAMETERS and sep:
             option, kind = PARAMETERS[name]
             if kind == "flag":
