@@ -106,13 +106,13 @@ def _measure(python: str, cwd: Path, args: list) -> dict:
     return {"seconds": round(wall, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024)}
 
 
-def run_verify(sizes=SIZES) -> dict:
+def run_verify(sizes=SIZES, before: bool = True) -> dict:
     project, instance = MAPPING.target.project, MAPPING.target.instance
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     ensure_state_table(project, instance, "ddb2bt_state")
     out: dict = {"item_bytes": ITEM_SIZE}
-    before = BEFORE / ".venv/bin/python"
+    before_python = BEFORE / ".venv/bin/python"
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             path, export = _load(n, project, instance, Path(tmp))
@@ -120,9 +120,9 @@ def run_verify(sizes=SIZES) -> dict:
             variants = [("local", sys.executable, ROOT, ["verify", "--mapping", str(path), "--segments", "4"]),
                         ("export", sys.executable, ROOT, ["verify", "--mapping", str(path), "--from-export",
                                                           str(export), "--report", f"{tmp}/r.json"])]
-            if before.exists():
-                variants.insert(1, ("before", str(before), BEFORE, ["verify", "--mapping", str(path),
-                                                                    "--segments", "4"]))
+            if before and before_python.exists():
+                variants.insert(1, ("before", str(before_python), BEFORE, ["verify", "--mapping", str(path),
+                                                                           "--segments", "4"]))
             for label, python, cwd, args in variants:
                 m = _measure(python, cwd, args)
                 m["items_per_s"] = round(n / m["seconds"])
@@ -139,10 +139,11 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs=2, default=list(SIZES), help="the two table sizes")
+    parser.add_argument("--no-before", action="store_true", help="skip the previous verify (the baseline)")
     args = parser.parse_args()
     with LocalStack() as stack:
         stack.apply_env()
-        results = run_verify(tuple(args.sizes))
+        results = run_verify(tuple(args.sizes), before=not args.no_before)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"verify-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))

@@ -27,7 +27,7 @@ __all__ = ["Spill", "SpillDir", "bucket_count", "paired_groups"]
 
 # Records held in memory before a flush appends them to the bucket files: large
 # enough that every flush writes big chunks, small next to the groups loaded.
-SPILL_BUFFER_BYTES = 8 << 20
+SPILL_BUFFER_BYTES = 4 << 20
 # The most one compared group may weigh on disk (both sides). Loaded, a pickled
 # row takes ~3-5x its size in Python objects, so this keeps a group near 100 MiB
 # at worst; the bucket count aims well below it (ITEMS_PER_BUCKET).
@@ -35,9 +35,12 @@ MAX_GROUP_BYTES = 24 << 20
 # An oversized bucket is split into this many, with a hash seeded by its depth.
 SPLIT_FANOUT = 16
 MAX_SPLIT_DEPTH = 4  # 16^4 more buckets: beyond that one row itself is huge
-# Buckets are sized for this many source items (~5 KiB of Python objects each
-# when loaded: ~50 MiB a bucket); fewer items still get MIN_BUCKETS.
-ITEMS_PER_BUCKET = 10_000
+# Buckets are sized for this many source items: a loaded group (both sides, a
+# few KiB of Python objects per item) stays a few MiB, about what a 10,000-item
+# table's groups weigh, so peak memory does not follow the table (measured:
+# 10,000 items per bucket let a 100,000-item verify peak 1.6x higher than a
+# 10,000-item one). Fewer items still get MIN_BUCKETS.
+ITEMS_PER_BUCKET = 1_000
 MIN_BUCKETS = 16
 MAX_BUCKETS = 4096  # files per side; the flush opens each non-empty one
 
