@@ -62,6 +62,7 @@ class RecheckResult:
     rounds: int = 0
     timed_out: bool = False  # the tail did not pass in time: what is left is reported unconfirmed
     unsettled: int = 0  # rows whose items changed on every re-check: not proven either way
+    unconfirmed: set = field(default_factory=set)  # (table, row) left when the wait ended: reported as found
     still: dict = field(default_factory=dict)  # table -> (want, have, LayoutDiff) of rows confirmed different
 
     def to_json(self) -> dict:
@@ -98,6 +99,8 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
                             f"no progress for {stalled:.0f}s: is it running?" if stalled > TAIL_STALLED_S else
                             f"waited {options.wait_s:.0f}s", len(remaining))
                 result.timed_out = True
+                result.unconfirmed = set(remaining)
+                result.still = {t: tuple(v) for t, v in confirmed.items()}
                 return result
             sleep(POLL_S)
         result.rounds += 1

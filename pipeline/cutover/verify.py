@@ -146,12 +146,12 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
                 _sort(d)
             outcome = recheck_with.run(suspects)
             report.recheck = {**outcome.to_json(), "not_rechecked": findings.not_rechecked}
-            if outcome.timed_out or not outcome.rounds:
+            for table, (want_t, have_t, d) in outcome.still.items():
+                findings.add(table, d, want_t, have_t)
+            if outcome.timed_out:  # what the wait left unconfirmed is reported as first found
                 for table, d in held.items():
-                    findings.add(table, d, *held_rows[table])
-            else:
-                for table, (want_t, have_t, d) in outcome.still.items():
-                    findings.add(table, d, want_t, have_t)
+                    rows = {r for t, r in outcome.unconfirmed if t == table}
+                    findings.add(table, _only_rows(d, rows), *held_rows[table])
         elif recheck_with is not None:
             report.recheck = {"rows": 0, "resolved": 0, "rounds": 0, "timed_out": False, "unsettled": 0,
                               "not_rechecked": findings.not_rechecked}
@@ -235,6 +235,16 @@ _KINDS = ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "differe
 def _extend(into: LayoutDiff, diff: LayoutDiff) -> None:
     for kind in _KINDS + ("version_clashes",):
         getattr(into, kind).extend(getattr(diff, kind))
+
+
+def _only_rows(diff: LayoutDiff, rows: set) -> LayoutDiff:
+    out = LayoutDiff()
+    for kind in ("missing_rows", "extra_rows"):
+        setattr(out, kind, [r for r in getattr(diff, kind) if r in rows])
+    for kind in ("missing_cells", "extra_cells", "different_cells"):
+        setattr(out, kind, [e for e in getattr(diff, kind) if e[0] in rows])
+    out.version_clashes = [c for c in diff.version_clashes if c.row_key in rows]
+    return out
 
 
 def _sort(diff: LayoutDiff) -> None:
