@@ -828,59 +828,60 @@ READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set
 
 def iter_table(project: str, instance: str, table_id: str, client=None, deadline_s: Optional[float] = None,
                attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, start_key: Optional[bytes] = None,
-               end_key: Optional[bytes] = None) -> Iterator:
+               end_key: Optional[bytes] = None, sleep=None) -> Iterator:
     """(row_key, cells) of every row, in key order, as they stream in: nothing of
-    the table is held (``verify`` reads tables of any size with it). A failed
-    stream resumes after the last row received, under our retry policy (each
-    failure logged; given up after ``deadline_s``). ``start_key`` (inclusive) and
-    ``end_key`` (exclusive) bound the read to one key range."""
+    the table is held (``verify`` reads tables of any size with it). One
+    ReadRows stream is read to its end (a stream given up half-way would keep
+    its flow-control buffers until the call is torn down). A failed stream
+    resumes after the last row received; failures are logged and retried with
+    backoff, and after ``deadline_s`` without progress given up, naming
+    Bigtable and the endpoint. ``start_key`` (inclusive) and ``end_key``
+    (exclusive) bound the read to one key range."""
+    import time as _time
+
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
 
-    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S, RetryPolicy, retrying
+    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S, RetryPolicy, gave_up
+    from ddb2bt.transforms.errors import RetryableError
 
+    sleep = sleep or _time.sleep
     own = client is None
     client = client or data_client(project)
     policy = RetryPolicy(initial_s=0.2, max_backoff_s=5.0,
                          deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
     timeout = min(attempt_timeout_s, policy.deadline_s) if policy.deadline_s > 0 else attempt_timeout_s
-    last: list = [None]
-    done = [False]
+    last = None
+    failing_since, backoff = None, policy.initial_s
+    where = f"Bigtable ({bigtable_endpoint()})"
     try:
         with client.get_table(instance, table_id) as table:
-            def attempt() -> list:
-                # One attempt streams until the end or a failure; rows already
-                # yielded are not read again (the next attempt starts after them).
-                if last[0] is None:
+            while True:
+                if last is None:
                     query = ReadRowsQuery() if start_key is None and end_key is None else ReadRowsQuery(
                         row_ranges=RowRange(start_key=start_key, end_key=end_key))
                 else:
-                    query = ReadRowsQuery(row_ranges=RowRange(start_key=last[0], end_key=end_key,
+                    query = ReadRowsQuery(row_ranges=RowRange(start_key=last, end_key=end_key,
                                                               start_is_inclusive=False))
-                batch = []
-                stream = None
                 try:
-                    stream = table.read_rows_stream(query, operation_timeout=timeout, attempt_timeout=timeout,
-                                                    retryable_errors=())
-                    for row in stream:
-                        batch.append((row.row_key, _row_cells(row)))
-                        if len(batch) >= STREAM_CHUNK_ROWS:
-                            stream.close()
-                            return batch
+                    for row in table.read_rows_stream(query, operation_timeout=timeout, attempt_timeout=timeout,
+                                                      retryable_errors=()):
+                        last, failing_since, backoff = row.row_key, None, policy.initial_s
+                        yield row.row_key, _row_cells(row)
+                    return
                 except Exception as exc:
-                    if batch:  # progress made: hand it over, the next attempt resumes after it
-                        return batch
-                    if type(exc).__module__.startswith("google.api_core"):
-                        raise classify_api_error(exc, "ReadRows") from exc
-                    raise
-                done[0] = True
-                return batch
-
-            while not done[0]:
-                batch = retrying(policy, f"ReadRows on {table_id}", where=f"Bigtable ({bigtable_endpoint()})")(
-                    attempt)
-                for row_key, cells in batch:
-                    last[0] = row_key
-                    yield row_key, cells
+                    err = classify_api_error(exc, "ReadRows") if type(exc).__module__.startswith(
+                        "google.api_core") else exc
+                    if not isinstance(err, RetryableError):
+                        raise err from exc
+                    now = _time.monotonic()
+                    failing_since = failing_since or now
+                    if policy.deadline_s > 0 and now - failing_since > policy.deadline_s:
+                        raise gave_up(err, f"ReadRows on {table_id} at {where}: gave up after "
+                                           f"{now - failing_since:.0f}s: {err}") from exc
+                    logging.getLogger(__name__).warning("ReadRows on %s at %s failed (%s); resuming in %.1fs",
+                                                        table_id, where, err, backoff)
+                    sleep(backoff)
+                    backoff = min(backoff * 2, policy.max_backoff_s)
     finally:
         if own:
             close_bounded(client.close, "Bigtable data client")
@@ -902,9 +903,6 @@ def table_ranges(project: str, instance: str, table_id: str, client=None) -> lis
     return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
-# Rows handed over per stream read in iter_table: a bounded buffer (the stream
-# is reopened after each chunk, a cheap call next to 5,000 rows of data).
-STREAM_CHUNK_ROWS = 5000
 
 
 def _prefix_end(prefix: bytes) -> Optional[bytes]:
