@@ -639,6 +639,10 @@ def main() -> int:
 
         print(f"tables: {n:,} changes through one job of 1 table, then of 4 tables")
         results["tables"] = many_tables(n, project, instance)
+        from bench.verify import run_verify
+
+        print("verify: 10,000 and 100,000 items (local bounded, before, from an export)")
+        results["verify"] = run_verify()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = RESULTS / f"bench-{stamp}.json"
     path.write_text(json.dumps(results, indent=2))

@@ -281,11 +281,17 @@ def cmd_run(args) -> int:
     p = make_pipeline(args.beam_args)
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
     args.job_started = True
-    with summary_at_end(args, [j.mapping for j in jobs], [j.state for j in jobs], is_local(args.beam_args)):
-        result = p.run()
-        if not is_local(args.beam_args):
-            return submitted(result, args)  # a streaming job runs on; drain it to stop
-        result.wait_until_finish()
+    # Locally p.run() itself runs the job: the checks start before it.
+    stop_checks = start_continuous_checks(args, jobs) if is_local(args.beam_args) else None
+    try:
+        with summary_at_end(args, [j.mapping for j in jobs], [j.state for j in jobs], is_local(args.beam_args)):
+            result = p.run()
+            if not is_local(args.beam_args):
+                return submitted(result, args)  # a streaming job runs on; drain it to stop
+            result.wait_until_finish()
+    finally:
+        if stop_checks is not None:
+            stop_checks.set()
     return 0
 
 
@@ -307,6 +313,23 @@ def summary_at_end(args, mappings: list, states: list, local: bool = True):
         raise
     if local and not getattr(args, "dry", False):
         print(summary(), flush=True)
+
+
+def start_continuous_checks(args, jobs: list):
+    """--continuous-check RATE: one checking thread per table next to the local
+    job (cutover/continuous.py); returns the Event that stops them."""
+    import threading
+
+    stop = threading.Event()
+    rate = getattr(args, "continuous_check", None)
+    if rate:
+        from ddb2bt.pipeline.cutover.continuous import ContinuousOptions, start_continuous_check
+
+        for job in jobs:
+            start_continuous_check(job.mapping, state_spec(args, job.mapping).store(),
+                                   ContinuousOptions(items_per_s=rate, segments=args.continuous_check_segments),
+                                   stop, job.stream_arn)
+    return stop
 
 
 # --- backfill, migrate, verify, status, dead letters ----------------------------------
@@ -369,10 +392,14 @@ def cmd_migrate(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    from ddb2bt.pipeline.cutover.recheck import RecheckOptions
     from ddb2bt.pipeline.cutover.verify import print_report, verify_target
+    from ddb2bt.pipeline.options import runner_of
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     mappings = load_all(args)
+    if runner_of(args.beam_args) or args.from_export:
+        return cmd_verify_beam(args, mappings)
     check_reachable(mappings)  # the preflight answers within ~30 s, naming what is unreachable
     reports = {}
     for mapping in mappings:
@@ -381,7 +408,8 @@ def cmd_verify(args) -> int:
             print(f"== {mapping.name} ({mapping.source.table} → {mapping.target.table})")
         reports[mapping.name] = report = verify_target(
             mapping, state_spec(args, mapping).store(), segments=args.segments, sample_rate=args.sample_rate,
-            consistent=not args.eventually_consistent, show_values=args.show_values, show_keys=args.show_keys)
+            consistent=not args.eventually_consistent, show_values=args.show_values, show_keys=args.show_keys,
+            recheck_options=RecheckOptions(wait_s=args.recheck_wait), workdir=args.spill_dir)
         print_report(report)
     identical = all(r.identical for r in reports.values())
     if len(mappings) > 1:
@@ -391,6 +419,47 @@ def cmd_verify(args) -> int:
         body = report.to_json() if len(mappings) == 1 else {"identical": identical, "tables": {
             name: r.to_json() for name, r in reports.items()}}
         Path(args.report).write_text(json.dumps(body, indent=2, ensure_ascii=False))
+    return 0 if identical else 1
+
+
+def cmd_verify_beam(args, mappings: list) -> int:
+    """verify as a Beam job (beam_verify.py): the same report, to --report."""
+    import tempfile
+
+    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
+    from ddb2bt.pipeline.cutover.beam_verify import VerifyTable, run_verify_job
+    from ddb2bt.pipeline.cutover.verify import VerifyReport, print_report
+    from ddb2bt.pipeline.graph import is_local
+    from ddb2bt.transforms.errors import ConfigError
+
+    if args.sample_rate < 1:
+        raise ConfigError("the Beam verify checks every item; drop it or run the local verify", "--sample-rate")
+    if args.from_export and len(mappings) > 1:
+        raise ConfigError("an export holds one table: verify one mapping with it", "--from-export")
+    local = is_local(args.beam_args)
+    if not args.report and not local:
+        raise ConfigError("a Beam verify on a remote runner writes its report there (a gs:// path)", "--report")
+    tables = []
+    for m in mappings:
+        source = (ExportSource(args.from_export, m.source.region) if args.from_export else
+                  ScanSource(m.source.table, args.segments, m.source.region,
+                             consistent_read=not args.eventually_consistent))
+        if args.from_export:
+            source.check(m.source.table, m.source.region)
+        tables.append(VerifyTable(m, source, args.show_values, args.show_keys))
+    path = args.report or str(Path(tempfile.mkdtemp(prefix="ddb2bt-verify-")) / "verify.json")
+    result, body = run_verify_job(tables, args.beam_args, path)
+    if body is None:
+        print(f"verify job: its report will be written to {path}")
+        return submitted(result, args)
+    reports = {m.name: body for m in mappings} if len(mappings) == 1 else body["tables"]
+    for name, r in reports.items():
+        if len(mappings) > 1:
+            print(f"== {name}")
+        print_report(VerifyReport(identical=r["identical"], sampled=r["sampled"], items=r["items"],
+                                  rows_expected=r["rows_expected"], tables=r["tables"],
+                                  unmappable_items=r["unmappable_items"]))
+    identical = all(r["identical"] for r in reports.values())
     return 0 if identical else 1
 
 
@@ -573,6 +642,13 @@ def cmd_release_target(args) -> int:
                                       [s.job for m, s in zip(mappings, states) for _ in m.tables]):
         print(f"{table}: " + (f"released by job {job}" if released else f"not owned by job {job}; nothing to do"))
     return 0
+
+
+def cmd_repair(args) -> int:
+    from ddb2bt.pipeline.cutover.continuous import DIVERGENT
+
+    args.reason, args.since = DIVERGENT, None
+    return cmd_dlq_redrive(args)
 
 
 def cmd_local(args) -> int:
@@ -768,6 +844,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_tail_args(p)
     add_metrics_args(p)
     add_ops_args(p)
+    p.add_argument("--continuous-check", type=number(float, above=0), metavar="ITEMS_PER_S",
+                   help="while the tail runs, compare this many items per second with their rows (after the tail "
+                        "passed their last change); divergent items are counted (ddb2bt_verify_divergent_total), "
+                        "logged with keys redacted and recorded as dead letters (reason divergent) for "
+                        "`ddb2bt repair`. Local runner; off by default")
+    p.add_argument("--continuous-check-segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS),
+                   default=64, help="Scan segments one full pass of the continuous check walks, one at a time "
+                                    "(default 64)")
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
@@ -823,7 +907,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "examples (keys redacted unless --show-keys, values unless --show-values). Exit code 0 only when "
                            "identical."),
                        epilog="examples:\n  ddb2bt verify -m m.yaml --report verify.json\n"
-                              "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash")
+                              "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash\n"
+                              "  ddb2bt verify -m m.yaml --report gs://b/verify.json --runner DataflowRunner "
+                              "--project p --region r --temp_location gs://b/tmp   # a Beam job")
     add_mapping_args(p)
     add_state_args(p)
     p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
@@ -833,7 +919,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_show_keys_arg(p)
     p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")
     p.add_argument("--report", metavar="FILE.json", help="write the machine-readable report here")
-    p.set_defaults(func=cmd_verify)
+    p.add_argument("--recheck-wait", type=number(float, minimum=0), default=300.0, metavar="SECONDS",
+                   help="re-check each difference once the live tail has applied every change up to then "
+                        "(items changed while verify ran are not differences); wait at most this long for the "
+                        "tail; 0: report differences as first seen (default: 300)")
+    p.add_argument("--spill-dir", metavar="DIR", help="where the comparison's hash buckets are spilled "
+                                                      "(default: the system temporary directory)")
+    p.add_argument("--from-export", metavar="DIR_OR_S3",
+                   help="read the source from a DynamoDB export instead of a Scan (no RCUs); runs verify as a "
+                        "Beam job. Compare against a target that holds exactly the export's state")
+    p.set_defaults(func=cmd_verify, beam=True)
 
     p = sub.add_parser("status", help="phase, lag, backfill progress, READY / NOT READY for cutover",
                        formatter_class=raw,
@@ -914,6 +1009,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_mapping_args(p)
     add_state_args(p)
     p.set_defaults(func=cmd_release_target)
+    p = sub.add_parser("repair", help="rewrite items the continuous check found divergent, in their current state",
+                       formatter_class=raw,
+                       description="The redrive of the dead letters of reason 'divergent' (see dlq redrive): each "
+                                   "item re-read from DynamoDB and written in its CURRENT state through the same "
+                                   "path; safe with the tail running.",
+                       epilog="examples:\n  ddb2bt dlq list -m m.yaml --reason divergent\n  ddb2bt repair -m m.yaml")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.add_argument("--dry-run", action="store_true", help="only report what would be rewritten")
+    p.set_defaults(func=cmd_repair)
 
     p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto)", formatter_class=raw,
                        epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"

@@ -1,6 +1,6 @@
 """Flex Template entrypoint: the launcher runs this file with the template's
 parameters as ``--name=value`` (names with underscores, see
-deploy/dataflow/metadata.json). ``--command`` picks run, backfill or migrate;
+deploy/dataflow/metadata.json). ``--command`` picks run, backfill, migrate or verify;
 our parameters are translated to the CLI's options, everything else (the
 launcher's --runner, --project, --region, --temp_location, --sdk_container_image,
 --update, ...) goes to Beam untouched.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-COMMANDS = ("run", "backfill", "migrate")
+COMMANDS = ("run", "backfill", "migrate", "verify")
 # template parameter → (CLI option, kind); kind "flag" for booleans
 PARAMETERS = {
     "mapping": ("--mapping", "value"),
@@ -36,6 +36,9 @@ PARAMETERS = {
     "new_stream": ("--new-stream", "flag"),
     # one running job per job name, and the give-up deadlines (docs/operations.md)
     "take_over": ("--take-over", "flag"),
+    "show_values": ("--show-values", "flag"),
+    "show_keys": ("--show-keys", "flag"),
+    "eventually_consistent": ("--eventually-consistent", "flag"),
     "state_app_profile": ("--state-app-profile", "value"),
     "adopt_target": ("--adopt-target", "flag"),
     "standby": ("--standby", "flag"),
@@ -46,6 +49,8 @@ PARAMETERS = {
     # options of `ddb2bt` itself, given before the command
     "log_level": ("--log-level", "value"),
     "log_format": ("--log-format", "value"),
+    # verify (command=verify): where its report goes (a file or gs://)
+    "report": ("--report", "value"),
 }
 GLOBAL = {"log_level", "log_format"}
 # CLI options of run/backfill/migrate the template deliberately does not offer,
@@ -54,11 +59,23 @@ NOT_ON_DATAFLOW = {
     "until_idle": "a Dataflow streaming job is stopped by drain, not by an idle stream (tests and local catch-up runs)",
     "metrics_port": "Dataflow workers cannot be scraped: use metrics_pushgateway",
     "metrics_host": "Dataflow workers cannot be scraped: use metrics_pushgateway",
+    "continuous_check": "the continuous check runs next to a local job; on Dataflow schedule the Beam verify",
+    "continuous_check_segments": "the continuous check runs next to a local job; on Dataflow schedule the Beam verify",
+    "recheck_wait": "the Beam verify does not re-check differences against a live tail (run the local verify for that)",
+    "sample_rate": "the Beam verify checks every item (a sampled verify is the local one)",
+    "spill_dir": "the local verify's disk spill; a Beam verify joins on the runner, not on local disk",
 }
 TRUE = ("true", "1", "yes")
 BACKFILL_ONLY = {"segments", "tasks", "max_rcu", "page_size", "consistent_read", "from_export", "restart"}
 TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval", "new_stream"}
-NOT_FOR = {"run": BACKFILL_ONLY, "backfill": TAIL_ONLY, "migrate": set()}
+VERIFY_ONLY = {"report", "show_keys", "show_values", "eventually_consistent"}
+# verify reads (Scan segments or an export) and writes a report: no tail, no lease,
+# no read budget, no dead letters
+NOT_VERIFY = TAIL_ONLY | {"tasks", "max_rcu", "page_size", "consistent_read", "restart", "dlq_include_values",
+                          "metrics_pushgateway", "take_over", "adopt_target", "standby", "lease_ttl", "lease_renew",
+                          "bigtable_deadline", "dynamodb_deadline"}
+NOT_FOR = {"run": BACKFILL_ONLY | VERIFY_ONLY, "backfill": TAIL_ONLY | VERIFY_ONLY, "migrate": VERIFY_ONLY,
+           "verify": NOT_VERIFY}
 
 
 def translate(argv: list) -> list:
@@ -72,7 +89,7 @@ def translate(argv: list) -> list:
         if name == "command":
             continue
         if name in NOT_FOR[command]:
-            continue  # a parameter of another command (one template serves all three)
+            continue  # a parameter of another command (one template serves all four)
         if name in PARAMETERS and sep:
             option, kind = PARAMETERS[name]
             if kind == "flag":

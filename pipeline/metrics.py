@@ -263,6 +263,16 @@ class PipelineMetrics:
         self.checkpoint_time = Gauge(f"{NAMESPACE}_checkpoint_timestamp_seconds",
                                      "Wall time of the last durable checkpoint", ["table"], registry=r)
         self.shards = Gauge(f"{NAMESPACE}_shards", "Shards by state", ["table", "state"], registry=r)
+        # The continuous check (cutover/continuous.py): items compared, divergent
+        # ones by kind (missing_rows, different_cells, ...), end of the last full pass.
+        self.verify_checked = Counter(f"{NAMESPACE}_verify_checked", "Items the continuous check compared",
+                                      ["table"], registry=r)
+        self.verify_divergent = Counter(f"{NAMESPACE}_verify_divergent",
+                                        "Items the continuous check found divergent (confirmed), by kind",
+                                        ["table", "kind"], registry=r)
+        self.verify_last_pass = Gauge(f"{NAMESPACE}_verify_last_full_pass_timestamp_seconds",
+                                      "Wall time the continuous check last finished a pass over the whole table",
+                                      ["table"], registry=r)
         self.build = Info(f"{NAMESPACE}_build", "Build information", registry=r)
         self.build.info(build_info())
         r.register(_LagCollector(self.lag, self.backfill_items, self.backfill_expected))

@@ -53,24 +53,42 @@ def expected_layout(mapping: MappingConfig, items,
                 raise
             on_unmappable(item, exc)
             continue
-        key = None
-        for cell in cells.values():
-            row = out.setdefault(cell.table, {}).setdefault(cell.row_key, {})
-            col = (cell.family, cell.qualifier)
-            if cell.values is not None:
-                row[col] = Expect(LIST, cell.values)
-            elif cell.version_ms is None:
-                row[col] = Expect(SINGLE, cell.value)
-            else:
-                if key is None:
-                    key = canonical_typed_json({"M": {k: item[k] for k in mapping.source.key_attributes
-                                                      if k in item}})
-                at = (cell.table, cell.row_key, cell.family, cell.qualifier, cell.version_ms)
-                other = owners.setdefault(at, key)
-                if other != key and clashes is not None:
-                    clashes.append(VersionClash(*at, tuple(sorted((other, key)))))
-                row.setdefault(col, Expect(VERSIONS, {})).value[cell.version_ms] = cell.value
+        keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+        add_cells(out, owners, clashes, keys, cells.values())
     return out
+
+
+def item_keys_json(keys: dict) -> str:
+    return canonical_typed_json({"M": keys})
+
+
+def add_cells(out: dict, owners: dict, clashes: Optional[list], keys: dict, cells) -> None:
+    """Add one item's owned cells to ``out`` ({table: {row: {col: Expect}}}).
+    ``owners`` remembers which item holds each cell version, so two items on one
+    version become a ``VersionClash``. Used by the in-memory layout and, bucket by
+    bucket, by the bounded verify (a row and all its contributions are always in
+    one bucket, so clashes are found there too)."""
+    key = None
+    for cell in cells:
+        row = out.setdefault(cell.table, {}).setdefault(cell.row_key, {})
+        col = (cell.family, cell.qualifier)
+        if cell.values is not None:
+            row[col] = Expect(LIST, cell.values)
+        elif cell.version_ms is None:
+            row[col] = Expect(SINGLE, cell.value)
+        else:
+            if key is None:
+                key = item_keys_json(keys)
+            at = (cell.table, cell.row_key, cell.family, cell.qualifier, cell.version_ms)
+            other = owners.setdefault(at, key)
+            versions = row.setdefault(col, Expect(VERSIONS, {})).value
+            if other != key:
+                if clashes is not None:
+                    clashes.append(VersionClash(*at, tuple(sorted((other, key)))))
+                if other < key:
+                    continue  # the smallest key's value is expected, in whatever order items come
+                owners[at] = key
+            versions[cell.version_ms] = cell.value
 
 
 @dataclass

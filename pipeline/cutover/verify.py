@@ -14,15 +14,21 @@ clashes``): the table can hold only one of them.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
-from ddb2bt.pipeline.cutover.compare import LayoutDiff, diff_layout, expected_layout, without_clocks
-from ddb2bt.pipeline.dynamodb import parallel_scan
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.mapping import expected_cells
+from ddb2bt.pipeline.cutover.compare import LayoutDiff, add_cells, diff_layout, without_clocks
+from ddb2bt.pipeline.cutover.recheck import RecheckOptions, RecheckResult, recheck
+from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
+from ddb2bt.pipeline.dynamodb import MAX_SCAN_THREADS, scan_pages
 from ddb2bt.pipeline.redaction import Redaction
 
 EXAMPLES_PER_KIND = 5
@@ -35,11 +41,6 @@ def sampled(keys: dict, rate: float) -> bool:
     return zlib.crc32(canonical_typed_json({"M": keys}).encode()) < rate * SAMPLE_SPACE
 
 
-def scan_source(ddb, table: str, segments: int, consistent: bool, on_page: Callable[[int], None],
-                keep: Callable[[dict], bool] = lambda item: True) -> list:
-    return parallel_scan(ddb, table, segments, consistent_read=consistent, on_page=on_page, keep=keep)
-
-
 @dataclass
 class VerifyReport:
     identical: bool
@@ -50,85 +51,351 @@ class VerifyReport:
     checked_at_ms: int = 0
     # Items the mapping refuses (they would be dead letters): count and examples.
     unmappable_items: dict = field(default_factory=lambda: {"count": 0, "examples": []})
+    # Differences re-checked after the tail caught up (recheck.py); None: not asked.
+    recheck: Optional[dict] = None
+    buckets: int = 0  # hash buckets the comparison used (spill.py)
 
     def to_json(self) -> dict:
-        return {"identical": self.identical, "sampled": self.sampled, "items": self.items,
-                "rows_expected": self.rows_expected, "tables": self.tables, "checked_at_ms": self.checked_at_ms,
-                "unmappable_items": self.unmappable_items,
-                "note": "extra rows are not checked in sampled mode" if self.sampled else ""}
+        out = {"identical": self.identical, "sampled": self.sampled, "items": self.items,
+               "rows_expected": self.rows_expected, "tables": self.tables, "checked_at_ms": self.checked_at_ms,
+               "unmappable_items": self.unmappable_items,
+               "note": "extra rows are not checked in sampled mode" if self.sampled else ""}
+        if self.recheck is not None:
+            out["recheck"] = self.recheck
+        return out
+
+
+def redact(value, show: bool):
+    """The one place verify decides whether a key or value is shown (everything
+    is redacted unless --show-values): shared with the key-redaction policy of
+    other commands when they meet."""
+    if show:
+        return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else value
+    return REDACTED
 
 
 def _show(value: bytes, show: bool) -> str:
-    return value.decode("utf-8", "backslashreplace") if show else REDACTED
+    return redact(value, show)
 
 
-def _unmappable(found: list, show: bool, policy: Redaction = Redaction()) -> dict:
-    """Unmappable items as differences: the reason, and the item's key (redacted
-    unless --show-keys, ddb2bt.pipeline.redaction)."""
-    examples = [{"key": {name: (value if policy.show_keys else policy.key("")) for name, value in keys.items()},
-                 "reason": exc.reason, "message": exc.message if show else exc.reason}
-                for keys, exc in found[:EXAMPLES_PER_KIND]]
-    return {"count": len(found), "examples": examples}
+def _key(text, show_keys: bool) -> str:
+    """An item key or a row key (built from keys) under the one key-redaction
+    policy of every command (ddb2bt.pipeline.redaction: --show-keys)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "backslashreplace")
+    return Redaction(show_keys=show_keys).key(text)
 
 
-def _examples(diff: LayoutDiff, expected: dict, actual: dict, show: bool, policy: Redaction = Redaction()) -> dict:
-    out = {}
-    row_text = lambda row: policy.key(row.decode("utf-8", "backslashreplace"))  # row keys are built from keys
-    for kind in ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells"):
-        entries = getattr(diff, kind)
-        shown = []
-        for entry in entries[:EXAMPLES_PER_KIND]:
-            if isinstance(entry, bytes):
-                shown.append({"row": row_text(entry)})
-                continue
-            row, family, qualifier = entry
-            ex = {"row": row_text(row),
-                  "column": f"{family}:{qualifier.decode('utf-8', 'backslashreplace')}"}
-            if kind == "different_cells":
-                want = expected[row][(family, qualifier)]
-                have = actual[row][(family, qualifier)]
-                ex["expected"] = _show(want.value, show) if isinstance(want.value, bytes) else (
-                    "…versions…" if not show else repr(want.value))
-                ex["actual"] = _show(have[0][1], show)
-            shown.append(ex)
-        out[kind] = {"count": len(entries), "examples": shown}
-    out["version_clashes"] = {"count": len(diff.version_clashes), "examples": [
-        {"row": row_text(c.row_key),
-         "column": f"{c.family}:{c.qualifier.decode('utf-8', 'backslashreplace')}", "version_ms": c.version_ms,
-         "items": list(c.keys) if policy.show_keys else [policy.key("")] * len(c.keys)}
-        for c in diff.version_clashes[:EXAMPLES_PER_KIND]]}
-    out["multi_version_columns"] = {"count": len(diff.extra_versions),
-                                    "note": "older versions below the newest; read paths never see them"}
+def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callable, segments: int = 8,
+           sample_rate: float = 1.0, consistent: bool = True, show_values: bool = False,
+           on_page: Callable[[int], None] = lambda n: None, estimated_items: int = 0,
+           workdir: Optional[str] = None, recheck_with: Optional["Rechecker"] = None,
+           show_keys: bool = False) -> VerifyReport:
+    """Bounded memory (docs/design.md §11): the target tables are read first
+    (``scan_target(table)`` → iterable of ``(row_key, cells)``), then the source
+    is scanned in parallel segments; both sides are spilled to hash buckets on
+    disk and compared bucket by bucket (spill.py). Sampled mode spills only the
+    sampled items' rows and reads those rows per bucket (``read_rows(table,
+    keys)``). Differences are re-checked once the tail has caught up with them
+    when ``recheck_with`` is given (recheck.py)."""
+    is_sample = sample_rate < 1.0
+    keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
+    keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
+    buckets = bucket_count(estimated_items)
+    findings = Findings(show_values, show_keys)
+    with SpillDir(workdir) as spill_dir:
+        actual = None
+        if not is_sample:
+            # Target first: a row of an item created while verify runs is then
+            # seen as missing (its owner known, so a re-check can resolve it),
+            # never as an extra row no item owns (recheck.py).
+            actual = Spill(spill_dir.path, "actual", buckets)
+            for table in mapping.tables:
+                for row_key, cells in scan_target(table):
+                    actual.add(table, row_key, cells)
+            actual.flush()
+        expected = Spill(spill_dir.path, "expected", buckets)
+        scanned = _scan_into(mapping, ddb, segments, consistent, on_page, keep, expected, findings)
+        expected.flush()
+        report = VerifyReport(identical=True, sampled=is_sample, items=scanned, rows_expected=0,
+                              checked_at_ms=time.time_ns() // 1_000_000)
+        suspects: dict = {}
+        held = {t: LayoutDiff() for t in mapping.tables}  # differences awaiting their re-check
+        held_rows: dict = {t: ({}, {}) for t in mapping.tables}  # (want, have) of those rows
+        for exp_records, act_records in paired_groups(expected, actual):
+            want, owners, clashes, row_owners = _expected_of(mapping, exp_records)
+            if is_sample:
+                have = {t: without_clocks(read_rows(t, sorted(want.get(t, {})))) for t in mapping.tables}
+            else:
+                have = {t: {} for t in mapping.tables}
+                for table, row_key, cells in act_records:
+                    have.setdefault(table, {})[row_key] = cells
+                # A Kinesis job's clock cells (and rows holding only a deleted
+                # item's clock) are its own, not the mapping's (docs/design.md §10).
+                have = {t: without_clocks(rows) for t, rows in have.items()}
+            for table in mapping.tables:
+                want_t, have_t = want.get(table, {}), have.get(table, {})
+                report.rows_expected += len(want_t)
+                diff = diff_layout(want_t, have_t)
+                if is_sample:
+                    diff.extra_rows = []
+                diff.version_clashes = [c for c in clashes if c.table == table]
+                findings.extra_versions[table] = findings.extra_versions.get(table, 0) + len(diff.extra_versions)
+                rows = _divergent_rows(diff)
+                if recheck_with is not None and len(suspects) + len(rows) <= recheck_with.options.max_rows:
+                    for row in rows:
+                        suspects[(table, row)] = row_owners.get((table, row), [])
+                        if row in want_t:
+                            held_rows[table][0][row] = want_t[row]
+                        if row in have_t:
+                            held_rows[table][1][row] = have_t[row]
+                    _extend(held[table], diff)
+                else:
+                    if rows and recheck_with is not None:
+                        findings.not_rechecked += len(rows)
+                    findings.add(table, diff, want_t, have_t)
+        if suspects:
+            for d in held.values():
+                _sort(d)
+            outcome = recheck_with.run(suspects)
+            report.recheck = {**outcome.to_json(), "not_rechecked": findings.not_rechecked}
+            for table, (want_t, have_t, d) in outcome.still.items():
+                findings.add(table, d, want_t, have_t)
+            if outcome.timed_out:  # what the wait left unconfirmed is reported as first found
+                for table, d in held.items():
+                    rows = {r for t, r in outcome.unconfirmed if t == table}
+                    findings.add(table, _only_rows(d, rows), *held_rows[table])
+        elif recheck_with is not None:
+            report.recheck = {"rows": 0, "resolved": 0, "rounds": 0, "timed_out": False, "unsettled": 0,
+                              "not_rechecked": findings.not_rechecked}
+    report.unmappable_items = findings.unmappable_json()
+    report.tables = {t: findings.table_json(t) for t in mapping.tables}
+    report.identical = not findings.any()
+    report.buckets = buckets
+    return report
+
+
+class Rechecker:
+    """Binds recheck() to its clients (verify_target builds one; tests inject fakes)."""
+
+    def __init__(self, mapping: MappingConfig, get_item: Callable, read_rows: Callable, tail_passed: Callable,
+                 options: RecheckOptions = RecheckOptions(), sleep: Callable[[float], None] = time.sleep) -> None:
+        self.mapping, self.get_item, self.read_rows, self.tail_passed = mapping, get_item, read_rows, tail_passed
+        self.options, self.sleep = options, sleep
+
+    def run(self, suspects: dict) -> RecheckResult:
+        return recheck(self.mapping, suspects, self.get_item, self.read_rows, self.tail_passed, self.options,
+                       sleep=self.sleep)
+
+
+def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
+               keep: Callable[[dict], bool], expected: Spill, findings: "Findings") -> int:
+    """Scan the source in parallel segments; each kept item's owned cells go to
+    the spill, one record per (table, row) it maps to. Returns the items kept."""
+    count = [0]
+    lock = threading.Lock()
+
+    def segment(i: int) -> None:
+        kept = 0
+        for page in scan_pages(ddb, mapping.source.table, segment=i, total_segments=segments,
+                               consistent_read=consistent, page_limit=None):
+            for item in page.items:
+                if not keep(item):
+                    continue
+                kept += 1
+                keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+                try:
+                    cells = expected_cells(mapping, item)
+                except MappingError as exc:
+                    findings.unmappable(keys, exc)
+                    continue
+                by_row: dict = {}
+                for cell in cells.values():
+                    by_row.setdefault((cell.table, cell.row_key), []).append(cell)
+                for (table, row_key), row_cells in by_row.items():
+                    expected.add(table, row_key, (keys, row_cells))
+            on_page(len(page.items))
+        with lock:
+            count[0] += kept
+
+    with ThreadPoolExecutor(max_workers=min(segments, MAX_SCAN_THREADS)) as pool:
+        list(pool.map(segment, range(segments)))
+    return count[0]
+
+
+def _expected_of(mapping: MappingConfig, records: list) -> tuple:
+    """One bucket's expected layout from its spilled (table, row, (keys, cells))."""
+    want: dict = {t: {} for t in mapping.tables}
+    owners: dict = {}
+    clashes: list = []
+    row_owners: dict = {}
+    for table, row_key, (keys, cells) in records:
+        add_cells(want, owners, clashes, keys, cells)
+        row_owners.setdefault((table, row_key), []).append(keys)
+    return want, owners, clashes, row_owners
+
+
+def _divergent_rows(diff: LayoutDiff) -> list:
+    rows = set(diff.missing_rows) | set(diff.extra_rows)
+    rows |= {e[0] for e in diff.missing_cells + diff.extra_cells + diff.different_cells}
+    rows |= {c.row_key for c in diff.version_clashes}
+    return sorted(rows)
+
+
+_KINDS = ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells")
+
+
+def _extend(into: LayoutDiff, diff: LayoutDiff) -> None:
+    for kind in _KINDS + ("version_clashes",):
+        getattr(into, kind).extend(getattr(diff, kind))
+
+
+def _only_rows(diff: LayoutDiff, rows: set) -> LayoutDiff:
+    out = LayoutDiff()
+    for kind in ("missing_rows", "extra_rows"):
+        setattr(out, kind, [r for r in getattr(diff, kind) if r in rows])
+    for kind in ("missing_cells", "extra_cells", "different_cells"):
+        setattr(out, kind, [e for e in getattr(diff, kind) if e[0] in rows])
+    out.version_clashes = [c for c in diff.version_clashes if c.row_key in rows]
     return out
 
 
-def verify(mapping: MappingConfig, ddb, read_table: Callable, read_rows: Callable, segments: int = 8,
-           sample_rate: float = 1.0, consistent: bool = True, show_values: bool = False,
-           on_page: Callable[[int], None] = lambda n: None, show_keys: bool = False) -> VerifyReport:
-    """``read_table(table)`` → read_table() output; ``read_rows(table, keys)`` → same for those rows."""
-    is_sample = sample_rate < 1.0
-    policy = Redaction(show_keys=show_keys or show_values, show_values=show_values)
-    keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
-    keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
-    items = scan_source(ddb, mapping.source.table, segments, consistent, on_page, keep)
-    unmappable: list = []
-    clashes: list = []
-    expected = expected_layout(mapping, items, lambda item, exc: unmappable.append((keys_of(item), exc)),
-                               clashes=clashes)
-    report = VerifyReport(identical=not unmappable, sampled=is_sample, items=len(items),
-                          rows_expected=sum(len(rows) for rows in expected.values()),
-                          checked_at_ms=time.time_ns() // 1_000_000,
-                          unmappable_items=_unmappable(unmappable, show_values, policy))
-    for table in mapping.tables:
-        want = expected.get(table, {})
-        have = read_rows(table, sorted(want)) if is_sample else read_table(table)
-        diff = diff_layout(want, without_clocks(have))  # a Kinesis job's clock cells are its own (design §10)
-        if is_sample:
-            diff.extra_rows = []
-        diff.version_clashes = [c for c in clashes if c.table == table]
-        report.tables[table] = _examples(diff, want, have, show_values, policy)
-        report.identical &= diff.identical
-    return report
+def _sort(diff: LayoutDiff) -> None:
+    for kind in _KINDS:
+        getattr(diff, kind).sort()
+    diff.version_clashes.sort(key=lambda c: (c.row_key, c.family, c.qualifier, c.version_ms))
+
+
+def _entry_sort_key(kind: str, entry) -> tuple:
+    if kind == "version_clashes":
+        return (entry.row_key, entry.family, entry.qualifier.decode("latin-1"), entry.version_ms)
+    if isinstance(entry, bytes):
+        return (entry,)
+    return (entry[0], entry[1], entry[2].decode("latin-1"))
+
+
+class Findings:
+    """Counts, and the first EXAMPLES_PER_KIND examples in row-key order, of every
+    kind of difference per table, however many buckets (or Beam workers) they
+    come from: the report is the same whatever the bucket count, and the same
+    from the Beam verify (beam_verify.py), whose combiner merges these."""
+
+    def __init__(self, show: bool = False, show_keys: bool = False) -> None:
+        self.show = show
+        self.show_keys = show or show_keys  # values without their keys say nothing
+        self.counts: dict = {}  # (table, kind) -> count
+        self.examples: dict = {}  # (table, kind) -> [(sort key, example)] smallest first, bounded
+        self.extra_versions: dict = {}
+        self.not_rechecked = 0
+        self.items = 0
+        self.rows_expected = 0
+        self._unmappable: list = []  # [(canonical key, keys, reason, message)] smallest first, bounded
+        self._unmappable_count = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def empty(cls, show: bool = False, show_keys: bool = False) -> "Findings":
+        return cls(show, show_keys)
+
+    def __getstate__(self) -> dict:  # Beam encodes accumulators: no lock travels
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def unmappable(self, keys: dict, exc) -> None:
+        self.add_unmappable(canonical_typed_json({"M": keys}), keys, exc.reason, exc.message)
+
+    def add_unmappable(self, canonical: str, keys: dict, reason: str, message: str) -> None:
+        with self._lock:
+            self._unmappable_count += 1
+            self._unmappable.append((canonical, keys, reason, message))
+            self._unmappable.sort(key=lambda e: e[0])
+            del self._unmappable[EXAMPLES_PER_KIND:]
+
+    def unmappable_json(self) -> dict:
+        examples = [{"key": {name: (value if self.show_keys else _key("", False)) for name, value in keys.items()},
+                     "reason": reason, "message": message if self.show else reason}
+                    for _, keys, reason, message in self._unmappable]
+        return {"count": self._unmappable_count, "examples": examples}
+
+    def add(self, table: str, diff: LayoutDiff, want: dict, have: dict) -> None:
+        for kind in _KINDS + ("version_clashes",):
+            entries = getattr(diff, kind)
+            if not entries:
+                continue
+            self.counts[(table, kind)] = self.counts.get((table, kind), 0) + len(entries)
+            shown = self.examples.setdefault((table, kind), [])
+            for entry in sorted(entries, key=lambda e: _entry_sort_key(kind, e))[:EXAMPLES_PER_KIND]:
+                shown.append((_entry_sort_key(kind, entry), _example(kind, entry, want, have, self.show, self.show_keys)))
+            shown.sort(key=lambda e: e[0])
+            del shown[EXAMPLES_PER_KIND:]
+
+    def merge(self, other: "Findings") -> None:
+        for key, n in other.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + n
+        for key, shown in other.examples.items():
+            mine = self.examples.setdefault(key, [])
+            mine.extend(shown)
+            mine.sort(key=lambda e: e[0])
+            del mine[EXAMPLES_PER_KIND:]
+        for table, n in other.extra_versions.items():
+            self.extra_versions[table] = self.extra_versions.get(table, 0) + n
+        self.not_rechecked += other.not_rechecked
+        self.items += other.items
+        self.rows_expected += other.rows_expected
+        self._unmappable_count += other._unmappable_count
+        self._unmappable = sorted(self._unmappable + other._unmappable, key=lambda e: e[0])[:EXAMPLES_PER_KIND]
+
+    def any(self) -> bool:
+        return self._unmappable_count > 0 or any(self.counts.values())
+
+    def table_json(self, table: str) -> dict:
+        out = {kind: {"count": self.counts.get((table, kind), 0),
+                      "examples": [ex for _, ex in self.examples.get((table, kind), [])]}
+               for kind in _KINDS + ("version_clashes",)}
+        out["multi_version_columns"] = {"count": self.extra_versions.get(table, 0),
+                                        "note": "older versions below the newest; read paths never see them"}
+        return out
+
+    def report(self, tables: list, show: bool, is_sample: bool, show_keys: bool = False) -> VerifyReport:
+        """The whole report (the Beam verify's end; the local one fills its own)."""
+        self.show, self.show_keys = show, show or show_keys
+        return VerifyReport(identical=not self.any(), sampled=is_sample, items=self.items,
+                            rows_expected=self.rows_expected, tables={t: self.table_json(t) for t in tables},
+                            checked_at_ms=time.time_ns() // 1_000_000, unmappable_items=self.unmappable_json())
+
+
+def findings_of(table: str, diff: LayoutDiff, want: dict, have: dict, show: bool, rows_expected: int = 0,
+                show_keys: bool = False) -> Findings:
+    """One row's (or bucket's) findings, to be merged."""
+    f = Findings(show, show_keys)
+    f.add(table, diff, want, have)
+    f.rows_expected = rows_expected
+    if diff.extra_versions:
+        f.extra_versions[table] = len(diff.extra_versions)
+    return f
+
+
+def _example(kind: str, entry, want: dict, have: dict, show: bool, show_keys: bool = False) -> dict:
+    if kind == "version_clashes":
+        return {"row": _key(entry.row_key, show_keys),
+                "column": f"{entry.family}:{entry.qualifier.decode('utf-8', 'backslashreplace')}",
+                "version_ms": entry.version_ms, "items": [_key(k, show_keys) for k in entry.keys]}
+    if isinstance(entry, bytes):
+        return {"row": _key(entry, show_keys)}
+    row, family, qualifier = entry
+    ex = {"row": _key(row, show_keys),
+          "column": f"{family}:{qualifier.decode('utf-8', 'backslashreplace')}"}
+    if kind == "different_cells":
+        w = want[row][(family, qualifier)]
+        h = have[row][(family, qualifier)]
+        ex["expected"] = _show(w.value, show) if isinstance(w.value, bytes) else redact(repr(w.value), show)
+        ex["actual"] = _show(h[0][1], show)
+    return ex
 
 
 def print_report(report: VerifyReport, out=print) -> None:
@@ -146,33 +413,51 @@ def print_report(report: VerifyReport, out=print) -> None:
         for kind, info in kinds.items():
             for ex in info.get("examples", []):
                 out(f"    {kind}: {json.dumps(ex, ensure_ascii=False)}")
+    if report.recheck and report.recheck["rows"]:
+        r = report.recheck
+        out(f"  re-checked {r['rows']} divergent row(s) after the tail caught up: {r['resolved']} were changes "
+            f"in flight" + ("; the tail did not catch up in time, the rest is unconfirmed" if r["timed_out"] else "")
+            + (f"; {r['unsettled']} changed on every re-check (busy items: not proven either way, run verify "
+               f"again when they are quiet)" if r.get("unsettled") else "")
+            + (f"; {r['not_rechecked']} more not re-checked (over the limit)" if r["not_rechecked"] else ""))
     if report.sampled:
         out("  (sampled: rows no sampled item owns — extra rows — are not checked)")
 
 
 def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate: float = 1.0,
                   consistent: bool = True, show_values: bool = False, progress: bool = True,
+                  recheck_options: RecheckOptions = RecheckOptions(), workdir: Optional[str] = None,
                   show_keys: bool = False) -> VerifyReport:
     """`ddb2bt verify`: compare, with a progress bar, and record the summary in the
     state table (``status`` reads it)."""
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.controller import run_in_thread
-    from ddb2bt.pipeline.dynamodb import describe_table
-    from ddb2bt.pipeline.sink.bigtable_io import read_rows, read_table
+    from ddb2bt.pipeline.cutover.recheck import stream_watermark
+    from ddb2bt.pipeline.dynamodb import describe_table, get_item
+    from ddb2bt.pipeline.sink.bigtable_io import iter_table, read_rows
     from ddb2bt.transforms.errors import ConfigError
 
     if not 0 < sample_rate <= 1:
         raise ConfigError("must be in (0, 1]", "--sample-rate")
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
-    expected = describe_table(ddb, mapping.source.table).get("ItemCount", 0)
+    described = describe_table(ddb, mapping.source.table)
+    expected = described.get("ItemCount", 0)
     scanned = [0]
+    rechecker = None
+    if recheck_options.enabled:
+        tail_passed = stream_watermark(StreamsClientFactory(mapping.source.region)(),
+                                       described.get("LatestStreamArn"), store)
+        rechecker = Rechecker(mapping, lambda keys: get_item(ddb, mapping.source.table, keys),
+                              lambda table, keys: read_rows(t.project, t.instance, table, keys), tail_passed,
+                              recheck_options)
 
     def run() -> VerifyReport:
-        return verify(mapping, ddb, lambda table: read_table(t.project, t.instance, table),
+        return verify(mapping, ddb, lambda table: iter_table(t.project, t.instance, table),
                       lambda table, keys: read_rows(t.project, t.instance, table, keys),
                       segments=segments, sample_rate=sample_rate, consistent=consistent, show_values=show_values,
-                      on_page=lambda n: scanned.__setitem__(0, scanned[0] + n), show_keys=show_keys)
+                      on_page=lambda n: scanned.__setitem__(0, scanned[0] + n), estimated_items=expected,
+                      workdir=workdir, recheck_with=rechecker, show_keys=show_keys)
 
     report = run_in_thread("verify", run, expected, (lambda: scanned[0]) if progress else None)
     summary = {k: v for k, v in report.to_json().items() if k != "tables"}

@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Protocol, Sequence
 
 import grpc
 
@@ -1036,6 +1036,85 @@ def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, cl
 
 
 READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set
+
+
+def iter_table(project: str, instance: str, table_id: str, client=None, deadline_s: Optional[float] = None,
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, start_key: Optional[bytes] = None,
+               end_key: Optional[bytes] = None, sleep=None) -> Iterator:
+    """(row_key, cells) of every row, in key order, as they stream in: nothing of
+    the table is held (``verify`` reads tables of any size with it). One
+    ReadRows stream is read to its end (a stream given up half-way would keep
+    its flow-control buffers until the call is torn down). A failed stream
+    resumes after the last row received; failures are logged and retried with
+    backoff, and after ``deadline_s`` without progress given up, naming
+    Bigtable and the endpoint. ``start_key`` (inclusive) and ``end_key``
+    (exclusive) bound the read to one key range."""
+    import time as _time
+
+    from google.cloud.bigtable.data import ReadRowsQuery, RowRange
+
+    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S, RetryPolicy, gave_up
+    from ddb2bt.transforms.errors import RetryableError
+
+    sleep = sleep or _time.sleep
+    own = client is None
+    client = client or data_client(project)
+    policy = RetryPolicy(initial_s=0.2, max_backoff_s=5.0,
+                         deadline_s=DEFAULT_DEADLINE_S if deadline_s is None else deadline_s)
+    timeout = min(attempt_timeout_s, policy.deadline_s) if policy.deadline_s > 0 else attempt_timeout_s
+    last = None
+    failing_since, backoff = None, policy.initial_s
+    where = f"Bigtable ({bigtable_endpoint()})"
+    try:
+        with client.get_table(instance, table_id) as table:
+            while True:
+                if last is None:
+                    query = ReadRowsQuery() if start_key is None and end_key is None else ReadRowsQuery(
+                        row_ranges=RowRange(start_key=start_key, end_key=end_key))
+                else:
+                    query = ReadRowsQuery(row_ranges=RowRange(start_key=last, end_key=end_key,
+                                                              start_is_inclusive=False))
+                try:
+                    for row in table.read_rows_stream(query, operation_timeout=timeout, attempt_timeout=timeout,
+                                                      retryable_errors=()):
+                        last, failing_since, backoff = row.row_key, None, policy.initial_s
+                        yield row.row_key, _row_cells(row)
+                    return
+                except Exception as exc:
+                    err = classify_api_error(exc, "ReadRows") if type(exc).__module__.startswith(
+                        "google.api_core") else exc
+                    if not isinstance(err, RetryableError):
+                        raise err from exc
+                    now = _time.monotonic()
+                    failing_since = failing_since or now
+                    if policy.deadline_s > 0 and now - failing_since > policy.deadline_s:
+                        raise gave_up(err, f"ReadRows on {table_id} at {where}: gave up after "
+                                           f"{now - failing_since:.0f}s: {err}") from exc
+                    logging.getLogger(__name__).warning("ReadRows on %s at %s failed (%s); resuming in %.1fs",
+                                                        table_id, where, err, backoff)
+                    sleep(backoff)
+                    backoff = min(backoff * 2, policy.max_backoff_s)
+    finally:
+        if own:
+            close_bounded(client.close, "Bigtable data client")
+
+
+def table_ranges(project: str, instance: str, table_id: str, client=None) -> list:
+    """[(start_key, end_key)] covering the table (None: unbounded), split where
+    Bigtable's SampleRowKeys says the data splits: read in parallel, each range
+    a similar share of the bytes."""
+    own = client is None
+    client = client or data_client(project)
+    try:
+        with client.get_table(instance, table_id) as table:
+            keys = sorted({k for k, _ in table.sample_row_keys() if k})
+    finally:
+        if own:
+            close_bounded(client.close, "Bigtable data client")
+    bounds = [None] + keys + [None]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
 
 
 def _prefix_end(prefix: bytes) -> Optional[bytes]:

@@ -137,3 +137,16 @@ def test_options_are_validated_before_launch(args, field):
     with pytest.raises(ConfigError) as err:
         validate_options(args)
     assert str(err.value).startswith(field)
+
+
+def test_verify_of_three_tables_is_a_batch_job_joining_source_and_target_rows(stack, tmp_path, unique, launched):
+    paths = setup_tables(tmp_path, unique)
+    assert cli.main(["verify", *paths, "--segments", "8", "--report", "gs://my-bucket/verify.json"] + DATAFLOW) == 0
+    (result,) = launched
+    facts = graph_facts(result.job)
+    assert not facts.streaming
+    assert {f"Verify[flow{i}_{unique}]" for i in range(3)} <= facts.steps
+    for step in ("VerifySourceParts", "ReadSourceItems", "ExpectRows", "SplitTargetRanges", "ReadTargetRows",
+                 "JoinByRow", "CompareRows", "SummarizeVerify", "WriteVerifyReport"):
+        assert step in facts.steps, step
+    assert len(_leaf_names(result.job, "ReadSourceItems")) == 3

@@ -48,7 +48,7 @@ def test_metadata_is_complete_and_its_regexes_compile():
     assert not PARAMS["command"]["isOptional"] and not PARAMS["mapping"]["isOptional"]
 
 
-@pytest.mark.parametrize("name", ["run", "backfill", "migrate"])
+@pytest.mark.parametrize("name", ["run", "backfill", "migrate", "verify"])
 def test_example_parameter_files_pass_the_template_regexes(name):
     values = json.loads((ROOT / f"deploy/dataflow/params/{name}.json").read_text())
     assert values["command"] == name

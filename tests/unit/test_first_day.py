@@ -291,19 +291,25 @@ def test_explain_exits_3_when_the_item_would_be_a_dead_letter(monkeypatch, capsy
 
 def test_verify_redacts_keys_and_row_keys_like_dlq_list_unless_show_keys():
     from ddb2bt.pipeline.cutover.compare import LayoutDiff
-    from ddb2bt.pipeline.cutover.verify import _examples, _unmappable
-    from ddb2bt.pipeline.redaction import KEY_REDACTED, Redaction
+    from ddb2bt.pipeline.cutover.verify import Findings
+    from ddb2bt.pipeline.redaction import KEY_REDACTED
     from ddb2bt.transforms.errors import MappingError
 
-    found = [({"pk": {"S": "alice@example.com"}}, MappingError("bad", reason="encoding"))]
-    assert _unmappable(found, False)["examples"][0]["key"] == {"pk": KEY_REDACTED}
-    shown = _unmappable(found, False, Redaction(show_keys=True))["examples"][0]
-    assert shown["key"] == {"pk": {"S": "alice@example.com"}} and shown["message"] == "encoding"  # values stay hidden
-    diff = LayoutDiff()
-    diff.missing_rows = [b"alice@example.com#1"]
-    assert _examples(diff, {}, {}, False)["missing_rows"]["examples"] == [{"row": KEY_REDACTED}]
-    assert _examples(diff, {}, {}, False, Redaction(show_keys=True))["missing_rows"]["examples"] == [
-        {"row": "alice@example.com#1"}]
+    def findings(show_keys: bool) -> Findings:
+        f = Findings(show=False, show_keys=show_keys)
+        f.unmappable({"pk": {"S": "alice@example.com"}}, MappingError("bad", reason="encoding"))
+        diff = LayoutDiff()
+        diff.missing_rows = [b"alice@example.com#1"]
+        f.add("t", diff, {}, {})
+        return f
+
+    hidden = findings(False)
+    assert hidden.unmappable_json()["examples"][0]["key"] == {"pk": KEY_REDACTED}
+    assert hidden.table_json("t")["missing_rows"]["examples"] == [{"row": KEY_REDACTED}]
+    shown = findings(True)
+    example = shown.unmappable_json()["examples"][0]
+    assert example["key"] == {"pk": {"S": "alice@example.com"}} and example["message"] == "encoding"  # values stay hidden
+    assert shown.table_json("t")["missing_rows"]["examples"] == [{"row": "alice@example.com#1"}]
 
 
 def test_examples_lists_a_description_per_example(capsys):
