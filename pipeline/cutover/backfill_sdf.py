@@ -28,16 +28,16 @@ the parts of a task in parallel).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import apache_beam as beam
-from apache_beam.io.iobase import RestrictionProgress, RestrictionTracker
 from apache_beam.transforms.core import RestrictionProvider
 
 from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, BackfillJob, PartReaders, ScanSource
 from ddb2bt.pipeline.dynamodb import TokenBucket
 from ddb2bt.pipeline.metrics import default_metrics
+from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.transforms.model import BackfillPosition, PartDone
 
@@ -87,41 +87,18 @@ def apply_part_claim(r: PartRestriction, claim) -> PartRestriction:
     raise TypeError(f"unknown claim {claim!r}")
 
 
-class PartTracker(RestrictionTracker):
+class PartTracker(CheckpointOnlyTracker):
     """Tracks a PartRestriction: claims move it on, a checkpoint split ends the
-    primary at the last claim and hands the rest on as the residual."""
+    primary at the last claim and hands the rest on as the residual (only
+    checkpoints: see the module docstring for why not more)."""
+
+    what = "backfill part"
 
     def __init__(self, restriction: PartRestriction) -> None:
-        self._r = restriction
-        self._split = False
+        super().__init__(restriction, apply_part_claim)
 
-    def current_restriction(self) -> PartRestriction:
-        return self._r
-
-    def try_claim(self, claim) -> bool:
-        if self._split or self._r.done:
-            return False
-        self._r = apply_part_claim(self._r, claim)
-        return True
-
-    def try_split(self, fraction_of_remainder):
-        # Only checkpoints (fraction 0): see the module docstring for why not more.
-        if self._split or self._r.done or fraction_of_remainder != 0:
-            return None
-        self._split = True
-        residual = self._r
-        self._r = replace(self._r, done=True)
-        return self._r, residual
-
-    def check_done(self) -> None:
-        if not self._r.done:
-            raise ValueError(f"backfill part not finished: {self._r}")
-
-    def is_bounded(self) -> bool:
-        return True
-
-    def current_progress(self) -> RestrictionProgress:
-        return RestrictionProgress(completed=self._r.count, remaining=0 if self._r.done else 1)
+    def completed(self) -> float:
+        return self._r.count
 
 
 class PartRestrictionProvider(RestrictionProvider):

@@ -75,7 +75,7 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
             options: RecheckOptions = RecheckOptions(), now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6,
             sleep: Callable[[float], None] = time.sleep) -> RecheckResult:
     """``suspects``: {(table, row_key): [owner item keys]} (an extra row has no
-    owner). One round: read the owners (time g), wait until the tail has
+    owner). One round: read the owners, note the time g, wait until the tail has
     applied everything up to g, read the rows, read the owners again. A row
     whose owners did not change in between must now equal their mapping: it
     is resolved, or confirmed different. A row whose owners changed is
@@ -89,8 +89,11 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
     confirmed: dict = {}  # table -> [want, have, LayoutDiff]
     clock = time.monotonic
     while remaining and result.rounds < options.rounds:
-        at = now_ms()
         before = _read_owners(remaining, get_item)
+        # The time the tail must pass is taken AFTER the read: a change that lands
+        # between a time taken first and the read would be in `before` (and, unchanged,
+        # in `after`) but not yet owed by the tail, a false "different".
+        at = now_ms()
         started = clock()
         while not tail_passed(at):
             stalled = getattr(tail_passed, "stalled_s", lambda: 0.0)()

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import apache_beam as beam
-from apache_beam.io.iobase import RestrictionProgress, RestrictionTracker
 from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration
 
 from ddb2bt.pipeline.dynamodb import shard_directory, table_of_stream
 from ddb2bt.pipeline.metrics import default_metrics
+from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import batch_records
 from ddb2bt.pipeline.state import stream_label
 from ddb2bt.pipeline.source.stream_source import (
@@ -36,41 +36,16 @@ READER_REPORT_S = 30.0
 UNPROVEN_WAIT_S = 1.0
 
 
-class PartitionTracker(RestrictionTracker):
+class PartitionTracker(CheckpointOnlyTracker):
     """Tracks a PartitionRestriction. Only checkpoint splits (fraction 0) are
     allowed: splitting a shard's reading across workers would break per-row order
     and could exceed the 2-readers-per-shard limit."""
 
+    bounded = False
+    what = "partition restriction"
+
     def __init__(self, restriction: PartitionRestriction) -> None:
-        self._r = restriction
-        self._split = False
-
-    def current_restriction(self) -> PartitionRestriction:
-        return self._r
-
-    def try_claim(self, claim) -> bool:
-        if self._split or self._r.done:
-            return False
-        self._r = apply_claim(self._r, claim)
-        return True
-
-    def try_split(self, fraction_of_remainder):
-        if self._split or self._r.done or fraction_of_remainder != 0:
-            return None
-        self._split = True
-        residual = self._r
-        self._r = replace(self._r, done=True)
-        return self._r, residual
-
-    def check_done(self) -> None:
-        if not self._r.done:
-            raise ValueError(f"partition restriction not finished: {self._r}")
-
-    def is_bounded(self) -> bool:
-        return False
-
-    def current_progress(self) -> RestrictionProgress:
-        return RestrictionProgress(completed=0, remaining=0 if self._r.done else 1)
+        super().__init__(restriction, apply_claim)
 
 
 class PartitionRestrictionProvider(RestrictionProvider):
