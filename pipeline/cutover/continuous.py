@@ -68,6 +68,12 @@ class ContinuousCheck:
         self.now_ms, self.sleep = now_ms, sleep
         self.segment = 0
         self.passes = 0
+        # Items found different once, awaiting their next check: only an item still
+        # different when its segment comes round again is counted and recorded. A
+        # real divergence persists (Bigtable keeps it until repaired), so it is
+        # reported one pass later; a one-off race of a check against the tail is not
+        # (a rare false "extra row" was seen under load and not yet explained).
+        self.suspected: set = set()
 
     def step(self) -> int:
         """Check the next segment; returns the items checked. After the last
@@ -113,11 +119,15 @@ class ContinuousCheck:
                              RecheckOptions(wait_s=self.options.wait_s, rounds=3, max_rows=len(suspects)),
                              now_ms=self.now_ms, sleep=self.sleep)
             if not result.timed_out:
-                self._record(suspects, result)
+                found = self._record(suspects, result)
+                checked_ids = {_item_id({k: item[k] for k in m.source.key_attributes if k in item}) for item in items}
+                self.suspected -= checked_ids - found  # checked again and equal now: forgotten
         self.metrics.verify_checked.labels(self.metrics.table).inc(len(items))
         return len(items)
 
-    def _record(self, suspects: dict, result) -> None:
+    def _record(self, suspects: dict, result) -> set:
+        """Counts and records the items still different on their second check in a
+        row; returns the ids of every item found different now."""
         from ddb2bt.pipeline.cutover.verify import redact
 
         by_item: dict = {}  # key id -> (keys, {kinds})
@@ -127,10 +137,16 @@ class ContinuousCheck:
                     row = entry.row_key if kind == "version_clashes" else (
                         entry if isinstance(entry, bytes) else entry[0])
                     for keys in suspects.get((table, row), []):
-                        by_item.setdefault(repr(sorted(keys.items())), (keys, set()))[1].add(kind)
+                        by_item.setdefault(_item_id(keys), (keys, set()))[1].add(kind)
         now = self.now_ms()
         letters = []
-        for keys, kinds in by_item.values():
+        for item_id, (keys, kinds) in by_item.items():
+            if item_id not in self.suspected:
+                self.suspected.add(item_id)
+                log.info("continuous check: an item of %s differs from Bigtable (%s); checked again on the next "
+                         "pass before it is reported", self.mapping.source.table, ", ".join(sorted(kinds)))
+                continue
+            self.suspected.discard(item_id)
             for kind in sorted(kinds):
                 self.metrics.verify_divergent.labels(self.metrics.table, kind).inc()
             current = self.get_item(keys)
@@ -142,6 +158,7 @@ class ContinuousCheck:
                                       "verify", record, now))
         if letters:
             self.store.save_dead_letters(letters)
+        return set(by_item)
 
     def run_forever(self, stop: threading.Event) -> None:
         """Steps until ``stop``; a failing step is logged and retried after a pause
@@ -152,6 +169,10 @@ class ContinuousCheck:
             except Exception as exc:  # noqa: BLE001 — logged, the tail goes on
                 log.warning("continuous check step failed (%s: %s); retrying", type(exc).__name__, exc)
                 stop.wait(10.0)
+
+
+def _item_id(keys: dict) -> str:
+    return repr(sorted(keys.items()))
 
 
 def start_continuous_check(mapping, store, options: ContinuousOptions, stop: threading.Event,
