@@ -320,8 +320,10 @@ class BackfillJob:
     scan_retry: Optional[RetryPolicy] = None
 
 
-class _ReadBackfillFn(beam.DoFn):
-    """BackfillTask → RecordBatch | PartDone, reading the task's parts in threads."""
+class _BackfillReaderFn(beam.DoFn):
+    """What both backfill readers hold (the threaded one here, the splittable one
+    in backfill_sdf.py): the state store, the DynamoDB client and the job's read
+    budget, split over the parts that may run at once (one per worker thread)."""
 
     def __init__(self, job: BackfillJob, state_factory: Callable, client_factory: Optional[Callable] = None) -> None:
         self._job = job
@@ -341,6 +343,10 @@ class _ReadBackfillFn(beam.DoFn):
             close = getattr(resource, "close", None)
             if close:
                 close()
+
+
+class _ReadBackfillFn(_BackfillReaderFn):
+    """BackfillTask → RecordBatch | PartDone, reading the task's parts in threads."""
 
     def process(self, task: BackfillTask):
         kind = SCAN if isinstance(self._job.source, ScanSource) else EXPORT

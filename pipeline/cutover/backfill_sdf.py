@@ -34,9 +34,7 @@ from typing import Callable, Optional
 import apache_beam as beam
 from apache_beam.transforms.core import RestrictionProvider
 
-from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, BackfillJob, PartReaders, ScanSource
-from ddb2bt.pipeline.dynamodb import TokenBucket
-from ddb2bt.pipeline.metrics import default_metrics
+from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, BackfillJob, PartReaders, ScanSource, _BackfillReaderFn
 from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.transforms.model import BackfillPosition, PartDone
@@ -120,32 +118,14 @@ class PartRestrictionProvider(RestrictionProvider):
         return None
 
 
-class _ReadBackfillPartsFn(beam.DoFn):
+class _ReadBackfillPartsFn(_BackfillReaderFn):
     """BackfillPart → RecordBatch | PartDone, splittable (module docstring)."""
 
     def __init__(self, job: BackfillJob, state_factory: Callable, client_factory: Optional[Callable] = None,
                  checkpoint_s: float = CHECKPOINT_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._job = job
-        self._state_factory = state_factory
-        self._client_factory = client_factory
+        super().__init__(job, state_factory, client_factory)
         self._checkpoint_s = checkpoint_s
         self._clock = clock
-
-    def setup(self) -> None:
-        self._state = self._state_factory()
-        self._metrics = default_metrics().for_table(self._state.job)
-        self._client = self._client_factory() if self._client_factory else None
-        src = self._job.source
-        # The job's read budget, split over the parts that may run at once: one
-        # per worker thread at most, as the threaded reader splits it over tasks.
-        rate = src.max_rcu / self._job.tasks if isinstance(src, ScanSource) and src.max_rcu else None
-        self._bucket = TokenBucket(rate)
-
-    def teardown(self) -> None:
-        for resource in (getattr(self, "_state", None), getattr(self, "_client", None)):
-            close = getattr(resource, "close", None)
-            if close:
-                close()
 
     def process(self, part: BackfillPart,
                 tracker=beam.DoFn.RestrictionParam(PartRestrictionProvider())):
