@@ -91,6 +91,10 @@ def add_cells(out: dict, owners: dict, clashes: Optional[list], keys: dict, cell
             versions[cell.version_ms] = cell.value
 
 
+# The kinds of difference listed by row (version clashes are listed by item pair).
+DIFF_KINDS = ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells")
+
+
 @dataclass
 class LayoutDiff:
     missing_rows: list = field(default_factory=list)
@@ -105,6 +109,30 @@ class LayoutDiff:
     def identical(self) -> bool:
         return not (self.missing_rows or self.extra_rows or self.missing_cells or self.extra_cells
                     or self.different_cells or self.version_clashes)
+
+    def rows(self) -> set:
+        """Every row with a difference of any kind."""
+        rows = set(self.missing_rows) | set(self.extra_rows)
+        rows |= {e[0] for e in self.missing_cells + self.extra_cells + self.different_cells}
+        return rows | {c.row_key for c in self.version_clashes}
+
+    def only_rows(self, rows: set) -> "LayoutDiff":
+        """The differences of ``rows`` only (older versions not carried)."""
+        out = LayoutDiff()
+        for kind in ("missing_rows", "extra_rows"):
+            setattr(out, kind, [r for r in getattr(self, kind) if r in rows])
+        for kind in ("missing_cells", "extra_cells", "different_cells"):
+            setattr(out, kind, [e for e in getattr(self, kind) if e[0] in rows])
+        out.version_clashes = [c for c in self.version_clashes if c.row_key in rows]
+        return out
+
+    def extend(self, other: "LayoutDiff", sort: bool = False) -> None:
+        """Adds ``other``'s differences (older versions not carried)."""
+        for kind in DIFF_KINDS + ("version_clashes",):
+            getattr(self, kind).extend(getattr(other, kind))
+        if sort:
+            for kind in DIFF_KINDS:
+                getattr(self, kind).sort()
 
     def summary(self) -> str:
         return (f"missing rows {len(self.missing_rows)}, extra rows {len(self.extra_rows)}, "

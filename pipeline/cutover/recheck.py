@@ -7,9 +7,13 @@ difference is therefore only reported when it stays: for every divergent row,
 verify waits until the tail has passed the moment of the re-check (every shard
 has applied all records created before it: ``tail_passed``), reads the row's
 owning items again (GetItem, strongly consistent) and the row again, and
-compares. A row that matches now was in flight; a row that differs in the same
-way twice is reported. Rows whose items keep changing are re-checked up to
-``rounds`` times, then reported as they were last seen.
+compares. A row that matches now was in flight; a row that still differs is
+checked once more in a later round (a fresh time, a fresh wait for the tail)
+and reported only when that round finds it different again: one round's
+verdict rests on the stream's record times, which are approximate, and a
+second look a round later costs seconds for a real divergence and removes any
+race of one look against the tail. Rows whose items keep changing are
+re-checked up to ``rounds`` times, then reported as they were last seen.
 
 Why this is exact for rows verify found: the target is read before the source
 is scanned (see verify.py), so a row of an item created during verify is seen
@@ -38,6 +42,13 @@ log = logging.getLogger(__name__)
 # Records reach a DynamoDB stream shortly after the write (typically well under
 # a second); "the tail is at the head" only covers a moment once this has passed.
 STREAM_VISIBILITY_MS = 3000
+# A change readable at t can carry a record time after t: the record is stamped
+# when the stream makes it, which can follow the write becoming readable (the
+# local emulator stamps it after storing the item; AWS calls the time
+# approximate). Records up to this much after t count as owed at t.
+STAMP_SLACK_MS = 1000
+# Checks of a row that must find it different, each after its own wait for the tail.
+CONFIRMATIONS = 2
 POLL_S = 1.0
 # Records pending and no checkpoint moved for this long: no tail is running (a
 # running one checkpoints every few seconds while it has work), so waiting on.
@@ -87,6 +98,7 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
     # its row key spells, where the key template can be read back.
     remaining = {at: owners or owner_candidates(mapping, *at) for at, owners in suspects.items()}
     confirmed: dict = {}  # table -> [want, have, LayoutDiff]
+    strikes: dict = {}  # (table, row) -> (times found different, (want row, have row, LayoutDiff of the row))
     clock = time.monotonic
     while remaining and result.rounds < options.rounds:
         before = _read_owners(remaining, get_item)
@@ -130,17 +142,35 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
             want_t = {r: cols for r, cols in want.get(table, {}).items() if r in rows}
             diff = diff_layout(want_t, {r: v for r, v in have.items() if r in rows})
             diff.version_clashes = [c for c in clashes if c.table == table and c.row_key in rows]
-            different = _rows_of(diff)
+            different = diff.rows()
             result.resolved += len(rows - different)
-            if different:
-                slot = confirmed.setdefault(table, [{}, {}, LayoutDiff()])
-                slot[0].update({r: v for r, v in want_t.items() if r in different})
-                slot[1].update({r: v for r, v in have.items() if r in different})
-                _extend(slot[2], diff)
-        remaining = {k: v for k, v in remaining.items() if k not in settled}
+            for r in rows - different:
+                strikes.pop((table, r), None)
+            for r in different:
+                count = strikes.get((table, r), (0, None))[0] + 1
+                strikes[(table, r)] = (count, (want_t.get(r), have.get(r), diff.only_rows({r})))
+                if count >= CONFIRMATIONS:
+                    _confirm(confirmed, table, r, strikes.pop((table, r))[1])
+        remaining = {k: v for k, v in remaining.items() if k not in settled or k in strikes}
+    # Out of rounds: a row last found different (after a wait for the tail, with
+    # its items unchanged) is reported; one whose items changed every time is unsettled.
+    for (table, r), (_, seen) in strikes.items():
+        _confirm(confirmed, table, r, seen)
+        remaining.pop((table, r), None)
     result.unsettled = len(remaining)
     result.still = {t: tuple(v) for t, v in confirmed.items()}
     return result
+
+
+def _confirm(confirmed: dict, table: str, row: bytes, seen: tuple) -> None:
+    want, have, diff = seen
+    slot = confirmed.setdefault(table, [{}, {}, LayoutDiff()])
+    if want is not None:
+        slot[0][row] = want
+    if have is not None:
+        slot[1][row] = have
+    slot[2].extend(diff, sort=True)
+
 
 
 def owner_candidates(mapping: MappingConfig, table: str, row_key: bytes) -> list:
@@ -201,23 +231,15 @@ def _read_owners(rows: dict, get_item: Callable) -> dict:
     return out
 
 
-def _extend(into: LayoutDiff, diff: LayoutDiff) -> None:
-    for kind in ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells",
-                 "version_clashes"):
-        getattr(into, kind).extend(getattr(diff, kind))
-    for kind in ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells"):
-        getattr(into, kind).sort()
 
 
-def _rows_of(diff: LayoutDiff) -> set:
-    rows = set(diff.missing_rows) | set(diff.extra_rows)
-    rows |= {e[0] for e in diff.missing_cells + diff.extra_cells + diff.different_cells}
-    rows |= {c.row_key for c in diff.version_clashes}
-    return rows
+
+UNKNOWN = -1  # _pending_since: the shard's position could not be read
 
 
 def _pending_since(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> Optional[int]:
-    """Creation time of the first record after ``after`` (None: nothing pending).
+    """Creation time of the first record after ``after`` (None: nothing pending;
+    UNKNOWN: the read failed).
     One GetRecords of one record per unfinished shard and re-check round: rounds
     come seconds apart and only while differences wait, well inside the shard's
     5 calls/s that the tail shares (docs/operations.md, AWS's limits); `status`
@@ -231,8 +253,11 @@ def _pending_since(streams, stream_arn: str, shard_id: str, after: Optional[str]
     try:
         it = streams.get_shard_iterator(StreamArn=stream_arn, ShardId=shard_id, **args)["ShardIterator"]
         records = streams.get_records(ShardIterator=it, Limit=1).get("Records", [])
-    except ClientError:
-        return None
+    except ClientError as exc:
+        # Not knowing is not "nothing pending": the caller waits and asks again
+        # (a trimmed checkpoint stalls, and the wait reports it).
+        log.debug("verify: could not read the position of %s: %s", shard_id, exc.response.get("Error", {}))
+        return UNKNOWN
     if not records:
         return None
     return datetime_to_ms(records[0]["dynamodb"]["ApproximateCreationDateTime"])
@@ -263,10 +288,12 @@ def stream_watermark(streams, stream_arn: Optional[str], store, now_ms: Callable
             if c is not None and c.finished:
                 continue
             pending = _pending_since(streams, stream_arn, shard_id, c.sequence_number if c else None)
+            if pending is UNKNOWN:
+                return False
             if pending is None:
                 if now - t < STREAM_VISIBILITY_MS:
                     return False
-            elif pending <= t:
+            elif pending <= t + STAMP_SLACK_MS:
                 return False
         seen["moved"] = time.monotonic()
         return True

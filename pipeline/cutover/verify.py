@@ -25,7 +25,7 @@ from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
-from ddb2bt.pipeline.cutover.compare import LayoutDiff, add_cells, diff_layout, without_clocks
+from ddb2bt.pipeline.cutover.compare import DIFF_KINDS, LayoutDiff, add_cells, diff_layout, without_clocks
 from ddb2bt.pipeline.cutover.recheck import RecheckOptions, RecheckResult, recheck
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
 from ddb2bt.pipeline.dynamodb import MAX_SCAN_THREADS, scan_pages
@@ -141,7 +141,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
                     diff.extra_rows = []
                 diff.version_clashes = [c for c in clashes if c.table == table]
                 findings.extra_versions[table] = findings.extra_versions.get(table, 0) + len(diff.extra_versions)
-                rows = _divergent_rows(diff)
+                rows = sorted(diff.rows())
                 if recheck_with is not None and len(suspects) + len(rows) <= recheck_with.options.max_rows:
                     for row in rows:
                         suspects[(table, row)] = row_owners.get((table, row), [])
@@ -149,7 +149,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
                             held_rows[table][0][row] = want_t[row]
                         if row in have_t:
                             held_rows[table][1][row] = have_t[row]
-                    _extend(held[table], diff)
+                    held[table].extend(diff)
                 else:
                     if rows and recheck_with is not None:
                         findings.not_rechecked += len(rows)
@@ -164,7 +164,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
             if outcome.timed_out:  # what the wait left unconfirmed is reported as first found
                 for table, d in held.items():
                     rows = {r for t, r in outcome.unconfirmed if t == table}
-                    findings.add(table, _only_rows(d, rows), *held_rows[table])
+                    findings.add(table, d.only_rows(rows), *held_rows[table])
         elif recheck_with is not None:
             report.recheck = {"rows": 0, "resolved": 0, "rounds": 0, "timed_out": False, "unsettled": 0,
                               "not_rechecked": findings.not_rechecked}
@@ -235,33 +235,11 @@ def _expected_of(mapping: MappingConfig, records: list) -> tuple:
     return want, owners, clashes, row_owners
 
 
-def _divergent_rows(diff: LayoutDiff) -> list:
-    rows = set(diff.missing_rows) | set(diff.extra_rows)
-    rows |= {e[0] for e in diff.missing_cells + diff.extra_cells + diff.different_cells}
-    rows |= {c.row_key for c in diff.version_clashes}
-    return sorted(rows)
 
-
-_KINDS = ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells")
-
-
-def _extend(into: LayoutDiff, diff: LayoutDiff) -> None:
-    for kind in _KINDS + ("version_clashes",):
-        getattr(into, kind).extend(getattr(diff, kind))
-
-
-def _only_rows(diff: LayoutDiff, rows: set) -> LayoutDiff:
-    out = LayoutDiff()
-    for kind in ("missing_rows", "extra_rows"):
-        setattr(out, kind, [r for r in getattr(diff, kind) if r in rows])
-    for kind in ("missing_cells", "extra_cells", "different_cells"):
-        setattr(out, kind, [e for e in getattr(diff, kind) if e[0] in rows])
-    out.version_clashes = [c for c in diff.version_clashes if c.row_key in rows]
-    return out
 
 
 def _sort(diff: LayoutDiff) -> None:
-    for kind in _KINDS:
+    for kind in DIFF_KINDS:
         getattr(diff, kind).sort()
     diff.version_clashes.sort(key=lambda c: (c.row_key, c.family, c.qualifier, c.version_ms))
 
@@ -323,7 +301,7 @@ class Findings:
         return {"count": self._unmappable_count, "examples": examples}
 
     def add(self, table: str, diff: LayoutDiff, want: dict, have: dict) -> None:
-        for kind in _KINDS + ("version_clashes",):
+        for kind in DIFF_KINDS + ("version_clashes",):
             entries = getattr(diff, kind)
             if not entries:
                 continue
@@ -356,7 +334,7 @@ class Findings:
     def table_json(self, table: str) -> dict:
         out = {kind: {"count": self.counts.get((table, kind), 0),
                       "examples": [ex for _, ex in self.examples.get((table, kind), [])]}
-               for kind in _KINDS + ("version_clashes",)}
+               for kind in DIFF_KINDS + ("version_clashes",)}
         out["multi_version_columns"] = {"count": self.extra_versions.get(table, 0),
                                         "note": "older versions below the newest; read paths never see them"}
         return out

@@ -9,7 +9,7 @@ import pickle
 
 from ddb2bt.pipeline.cutover import spill as spill_mod
 from ddb2bt.pipeline.cutover.compare import compare_mapping
-from ddb2bt.pipeline.cutover.recheck import RecheckOptions
+from ddb2bt.pipeline.cutover.recheck import CONFIRMATIONS, STAMP_SLACK_MS, RecheckOptions, stream_watermark
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, paired_groups
 from ddb2bt.pipeline.cutover.verify import REDACTED, Rechecker, verify
 from ddb2bt.pipeline.redaction import KEY_REDACTED
@@ -208,7 +208,8 @@ def test_a_real_divergence_survives_the_recheck_and_a_stuck_tail_confirms_nothin
     tail = Tail(bt, CATALOG)
     report = run(CATALOG, FakeDynamo(items), bt, tmp_path,
                  Rechecker(CATALOG, FakeDynamo(items).get_item, read_rows, tail.passed, sleep=lambda s: None))
-    assert not report.identical and report.recheck["resolved"] == 0 and report.recheck["rounds"] == 1
+    # found different twice, each time after the tail had passed: reported
+    assert not report.identical and report.recheck["resolved"] == 0 and report.recheck["rounds"] == CONFIRMATIONS
     assert counts(report, "product_catalog") == {"missing_rows": 1, "extra_rows": 1, "missing_cells": 0,
                                                  "extra_cells": 1, "different_cells": 1, "version_clashes": 0}
     stuck = Tail(bt, CATALOG, never=True)
@@ -266,3 +267,56 @@ def test_a_tail_that_makes_no_progress_ends_the_wait_early(tmp_path):
                  Rechecker(CATALOG, FakeDynamo(items).get_item, read_rows, never, RecheckOptions(wait_s=3600),
                            sleep=lambda s: None))
     assert report.recheck["timed_out"] and not report.identical
+
+
+def test_a_difference_gone_a_round_later_is_not_reported(tmp_path):
+    """One round can say "the tail passed" too early (a record stamped after its
+    change became readable): the row is looked at again after a fresh wait, and a
+    row that matches then was in flight, not a divergence."""
+    ddb, bt, tail = live_world()
+    early = [0]
+
+    def passed(t):  # the first wait ends before the tail applied anything
+        early[0] += 1
+        return True if early[0] == 1 else tail.passed(t)
+
+    rechecker = Rechecker(CATALOG, ddb.get_item, lambda table, keys: {
+        k: v for k, v in reader(bt)(table).items() if k in set(keys)}, passed, sleep=lambda s: None)
+    report = run(CATALOG, ddb, bt, tmp_path, rechecker)
+    assert report.identical, report.to_json()
+    assert report.recheck["resolved"] == 3 and report.recheck["rounds"] == 2
+
+
+def _watermark_world(created_ms):
+    from ddb2bt.pipeline.state import ShardCheckpoint, StateStore
+    from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
+
+    streams = FakeStreamsClient()
+    streams.add_shard("s0")
+    applied = streams.put("s0", "INSERT", {"pk": {"S": "a"}}, {"pk": {"S": "a"}}, created_ms=created_ms - 5_000)
+    streams.put("s0", "REMOVE", {"pk": {"S": "a"}}, None, {"pk": {"S": "a"}}, created_ms=created_ms)
+    store = StateStore(InMemoryBigtable(), "job", lambda: created_ms)
+    store.save_checkpoints([ShardCheckpoint(streams.stream_arn, "s0", applied, change_ms=created_ms - 5_000)])
+    return streams, store
+
+
+def test_the_tail_has_not_passed_a_record_stamped_just_after_the_time():
+    """A change readable at t can carry a stream record time a little after t:
+    such a record pending means the tail has not passed t."""
+    t = 1_800_000_000_000
+    streams, store = _watermark_world(created_ms=t + STAMP_SLACK_MS)
+    passed = stream_watermark(streams, streams.stream_arn, store, now_ms=lambda: t + 10_000)
+    assert passed(t) is False
+    streams, store = _watermark_world(created_ms=t + STAMP_SLACK_MS + 1)
+    assert stream_watermark(streams, streams.stream_arn, store, now_ms=lambda: t + 10_000)(t) is True
+
+
+def test_a_shard_position_that_cannot_be_read_is_not_passed():
+    from ddb2bt.pipeline.testing.fakes import client_error
+
+    t = 1_800_000_000_000
+    streams, store = _watermark_world(created_ms=t + 60_000)
+    passed = stream_watermark(streams, streams.stream_arn, store, now_ms=lambda: t + 10_000)
+    streams.faults = [None, client_error("InternalServerError", "try again", "GetShardIterator")]
+    assert passed(t) is False, "a failed read is not 'nothing pending'"
+    assert passed(t) is True
