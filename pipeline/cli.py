@@ -28,7 +28,7 @@ from ddb2bt.pipeline.reachability import check_reachable
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
-                                     describe_failure, number, partitions_arg)
+                                     describe_failure, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
@@ -1054,10 +1054,12 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
     own = _option_strings(parser, args)
+    elsewhere = options_by_command(parser) if unknown else {}
     if unknown and not getattr(args, "beam", False):
-        parser.error(check_beam_args(unknown, own, beam=False) or f"unrecognized arguments: {' '.join(unknown)}")
+        parser.error(check_beam_args(unknown, own, beam=False, elsewhere=elsewhere)
+                     or f"unrecognized arguments: {' '.join(unknown)}")
     if getattr(args, "beam", False):
-        problem = check_beam_args(unknown, own)
+        problem = check_beam_args(unknown, own, elsewhere=elsewhere)
         if problem:
             parser.error(problem)
     args.beam_args = unknown

@@ -15,6 +15,9 @@ __all__ = ["number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings
 LOCAL_RUNNER_NAMES = ("DirectRunner", "FnApiRunner")
 KNOWN_RUNNERS = LOCAL_RUNNER_NAMES + ("DataflowRunner",)
 _CLOSE_MATCH_CUTOFF = 0.75  # difflib ratio: "--until-idel" ~ "--until-idle", not every option
+# Beam registers hundreds of options: a looser match there suggests nonsense
+# ("--segment" ~ "--user_agent" at 0.76), so Beam's need to be closer.
+_BEAM_CLOSE_MATCH_CUTOFF = 0.85
 
 # --partitions auto: one partition per this many open shards at launch. A
 # partition reads its shards round-robin in one thread; 8 busy shards (up to
@@ -95,18 +98,19 @@ def runner_of(beam_args: Iterable[str]) -> Optional[str]:
     return runner
 
 
-def check_beam_args(beam_args: list, own_options: Iterable[str], beam: bool = True) -> Optional[str]:
+def check_beam_args(beam_args: list, own_options: Iterable[str], beam: bool = True,
+                    elsewhere: Optional[dict] = None) -> Optional[str]:
     """Why ``beam_args`` (what our parser did not know) cannot be passed to Beam,
     or None when Beam knows every one of them and the runner is supported.
-    ``beam=False``: the command takes no Beam options, so every one is unknown."""
+    ``beam=False``: the command takes no Beam options, so every one is unknown.
+    ``elsewhere``: {option: [commands]} of the other commands, to say that an
+    option belongs to another command rather than guess a Beam one."""
     unknown = _beam_parser().parse_known_args(beam_args)[1] if beam else list(beam_args)
     flags = [a.split("=", 1)[0] for a in unknown if a.startswith("-")]
     if flags:
-        candidates = list(own_options) + (beam_option_strings() if beam else [])
-        hints = []
-        for flag in flags:
-            close = difflib.get_close_matches(flag, candidates, n=1, cutoff=_CLOSE_MATCH_CUTOFF)
-            hints.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+        own = list(own_options)
+        others = {o: c for o, c in (elsewhere or {}).items() if o not in own}
+        hints = [_hint(flag, own, others, beam_option_strings() if beam else []) for flag in flags]
         return f"unknown option{'s' if len(flags) > 1 else ''}: {', '.join(hints)}"
     if unknown:
         return f"unexpected argument{'s' if len(unknown) > 1 else ''}: {' '.join(unknown)}"
@@ -114,6 +118,36 @@ def check_beam_args(beam_args: list, own_options: Iterable[str], beam: bool = Tr
     if runner is not None and runner not in KNOWN_RUNNERS:
         return (f"--runner {runner}: unknown runner; use DirectRunner (local, the default) or DataflowRunner")
     return None
+
+
+def _hint(flag: str, own: list, others: dict, beam_options: list) -> str:
+    """The flag with the most likely meant option: this command's, then another
+    command's (saying which), then Beam's."""
+    close = difflib.get_close_matches(flag, own, n=1, cutoff=_CLOSE_MATCH_CUTOFF)
+    if close:
+        return f"{flag} (did you mean {close[0]}?)"
+    close = difflib.get_close_matches(flag, list(others), n=1, cutoff=_CLOSE_MATCH_CUTOFF)
+    if close:
+        commands = ", ".join(f"`{c}`" for c in others[close[0]])
+        return f"{flag} ({close[0]} is an option of {commands}, not of this command)"
+    close = difflib.get_close_matches(flag, beam_options, n=1, cutoff=_BEAM_CLOSE_MATCH_CUTOFF)
+    return f"{flag} (did you mean {close[0]}?)" if close else flag
+
+
+def options_by_command(parser: argparse.ArgumentParser, prefix: str = "") -> dict:
+    """{option string: [command, ...]} over every (sub)command of ``parser``."""
+    out: dict = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                command = f"{prefix} {name}".strip()
+                for a in sub._actions:
+                    for o in a.option_strings:
+                        if o.startswith("--") and o != "--help":
+                            out.setdefault(o, []).append(command)
+                for o, commands in options_by_command(sub, command).items():
+                    out.setdefault(o, []).extend(c for c in commands if c not in out[o])
+    return out
 
 
 def describe_failure(exc: BaseException) -> str:

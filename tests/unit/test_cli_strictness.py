@@ -32,6 +32,16 @@ def test_a_misspelled_option_is_refused_with_a_suggestion(capsys):
     assert "--jsn (did you mean --json?)" in err
 
 
+def test_an_option_of_another_command_is_named_as_such_not_guessed_among_beams(capsys):
+    """`run` has no --segments: say whose option it is, rather than offer one of
+    Beam's hundreds of options that happens to look a little alike."""
+    err = refused(["run", "--mapping", MAPPING, "--segment", "4"], capsys)
+    assert "--segment (--segments is an option of `backfill`, `migrate`, `verify`, not of this command)" in err
+    assert "user_agent" not in err
+    err = refused(["run", "--mapping", MAPPING, "--num_worker", "4"], capsys)
+    assert "--num_worker (did you mean --num_workers?)" in err, "Beam's own options are still suggested"
+
+
 def test_beam_options_pass_and_unknown_runners_are_named(capsys):
     assert check_beam_args(["--project=p", "--region", "us-central1", "--num_workers=3"], []) is None
     err = refused(["run", "--mapping", MAPPING, "--runner=Bogus"], capsys)
