@@ -628,23 +628,10 @@ class GrpcMutationWriter:
         """Compare-and-set of one cell with CheckAndMutateRow: replace every version
         with ``value`` iff its newest value is ``expected`` (None: iff the cell is
         absent). True when swapped. Never fenced: the job lease itself uses it."""
-        table_name = self._prefix + table_id
-        request = self._cam_cls(table_name=table_name, row_key=row_key)
-        if self._txn_profile:
-            request.app_profile_id = self._txn_profile
-        chain = request.predicate_filter.chain.filters
-        _newest_of_column(chain, family, qualifier)
-        if expected is not None:
-            chain.add().value_regex_filter = _exact_regex(expected)
         # All versions go (a time range [0, ∞): end 0 means no upper bound), then
         # the new one: applied in this order, atomically with the check.
         mutations = [DeleteCells(family, qualifier, 0, 0), SetCell(family, qualifier, value, ts_ms)]
-        build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
-        try:
-            response = self._cam(request, timeout=self._timeout_s, metadata=self._txn_params(table_name))
-        except grpc.RpcError as exc:
-            raise classify_rpc_error(exc, "CheckAndMutateRow") from None
-        return response.predicate_matched == (expected is not None)
+        return self._check_and_mutate(table_id, row_key, family, qualifier, expected, mutations, self._timeout_s)
 
     def read_family(self, table_id: str, row_keys: Sequence, family: str) -> dict:
         """{row_key: {qualifier: newest value}} of one family in the given rows (one
@@ -689,6 +676,13 @@ class GrpcMutationWriter:
         """CheckAndMutateRow: apply ``mutations`` iff the newest value of
         family:qualifier is ``expected`` (None: iff the cell is absent). True when
         applied. Fenced like every write."""
+        return self._check_and_mutate(table_id, row_key, family, qualifier, expected, mutations,
+                                      self._write_timeout())
+
+    def _check_and_mutate(self, table_id: str, row_key: bytes, family: str, qualifier: bytes,
+                          expected: Optional[bytes], mutations: Sequence, timeout: float) -> bool:
+        """CheckAndMutateRow through the transactional profile: ``mutations`` iff
+        the newest value of family:qualifier is ``expected`` (None: iff absent)."""
         table_name = self._prefix + table_id
         request = self._cam_cls(table_name=table_name, row_key=row_key)
         if self._txn_profile:
@@ -698,7 +692,6 @@ class GrpcMutationWriter:
         if expected is not None:
             chain.add().value_regex_filter = _exact_regex(expected)
         build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
-        timeout = self._write_timeout()
         try:
             response = self._cam(request, timeout=timeout, metadata=self._txn_params(table_name))
         except grpc.RpcError as exc:
