@@ -428,6 +428,7 @@ def cmd_verify_beam(args, mappings: list) -> int:
 
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
     from ddb2bt.pipeline.cutover.beam_verify import VerifyTable, run_verify_job
+    from ddb2bt.pipeline.cutover.recheck import RecheckOptions
     from ddb2bt.pipeline.cutover.verify import VerifyReport, print_report
     from ddb2bt.pipeline.graph import is_local
     from ddb2bt.transforms.errors import ConfigError
@@ -446,7 +447,8 @@ def cmd_verify_beam(args, mappings: list) -> int:
                              consistent_read=not args.eventually_consistent))
         if args.from_export:
             source.check(m.source.table, m.source.region)
-        tables.append(VerifyTable(m, source, args.show_values, args.show_keys))
+        tables.append(VerifyTable(m, source, args.show_values, args.show_keys, state=state_spec(args, m),
+                                  recheck=RecheckOptions(wait_s=args.recheck_wait)))
     path = args.report or str(Path(tempfile.mkdtemp(prefix="ddb2bt-verify-")) / "verify.json")
     result, body = run_verify_job(tables, args.beam_args, path)
     if body is None:
@@ -458,7 +460,7 @@ def cmd_verify_beam(args, mappings: list) -> int:
             print(f"== {name}")
         print_report(VerifyReport(identical=r["identical"], sampled=r["sampled"], items=r["items"],
                                   rows_expected=r["rows_expected"], tables=r["tables"],
-                                  unmappable_items=r["unmappable_items"]))
+                                  unmappable_items=r["unmappable_items"], recheck=r.get("recheck")))
     identical = all(r["identical"] for r in reports.values())
     return 0 if identical else 1
 

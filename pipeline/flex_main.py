@@ -51,6 +51,7 @@ PARAMETERS = {
     "log_format": ("--log-format", "value"),
     # verify (command=verify): where its report goes (a file or gs://)
     "report": ("--report", "value"),
+    "recheck_wait": ("--recheck-wait", "value"),
 }
 GLOBAL = {"log_level", "log_format"}
 # CLI options of run/backfill/migrate the template deliberately does not offer,
@@ -61,14 +62,13 @@ NOT_ON_DATAFLOW = {
     "metrics_host": "Dataflow workers cannot be scraped: use metrics_pushgateway",
     "continuous_check": "the continuous check runs next to a local job; on Dataflow schedule the Beam verify",
     "continuous_check_segments": "the continuous check runs next to a local job; on Dataflow schedule the Beam verify",
-    "recheck_wait": "the Beam verify does not re-check differences against a live tail (run the local verify for that)",
     "sample_rate": "the Beam verify checks every item (a sampled verify is the local one)",
     "spill_dir": "the local verify's disk spill; a Beam verify joins on the runner, not on local disk",
 }
 TRUE = ("true", "1", "yes")
 BACKFILL_ONLY = {"segments", "tasks", "max_rcu", "page_size", "consistent_read", "from_export", "restart"}
 TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval", "new_stream"}
-VERIFY_ONLY = {"report", "show_keys", "show_values", "eventually_consistent"}
+VERIFY_ONLY = {"report", "show_keys", "show_values", "eventually_consistent", "recheck_wait"}
 # verify reads (Scan segments or an export) and writes a report: no tail, no lease,
 # no read budget, no dead letters
 NOT_VERIFY = TAIL_ONLY | {"tasks", "max_rcu", "page_size", "consistent_read", "restart", "dlq_include_values",

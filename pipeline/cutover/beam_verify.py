@@ -16,9 +16,14 @@ writes it. Memory per worker is one row's contributions plus the combiner's
 bounded examples; the join scales with workers. With ``--from-export`` the
 source is an export on S3 (or a directory), read without one RCU.
 
-Not here (local verify only): the live re-check of differences (recheck.py) —
-run the Beam verify against a quiesced or exported source, or re-check its
-differences with a local ``ddb2bt verify --sample-rate``.
+Differences are re-checked as the local verify's are (recheck.py) when the
+table has a re-check wait: CompareRows sends a divergent row (with the items
+that own it) to its ``divergent`` output instead of counting it, and
+RecheckRows takes them in batches, waits until the tail has passed a fresh
+time, reads the owners and rows again and counts only what is still
+different (twice; docs/design.md §11). The source and the target are read at
+the same time here, not target first: a row of an item created meanwhile can
+be found as an extra row, whose owner the re-check reads back from its key.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ import apache_beam as beam
 from apache_beam.typehints import Any
 
 from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource, parse_segment
-from ddb2bt.pipeline.cutover.compare import add_cells, diff_layout, without_clocks
+from ddb2bt.pipeline.cutover.compare import LayoutDiff, add_cells, diff_layout, without_clocks
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
@@ -39,6 +44,10 @@ from ddb2bt.transforms.mapping import expected_cells
 __all__ = ["VerifyTable", "VerifyMappings", "build_verify", "run_verify_job"]
 
 EXPECTED, ACTUAL = "expected", "actual"
+DIVERGENT = "divergent"  # CompareRows' output of rows to re-check
+# Divergent rows re-checked together: one wait for the tail per batch, and a
+# worker holds no more than this many rows' cells at once.
+RECHECK_BATCH_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,12 @@ class VerifyTable:
     source: Union[ScanSource, ExportSource]
     show_values: bool = False
     show_keys: bool = False  # the one key-redaction policy (ddb2bt.pipeline.redaction)
+    state: Any = None  # a StateSpec: the tail's checkpoints, for re-checks; None: no re-checks
+    recheck: Any = None  # RecheckOptions; None or disabled: differences are reported as found
+
+    @property
+    def rechecks(self) -> bool:
+        return self.state is not None and self.recheck is not None and self.recheck.enabled
 
 
 class _ReadSourceItemsFn(beam.DoFn):
@@ -142,8 +157,8 @@ class _CompareRowFn(beam.DoFn):
     """((table, row), {expected: [(keys, cells)], actual: [cells]}) → a partial
     report (see _Summary) for that row, only when there is something to count."""
 
-    def __init__(self, show: bool, show_keys: bool = False) -> None:
-        self._show, self._show_keys = show, show_keys
+    def __init__(self, show: bool, show_keys: bool = False, recheck: bool = False) -> None:
+        self._show, self._show_keys, self._recheck = show, show_keys, recheck
 
     def process(self, element):
         from ddb2bt.pipeline.cutover.verify import findings_of
@@ -152,7 +167,8 @@ class _CompareRowFn(beam.DoFn):
         want: dict = {}
         owners: dict = {}
         clashes: list = []
-        for keys, cells in sides[EXPECTED]:
+        expected = list(sides[EXPECTED])
+        for keys, cells in expected:
             add_cells(want, owners, clashes, keys, cells)
         actual = list(sides[ACTUAL])
         # a Kinesis job's clock cells are its own, not the mapping's (docs/design.md §10)
@@ -160,8 +176,52 @@ class _CompareRowFn(beam.DoFn):
         want_t = want.get(table, {})
         diff = diff_layout(want_t, have)
         diff.version_clashes = clashes
+        if self._recheck and diff.rows():
+            # counted by RecheckRows, if it stays different; only the row's expected count here
+            yield beam.pvalue.TaggedOutput(DIVERGENT, (table, row_key, [keys for keys, _ in expected], want_t,
+                                                       have, diff))
+            diff = LayoutDiff(extra_versions=diff.extra_versions)
         yield findings_of(table, diff, want_t, have, self._show, rows_expected=len(want_t),
                           show_keys=self._show_keys)
+
+
+class _RecheckRowsFn(beam.DoFn):
+    """A batch of divergent rows → the findings of those still different once the
+    tail has caught up (recheck.py), with the re-check's counts."""
+
+    def __init__(self, table: "VerifyTable") -> None:
+        self._table = table
+
+    def setup(self) -> None:
+        from ddb2bt.pipeline.connections import DynamoDBClientFactory, StreamsClientFactory
+        from ddb2bt.pipeline.cutover.recheck import stream_watermark
+        from ddb2bt.pipeline.dynamodb import describe_table
+
+        m = self._table.mapping
+        self._ddb = DynamoDBClientFactory(m.source.region)()
+        arn = describe_table(self._ddb, m.source.table).get("LatestStreamArn")
+        self._tail_passed = stream_watermark(StreamsClientFactory(m.source.region)(), arn, self._table.state.store())
+
+    def process(self, batch):
+        from ddb2bt.pipeline.cutover.recheck import recheck
+        from ddb2bt.pipeline.cutover.verify import Findings
+        from ddb2bt.pipeline.dynamodb import get_item
+        from ddb2bt.pipeline.sink.bigtable_io import read_rows
+
+        t = self._table
+        m = t.mapping
+        suspects = {(table, row): owners for table, row, owners, _, _, _ in batch}
+        outcome = recheck(m, suspects, lambda keys: get_item(self._ddb, m.source.table, keys),
+                          lambda table, keys: read_rows(m.target.project, m.target.instance, table, keys),
+                          self._tail_passed, t.recheck)
+        findings = Findings(t.show_values, t.show_keys)
+        findings.add_recheck(outcome.to_json())
+        for table, (want_t, have_t, diff) in outcome.still.items():
+            findings.add(table, diff, want_t, have_t)
+        for table, row, _, want_t, have, diff in batch:
+            if (table, row) in outcome.unconfirmed:  # the wait ended: reported as first found
+                findings.add(table, diff.only_rows({row}), want_t, have)
+        yield findings
 
 
 class _Summary(beam.CombineFn):
@@ -230,13 +290,19 @@ class VerifyMappings(beam.PTransform):
                   | "ReadTargetRows" >> beam.ParDo(_ReadTargetRowsFn(m.target.project, m.target.instance)))
         compared = ({EXPECTED: rows.rows, ACTUAL: actual}
                     | "JoinByRow" >> beam.CoGroupByKey()
-                    | "CompareRows" >> beam.ParDo(_CompareRowFn(show, show_keys)).with_output_types(Any))
+                    | "CompareRows" >> beam.ParDo(_CompareRowFn(show, show_keys, t.rechecks)).with_outputs(
+                        DIVERGENT, main="findings"))
+        rechecked = (compared[DIVERGENT]
+                     | "BatchDivergentRows" >> beam.BatchElements(min_batch_size=1,
+                                                                  max_batch_size=RECHECK_BATCH_ROWS)
+                     | "RecheckRows" >> beam.ParDo(_RecheckRowsFn(t)).with_output_types(Any)) if t.rechecks else None
         unmappable = (rows[_ExpectRowsFn.UNMAPPABLE]
                       | "UnmappableItems" >> beam.Map(_unmappable_partial, show).with_output_types(Any))
         items = (rows["items"] | "CountItems" >> beam.CombineGlobally(sum)
                  | "ItemsPartial" >> beam.Map(_items_partial, show).with_output_types(Any))
         name, tables, sampled = m.name, list(m.tables), False
-        return ((compared, unmappable, items)
+        partials = (compared.findings, unmappable, items) + ((rechecked,) if rechecked is not None else ())
+        return (partials
                 | "AllFindings" >> beam.Flatten().with_output_types(Any)
                 | "SummarizeVerify" >> beam.CombineGlobally(_Summary()).with_output_types(Any)
                 | "ToReport" >> beam.Map(lambda f: (name, f.report(tables, show, sampled, show_keys).to_json())))

@@ -265,6 +265,7 @@ class Findings:
         self.examples: dict = {}  # (table, kind) -> [(sort key, example)] smallest first, bounded
         self.extra_versions: dict = {}
         self.not_rechecked = 0
+        self.recheck: Optional[dict] = None  # the re-checks' outcome, summed (the Beam verify's; see add_recheck)
         self.items = 0
         self.rows_expected = 0
         self._unmappable: list = []  # [(canonical key, keys, reason, message)] smallest first, bounded
@@ -323,10 +324,21 @@ class Findings:
         for table, n in other.extra_versions.items():
             self.extra_versions[table] = self.extra_versions.get(table, 0) + n
         self.not_rechecked += other.not_rechecked
+        if other.recheck is not None:
+            self.add_recheck(other.recheck)
         self.items += other.items
         self.rows_expected += other.rows_expected
         self._unmappable_count += other._unmappable_count
         self._unmappable = sorted(self._unmappable + other._unmappable, key=lambda e: e[0])[:EXAMPLES_PER_KIND]
+
+    def add_recheck(self, outcome: dict) -> None:
+        """Adds one re-check's outcome (RecheckResult.to_json()) to the report's:
+        counts summed, rounds the most any took, timed out if any did."""
+        mine = self.recheck or {"rows": 0, "resolved": 0, "rounds": 0, "timed_out": False, "unsettled": 0}
+        self.recheck = {"rows": mine["rows"] + outcome["rows"], "resolved": mine["resolved"] + outcome["resolved"],
+                        "rounds": max(mine["rounds"], outcome["rounds"]),
+                        "timed_out": mine["timed_out"] or outcome["timed_out"],
+                        "unsettled": mine["unsettled"] + outcome["unsettled"]}
 
     def any(self) -> bool:
         return self._unmappable_count > 0 or any(self.counts.values())
@@ -344,7 +356,9 @@ class Findings:
         self.show, self.show_keys = show, show or show_keys
         return VerifyReport(identical=not self.any(), sampled=is_sample, items=self.items,
                             rows_expected=self.rows_expected, tables={t: self.table_json(t) for t in tables},
-                            checked_at_ms=time.time_ns() // 1_000_000, unmappable_items=self.unmappable_json())
+                            checked_at_ms=time.time_ns() // 1_000_000, unmappable_items=self.unmappable_json(),
+                            recheck=None if self.recheck is None else {**self.recheck,
+                                                                       "not_rechecked": self.not_rechecked})
 
 
 def findings_of(table: str, diff: LayoutDiff, want: dict, have: dict, show: bool, rows_expected: int = 0,

@@ -60,3 +60,6 @@ def test_beam_verify_reports_what_the_local_verify_reports(stack, tmp_path, uniq
     assert counts == {"missing_rows": 1, "extra_rows": 1, "missing_cells": 0, "extra_cells": 1,
                       "version_clashes": 1, "multi_version_columns": 0}, counts
     assert comparable(beam_report) == comparable(local_report)
+    # the Beam verify re-checked its differences (the default wait) and every one stayed
+    r = beam_report["recheck"]
+    assert r["rows"] >= 4 and r["resolved"] == 0 and not r["timed_out"] and r["rounds"] >= 2, r

@@ -1,6 +1,7 @@
 """verify of a live table: a writer keeps changing the source while verify runs
 and the tail (its own process) replicates; differences in flight are re-checked
-away (IDENTICAL), a planted divergence is still found, and only it."""
+away (IDENTICAL), a planted divergence is still found, and only it. Both the
+local verify and the Beam verify (FnApiRunner)."""
 from __future__ import annotations
 
 import json
@@ -17,8 +18,9 @@ pytestmark = pytest.mark.e2e
 FUTURE_MS = 4_000_000_000_000  # a planted cell no replicated change can replace
 
 
+@pytest.mark.parametrize("runner", [[], ["--runner=DirectRunner"]], ids=["local", "beam"])
 def test_verify_under_a_concurrent_writer_is_identical_and_finds_a_planted_divergence(stack, tmp_path, unique,
-                                                                                         capsys):
+                                                                                         capsys, runner):
     path, mapping, ddb = setup(tmp_path, unique)
     items = preload(ddb, mapping.source.table, 300, seed=11)
     quiet = preload(ddb, mapping.source.table, 20, seed=12)  # the writer never touches these
@@ -39,7 +41,7 @@ def test_verify_under_a_concurrent_writer_is_identical_and_finds_a_planted_diver
     writer.start()
     try:
         report = tmp_path / "live.json"
-        code = ddb2bt(["verify", "--mapping", str(path), "--segments", "2", "--report", str(report)])
+        code = ddb2bt(["verify", "--mapping", str(path), "--segments", "2", "--report", str(report)] + runner)
         body = json.loads(report.read_text())
         assert code == 0, json.dumps(body["tables"], indent=1)
         assert body["identical"] and body["recheck"]["timed_out"] is False
@@ -52,7 +54,7 @@ def test_verify_under_a_concurrent_writer_is_identical_and_finds_a_planted_diver
             (quiet_row, [SetCell("SKU", b"Planted", b"x", FUTURE_MS)]),
         ])
         capsys.readouterr()
-        assert ddb2bt(["verify", "--mapping", str(path), "--segments", "2", "--report", str(report)]) == 1
+        assert ddb2bt(["verify", "--mapping", str(path), "--segments", "2", "--report", str(report)] + runner) == 1
         counts = {k: v["count"] for k, v in json.loads(report.read_text())["tables"][t.table].items()}
         assert (counts["extra_rows"], counts["extra_cells"]) == (1, 1), counts
         assert counts["missing_rows"] == counts["missing_cells"] == counts["different_cells"] == 0, counts
