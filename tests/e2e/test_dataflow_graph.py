@@ -147,6 +147,7 @@ def test_verify_of_three_tables_is_a_batch_job_joining_source_and_target_rows(st
     assert not facts.streaming
     assert {f"Verify[flow{i}_{unique}]" for i in range(3)} <= facts.steps
     for step in ("VerifySourceParts", "ReadSourceItems", "ExpectRows", "SplitTargetRanges", "ReadTargetRows",
-                 "JoinByRow", "CompareRows", "SummarizeVerify", "WriteVerifyReport"):
+                 "JoinByRow", "CompareRows", "BatchDivergentRows", "RecheckRows", "SummarizeVerify",
+                 "WriteVerifyReport"):
         assert step in facts.steps, step
     assert len(_leaf_names(result.job, "ReadSourceItems")) == 3
