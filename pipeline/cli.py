@@ -280,6 +280,11 @@ def cmd_run(args) -> int:
                  f", until idle {args.until_idle}s" if args.until_idle else "")
     p = make_pipeline(args.beam_args)
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
+    if getattr(args, "continuous_check", None) and not is_local(args.beam_args):
+        from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
+
+        # On a remote runner the check is a branch of the job: its workers run it.
+        p | "CheckContinuously" >> CheckContinuously(jobs, continuous_options(args))
     args.job_started = True
     # Locally p.run() itself runs the job: the checks start before it.
     stop_checks = start_continuous_checks(args, jobs) if is_local(args.beam_args) else None
@@ -315,20 +320,25 @@ def summary_at_end(args, mappings: list, states: list, local: bool = True):
         print(summary(), flush=True)
 
 
+def continuous_options(args):
+    from ddb2bt.pipeline.cutover.continuous import ContinuousOptions
+
+    return ContinuousOptions(items_per_s=args.continuous_check, segments=args.continuous_check_segments)
+
+
 def start_continuous_checks(args, jobs: list):
     """--continuous-check RATE: one checking thread per table next to the local
-    job (cutover/continuous.py); returns the Event that stops them."""
+    job (cutover/continuous.py; on Dataflow a branch of the job instead,
+    continuous_beam.py); returns the Event that stops them."""
     import threading
 
     stop = threading.Event()
-    rate = getattr(args, "continuous_check", None)
-    if rate:
-        from ddb2bt.pipeline.cutover.continuous import ContinuousOptions, start_continuous_check
+    if getattr(args, "continuous_check", None):
+        from ddb2bt.pipeline.cutover.continuous import start_continuous_check
 
         for job in jobs:
-            start_continuous_check(job.mapping, state_spec(args, job.mapping).store(),
-                                   ContinuousOptions(items_per_s=rate, segments=args.continuous_check_segments),
-                                   stop, job.stream_arn)
+            start_continuous_check(job.mapping, state_spec(args, job.mapping).store(), continuous_options(args),
+                                   stop, job.stream_arn, job.client_factory)
     return stop
 
 
@@ -848,7 +858,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="while the tail runs, compare this many items per second with their rows (after the tail "
                         "passed their last change); divergent items are counted (ddb2bt_verify_divergent_total), "
                         "logged with keys redacted and recorded as dead letters (reason divergent) for "
-                        "`ddb2bt repair`. Local runner; off by default")
+                        "`ddb2bt repair`. Where it stands is kept in the state table (a restart goes on from "
+                        "there). Locally a thread next to the job; on Dataflow a branch of the job (its workers "
+                        "run it). Off by default")
     p.add_argument("--continuous-check-segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS),
                    default=64, help="Scan segments one full pass of the continuous check walks, one at a time "
                                     "(default 64)")
