@@ -23,7 +23,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 import apache_beam as beam
-from apache_beam.transforms.periodicsequence import PeriodicImpulse
+from apache_beam.transforms.periodicsequence import PeriodicImpulse, RebaseMode
 from apache_beam.utils.timestamp import Timestamp
 
 from ddb2bt.pipeline.cutover.continuous import (STEP_INTERVAL_S, ContinuousCheck, ContinuousOptions, connect_check,
@@ -92,7 +92,7 @@ class CheckContinuously(beam.PTransform):
     per table (``ContinuousCheck[name]``) and touches nothing of theirs."""
 
     def __init__(self, jobs: Sequence, options: ContinuousOptions, *, interval_s: float = STEP_INTERVAL_S,
-                 start_s: Optional[float] = None, connect: Callable = _connect) -> None:
+                 connect: Callable = _connect) -> None:
         super().__init__()
         if not jobs:
             raise ValueError("CheckContinuously needs at least one job")
@@ -101,26 +101,26 @@ class CheckContinuously(beam.PTransform):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, got {interval_s!r}")
         self._jobs, self._options, self._interval_s = tuple(jobs), options, interval_s
-        self._start_s, self._connect = start_s, connect
+        self._connect = connect
 
     def expand(self, pbegin):
-        start = self._start_s if self._start_s is not None else time.time()
         items = step_items(self._options, self._interval_s)
         outputs = [pbegin | f"ContinuousCheck[{job.name}]" >> _CheckTable(
-            _ContinuousCheckStepFn(job, self._options, items, self._interval_s, self._connect), start,
-            self._interval_s) for job in self._jobs]
+            _ContinuousCheckStepFn(job, self._options, items, self._interval_s, self._connect), self._interval_s)
+            for job in self._jobs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs) | "MergeCheckSteps" >> beam.Flatten()
 
 
 class _CheckTable(beam.PTransform):
     """One table's branch: ticks, and a step per tick."""
 
-    def __init__(self, fn: _ContinuousCheckStepFn, start_s: float, interval_s: float) -> None:
+    def __init__(self, fn: _ContinuousCheckStepFn, interval_s: float) -> None:
         super().__init__()
-        self._fn, self._start_s, self._interval_s = fn, start_s, interval_s
+        self._fn, self._interval_s = fn, interval_s
 
     def expand(self, pbegin):
+        # Ticks from when the job starts (REBASE_START), not from when its graph
+        # was built (a Flex Template launch starts the job minutes later).
         return (pbegin
-                | "CheckTicks" >> PeriodicImpulse(start_timestamp=Timestamp.of(self._start_s),
-                                                  fire_interval=self._interval_s)
+                | "CheckTicks" >> PeriodicImpulse(fire_interval=self._interval_s, rebase=RebaseMode.REBASE_START)
                 | "CheckStep" >> beam.ParDo(self._fn).with_output_types(int))
