@@ -287,7 +287,8 @@ class ContinuousCheck:
                 if not self._live():
                     stop.wait(STEP_INTERVAL_S)  # a migration not LIVE yet: look again later
                     continue
-                self.step(limit)
+                if self.step(limit) == 0:
+                    stop.wait(STEP_INTERVAL_S)  # an empty table: no loop of Scans
             except Exception as exc:  # noqa: BLE001 — logged, the tail goes on
                 log.warning("continuous check step failed (%s: %s); retrying", type(exc).__name__, exc)
                 stop.wait(STEP_INTERVAL_S)
