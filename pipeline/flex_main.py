@@ -46,7 +46,7 @@ PARAMETERS = {
     "lease_renew": ("--lease-renew", "value"),
     "bigtable_deadline": ("--bigtable-deadline", "value"),
     "dynamodb_deadline": ("--dynamodb-deadline", "value"),
-    # run: the continuous check, a branch of the streaming job (docs/operations.md)
+    # run, migrate: the continuous check, a branch of the streaming job (docs/operations.md)
     "continuous_check": ("--continuous-check", "value"),
     "continuous_check_segments": ("--continuous-check-segments", "value"),
     # options of `ddb2bt` itself, given before the command
@@ -70,14 +70,14 @@ TRUE = ("true", "1", "yes")
 BACKFILL_ONLY = {"segments", "tasks", "max_rcu", "page_size", "consistent_read", "from_export", "restart"}
 TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval", "new_stream"}
 VERIFY_ONLY = {"report", "show_keys", "show_values", "eventually_consistent"}
-RUN_ONLY = {"continuous_check", "continuous_check_segments"}
+CHECK = {"continuous_check", "continuous_check_segments"}  # run and migrate
 # verify reads (Scan segments or an export) and writes a report: no tail, no lease,
 # no read budget, no dead letters
 NOT_VERIFY = TAIL_ONLY | {"tasks", "max_rcu", "page_size", "consistent_read", "restart", "dlq_include_values",
                           "metrics_pushgateway", "take_over", "adopt_target", "standby", "lease_ttl", "lease_renew",
                           "bigtable_deadline", "dynamodb_deadline"}
-NOT_FOR = {"run": BACKFILL_ONLY | VERIFY_ONLY, "backfill": TAIL_ONLY | VERIFY_ONLY | RUN_ONLY,
-           "migrate": VERIFY_ONLY | RUN_ONLY, "verify": NOT_VERIFY | RUN_ONLY}
+NOT_FOR = {"run": BACKFILL_ONLY | VERIFY_ONLY, "backfill": TAIL_ONLY | VERIFY_ONLY | CHECK,
+           "migrate": VERIFY_ONLY, "verify": NOT_VERIFY | CHECK}
 
 
 def translate(argv: list) -> list:

@@ -152,12 +152,13 @@ def test_verify_of_three_tables_is_a_batch_job_joining_source_and_target_rows(st
     assert len(_leaf_names(result.job, "ReadSourceItems")) == 3
 
 
-def test_run_with_a_continuous_check_adds_a_branch_of_its_own_and_no_shuffle(stack, tmp_path, unique, launched):
+@pytest.mark.parametrize("command", ["run", "migrate"])
+def test_a_continuous_check_is_a_branch_of_its_own_without_shuffles(stack, tmp_path, unique, launched, command):
     """On Dataflow the continuous check is a branch of the streaming job (ticks →
     one check step each), joined to the ordered path by nothing."""
     path = setup(tmp_path, unique)
-    assert cli.main(["run", "--mapping", str(path), "--continuous-check", "50", "--continuous-check-segments", "8"]
-                    + DATAFLOW) == 0
+    assert cli.main([command, "--mapping", str(path), "--continuous-check", "50", "--continuous-check-segments",
+                     "8"] + DATAFLOW) == 0
     facts = graph_facts(launched[0].job, [ORDERED, ("CheckTicks", "CheckStep")])
     assert facts.streaming and facts.ordered_path_shuffles == ()
     for step in ("ReadStream", "WriteToBigtable", "CheckContinuously", f"ContinuousCheck[flow_{unique}]",
