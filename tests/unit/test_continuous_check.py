@@ -196,3 +196,27 @@ def test_the_dataflow_step_records_a_divergent_item_and_advances_the_stored_posi
     # a failing step is logged; the job goes on and the next tick retries
     fn._check.scan_segment = lambda *a: (_ for _ in ()).throw(ConnectionError("DynamoDB unreachable"))
     assert list(fn.process(Timestamp.of(wall[0]))) == [] and store.load_meta(POSITION_META) == before
+
+
+def _world_check(job, options):
+    return world()[4]
+
+
+def test_a_step_in_a_beam_job_reports_its_counts_as_beam_metrics():
+    """What Dataflow's UI shows: the step's counts as Beam metrics (the same DoFn
+    in a real, bounded Beam job on the local runner: pickled, set up, one tick)."""
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from ddb2bt.pipeline.graph import make_pipeline
+
+    tick = 1_000_000.0
+    fn = _ContinuousCheckStepFn(Job(), ContinuousOptions(items_per_s=1000, segments=SEGMENTS), 10, 10.0,
+                                connect=_world_check, wall_s=lambda: tick)
+    p = make_pipeline([])
+    p | beam.Create([Timestamp.of(tick)]) | beam.ParDo(fn)
+    result = p.run()
+    result.wait_until_finish()
+    counters = {r.key.metric.name: r.committed
+                for r in result.metrics().query(MetricsFilter().with_namespace("ddb2bt"))["counters"]}
+    assert counters.get("verify_checked_job") == 10
