@@ -47,19 +47,23 @@ def _connect(job, options: ContinuousOptions) -> ContinuousCheck:
 class _ContinuousCheckStepFn(beam.DoFn):
     """One tick → one step of ``job``'s check (``items`` items at most). A step
     that fails is logged and the next tick tries again: the check never fails
-    the job nor holds the replication up. Clients are made in setup()."""
+    the job nor holds the replication up. Clients are made in setup().
+    ``pusher``: (Pushgateway URL, job) of the process's one metrics pusher — the
+    sink's own (the first table's), so no series is pushed twice."""
 
     def __init__(self, job, options: ContinuousOptions, items: int, interval_s: float,
-                 connect: Callable = _connect, wall_s: Callable[[], float] = time.time) -> None:
+                 connect: Callable = _connect, wall_s: Callable[[], float] = time.time,
+                 pusher: Optional[tuple] = None) -> None:
         self._job, self._options, self._items, self._interval_s = job, options, items, interval_s
-        self._connect, self._wall_s = connect, wall_s
+        self._connect, self._wall_s, self._pusher = connect, wall_s, pusher
         self._check: Optional[ContinuousCheck] = None
 
     def setup(self) -> None:
-        if getattr(self._job, "pushgateway", None):  # Dataflow workers cannot be scraped: they push
+        if self._pusher is not None:  # Dataflow workers cannot be scraped: they push
             from ddb2bt.pipeline.metrics import start_pusher
 
-            start_pusher(self._job.pushgateway, job=f"ddb2bt-{self._job.name}")
+            url, job = self._pusher
+            start_pusher(url, job=job)
         self._check = self._connect(self._job, self._options)
 
     def process(self, tick):
@@ -105,9 +109,11 @@ class CheckContinuously(beam.PTransform):
 
     def expand(self, pbegin):
         items = step_items(self._options, self._interval_s)
+        first = self._jobs[0]  # whose pusher the sink starts (WriteToBigtableOrdered._of_jobs)
+        pusher = (first.pushgateway, f"ddb2bt-{first.name}") if getattr(first, "pushgateway", None) else None
         outputs = [pbegin | f"ContinuousCheck[{job.name}]" >> _CheckTable(
-            _ContinuousCheckStepFn(job, self._options, items, self._interval_s, self._connect), self._interval_s)
-            for job in self._jobs]
+            _ContinuousCheckStepFn(job, self._options, items, self._interval_s, self._connect, pusher=pusher),
+            self._interval_s) for job in self._jobs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs) | "MergeCheckSteps" >> beam.Flatten()
 
 

@@ -169,7 +169,6 @@ def test_nothing_is_checked_while_a_migration_is_not_live():
 class Job:
     """What the step reads of a LiveJob."""
     name = "job"
-    pushgateway = None
 
 
 def test_the_dataflow_step_records_a_divergent_item_and_advances_the_stored_position():
