@@ -280,6 +280,11 @@ def cmd_run(args) -> int:
                  f", until idle {args.until_idle}s" if args.until_idle else "")
     p = make_pipeline(args.beam_args)
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
+    if getattr(args, "continuous_check", None) and not is_local(args.beam_args):
+        from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
+
+        # On a remote runner the check is a branch of the job: its workers run it.
+        p | "CheckContinuously" >> CheckContinuously(jobs, continuous_options(args))
     args.job_started = True
     # Locally p.run() itself runs the job: the checks start before it.
     stop_checks = start_continuous_checks(args, jobs) if is_local(args.beam_args) else None
@@ -315,20 +320,35 @@ def summary_at_end(args, mappings: list, states: list, local: bool = True):
         print(summary(), flush=True)
 
 
+def continuous_options(args):
+    from ddb2bt.pipeline.cutover.continuous import ContinuousOptions
+
+    return ContinuousOptions(items_per_s=args.continuous_check, segments=args.continuous_check_segments)
+
+
+@contextlib.contextmanager
+def continuous_checks(args, jobs: list):
+    """``start_continuous_checks`` for the length of a block."""
+    stop = start_continuous_checks(args, jobs)
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def start_continuous_checks(args, jobs: list):
     """--continuous-check RATE: one checking thread per table next to the local
-    job (cutover/continuous.py); returns the Event that stops them."""
+    job (cutover/continuous.py; on Dataflow a branch of the job instead,
+    continuous_beam.py); returns the Event that stops them."""
     import threading
 
     stop = threading.Event()
-    rate = getattr(args, "continuous_check", None)
-    if rate:
-        from ddb2bt.pipeline.cutover.continuous import ContinuousOptions, start_continuous_check
+    if getattr(args, "continuous_check", None):
+        from ddb2bt.pipeline.cutover.continuous import start_continuous_check
 
         for job in jobs:
-            start_continuous_check(job.mapping, state_spec(args, job.mapping).store(),
-                                   ContinuousOptions(items_per_s=rate, segments=args.continuous_check_segments),
-                                   stop, job.stream_arn)
+            start_continuous_check(job.mapping, state_spec(args, job.mapping).store(), continuous_options(args),
+                                   stop, job.stream_arn, job.client_factory)
     return stop
 
 
@@ -378,8 +398,11 @@ def cmd_migrate(args) -> int:
     per_table = with_backfill_leases(args, options, [job.state for job in jobs])
     start_metrics_server(args.metrics_port, args.metrics_host)
     # The summary (dead letters included) comes last: "migration LIVE" is not the end of the story.
-    with summary_at_end(args, mappings, [job.state for job in jobs], local=is_local(args.beam_args)):
-        outcome = migrate(jobs, per_table, args.beam_args, args.until_idle, dry_run=args.dry,
+    local = is_local(args.beam_args)
+    with summary_at_end(args, mappings, [job.state for job in jobs], local=local), \
+            continuous_checks(args, jobs if local and not args.dry else []):
+        check = continuous_options(args) if getattr(args, "continuous_check", None) else None
+        outcome = migrate(jobs, per_table, args.beam_args, args.until_idle, dry_run=args.dry, check=check,
                           on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
                                                 "; the tail keeps running (Ctrl-C stops it; a restart resumes)"),
                                                 flush=True))
@@ -832,6 +855,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(p)
     p.set_defaults(func=cmd_create_table)
 
+    def add_continuous_check_args(p) -> None:
+        p.add_argument("--continuous-check", type=number(float, above=0), metavar="ITEMS_PER_S",
+                       help="while the tail runs, compare this many items per second with their rows (after the tail "
+                            "passed their last change); divergent items are counted (ddb2bt_verify_divergent_total), "
+                            "logged with keys redacted and recorded as dead letters (reason divergent) for "
+                            "`ddb2bt repair`. Where it stands is kept in the state table (a restart goes on from "
+                            "there); nothing is checked while a migration is not LIVE. Locally a thread next to the "
+                            "job; on Dataflow a branch of the job (its workers run it). Off by default")
+        p.add_argument("--continuous-check-segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS),
+                       default=64, help="Scan segments one full pass of the continuous check walks, one at a time "
+                                        "(default 64)")
+
     p = sub.add_parser("run", help="replicate the live stream (Beam job)", formatter_class=raw, description=(
         "Reads the source table's DynamoDB stream and applies every change to Bigtable. Resumes from the "
         "checkpoints in the state table when there are any. Unrecognised options go to Beam: locally the "
@@ -846,14 +881,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tail_args(p)
     add_metrics_args(p)
     add_ops_args(p)
-    p.add_argument("--continuous-check", type=number(float, above=0), metavar="ITEMS_PER_S",
-                   help="while the tail runs, compare this many items per second with their rows (after the tail "
-                        "passed their last change); divergent items are counted (ddb2bt_verify_divergent_total), "
-                        "logged with keys redacted and recorded as dead letters (reason divergent) for "
-                        "`ddb2bt repair`. Local runner; off by default")
-    p.add_argument("--continuous-check-segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS),
-                   default=64, help="Scan segments one full pass of the continuous check walks, one at a time "
-                                    "(default 64)")
+    add_continuous_check_args(p)
     p.set_defaults(func=cmd_run, beam=True)
 
     def add_backfill_args(p) -> None:
@@ -900,6 +928,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tail_args(p)
     add_metrics_args(p)
     add_ops_args(p)
+    add_continuous_check_args(p)
     p.set_defaults(func=cmd_migrate, beam=True)
 
     p = sub.add_parser("verify", help="prove Bigtable equals the mapping of the DynamoDB table", formatter_class=raw,

@@ -46,6 +46,9 @@ PARAMETERS = {
     "lease_renew": ("--lease-renew", "value"),
     "bigtable_deadline": ("--bigtable-deadline", "value"),
     "dynamodb_deadline": ("--dynamodb-deadline", "value"),
+    # run, migrate: the continuous check, a branch of the streaming job (docs/operations.md)
+    "continuous_check": ("--continuous-check", "value"),
+    "continuous_check_segments": ("--continuous-check-segments", "value"),
     # options of `ddb2bt` itself, given before the command
     "log_level": ("--log-level", "value"),
     "log_format": ("--log-format", "value"),
@@ -60,8 +63,6 @@ NOT_ON_DATAFLOW = {
     "until_idle": "a Dataflow streaming job is stopped by drain, not by an idle stream (tests and local catch-up runs)",
     "metrics_port": "Dataflow workers cannot be scraped: use metrics_pushgateway",
     "metrics_host": "Dataflow workers cannot be scraped: use metrics_pushgateway",
-    "continuous_check": "the continuous check runs next to a local job; on Dataflow schedule the Beam verify",
-    "continuous_check_segments": "the continuous check runs next to a local job; on Dataflow schedule the Beam verify",
     "sample_rate": "the Beam verify checks every item (a sampled verify is the local one)",
     "spill_dir": "the local verify's disk spill; a Beam verify joins on the runner, not on local disk",
 }
@@ -69,13 +70,14 @@ TRUE = ("true", "1", "yes")
 BACKFILL_ONLY = {"segments", "tasks", "max_rcu", "page_size", "consistent_read", "from_export", "restart"}
 TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval", "new_stream"}
 VERIFY_ONLY = {"report", "show_keys", "show_values", "eventually_consistent", "recheck_wait"}
+CHECK = {"continuous_check", "continuous_check_segments"}  # run and migrate
 # verify reads (Scan segments or an export) and writes a report: no tail, no lease,
 # no read budget, no dead letters
 NOT_VERIFY = TAIL_ONLY | {"tasks", "max_rcu", "page_size", "consistent_read", "restart", "dlq_include_values",
                           "metrics_pushgateway", "take_over", "adopt_target", "standby", "lease_ttl", "lease_renew",
                           "bigtable_deadline", "dynamodb_deadline"}
-NOT_FOR = {"run": BACKFILL_ONLY | VERIFY_ONLY, "backfill": TAIL_ONLY | VERIFY_ONLY, "migrate": VERIFY_ONLY,
-           "verify": NOT_VERIFY}
+NOT_FOR = {"run": BACKFILL_ONLY | VERIFY_ONLY, "backfill": TAIL_ONLY | VERIFY_ONLY | CHECK,
+           "migrate": VERIFY_ONLY, "verify": NOT_VERIFY | CHECK}
 
 
 def translate(argv: list) -> list:

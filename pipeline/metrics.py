@@ -327,6 +327,21 @@ class PipelineMetrics:
         self._child(self.end_to_end_lag, table).observe(max(lag_ms, 0) / 1000)
         self._beam_lag.update(max(lag_ms, 0))
 
+    # The continuous check (cutover/continuous.py), mirrored as Beam metrics: on
+    # Dataflow its steps run on workers (continuous_beam.py). Beam metrics have
+    # no labels: the table (a mapping's name, never a key) is in the name.
+    def verify_checked_items(self, table: str, count: int) -> None:
+        self._child(self.verify_checked, table).inc(count)
+        BeamMetrics.counter(NAMESPACE, f"verify_checked_{table}").inc(count)
+
+    def verify_divergence(self, table: str, kind: str) -> None:
+        self._child(self.verify_divergent, table, kind).inc()
+        BeamMetrics.counter(NAMESPACE, f"verify_divergent_{table}_{kind}").inc()
+
+    def verify_pass_finished(self, table: str, at_s: float) -> None:
+        self._child(self.verify_last_pass, table).set(at_s)
+        BeamMetrics.gauge(NAMESPACE, f"verify_last_full_pass_ms_{table}").set(int(at_s * 1000))
+
     def observe_lags(self, table: str, lags_ms: list) -> None:
         """``observe_lag`` for each of a batch's changes, with one histogram update
         per bucket instead of one per change (the same samples)."""
@@ -376,6 +391,15 @@ class TableMetrics:
 
     def observe_lags(self, lags_ms: list) -> None:
         self.metrics.observe_lags(self.table, lags_ms)
+
+    def verify_checked_items(self, count: int) -> None:
+        self.metrics.verify_checked_items(self.table, count)
+
+    def verify_divergence(self, kind: str) -> None:
+        self.metrics.verify_divergence(self.table, kind)
+
+    def verify_pass_finished(self, at_s: float) -> None:
+        self.metrics.verify_pass_finished(self.table, at_s)
 
     def set_phase(self, phase: str) -> None:
         from ddb2bt.pipeline.cutover.phases import PHASES

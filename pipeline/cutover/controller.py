@@ -339,14 +339,16 @@ def _overall(phases: list) -> Optional[str]:
 
 
 def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run: bool = False,
-            on_live: Callable[[], None] = lambda: None) -> Outcome:
+            on_live: Callable[[], None] = lambda: None, check=None) -> Outcome:
     """The whole cutover of every table of ``jobs`` (``graph.LiveJob``s, one per
     table; ``options`` one BackfillOptions per job). Locally: one tail for all
     tables and each table's backfill side by side with it (one after another),
     each table's finish, and LIVE per table; returns once every table is LIVE
     and the tail idle (``until_idle``) or, without it, when the tail ends
     (``on_live`` is called when every table is LIVE). Each table keeps its own
-    phase and handoff time. On Dataflow: one streaming job launched."""
+    phase and handoff time. On Dataflow: one streaming job launched, with the
+    continuous check of every table (``check``, ContinuousOptions) as a branch
+    of its own when given (locally the CLI runs its threads next to this)."""
     from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
     from ddb2bt.pipeline.metrics import default_metrics
     from ddb2bt.pipeline.source.stream_source import request_stop
@@ -360,7 +362,7 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
         table_logger(log, job.mapping.name).info("migrate %s → %s: phase %s", job.mapping.source.table,
                                                  job.mapping.target.table, phase or "new")
     if not is_local(beam_args):
-        return Outcome(launched=launch_migrate(jobs, options, beam_args, migrations, dry_run))
+        return Outcome(launched=launch_migrate(jobs, options, beam_args, migrations, dry_run, check))
     stop_token = uuid.uuid4().hex
     jobs = [replace(job, reader=replace(job.reader, stop_token=stop_token)) for job in jobs]
 
@@ -420,7 +422,7 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
     return Outcome(phase=LIVE)
 
 
-def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = False):
+def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = False, check=None):
     """Dataflow: ONE streaming job with the tail of every table and each table's
     backfill side by side. Each table's handoff is fixed here, before launch; the
     readers then move each table's phase on (``phases.advance``): CATCHING_UP
@@ -441,4 +443,8 @@ def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = F
             source, handoff, _ = _begin(job.mapping, migration, opts)
         _add_backfill(p, job.mapping, job.state, source, handoff, opts, reshuffle=True,
                       label=f"Backfill[{job.mapping.name}]" if len(jobs) > 1 else "")
+    if check is not None:  # a branch of its own; each table's steps wait for it to be LIVE
+        from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
+
+        p | "CheckContinuously" >> CheckContinuously(jobs, check)
     return p.run()

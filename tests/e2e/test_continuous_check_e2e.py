@@ -13,6 +13,7 @@ import time
 import pytest
 
 from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.cutover.continuous import POSITION_META, CheckPosition
 from ddb2bt.pipeline.local.local_stack import free_port
 from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter, read_rows
 from ddb2bt.transforms.model import SetCell
@@ -48,8 +49,9 @@ def test_continuous_check_finds_a_corruption_repair_fixes_it_and_no_false_alarm(
     quiet = preload(ddb, mapping.source.table, 5, seed=22)
     key = lambda i: (i["pk"]["S"], i["sk"]["S"])
     busy = [i for i in items if key(i) not in {key(q) for q in quiet}]
+    # the migration's own check threads wait for LIVE, then stop with the command
     assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "2", "--until-idle", "1",
-                   "--poll-interval", "0.2"]) == 0
+                   "--poll-interval", "0.2", "--continuous-check", "100", "--continuous-check-segments", "2"]) == 0
     port = free_port()
     log = open(os.environ.get("DDB2BT_TEST_JOB_LOG", tmp_path / "job.log"), "wb")
     job = subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.cli", "run", "--mapping", str(path),
@@ -61,6 +63,9 @@ def test_continuous_check_finds_a_corruption_repair_fixes_it_and_no_false_alarm(
                                                             stop=stop), daemon=True)
     try:
         samples = _wait_for_pass_after(port, 0)
+        # where the check stands is in the state table (a restarted job goes on from there)
+        stored = CheckPosition.from_json(store_of(mapping).load_meta(POSITION_META))
+        assert stored.segments == 2 and stored.passes >= 1
         writer.start()
         writer.join(timeout=300)
         stop.set()

@@ -151,3 +151,28 @@ def test_verify_of_three_tables_is_a_batch_job_joining_source_and_target_rows(st
                  "WriteVerifyReport"):
         assert step in facts.steps, step
     assert len(_leaf_names(result.job, "ReadSourceItems")) == 3
+
+
+@pytest.mark.parametrize("command", ["run", "migrate"])
+def test_a_continuous_check_is_a_branch_of_its_own_without_shuffles(stack, tmp_path, unique, launched, command):
+    """On Dataflow the continuous check is a branch of the streaming job (ticks →
+    one check step each), joined to the ordered path by nothing."""
+    path = setup(tmp_path, unique)
+    assert cli.main([command, "--mapping", str(path), "--continuous-check", "50", "--continuous-check-segments",
+                     "8"] + DATAFLOW) == 0
+    facts = graph_facts(launched[0].job, [ORDERED, ("CheckTicks", "CheckStep")])
+    assert facts.streaming and facts.ordered_path_shuffles == ()
+    for step in ("ReadStream", "WriteToBigtable", "CheckContinuously", f"ContinuousCheck[flow_{unique}]",
+                 "CheckTicks", "CheckStep"):
+        assert step in facts.steps, step
+    assert any("CheckTicks" in n for n in facts.splittable)  # the ticks: an unbounded splittable source
+    # joined by nothing: no output of the check's branch is an input outside it, nor the other way round
+    transforms = launched[0].job.proto_pipeline.components.transforms.values()
+    leaves = [t for t in transforms if not t.subtransforms]
+    inside = [t for t in leaves if t.unique_name.startswith("CheckContinuously/")]
+    outside = [t for t in leaves if not t.unique_name.startswith("CheckContinuously/")]
+    assert inside and outside
+    made_inside = {pc for t in inside for pc in t.outputs.values()}
+    made_outside = {pc for t in outside for pc in t.outputs.values()}
+    assert not any(pc in made_inside for t in outside for pc in t.inputs.values())
+    assert not any(pc in made_outside for t in inside for pc in t.inputs.values())
