@@ -411,7 +411,15 @@ class Lease:
             if not swapped:
                 raw = self._cell.read()
             self._last_error = None
-        except (RetryableError, PermanentError) as exc:
+        except PermanentError as exc:
+            # Not a blip: no retry can make it succeed (the state table deleted,
+            # access revoked). Waiting out give_up_s would hold the job for
+            # minutes with its writes paused and nothing to wait for.
+            self._lose(f"job {self.spec.job}: renewing the {self.spec.role} lease at {self._cell.where} failed and "
+                       f"no retry can succeed ({exc}); was the state table deleted or access revoked? This process "
+                       "stops before its next write")
+            return False
+        except RetryableError as exc:
             self._last_error = f"{self._cell.where}: {exc}"
             if sent - self._last_warning >= self.spec.renew_s:
                 self._last_warning = sent

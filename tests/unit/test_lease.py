@@ -234,6 +234,21 @@ def test_renewal_failures_stop_writes_after_ttl_minus_margin():
     assert world.t - start == pytest.approx(TTL - margin_s(TTL), abs=1.0)
 
 
+def test_a_renewal_that_fails_permanently_loses_the_lease_at_once():
+    """The state table gone (NOT_FOUND) is no blip: the process stops at its
+    next write instead of pausing for the give-up time."""
+    world = World()
+    gone = {"on": False}
+    bt = InMemoryBigtable(fault=lambda t, e, n: [EntryStatus(5, "table not found")] if gone["on"] else None)
+    a = make(world, bt, "a")
+    a.acquire(heartbeat=False)
+    gone["on"] = True
+    world.sleep(1.0)
+    assert not a.renew()
+    with pytest.raises(LeaseLost, match="no retry can succeed"):
+        a.check()
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["local", "dataflow-shared"])
 def test_a_blip_shorter_than_the_deadline_is_ridden_through_without_a_restart(shared):
     """Bigtable unreachable for 25 s (longer than the TTL): writes pause while
