@@ -4,6 +4,11 @@ Run ``ddb2bt <command> --help`` for each command's options and examples.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m ddb2bt.pipeline.cli`: interrupts handled before the imports below
+    from ddb2bt.pipeline.signals import exit_quietly_on_interrupt
+
+    exit_quietly_on_interrupt()
+
 import argparse
 import contextlib
 import difflib

@@ -27,6 +27,19 @@ pytestmark = pytest.mark.e2e
 FAST_LEASE = ["--lease-ttl", "4", "--lease-renew", "1"]
 
 
+def wait_until_signals_caught(pid: int, timeout_s: float = 30.0) -> None:
+    """Until the process catches SIGINT and SIGTERM (SigCgt in /proc/PID/status)."""
+    wanted = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+        if caught & wanted == wanted:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not install its SIGINT/SIGTERM handling within {timeout_s:.0f} s")
+
+
 def spawn(args: list, err: Path, env: dict = None, write_log: Path = None) -> subprocess.Popen:
     """The ddb2bt command in its own process (and session); with ``write_log``
     through the test runner that records every write RPC it sends."""
@@ -239,7 +252,10 @@ def test_ctrl_c_at_random_points_always_ends_quickly_and_cleanly(stack, tmp_path
     for i in range(20):
         err = tmp_path / f"int{i}.err"
         proc = spawn(run, err)
-        time.sleep(rng.uniform(0.3, 3.5))  # start-up, preflight, lease, reading, writing, checkpointing
+        # A signal before the interpreter runs ddb2bt's first line can be handled by
+        # no program; from the moment ddb2bt catches it (its first import), any time:
+        wait_until_signals_caught(proc.pid)
+        time.sleep(rng.uniform(0.0, 3.5))  # imports, preflight, lease, reading, writing, checkpointing
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM if i % 5 == 4 else signal.SIGINT)
         try:
