@@ -252,7 +252,11 @@ def decode_scan_items(response_dict: dict, customized_response_dict: dict, **_) 
             items = data["Items"]
             if type(items) is not list:
                 return
-            decoded["Items"] = [_wire_item(item) for item in items]
+            # In place: each wire item is dropped as its decoded form is made,
+            # so a 1 MB page is not held twice (docs/benchmarks.md, Verify).
+            for i, item in enumerate(items):
+                items[i] = _wire_item(item)
+            decoded["Items"] = items
         if "LastEvaluatedKey" in data:
             decoded["LastEvaluatedKey"] = _wire_item(data["LastEvaluatedKey"])
     except (_NotPlain, KeyError, ValueError, TypeError):  # binascii.Error is a ValueError
@@ -302,7 +306,10 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
         if bucket is not None:
             bucket.consume(consumed)
         last = page.get("LastEvaluatedKey")
-        yield ScanPage(page.get("Items", []), start, last, consumed)
+        # Popped, not read: this frame must not keep a page's items alive while
+        # the next page is fetched and decoded (two 1 MB pages per segment
+        # thread instead of one; docs/benchmarks.md, Verify).
+        yield ScanPage(page.pop("Items", []), start, last, consumed)
         if not last:
             return
         start = last
