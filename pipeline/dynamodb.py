@@ -306,10 +306,11 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
         if bucket is not None:
             bucket.consume(consumed)
         last = page.get("LastEvaluatedKey")
-        # Popped, not read: this frame must not keep a page's items alive while
-        # the next page is fetched and decoded (two 1 MB pages per segment
+        yield ScanPage(page.get("Items", []), start, last, consumed)
+        # Dropped before the next page is fetched and decoded: this frame must
+        # not keep a page's items alive meanwhile (two 1 MB pages per segment
         # thread instead of one; docs/benchmarks.md, Verify).
-        yield ScanPage(page.pop("Items", []), start, last, consumed)
+        page = None
         if not last:
             return
         start = last
