@@ -252,8 +252,9 @@ def decode_scan_items(response_dict: dict, customized_response_dict: dict, **_) 
             items = data["Items"]
             if type(items) is not list:
                 return
-            # In place: each wire item is dropped as its decoded form is made,
-            # so a 1 MB page is not held twice (docs/benchmarks.md, Verify).
+            # In place: each wire item's dict is dropped as its decoded one is
+            # made (plain values are shared), so a page's items are not held
+            # twice while it is decoded (docs/benchmarks.md, Verify).
             for i, item in enumerate(items):
                 items[i] = _wire_item(item)
             decoded["Items"] = items
