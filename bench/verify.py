@@ -1,6 +1,10 @@
 """verify: items/s and peak RSS of `ddb2bt verify` at two table sizes, on the
 local stack (moto server + Bigtable emulator), each run a fresh process whose
-own peak RSS is read with wait4 (the emulators are not counted):
+own peak RSS is its VmHWM, read as it exits (the emulators are not counted).
+Not wait4's ru_maxrss: Linux carries the peak RSS of the process that spawned
+a child into the child's ru_maxrss at exec (vfork or fork), so a child of this
+bench reported the bench's own peak — ~400 MiB once it had built 100,000 items
+to load — whatever verify itself used:
 
 - ``local``: the bounded verify (parallel Scan, hash buckets spilled to disk);
 - ``before``: the same command of the main checkout before it (everything in
@@ -91,19 +95,41 @@ def _load(n: int, project: str, instance: str, tmp: Path) -> tuple:
     return path, export
 
 
+# Runs `ddb2bt` (its module as __main__, as `python -m` does) and, as it exits,
+# writes its own VmHWM (kB: the peak RSS of this process's memory since exec,
+# nothing inherited) to the file named by HWM_ENV.
+HWM_ENV = "DDB2BT_BENCH_HWM_FILE"
+RUN_WITH_HWM = (
+    "import atexit, os, runpy, sys\n"
+    "def _hwm():\n"
+    "    with open('/proc/self/status') as f:\n"
+    "        kb = next(line.split()[1] for line in f if line.startswith('VmHWM:'))\n"
+    f"    with open(os.environ['{HWM_ENV}'], 'w') as out:\n"
+    "        out.write(kb)\n"
+    "atexit.register(_hwm)\n"
+    "sys.argv[0] = 'ddb2bt'\n"
+    "runpy.run_module('ddb2bt.pipeline.cli', run_name='__main__', alter_sys=True)\n"
+)
+
+
 def _measure(python: str, cwd: Path, args: list) -> dict:
-    """Wall seconds and peak RSS (MiB) of one `ddb2bt` process."""
-    t = time.perf_counter()
-    proc = subprocess.Popen([python, "-m", "ddb2bt.pipeline.cli", *args], cwd=cwd, env=dict(os.environ),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
+    """Wall seconds and peak RSS (MiB, the process's own VmHWM) of one `ddb2bt` process."""
+    with tempfile.NamedTemporaryFile("r", suffix=".hwm") as hwm:
+        t = time.perf_counter()
+        proc = subprocess.Popen([python, "-c", RUN_WITH_HWM, *args], cwd=cwd,
+                                env={**os.environ, HWM_ENV: hwm.name},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, _ = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        peak_kb = int(hwm.read() or 0)
     err = proc.stderr.read().decode(errors="replace")
     proc.stderr.close()
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         raise RuntimeError(f"verify exited {code}: {err[-2000:]}")
-    return {"seconds": round(wall, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024)}
+    if not peak_kb:
+        raise RuntimeError("verify exited without writing its peak RSS")
+    return {"seconds": round(wall, 1), "peak_rss_mib": round(peak_kb / 1024)}
 
 
 def run_verify(sizes=SIZES, before: bool = True) -> dict:

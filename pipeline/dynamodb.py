@@ -252,7 +252,12 @@ def decode_scan_items(response_dict: dict, customized_response_dict: dict, **_) 
             items = data["Items"]
             if type(items) is not list:
                 return
-            decoded["Items"] = [_wire_item(item) for item in items]
+            # In place: each wire item's dict is dropped as its decoded one is
+            # made (plain values are shared), so a page's items are not held
+            # twice while it is decoded (docs/benchmarks.md, Verify).
+            for i, item in enumerate(items):
+                items[i] = _wire_item(item)
+            decoded["Items"] = items
         if "LastEvaluatedKey" in data:
             decoded["LastEvaluatedKey"] = _wire_item(data["LastEvaluatedKey"])
     except (_NotPlain, KeyError, ValueError, TypeError):  # binascii.Error is a ValueError
@@ -303,6 +308,10 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
             bucket.consume(consumed)
         last = page.get("LastEvaluatedKey")
         yield ScanPage(page.get("Items", []), start, last, consumed)
+        # Dropped before the next page is fetched and decoded: this frame must
+        # not keep a page's items alive meanwhile (two 1 MB pages per segment
+        # thread instead of one; docs/benchmarks.md, Verify).
+        page = None
         if not last:
             return
         start = last

@@ -38,8 +38,9 @@ MAX_SPLIT_DEPTH = 4  # 16^4 more buckets: beyond that one row itself is huge
 # Buckets are sized for this many source items: a loaded group (both sides, a
 # few KiB of Python objects per item) stays a few MiB, about what a 10,000-item
 # table's groups weigh, so peak memory does not follow the table (measured:
-# 10,000 items per bucket let a 100,000-item verify peak 1.6x higher than a
-# 10,000-item one). Fewer items still get MIN_BUCKETS.
+# the comparison adds 0-3 MiB to what the Scan left, at 10,000 and 100,000
+# items; the peak is the Scan's, docs/benchmarks.md, Verify). Fewer items
+# still get MIN_BUCKETS.
 ITEMS_PER_BUCKET = 1_000
 MIN_BUCKETS = 16
 MAX_BUCKETS = 4096  # files per side; the flush opens each non-empty one

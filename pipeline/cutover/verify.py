@@ -199,7 +199,12 @@ def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_
         kept = 0
         for page in scan_pages(ddb, mapping.source.table, segment=i, total_segments=segments,
                                consistent_read=consistent, page_limit=None):
-            for item in page.items:
+            # Each item is released once spilled, and the page before the next
+            # one is fetched: a segment thread holds at most one decoded page.
+            items = page.items
+            del page
+            for n in range(len(items)):
+                item, items[n] = items[n], None
                 if not keep(item):
                     continue
                 kept += 1
@@ -214,7 +219,8 @@ def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_
                     by_row.setdefault((cell.table, cell.row_key), []).append(cell)
                 for (table, row_key), row_cells in by_row.items():
                     expected.add(table, row_key, (keys, row_cells))
-            on_page(len(page.items))
+            on_page(len(items))
+            items = item = None
         with lock:
             count[0] += kept
 

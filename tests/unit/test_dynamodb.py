@@ -240,3 +240,38 @@ def test_scan_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
     fast = [(p.items, p.last_key) for p in scan_pages(client, table, page_limit=7, retry=FAST)]
     assert fast == plain and sum(len(items) for items, _ in fast) == 30
     assert fast[0][0][0]["b"] == {"B": b"\x00\x01\x02\xff"}
+
+
+class _Item(dict):
+    """An item the test can hold weakly."""
+
+
+def test_scan_pages_let_go_of_a_page_before_fetching_the_next():
+    """The pager keeps no page's items while it fetches the next one: a consumer
+    done with a page holds at most one in memory (docs/benchmarks.md, Verify)."""
+    import gc
+    import weakref
+
+    # The metrics module is imported by the first AWS call; importing it keeps
+    # the frames of whoever called first (through Beam's import), with their
+    # locals: imported here, the first Scan is not that caller.
+    from ddb2bt.pipeline import metrics  # noqa: F401
+
+    handed_out: list = []
+    alive_at_fetch: list = []
+
+    class Pages:
+        def scan(self, ExclusiveStartKey=None, **kw):
+            gc.collect()
+            if ExclusiveStartKey is not None:
+                alive_at_fetch.append(sum(ref() is not None for ref in handed_out))
+            start = 0 if ExclusiveStartKey is None else ExclusiveStartKey["n"]
+            items = [_Item(n=start + i) for i in range(5)]
+            handed_out.extend(weakref.ref(it) for it in items)
+            return {"Items": items, **({"LastEvaluatedKey": {"n": start + 5}} if start < 15 else {})}
+
+    seen = 0
+    for page in scan_pages(Pages(), "T", page_limit=None, retry=FAST):
+        seen += len(page.items)
+        del page
+    assert seen == 20 and alive_at_fetch == [0, 0, 0]
