@@ -14,3 +14,29 @@ T = 1_700_000_000_000
 
 def item(**kw):
     return {k: from_plain(v) for k, v in kw.items()}
+
+
+# Item generators of the model tests (handoff, ordering guard, recover): version n
+# of an item, so that consecutive versions add, change and remove attributes.
+def video_item(pk, sk, n):
+    if sk == "Video":
+        return item(pk=pk, sk=sk, UploadDate=f"2023-09-10T15:21:{n:02d}", Formats={"480": f"u{n}"})
+    if sk == "VideoStatsLikes":
+        return item(pk=pk, sk=sk, Count=n)
+    return item(pk=pk, sk=sk, Content=f"c{n}", CreatedAt=f"2023-09-1{sk[-1]}T00:00:{n:02d}")
+
+
+def catalog_item(pk, sk, n):
+    attrs = {"pk": pk, "sk": sk, "Price": n}
+    if n % 2:
+        attrs["Description"] = f"d{n}"  # present or removed from one version to the next
+    if n % 3 == 0:
+        attrs["Color"] = ["red"] if n % 2 else ["blue", "red"]
+    return item(**attrs)
+
+
+def hr_item(pk, sk, n):
+    attrs = {"PK": pk, "SK": sk, "Name": f"n{n % 4}", "Warehouse": f"w{n % 3}"}  # index rows move
+    if n % 2:
+        attrs["JobTitle"] = f"t{n}"
+    return item(**attrs)

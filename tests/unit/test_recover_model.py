@@ -25,42 +25,14 @@ from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-from ddb2bt.transforms.attrs import from_plain
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import handoff_second_ms, map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedChange
+from tests.unit.cutover_common import catalog_item, hr_item, item, video_item
 
 START_MS = 1_700_000_000_000
 FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0))
 STREAM = "arn:aws:dynamodb:us-east-1:000000000000:table/T/stream/2024-01-01T00:00:00.000"
-
-
-def item(**kw):
-    return {k: from_plain(v) for k, v in kw.items()}
-
-
-def video_item(pk, sk, n):
-    if sk == "Video":
-        return item(pk=pk, sk=sk, UploadDate=f"2023-09-10T15:21:{n:02d}", Formats={"480": f"u{n}"})
-    if sk == "VideoStatsLikes":
-        return item(pk=pk, sk=sk, Count=n)
-    return item(pk=pk, sk=sk, Content=f"c{n}", CreatedAt=f"2023-09-1{sk[-1]}T00:00:{n:02d}")
-
-
-def catalog_item(pk, sk, n):
-    attrs = {"pk": pk, "sk": sk, "Price": n}
-    if n % 2:
-        attrs["Description"] = f"d{n}"  # present or removed from one version to the next
-    if n % 3 == 0:
-        attrs["Color"] = ["red"] if n % 2 else ["blue", "red"]
-    return item(**attrs)
-
-
-def hr_item(pk, sk, n):
-    attrs = {"PK": pk, "SK": sk, "Name": f"n{n % 4}", "Warehouse": f"w{n % 3}"}  # index rows move
-    if n % 2:
-        attrs["JobTitle"] = f"t{n}"
-    return item(**attrs)
 
 
 CASES = {
