@@ -36,7 +36,7 @@ from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_pages
 from ddb2bt.pipeline.cutover.exports import (ION, ExportManifest, check_manifest, dynamodb_json_items, export_time_ms,
-                                             ion_items, parse_summary)
+                                             ion_items, manifest_data_files, parse_summary)
 
 log = logging.getLogger(__name__)
 
@@ -144,19 +144,10 @@ class ExportSource:
     def _files(self) -> dict:
         """{data file name (relative to the export directory): itemCount or None}, in manifest order."""
         def build() -> dict:
-            files: dict = {}
-            for n, line in enumerate(self.read_bytes("manifest-files.json").decode("utf-8").splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                    key = entry["dataFileS3Key"]
-                except (ValueError, KeyError, TypeError):
-                    raise ConfigError(f"manifest-files.json line {n} has no dataFileS3Key", "--from-export") from None
-                name = "data/" + key.rsplit("/data/", 1)[-1] if "/data/" in key else key
-                count = entry.get("itemCount")
-                files[name] = int(count) if isinstance(count, int) else None
-            return files
+            listed = manifest_data_files(self.read_bytes("manifest-files.json"),
+                                         lambda message: ConfigError(message, "--from-export"))
+            return {("data/" + key.rsplit("/data/", 1)[-1] if "/data/" in key else key): count
+                    for key, count in listed}
         return memo(self, "_data_files", build)
 
     def parts(self) -> list:

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from decimal import Decimal
 from collections.abc import Mapping
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ddb2bt.transforms.attrs import canonical_number, check_dynamodb_number
 from ddb2bt.transforms.errors import ConfigError, MappingError, PermanentError
@@ -203,3 +203,20 @@ def export_time_ms(text: str) -> int:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=_dt.timezone.utc)
     return (parsed - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)) // _dt.timedelta(milliseconds=1)
+
+
+def manifest_data_files(raw: bytes, refuse: Callable[[str], Exception]) -> list:
+    """manifest-files.json (one JSON object a line) → [(dataFileS3Key, itemCount
+    or None)], in manifest order. A line without a key raises ``refuse(message)``."""
+    files = []
+    for n, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            key = entry["dataFileS3Key"]
+        except (ValueError, KeyError, TypeError):
+            raise refuse(f"manifest-files.json line {n} has no dataFileS3Key") from None
+        count = entry.get("itemCount")
+        files.append((key, int(count) if isinstance(count, int) else None))
+    return files

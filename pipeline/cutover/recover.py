@@ -45,7 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence
 
-from ddb2bt.pipeline.cutover.exports import INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms
+from ddb2bt.pipeline.cutover.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms,
+                                             manifest_data_files)
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 
@@ -314,20 +315,11 @@ def open_export(location: str, table: str, region: Optional[str] = None) -> Incr
             f"Bigtable (index rows, sets) cannot be known. Export with ExportViewType={NEW_AND_OLD_IMAGES}", OPTION)
     if not manifest.export_from_time or not manifest.export_to_time:
         raise RecoveryRefused(where + "manifest-summary.json has no exportFromTime/exportToTime", OPTION)
-    files = []
-    for n, line in enumerate(source.read_bytes("manifest-files.json").decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            key = entry["dataFileS3Key"]
-        except (ValueError, KeyError, TypeError):
-            raise RecoveryRefused(where + f"manifest-files.json line {n} has no dataFileS3Key", OPTION) from None
-        # Keys are relative to the bucket: ``[prefix/]AWSDynamoDB/<id>/data/...`` for full
-        # exports, ``[prefix/]AWSDynamoDB/data/...`` (a shared folder) for incremental ones.
-        rel = key.split("AWSDynamoDB/", 1)[1] if "AWSDynamoDB/" in key else key
-        count = entry.get("itemCount")
-        files.append((rel, int(count) if isinstance(count, int) else None))
+    listed = manifest_data_files(source.read_bytes("manifest-files.json"),
+                                 lambda message: RecoveryRefused(where + message, OPTION))
+    # Keys are relative to the bucket: ``[prefix/]AWSDynamoDB/<id>/data/...`` for full
+    # exports, ``[prefix/]AWSDynamoDB/data/...`` (a shared folder) for incremental ones.
+    files = [(key.split("AWSDynamoDB/", 1)[1] if "AWSDynamoDB/" in key else key, count) for key, count in listed]
     return IncrementalExport(location, manifest, export_time_ms(manifest.export_from_time),
                              export_time_ms(manifest.export_to_time), view, tuple(files), source)
 

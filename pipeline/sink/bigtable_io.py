@@ -550,12 +550,18 @@ class GrpcMutationWriter:
     def _txn_params(self, table_name: str) -> tuple:
         return self._params(table_name, self._txn_profile)
 
-    def cells_since(self, table_id: str, row_keys: Sequence, family: str, since_ms: int) -> set:
+    def _rows_request(self, table_id: str, row_keys: Sequence) -> tuple:
+        """(table name, ReadRows request of ``row_keys``) through the transactional
+        profile: what a compare-and-set that follows must see (one cluster)."""
         table_name = self._prefix + table_id
         request = self._read_cls(table_name=table_name)
         if self._txn_profile:
             request.app_profile_id = self._txn_profile
         request.rows.row_keys.extend(sorted(set(row_keys)))
+        return table_name, request
+
+    def cells_since(self, table_id: str, row_keys: Sequence, family: str, since_ms: int) -> set:
+        table_name, request = self._rows_request(table_id, row_keys)
         chain = request.filter.chain.filters
         # A column range naming the family, not a family regex: the emulator
         # compiles a regex filter again for every row (~80 us a row, more than
@@ -638,11 +644,7 @@ class GrpcMutationWriter:
         ReadRows call). The ordering guard reads its clock cells with it, through the
         transactional profile: on a replicated instance the swap that follows must see
         the same cluster (docs/operations.md, HA instances)."""
-        table_name = self._prefix + table_id
-        request = self._read_cls(table_name=table_name)
-        if self._txn_profile:
-            request.app_profile_id = self._txn_profile
-        request.rows.row_keys.extend(sorted(set(row_keys)))
+        table_name, request = self._rows_request(table_id, row_keys)
         chain = request.filter.chain.filters
         chain.add().column_range_filter.family_name = family  # no regex (see cells_since)
         chain.add().cells_per_column_limit_filter = 1
