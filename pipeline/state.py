@@ -359,6 +359,17 @@ class BigtableStateBackend:
                           attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S, app_profile=self._app_profile)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
 
+    def keys_written_since(self, prefix: bytes, since_ms: int) -> dict:
+        """{row key: newest cell's timestamp} of the rows under ``prefix`` with a
+        cell stamped at or after ``since_ms`` (filtered on the server)."""
+        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_table
+
+        rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
+                          client=self._data_client(), deadline_s=self._deadline_s,
+                          attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S, app_profile=self._app_profile,
+                          since_ms=since_ms)
+        return {k: max(versions[0][0] for versions in cells.values()) for k, cells in rows.items()}
+
     def read_keys(self, keys: Sequence) -> dict:
         """Like read_prefix, for exactly these rows (absent rows are absent)."""
         from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_rows

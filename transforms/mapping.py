@@ -631,7 +631,13 @@ def backfill_record(keys: Item, item: Item, handoff_ms: int, position=None) -> C
     """A scanned or exported item as a change: an INSERT one millisecond before the
     handoff second, guarded against the live tail (see map_change)."""
     since = handoff_second_ms(handoff_ms)
-    return ChangeRecord(INSERT, keys, item, None, since - 1, position=position, backfill_since_ms=since)
+    return ChangeRecord(INSERT, keys, item, None, backfill_cell_ms(handoff_ms), position=position,
+                        backfill_since_ms=since)
+
+
+def backfill_cell_ms(handoff_ms: int) -> int:
+    """The one timestamp of a backfill's cells: the handoff second minus 1 ms."""
+    return handoff_second_ms(handoff_ms) - 1
 
 
 def handoff_second_ms(handoff_ms: int) -> int:

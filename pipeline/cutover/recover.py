@@ -47,6 +47,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from ddb2bt.pipeline.cutover.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms,
                                              manifest_data_files)
+from ddb2bt.pipeline.cutover.straddle import SweepResult
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 
@@ -69,6 +70,7 @@ LATEST_RESTORABLE_LAG_S = 5 * 60
 NEW_AND_OLD_IMAGES = "NEW_AND_OLD_IMAGES"
 # Data file progress lives in the state table under this meta name.
 PROGRESS_META = "recover_done"
+SWEEP_META = "recover_swept"  # "done" once the boundary sweep ran (straddle.py)
 GAP_META = "recover_gap"
 
 
@@ -96,6 +98,11 @@ class Gap:
     # it), so resuming *after* it loses nothing; and if the record is trimmed too
     # before the tail runs, the tail stops loudly again instead of skipping changes.
     resume_after: tuple = ()
+    # The latest change the job applied on any shard, trimmed or intact (0:
+    # unknown). The exports must reach past it: the boundary sweep takes an
+    # item's last image in them as its state after every change the job wrote
+    # (straddle.py, docs/design.md §8.1.1).
+    applied_ms: int = 0
 
     @property
     def start_s(self) -> int:
@@ -151,6 +158,7 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) ->
         if not start:
             break
     trimmed, last_applied, oldest_held, resume = [], [], [], []
+    applied = max((c.change_ms for c in checkpoints.values() if c.change_ms is not None), default=0)
     for shard_id, ckpt in sorted(checkpoints.items()):
         if ckpt.finished or not ckpt.sequence_number or ckpt.sequence_number == RESUME_AT_TRIM_HORIZON:
             continue
@@ -176,7 +184,8 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) ->
         return None
     end = max(oldest_held) if oldest_held else now_ms - LATEST_RESTORABLE_LAG_S * 1000
     return Gap(first_ms=min(last_applied), last_ms=max(last_applied), end_ms=max(end, max(last_applied)),
-               trimmed_shards=tuple(trimmed), stream_arn=stream_arn, resume_after=tuple(resume))
+               trimmed_shards=tuple(trimmed), stream_arn=stream_arn, resume_after=tuple(resume),
+               applied_ms=max(applied, max(last_applied)))
 
 
 def _split(start: int, end: int) -> list:
@@ -196,6 +205,7 @@ def plan_windows(gap: Gap, now_ms: int) -> list:
     latest = now_ms // 1000 - LATEST_RESTORABLE_LAG_S
     end = min(math.ceil(gap.end_ms / 1000) + END_OVERLAP_S, latest)
     end = max(end, gap.boundary_s + MIN_WINDOW_S)  # a just-trimmed gap: wait until PITR reaches it
+    end = max(end, gap.applied_ms // 1000 + 1)  # past every change the job applied (check_coverage)
     return _split(min(gap.start_s, gap.boundary_s - MIN_WINDOW_S), gap.boundary_s) + _split(gap.boundary_s, end)
 
 
@@ -376,6 +386,12 @@ def check_coverage(exports: Sequence[IncrementalExport], gap: Gap) -> list:
         raise RecoveryRefused(
             f"the exports end at {iso(reach)}, but the stream's oldest record is at {iso(gap.end_ms)}: the changes "
             f"in between are in neither. Export {iso(reach)} → a time after {iso(gap.end_ms)} too", OPTION)
+    if reach <= gap.applied_ms:
+        raise RecoveryRefused(
+            f"the exports end at {iso(reach)}, but the job applied changes until {iso(gap.applied_ms)} (on a shard "
+            "whose checkpoint is intact): the recovery takes an item's last image in the exports as its state "
+            f"after every change the job wrote. Export {iso(reach)} → a time after {iso(gap.applied_ms)} too "
+            "(`ddb2bt recover` prints that window)", OPTION)
     boundary = gap.boundary_s * 1000
     if not any(e.to_ms == boundary for e in ordered) or not any(e.from_ms == boundary for e in ordered):
         raise RecoveryRefused(
@@ -395,7 +411,9 @@ def inexact_features(mapping) -> list:
         out.append("ttl.deletions: ignore — an export shows a TTL expiry as a plain deletion (it has no "
                    "userIdentity), so items that expired during the gap would be deleted in Bigtable, where a "
                    "running job keeps them")
-    return out
+    from ddb2bt.pipeline.cutover.straddle import sweep_inexact_features
+
+    return out + sweep_inexact_features(mapping)
 
 
 # --- applying --------------------------------------------------------------------------
@@ -425,6 +443,7 @@ class RecoveryResult:
     files_skipped: int = 0  # finished before a crash
     items: int = 0
     dead_letters: int = 0
+    sweep: Optional[SweepResult] = None  # None: swept before a restart
 
 
 class Recovery:
@@ -436,10 +455,14 @@ class Recovery:
 
     def __init__(self, mapping, store, batcher, migration, fence: Callable[[], object] = lambda: None,
                  progress: Callable[[int, int], None] = lambda done, total: None, metrics=None,
-                 read: Callable[[IncrementalExport, str], Iterator[ExportChange]] = None) -> None:
+                 read: Callable[[IncrementalExport, str], Iterator[ExportChange]] = None, target=None) -> None:
         self.mapping, self.store, self.batcher, self.migration = mapping, store, batcher, migration
         self.fence, self.progress, self.metrics = fence, progress, metrics
         self.read = read or read_changes
+        # What the boundary sweep reads the target with (cells_between): the
+        # writer the batcher writes through, unless given.
+        self.target = target if target is not None else getattr(batcher, "_writer", None)
+        self.swept: Optional[SweepResult] = None
 
     def _done(self) -> int:
         raw = self.store.load_meta(PROGRESS_META)
@@ -455,6 +478,7 @@ class Recovery:
         from ddb2bt.pipeline.cutover.phases import RECOVERING
 
         spec = json.dumps({"first_ms": gap.first_ms, "last_ms": gap.last_ms, "end_ms": gap.end_ms,
+                           "applied_ms": gap.applied_ms,
                            "stream": gap.stream_arn, "shards": list(gap.trimmed_shards),
                            "files": hashlib.sha256("\n".join(files).encode()).hexdigest()}, sort_keys=True)
         if self.migration.phase == RECOVERING and self.store.load_meta(GAP_META) == spec:
@@ -463,6 +487,7 @@ class Recovery:
         self.migration.transition(RECOVERING)
         self.store.save_meta(GAP_META, spec)
         self.store.save_meta(PROGRESS_META, "0")
+        self.store.save_meta(SWEEP_META, "")
 
     def run(self, gap: Gap, exports: Sequence[IncrementalExport]) -> RecoveryResult:
         from ddb2bt.transforms.dofns import map_record
@@ -473,7 +498,10 @@ class Recovery:
         done = self._done()
         result = RecoveryResult(files_skipped=min(done, len(files)))
         self.progress(result.files_skipped, len(files))
+        before = len([1 for export, _ in files if export.to_ms <= gap.boundary_s * 1000])
         for index, (export, rel) in enumerate(files):
+            if index == before:
+                self._sweep(gap, ordered, files)
             if index < done:
                 continue  # finished before a restart
             if export.files[0][0] == rel:
@@ -493,7 +521,39 @@ class Recovery:
             self.store.save_meta(PROGRESS_META, str(index + 1))  # after the file's writes are acknowledged
             result.files += 1
             self.progress(index + 1, len(files))
+        if before == len(files):
+            self._sweep(gap, ordered, files)
+        result.sweep = self.swept
         return result
+
+    def _sweep(self, gap: Gap, ordered: Sequence[IncrementalExport], files: Sequence) -> None:
+        """Once the windows before the boundary are applied, and once per recovery:
+        the cells an item's lost change would have deleted (straddle.py,
+        docs/design.md §8.1.1). The last backfill's cells are not a change's: their
+        one timestamp is not swept."""
+        if self.store.load_meta(SWEEP_META) == "done":
+            return
+        from ddb2bt.pipeline.cutover.straddle import BoundarySweep, swept_windows
+        from ddb2bt.transforms.mapping import backfill_cell_ms
+
+        windows = swept_windows(ordered, gap.first_ms, gap.boundary_s * 1000)
+        handoff = self.migration.handoff_ms
+        sweep = BoundarySweep(self.mapping, self.target, self.batcher, self.store.versions(), self.read, self.fence,
+                              backfill_ms=backfill_cell_ms(handoff) if handoff else None)
+        total = SweepResult()
+        for w in windows:
+            log.info("recover: sweeping the target for cells written in %s that a lost change would have deleted",
+                     w.window())
+            mine = [(export, rel) for export, rel in files if export is w]
+            done = sweep.run(mine, w.from_ms, w.to_ms, all_files=files if w is windows[-1] else None,
+                             versions_since_ms=windows[0].from_ms)
+            total = SweepResult(total.windows + 1, total.rows_read + done.rows_read,
+                                total.cells_deleted + done.cells_deleted,
+                                total.versions_released + done.versions_released)
+        self.swept = total
+        self.store.save_meta(SWEEP_META, "done")
+        log.info("recover: the boundary sweep read %d row(s) of %d window(s); deleted %d stale column(s) and %d "
+                 "version(s)", total.rows_read, total.windows, total.cells_deleted, total.versions_released)
 
     def _dead(self, letters) -> int:
         letters = list(letters or ())
@@ -515,6 +575,7 @@ class Recovery:
         self.migration.transition(LIVE)
         self.store.save_meta(GAP_META, "")
         self.store.save_meta(PROGRESS_META, "")
+        self.store.save_meta(SWEEP_META, "")
 
 
 # --- the command's service -------------------------------------------------------------
@@ -561,6 +622,11 @@ class RecoverOutcome:
                        f"({r.files_skipped} done before a restart), {r.dead_letters} dead letter(s); the trimmed "
                        "shards resume at the oldest record the stream holds: start the tail within 24 h (ddb2bt run -m "
                        "<mapping>)")
+            if r.sweep is not None:
+                w = r.sweep
+                out.append(f"boundary sweep (docs/recover.md): {w.windows} window(s), {w.rows_read} row(s) with "
+                           f"cells in them read, {w.cells_deleted} stale column(s) deleted, {w.versions_released} "
+                           "version(s) released")
         return out
 
 

@@ -35,6 +35,9 @@ MUTATE_ROWS_METHOD = "/google.bigtable.v2.Bigtable/MutateRows"
 CHECK_AND_MUTATE_METHOD = "/google.bigtable.v2.Bigtable/CheckAndMutateRow"
 READ_ROWS_METHOD = "/google.bigtable.v2.Bigtable/ReadRows"
 US_PER_MS = 1000
+# Rows per ReadRows call of a scan with cells_between: one page's call ends well
+# inside DEFAULT_RPC_TIMEOUT_S even when most rows are filtered out on the server.
+SCAN_PAGE_ROWS = 10_000
 DEFAULT_RPC_TIMEOUT_S = 60.0
 # gRPC's default 4 MiB receive limit is too small for wide rows read back by verify.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -588,6 +591,80 @@ class GrpcMutationWriter:
             raise classify_rpc_error(exc, "ReadRows") from None
         return found
 
+    def cells_between(self, table_id: str, lo_ms: int, hi_ms: int, row_keys: Optional[Sequence] = None,
+                      prefix: Optional[bytes] = None) -> Iterator[tuple]:
+        """(row key, family, qualifier, timestamp ms) of every cell written at
+        ``lo_ms`` <= ts < ``hi_ms``, values stripped, in ``row_keys`` (None: every
+        row starting with ``prefix``; b"" or None: the whole table). Pages of
+        SCAN_PAGE_ROWS rows, each its own ReadRows call retried on its own (a
+        scan of a large table outlives one call's deadline); the recovery's
+        boundary sweep reads with it (docs/design.md §8.1)."""
+        from ddb2bt.pipeline.retry import RetryPolicy, retry_call
+
+        table_name = self._prefix + table_id
+        keys = sorted(set(row_keys)) if row_keys is not None else None
+        after: Optional[bytes] = None  # the last row key returned: the next page starts after it
+        while True:
+            request = self._read_cls(table_name=table_name)
+            if self._app_profile:
+                request.app_profile_id = self._app_profile
+            if keys is not None:
+                page_keys = keys[:SCAN_PAGE_ROWS]
+                keys = keys[SCAN_PAGE_ROWS:]
+                if not page_keys:
+                    return
+                request.rows.row_keys.extend(page_keys)
+            else:
+                span = request.rows.row_ranges.add()
+                if after is not None:
+                    span.start_key_open = after
+                elif prefix:
+                    span.start_key_closed = prefix
+                end = _prefix_end(prefix) if prefix else b""
+                if end:
+                    span.end_key_open = end
+                request.rows_limit = SCAN_PAGE_ROWS
+            chain = request.filter.chain.filters
+            tr = chain.add().timestamp_range_filter
+            tr.start_timestamp_micros = lo_ms * US_PER_MS
+            tr.end_timestamp_micros = hi_ms * US_PER_MS
+            chain.add().strip_value_transformer = True
+            rows = retry_call(lambda: self._read_cells(request, table_name),
+                              what=f"ReadRows on {table_id}", policy=RetryPolicy(deadline_s=self._timeout_s * 4),
+                              where=f"Bigtable ({bigtable_endpoint()})")
+            for row in rows:
+                yield from row
+            if keys is None:
+                if len(rows) < SCAN_PAGE_ROWS:
+                    return
+                after = rows[-1][0][0]
+
+    def _read_cells(self, request, table_name: str) -> list:
+        """[[(row, family, qualifier, ts ms), ...] per committed row] of one ReadRows call."""
+        out: list = []
+        row: list = []
+        key, family, qualifier = b"", "", b""
+        try:
+            for response in self._read(request, timeout=self._timeout_s, metadata=self._params(
+                    table_name, self._app_profile)):
+                for chunk in response.chunks:
+                    if chunk.row_key:
+                        key = chunk.row_key
+                    if chunk.HasField("family_name"):
+                        family = chunk.family_name.value
+                    if chunk.HasField("qualifier"):
+                        qualifier = chunk.qualifier.value
+                        row.append((key, family, qualifier, chunk.timestamp_micros // US_PER_MS))
+                    if chunk.reset_row:
+                        row = []
+                    elif chunk.commit_row:
+                        if row:
+                            out.append(row)
+                        row = []
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(exc, "ReadRows") from None
+        return out
+
     def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
         table_name = self._prefix + table_id
         request = self._cam_cls(table_name=table_name, row_key=row_key)
@@ -1005,16 +1082,28 @@ def _read(project: str, instance: str, table_id: str, queries: Iterable, client=
 
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
                latest_only: bool = False, client=None, deadline_s: Optional[float] = None,
-               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None) -> dict:
-    """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}."""
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None,
+               since_ms: Optional[int] = None) -> dict:
+    """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}};
+    ``since_ms``: only cells written at or after it (filtered on the server)."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import row_filters
 
     query = ReadRowsQuery()
     if prefix is not None:
         query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
+    filters = []
+    if since_ms is not None:
+        from datetime import datetime, timezone
+
+        filters.append(row_filters.TimestampRangeFilter(
+            start=datetime.fromtimestamp(since_ms / 1000, timezone.utc)))
     if latest_only:
-        query.filter = row_filters.CellsColumnLimitFilter(1)
+        filters.append(row_filters.CellsColumnLimitFilter(1))
+    if len(filters) == 1:
+        query.filter = filters[0]
+    elif filters:
+        query.filter = row_filters.RowFilterChain(filters)
     return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s, app_profile)
 
 

@@ -148,6 +148,7 @@ class BatchingWriter:
         self._sleep = sleep
         # Who owns each versioned cell (sink/versions.py); None: not tracked.
         self._versions = versions
+        self._settle_stamps: dict = {}  # {version key: its new owner's change time}, per batch
         # A shared (Dataflow) job: this process must own the partitions of the
         # changes it writes (ddb2bt.pipeline.lease.PartitionOwners.check).
         self._partition_fence = partition_fence
@@ -362,7 +363,8 @@ class BatchingWriter:
         self._repair_touched(batch.guarded)
         intents += self._repair_left_over(batch, intents)
         if settle:
-            self._versions.settle(settle)
+            self._versions.settle(settle, self._settle_stamps)
+        self._settle_stamps.clear()
         ack_ms = self._now_ms()
         self._fence_partitions(batch)  # the writes may have taken long: still the owner before checkpointing?
         if self._state is not None:
@@ -571,9 +573,10 @@ class BatchingWriter:
         entries += [(e, c) for e, c in batch.conditional if c.versioned]
         if not entries:
             return []
-        dead, dead_ids, replaced, final = resolve(
+        dead, dead_ids, replaced, final, stamps = resolve(
             self._versions, entries, lambda e, reason, msg: self._dead_letter(e, reason, msg, "VersionClash"))
         settle.update(final)
+        self._settle_stamps.update(stamps)
         if dead and self._metrics:
             self._metrics.version_clashes.inc(len(dead))
         if not (dead_ids or replaced):

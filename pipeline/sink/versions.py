@@ -50,20 +50,45 @@ class VersionOwners:
         rows = self._backend.read_keys(sorted(set(keys)))
         return {k: cells.get((OWNER_FAMILY, OWNER_QUALIFIER)) for k, cells in rows.items()}
 
-    def claim(self, key: bytes, owner: bytes) -> bool:
-        """Own ``key`` unless someone does already; True when claimed."""
-        return self._backend.claim(key, Guard(OWNER_FAMILY, OWNER_QUALIFIER, 0, True, 0),
-                                   [SetCell(OWNER_FAMILY, OWNER_QUALIFIER, owner, self._now_ms())])
+    def claimed_since(self, since_ms: int, skip_ms: Optional[int] = None) -> list:
+        """[(table, row, family, qualifier, version ms, owner)] of every version
+        whose owning change is at or after ``since_ms`` (claims are stamped with
+        their change's time, see claim), except those stamped exactly ``skip_ms``
+        (a backfill's cells' time). For the recovery's boundary sweep (docs/design.md
+        §8.1.1); needs a backend with ``keys_written_since``."""
+        prefix = f"{self._job}#ver#".encode()
+        stamped = self._backend.keys_written_since(prefix, since_ms)
+        keys = [k for k, ts in stamped.items() if ts != skip_ms]
+        out = []
+        for key, owner in sorted(self.owners(keys).items()):
+            if not owner:
+                continue
+            table, row, family, qualifier, version = key[len(prefix):].decode().rsplit("#", 4)
+            out.append((table, bytes.fromhex(row), family, bytes.fromhex(qualifier), int(version), owner))
+        return out
 
-    def settle(self, final: dict) -> None:
-        """{key: owner or None}: set owners and release versions (after the write)."""
+    def claim(self, key: bytes, owner: bytes, change_ms: Optional[int] = None) -> bool:
+        """Own ``key`` unless someone does already; True when claimed. The owner
+        cell is stamped with the claiming change's time (``change_ms``; now when
+        unknown): the recovery's sweep asks which versions changes since a time
+        claimed (``claimed_since``)."""
+        stamp = change_ms if change_ms is not None and change_ms > 0 else self._now_ms()
+        return self._backend.claim(key, Guard(OWNER_FAMILY, OWNER_QUALIFIER, 0, True, 0),
+                                   [SetCell(OWNER_FAMILY, OWNER_QUALIFIER, owner, stamp)])
+
+    def settle(self, final: dict, stamps: Optional[dict] = None) -> None:
+        """{key: owner or None}: set owners and release versions (after the write).
+        ``stamps``: {key: time of the change that owns it now} (see claim)."""
         now = self._now_ms()
+        stamps = stamps or {}
         rows = []
         for key, owner in sorted(final.items()):
+            # Every earlier owner cell goes first; then the owner, at its change's time.
             muts = [DeleteCells(OWNER_FAMILY, OWNER_QUALIFIER, 0, now + 1)]
             if owner is not None:
-                muts = [SetCell(OWNER_FAMILY, OWNER_QUALIFIER, owner, now + 1), DeleteCells(
-                    OWNER_FAMILY, OWNER_QUALIFIER, 0, now + 1)]
+                stamp = stamps.get(key) or now + 1
+                muts = [DeleteCells(OWNER_FAMILY, OWNER_QUALIFIER, 0, max(now, stamp) + 1),
+                        SetCell(OWNER_FAMILY, OWNER_QUALIFIER, owner, stamp)]
             rows.append((key, muts))
         if rows:
             self._backend.write_rows(rows)
@@ -73,11 +98,13 @@ def resolve(owners: VersionOwners, entries: list, dead_letter: Callable) -> tupl
     """Decide, in order, for ``entries`` [(MappedChange, RowChange)] of one batch.
     Returns (dead letters, ids of the refused MappedChanges, {id(RowChange):
     RowChange without the dropped deletes}, {key: owner or None} to settle once
-    the batch is written). ``dead_letter(element, reason, message)``."""
+    the batch is written, {key: time of the change that owns it}).
+    ``dead_letter(element, reason, message)``."""
     wanted = {owners.key(c.table, c.row_key, f, q, v) for _, c in entries for f, q, v, _ in c.versioned}
     stored = owners.owners(wanted)
     view = dict(stored)
     final: dict = {}
+    stamps: dict = {}
     dead: list = []
     dead_ids: set = set()
     replaced: dict = {}
@@ -87,19 +114,22 @@ def resolve(owners: VersionOwners, entries: list, dead_letter: Callable) -> tupl
         drop: set = set()
         claimed: list = []
         clash: Optional[tuple] = None
+        record = getattr(element, "record", None)
+        change_ms = getattr(record, "change_ms", None)
         for family, qualifier, version, is_write in change.versioned:
             key = owners.key(change.table, change.row_key, family, qualifier, version)
             have = view.get(key)
             if is_write:
                 if have is None:
                     if stored.get(key) is None and key not in final:
-                        if owners.claim(key, change.owner):
+                        if owners.claim(key, change.owner, change_ms):
                             claimed.append(key)
                             stored[key] = change.owner
                         else:  # claimed by another writer since we read
                             have = stored[key] = owners.owners([key]).get(key)
                     else:  # released earlier in this batch: ours once the batch is written
                         final[key] = change.owner
+                        stamps[key] = change_ms
                 if have is not None and have != change.owner:
                     clash = (family, qualifier, version, have)
                     break
@@ -127,4 +157,4 @@ def resolve(owners: VersionOwners, entries: list, dead_letter: Callable) -> tupl
                 type(m) is DeleteCells and (m.family, m.qualifier, m.start_ms) in drop
                 and m.end_ms == m.start_ms + 1))
             replaced[id(change)] = replace(change, mutations=kept, size_bytes=-1)
-    return dead, dead_ids, replaced, final
+    return dead, dead_ids, replaced, final, stamps

@@ -12,7 +12,7 @@ import copy
 import datetime as dt
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from botocore.exceptions import ClientError
 
@@ -128,6 +128,18 @@ class InMemoryBigtable:
             return {(k, q) for k in set(row_keys) for (f, q), versions in rows.get(k, {}).items()
                     if f == family and any(ts >= since_ms for ts in versions)}
 
+    def cells_between(self, table_id: str, lo_ms: int, hi_ms: int, row_keys: Optional[Sequence] = None,
+                      prefix: Optional[bytes] = None) -> Iterator:
+        """Like GrpcMutationWriter.cells_between: (row, family, qualifier, ts) of
+        the cells at lo_ms <= ts < hi_ms, rows in key order."""
+        with self._lock:
+            rows = self.tables.get(table_id, {})
+            keys = sorted(set(row_keys)) if row_keys is not None else sorted(
+                k for k in rows if k.startswith(prefix or b""))
+            found = [(k, f, q, ts) for k in keys for (f, q), versions in sorted(rows.get(k, {}).items())
+                     for ts in sorted(versions) if lo_ms <= ts < hi_ms]
+        return iter(found)
+
     def _apply(self, table_id: str, row_key: bytes, mutations: Sequence) -> EntryStatus:
         known = self.families.get(table_id)
         if known is not None:
@@ -161,6 +173,15 @@ class InMemoryBigtable:
 
     def read_prefix(self, prefix: bytes) -> dict:
         return {k: v for k, v in self.latest("__state__").items() if k.startswith(prefix)}
+
+    def keys_written_since(self, prefix: bytes, since_ms: int) -> dict:
+        with self._lock:
+            out = {}
+            for k, row in self.tables.get("__state__", {}).items():
+                stamps = [ts for v in row.values() for ts in v if ts >= since_ms]
+                if k.startswith(prefix) and stamps:
+                    out[k] = max(stamps)
+            return out
 
     def read_keys(self, keys: Sequence) -> dict:
         latest = self.latest("__state__")

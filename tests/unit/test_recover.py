@@ -42,6 +42,7 @@ def test_find_gap_names_the_trimmed_shards_the_last_applied_changes_and_the_olde
     assert (gap.first_ms, gap.last_ms) == (T0 - HOUR_MS, T0 + 5 * HOUR_MS)
     assert gap.end_ms == T0 + 21 * HOUR_MS + 500  # the latest of the trimmed shards' oldest held records
     assert dict(gap.resume_after) == {"busy": busy[20], "lagging": lagging[21]}
+    assert gap.applied_ms == T0 + 30 * HOUR_MS  # the intact shard is ahead: the exports must pass it
 
 
 def test_nothing_trimmed_is_no_gap():
@@ -68,3 +69,27 @@ def test_the_windows_abut_cross_no_boundary_and_respect_the_published_limits(hou
     assert (f"--incremental-export-specification ExportFromTime={windows[0].from_s},ExportToTime={windows[0].to_s},"
             "ExportViewType=NEW_AND_OLD_IMAGES") in commands[0]
     assert "--export-type INCREMENTAL_EXPORT" in commands[0] and "--s3-prefix recover" in commands[0]
+
+
+def test_the_exports_reach_past_every_change_the_job_applied_or_are_refused():
+    """An intact shard far ahead of the trimmed ones: the boundary sweep takes an
+    item's last image in the exports as its state after every change the job wrote
+    (docs/design.md §8.1.1), so the windows end after that change."""
+    from ddb2bt.pipeline.cutover.exports import ExportManifest
+    from ddb2bt.pipeline.cutover.recover import IncrementalExport, RecoveryRefused, check_coverage
+
+    last = T0 + 123_456
+    gap = Gap(first_ms=last, last_ms=last, end_ms=last + HOUR_MS, trimmed_shards=("s",), applied_ms=last + 5 * HOUR_MS)
+    windows = plan_windows(gap, now_ms=last + 30 * HOUR_MS)
+    assert windows[-1].to_s == (last + 5 * HOUR_MS) // 1000 + 1
+
+    def export(w):
+        manifest = ExportManifest("INCREMENTAL_EXPORT", "DYNAMODB_JSON", "arn:aws:dynamodb:us-east-1:1:table/T", None, 0)
+        return IncrementalExport(f"mem://{w.from_s}", manifest, w.from_s * 1000, w.to_s * 1000, "NEW_AND_OLD_IMAGES", ())
+
+    check_coverage([export(w) for w in windows], gap)
+    short = plan_windows(Gap(first_ms=last, last_ms=last, end_ms=last + HOUR_MS, trimmed_shards=("s",)),
+                         now_ms=last + 30 * HOUR_MS)
+    with pytest.raises(RecoveryRefused) as err:
+        check_coverage([export(w) for w in short], gap)
+    assert "the job applied changes until" in str(err.value) and "intact" in str(err.value)

@@ -49,24 +49,29 @@ class Crash(Exception):
     pass
 
 
+SHARDS = ("s0", "s1")
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(sorted(CASES)), st.data())
 def test_recovery_from_random_windows_converges(case, data):
     mapping, pks, sks, make, (pk_name, sk_name) = CASES[case]
     bt = InMemoryBigtable(families={mapping.target.table: set(mapping.family_names)})
-    store = StateStore(bt, "job", lambda: START_MS)
+    wall = [START_MS]  # the writers' clock: a change is applied at or after its time
+    store = StateStore(bt, "job", lambda: wall[0])
     ops = data.draw(st.lists(st.tuples(st.sampled_from(pks), st.sampled_from(sks), st.sampled_from(["put", "delete"]),
                                        st.integers(0, 59), st.sampled_from([0, 1, 400, 1000, 7000])),
                              min_size=2, max_size=30), label="ops")
-    stop = data.draw(st.integers(1, len(ops) - 1), label="ops the job applied")
-    # history: (real ms, key, image before, image after)
+    # An item's changes go to one shard (by partition key). Each shard stopped
+    # after its own number of changes — anywhere, mid-second too: the changes
+    # of an item may straddle it (docs/design.md §8.1.1).
+    shard_of = {pk: SHARDS[i % len(SHARDS)] for i, pk in enumerate(pks)}
+    # history: (real ms, key, image before, image after, shard)
     items: dict = {}
     history: list = []
     now = START_MS
-    for i, (pk, sk, kind, n, advance) in enumerate(ops):
+    for pk, sk, kind, n, advance in ops:
         now += advance
-        if i == stop and history:  # the job stopped cleanly after its last change's second (design §8.1)
-            now = max(now, handoff_second_ms(history[-1][0]) + 1000)
         k = (pk, sk)
         before = items.get(k)
         after = None if kind == "delete" else make(pk, sk, n)
@@ -75,10 +80,12 @@ def test_recovery_from_random_windows_converges(case, data):
         items[k] = after
         if after is None:
             del items[k]
-        history.append((now, k, before, after, i < stop))
-    applied = [h for h in history if h[4]]
-    lost_and_after = [h for h in history if not h[4]]
-    if not applied or not lost_and_after:
+        history.append((now, k, before, after, shard_of[pk]))
+    per_shard = {s: [h for h in history if h[4] == s] for s in SHARDS}
+    applied_n = {s: data.draw(st.integers(0, len(per_shard[s])), label=f"changes {s} applied") for s in SHARDS}
+    # A trimmed shard lost at least one change; an intact one resumes from its checkpoint.
+    trimmed = [s for s in SHARDS if applied_n[s] < len(per_shard[s]) and data.draw(st.booleans(), label=f"{s} trimmed")]
+    if not trimmed:
         return
 
     def record(h):
@@ -87,31 +94,45 @@ def test_recovery_from_random_windows_converges(case, data):
         event = REMOVE if after is None else (MODIFY if before is not None else INSERT)
         return ChangeRecord(event, keys, after, before, handoff_second_ms(t))
 
-    tail = BatchingWriter(bt, None, FAST, sleep=lambda s: None)
+    tail = BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=store.versions())
 
     def tail_apply(h):
+        wall[0] = max(wall[0], h[0])
         for ch in map_change(mapping, record(h)):
             tail.add(MappedChange(record(h), (ch,)))
         tail.flush()
 
+    # The job ran: shards in any interleaving, each in its own order, up to its stop.
+    applied = sorted((h for s in SHARDS for h in per_shard[s][:applied_n[s]]), key=lambda h: h[0])
     for h in applied:
         tail_apply(h)
-    last_applied = applied[-1][0]
-    # The stream trims a random prefix of what the job did not apply (at least one record).
-    horizon = data.draw(st.integers(1, len(lost_and_after)), label="records trimmed")
-    held = lost_and_after[horizon:]
-    end_ms = held[0][0] if held else lost_and_after[-1][0] + 1
-    gap = Gap(first_ms=last_applied, last_ms=last_applied, end_ms=end_ms, trimmed_shards=("s1",), stream_arn=STREAM)
+    last = {s: per_shard[s][applied_n[s] - 1][0] if applied_n[s] else START_MS - 1000 for s in SHARDS}
+    # Each trimmed shard's stream lost a random prefix of what the job did not apply.
+    replay, oldest = [], []
+    for s in SHARDS:
+        pending = per_shard[s][applied_n[s]:]
+        if s in trimmed:
+            horizon = data.draw(st.integers(1, len(pending)), label=f"records of {s} trimmed")
+            pending = pending[horizon:]
+            oldest.append(pending[0][0] if pending else per_shard[s][-1][0] + 1)
+        replay.append(pending)
+    first_ms, last_ms = min(last[s] for s in trimmed), max(last[s] for s in trimmed)
+    end_ms = max(max(oldest), last_ms)
+    applied_ms = max([last_ms] + [h[0] for h in applied])
+    gap = Gap(first_ms=first_ms, last_ms=last_ms, end_ms=end_ms, trimmed_shards=tuple(trimmed), stream_arn=STREAM,
+              applied_ms=applied_ms)
 
     # Window boundaries (seconds): from at or before the gap's start, one at the
-    # boundary, random cuts after it, the last past the stream's oldest record.
+    # boundary, random cuts (before it too), the last past the stream's oldest
+    # record and every applied change.
     start_s = gap.start_s - data.draw(st.integers(0, 3), label="start margin")
-    end_s = end_ms // 1000 + 1 + data.draw(st.integers(0, 3), label="end overlap")
-    inner = sorted(set(data.draw(st.lists(st.integers(gap.boundary_s + 1, max(gap.boundary_s + 1, end_s - 1)),
-                                          max_size=4), label="cuts")) - {end_s})
-    bounds = [start_s, gap.boundary_s] + [c for c in inner if gap.boundary_s < c < end_s] + [end_s]
-    bounds = sorted(set(bounds))
+    end_s = max(end_ms // 1000, applied_ms // 1000, gap.boundary_s) + 1 + data.draw(st.integers(0, 3),
+                                                                                    label="end overlap")
+    cuts = data.draw(st.lists(st.integers(start_s + 1, end_s - 1), max_size=5), label="cuts") if end_s - start_s > 1 \
+        else []
+    bounds = sorted({start_s, gap.boundary_s, end_s} | {c for c in cuts if start_s < c < end_s})
     windows = list(zip(bounds, bounds[1:]))
+
     def state_at(ms):
         s: dict = {}
         for t, k, _, after, _ in history:
@@ -145,6 +166,7 @@ def test_recovery_from_random_windows_converges(case, data):
         return iter(changes[:half] if rel.endswith("part-a.json.gz") else changes[half:])
 
     check_coverage(exports, gap)
+    wall[0] = max(wall[0], end_s * 1000 + 60_000)  # recovery runs after the exports' end
     crashes = data.draw(st.lists(st.integers(1, 12), max_size=2), label="crash after n writes")
     migration = Migration(store, now_ms=lambda: START_MS, sleep=lambda s: None)
     while True:
@@ -156,7 +178,7 @@ def test_recovery_from_random_windows_converges(case, data):
                 if budget[0] < 0:
                     raise Crash()
 
-        batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None)
+        batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=store.versions())
         try:
             result = Recovery(mapping, store, batcher, migration, fence=fence, read=read).run(gap, exports)
             assert result.dead_letters == 0, store.list_dead_letters()
@@ -164,23 +186,29 @@ def test_recovery_from_random_windows_converges(case, data):
             continue  # a crash: whatever the batcher had not flushed is lost; rerun
         recovery = Recovery(mapping, store, batcher, migration, read=read)
         break
-    store.save_checkpoints([ShardCheckpoint(STREAM, "s1", "123")])
+    store.save_checkpoints([ShardCheckpoint(STREAM, s, "123") for s in trimmed])
     recovery.resume_tail(gap)
     assert migration.phase == LIVE
-    assert store.load_checkpoints(STREAM)["s1"].sequence_number == RESUME_AT_TRIM_HORIZON
-    # The tail resumes at the oldest record the stream holds (at-least-once: duplicates).
-    for h in held:
+    for s in trimmed:
+        assert store.load_checkpoints(STREAM)[s].sequence_number == RESUME_AT_TRIM_HORIZON
+    # The tail resumes: trimmed shards at their oldest held record, intact ones
+    # from their checkpoints; shards interleave, with duplicates (at-least-once).
+    while any(replay):
+        shard = data.draw(st.sampled_from([i for i, r in enumerate(replay) if r]), label="next shard")
+        h = replay[shard].pop(0)
         for _ in range(data.draw(st.integers(1, 2), label="duplicates")):
             tail_apply(h)
 
-    expected = expected_layout(mapping, items.values())[mapping.target.table]
-    have = bt.versions(mapping.target.table)
-    assert set(have) == set(expected), "rows differ (a resurrected or a missing row)"
-    for row, cols in expected.items():
-        assert set(have[row]) == set(cols), row
-        for col, want in cols.items():
-            versions = have[row][col]
-            if want.kind == "single":
-                assert versions[max(versions)] == want.value, (row, col, versions)
-            else:
-                assert versions == want.value, (row, col, versions)
+    layout = expected_layout(mapping, items.values())
+    for table in sorted(set(layout) | {mapping.target.table}):
+        expected = layout.get(table, {})
+        have = bt.versions(table)
+        assert set(have) == set(expected), f"rows of {table} differ (a resurrected or a missing row)"
+        for row, cols in expected.items():
+            assert set(have[row]) == set(cols), row
+            for col, want in cols.items():
+                versions = have[row][col]
+                if want.kind == "single":
+                    assert versions[max(versions)] == want.value, (row, col, versions)
+                else:
+                    assert versions == want.value, (row, col, versions)

@@ -1,0 +1,250 @@
+"""The recovery's boundary sweep: the cells an item's lost change would have
+deleted, found in the target (docs/design.md §8.1.1).
+
+A trimmed shard stopped at its last applied change C. The export window that
+holds C starts earlier, so for an item with changes on both sides of C (some
+applied, a later one lost) the window's old image is older than what Bigtable
+holds: a cell that only the applied, stop-time image owned is in neither image
+of the line (or there is no line at all: an item created and deleted inside a
+window is left out of it), and the line's diff keeps it. Neither the exports nor
+the stream hold that image; the target does. Every ordinary cell the job wrote
+carries its change's time, so right after a window [a, b) that can hold such a
+change is applied:
+
+* a cell of an ordinary column written at ``a <= ts < b`` was written by a change
+  inside the window, by an item the window lists or leaves out as absent at b;
+* if no line's image at b (``NewImage``) owns the column, a change of that item
+  between ``ts`` and b removed it; that removal was not applied (an applied one
+  deletes every version up to its own time), so it is lost (or waits in an
+  intact shard's replay, which deletes it again): deleting the column up to
+  ``ts`` is what the job would have done.
+
+So the sweep reads every target table once, with a time-range filter applied
+by Bigtable (only the window's cells come back), and compares them with the
+window's new images, both sides spilled to hash buckets (spill.py, as `verify`
+does): memory is one bucket, at any table size.
+
+Attribute-timestamped (versioned) cells do not carry their change's time; each
+has an owner record (§5.3), stamped when it was claimed, never before its change.
+A version claimed since the window's start whose owner's last image in the
+exports does not hold it was written before the exports' end (they reach past
+every applied change, ``check_coverage``) and removed before it, by a change
+that was not applied: it is deleted exactly and released. An owner the exports
+do not list did not change in them: its versions are kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Sequence
+
+from ddb2bt.transforms.attrs import canonical_typed_json
+from ddb2bt.transforms.errors import MappingError
+
+__all__ = ["SweepResult", "BoundarySweep", "sweep_inexact_features", "swept_windows"]
+
+# Families of ours in the target (touch markers) are never swept.
+RESERVED_FAMILY_PREFIX = "ddb2bt_"
+INCLUSIVE_END_MS = 1  # a delete's end is exclusive: [0, ts + 1) includes ts
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    windows: int = 0
+    rows_read: int = 0  # rows with a cell in a swept window's time range
+    cells_deleted: int = 0  # columns deleted up to their newest stale version
+    versions_released: int = 0
+
+
+def swept_windows(exports: Sequence, first_ms: int, boundary_ms: int) -> list:
+    """The windows that can hold a change lost right after an applied one: before
+    the boundary and ending after the earliest trimmed shard's last applied
+    change (a lost change comes after that change, and before its window's end).
+    Windows wholly before it hold only changes every trimmed shard applied."""
+    return [e for e in exports if first_ms < e.to_ms <= boundary_ms]
+
+
+def _key_id(keys: dict) -> bytes:
+    return canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+
+
+def _templates(mapping):
+    """(table, KeyTemplate) of every row the mapping can write."""
+    for rule in mapping.rules:
+        if rule.row_key is not None:
+            yield mapping.target.table, rule.row_key
+        for index in rule.indexes:
+            yield index.table or mapping.target.table, index.row_key
+
+
+def _versioned_columns(mapping) -> tuple:
+    """({(family, qualifier)} of attribute-timestamped columns with a fixed
+    qualifier, {family} of those with a templated one)."""
+    fixed, templated = set(), set()
+    for rule in mapping.rules:
+        for col in rule.columns:
+            if col.timestamp is not None:
+                if col.qualifier_template is not None:
+                    templated.add(col.family)
+                else:
+                    fixed.add((col.family, col.qualifier))
+    return fixed, templated
+
+
+def sweep_inexact_features(mapping) -> list:
+    """What the sweep cannot find, each with why (said before anything is written)."""
+    out = []
+    for rule in mapping.rules:
+        if rule.hook is not None:
+            out.append(f"rule {rule.name!r} is a hook: the tables and versioned columns it writes are not "
+                       "declared, so a cell only an item's stop-time image owned may stay (docs/design.md §8.1.1)")
+    _, templated = _versioned_columns(mapping)
+    for rule in mapping.rules:
+        if rule.other.mode == "column" and rule.other.family in templated:
+            out.append(f"family {rule.other.family!r} holds both attribute-timestamped columns and ordinary ones "
+                       f"(rule {rule.name!r}, other_attributes): the sweep cannot tell them apart")
+    return out
+
+
+class BoundarySweep:
+    """``writer``: the target's reader (``cells_between``); ``batcher``: a
+    BatchingWriter with version owners; ``owners``: the VersionOwners registry
+    (None: versions are not swept); ``read(export, rel)``: a data file's lines;
+    ``fence``: checked before every write; ``spill_dir``: where the buckets go
+    (a private temporary directory by default)."""
+
+    def __init__(self, mapping, writer, batcher, owners, read: Callable, fence: Callable[[], object] = lambda: None,
+                 spill_dir: Optional[str] = None, backfill_ms: Optional[int] = None) -> None:
+        self.mapping, self.writer, self.batcher, self.owners = mapping, writer, batcher, owners
+        self.read, self.fence, self.spill_dir = read, fence, spill_dir
+        # The timestamp of the last backfill's cells (and version claims): never a
+        # change's, so never swept (docs/design.md §3.3).
+        self.backfill_ms = backfill_ms
+        self._fixed, self._templated = _versioned_columns(mapping)
+
+    def _versioned(self, family: str, qualifier: bytes) -> bool:
+        return family in self._templated or (family, qualifier) in self._fixed
+
+    def _lines(self, files: Sequence) -> Iterator:
+        for export, rel in files:
+            yield from self.read(export, rel)
+
+    def _tables(self) -> list:
+        return sorted({table for table, _ in _templates(self.mapping)} | {self.mapping.target.table})
+
+    def run(self, window_files: Sequence, lo_ms: int, hi_ms: int, all_files: Optional[Sequence] = None,
+            versions_since_ms: Optional[int] = None) -> SweepResult:
+        """``window_files``: [(export, data file)] of one window [lo_ms, hi_ms).
+        With ``all_files`` (every window's, in time order: the
+        owners' last images), versions claimed since ``versions_since_ms`` are
+        swept too."""
+        from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
+        from ddb2bt.transforms.mapping import owned_cells
+
+        result = SweepResult()
+        if lo_ms < hi_ms:
+            estimate = sum(count or 0 for export, rel in window_files
+                           for name, count in export.files if name == rel)
+            with SpillDir(self.spill_dir) as where:
+                buckets = bucket_count(estimate)
+                held, owned = Spill(where.path, "held", buckets), Spill(where.path, "owned", buckets)
+                rows_read = 0
+                for table in self._tables():
+                    last = None
+                    for row, family, qualifier, ts in self.writer.cells_between(table, lo_ms, hi_ms):
+                        if (ts == self.backfill_ms or family.startswith(RESERVED_FAMILY_PREFIX)
+                                or self._versioned(family, qualifier)):
+                            continue
+                        if row != last:
+                            rows_read, last = rows_read + 1, row
+                        held.add(table, row, (family, qualifier, ts))
+                for change in self._lines(window_files):
+                    if change.new_image is None:
+                        continue
+                    try:
+                        cells = owned_cells(self.mapping, change.keys, change.new_image, False)
+                    except MappingError:
+                        continue  # dead-lettered when applied: it owns nothing
+                    for c in cells.values():
+                        if c.version_ms is None:
+                            owned.add(c.table, c.row_key, (c.family, c.qualifier))
+                held.flush()
+                owned.flush()
+                deleted = 0
+                for have, want in paired_groups(held, owned):
+                    mine = {(t, r, col) for t, r, col in want}
+                    stale: dict = {}
+                    for table, row, (family, qualifier, ts) in have:
+                        if (table, row, (family, qualifier)) not in mine:
+                            cols = stale.setdefault((table, row), {})
+                            cols[(family, qualifier)] = max(ts, cols.get((family, qualifier), ts))
+                    deleted += self._delete_stale(stale)
+                result = SweepResult(rows_read=rows_read, cells_deleted=deleted)
+        released = 0
+        if all_files is not None:
+            released = self._release_versions(lo_ms if versions_since_ms is None else versions_since_ms, all_files)
+        self.fence()
+        self._check(self.batcher.flush())
+        return SweepResult(1, result.rows_read, result.cells_deleted, released)
+
+    def _delete_stale(self, stale: dict) -> int:
+        from ddb2bt.transforms.model import DeleteCells, MappedChange, RowChange
+
+        count = 0
+        for (table, row), cols in sorted(stale.items()):
+            muts = tuple(DeleteCells(f, q, 0, ts + INCLUSIVE_END_MS) for (f, q), ts in sorted(cols.items()))
+            self.fence()
+            self._write(MappedChange(_record(), (RowChange(table, row, muts),)))
+            count += len(muts)
+        return count
+
+    def _release_versions(self, since_ms: int, files: Sequence) -> int:
+        from ddb2bt.transforms.mapping import owned_cells
+        from ddb2bt.transforms.model import DeleteCells, MappedChange, RowChange
+
+        if self.owners is None or not (self._fixed or self._templated):
+            return 0
+        claims = self.owners.claimed_since(since_ms, skip_ms=self.backfill_ms)
+        if not claims:
+            return 0
+        wanted = {owner for *_, owner in claims}
+        final: dict = {}  # owner -> {(table, row, family, qualifier, version)} of its last image
+        for change in self._lines(files):
+            kid = _key_id(change.keys)
+            if kid not in wanted:
+                continue
+            cells = {}
+            if change.new_image is not None:
+                try:
+                    cells = owned_cells(self.mapping, change.keys, change.new_image, False)
+                except MappingError:
+                    cells = {}
+            final[kid] = {(c.table, c.row_key, c.family, c.qualifier, c.version_ms) for c in cells.values()
+                          if c.version_ms is not None}
+        count = 0
+        for table, row, family, qualifier, version, owner in claims:
+            if (table, row, family, qualifier, version) in final.get(owner, ()):
+                continue  # still held at the exports' end
+            # Not held at the end, or an owner no line lists: its change is inside
+            # a window, so it was created and deleted there (AWS leaves it out).
+            self.fence()
+            self._write(MappedChange(_record(), (RowChange(
+                table, row, (DeleteCells(family, qualifier, version, version + INCLUSIVE_END_MS),),
+                versioned=((family, qualifier, version, False),), owner=owner),)))
+            count += 1
+        return count
+
+    def _write(self, mapped) -> None:
+        self._check(self.batcher.add(mapped))
+
+    def _check(self, letters) -> None:
+        letters = list(letters or ())
+        if letters:  # a delete has no limit to break and no version to clash: a bug if it happens
+            raise MappingError(f"the boundary sweep's delete was refused: {letters[0]}", reason="sweep")
+
+
+def _record():
+    """The ChangeRecord a sweep's delete travels with (nothing is checkpointed:
+    recovery writes carry no position)."""
+    from ddb2bt.transforms.model import REMOVE, ChangeRecord
+
+    return ChangeRecord(REMOVE, {}, None, None, 0)

@@ -1,0 +1,80 @@
+"""The recovery's boundary sweep (pipeline/cutover/straddle.py, docs/design.md
+§8.1.1), piece by piece; the model test (test_recover_model.py) drives it whole."""
+from __future__ import annotations
+
+from ddb2bt.pipeline.cutover.exports import ExportManifest
+from ddb2bt.pipeline.cutover.recover import ExportChange, IncrementalExport, inexact_features
+from ddb2bt.pipeline.cutover.straddle import BoundarySweep, sweep_inexact_features, swept_windows
+from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.transforms.config import load_mapping, parse_mapping
+from ddb2bt.transforms.mapping import backfill_cell_ms
+from ddb2bt.transforms.model import SetCell
+
+S = 1_700_000_000  # a window's start, seconds
+FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0))
+
+
+def export(from_s, to_s, lines=()):
+    manifest = ExportManifest("INCREMENTAL_EXPORT", "DYNAMODB_JSON", "arn:aws:dynamodb:us-east-1:1:table/T", None,
+                              len(lines))
+    return IncrementalExport(f"mem://{from_s}", manifest, from_s * 1000, to_s * 1000, "NEW_AND_OLD_IMAGES",
+                             (("data/a.json.gz", len(lines)),))
+
+
+def test_only_windows_before_the_boundary_that_end_after_the_earliest_stop_are_swept():
+    a, b, c, d = export(S, S + 900), export(S + 900, S + 1800), export(S + 1800, S + 2700), export(S + 2700, S + 3600)
+    # The earliest trimmed shard stopped inside b; the boundary is c's end.
+    assert swept_windows([a, b, c, d], (S + 1000) * 1000, (S + 2700) * 1000) == [b, c]
+    # A stop on a window's last millisecond: its lost change is after that window.
+    assert swept_windows([a, b, c, d], (S + 900) * 1000 - 1, (S + 2700) * 1000) == [a, b, c]
+
+
+def test_what_the_sweep_cannot_list_is_named_before_anything_is_written():
+    for example in ("product_catalog", "videos", "hr_orders"):
+        assert sweep_inexact_features(load_mapping(f"examples/{example}.yaml")) == [], example
+    hooked = parse_mapping({"version": 1, "name": "h", "source": {"table": "Things", "key": {"partition": "pk"}},
+                            "target": {"project": "p", "instance": "i", "table": "t"}, "families": {"n": {}},
+                            "rules": [{"hook": "tests.hooks.sample_hooks:split_name"}]})
+    (why,) = sweep_inexact_features(hooked)
+    assert "is a hook" in why and "§8.1.1" in why
+    assert why in inexact_features(hooked)  # what `recover` and `validate` say
+    mixed = parse_mapping({"version": 1, "name": "m", "source": {"table": "Things", "key": {"partition": "pk"}},
+                           "target": {"project": "p", "instance": "i", "table": "t"}, "families": {"c": {}},
+                           "rules": [{"name": "r", "row_key": "{pk}", "other_attributes": {"mode": "column",
+                                                                                           "family": "c"},
+                                      "columns": {"Body": {"column": "c:{At}", "encoding": "utf8",
+                                                           "timestamp": {"attribute": "At", "format": "iso8601"}}}}]})
+    (why,) = sweep_inexact_features(mixed)
+    assert "family 'c' holds both" in why
+
+
+def test_a_backfills_cells_and_claims_are_never_taken_for_a_lost_changes():
+    """In the swept window: an item no line lists (unchanged in it) whose cells
+    carry the backfill's timestamp keeps them, as does its version claim; a cell
+    at a change's time that no line's new image owns is deleted."""
+    mapping = load_mapping("examples/product_catalog.yaml")
+    table = mapping.target.table
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: (S + 5000) * 1000)
+    handoff = (S + 100) * 1000 + 400
+    stamp = backfill_cell_ms(handoff)
+    bt.mutate_rows(table, [
+        (b"hats#backfilled", [SetCell("SKU", b"Price", b"1", stamp)]),  # the backfill's: kept
+        (b"hats#stale", [SetCell("SKU", b"Price", b"2", (S + 200) * 1000)]),  # a change's, owned by no line: deleted
+        (b"hats#kept", [SetCell("SKU", b"Price", b"3", (S + 300) * 1000)]),  # owned by the line below: kept
+    ])
+    versions = store.versions()
+    versions.claim(versions.key(table, b"x", "SKU", b"v", 5), b'{"M":{"pk":{"S":"b"}}}', stamp)
+    line = ExportChange({"pk": {"S": "hats"}, "sk": {"S": "kept"}},
+                        {"pk": {"S": "hats"}, "sk": {"S": "kept"}, "Price": {"N": "3"}}, None, (S + 300) * 1_000_000)
+    w = export(S, S + 900, [line])
+    batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=versions)
+    sweep = BoundarySweep(mapping, bt, batcher, versions, lambda e, rel: iter([line]), backfill_ms=stamp)
+    result = sweep.run([(w, "data/a.json.gz")], S * 1000, (S + 900) * 1000, all_files=[(w, "data/a.json.gz")])
+    assert set(bt.latest(table)) == {b"hats#backfilled", b"hats#kept"}
+    assert (result.cells_deleted, result.versions_released) == (1, 0)
+    assert versions.claimed_since(S * 1000) == [(table, b"x", "SKU", b"v", 5, b'{"M":{"pk":{"S":"b"}}}')]
+    assert versions.claimed_since(S * 1000, skip_ms=stamp) == []
