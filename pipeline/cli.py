@@ -540,21 +540,27 @@ def cmd_recover(args) -> int:
         start_metrics_server(args.metrics_port, args.metrics_host)
         held = lease.join(acquire_lease(args, spec, "tail"))
         fence = held.check if held is not None else fence
-    bar: list = []
+    bars: dict = {}
 
     def progress(done: int, total: int) -> None:
-        if not bar:
-            bar.append(tqdm(total=total, unit="file", desc="recover", dynamic_ncols=True, file=sys.stderr))
-        bar[0].n = done
-        bar[0].update(0)
+        if "files" not in bars:
+            bars["files"] = tqdm(total=total, unit="file", desc="recover", dynamic_ncols=True, file=sys.stderr)
+        bars["files"].n = done
+        bars["files"].update(0)
+
+    def sweep_progress(rows: int) -> None:  # the boundary sweep's scan (docs/recover.md): no total known
+        if "sweep" not in bars:
+            bars["sweep"] = tqdm(unit="row", desc="boundary sweep", dynamic_ncols=True, file=sys.stderr)
+        bars["sweep"].n = rows
+        bars["sweep"].update(0)
 
     try:
         outcome = recover_job(mapping, spec, options, progress=progress,
-                              fence=fence,
+                              fence=fence, sweep_progress=sweep_progress,
                               metrics=default_metrics().for_table(spec.job))
     finally:
-        if bar:
-            bar[0].close()
+        for bar in bars.values():
+            bar.close()
         if held is not None:  # released at once: the tail (`ddb2bt run`) starts next
             held.release()
     for line in outcome.lines():

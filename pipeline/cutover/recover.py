@@ -455,7 +455,8 @@ class Recovery:
 
     def __init__(self, mapping, store, batcher, migration, fence: Callable[[], object] = lambda: None,
                  progress: Callable[[int, int], None] = lambda done, total: None, metrics=None,
-                 read: Callable[[IncrementalExport, str], Iterator[ExportChange]] = None, target=None) -> None:
+                 read: Callable[[IncrementalExport, str], Iterator[ExportChange]] = None, target=None,
+                 sweep_progress: Callable[[int], None] = lambda rows: None) -> None:
         self.mapping, self.store, self.batcher, self.migration = mapping, store, batcher, migration
         self.fence, self.progress, self.metrics = fence, progress, metrics
         self.read = read or read_changes
@@ -463,6 +464,7 @@ class Recovery:
         # writer the batcher writes through, unless given.
         self.target = target if target is not None else getattr(batcher, "_writer", None)
         self.swept: Optional[SweepResult] = None
+        self.sweep_progress = sweep_progress  # rows the boundary sweep read so far
 
     def _done(self) -> int:
         raw = self.store.load_meta(PROGRESS_META)
@@ -540,6 +542,8 @@ class Recovery:
         handoff = self.migration.handoff_ms
         sweep = BoundarySweep(self.mapping, self.target, self.batcher, self.store.versions(), self.read, self.fence,
                               backfill_ms=backfill_cell_ms(handoff) if handoff else None)
+        base = [0]  # rows of the windows swept before this one: the bar counts on
+        sweep.progress = lambda rows: self.sweep_progress(base[0] + rows)
         total = SweepResult()
         for w in windows:
             log.info("recover: sweeping the target for cells written in %s that a lost change would have deleted",
@@ -547,6 +551,7 @@ class Recovery:
             mine = [(export, rel) for export, rel in files if export is w]
             done = sweep.run(mine, w.from_ms, w.to_ms, all_files=files if w is windows[-1] else None,
                              versions_since_ms=windows[0].from_ms)
+            base[0] += done.rows_read
             total = SweepResult(total.windows + 1, total.rows_read + done.rows_read,
                                 total.cells_deleted + done.cells_deleted,
                                 total.versions_released + done.versions_released)
@@ -632,7 +637,7 @@ class RecoverOutcome:
 
 def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=None, dynamodb=None,
                 fence: Callable[[], object] = lambda: None, progress=None, now_ms: Optional[int] = None,
-                metrics=None) -> RecoverOutcome:
+                metrics=None, sweep_progress=None) -> RecoverOutcome:
     """`ddb2bt recover` against the real services (clients injectable for tests)."""
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.phases import Migration
@@ -668,7 +673,8 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
                                  metrics=metrics)
         try:
             recovery = Recovery(mapping, store, batcher, Migration(store), fence=fence,
-                                progress=progress or (lambda done, total: None), metrics=metrics)
+                                progress=progress or (lambda done, total: None), metrics=metrics,
+                                sweep_progress=sweep_progress or (lambda rows: None))
             outcome.result = recovery.run(gap, exports)
             recovery.resume_tail(gap)
         finally:

@@ -45,6 +45,9 @@ __all__ = ["SweepResult", "BoundarySweep", "sweep_inexact_features", "swept_wind
 # Families of ours in the target (touch markers) are never swept.
 RESERVED_FAMILY_PREFIX = "ddb2bt_"
 INCLUSIVE_END_MS = 1  # a delete's end is exclusive: [0, ts + 1) includes ts
+# The progress callback hears of the scan every this many rows: often enough for a
+# bar to move on a large table, rarely enough to cost nothing next to the reads.
+PROGRESS_EVERY_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -110,12 +113,14 @@ class BoundarySweep:
     BatchingWriter with version owners; ``owners``: the VersionOwners registry
     (None: versions are not swept); ``read(export, rel)``: a data file's lines;
     ``fence``: checked before every write; ``spill_dir``: where the buckets go
-    (a private temporary directory by default)."""
+    (a private temporary directory by default); ``progress(rows)``: the rows
+    read so far, for a progress bar."""
 
     def __init__(self, mapping, writer, batcher, owners, read: Callable, fence: Callable[[], object] = lambda: None,
-                 spill_dir: Optional[str] = None, backfill_ms: Optional[int] = None) -> None:
+                 spill_dir: Optional[str] = None, backfill_ms: Optional[int] = None,
+                 progress: Callable[[int], None] = lambda rows: None) -> None:
         self.mapping, self.writer, self.batcher, self.owners = mapping, writer, batcher, owners
-        self.read, self.fence, self.spill_dir = read, fence, spill_dir
+        self.read, self.fence, self.spill_dir, self.progress = read, fence, spill_dir, progress
         # The timestamp of the last backfill's cells (and version claims): never a
         # change's, so never swept (docs/design.md §3.3).
         self.backfill_ms = backfill_ms
@@ -156,6 +161,8 @@ class BoundarySweep:
                             continue
                         if row != last:
                             rows_read, last = rows_read + 1, row
+                            if rows_read % PROGRESS_EVERY_ROWS == 0:
+                                self.progress(rows_read)
                         held.add(table, row, (family, qualifier, ts))
                 for change in self._lines(window_files):
                     if change.new_image is None:
@@ -167,6 +174,7 @@ class BoundarySweep:
                     for c in cells.values():
                         if c.version_ms is None:
                             owned.add(c.table, c.row_key, (c.family, c.qualifier))
+                self.progress(rows_read)
                 held.flush()
                 owned.flush()
                 deleted = 0

@@ -290,8 +290,9 @@ def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tm
         if n == 0:  # the rerun through the CLI: lease held, progress bar, resumed after the finished file
             args = ["recover", "-m", s.path] + [a for e in exports for a in ("--from-export", e)]
             assert ddb2bt(args) == 0
-            out = capsys.readouterr().out
+            out, err = capsys.readouterr()
             assert "(1 done before a restart), 0 dead letter(s)" in out, out
+            assert "boundary sweep" in err and "row" in err, err  # its progress bar
             # the crash hit the sweep's first delete (after the window before the
             # boundary): the rerun sweeps, and deletes what the lost change removed
             swept = out.split("boundary sweep (docs/recover.md): ", 1)[1].split(",")
