@@ -40,3 +40,26 @@ def hr_item(pk, sk, n):
     if n % 2:
         attrs["JobTitle"] = f"t{n}"
     return item(**attrs)
+
+
+def assert_target_is_the_mapping_of(bt, mapping, items) -> None:
+    """Every target table of the in-memory Bigtable ``bt`` equals the mapping of
+    ``items``: the same rows and columns; per column the newest version is the
+    value (single-value columns: an older version a late write left below it is
+    never read, and the family's max_versions GC removes it), or exactly the
+    versions (versioned and list columns)."""
+    from ddb2bt.pipeline.cutover.compare import expected_layout
+
+    layout = expected_layout(mapping, items)
+    for table in sorted(set(layout) | {mapping.target.table}):
+        expected = layout.get(table, {})
+        have = bt.versions(table)
+        assert set(have) == set(expected), f"rows of {table} differ (a resurrected or a missing row)"
+        for row, cols in expected.items():
+            assert set(have[row]) == set(cols), row
+            for col, want in cols.items():
+                versions = have[row][col]
+                if want.kind == "single":
+                    assert versions[max(versions)] == want.value, (row, col, versions)
+                else:
+                    assert versions == want.value, (row, col, versions)

@@ -17,7 +17,6 @@ import itertools
 
 from hypothesis import given, settings, strategies as st
 
-from ddb2bt.pipeline.cutover.compare import expected_layout
 from ddb2bt.pipeline.cutover.exports import ExportManifest
 from ddb2bt.pipeline.cutover.phases import LIVE, Migration
 from ddb2bt.pipeline.cutover.recover import ExportChange, Gap, IncrementalExport, Recovery, check_coverage
@@ -28,7 +27,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import handoff_second_ms, map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedChange
-from tests.unit.cutover_common import catalog_item, hr_item, item, video_item
+from tests.unit.cutover_common import assert_target_is_the_mapping_of, catalog_item, hr_item, item, video_item
 
 START_MS = 1_700_000_000_000
 FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0))
@@ -199,16 +198,4 @@ def test_recovery_from_random_windows_converges(case, data):
         for _ in range(data.draw(st.integers(1, 2), label="duplicates")):
             tail_apply(h)
 
-    layout = expected_layout(mapping, items.values())
-    for table in sorted(set(layout) | {mapping.target.table}):
-        expected = layout.get(table, {})
-        have = bt.versions(table)
-        assert set(have) == set(expected), f"rows of {table} differ (a resurrected or a missing row)"
-        for row, cols in expected.items():
-            assert set(have[row]) == set(cols), row
-            for col, want in cols.items():
-                versions = have[row][col]
-                if want.kind == "single":
-                    assert versions[max(versions)] == want.value, (row, col, versions)
-                else:
-                    assert versions == want.value, (row, col, versions)
+    assert_target_is_the_mapping_of(bt, mapping, items.values())
