@@ -216,12 +216,19 @@ def test_a_dead_holder_on_this_machine_is_replaced_at_once():
     assert c.try_acquire() is not None  # pids of other machines prove nothing
 
 
-def test_renewal_failures_stop_writes_after_ttl_minus_margin():
+def held_until_failing(status):
+    """A lease "a" held on a state table whose writes fail with ``status`` once
+    the returned switch is on."""
     world = World()
-    down = {"on": False}
-    bt = InMemoryBigtable(fault=lambda t, e, n: [EntryStatus(14, "unavailable")] if down["on"] else None)
+    failing = {"on": False}
+    bt = InMemoryBigtable(fault=lambda t, e, n: [status] if failing["on"] else None)
     a = make(world, bt, "a")
     a.acquire(heartbeat=False)
+    return world, a, failing
+
+
+def test_renewal_failures_stop_writes_after_ttl_minus_margin():
+    world, a, down = held_until_failing(EntryStatus(14, "unavailable"))
     down["on"] = True
     start = world.t
     while True:
@@ -237,11 +244,7 @@ def test_renewal_failures_stop_writes_after_ttl_minus_margin():
 def test_a_renewal_that_fails_permanently_loses_the_lease_at_once():
     """The state table gone (NOT_FOUND) is no blip: the process stops at its
     next write instead of pausing for the give-up time."""
-    world = World()
-    gone = {"on": False}
-    bt = InMemoryBigtable(fault=lambda t, e, n: [EntryStatus(5, "table not found")] if gone["on"] else None)
-    a = make(world, bt, "a")
-    a.acquire(heartbeat=False)
+    world, a, gone = held_until_failing(EntryStatus(5, "table not found"))
     gone["on"] = True
     world.sleep(1.0)
     assert not a.renew()
