@@ -60,7 +60,7 @@ class StateSpec:
     def store(self, writer=None) -> StateStore:
         backend = BigtableStateBackend(writer or self.bigtable.state_writer(), self.bigtable.project,
                                        self.bigtable.instance, self.table, self.bigtable.deadline_s,
-                                       app_profile=self.bigtable.state_profile)
+                                       app_profile=self.bigtable.state_profile, owns_writer=writer is None)
         return StateStore(backend, self.job, wall_ms, self.include_values)
 
     __call__ = store  # a StateSpec is its own factory

@@ -310,10 +310,11 @@ class BigtableStateBackend:
     """StateBackend on a Bigtable table, through the same MutationWriter as the sink."""
 
     def __init__(self, writer, project: str, instance: str, table_id: str, deadline_s: Optional[float] = None,
-                 app_profile: Optional[str] = None) -> None:
+                 app_profile: Optional[str] = None, owns_writer: bool = False) -> None:
         from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
 
         self._writer = writer
+        self._owns_writer = owns_writer  # made for this backend: closed with it
         # State rows are read back by conditional calls (claims): written and read
         # through the transactional (single-cluster) profile, also when the
         # writer is the sink's (docs/operations.md#ha-instances-app-profiles).
@@ -410,3 +411,6 @@ class BigtableStateBackend:
 
             close_bounded(self._client.close, "Bigtable data client")
             self._client = None
+        if self._owns_writer and self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -200,7 +200,13 @@ class _RecheckRowsFn(beam.DoFn):
         m = self._table.mapping
         self._ddb = DynamoDBClientFactory(m.source.region)()
         arn = describe_table(self._ddb, m.source.table).get("LatestStreamArn")
-        self._tail_passed = stream_watermark(StreamsClientFactory(m.source.region)(), arn, self._table.state.store())
+        self._store = self._table.state.store()
+        self._tail_passed = stream_watermark(StreamsClientFactory(m.source.region)(), arn, self._store)
+
+    def teardown(self) -> None:
+        store = getattr(self, "_store", None)
+        if store is not None:
+            store.close()  # its data client and the writer it made
 
     def process(self, batch):
         from ddb2bt.pipeline.cutover.recheck import recheck

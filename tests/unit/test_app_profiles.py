@@ -212,3 +212,24 @@ def test_the_sink_sends_marked_tail_rows_and_guarded_backfill_rows_through_the_s
     # a conditional one (CheckAndMutateRow, always through it): never a plain data write
     assert b"old#a" not in {k for transactional, keys in target if not transactional for k in keys}
     assert b"old#a" in bt.latest("product_catalog")
+
+
+def test_a_state_store_closes_the_writer_it_made_and_never_one_it_was_given(monkeypatch):
+    """A DoFn's teardown closes its store: a writer made for it (a gRPC channel per
+    worker DoFn instance) goes with it; the sink's own writer stays open."""
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", "127.0.0.1:9")  # nothing listens: no call gets far
+    spec = StateSpec(BigtableSpec("p", "i"), job="j")
+    entry = [(b"r", [SetCell("f", b"q", b"v", 1)])]
+    made = spec.store()
+    writer = made._backend._writer
+    made.close()
+    with pytest.raises(ValueError, match="[Cc]hannel closed|closed channel"):
+        writer.mutate_rows("t", entry)
+    given = spec.bigtable.state_writer(timeout_s=2.0)
+    try:
+        spec.store(given).close()
+        with pytest.raises(Exception) as err:  # still open: the call goes out and finds nobody
+            given.mutate_rows("t", entry)
+        assert "hannel closed" not in str(err.value) and "closed channel" not in str(err.value)
+    finally:
+        given.close()
