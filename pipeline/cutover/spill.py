@@ -56,8 +56,8 @@ def bucket_count(estimated_items: int) -> int:
 class SpillDir:
     """A private temporary directory, removed on close (also on errors)."""
 
-    def __init__(self, parent: Optional[str] = None) -> None:
-        self.path = tempfile.mkdtemp(prefix="ddb2bt-verify-", dir=parent)
+    def __init__(self, parent: Optional[str] = None, purpose: str = "verify") -> None:
+        self.path = tempfile.mkdtemp(prefix=f"ddb2bt-{purpose}-", dir=parent)
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

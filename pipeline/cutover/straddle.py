@@ -149,7 +149,7 @@ class BoundarySweep:
         if lo_ms < hi_ms:
             estimate = sum(count or 0 for export, rel in window_files
                            for name, count in export.files if name == rel)
-            with SpillDir(self.spill_dir) as where:
+            with SpillDir(self.spill_dir, "recover-sweep") as where:
                 buckets = bucket_count(estimate)
                 held, owned = Spill(where.path, "held", buckets), Spill(where.path, "owned", buckets)
                 rows_read = 0
