@@ -35,9 +35,6 @@ MUTATE_ROWS_METHOD = "/google.bigtable.v2.Bigtable/MutateRows"
 CHECK_AND_MUTATE_METHOD = "/google.bigtable.v2.Bigtable/CheckAndMutateRow"
 READ_ROWS_METHOD = "/google.bigtable.v2.Bigtable/ReadRows"
 US_PER_MS = 1000
-# Rows per ReadRows call of a scan with cells_between: one page's call ends well
-# inside DEFAULT_RPC_TIMEOUT_S even when most rows are filtered out on the server.
-SCAN_PAGE_ROWS = 10_000
 DEFAULT_RPC_TIMEOUT_S = 60.0
 # gRPC's default 4 MiB receive limit is too small for wide rows read back by verify.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -485,6 +482,7 @@ class GrpcMutationWriter:
         # no longer write (its job lease lapsed). Checked right before each write.
         self._fence = None
         self._prefix = f"projects/{project}/instances/{instance}/tables/"
+        self._project, self._instance = project, instance
         self._app_profile = app_profile
         # Replicated instances (docs/operations.md#ha-instances-app-profiles):
         # CheckAndMutateRow needs single-cluster routing with single-row
@@ -591,79 +589,29 @@ class GrpcMutationWriter:
             raise classify_rpc_error(exc, "ReadRows") from None
         return found
 
-    def cells_between(self, table_id: str, lo_ms: int, hi_ms: int, row_keys: Optional[Sequence] = None,
-                      prefix: Optional[bytes] = None) -> Iterator[tuple]:
-        """(row key, family, qualifier, timestamp ms) of every cell written at
-        ``lo_ms`` <= ts < ``hi_ms``, values stripped, in ``row_keys`` (None: every
-        row starting with ``prefix``; b"" or None: the whole table). Pages of
-        SCAN_PAGE_ROWS rows, each its own ReadRows call retried on its own (a
-        scan of a large table outlives one call's deadline); the recovery's
-        boundary sweep reads with it (docs/design.md §8.1)."""
-        from ddb2bt.pipeline.retry import RetryPolicy, retry_call
+    def cells_between(self, table_id: str, lo_ms: int, hi_ms: int) -> Iterator[tuple]:
+        """(row key, family, qualifier, timestamp ms) of every cell of the table
+        written at ``lo_ms`` <= ts < ``hi_ms``, values stripped, rows in key order
+        (the recovery's boundary sweep, docs/design.md §8.1.1). The time filter is
+        applied by Bigtable: only matching cells travel, but every row is scanned,
+        so the table is read range by range as SampleRowKeys splits it, each range
+        streamed and resumed after its last row when a stream fails
+        (``iter_table``)."""
+        from google.cloud.bigtable.data import row_filters
 
-        table_name = self._prefix + table_id
-        keys = sorted(set(row_keys)) if row_keys is not None else None
-        after: Optional[bytes] = None  # the last row key returned: the next page starts after it
-        while True:
-            request = self._read_cls(table_name=table_name)
-            if self._app_profile:
-                request.app_profile_id = self._app_profile
-            if keys is not None:
-                page_keys = keys[:SCAN_PAGE_ROWS]
-                keys = keys[SCAN_PAGE_ROWS:]
-                if not page_keys:
-                    return
-                request.rows.row_keys.extend(page_keys)
-            else:
-                span = request.rows.row_ranges.add()
-                if after is not None:
-                    span.start_key_open = after
-                elif prefix:
-                    span.start_key_closed = prefix
-                end = _prefix_end(prefix) if prefix else b""
-                if end:
-                    span.end_key_open = end
-                request.rows_limit = SCAN_PAGE_ROWS
-            chain = request.filter.chain.filters
-            tr = chain.add().timestamp_range_filter
-            tr.start_timestamp_micros = lo_ms * US_PER_MS
-            tr.end_timestamp_micros = hi_ms * US_PER_MS
-            chain.add().strip_value_transformer = True
-            rows = retry_call(lambda: self._read_cells(request, table_name),
-                              what=f"ReadRows on {table_id}", policy=RetryPolicy(deadline_s=self._timeout_s * 4),
-                              where=f"Bigtable ({bigtable_endpoint()})")
-            for row in rows:
-                yield from row
-            if keys is None:
-                if len(rows) < SCAN_PAGE_ROWS:
-                    return
-                after = rows[-1][0][0]
-
-    def _read_cells(self, request, table_name: str) -> list:
-        """[[(row, family, qualifier, ts ms), ...] per committed row] of one ReadRows call."""
-        out: list = []
-        row: list = []
-        key, family, qualifier = b"", "", b""
+        time_range = row_filters.RowFilterChain([
+            row_filters.TimestampRangeFilter(start=ms_datetime(lo_ms), end=ms_datetime(hi_ms)),
+            row_filters.StripValueTransformerFilter(True)])
+        client = data_client(self._project)
         try:
-            for response in self._read(request, timeout=self._timeout_s, metadata=self._params(
-                    table_name, self._app_profile)):
-                for chunk in response.chunks:
-                    if chunk.row_key:
-                        key = chunk.row_key
-                    if chunk.HasField("family_name"):
-                        family = chunk.family_name.value
-                    if chunk.HasField("qualifier"):
-                        qualifier = chunk.qualifier.value
-                        row.append((key, family, qualifier, chunk.timestamp_micros // US_PER_MS))
-                    if chunk.reset_row:
-                        row = []
-                    elif chunk.commit_row:
-                        if row:
-                            out.append(row)
-                        row = []
-        except grpc.RpcError as exc:
-            raise classify_rpc_error(exc, "ReadRows") from None
-        return out
+            for start, end in table_ranges(self._project, self._instance, table_id, client):
+                for row, cells in iter_table(self._project, self._instance, table_id, client=client, start_key=start,
+                                             end_key=end, row_filter=time_range):
+                    for (family, qualifier), versions in sorted(cells.items()):
+                        for ts, _ in sorted(versions):
+                            yield row, family, qualifier, ts
+        finally:
+            close_bounded(client.close, "Bigtable data client")
 
     def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
         table_name = self._prefix + table_id
@@ -1080,6 +1028,14 @@ def _read(project: str, instance: str, table_id: str, queries: Iterable, client=
     return out
 
 
+def ms_datetime(ms: int):
+    """Epoch milliseconds as an aware datetime, exactly (no float rounding: a
+    filter bound one microsecond off would take in or leave out a cell)."""
+    import datetime as _dt
+
+    return _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(milliseconds=ms)
+
+
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
                latest_only: bool = False, client=None, deadline_s: Optional[float] = None,
                attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None,
@@ -1094,10 +1050,7 @@ def read_table(project: str, instance: str, table_id: str, prefix: Optional[byte
         query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
     filters = []
     if since_ms is not None:
-        from datetime import datetime, timezone
-
-        filters.append(row_filters.TimestampRangeFilter(
-            start=datetime.fromtimestamp(since_ms / 1000, timezone.utc)))
+        filters.append(row_filters.TimestampRangeFilter(start=ms_datetime(since_ms)))
     if latest_only:
         filters.append(row_filters.CellsColumnLimitFilter(1))
     if len(filters) == 1:
@@ -1124,7 +1077,7 @@ READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set
 
 def iter_table(project: str, instance: str, table_id: str, client=None, deadline_s: Optional[float] = None,
                attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, start_key: Optional[bytes] = None,
-               end_key: Optional[bytes] = None, sleep=None) -> Iterator:
+               end_key: Optional[bytes] = None, sleep=None, row_filter=None) -> Iterator:
     """(row_key, cells) of every row, in key order, as they stream in: nothing of
     the table is held (``verify`` reads tables of any size with it). One
     ReadRows stream is read to its end (a stream given up half-way would keep
@@ -1132,7 +1085,8 @@ def iter_table(project: str, instance: str, table_id: str, client=None, deadline
     resumes after the last row received; failures are logged and retried with
     backoff, and after ``deadline_s`` without progress given up, naming
     Bigtable and the endpoint. ``start_key`` (inclusive) and ``end_key``
-    (exclusive) bound the read to one key range."""
+    (exclusive) bound the read to one key range; ``row_filter`` (a
+    python-bigtable row filter) is applied by Bigtable."""
     import time as _time
 
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
@@ -1153,11 +1107,11 @@ def iter_table(project: str, instance: str, table_id: str, client=None, deadline
         with client.get_table(instance, table_id) as table:
             while True:
                 if last is None:
-                    query = ReadRowsQuery() if start_key is None and end_key is None else ReadRowsQuery(
-                        row_ranges=RowRange(start_key=start_key, end_key=end_key))
+                    query = ReadRowsQuery(row_filter=row_filter) if start_key is None and end_key is None else \
+                        ReadRowsQuery(row_ranges=RowRange(start_key=start_key, end_key=end_key), row_filter=row_filter)
                 else:
                     query = ReadRowsQuery(row_ranges=RowRange(start_key=last, end_key=end_key,
-                                                              start_is_inclusive=False))
+                                                              start_is_inclusive=False), row_filter=row_filter)
                 try:
                     for row in table.read_rows_stream(query, operation_timeout=timeout, attempt_timeout=timeout,
                                                       retryable_errors=()):

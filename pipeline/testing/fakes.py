@@ -128,15 +128,12 @@ class InMemoryBigtable:
             return {(k, q) for k in set(row_keys) for (f, q), versions in rows.get(k, {}).items()
                     if f == family and any(ts >= since_ms for ts in versions)}
 
-    def cells_between(self, table_id: str, lo_ms: int, hi_ms: int, row_keys: Optional[Sequence] = None,
-                      prefix: Optional[bytes] = None) -> Iterator:
+    def cells_between(self, table_id: str, lo_ms: int, hi_ms: int) -> Iterator:
         """Like GrpcMutationWriter.cells_between: (row, family, qualifier, ts) of
         the cells at lo_ms <= ts < hi_ms, rows in key order."""
         with self._lock:
             rows = self.tables.get(table_id, {})
-            keys = sorted(set(row_keys)) if row_keys is not None else sorted(
-                k for k in rows if k.startswith(prefix or b""))
-            found = [(k, f, q, ts) for k in keys for (f, q), versions in sorted(rows.get(k, {}).items())
+            found = [(k, f, q, ts) for k in sorted(rows) for (f, q), versions in sorted(rows[k].items())
                      for ts in sorted(versions) if lo_ms <= ts < hi_ms]
         return iter(found)
 
