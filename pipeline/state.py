@@ -362,14 +362,19 @@ class BigtableStateBackend:
 
     def keys_written_since(self, prefix: bytes, since_ms: int) -> dict:
         """{row key: newest cell's timestamp} of the rows under ``prefix`` with a
-        cell stamped at or after ``since_ms`` (filtered on the server)."""
-        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_table
+        cell stamped at or after ``since_ms`` (filtered on the server). Streamed and
+        resumed after the last row (``iter_table``): the prefix may hold millions
+        of rows (every version's owner)."""
+        from google.cloud.bigtable.data import row_filters
 
-        rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
-                          client=self._data_client(), deadline_s=self._deadline_s,
-                          attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S, app_profile=self._app_profile,
-                          since_ms=since_ms)
-        return {k: max(versions[0][0] for versions in cells.values()) for k, cells in rows.items()}
+        from ddb2bt.pipeline.sink.bigtable_io import _prefix_end, iter_table, ms_datetime
+
+        since = row_filters.RowFilterChain([row_filters.TimestampRangeFilter(start=ms_datetime(since_ms)),
+                                            row_filters.CellsColumnLimitFilter(1)])
+        return {key: max(versions[0][0] for versions in cells.values())
+                for key, cells in iter_table(self._project, self._instance, self._table_id,
+                                             client=self._data_client(), deadline_s=self._deadline_s,
+                                             start_key=prefix, end_key=_prefix_end(prefix), row_filter=since)}
 
     def read_keys(self, keys: Sequence) -> dict:
         """Like read_prefix, for exactly these rows (absent rows are absent)."""

@@ -70,6 +70,8 @@ def add_cells(out: dict, owners: dict, clashes: Optional[list], keys: dict, cell
     one bucket, so clashes are found there too)."""
     key = None
     for cell in cells:
+        if cell.values is not None and not cell.values:
+            continue  # an empty list is written as no cell at all (mapping._write)
         row = out.setdefault(cell.table, {}).setdefault(cell.row_key, {})
         col = (cell.family, cell.qualifier)
         if cell.values is not None:

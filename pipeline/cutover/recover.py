@@ -158,7 +158,10 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) ->
         if not start:
             break
     trimmed, last_applied, oldest_held, resume = [], [], [], []
-    applied = max((c.change_ms for c in checkpoints.values() if c.change_ms is not None), default=0)
+    # A checkpoint saved before change times were recorded: its save time is later
+    # than its change, so the exports still reach past it.
+    applied = max((c.change_ms if c.change_ms is not None else (c.updated_ms or 0) for c in checkpoints.values()),
+                  default=0)
     for shard_id, ckpt in sorted(checkpoints.items()):
         if ckpt.finished or not ckpt.sequence_number or ckpt.sequence_number == RESUME_AT_TRIM_HORIZON:
             continue
@@ -416,6 +419,23 @@ def inexact_features(mapping) -> list:
     return out + sweep_inexact_features(mapping)
 
 
+def _backfill_inside_the_sweep(handoff_ms: Optional[int], gap: Gap, windows: Sequence[Window]) -> list:
+    """The one case the boundary sweep cannot tell apart (docs/design.md §8.1.1):
+    a backfill's cells, all at one timestamp, inside a window it reads."""
+    from ddb2bt.transforms.mapping import backfill_cell_ms
+
+    if not handoff_ms:
+        return []
+    boundary = gap.boundary_s * 1000
+    starts = [w.from_s * 1000 for w in windows if gap.first_ms < w.to_s * 1000 <= boundary]
+    if not starts or not min(starts) <= backfill_cell_ms(handoff_ms) < boundary:
+        return []
+    return [f"the last backfill's handoff ({iso(handoff_ms)}) is inside the span the boundary sweep reads: an item "
+            "the backfill copied, created before the handoff and deleted after it by a change the stream lost, "
+            "keeps its backfilled cells (they carry the backfill's time, not a change's; docs/design.md §8.1.1). "
+            "Run `ddb2bt verify` after recovering"]
+
+
 # --- applying --------------------------------------------------------------------------
 
 
@@ -660,6 +680,7 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
                    mapping.source.table, gap)
         outcome.inexact = inexact_features(mapping)
         outcome.windows = plan_windows(gap, now)
+        outcome.inexact += _backfill_inside_the_sweep(Migration(store).handoff_ms, gap, outcome.windows)
         outcome.commands = export_commands(outcome.windows, table_arn, options.s3_bucket, options.s3_prefix)
         if not options.exports:
             return outcome

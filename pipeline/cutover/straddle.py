@@ -19,18 +19,22 @@ change is applied:
   intact shard's replay, which deletes it again): deleting the column up to
   ``ts`` is what the job would have done.
 
-So the sweep reads every target table once, with a time-range filter applied
-by Bigtable (only the window's cells come back), and compares them with the
-window's new images, both sides spilled to hash buckets (spill.py, as `verify`
-does): memory is one bucket, at any table size.
+So the sweep reads every target table once, with a time filter applied by
+Bigtable (only cells from the window's start on come back), and compares them
+with the window's new images, both sides spilled to hash buckets (spill.py, as
+`verify` does): memory is one bucket, at any table size.
 
 Attribute-timestamped (versioned) cells do not carry their change's time; each
-has an owner record (§5.3), stamped when it was claimed, never before its change.
-A version claimed since the window's start whose owner's last image in the
-exports does not hold it was written before the exports' end (they reach past
-every applied change, ``check_coverage``) and removed before it, by a change
-that was not applied: it is deleted exactly and released. An owner the exports
-do not list did not change in them: its versions are kept.
+has an owner record (§5.3), stamped with the time of the change that claimed it.
+A version claimed by a change since the first swept window's start whose owner's
+last image in the exports does not hold it was written before the exports' end
+(they reach past every applied change, ``check_coverage``) and removed before
+it, by a change that was not applied; an owner no line lists was created and
+deleted inside a window. Either way it is deleted exactly and released.
+
+A column is judged on its newest cell: the scan reads from the window's start
+on, and a column whose newest cell is after the window belongs to a later change
+(the lower elements of a list column are stamped below their change's time).
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ from ddb2bt.transforms.errors import MappingError
 
 __all__ = ["SweepResult", "BoundarySweep", "sweep_inexact_features", "swept_windows"]
 
+# In the owned side of the comparison: the whole row is kept (see _owned_columns).
+WHOLE_ROW = ("*", b"")
 # Families of ours in the target (touch markers) are never swept.
 RESERVED_FAMILY_PREFIX = "ddb2bt_"
 INCLUSIVE_END_MS = 1  # a delete's end is exclusive: [0, ts + 1) includes ts
@@ -101,10 +107,18 @@ def sweep_inexact_features(mapping) -> list:
             out.append(f"rule {rule.name!r} is a hook: the tables and versioned columns it writes are not "
                        "declared, so a cell only an item's stop-time image owned may stay (docs/design.md §8.1.1)")
     _, templated = _versioned_columns(mapping)
+    mixed = set()
     for rule in mapping.rules:
-        if rule.other.mode == "column" and rule.other.family in templated:
-            out.append(f"family {rule.other.family!r} holds both attribute-timestamped columns and ordinary ones "
-                       f"(rule {rule.name!r}, other_attributes): the sweep cannot tell them apart")
+        ordinary = {c.family for c in rule.columns if c.timestamp is None} | {ix.family for ix in rule.indexes}
+        if rule.other.mode == "column":
+            ordinary.add(rule.other.family)
+        if rule.item_column is not None:
+            ordinary.add(rule.item_column.family)
+        mixed |= ordinary & templated
+    for family in sorted(mixed):
+        out.append(f"family {family!r} holds both attribute-timestamped columns with a templated qualifier and "
+                   "ordinary ones: the sweep cannot tell them apart, so it leaves that family's ordinary cells "
+                   "as they are")
     return out
 
 
@@ -124,6 +138,7 @@ class BoundarySweep:
         # The timestamp of the last backfill's cells (and version claims): never a
         # change's, so never swept (docs/design.md §3.3).
         self.backfill_ms = backfill_ms
+        self.exports_end_ms = 0  # set when versions are swept: the state their deletes restore
         self._fixed, self._templated = _versioned_columns(mapping)
 
     def _versioned(self, family: str, qualifier: bytes) -> bool:
@@ -154,26 +169,24 @@ class BoundarySweep:
                 held, owned = Spill(where.path, "held", buckets), Spill(where.path, "owned", buckets)
                 rows_read = 0
                 for table in self._tables():
-                    last = None
-                    for row, family, qualifier, ts in self.writer.cells_between(table, lo_ms, hi_ms):
-                        if (ts == self.backfill_ms or family.startswith(RESERVED_FAMILY_PREFIX)
-                                or self._versioned(family, qualifier)):
+                    last, newest = None, {}
+                    # From lo on, with no upper bound: a column is judged on its newest
+                    # cell. One written after the window belongs to a later change (a
+                    # list's lower elements fall inside the window: its own write), and
+                    # a read never sees what lies below it.
+                    for row, family, qualifier, ts in self.writer.cells_between(table, lo_ms):
+                        if family.startswith(RESERVED_FAMILY_PREFIX) or self._versioned(family, qualifier):
                             continue
                         if row != last:
-                            rows_read, last = rows_read + 1, row
+                            self._hold(held, table, last, newest, hi_ms)
+                            rows_read, last, newest = rows_read + 1, row, {}
                             if rows_read % PROGRESS_EVERY_ROWS == 0:
                                 self.progress(rows_read)
-                        held.add(table, row, (family, qualifier, ts))
+                        newest[(family, qualifier)] = max(ts, newest.get((family, qualifier), ts))
+                    self._hold(held, table, last, newest, hi_ms)
                 for change in self._lines(window_files):
-                    if change.new_image is None:
-                        continue
-                    try:
-                        cells = owned_cells(self.mapping, change.keys, change.new_image, False)
-                    except MappingError:
-                        continue  # dead-lettered when applied: it owns nothing
-                    for c in cells.values():
-                        if c.version_ms is None:
-                            owned.add(c.table, c.row_key, (c.family, c.qualifier))
+                    for table, row, column in self._owned_columns(change):
+                        owned.add(table, row, column)
                 self.progress(rows_read)
                 held.flush()
                 owned.flush()
@@ -182,10 +195,9 @@ class BoundarySweep:
                     mine = {(t, r, col) for t, r, col in want}
                     stale: dict = {}
                     for table, row, (family, qualifier, ts) in have:
-                        if (table, row, (family, qualifier)) not in mine:
-                            cols = stale.setdefault((table, row), {})
-                            cols[(family, qualifier)] = max(ts, cols.get((family, qualifier), ts))
-                    deleted += self._delete_stale(stale)
+                        if (table, row, (family, qualifier)) not in mine and (table, row, WHOLE_ROW) not in mine:
+                            stale.setdefault((table, row), {})[(family, qualifier)] = ts
+                    deleted += self._delete_stale(stale, hi_ms - 1)
                 result = SweepResult(rows_read=rows_read, cells_deleted=deleted)
         released = 0
         if all_files is not None:
@@ -194,14 +206,40 @@ class BoundarySweep:
         self._check(self.batcher.flush())
         return SweepResult(1, result.rows_read, result.cells_deleted, released)
 
-    def _delete_stale(self, stale: dict) -> int:
+    def _hold(self, held, table: str, row, newest: dict, hi_ms: int) -> None:
+        """A scanned row's columns whose newest cell is a change's inside the window."""
+        for (family, qualifier), ts in newest.items():
+            if ts < hi_ms and ts != self.backfill_ms:
+                held.add(table, row, (family, qualifier, ts))
+
+    def _owned_columns(self, change) -> list:
+        """(table, row, (family, qualifier)) of what a line's new image owns. A line
+        whose new image cannot be mapped was dead-lettered, not applied: a job that
+        never stopped would have kept what the item held, so its rows (those of its
+        old image) are kept whole."""
+        from ddb2bt.transforms.mapping import owned_cells
+
+        if change.new_image is None:
+            return []
+        try:
+            cells = owned_cells(self.mapping, change.keys, change.new_image, False)
+        except MappingError:
+            try:
+                old = owned_cells(self.mapping, change.keys, change.old_image, False)
+            except MappingError:
+                old = {}
+            return sorted({(c.table, c.row_key, WHOLE_ROW) for c in old.values()})
+        # Versioned cells too: a hook's are not declared, and must not look stale.
+        return [(c.table, c.row_key, (c.family, c.qualifier)) for c in cells.values()]
+
+    def _delete_stale(self, stale: dict, at_ms: int) -> int:
         from ddb2bt.transforms.model import DeleteCells, MappedChange, RowChange
 
         count = 0
         for (table, row), cols in sorted(stale.items()):
             muts = tuple(DeleteCells(f, q, 0, ts + INCLUSIVE_END_MS) for (f, q), ts in sorted(cols.items()))
             self.fence()
-            self._write(MappedChange(_record(), (RowChange(table, row, muts),)))
+            self._write(MappedChange(_record(at_ms), (RowChange(table, row, muts),)))
             count += len(muts)
         return count
 
@@ -214,6 +252,7 @@ class BoundarySweep:
         claims = self.owners.claimed_since(since_ms, skip_ms=self.backfill_ms)
         if not claims:
             return 0
+        self.exports_end_ms = max((export.to_ms for export, _ in files), default=since_ms + 1) - 1
         wanted = {owner for *_, owner in claims}
         final: dict = {}  # owner -> {(table, row, family, qualifier, version)} of its last image
         for change in self._lines(files):
@@ -235,7 +274,7 @@ class BoundarySweep:
             # Not held at the end, or an owner no line lists: its change is inside
             # a window, so it was created and deleted there (AWS leaves it out).
             self.fence()
-            self._write(MappedChange(_record(), (RowChange(
+            self._write(MappedChange(_record(self.exports_end_ms), (RowChange(
                 table, row, (DeleteCells(family, qualifier, version, version + INCLUSIVE_END_MS),),
                 versioned=((family, qualifier, version, False),), owner=owner),)))
             count += 1
@@ -250,9 +289,10 @@ class BoundarySweep:
             raise MappingError(f"the boundary sweep's delete was refused: {letters[0]}", reason="sweep")
 
 
-def _record():
-    """The ChangeRecord a sweep's delete travels with (nothing is checkpointed:
-    recovery writes carry no position)."""
+def _record(at_ms: int):
+    """The ChangeRecord a sweep's delete travels with: at the time of the state it
+    restores (the sink's lag and counts see it like the recovery's own changes;
+    nothing is checkpointed: recovery writes carry no position)."""
     from ddb2bt.transforms.model import REMOVE, ChangeRecord
 
-    return ChangeRecord(REMOVE, {}, None, None, 0)
+    return ChangeRecord(REMOVE, {}, None, None, at_ms)

@@ -589,9 +589,9 @@ class GrpcMutationWriter:
             raise classify_rpc_error(exc, "ReadRows") from None
         return found
 
-    def cells_between(self, table_id: str, lo_ms: int, hi_ms: int) -> Iterator[tuple]:
+    def cells_between(self, table_id: str, lo_ms: int, hi_ms: Optional[int] = None) -> Iterator[tuple]:
         """(row key, family, qualifier, timestamp ms) of every cell of the table
-        written at ``lo_ms`` <= ts < ``hi_ms``, values stripped, rows in key order
+        written at ``lo_ms`` <= ts < ``hi_ms`` (None: no end), values stripped, rows in key order
         (the recovery's boundary sweep, docs/design.md §8.1.1). The time filter is
         applied by Bigtable: only matching cells travel, but every row is scanned,
         so the table is read range by range as SampleRowKeys splits it, each range
@@ -600,7 +600,8 @@ class GrpcMutationWriter:
         from google.cloud.bigtable.data import row_filters
 
         time_range = row_filters.RowFilterChain([
-            row_filters.TimestampRangeFilter(start=ms_datetime(lo_ms), end=ms_datetime(hi_ms)),
+            row_filters.TimestampRangeFilter(start=ms_datetime(lo_ms),
+                                             end=ms_datetime(hi_ms) if hi_ms is not None else None),
             row_filters.StripValueTransformerFilter(True)])
         client = data_client(self._project)
         try:
@@ -1038,25 +1039,16 @@ def ms_datetime(ms: int):
 
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
                latest_only: bool = False, client=None, deadline_s: Optional[float] = None,
-               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None,
-               since_ms: Optional[int] = None) -> dict:
-    """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}};
-    ``since_ms``: only cells written at or after it (filtered on the server)."""
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None) -> dict:
+    """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import row_filters
 
     query = ReadRowsQuery()
     if prefix is not None:
         query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
-    filters = []
-    if since_ms is not None:
-        filters.append(row_filters.TimestampRangeFilter(start=ms_datetime(since_ms)))
     if latest_only:
-        filters.append(row_filters.CellsColumnLimitFilter(1))
-    if len(filters) == 1:
-        query.filter = filters[0]
-    elif filters:
-        query.filter = row_filters.RowFilterChain(filters)
+        query.filter = row_filters.CellsColumnLimitFilter(1)
     return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s, app_profile)
 
 

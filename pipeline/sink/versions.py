@@ -83,12 +83,12 @@ class VersionOwners:
         stamps = stamps or {}
         rows = []
         for key, owner in sorted(final.items()):
-            # Every earlier owner cell goes first; then the owner, at its change's time.
-            muts = [DeleteCells(OWNER_FAMILY, OWNER_QUALIFIER, 0, now + 1)]
+            # Every earlier owner cell goes first, over all time (end 0: no end): an
+            # owner is stamped with its change's time, by AWS's clock, which may be
+            # ahead of ours. Then the new owner, at its change's time.
+            muts = [DeleteCells(OWNER_FAMILY, OWNER_QUALIFIER, 0, 0)]
             if owner is not None:
-                stamp = stamps.get(key) or now + 1
-                muts = [DeleteCells(OWNER_FAMILY, OWNER_QUALIFIER, 0, max(now, stamp) + 1),
-                        SetCell(OWNER_FAMILY, OWNER_QUALIFIER, owner, stamp)]
+                muts.append(SetCell(OWNER_FAMILY, OWNER_QUALIFIER, owner, stamps.get(key) or now + 1))
             rows.append((key, muts))
         if rows:
             self._backend.write_rows(rows)

@@ -128,13 +128,14 @@ class InMemoryBigtable:
             return {(k, q) for k in set(row_keys) for (f, q), versions in rows.get(k, {}).items()
                     if f == family and any(ts >= since_ms for ts in versions)}
 
-    def cells_between(self, table_id: str, lo_ms: int, hi_ms: int) -> Iterator:
+    def cells_between(self, table_id: str, lo_ms: int, hi_ms: Optional[int] = None) -> Iterator:
         """Like GrpcMutationWriter.cells_between: (row, family, qualifier, ts) of
-        the cells at lo_ms <= ts < hi_ms, rows in key order."""
+        the cells at lo_ms <= ts < hi_ms (None: no end), rows in key order."""
+        end = float("inf") if hi_ms is None else hi_ms
         with self._lock:
             rows = self.tables.get(table_id, {})
             found = [(k, f, q, ts) for k in sorted(rows) for (f, q), versions in sorted(rows[k].items())
-                     for ts in sorted(versions) if lo_ms <= ts < hi_ms]
+                     for ts in sorted(versions) if lo_ms <= ts < end]
         return iter(found)
 
     def _apply(self, table_id: str, row_key: bytes, mutations: Sequence) -> EntryStatus:

@@ -343,6 +343,8 @@ def test_what_the_sweep_reads_agrees_with_the_fake_on_the_emulator(stack, tmp_pa
         monkeypatch.setattr(bigtable_io, "table_ranges", lambda *a, **k: [(None, b"a#3"), (b"a#3", b"b#"),
                                                                           (b"b#", None)])
         assert list(real.cells_between(mapping.target.table, T0 + 1000, T0 + 9000)) == want
+        since = list(fake.cells_between(mapping.target.table, T0 + 1000))  # no end: the sweep's scan
+        assert len(since) == 13 and list(real.cells_between(mapping.target.table, T0 + 1000)) == since
     finally:
         real.close()
     # State rows stamped since a time (the version owners the sweep looks at).

@@ -46,8 +46,8 @@ def assert_target_is_the_mapping_of(bt, mapping, items) -> None:
     """Every target table of the in-memory Bigtable ``bt`` equals the mapping of
     ``items``: the same rows and columns; per column the newest version is the
     value (single-value columns: an older version a late write left below it is
-    never read, and the family's max_versions GC removes it), or exactly the
-    versions (versioned and list columns)."""
+    never read, and the family's max_versions GC removes it), exactly the
+    versions (versioned columns) or the elements in order (list columns)."""
     from ddb2bt.pipeline.cutover.compare import expected_layout
 
     layout = expected_layout(mapping, items)
@@ -61,5 +61,7 @@ def assert_target_is_the_mapping_of(bt, mapping, items) -> None:
                 versions = have[row][col]
                 if want.kind == "single":
                     assert versions[max(versions)] == want.value, (row, col, versions)
+                elif want.kind == "list":  # the elements in timestamp order
+                    assert tuple(versions[t] for t in sorted(versions)) == tuple(want.value), (row, col, versions)
                 else:
                     assert versions == want.value, (row, col, versions)

@@ -93,3 +93,16 @@ def test_the_exports_reach_past_every_change_the_job_applied_or_are_refused():
     with pytest.raises(RecoveryRefused) as err:
         check_coverage([export(w) for w in short], gap)
     assert "the job applied changes until" in str(err.value) and "intact" in str(err.value)
+
+
+def test_a_backfill_handoff_inside_the_swept_span_is_named_before_writing():
+    from ddb2bt.pipeline.cutover.recover import _backfill_inside_the_sweep
+
+    last = T0 + 123_456
+    gap = Gap(first_ms=last, last_ms=last, end_ms=last + HOUR_MS, trimmed_shards=("s",))
+    windows = plan_windows(gap, now_ms=last + 30 * HOUR_MS)  # the one before the boundary: 15 min
+    assert _backfill_inside_the_sweep(None, gap, windows) == []
+    assert _backfill_inside_the_sweep(last - 20 * 60_000, gap, windows) == []  # before the swept window
+    (why,) = _backfill_inside_the_sweep(last - 5 * 60_000, gap, windows)
+    assert "handoff" in why and "verify" in why
+    assert _backfill_inside_the_sweep(last + HOUR_MS, gap, windows) == []  # after the boundary: not swept

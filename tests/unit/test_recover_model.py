@@ -24,10 +24,17 @@ from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-from ddb2bt.transforms.config import load_mapping
+from ddb2bt.transforms.config import load_mapping, parse_mapping
 from ddb2bt.transforms.mapping import handoff_second_ms, map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedChange
 from tests.unit.cutover_common import assert_target_is_the_mapping_of, catalog_item, hr_item, item, video_item
+
+
+def list_item(pk, sk, n):
+    attrs = {"pk": pk, "sk": sk, "Price": n}
+    if n % 3:
+        attrs["History"] = [f"h{i}" for i in range(n % 4)]  # grows, shrinks, goes
+    return item(**attrs)
 
 START_MS = 1_700_000_000_000
 FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0))
@@ -41,6 +48,14 @@ CASES = {
                 ("pk", "sk")),
     "hr_orders": (load_mapping("examples/hr_orders.yaml"), ["HR-EMPLOYEE#1", "HR-EMPLOYEE#2"], ["EMPLOYEE"],
                   hr_item, ("PK", "SK")),
+    # list columns: elements stamped below their change's time (design §3.2)
+    "lists": (parse_mapping({
+        "version": 1, "name": "lists", "source": {"table": "Lists", "key": {"partition": "pk", "sort": "sk"}},
+        "target": {"project": "p", "instance": "i", "table": "lists"}, "families": {"h": {}, "d": {}},
+        "rules": [{"name": "r", "row_key": "{pk}#{sk}",
+                   "columns": {"History": {"column": "h:History", "as": "list_versions", "encoding": "utf8"}},
+                   "other_attributes": {"mode": "column", "family": "d"}}]}), ["a", "b"], ["x", "y"], list_item,
+              ("pk", "sk")),
 }
 
 

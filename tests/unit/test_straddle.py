@@ -10,8 +10,8 @@ from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping, parse_mapping
-from ddb2bt.transforms.mapping import backfill_cell_ms
-from ddb2bt.transforms.model import SetCell
+from ddb2bt.transforms.mapping import backfill_cell_ms, backfill_record, map_change
+from ddb2bt.transforms.model import INSERT, ChangeRecord, MappedChange, SetCell
 
 S = 1_700_000_000  # a window's start, seconds
 FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0))
@@ -78,3 +78,50 @@ def test_a_backfills_cells_and_claims_are_never_taken_for_a_lost_changes():
     assert (result.cells_deleted, result.versions_released) == (1, 0)
     assert versions.claimed_since(S * 1000) == [(table, b"x", "SKU", b"v", 5, b'{"M":{"pk":{"S":"b"}}}')]
     assert versions.claimed_since(S * 1000, skip_ms=stamp) == []
+
+
+# List columns: elements are stamped below their change's time (design §3.2).
+LISTS = parse_mapping({"version": 1, "name": "l", "source": {"table": "Things", "key": {"partition": "pk"}},
+                   "target": {"project": "p", "instance": "i", "table": "t"}, "families": {"h": {}},
+                   "rules": [{"name": "r", "row_key": "{pk}",
+                              "columns": {"History": {"column": "h:History", "as": "list_versions",
+                                                      "encoding": "utf8"}}}]})
+X = {"pk": {"S": "x"}}
+IMG = {"pk": {"S": "x"}, "History": {"L": [{"S": "a"}, {"S": "b"}, {"S": "c"}]}}
+
+
+def list_world():
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: (S + 5000) * 1000)
+    return bt, store, BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=store.versions())
+
+
+def test_a_list_written_after_the_window_keeps_its_lower_elements_inside_it():
+    """An intact shard applied X's change at second S+900 (the swept window's end):
+    its list's lower elements sit at S+900 s - 2 ms .. - 1 ms, inside [S, S+900)."""
+    bt, store, w = list_world()
+    for ch in map_change(LISTS, ChangeRecord(INSERT, X, IMG, None, (S + 900) * 1000)):
+        w.add(MappedChange(ChangeRecord(INSERT, X, IMG, None, (S + 900) * 1000), (ch,)))
+    w.flush()
+    before = bt.versions("t")[b"x"][("h", b"History")]
+    sweep = BoundarySweep(LISTS, bt, w, store.versions(), lambda e, rel: iter([]))
+    e = export(S, S + 900)
+    sweep.run([(e, "data/a.json.gz")], S * 1000, (S + 900) * 1000)
+    after = bt.versions("t").get(b"x", {}).get(("h", b"History"))
+    assert after == before, (before, after)
+
+
+def test_a_backfilled_list_is_kept():
+    """Only its newest element carries the backfill's timestamp: judged on it."""
+    bt, store, w = list_world()
+    handoff = (S + 100) * 1000 + 400
+    rec = backfill_record(X, IMG, handoff)
+    for ch in map_change(LISTS, rec):
+        w.add(MappedChange(rec, (ch,)))
+    w.flush()
+    before = bt.versions("t")[b"x"][("h", b"History")]
+    sweep = BoundarySweep(LISTS, bt, w, store.versions(), lambda e, rel: iter([]), backfill_ms=backfill_cell_ms(handoff))
+    e = export(S, S + 900)
+    sweep.run([(e, "data/a.json.gz")], S * 1000, (S + 900) * 1000)
+    after = bt.versions("t").get(b"x", {}).get(("h", b"History"))
+    assert after == before, (before, after)
