@@ -107,3 +107,23 @@ def test_verify_counts_foreign_cells_marker_rows_and_version_clashes():
     assert len(diff.version_clashes) == 1 and not diff.identical
     assert "VideoComment#1" in diff.version_clashes[0].keys[0] and "VideoComment#2" in diff.version_clashes[0].keys[1]
     assert compare_mapping(VIDEOS, [c1], read)["videos"].identical
+
+
+def test_an_empty_list_is_no_cell_so_verify_expects_none():
+    """A list column of no elements is written as its old elements deleted and no
+    cell (mapping._write): verify must not call the row missing a cell."""
+    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+    from ddb2bt.transforms.config import parse_mapping
+
+    lists = parse_mapping({
+        "version": 1, "name": "lists", "source": {"table": "Lists", "key": {"partition": "pk"}},
+        "target": {"project": "p", "instance": "i", "table": "lists"}, "families": {"h": {}, "d": {}},
+        "rules": [{"name": "r", "row_key": "{pk}",
+                   "columns": {"History": {"column": "h:History", "as": "list_versions", "encoding": "utf8"}},
+                   "other_attributes": {"mode": "column", "family": "d"}}]})
+    only_list = {"pk": {"S": "a"}, "History": {"L": []}}
+    with_more = {"pk": {"S": "b"}, "History": {"L": []}, "Price": {"N": "1"}}
+    layout = expected_layout(lists, [only_list, with_more])["lists"]
+    assert layout.keys() == {b"b"} and set(layout[b"b"]) == {("d", b"Price")}
+    actual = {b"b": {("d", b"Price"): [(1000, b"1")]}}
+    assert diff_layout(layout, actual).identical
