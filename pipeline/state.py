@@ -374,7 +374,8 @@ class BigtableStateBackend:
         return {key: max(versions[0][0] for versions in cells.values())
                 for key, cells in iter_table(self._project, self._instance, self._table_id,
                                              client=self._data_client(), deadline_s=self._deadline_s,
-                                             start_key=prefix, end_key=_prefix_end(prefix), row_filter=since)}
+                                             start_key=prefix, end_key=_prefix_end(prefix), row_filter=since,
+                                             app_profile=self._app_profile)}
 
     def read_keys(self, keys: Sequence) -> dict:
         """Like read_prefix, for exactly these rows (absent rows are absent)."""

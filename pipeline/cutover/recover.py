@@ -71,6 +71,7 @@ NEW_AND_OLD_IMAGES = "NEW_AND_OLD_IMAGES"
 # Data file progress lives in the state table under this meta name.
 PROGRESS_META = "recover_done"
 SWEEP_META = "recover_swept"  # "done" once the boundary sweep ran (straddle.py)
+RELEASED_META = "recover_released"  # "done" once its versions were released, before any window
 GAP_META = "recover_gap"
 
 
@@ -485,6 +486,7 @@ class Recovery:
         self.target = target if target is not None else getattr(batcher, "_writer", None)
         self.swept: Optional[SweepResult] = None
         self.sweep_progress = sweep_progress  # rows the boundary sweep read so far
+        self.released: Optional[int] = None  # versions the sweep released (None: before a restart)
 
     def _done(self) -> int:
         raw = self.store.load_meta(PROGRESS_META)
@@ -510,6 +512,7 @@ class Recovery:
         self.store.save_meta(GAP_META, spec)
         self.store.save_meta(PROGRESS_META, "0")
         self.store.save_meta(SWEEP_META, "")
+        self.store.save_meta(RELEASED_META, "")
 
     def run(self, gap: Gap, exports: Sequence[IncrementalExport]) -> RecoveryResult:
         from ddb2bt.transforms.dofns import map_record
@@ -521,6 +524,7 @@ class Recovery:
         result = RecoveryResult(files_skipped=min(done, len(files)))
         self.progress(result.files_skipped, len(files))
         before = len([1 for export, _ in files if export.to_ms <= gap.boundary_s * 1000])
+        self._release_versions(gap, ordered, files)
         for index, (export, rel) in enumerate(files):
             if index == before:
                 self._sweep(gap, ordered, files)
@@ -548,6 +552,25 @@ class Recovery:
         result.sweep = self.swept
         return result
 
+    def _boundary_sweep(self, gap: Gap):
+        from ddb2bt.pipeline.cutover.straddle import BoundarySweep
+        from ddb2bt.transforms.mapping import backfill_cell_ms
+
+        handoff = self.migration.handoff_ms
+        return BoundarySweep(self.mapping, self.target, self.batcher, self.store.versions(), self.read, self.fence,
+                             backfill_ms=backfill_cell_ms(handoff) if handoff else None)
+
+    def _release_versions(self, gap: Gap, ordered: Sequence[IncrementalExport], files: Sequence) -> None:
+        """Before any window is applied, once per recovery: the versions whose
+        removal was lost (straddle.py, docs/design.md §8.1.1)."""
+        from ddb2bt.pipeline.cutover.straddle import swept_windows
+
+        if self.store.load_meta(RELEASED_META) == "done":
+            return
+        windows = swept_windows(ordered, gap.first_ms, gap.boundary_s * 1000)
+        self.released = self._boundary_sweep(gap).release_versions(windows[0].from_ms, files) if windows else 0
+        self.store.save_meta(RELEASED_META, "done")
+
     def _sweep(self, gap: Gap, ordered: Sequence[IncrementalExport], files: Sequence) -> None:
         """Once the windows before the boundary are applied, and once per recovery:
         the cells an item's lost change would have deleted (straddle.py,
@@ -555,26 +578,21 @@ class Recovery:
         one timestamp is not swept."""
         if self.store.load_meta(SWEEP_META) == "done":
             return
-        from ddb2bt.pipeline.cutover.straddle import BoundarySweep, swept_windows
-        from ddb2bt.transforms.mapping import backfill_cell_ms
+        from ddb2bt.pipeline.cutover.straddle import swept_windows
 
         windows = swept_windows(ordered, gap.first_ms, gap.boundary_s * 1000)
-        handoff = self.migration.handoff_ms
-        sweep = BoundarySweep(self.mapping, self.target, self.batcher, self.store.versions(), self.read, self.fence,
-                              backfill_ms=backfill_cell_ms(handoff) if handoff else None)
+        sweep = self._boundary_sweep(gap)
         base = [0]  # rows of the windows swept before this one: the bar counts on
         sweep.progress = lambda rows: self.sweep_progress(base[0] + rows)
-        total = SweepResult()
+        total = SweepResult(versions_released=self.released or 0)  # None: released before a restart
         for w in windows:
             log.info("recover: sweeping the target for cells written in %s that a lost change would have deleted",
                      w.window())
             mine = [(export, rel) for export, rel in files if export is w]
-            done = sweep.run(mine, w.from_ms, w.to_ms, all_files=files if w is windows[-1] else None,
-                             versions_since_ms=windows[0].from_ms)
+            done = sweep.run(mine, w.from_ms, w.to_ms)
             base[0] += done.rows_read
             total = SweepResult(total.windows + 1, total.rows_read + done.rows_read,
-                                total.cells_deleted + done.cells_deleted,
-                                total.versions_released + done.versions_released)
+                                total.cells_deleted + done.cells_deleted, total.versions_released)
         self.swept = total
         self.store.save_meta(SWEEP_META, "done")
         log.info("recover: the boundary sweep read %d row(s) of %d window(s); deleted %d stale column(s) and %d "
@@ -601,6 +619,7 @@ class Recovery:
         self.store.save_meta(GAP_META, "")
         self.store.save_meta(PROGRESS_META, "")
         self.store.save_meta(SWEEP_META, "")
+        self.store.save_meta(RELEASED_META, "")
 
 
 # --- the command's service -------------------------------------------------------------
@@ -684,12 +703,17 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
         outcome.commands = export_commands(outcome.windows, table_arn, options.s3_bucket, options.s3_prefix)
         if not options.exports:
             return outcome
-        if outcome.inexact and not options.accept_inexact:
-            raise RecoveryRefused("the mapping has a feature an incremental export cannot restore exactly: "
-                                  + "; ".join(outcome.inexact) + ". Nothing was written. Back-fill instead "
-                                  "(ddb2bt migrate --restart), or pass --accept-inexact", "recover")
         exports = [open_export(loc, mapping.source.table, mapping.source.region) for loc in options.exports]
-        check_coverage(exports, gap)
+        ordered = check_coverage(exports, gap)
+        # The exports given may start earlier than the plan (any abutting windows
+        # that cover the gap are accepted): the sweep reads what they span.
+        given = [Window(e.from_ms // 1000, e.to_ms // 1000) for e in ordered]
+        outcome.inexact += [why for why in _backfill_inside_the_sweep(Migration(store).handoff_ms, gap, given)
+                            if why not in outcome.inexact]
+        if outcome.inexact and not options.accept_inexact:
+            raise RecoveryRefused("the recovery cannot be exact: " + "; ".join(outcome.inexact)
+                                  + ". Nothing was written. Back-fill instead (ddb2bt migrate --restart), or pass "
+                                  "--accept-inexact (then run ddb2bt verify)", "recover")
         batcher = BatchingWriter(writer, None, SinkConfig(overlap_writes=False), versions=store.versions(),
                                  metrics=metrics)
         try:

@@ -151,12 +151,9 @@ class BoundarySweep:
     def _tables(self) -> list:
         return sorted({table for table, _ in _templates(self.mapping)} | {self.mapping.target.table})
 
-    def run(self, window_files: Sequence, lo_ms: int, hi_ms: int, all_files: Optional[Sequence] = None,
-            versions_since_ms: Optional[int] = None) -> SweepResult:
-        """``window_files``: [(export, data file)] of one window [lo_ms, hi_ms).
-        With ``all_files`` (every window's, in time order: the
-        owners' last images), versions claimed since ``versions_since_ms`` are
-        swept too."""
+    def run(self, window_files: Sequence, lo_ms: int, hi_ms: int) -> SweepResult:
+        """The ordinary cells of one window [lo_ms, hi_ms), ``window_files`` its
+        [(export, data file)], once the windows up to it are applied."""
         from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
         from ddb2bt.transforms.mapping import owned_cells
 
@@ -199,12 +196,9 @@ class BoundarySweep:
                             stale.setdefault((table, row), {})[(family, qualifier)] = ts
                     deleted += self._delete_stale(stale, hi_ms - 1)
                 result = SweepResult(rows_read=rows_read, cells_deleted=deleted)
-        released = 0
-        if all_files is not None:
-            released = self._release_versions(lo_ms if versions_since_ms is None else versions_since_ms, all_files)
         self.fence()
         self._check(self.batcher.flush())
-        return SweepResult(1, result.rows_read, result.cells_deleted, released)
+        return SweepResult(1, result.rows_read, result.cells_deleted)
 
     def _hold(self, held, table: str, row, newest: dict, hi_ms: int) -> None:
         """A scanned row's columns whose newest cell is a change's inside the window."""
@@ -243,6 +237,18 @@ class BoundarySweep:
             count += len(muts)
         return count
 
+    def release_versions(self, since_ms: int, files: Sequence) -> int:
+        """Versions claimed by changes since ``since_ms`` (the first swept window's
+        start) that their owners' last images in ``files`` (every window's, in time
+        order) do not hold: deleted exactly and released. Run before any window is
+        applied: a line taking such a version must find it free, as it was when a
+        job that never stopped wrote it. Returns how many."""
+        count = self._release_versions(since_ms, files)
+        if count:
+            self.fence()
+            self._check(self.batcher.flush())
+        return count
+
     def _release_versions(self, since_ms: int, files: Sequence) -> int:
         from ddb2bt.transforms.mapping import owned_cells
         from ddb2bt.transforms.model import DeleteCells, MappedChange, RowChange
@@ -264,11 +270,14 @@ class BoundarySweep:
                 try:
                     cells = owned_cells(self.mapping, change.keys, change.new_image, False)
                 except MappingError:
-                    cells = {}
+                    final[kid] = None  # dead-lettered, not applied: what it holds stays, as in a running job
+                    continue
             final[kid] = {(c.table, c.row_key, c.family, c.qualifier, c.version_ms) for c in cells.values()
                           if c.version_ms is not None}
         count = 0
         for table, row, family, qualifier, version, owner in claims:
+            if owner in final and final[owner] is None:
+                continue
             if (table, row, family, qualifier, version) in final.get(owner, ()):
                 continue  # still held at the exports' end
             # Not held at the end, or an owner no line lists: its change is inside

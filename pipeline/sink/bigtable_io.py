@@ -607,7 +607,7 @@ class GrpcMutationWriter:
         try:
             for start, end in table_ranges(self._project, self._instance, table_id, client):
                 for row, cells in iter_table(self._project, self._instance, table_id, client=client, start_key=start,
-                                             end_key=end, row_filter=time_range):
+                                             end_key=end, row_filter=time_range, app_profile=self._app_profile):
                     for (family, qualifier), versions in sorted(cells.items()):
                         for ts, _ in sorted(versions):
                             yield row, family, qualifier, ts
@@ -1069,7 +1069,8 @@ READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set
 
 def iter_table(project: str, instance: str, table_id: str, client=None, deadline_s: Optional[float] = None,
                attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, start_key: Optional[bytes] = None,
-               end_key: Optional[bytes] = None, sleep=None, row_filter=None) -> Iterator:
+               end_key: Optional[bytes] = None, sleep=None, row_filter=None,
+               app_profile: Optional[str] = None) -> Iterator:
     """(row_key, cells) of every row, in key order, as they stream in: nothing of
     the table is held (``verify`` reads tables of any size with it). One
     ReadRows stream is read to its end (a stream given up half-way would keep
@@ -1078,7 +1079,8 @@ def iter_table(project: str, instance: str, table_id: str, client=None, deadline
     backoff, and after ``deadline_s`` without progress given up, naming
     Bigtable and the endpoint. ``start_key`` (inclusive) and ``end_key``
     (exclusive) bound the read to one key range; ``row_filter`` (a
-    python-bigtable row filter) is applied by Bigtable."""
+    python-bigtable row filter) is applied by Bigtable; ``app_profile`` routes
+    the read (None: the instance's default profile)."""
     import time as _time
 
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
@@ -1096,7 +1098,7 @@ def iter_table(project: str, instance: str, table_id: str, client=None, deadline
     failing_since, backoff = None, policy.initial_s
     where = f"Bigtable ({bigtable_endpoint()})"
     try:
-        with client.get_table(instance, table_id) as table:
+        with client.get_table(instance, table_id, **({"app_profile_id": app_profile} if app_profile else {})) as table:
             while True:
                 if last is None:
                     query = ReadRowsQuery(row_filter=row_filter) if start_key is None and end_key is None else \

@@ -233,3 +233,30 @@ def test_a_state_store_closes_the_writer_it_made_and_never_one_it_was_given(monk
         assert "hannel closed" not in str(err.value) and "closed channel" not in str(err.value)
     finally:
         given.close()
+
+
+def test_the_sweeps_scans_go_through_the_configured_profiles(monkeypatch):
+    """cells_between reads the target through the data profile, the owner-record
+    scan the state table through the state profile (replicated instances)."""
+    from ddb2bt.pipeline.sink import bigtable_io
+    from ddb2bt.pipeline.state import BigtableStateBackend
+
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", "127.0.0.1:9")
+    seen = []
+
+    class Client:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(bigtable_io, "data_client", lambda project: Client())
+    monkeypatch.setattr(bigtable_io, "table_ranges", lambda *a, **k: [(None, None)])
+    monkeypatch.setattr(bigtable_io, "iter_table", lambda *a, **k: seen.append(k["app_profile"]) or iter(()))
+    writer = bigtable_io.GrpcMutationWriter("p", "i", app_profile="data", transactional_app_profile="txn")
+    try:
+        assert list(writer.cells_between("t", 0)) == []
+        backend = BigtableStateBackend(writer, "p", "i", "ddb2bt_state", app_profile="txn")
+        backend._client = Client()
+        assert backend.keys_written_since(b"j#ver#", 0) == {}
+    finally:
+        writer.close()
+    assert seen == ["data", "txn"]
