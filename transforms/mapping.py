@@ -490,6 +490,12 @@ def _delete(cell: OwnedCell, ts: int) -> DeleteCells:
     return DeleteCells(cell.family, cell.qualifier, 0, ts + _INCLUSIVE_END_MS)
 
 
+def item_owner(keys: Item) -> bytes:
+    """An item as the owner of its versioned cells (RowChange.owner, the version
+    owner records of sink/versions.py): its key as canonical typed JSON."""
+    return canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+
+
 def marker_qualifier(keys: Item) -> bytes:
     """The touch-marker qualifier of an item: its key as canonical typed JSON."""
     return MARKER_PREFIX + canonical_typed_json({"M": dict(keys)}).encode("utf-8")
@@ -531,7 +537,7 @@ def general_map_change(mapping: MappingConfig, record: ChangeRecord, mark_touche
             row.append(SetCell(MARKER_FAMILY, qualifier, b"", ts))
     versioned_rows = {(c.table, c.row_key) for c in new.values() if c.version_ms is not None}
     versions = _versions(new, old)
-    owner = canonical_typed_json({"M": dict(record.keys)}).encode("utf-8") if versions else b""
+    owner = item_owner(record.keys) if versions else b""
     changes = []
     for (t, k), m in rows.items():
         if not m:
@@ -622,7 +628,7 @@ def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item],
             cell = old[key]
             rows.setdefault((cell.table, cell.row_key), []).append(_delete(cell, ts))
     versions = _versions(new, old)
-    owner = canonical_typed_json({"M": dict(keys)}).encode("utf-8") if versions else b""
+    owner = item_owner(keys) if versions else b""
     return tuple(RowChange(t, k, tuple(m), None, checked_size(k, m), versions.get((t, k), ()), owner)
                  for (t, k), m in rows.items() if m)
 

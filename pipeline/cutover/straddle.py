@@ -41,8 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
-from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.mapping import item_owner
 
 __all__ = ["SweepResult", "BoundarySweep", "sweep_inexact_features", "swept_windows"]
 
@@ -70,10 +70,6 @@ def swept_windows(exports: Sequence, first_ms: int, boundary_ms: int) -> list:
     change (a lost change comes after that change, and before its window's end).
     Windows wholly before it hold only changes every trimmed shard applied."""
     return [e for e in exports if first_ms < e.to_ms <= boundary_ms]
-
-
-def _key_id(keys: dict) -> bytes:
-    return canonical_typed_json({"M": dict(keys)}).encode("utf-8")
 
 
 def _templates(mapping):
@@ -262,7 +258,7 @@ class BoundarySweep:
         wanted = {owner for *_, owner in claims}
         final: dict = {}  # owner -> {(table, row, family, qualifier, version)} of its last image
         for change in self._lines(files):
-            kid = _key_id(change.keys)
+            kid = item_owner(change.keys)
             if kid not in wanted:
                 continue
             cells = {}

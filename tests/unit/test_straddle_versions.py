@@ -10,9 +10,9 @@ from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-from ddb2bt.transforms.config import load_mapping, parse_mapping
-from ddb2bt.transforms.mapping import backfill_cell_ms, map_change
-from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedChange
+from ddb2bt.transforms.config import load_mapping
+from ddb2bt.transforms.mapping import map_change
+from ddb2bt.transforms.model import INSERT, ChangeRecord, MappedChange
 from tests.unit.cutover_common import item
 
 FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0), overlap_writes=False)
@@ -46,9 +46,7 @@ def recover(mapping, store, windows_lines, gap):
         lines[loc] = ls
         exports.append(exp(loc, a, b, len(ls)))
     check_coverage(exports, gap)
-    batcher = BatchingWriter(store._backend if hasattr(store, "_backend") else None, None, FAST,
-                             sleep=lambda s: None, versions=store.versions())
-    return exports, lines, batcher
+    return exports, lines
 
 
 VIDEOS = load_mapping("examples/videos.yaml")
@@ -77,7 +75,7 @@ def test_a_version_freed_by_a_lost_delete_is_free_before_a_line_takes_it():
     w2 = (B, B + 900)
     # X inserted and deleted inside w1: AWS leaves it out. Y: created in w1.
     lines1 = [ExportChange(ky, y, None, t * 1000 + 5)]
-    exports, lines, _ = recover(VIDEOS, store, [(w1, lines1), (w2, [])], gap)
+    exports, lines = recover(VIDEOS, store, [(w1, lines1), (w2, [])], gap)
     wall[0] = (B + 2000) * 1000
     batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=store.versions())
     migration = Migration(store, now_ms=lambda: wall[0], sleep=lambda s: None)
@@ -102,7 +100,7 @@ def test_a_dead_lettered_last_line_keeps_the_versions_a_running_job_keeps():
     broken = item(pk="0123", sk="VideoComment#1", Content="x2")  # no CreatedAt: MappingError (timestamp)
     lines1 = [ExportChange(kx, x, None, t1 * 1000 + 3)]
     lines2 = [ExportChange(kx, broken, x, (B + 10) * 1_000_000)]  # lost, after the boundary
-    exports, lines, _ = recover(VIDEOS, store, [((S, B), lines1), ((B, B + 900), lines2)], gap)
+    exports, lines = recover(VIDEOS, store, [((S, B), lines1), ((B, B + 900), lines2)], gap)
     wall[0] = (B + 2000) * 1000
     batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=store.versions())
     migration = Migration(store, now_ms=lambda: wall[0], sleep=lambda s: None)
