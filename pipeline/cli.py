@@ -534,6 +534,15 @@ def cmd_recover(args) -> int:
     options = RecoverOptions(exports=tuple(args.from_export or ()), s3_bucket=args.s3_bucket or "<bucket>",
                              s3_prefix=args.s3_prefix or "", accept_inexact=args.accept_inexact)
     fence, held = (lambda: None), None  # a read-only run writes nothing
+    from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+
+    if not BigtableAdmin(spec.bigtable.project, spec.bigtable.instance).exists(spec.table):
+        # No state table: this job never ran against this instance, so it has no
+        # checkpoint to be trimmed (and nothing to hold a lease in).
+        print(f"no state of job {spec.job!r} in {spec.bigtable.project}/{spec.bigtable.instance}/{spec.table}: "
+              "it never ran here, so nothing is trimmed and there is nothing to recover (check --state-table, "
+              "--bigtable-instance and --job-name)", file=sys.stderr)
+        return 1
     if options.exports:  # writing: hold the tail's lease, so no `run` applies changes meanwhile
         from ddb2bt.pipeline import lease
 
@@ -987,8 +996,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "--from-export: says which changes are missing (from the last applied change to the "
                            "oldest record the stream holds) and prints the `aws dynamodb "
                            "export-table-to-point-in-time` commands for them (point-in-time recovery must be "
-                           "enabled). With the finished exports: applies them (resumable per data file) and sets "
-                           "the trimmed shards to resume at the stream's oldest record; then start the tail "
+                           "enabled). With the finished exports: applies them (resumable per data file), sweeps the "
+                           "target for cells a lost change would have deleted (an item changed just before and "
+                           "just after its shard stopped), and sets the trimmed shards to resume at the stream's oldest record; then start the tail "
                            "(ddb2bt run). See docs/recover.md."),
                        epilog="examples:\n  ddb2bt recover -m m.yaml --s3-bucket my-exports\n"
                               "  ddb2bt recover -m m.yaml --from-export s3://my-exports/AWSDynamoDB/01700000000000-a1b2c3d4 "

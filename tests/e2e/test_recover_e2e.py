@@ -363,3 +363,15 @@ def test_what_the_sweep_reads_agrees_with_the_fake_on_the_emulator(stack, tmp_pa
             f"{mapping.name}#ver#k2".encode(): T0 + 2000, f"{mapping.name}#ver#k3".encode(): T0 + 3000}
     finally:
         writer.close()
+
+
+def test_recover_for_a_job_that_never_ran_here_says_so(stack, unique, capsys):
+    """No state table: no checkpoint can be trimmed; said plainly, nothing taken
+    or written (not a NOT_FOUND from the lease's first read)."""
+    from ddb2bt.pipeline.cli import main as ddb2bt
+
+    state = f"never_{unique}"
+    assert ddb2bt(["recover", "-m", "example:product_catalog", "--state-table", state,
+                   "--from-export", "/nonexistent"]) == 1
+    err = capsys.readouterr().err
+    assert "ddb2bt_state" not in err and f"/{state}: it never ran here, so nothing is trimmed" in err, err
