@@ -9,11 +9,13 @@ has applied all records created before it: ``tail_passed``), reads the row's
 owning items again (GetItem, strongly consistent) and the row again, and
 compares. A row that matches now was in flight; a row that still differs is
 checked once more in a later round (a fresh time, a fresh wait for the tail)
-and reported only when that round finds it different again: one round's
-verdict rests on the stream's record times, which are approximate, and a
-second look a round later costs seconds for a real divergence and removes any
-race of one look against the tail. Rows whose items keep changing are
-re-checked up to ``rounds`` times, then reported as they were last seen.
+and reported only when that round finds it different again, the same row with
+its owners in the same state (docs/design.md §11): one round's verdict rests
+on the stream's record times, which are approximate, and one look can fall
+between two changes of a busy item that leave it as it was (a put then a
+delete: the owner reads None before and after, the row shows the put). Rows
+whose items keep changing are re-checked up to ``rounds`` times, then counted
+unsettled: not proven either way, never a difference.
 
 Why this is exact for rows verify found: the target is read before the source
 is scanned (see verify.py), so a row of an item created during verify is seen
@@ -61,6 +63,10 @@ class RecheckOptions:
     rounds: int = 5  # re-checks of a row whose item keeps changing
     max_rows: int = 10_000  # divergent rows held for re-checking (bounded memory); beyond: reported as found
 
+    def __post_init__(self) -> None:
+        if self.enabled and self.rounds < CONFIRMATIONS:
+            raise ValueError(f"rounds: at least {CONFIRMATIONS} (a difference is confirmed by that many looks)")
+
     @property
     def enabled(self) -> bool:
         return self.wait_s > 0
@@ -98,7 +104,7 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
     # its row key spells, where the key template can be read back.
     remaining = {at: owners or owner_candidates(mapping, *at) for at, owners in suspects.items()}
     confirmed: dict = {}  # table -> [want, have, LayoutDiff]
-    strikes: dict = {}  # (table, row) -> (times found different, (want row, have row, LayoutDiff of the row))
+    strikes: dict = {}  # (table, row) -> _Strikes: consecutive looks that found the row different
     clock = time.monotonic
     while remaining and result.rounds < options.rounds:
         before = _read_owners(remaining, get_item)
@@ -124,6 +130,10 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
         after = _read_owners(remaining, get_item)
         settled = {at_row for at_row, owners in remaining.items()
                    if all(before[_key_id(k)] == after[_key_id(k)] for k in owners)}
+        # A row whose owners changed during this look breaks its chain of
+        # confirmations: what it showed before is no longer evidence.
+        for at_row in set(remaining) - settled:
+            strikes.pop(at_row, None)
         want: dict = {}
         owned: dict = {}
         clashes: list = []
@@ -147,19 +157,39 @@ def recheck(mapping: MappingConfig, suspects: dict, get_item: Callable[[dict], O
             for r in rows - different:
                 strikes.pop((table, r), None)
             for r in different:
-                count = strikes.get((table, r), (0, None))[0] + 1
-                strikes[(table, r)] = (count, (want_t.get(r), have.get(r), diff.only_rows({r})))
+                evidence = (_owners_state(remaining[(table, r)], after), have.get(r))
+                chain = strikes.get((table, r))
+                # Only the same row, seen the same way while its owners held the
+                # same state, adds to a chain: two looks at two different states
+                # of a busy item (each can fall between two of its changes, a put
+                # and a delete, say) prove nothing together.
+                count = chain.count + 1 if chain is not None and chain.evidence == evidence else 1
+                strikes[(table, r)] = _Strikes(count, evidence, (want_t.get(r), have.get(r), diff.only_rows({r})))
                 if count >= CONFIRMATIONS:
-                    _confirm(confirmed, table, r, strikes.pop((table, r))[1])
+                    _confirm(confirmed, table, r, strikes.pop((table, r)).seen)
         remaining = {k: v for k, v in remaining.items() if k not in settled or k in strikes}
-    # Out of rounds: a row last found different (after a wait for the tail, with
-    # its items unchanged) is reported; one whose items changed every time is unsettled.
-    for (table, r), (_, seen) in strikes.items():
-        _confirm(confirmed, table, r, seen)
-        remaining.pop((table, r), None)
+    # Out of rounds: a row not confirmed CONFIRMATIONS times in a row (its items
+    # changed, or one look found it different and the next could not look) is
+    # not proven either way: unsettled, never a difference.
     result.unsettled = len(remaining)
     result.still = {t: tuple(v) for t, v in confirmed.items()}
     return result
+
+
+@dataclass(frozen=True)
+class _Strikes:
+    count: int  # consecutive looks that found the row different
+    evidence: tuple  # (the owners' state, the row as read): the same on every look of a chain
+    seen: tuple  # (want row, have row, LayoutDiff of the row) of the last look
+
+
+def _owners_state(owners: list, read: dict) -> tuple:
+    """The owners' items as one comparable value (canonical JSON, None: absent)."""
+    out = []
+    for keys in owners:
+        current = read[_key_id(keys)][1]
+        out.append((_key_id(keys), None if current is None else canonical_typed_json({"M": current})))
+    return tuple(sorted(out, key=lambda kv: kv[0]))
 
 
 def _confirm(confirmed: dict, table: str, row: bytes, seen: tuple) -> None:
