@@ -958,14 +958,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "examples (keys redacted unless --show-keys, values unless --show-values). Exit code 0 only when "
                            "identical."),
                        epilog="examples:\n  ddb2bt verify -m m.yaml --report verify.json\n"
-                              "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the items, by key hash\n"
+                              "  ddb2bt verify -m m.yaml --sample-rate 0.01   # 1% of the rows, by row-key hash\n"
                               "  ddb2bt verify -m m.yaml --report gs://b/verify.json --runner DataflowRunner "
                               "--project p --region r --temp_location gs://b/tmp   # a Beam job")
     add_mapping_args(p)
     add_state_args(p)
     p.add_argument("--segments", type=number(int, minimum=1, maximum=MAX_TOTAL_SEGMENTS), default=8,
                    help="parallel Scan segments")
-    p.add_argument("--sample-rate", type=number(float, above=0, maximum=1), default=1.0, help="fraction of items to check (default: all)")
+    p.add_argument("--sample-rate", type=number(float, above=0, maximum=1), default=1.0, help="fraction of target rows to check, each against every item mapping into it (default: all)")
     p.add_argument("--show-values", action="store_true", help="show cell values in examples (keys too)")
     add_show_keys_arg(p)
     p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")

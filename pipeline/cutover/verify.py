@@ -37,8 +37,17 @@ SAMPLE_SPACE = 2**32
 
 
 def sampled(keys: dict, rate: float) -> bool:
-    """Deterministic: the same item is in or out of the sample on every run."""
+    """Deterministic: the same item is in or out of the sample on every run
+    (the sample of unmappable items, which have no rows)."""
     return zlib.crc32(canonical_typed_json({"M": keys}).encode()) < rate * SAMPLE_SPACE
+
+
+def row_sampled(table: str, row_key: bytes, rate: float) -> bool:
+    """Deterministic: the same row is in or out of the sample on every run. The
+    sample is drawn by row, not by item: a row several items fold into
+    (a one-to-many mapping) is compared against every one of them, so a sample
+    never reports a cell of an item left out of it as extra."""
+    return zlib.crc32(row_key, zlib.crc32(table.encode())) < rate * SAMPLE_SPACE
 
 
 @dataclass
@@ -99,8 +108,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
     keys)``). Differences are re-checked once the tail has caught up with them
     when ``recheck_with`` is given (recheck.py)."""
     is_sample = sample_rate < 1.0
-    keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
-    keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
+    keep = (lambda table, row_key: row_sampled(table, row_key, sample_rate)) if is_sample else None
     buckets = bucket_count(estimated_items)
     findings = Findings(show_values, show_keys)
     with SpillDir(workdir) as spill_dir:
@@ -115,7 +123,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
                     actual.add(table, row_key, cells)
             actual.flush()
         expected = Spill(spill_dir.path, "expected", buckets)
-        scanned = _scan_into(mapping, ddb, segments, consistent, on_page, keep, expected, findings)
+        scanned = _scan_into(mapping, ddb, segments, consistent, on_page, keep, expected, findings, sample_rate)
         expected.flush()
         report = VerifyReport(identical=True, sampled=is_sample, items=scanned, rows_expected=0,
                               checked_at_ms=time.time_ns() // 1_000_000)
@@ -189,9 +197,12 @@ class Rechecker:
 
 
 def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
-               keep: Callable[[dict], bool], expected: Spill, findings: "Findings") -> int:
-    """Scan the source in parallel segments; each kept item's owned cells go to
-    the spill, one record per (table, row) it maps to. Returns the items kept."""
+               keep: Optional[Callable[[str, bytes], bool]], expected: Spill, findings: "Findings",
+               sample_rate: float = 1.0) -> int:
+    """Scan the source in parallel segments; each item's owned cells go to the
+    spill, one record per (table, row) it maps to — of the sampled rows only
+    when ``keep(table, row_key)`` is given. Returns the items compared (those
+    with a kept row)."""
     count = [0]
     lock = threading.Lock()
 
@@ -205,18 +216,19 @@ def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_
             del page
             for n in range(len(items)):
                 item, items[n] = items[n], None
-                if not keep(item):
-                    continue
-                kept += 1
                 keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
                 try:
                     cells = expected_cells(mapping, item)
                 except MappingError as exc:
-                    findings.unmappable(keys, exc)
+                    if keep is None or sampled(keys, sample_rate):  # no rows to sample by: by item
+                        findings.unmappable(keys, exc)
                     continue
                 by_row: dict = {}
                 for cell in cells.values():
-                    by_row.setdefault((cell.table, cell.row_key), []).append(cell)
+                    if keep is None or keep(cell.table, cell.row_key):
+                        by_row.setdefault((cell.table, cell.row_key), []).append(cell)
+                if by_row or keep is None:
+                    kept += 1
                 for (table, row_key), row_cells in by_row.items():
                     expected.add(table, row_key, (keys, row_cells))
             on_page(len(items))
