@@ -8,8 +8,12 @@ names, event types, dead-letter reasons, status codes, and stream/shard ids.
 
 Replication lag is computed when scraped, from per-shard state kept by the source
 and the sink: at the stream head with nothing pending it is 0 (not the age of the
-last record); otherwise it is now − the change time of the oldest change read but
-not yet applied (or of the last applied one), so a stalled shard keeps growing.
+last record) for as long as the reader keeps seeing the head; otherwise it is
+now − the change time of the oldest change read but not yet applied (or of the
+last applied one), so a stalled shard keeps growing. A head last seen more than
+HEAD_FRESH_S ago is no longer known: the lag is then the time since (a reader
+held up behind another table's blocked writes, or a dead job's last report,
+never shows 0).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from apache_beam.metrics import Metrics as BeamMetrics
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 
-from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S
+from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S, table_of_stream
 
 NAMESPACE = "ddb2bt"
 # The table label of a component without a job name (a state store without one: tests, tools).
@@ -33,6 +37,12 @@ UNNAMED_TABLE = "unnamed"
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000)
+# A reader polls a shard at its head every --poll-interval (default
+# DEFAULT_POLL_INTERVAL_S) plus a GetRecords round trip and a bundle's
+# scheduling: a head report younger than this is current. Older, the shard may
+# have changes nobody read, so its lag counts from the report
+# (docs/operations.md "Replication lag"). A --poll-interval near this shows as lag.
+HEAD_FRESH_S = 30.0
 
 
 def _wall_s() -> float:
@@ -46,6 +56,7 @@ class _ShardLag:
     pending_oldest_ms: Optional[int] = None  # oldest change read, not yet applied
     last_applied_ms: Optional[int] = None
     at_head: bool = False
+    head_seen_s: float = 0.0  # wall time of the last at-head report
     read_count: int = 0
     applied_count: int = 0
 
@@ -60,6 +71,8 @@ class LagTracker:
         self._shards: dict = {}
         self._tables: dict = {}  # stream -> its table's label (set by the reader's view)
         self._retention_s: dict = {}  # stream -> its retention when not DynamoDB Streams' 24 h (Kinesis)
+        self._checkpointed_s: dict = {}  # table label -> wall time of its last durable checkpoint
+        self._since_s: dict = {}  # table label -> when this process first saw it (no checkpoint yet)
 
     def set_retention(self, stream: str, seconds: float) -> None:
         """The stream's retention, for the headroom gauge (a Kinesis stream keeps 24 h to a year)."""
@@ -70,8 +83,6 @@ class LagTracker:
         self._tables[stream] = table
 
     def table_of(self, stream: str) -> str:
-        from ddb2bt.pipeline.dynamodb import table_of_stream
-
         return self._tables.get(stream) or table_of_stream(stream)
 
     def _get(self, stream: str, shard: str) -> _ShardLag:
@@ -93,7 +104,13 @@ class LagTracker:
 
     def on_at_head(self, stream: str, shard: str) -> None:
         with self._lock:
-            self._get(stream, shard).at_head = True
+            s = self._get(stream, shard)
+            s.at_head, s.head_seen_s = True, self._clock()
+
+    def on_checkpoint(self, table: str, wall_s: float) -> None:
+        """``table``'s sink made a durable checkpoint at ``wall_s``."""
+        with self._lock:
+            self._checkpointed_s[table] = max(wall_s, self._checkpointed_s.get(table, 0.0))
 
     def on_applied(self, stream: str, shard: str, change_ms: Optional[int], count: int) -> None:
         with self._lock:
@@ -110,16 +127,40 @@ class LagTracker:
 
     def lag_seconds(self) -> dict:
         """{(stream, shard): lag seconds}."""
-        now_ms = self._clock() * 1000
+        now_s = self._clock()
+        now_ms = now_s * 1000
         out = {}
         with self._lock:
             for key, s in self._shards.items():
                 if s.pending_oldest_ms is not None:
                     out[key] = max(0.0, (now_ms - s.pending_oldest_ms) / 1000)
-                elif s.at_head or s.last_applied_ms is None:
+                elif s.at_head:
+                    # Everything up to the last head report is applied; past
+                    # HEAD_FRESH_S nobody knows what came since.
+                    unseen = now_s - s.head_seen_s
+                    out[key] = 0.0 if unseen <= HEAD_FRESH_S else unseen
+                elif s.last_applied_ms is None:
                     out[key] = 0.0
                 else:
                     out[key] = max(0.0, (now_ms - s.last_applied_ms) / 1000)
+        return out
+
+    def checkpoint_age_seconds(self) -> dict:
+        """{table label: seconds since its last durable checkpoint, 0 while every
+        shard of it is at a current head with nothing pending}. A quiet table
+        writes no checkpoints, so its age only counts while it has (or may have)
+        changes to apply: read and not yet checkpointed, or a head not seen for
+        HEAD_FRESH_S."""
+        lags = self.lag_seconds()
+        now_s = self._clock()
+        out: dict = {}
+        with self._lock:
+            for (stream, shard), s in self._shards.items():
+                table = self.table_of(stream)
+                since = self._since_s.setdefault(table, now_s)
+                behind = s.pending_oldest_ms is not None or lags.get((stream, shard), 0.0) > 0
+                age = max(0.0, now_s - self._checkpointed_s.get(table, since)) if behind else 0.0
+                out[table] = max(out.get(table, 0.0), age)
         return out
 
     def lag_by_table(self) -> dict:
@@ -165,7 +206,8 @@ class _LagCollector:
                 eta.add_metric([table], max(0.0, (expected[table] - done.get(table, 0.0)) / rate))
         yield eta
         lag = GaugeMetricFamily(f"{NAMESPACE}_replication_lag_seconds",
-                                "Event-time lag of each shard: 0 at the stream head with nothing pending",
+                                "Event-time lag of each shard: 0 at a current stream head with nothing "
+                                "pending; a head not seen for 30 s counts from its last sighting",
                                 labels=["table", "stream", "shard"])
         for (table, stream, shard), value in sorted(self._tracker.lag_by_table().items()):
             lag.add_metric([table, _stream_name(stream), shard], value)
@@ -176,6 +218,12 @@ class _LagCollector:
         for stream, value in sorted(self._tracker.retention_headroom_seconds().items()):
             headroom.add_metric([self._tracker.table_of(stream), _stream_name(stream)], value)
         yield headroom
+        age = GaugeMetricFamily(f"{NAMESPACE}_checkpoint_age_seconds",
+                                "Seconds since the table's last durable checkpoint while it has changes to apply "
+                                "(0 while every shard is at a current head with nothing pending)", labels=["table"])
+        for table, value in sorted(self._tracker.checkpoint_age_seconds().items()):
+            age.add_metric([table], value)
+        yield age
 
 
 class RateWindow:

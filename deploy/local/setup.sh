@@ -39,4 +39,18 @@ if ! command -v promtool >/dev/null 2>&1; then
   command -v promtool >/dev/null 2>&1 && echo "setup: promtool $(promtool --version 2>&1 | head -1 | cut -d' ' -f3)" \
     || echo "setup: WARNING promtool not installed (apt-get install prometheus); the alert-rule tests will fail"
 fi
+# The Pushgateway (Debian package "prometheus-pushgateway"): the metrics-freshness
+# test runs the real gateway on 127.0.0.1, as Dataflow workers push to one.
+if ! command -v prometheus-pushgateway >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing prometheus-pushgateway (Debian package)"
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-pushgateway >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null 2>&1 || true
+           DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus-pushgateway >/dev/null 2>&1 || true; }
+    rm -f /usr/sbin/policy-rc.d
+  fi
+  command -v prometheus-pushgateway >/dev/null 2>&1 && echo "setup: prometheus-pushgateway installed" \
+    || echo "setup: WARNING prometheus-pushgateway not installed (apt-get install prometheus-pushgateway); the Pushgateway test will fail"
+fi
 echo "setup: done"

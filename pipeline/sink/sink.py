@@ -413,6 +413,7 @@ class BatchingWriter:
         for (stream, shard), (count, change_ms) in batch.applied.items():
             m.lag.on_applied(stream, shard, change_ms, count)
         m.checkpoint_time.set(ack_ms / 1000)
+        m.lag.on_checkpoint(table, ack_ms / 1000)
         m.publish_lag()
         return dead
 

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ddb2bt.pipeline.cli import JsonFormatter
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
-from ddb2bt.pipeline.metrics import PipelineMetrics, start_pusher
+from ddb2bt.pipeline.metrics import HEAD_FRESH_S, PipelineMetrics, start_pusher
 from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain_round
@@ -34,7 +34,7 @@ def test_alert_rules_are_valid():
     out = subprocess.run([promtool(), "check", "rules", "deploy/prometheus/alerts.yml"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "7 rules found" in out.stdout
+    assert "9 rules found" in out.stdout
 
 
 def test_alert_rules_unit_tests_pass():
@@ -121,11 +121,38 @@ def test_idle_shard_lag_is_zero_not_the_age_of_the_last_record():
     assert 4.9 <= lag(metrics) <= 5.1  # read, not yet applied: 5 s behind
     metrics.lag.on_applied(client.stream_arn, "s", out[0].change_ms, 1)
     drain_round(reader, tracker)  # empty page: at the stream head
-    clock.s += 3600  # an hour of silence
+    for _ in range(120):  # an hour of silence, the reader polling all along
+        clock.s += 30
+        drain_round(reader, tracker)
     assert lag(metrics) == 0.0
+    assert checkpoint_age(metrics) == 0.0, "a quiet table at its head needs no checkpoint"
     headroom = metrics.registry.get_sample_value("ddb2bt_retention_headroom_seconds",
                                                  {"table": "Fake", "stream": "Fake/stream/2024-01-01T00:00:00.000"})
     assert headroom == 24 * 3600
+
+
+def checkpoint_age(metrics, table="Fake"):
+    return metrics.registry.get_sample_value("ddb2bt_checkpoint_age_seconds", {"table": table})
+
+
+def test_a_head_nobody_polls_any_more_is_not_lag_zero():
+    """Two tables in one job: the reader of the quiet one is held up behind the
+    other's blocked writes (one fused stage), so its last "at the head" grows
+    old. Its lag and checkpoint age must grow, not stay 0."""
+    client, clock, metrics, reader = reader_with_metrics()
+    client.add_shard("s")
+    client.put("s", "INSERT", {"k": {"S": "1"}}, {"k": {"S": "1"}}, created_ms=int(clock() * 1000) - 1000)
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    metrics.lag.on_applied(client.stream_arn, "s", out[0].change_ms, 1)
+    metrics.lag.on_checkpoint("Fake", clock())
+    drain_round(reader, tracker)  # at the head
+    clock.s += HEAD_FRESH_S  # still current
+    assert lag(metrics) == 0.0 and checkpoint_age(metrics) == 0.0
+    clock.s += 52 - HEAD_FRESH_S  # no poll since: 52 s in all
+    assert lag(metrics) == 52.0 and checkpoint_age(metrics) == 52.0
+    drain_round(reader, tracker)  # the reader runs again and finds the head
+    assert lag(metrics) == 0.0 and checkpoint_age(metrics) == 0.0
 
 
 def test_stalled_shard_lag_keeps_growing():
@@ -248,3 +275,75 @@ def test_every_series_carries_the_table_label():
     assert {x[1]["table"] for x in samples} == {"orders", "carts"}  # carts: its view's series exist, at 0
     names = {family.name for family in metrics.registry.collect()}
     assert len(names) >= 24  # every family was exercised above
+
+
+PUSHGATEWAY_HELP = ("prometheus-pushgateway is missing: install the Debian package 'prometheus-pushgateway' "
+                    "(deploy/local/setup.sh does it)")
+
+
+def test_a_real_pushgateway_keeps_a_dead_jobs_values_and_the_stale_alert_sees_it(tmp_path):
+    """What DDB2BTMetricsStale rests on, against the real gateway binary: our
+    pushes arrive grouped by job and worker with the gateway's own
+    push_time_seconds, which the alert's selector matches; once the worker
+    stops, the gateway keeps serving its last values ("lag 0") and its push time
+    stops, so only the push time can tell a dead job from a healthy one."""
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    binary = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
+    assert binary, PUSHGATEWAY_HELP
+    from ddb2bt.pipeline.local.local_stack import free_port
+
+    port = free_port()
+    gateway = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}", "--persistence.file="],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def scrape() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples}
+
+    def push_times(samples: dict) -> dict:
+        return {dict(labels)["worker"]: v for (name, labels), v in samples.items() if name == "push_time_seconds"
+                and dict(labels).get("job") == "ddb2bt-orders"}
+
+    try:
+        registry = CollectorRegistry()
+        PipelineMetrics(registry).lag.on_at_head("arn:aws:dynamodb:r:1:table/Orders/stream/x", "s1")
+        pusher = start_pusher(f"127.0.0.1:{port}", "ddb2bt-orders", registry, interval_s=0.05, worker="w1")
+        deadline = time.monotonic() + 20
+        seen: dict = {}
+        while time.monotonic() < deadline:  # the gateway starts, then two pushes land
+            try:
+                seen = push_times(scrape())
+            except OSError:
+                seen = {}
+            if "w1" in seen and seen.get("w1", 0) > 0 and len(set(seen.values())) == 1:
+                first = seen["w1"]
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"no push reached the gateway: {seen}")
+        while time.monotonic() < deadline and push_times(scrape())["w1"] == first:
+            time.sleep(0.05)
+        assert push_times(scrape())["w1"] > first, "a live worker's push time advances"
+        pusher.stop()
+        pusher.join(5)
+        samples = scrape()
+        last = push_times(samples)["w1"]
+        # the dead worker's values stay on the gateway, the lag still says 0 ...
+        lag = [v for (name, labels), v in samples.items() if name == "ddb2bt_replication_lag_seconds"
+               and dict(labels).get("job") == "ddb2bt-orders"]
+        assert lag == [0.0]
+        # ... and only its push time stops: what the alert watches, selected the way the rule does
+        rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
+        expr = next(r["expr"] for r in rules if r.get("alert") == "DDB2BTMetricsStale")
+        job_regex = re.search(r'push_time_seconds\{job=~"([^"]+)"\}', expr).group(1)
+        assert re.fullmatch(job_regex, "ddb2bt-orders") and not re.fullmatch(job_regex, "other-job")
+        assert push_times(scrape())["w1"] == last <= time.time()
+    finally:
+        gateway.terminate()
+        gateway.wait(10)
