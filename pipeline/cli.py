@@ -30,6 +30,7 @@ from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.signals import INTERRUPTED
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
@@ -409,13 +410,15 @@ def cmd_migrate(args) -> int:
         check = continuous_options(args) if getattr(args, "continuous_check", None) else None
         outcome = migrate(jobs, per_table, args.beam_args, args.until_idle, dry_run=args.dry, check=check,
                           on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
-                                                "; the tail keeps running (Ctrl-C stops it; a restart resumes)"),
-                                                flush=True))
+                                                "; the tail goes on replicating (Ctrl-C stops it; a restart "
+                                                "resumes)"), flush=True))
         if outcome.launched is not None:
             return submitted(outcome.launched, args)
         if args.until_idle is not None:
             print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify "
                   f"{mapping_flags(args)}")
+        else:  # the tail ended by itself (a stop request, the stream gone): say it is not running
+            print(f"the tail stopped; resume with: ddb2bt run {mapping_flags(args)}")
     return 0
 
 
@@ -1132,7 +1135,7 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         print(f"ddb2bt: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("ddb2bt: interrupted; state is checkpointed, run the same command to resume", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader of our output went away (`ddb2bt dlq list | head`): not an error

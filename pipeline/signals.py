@@ -7,7 +7,9 @@
   exits anyway: checkpoints only ever cover acknowledged writes, so the next run
   replays what was in flight and loses nothing.
 * A second Ctrl-C exits at once.
-* Either way the last line says the state is checkpointed and how to resume,
+* Either way the last line says the job stopped, that what Bigtable
+  acknowledged is checkpointed (true whether or not Bigtable is reachable now),
+  and how to resume,
   the exit code is 130, and there is no traceback: no KeyboardInterrupt is ever
   raised into the job (one raised inside a checkpoint save or a gRPC call was
   what left processes hanging in ``Channel.close``).
@@ -30,7 +32,8 @@ log = logging.getLogger(__name__)
 GRACE_S = 3.0  # after the first Ctrl-C / SIGTERM: how long the job may take to stop cleanly
 CLEANUP_WAIT_S = 1.0  # cleanups (releasing the lease) at exit never take longer than this
 EXIT_INTERRUPTED = 130
-INTERRUPTED = "ddb2bt: interrupted; state is checkpointed, run the same command to resume"
+INTERRUPTED = ("ddb2bt: interrupted, stopped; what was acknowledged is checkpointed (changes in flight "
+               "are read again): run the same command to resume")
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _scopes = threading.local()

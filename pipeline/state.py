@@ -267,6 +267,13 @@ class StateStore:
         return value.decode() if value is not None else None
 
 
+    def load_lease(self, role: str) -> Optional[bytes]:
+        """The raw value of this job's ``role`` lease cell (lease.LeaseState.parse
+        reads it), None when no lease was ever taken."""
+        key = f"{self._job}#lease#{role}".encode()
+        cells = self._backend.read_prefix(key).get(key)
+        return cells.get((META, b"lease")) if cells else None
+
     def swap_meta(self, name: str, expected: Optional[str], value: str) -> bool:
         """Compare-and-set of a meta value (CheckAndMutateRow): write ``value`` iff
         the stored one is exactly ``expected`` (None: absent). True when written."""

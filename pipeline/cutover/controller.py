@@ -28,6 +28,7 @@ import apache_beam as beam
 
 from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration
+from ddb2bt.pipeline.cutover.status import QUEUED_META
 from ddb2bt.pipeline.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 
@@ -380,6 +381,9 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
             migration.go_live()
         on_live()
 
+    for job, phase in list(zip(jobs, phases))[1:]:  # `status` tells them apart from tables never migrated
+        if phase is None:
+            job.state.store().save_meta(QUEUED_META, str(time.time_ns() // 1_000_000))
     tail_worker = Worker("tail", tail)
     tail_worker.start()  # the tail first: changes after the handoff are never missed
     try:

@@ -21,6 +21,9 @@ LAG_READY_MS = 60 * 1000
 # The readers save what they see of their shards every 30 s (stream_sdf.READER_REPORT_S)
 # and when they end: a report older than this is from a reader that stopped.
 REPORT_FRESH_MS = 5 * 60 * 1000
+# Meta row: when a multi-table migrate queued this table (its backfill follows the
+# tables before it); status tells "waiting its turn" from "never migrated".
+QUEUED_META = "migrate_queued_ms"
 
 
 @dataclass
@@ -58,6 +61,12 @@ class Facts:
     # Target tables that still hold the migration's touch-marker family: its cells
     # (and rows holding only them) are not the mapping's, so readers must not switch.
     bookkeeping_tables: list = field(default_factory=list)
+    # Does a live process (or Dataflow job) hold the job's backfill / tail lease?
+    # None: not known (facts built without the state's leases).
+    backfill_held: Optional[bool] = None
+    tail_held: Optional[bool] = None
+    # A multi-table migrate queued this table (it backfills one table after another).
+    queued_ms: Optional[int] = None
 
 
 def assess(f: Facts, flags: str = "") -> tuple:
@@ -66,8 +75,14 @@ def assess(f: Facts, flags: str = "") -> tuple:
     command a reason suggests, so it looks at the same state."""
     f_ = f" {flags}" if flags else ""
     reasons = []
-    if f.phase is None:
+    if f.phase is None and f.queued_ms is not None and f.tail_held:
+        reasons.append("waiting its turn: the running multi-table migrate backfills one table after another, "
+                       "this one once the tables before it are done")
+    elif f.phase is None:
         reasons.append(f"no migration recorded for this job: run ddb2bt migrate{f_}")
+    elif f.phase == BACKFILLING and f.backfill_held is False:
+        reasons.append(f"backfill stopped at {f.backfill_done_parts}/{f.backfill_parts} parts (no process holds the "
+                       f"job's backfill): rerun ddb2bt migrate{f_} to resume it")
     elif f.phase == BACKFILLING:
         reasons.append(f"backfill running: {f.backfill_done_parts}/{f.backfill_parts} parts done")
     elif f.phase == CATCHING_UP:
@@ -165,6 +180,12 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
         last_verify=json.loads(verify_text) if verify_text else None,
         stream_arn=stream_arn,
     )
+    from ddb2bt.pipeline.lease import BACKFILL, TAIL, LeaseState
+
+    held = lambda role: bool((lease := LeaseState.parse(store.load_lease(role))) and lease.live(facts.now_ms))
+    facts.backfill_held, facts.tail_held = held(BACKFILL), held(TAIL)
+    queued = store.load_meta(QUEUED_META)
+    facts.queued_ms = int(queued) if queued else None
     if bookkeeping is not None:
         facts.bookkeeping_tables = bookkeeping.remaining(sorted(set(tables) | set(m.marker_tables())))
     if stream_arn:
@@ -176,13 +197,12 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
             c = ckpts.get(shard_id)
             finished = bool(c and c.finished)
             seq = c.sequence_number if c else None
-            at, pending, ended = reports.get(shard_id, (None, None, True))
+            at, pending, _ = reports.get(shard_id, (None, None, True))
             reported_ago = None if at is None else max(0, facts.now_ms - at)
-            # A running reader stops loudly on trimmed data itself; only a shard no
-            # running reader reports on (a stopped job) is probed, with one
+            # Every unfinished shard's checkpoint is probed, running reader or not
+            # (a holder killed a minute ago leaves a fresh report behind): one
             # GetShardIterator and no record read (docs/operations.md, AWS's limits).
-            fresh = not ended and reported_ago is not None and reported_ago <= REPORT_FRESH_MS
-            trimmed = not finished and not fresh and _trimmed(streams, stream_arn, shard_id, seq)
+            trimmed = not finished and _trimmed(streams, stream_arn, shard_id, seq)
             facts.shards.append(ShardStatus(
                 shard_id, seq, finished, None if finished or trimmed else pending,
                 c.change_ms if c else None, trimmed, reported_ago))
@@ -199,6 +219,7 @@ def render(f: Facts, flags: str = "") -> list:
     lines.append(f"stream: {f.stream_arn or '-'}")
     for s in f.shards:
         state = "finished" if s.finished else "TRIMMED (changes lost from the stream)" if s.trimmed else (
+            "not read yet" if s.reported_ago_ms is None else
             "at head" if s.pending_since_ms is None else f"lag {s.lag_ms(f.now_ms) / 1000:.1f}s")
         if not s.finished and not s.trimmed:
             state += " (no reader report)" if s.reported_ago_ms is None else \

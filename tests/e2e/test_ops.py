@@ -20,6 +20,7 @@ from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import dynamodb_client
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.local.local_stack import LocalStack
+from ddb2bt.pipeline.signals import INTERRUPTED
 from tests.conftest import ROOT, write_mapping
 from tests.e2e.test_live_replication import check_identical, setup_tables
 
@@ -268,7 +269,7 @@ def test_ctrl_c_at_random_points_always_ends_quickly_and_cleanly(stack, tmp_path
         assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
         assert proc.returncode == 130, (i, proc.returncode, text)
         assert text.strip().splitlines()[-1] == \
-            "ddb2bt: interrupted; state is checkpointed, run the same command to resume", text
+            INTERRUPTED, text
     done.set()
     writer.join(30)
     assert max(exits) < 5

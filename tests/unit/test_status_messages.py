@@ -1,0 +1,124 @@
+"""`status` and the job commands' last lines say what is so (the cutover issue's
+list): a table waiting its turn in a multi-table migrate is not "never
+migrated", a backfill nobody runs is not "running", a shard never read is not
+"at head", a trimmed checkpoint is found whether or not a reader just reported,
+and an interrupted or ended tail is not "still running"."""
+from __future__ import annotations
+
+from ddb2bt.pipeline.cutover.phases import BACKFILLING
+from ddb2bt.pipeline.cutover.status import QUEUED_META, Facts, ShardStatus, assess, gather, render
+from ddb2bt.pipeline.lease import BACKFILL, LEASE_FAMILY, LEASE_QUALIFIER, TAIL, LeaseState
+from ddb2bt.pipeline.state import ShardCheckpoint, StateStore
+from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
+from ddb2bt.transforms.model import SetCell
+
+NOW = 1_700_000_000_000
+
+
+def facts(**kw) -> Facts:
+    base = dict(now_ms=NOW, phase=None, handoff_ms=None, backfill_parts=4, backfill_done_parts=1, backfill_items=10,
+                backfill_expected=None, backfill_done_ms=None)
+    return Facts(**{**base, **kw})
+
+
+def hold(bt: InMemoryBigtable, role: str, expires_ms: int) -> None:
+    """A lease cell as a holder writes it."""
+    state = LeaseState("cli:x", "host", 1, "node", NOW - 60_000, expires_ms, command="migrate")
+    bt.write_rows([(f"job#lease#{role}".encode(), [SetCell(LEASE_FAMILY, LEASE_QUALIFIER, state.to_bytes(), NOW)])])
+
+
+def test_a_table_queued_by_a_running_multi_table_migrate_is_waiting_its_turn_not_never_migrated():
+    ready, reasons = assess(facts(queued_ms=NOW - 5_000, tail_held=True), "-m orders.yaml")
+    assert not ready and reasons[0].startswith("waiting its turn")
+    assert not any("no migration recorded" in r for r in reasons)
+    # the migrate that queued it is gone: nothing is waiting any more
+    _, reasons = assess(facts(queued_ms=NOW - 5_000, tail_held=False), "-m orders.yaml")
+    assert reasons[0] == "no migration recorded for this job: run ddb2bt migrate -m orders.yaml"
+
+
+def test_a_backfill_nobody_holds_is_stopped_not_running():
+    _, reasons = assess(facts(phase=BACKFILLING, backfill_held=False), "-m orders.yaml")
+    assert reasons[0] == ("backfill stopped at 1/4 parts (no process holds the job's backfill): rerun "
+                          "ddb2bt migrate -m orders.yaml to resume it")
+    _, reasons = assess(facts(phase=BACKFILLING, backfill_held=True))
+    assert reasons[0] == "backfill running: 1/4 parts done"
+
+
+def test_gather_reads_the_leases_and_the_queue_mark():
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: NOW)
+    f = gather(store, FakeStreamsClient(), None, now_ms=NOW)
+    assert (f.backfill_held, f.tail_held, f.queued_ms) == (False, False, None)
+    hold(bt, TAIL, NOW + 20_000)
+    hold(bt, BACKFILL, NOW - 1)  # expired: its holder was killed
+    store.save_meta(QUEUED_META, str(NOW - 5_000))
+    f = gather(store, FakeStreamsClient(), None, now_ms=NOW)
+    assert (f.backfill_held, f.tail_held, f.queued_ms) == (False, True, NOW - 5_000)
+
+
+def test_a_shard_never_read_is_not_at_head():
+    never = facts(shards=[ShardStatus("shardId-1", None, False, None, None, reported_ago_ms=None)])
+    line = next(l for l in render(never) if "shardId-1" in l)
+    assert "not read yet" in line and "at head" not in line
+
+
+def test_a_trimmed_checkpoint_is_reported_even_right_after_its_reader_reported():
+    """The holder was killed a moment after its last report; then the stream
+    trimmed past its checkpoint. No reader will ever stop loudly on it: status must."""
+    client = FakeStreamsClient()
+    client.add_shard("s0")
+    for i in range(5):
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
+    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    seq = client.shards["s0"].records[1]["dynamodb"]["SequenceNumber"]
+    store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", seq)])
+    store.save_reader_report(client.stream_arn, "0-1", {"s0": None})  # fresh, not ended
+    client.shards["s0"].trimmed_before = 4
+    f = gather(store, client, client.stream_arn, now_ms=NOW)
+    assert [s.trimmed for s in f.shards] == [True]
+    ready, reasons = assess(f)
+    assert not ready and any(r.startswith("trimmed: 1 shard(s) lost changes") for r in reasons)
+
+
+def test_an_interrupted_command_does_not_claim_more_than_what_was_acknowledged():
+    from ddb2bt.pipeline.signals import INTERRUPTED
+
+    assert "stopped" in INTERRUPTED and "acknowledged is checkpointed" in INTERRUPTED
+    assert "state is checkpointed" not in INTERRUPTED
+
+
+def test_a_migrate_whose_tail_ends_says_the_tail_stopped(monkeypatch, capsys, tmp_path):
+    """Without --until-idle the tail runs until stopped; when migrate returns
+    anyway, its last line says the tail is not running and how to resume."""
+    import ddb2bt.pipeline.cli as cli
+    from ddb2bt.pipeline.cutover import controller
+
+    seen = {}
+
+    def fake_migrate(jobs, per_table, beam_args, until_idle, dry_run=False, check=None, on_live=lambda: None):
+        seen["until_idle"] = until_idle
+        on_live()
+        return controller.Outcome()
+
+    monkeypatch.setattr(controller, "migrate", fake_migrate)
+    monkeypatch.setattr(cli, "build_live_jobs", lambda args, mappings: [])
+    monkeypatch.setattr(cli, "with_backfill_leases", lambda args, options, states: [])
+    monkeypatch.setattr(cli, "start_metrics_server", lambda port, host: None)
+    monkeypatch.setattr(cli, "summary_at_end", _nothing)
+    monkeypatch.setattr(cli, "continuous_checks", _nothing)
+    assert cli.main(["migrate", "--mapping", "example:product_catalog"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert seen["until_idle"] is None
+    assert out[0].startswith("migration LIVE; the tail goes on replicating")
+    assert out[-1] == "the tail stopped; resume with: ddb2bt run --mapping example:product_catalog"
+
+
+class _nothing:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
