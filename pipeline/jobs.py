@@ -304,7 +304,24 @@ def build_live_jobs(args, mappings: list) -> list:
                             partitions=partitions, sink=sink,
                             client_factory=client_factory, marking=PhaseMarking(state),
                             pushgateway=getattr(args, "metrics_pushgateway", None)))
+    note_mapping_changes(args, jobs)
     return jobs
+
+
+def note_mapping_changes(args, jobs: list) -> None:
+    """Record the mapping each tail runs; tell the user what changed since the
+    job last ran (docs/cutover.md, "Changing the mapping")."""
+    import sys
+
+    from ddb2bt.pipeline.cutover.mapping_change import change_notice, record_mapping
+
+    if getattr(args, "dry", False):
+        return
+    for job in jobs:
+        change = record_mapping(job.state.store(), job.mapping, lambda: time.time_ns() // 1_000_000)
+        if change is not None:
+            print(change_notice(job.mapping.name, change, mapping_flags(args, None if len(jobs) == 1 else
+                                                                        [job.mapping.origin])), file=sys.stderr)
 
 
 OUTCOMES = ("applied", "dead_lettered", "skipped")

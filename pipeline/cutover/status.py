@@ -12,9 +12,12 @@ from typing import Callable, Optional
 
 from botocore.exceptions import ClientError
 
+from ddb2bt.pipeline.cutover.mapping_change import running_mapping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
+from ddb2bt.pipeline.lease import BACKFILL, TAIL, LeaseState
 from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, list_shards
+from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint
 
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
 LAG_READY_MS = 60 * 1000
@@ -67,6 +70,12 @@ class Facts:
     tail_held: Optional[bool] = None
     # A multi-table migrate queued this table (it backfills one table after another).
     queued_ms: Optional[int] = None
+    # The mapping the job's tail runs ({"fingerprint", "since_ms", "previous", ...},
+    # mapping_change.py) and, when status was given one, that mapping's fingerprint
+    # and how it differs from the running one.
+    running_mapping: Optional[dict] = None
+    given_mapping: Optional[str] = None
+    given_changes: tuple = ()
 
 
 def assess(f: Facts, flags: str = "") -> tuple:
@@ -112,9 +121,17 @@ def assess(f: Facts, flags: str = "") -> tuple:
         reasons.append(f"retention headroom {headroom / 3600000:.1f}h < 6h: changes risk being trimmed")
     if f.dead_letters:
         reasons.append(f"{f.dead_letters} dead letter(s): inspect with ddb2bt dlq list{f_}")
+    running = f.running_mapping or {}
+    if f.given_mapping and running.get("fingerprint") and f.given_mapping != running["fingerprint"]:
+        reasons.append("the mapping given is not the one the job runs (" + "; ".join(f.given_changes[:3])
+                       + ("; …" if len(f.given_changes) > 3 else "") + f"): start the tail with it (ddb2bt migrate "
+                       f"--restart{f_} re-copies the table under it), then verify")
     v = f.last_verify
     if not v:
         reasons.append(f"never verified: run ddb2bt verify{f_}")
+    elif _checked_another_mapping(v, running):
+        reasons.append(f"the last verify checked another mapping than the one the job runs (it changed at "
+                       f"{_when(running.get('since_ms'))}): run ddb2bt verify{f_}")
     elif not v.get("identical"):
         reasons.append("the last verify found differences")
     elif v.get("sampled"):
@@ -122,6 +139,20 @@ def assess(f: Facts, flags: str = "") -> tuple:
     elif f.backfill_done_ms and v.get("checked_at_ms", 0) < f.backfill_done_ms:
         reasons.append("the last verify is older than the end of the backfill: verify again")
     return (not reasons, reasons)
+
+
+def _checked_another_mapping(verify: dict, running: dict) -> bool:
+    """The last verify predates the mapping the job runs: another fingerprint, or
+    (a verify recorded before fingerprints were) older than the change."""
+    if not running.get("fingerprint"):
+        return False
+    if verify.get("mapping"):
+        return verify["mapping"] != running["fingerprint"]
+    return bool(running.get("previous")) and verify.get("checked_at_ms", 0) < running.get("since_ms", 0)
+
+
+def _when(ms) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000)) if ms else "-"
 
 
 def retention_headroom_ms(f: Facts) -> int:
@@ -159,9 +190,10 @@ def _trimmed(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> b
 
 
 def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = None,
-           bookkeeping=None, tables: tuple = ()) -> Facts:
+           bookkeeping=None, tables: tuple = (), mapping=None) -> Facts:
     """``bookkeeping`` (a ``cutover.bookkeeping.Bookkeeping``) is asked which of
-    ``tables`` (and the tables the migration recorded) still hold markers."""
+    ``tables`` (and the tables the migration recorded) still hold markers;
+    ``mapping`` (the one status was given) is compared with the one the job runs."""
     m = Migration(store)
     progress = store.load_backfill_progress()
     spec = m.source_spec() or {}
@@ -180,12 +212,15 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
         last_verify=json.loads(verify_text) if verify_text else None,
         stream_arn=stream_arn,
     )
-    from ddb2bt.pipeline.lease import BACKFILL, TAIL, LeaseState
-
     held = lambda role: bool((lease := LeaseState.parse(store.load_lease(role))) and lease.live(facts.now_ms))
     facts.backfill_held, facts.tail_held = held(BACKFILL), held(TAIL)
     queued = store.load_meta(QUEUED_META)
     facts.queued_ms = int(queued) if queued else None
+    facts.running_mapping = running_mapping(store)
+    if mapping is not None:
+        outline = mapping_outline(mapping)
+        facts.given_mapping = outline_fingerprint(outline)
+        facts.given_changes = tuple(describe_changes((facts.running_mapping or {}).get("outline"), outline))
     if bookkeeping is not None:
         facts.bookkeeping_tables = bookkeeping.remaining(sorted(set(tables) | set(m.marker_tables())))
     if stream_arn:
@@ -271,7 +306,7 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
         logging.getLogger(__name__).warning("cannot describe %s: %s", mapping.source.table, exc)
     return gather(store, streams_factory(), arn,
                   bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
-                  tables=mapping.tables)
+                  tables=mapping.tables, mapping=mapping)
 
 
 def render_tables(named: list, flags: Callable[[str], str] = lambda name: "") -> list:

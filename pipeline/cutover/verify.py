@@ -27,6 +27,7 @@ from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
 from ddb2bt.pipeline.cutover.compare import DIFF_KINDS, LayoutDiff, add_cells, diff_layout, without_clocks
 from ddb2bt.pipeline.cutover.recheck import RecheckOptions, RecheckResult, recheck
+from ddb2bt.pipeline.cutover.mapping_change import fingerprint_of
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
 from ddb2bt.pipeline.dynamodb import MAX_SCAN_THREADS, scan_pages
 from ddb2bt.pipeline.redaction import Redaction
@@ -471,5 +472,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
 
     report = run_in_thread("verify", run, expected, (lambda: scanned[0]) if progress else None)
     summary = {k: v for k, v in report.to_json().items() if k != "tables"}
+    # The mapping this verify checked: status is READY only for the one the job runs.
+    summary["mapping"] = fingerprint_of(mapping)
     store.save_meta("verify", json.dumps(summary))
     return report
