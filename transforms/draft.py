@@ -50,6 +50,10 @@ SORT_KEY_PAD = 20
 # Write-sharding buckets for a time-like partition key (the seed's "salting"):
 # readable, and a Query by partition key still reads one computed prefix.
 TIME_KEY_SALT = 16
+# Drafted family names stay short (the seed: "family names short"; each is
+# stored with every cell) and well under Bigtable's 64 characters, leaving room
+# for a uniqueness suffix.
+FAMILY_NAME_CHARS = 32
 INDEX_PREFIX = "idx"
 INDEX_FAMILY = "idx"
 CATCH_ALL = "other"
@@ -411,7 +415,7 @@ def _column_spec(attribute: str, values: list, family: str, families: dict, take
     if tag == "NULL":
         return {"column": f"{family}:{attribute}", "encoding": "null"}, None
     if tag in ("SS", "NS", "BS", "M") and len(families) < MAX_DRAFT_FAMILIES:
-        own = _unique(f"{family}_{_safe_name(attribute, 'attr')}", taken)
+        own = _unique(f"{family}_{_safe_name(attribute, 'attr')}"[:FAMILY_NAME_CHARS], taken)
         families[own] = {"max_versions": 1}
         if tag == "M":
             return {"family": own, "as": "map", "encoding": "auto"}, own
@@ -463,7 +467,7 @@ def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str
     rules = []
     comments: list = []
     for group in groups:
-        family = _unique(_safe_name(table_id if single else group.name, "f")[:32], taken)
+        family = _unique(_safe_name(table_id if single else group.name, "f")[:FAMILY_NAME_CHARS], taken)
         families[family] = {"max_versions": 1}
         columns: dict = {}
         invalid = []

@@ -218,3 +218,13 @@ def test_the_cli_passes_the_sample_bounds(monkeypatch, capsys, tmp_path):
     report = capsys.readouterr().out
     assert "point-in-time recovery: ENABLED" in report and "sizing:" in report and "backfill:" in report
     assert main(["validate", "-m", str(out), "--strict"]) == 0
+
+
+def test_draft_and_the_split_option_teach_in_their_help(capsys):
+    for command in (["draft"], ["create-table"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(command + ["--help"])
+        assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "ddb2bt draft --table Orders --out orders.yaml" in out and "--max-rcu" in out
+    assert "--split-from-sample" in out and "quantiles of the row keys" in out
