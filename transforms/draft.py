@@ -646,6 +646,9 @@ class Assessment:
         return "\n".join(self.lines) + "\n"
 
 
+_STOPPED = {"limit": "the --sample limit", "end": "the end of the table", "deadline": "the time limit"}
+
+
 def _mb(n: float) -> str:
     return f"{n / 10**6:,.1f} MB" if n < 10**12 else f"{n / 10**12:,.2f} TB"
 
@@ -662,7 +665,7 @@ def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: Mapping
     share = f", {sample.items / facts.item_count:.1%} of the items" if facts.item_count else ""
     out.append(f"sample: {sample.items:,} items in {sample.scanned_pages} page(s) over {sample.segments} "
                f"segment(s), {sample.consumed_rcu:,.1f} RCU, {sample.seconds:.1f} s, stopped at "
-               f"{ {'limit': 'the --sample limit', 'end': 'the end of the table', 'deadline': 'the time limit'}.get(sample.stopped, sample.stopped)}{share}")
+               f"{_STOPPED.get(sample.stopped, sample.stopped)}{share}")
     sizes = sorted(item_size(it) for it in items)
     if sizes:
         out.append("item size (sampled, DynamoDB's rules): " + ", ".join(

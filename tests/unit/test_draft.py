@@ -20,7 +20,7 @@ from tests.unit.draft_tables import NOW_S, SourceTable, all_tables, product_cata
 from tests.unit.test_examples import item
 
 
-def drafted(source: SourceTable, **facts_changes):
+def drafted(source: SourceTable):
     facts = table_facts(source.describe(source.label), None, None)
     return draft_mapping(facts, source.items, project="p", instance="i", now_s=NOW_S)
 
