@@ -650,7 +650,10 @@ _STOPPED = {"limit": "the --sample limit", "end": "the end of the table", "deadl
 
 
 def _mb(n: float) -> str:
-    return f"{n / 10**6:,.1f} MB" if n < 10**12 else f"{n / 10**12:,.2f} TB"
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 10**3:,.1f} KB"
 
 
 def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: MappingConfig, findings: Sequence,
@@ -662,7 +665,7 @@ def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: Mapping
     out = [f"Assessment of DynamoDB table {facts.name}", ""]
     out.append(f"table: {facts.item_count:,} items, {_mb(facts.size_bytes)} (DescribeTable; DynamoDB updates "
                "these about every six hours)")
-    share = f", {sample.items / facts.item_count:.1%} of the items" if facts.item_count else ""
+    share = f", {100 * sample.items / facts.item_count:.2g}% of the items" if facts.item_count else ""
     out.append(f"sample: {sample.items:,} items in {sample.scanned_pages} page(s) over {sample.segments} "
                f"segment(s), {sample.consumed_rcu:,.1f} RCU, {sample.seconds:.1f} s, stopped at "
                f"{_STOPPED.get(sample.stopped, sample.stopped)}{share}")
@@ -698,11 +701,13 @@ def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: Mapping
                + ("the live tail can start" if facts.stream_view_type == STREAM_VIEW_NEEDED else
                   f"enable a {STREAM_VIEW_NEEDED} stream before run or migrate: the tail needs the old image "
                   "to delete the cells an update or delete leaves behind"))
-    out.append(f"point-in-time recovery: {facts.pitr_status or 'unknown (not readable)'} — "
-               + ("backfill can read an export (--from-export, no RCUs) and a stopped job can recover from "
-                  "incremental exports (ddb2bt recover)" if facts.pitr_status == "ENABLED" else
-                  "without it the backfill must Scan (RCUs) and a job down longer than the stream's 24 hours "
-                  "must back-fill again"))
+    with_pitr = ("the backfill can read an export (--from-export, no RCUs) and a job stopped longer than the "
+                 "stream's 24 hours can recover from incremental exports (ddb2bt recover)")
+    out.append(f"point-in-time recovery: {facts.pitr_status or 'unknown (DescribeContinuousBackups not readable)'} "
+               "— " + (with_pitr if facts.pitr_status == "ENABLED" else
+                       f"if enabled, {with_pitr}" if facts.pitr_status is None else
+                       "without it the backfill must Scan (RCUs) and a job stopped longer than the stream's 24 "
+                       "hours must back-fill again"))
     if facts.ttl_attribute:
         out.append(f"TTL: {facts.ttl_attribute} ({facts.ttl_status}) — replicated deletions, and a family max age "
                    "as a backstop (see the draft's comment)")
@@ -712,11 +717,14 @@ def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: Mapping
     core_s = facts.item_count / BACKFILL_ITEMS_PER_VCPU_S
     workers = max(1, math.ceil(core_s / (TARGET_BACKFILL_HOURS * 3600 * VCPUS_PER_WORKER)))
     hours = core_s / (workers * VCPUS_PER_WORKER) / 3600
-    write_rate = workers * VCPUS_PER_WORKER * BACKFILL_ITEMS_PER_VCPU_S
+    # The rows per second Bigtable must take to finish in the target window
+    # (each item's main row; index rows add to it).
+    write_rate = math.ceil(facts.item_count / (TARGET_BACKFILL_HOURS * 3600))
     nodes_writes = max(1, math.ceil(write_rate / WRITES_PER_NODE_S))
     out.append(f"sizing: Bigtable storage ~{_mb(storage)} ({per_item:,.0f} B per item as mapped, sampled); "
-               f"SSD nodes: {nodes_storage} for storage (5 TB each), {nodes_writes} to absorb the backfill's "
-               f"~{write_rate:,} rows/s (10,000 writes/s each) — size for the larger, then scale down")
+               f"SSD nodes: {nodes_storage} for storage (5 TB each), {nodes_writes} for the backfill's "
+               f"~{write_rate:,} rows/s over {TARGET_BACKFILL_HOURS} h (10,000 writes/s each) — size for the "
+               "larger, then scale down")
     out.append(f"backfill: {core_s / 3600:,.2f} vCPU-hours at {BACKFILL_ITEMS_PER_VCPU_S:,} items/s per vCPU "
                f"(bench/results/latest.json): {workers} Dataflow worker(s) of {VCPUS_PER_WORKER} vCPUs finish in "
                f"~{hours:,.2f} h (sized for {TARGET_BACKFILL_HOURS} h; a Scan backfill is further bounded by "
