@@ -246,3 +246,21 @@ def test_the_assessment_sizes_the_target_and_shows_no_item_values():
     assert "item size (sampled, DynamoDB's rules): p50" in report and "point-in-time recovery: unknown" in report
     for it in source.items:  # names and counts only: never an item's contents
         assert it["Description"]["S"] not in report and it["pk"]["S"] + "#" not in report
+
+
+def test_an_lsi_becomes_index_rows_keyed_by_the_partition_then_its_sort_key():
+    items = [item(pk=f"u{i % 4}", sk=f"msg{i}", SentAt=f"2023-09-{10 + i}", Body="hi") for i in range(12)]
+    source = SourceTable("Messages", "pk", "sk", items)
+    describe = source.describe("Messages")
+    describe["AttributeDefinitions"].append({"AttributeName": "SentAt", "AttributeType": "S"})
+    describe["LocalSecondaryIndexes"] = [{"IndexName": "BySentAt", "KeySchema": [
+        {"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "SentAt", "KeyType": "RANGE"}],
+        "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["Body"]}}]
+    d = draft_mapping(table_facts(describe), items, project="p", instance="i", now_s=NOW_S)
+    (index,) = d.data["rules"][0]["indexes"]
+    assert index == {"name": "bysentat", "row_key": "idx#bysentat#{pk}#{SentAt}#{sk}", "family": "idx",
+                     "project": ["Body"]}
+    mapping = d.mapping()
+    rows = sorted(c.row_key for it in items for c in expected_cells(mapping, it).values()
+                  if c.row_key.startswith(b"idx#"))
+    assert rows[0] == b"idx#bysentat#u0#2023-09-10#msg0"  # a partition's rows by SentAt: one prefix read
