@@ -40,6 +40,8 @@ from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, 
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
 MAX_TOTAL_SEGMENTS = 1_000_000
 MAX_SCAN_PAGE = 10_000
+# `draft`: the target written into a draft when none is given (the header says to decide it).
+DRAFT_PROJECT, DRAFT_INSTANCE = "my-project", "my-instance"
 # `explain`: the item (or a record) would be a dead letter. Not 1 (a failure of the
 # command) nor 2 (a configuration error): scripts can tell "the mapping refuses it".
 EXIT_DEAD_LETTER = 3
@@ -263,12 +265,49 @@ def cmd_create_table(args) -> int:
     mappings = load_all(args)
     check_reachable(mappings, dynamodb="skip")  # within ~30 s, naming the endpoint, like the read-only commands
     for mapping in mappings:
-        changes = ensure_mapping_table(mapping)
+        splits: tuple = ()
+        if args.split_from_sample:
+            from ddb2bt.pipeline.connections import dynamodb_client
+            from ddb2bt.pipeline.draft import SampleBounds, sampled_split_points
+
+            splits, sample = sampled_split_points(dynamodb_client(mapping.source.region), mapping,
+                                                  SampleBounds(items=args.sample, max_rcu=args.max_rcu))
+            print(f"{mapping.name}: {len(splits)} split point(s) from {sample.items} sampled item(s) of "
+                  f"{mapping.source.table}")
+        changes = ensure_mapping_table(mapping, splits)
         changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
                                                                 args.state_table)]
         prefix = f"{mapping.name}: " if len(mappings) > 1 else ""
         for line in changes or ["nothing to do: tables and families already match the mapping"]:
             print(prefix + line)
+    return 0
+
+
+def cmd_draft(args) -> int:
+    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.draft import SampleBounds, draft_table
+
+    result = draft_table(dynamodb_client(args.region), args.source_table,
+                         SampleBounds(items=args.sample, max_rcu=args.max_rcu),
+                         project=args.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or DRAFT_PROJECT,
+                         instance=args.instance or DRAFT_INSTANCE, target_table=args.table, region=args.region)
+    report = result.assessment.render()
+    if args.out:
+        Path(args.out).write_text(result.draft.text, encoding="utf-8")
+        print(f"wrote {args.out}: {len(result.draft.data['rules'])} rule(s); next: ddb2bt validate -m {args.out} "
+              f"&& ddb2bt lint -m {args.out} --sample {args.sample}")
+        print(report, end="")
+    else:  # the mapping on stdout (ddb2bt draft … > m.yaml), the report beside it
+        print(result.draft.text, end="")
+        print(report, end="", file=sys.stderr)
+    if args.report:
+        Path(args.report).write_text(report, encoding="utf-8")
+    if result.facts.stream_view_type != "NEW_AND_OLD_IMAGES":
+        print(f"ddb2bt: error: {args.source_table} has {'a ' + result.facts.stream_view_type if result.facts.stream_view_type else 'no'} "
+              "stream: run and migrate need a NEW_AND_OLD_IMAGES stream (aws dynamodb update-table --table-name "
+              f"{args.source_table} --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES); "
+              "the draft is written", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -869,13 +908,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)
 
+    p = sub.add_parser("draft", help="draft a mapping and an assessment from a DynamoDB table and a sample of it",
+                       formatter_class=raw, description=(
+                           "Reads DescribeTable (keys, GSIs and LSIs, stream), DescribeTimeToLive, "
+                           "DescribeContinuousBackups and a bounded parallel sample of items, and writes a commented "
+                           "mapping that validate accepts and lint passes: row key pk#sk (another delimiter when key "
+                           "values hold '#'; numeric sort keys zero-padded), one rule per entity type found from "
+                           "key prefixes, encodings from the sampled types, index rows per GSI, TTL as replicated "
+                           "deletions plus a family max age. The header lists what was guessed and what you must "
+                           "decide. Beside it, an assessment: sizes, hot-key candidates, stream and PITR, Bigtable "
+                           "nodes and backfill workers. Exit 1 when nothing can be drafted (no table, no "
+                           "permission, no items) or the table has no NEW_AND_OLD_IMAGES stream (the draft is "
+                           "still written)."),
+                       epilog="examples:\n  ddb2bt draft --table Orders --out orders.yaml --report orders-report.txt\n"
+                              "  ddb2bt draft --table Orders --sample 5000 --max-rcu 200 > orders.yaml\n"
+                              "  ddb2bt create-table -m orders.yaml --split-from-sample")
+    p.add_argument("--table", dest="source_table", required=True, metavar="NAME", help="the DynamoDB table")
+    p.add_argument("--region", help="its AWS region (default: the AWS SDK's configured region)")
+    p.add_argument("--sample", type=number(int, minimum=1), default=1000, metavar="N",
+                   help="items to sample, read by parallel Scan segments (default %(default)s)")
+    p.add_argument("--max-rcu", type=number(float, above=0),
+                   help="read budget of the sample in capacity units per second (default: unlimited)")
+    p.add_argument("--out", metavar="FILE", help="write the mapping here (default: standard output, the "
+                                                  "assessment then goes to standard error)")
+    p.add_argument("--report", metavar="FILE", help="also write the assessment here")
+    p.add_argument("--bigtable-project", dest="project", metavar="PROJECT",
+                   help="target.project of the draft (default: $GOOGLE_CLOUD_PROJECT, else my-project)")
+    p.add_argument("--bigtable-instance", dest="instance", metavar="INSTANCE",
+                   help="target.instance of the draft (default my-instance)")
+    p.add_argument("--bigtable-table", dest="table", metavar="TABLE",
+                   help="target.table of the draft (default: the DynamoDB table's name in snake case)")
+    p.set_defaults(func=cmd_draft)
+
     p = sub.add_parser("create-table", help="create or update the Bigtable table (and the state table)",
                        formatter_class=raw, description=(
                            "Idempotent: creates the target table with the mapping's families and GC policies, "
-                           "adds missing families, updates changed GC policies, and creates the state table."),
-                       epilog="example:\n  ddb2bt create-table --mapping example:product_catalog")
+                           "adds missing families, updates changed GC policies, and creates the state table. "
+                           "--split-from-sample pre-splits a new target table at quantiles of the row keys of a "
+                           "sample of the source table, so its backfill does not start on one tablet."),
+                       epilog="examples:\n  ddb2bt create-table --mapping example:product_catalog\n"
+                              "  ddb2bt create-table --mapping m.yaml --split-from-sample --sample 5000")
     add_mapping_args(p)
     add_state_args(p)
+    p.add_argument("--split-from-sample", action="store_true",
+                   help="pre-split a target table created now at split points from a sample of the source")
+    p.add_argument("--sample", type=number(int, minimum=1), default=1000, metavar="N",
+                   help="with --split-from-sample: items to sample (default %(default)s)")
+    p.add_argument("--max-rcu", type=number(float, above=0),
+                   help="with --split-from-sample: the sample's read budget in capacity units per second")
     p.set_defaults(func=cmd_create_table)
 
     def add_continuous_check_args(p) -> None:

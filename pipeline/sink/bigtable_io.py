@@ -799,9 +799,10 @@ class BigtableAdmin:
             request={"name": self.table(table_id).name}, timeout=FAMILY_LIST_TIMEOUT_S, retry=None)
         return set(response.column_families)
 
-    def ensure_table(self, table_id: str, families: Iterable[FamilyConfig]) -> list:
+    def ensure_table(self, table_id: str, families: Iterable[FamilyConfig], splits: Sequence[bytes] = ()) -> list:
         """Create the table or add/update its families; idempotent. Returns a list
-        of what changed, for the CLI to print."""
+        of what changed, for the CLI to print. ``splits``: initial split points of
+        a table created now (a table that exists keeps its tablets)."""
         from google.api_core import exceptions as gexc
 
         families = list(families)
@@ -809,10 +810,15 @@ class BigtableAdmin:
         changes = []
         if not table.exists():
             try:
-                table.create(column_families={f.name: _gc_rule(f) for f in families})
-                return [f"created table {table_id} with families {', '.join(f.name for f in families)}"]
+                table.create(column_families={f.name: _gc_rule(f) for f in families},
+                             initial_split_keys=list(splits))
+                return [f"created table {table_id} with families {', '.join(f.name for f in families)}"
+                        + (f", pre-split at {len(splits)} point(s)" if splits else "")]
             except gexc.AlreadyExists:
                 pass  # created concurrently: fall through to reconcile families
+        if splits:
+            changes.append(f"table {table_id} exists: split points apply only when a table is created "
+                           "(Bigtable splits it by load from here)")
         existing = table.list_column_families()
         for f in families:
             rule = _gc_rule(f)
@@ -955,8 +961,9 @@ def forget_process_admins() -> None:
         _PROCESS_FAMILIES.clear()
 
 
-def ensure_mapping_table(mapping: MappingConfig) -> list:
-    """Create or update every table the mapping writes (target and index tables)."""
+def ensure_mapping_table(mapping: MappingConfig, splits: Sequence[bytes] = ()) -> list:
+    """Create or update every table the mapping writes (target and index tables).
+    ``splits``: initial split points of the target table, if it is created now."""
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
     changes = []
     for table, families in mapping.table_families().items():
@@ -964,7 +971,7 @@ def ensure_mapping_table(mapping: MappingConfig) -> list:
             from ddb2bt.transforms.ordering import CLOCK_FAMILY
 
             families = list(families) + [FamilyConfig(CLOCK_FAMILY, max_versions=1)]
-        changes += admin.ensure_table(table, families)
+        changes += admin.ensure_table(table, families, splits if table == mapping.target.table else ())
     return changes
 
 

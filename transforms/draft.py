@@ -1,0 +1,734 @@
+"""`ddb2bt draft`: a first mapping and an assessment, from the table itself.
+
+Pure: DescribeTable (with DescribeTimeToLive and DescribeContinuousBackups) and
+a sample of items in, a commented mapping document, an assessment and split
+points out. No I/O, no Beam: the reads are ``ddb2bt.pipeline.draft``'s.
+
+What it guesses, and why, is documented rule by rule in docs/mapping.md
+("Drafting a mapping"); the seed patterns it follows are the Bigtable-for-DynamoDB
+guide's (row key ``pk#sk``, families by entity, int64 only for integers, sets
+and maps as families, index rows for GSIs as in example 4).
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Iterable, Optional, Sequence
+
+import yaml
+
+from ddb2bt.transforms.config import MappingConfig, parse_mapping
+from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MIB
+
+# Row-key delimiters tried in order: the seed's own three (`#`, `:`, `/`),
+# then characters rare in ids. The first that no sampled value of a leading key
+# part contains keeps keys readable (no escapes); the engine escapes in any case.
+DELIMITER_CANDIDATES = ("#", ":", "/", "~", "!", ";", "^")
+# Separators that end a type prefix in single-table designs (`CUST#…`,
+# `Invoice-0123`): the key-part separators first, then the weaker `-` and `_`.
+_STRONG_SEPARATORS = "#:|/"
+_WEAK_SEPARATORS = "-_"
+_TYPE_WORD = re.compile(r"[A-Za-z][A-Za-z_-]*\Z")
+_PURE_WORD = re.compile(r"[A-Za-z]+\Z")
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+# More distinct prefixes than this are data (categories, names), not entity types.
+MAX_ENTITY_TYPES = 24
+# A word sort key (`Video`) is an entity type only when it recurs across
+# partitions; a word seen in one partition is more likely data (`Europe`).
+MIN_PARTITIONS_FOR_WORD_TYPE = 2
+# Families a draft may spend on sets and maps before it serializes them into one
+# cell: lint advises at most 30 families per table (FAMILIES_ADVISED).
+MAX_DRAFT_FAMILIES = 30
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Zero-pad width for integer sort keys: every unsigned 64-bit integer fits; a
+# longer value is a dead letter (row_key), never a silently misordered row.
+SORT_KEY_PAD = 20
+# Write-sharding buckets for a time-like partition key (the seed's "salting"):
+# readable, and a Query by partition key still reads one computed prefix.
+TIME_KEY_SALT = 16
+# Drafted family names stay short (the seed: "family names short"; each is
+# stored with every cell) and well under Bigtable's 64 characters, leaving room
+# for a uniqueness suffix.
+FAMILY_NAME_CHARS = 32
+INDEX_PREFIX = "idx"
+INDEX_FAMILY = "idx"
+CATCH_ALL = "other"
+SECONDS_PER_DAY = 86_400
+# TTL backstop: the families' max age is this many times the longest remaining
+# lifetime sampled, so an item whose TTL is later extended keeps its cells.
+TTL_BACKSTOP_FACTOR = 2
+MIN_TTL_BACKSTOP_DAYS = 7
+# Bigtable's recommended sizes (cloud.google.com/bigtable/docs/schema-design,
+# "Limits"; read 2026-11): keep a cell under 10 MB and a row under 100 MB.
+RECOMMENDED_CELL_BYTES = 10 * MIB
+RECOMMENDED_ROW_BYTES = 100 * MIB
+# Sizing, from Google's published guidance (read 2026-11):
+# cloud.google.com/bigtable/docs/performance: an SSD node serves about 10,000
+# writes/s of 1 KB rows; cloud.google.com/bigtable/quotas ("Storage utilization
+# per node"): at most 5 TB of SSD data per node (older versions said 2.5 TB).
+WRITES_PER_NODE_S = 10_000
+SSD_BYTES_PER_NODE = 5 * 10**12
+# The backfill's measured rate per vCPU: bench/results/latest.json
+# (2026-11-22), backfill.export_items_per_s = 5,264 items/s in one local
+# process (docs/benchmarks.md, "Lag, memory, backfill and scaling"). A Scan
+# backfill is bounded by the source's read rate instead (--max-rcu).
+BACKFILL_ITEMS_PER_VCPU_S = 5_264
+# docs/deploy-dataflow.md recommends n2-standard-4 workers (4 vCPUs).
+VCPUS_PER_WORKER = 4
+# The backfill window the worker count is sized for: a working day, leaving the
+# rest of the stream's 24-hour retention spare (docs/design.md §7.5).
+TARGET_BACKFILL_HOURS = 8
+# Split points: quantiles of the sampled row keys. Fewer than this many sampled
+# keys per range make the quantiles noise; more than MAX_INITIAL_SPLITS tablets
+# buy nothing at the start (Bigtable re-splits by load afterwards).
+MIN_SAMPLED_KEYS_PER_SPLIT = 10
+MAX_INITIAL_SPLITS = 100
+PERCENTILES = (50, 90, 99)
+STREAM_VIEW_NEEDED = "NEW_AND_OLD_IMAGES"
+
+
+# --- what DynamoDB says about the table ------------------------------------------
+
+
+@dataclass(frozen=True)
+class IndexFacts:
+    name: str
+    kind: str  # GSI | LSI
+    partition_key: str
+    sort_key: Optional[str]
+    projection: str  # ALL | KEYS_ONLY | INCLUDE
+    non_key_attributes: tuple = ()
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    name: str
+    partition_key: str
+    sort_key: Optional[str]
+    key_types: tuple  # ((attribute, S|N|B), ...)
+    indexes: tuple = ()  # IndexFacts
+    item_count: int = 0
+    size_bytes: int = 0
+    stream_view_type: Optional[str] = None  # None: no stream
+    ttl_attribute: Optional[str] = None
+    ttl_status: Optional[str] = None
+    pitr_status: Optional[str] = None  # ENABLED | DISABLED | None (not known)
+    billing_mode: Optional[str] = None
+    region: Optional[str] = None
+
+    def key_type(self, attribute: str) -> Optional[str]:
+        return dict(self.key_types).get(attribute)
+
+
+def table_facts(describe: dict, ttl: Optional[dict] = None, backups: Optional[dict] = None,
+                region: Optional[str] = None) -> TableFacts:
+    """DescribeTable's ``Table``, DescribeTimeToLive's and
+    DescribeContinuousBackups' answers (None: not readable) → TableFacts."""
+    keys = {k["KeyType"]: k["AttributeName"] for k in describe["KeySchema"]}
+    types = tuple((a["AttributeName"], a["AttributeType"]) for a in describe.get("AttributeDefinitions", []))
+    indexes = []
+    for kind, field_name in (("GSI", "GlobalSecondaryIndexes"), ("LSI", "LocalSecondaryIndexes")):
+        for index in describe.get(field_name) or []:
+            ikeys = {k["KeyType"]: k["AttributeName"] for k in index["KeySchema"]}
+            projection = index.get("Projection") or {}
+            indexes.append(IndexFacts(index["IndexName"], kind, ikeys["HASH"], ikeys.get("RANGE"),
+                                      projection.get("ProjectionType", "ALL"),
+                                      tuple(projection.get("NonKeyAttributes") or ())))
+    stream = describe.get("StreamSpecification") or {}
+    ttl_desc = (ttl or {}).get("TimeToLiveDescription") or {}
+    pitr = ((backups or {}).get("ContinuousBackupsDescription") or {}).get("PointInTimeRecoveryDescription") or {}
+    return TableFacts(
+        name=describe["TableName"], partition_key=keys["HASH"], sort_key=keys.get("RANGE"), key_types=types,
+        indexes=tuple(indexes), item_count=int(describe.get("ItemCount") or 0),
+        size_bytes=int(describe.get("TableSizeBytes") or 0),
+        stream_view_type=stream.get("StreamViewType") if stream.get("StreamEnabled") else None,
+        ttl_attribute=ttl_desc.get("AttributeName") if ttl_desc.get("TimeToLiveStatus") in ("ENABLED", "ENABLING")
+        else None,
+        ttl_status=ttl_desc.get("TimeToLiveStatus") if ttl is not None else None,
+        pitr_status=pitr.get("PointInTimeRecoveryStatus") if backups is not None else None,
+        billing_mode=(describe.get("BillingModeSummary") or {}).get("BillingMode"),
+        region=region,
+    )
+
+
+@dataclass(frozen=True)
+class SampleFacts:
+    """How the sample was taken (``ddb2bt.pipeline.draft.sample_table``)."""
+
+    items: int
+    scanned_pages: int
+    consumed_rcu: float
+    stopped: str  # "limit" (N items), "end" (the whole table), "deadline"
+    segments: int
+    seconds: float
+
+
+# --- values ----------------------------------------------------------------------
+
+
+def _tag(value) -> str:
+    return next(iter(value))
+
+
+def _number(text: str) -> Optional[Decimal]:
+    try:
+        return Decimal(text)
+    except (InvalidOperation, TypeError):
+        return None
+
+
+def _is_int64(text: str) -> bool:
+    number = _number(text)
+    return number is not None and number == number.to_integral_value() and INT64_MIN <= int(number) <= INT64_MAX
+
+
+def _is_natural(text: str) -> bool:
+    number = _number(text)
+    return (number is not None and number == number.to_integral_value() and number >= 0
+            and len(str(int(number))) <= SORT_KEY_PAD)
+
+
+def _text_of(value) -> Optional[str]:
+    tag = _tag(value)
+    if tag in ("S", "N"):
+        return value[tag]
+    if tag == "B":
+        return bytes(value["B"]).decode("latin-1")
+    return None
+
+
+def type_prefix(text: str) -> Optional[str]:
+    """The entity-type prefix of a key value: ``CUST#``, ``HR-EMPLOYEE#`` from
+    ``HR-EMPLOYEE#0001``, ``Invoice-`` from ``Invoice-0123``; None for ids,
+    dates and plain words."""
+    for separators in (_STRONG_SEPARATORS, _WEAK_SEPARATORS):
+        cut = min((i for i in (text.find(s) for s in separators) if i > 0), default=-1)
+        if cut > 0 and cut < len(text) - 1 and _TYPE_WORD.match(text[:cut]):
+            return text[:cut + 1]
+    return None
+
+
+def item_size(item: dict) -> int:
+    """An item's size by DynamoDB's rules (names + values; numbers about one
+    byte per two digits plus one; containers 3 bytes plus one per element)."""
+    return sum(len(name.encode("utf-8")) + _value_size(v) for name, v in item.items())
+
+
+def _value_size(value) -> int:
+    tag = _tag(value)
+    payload = value[tag]
+    if tag == "S":
+        return len(payload.encode("utf-8"))
+    if tag == "N":
+        return len(payload.lstrip("-").replace(".", "")) // 2 + 1
+    if tag == "B":
+        return len(payload)
+    if tag in ("BOOL", "NULL"):
+        return 1
+    if tag in ("SS", "NS", "BS"):
+        return sum(_value_size({tag[0]: v}) for v in payload)
+    if tag == "L":
+        return 3 + sum(1 + _value_size(v) for v in payload)
+    return 3 + sum(1 + len(k.encode("utf-8")) + _value_size(v) for k, v in payload.items())  # M
+
+
+def _percentile(sorted_values: Sequence[int], pct: int) -> int:
+    if not sorted_values:
+        return 0
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(pct / 100 * len(sorted_values)) - 1))]
+
+
+# --- the draft -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Draft:
+    text: str  # the commented YAML mapping
+    data: dict  # the same mapping as a document
+    delimiter: str
+    guesses: tuple  # what was guessed from the sample (the header lists them)
+    decisions: tuple  # what the user must decide
+
+    def mapping(self) -> MappingConfig:
+        return parse_mapping(self.data, origin="<draft>")
+
+
+def _safe_name(text: str, fallback: str) -> str:
+    """A family / rule name from a type or attribute: lower snake case,
+    [_a-zA-Z0-9][-_.a-zA-Z0-9]* (Bigtable's family name rule)."""
+    words = re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+", text)
+    name = "_".join(w.lower() for w in words)[:40].strip("_")
+    return name or fallback
+
+
+def _unique(name: str, taken: set) -> str:
+    out, n = name, 2
+    while out in taken or out.lower().startswith("ddb2bt_"):
+        out, n = f"{name}_{n}", n + 1
+    taken.add(out)
+    return out
+
+
+def choose_delimiter(row_leading: Iterable[str], index_leading: Iterable[str]) -> tuple:
+    """(delimiter, note): the first candidate no leading key part contains;
+    else one the row key's leading part lacks (index keys escape); else `#`,
+    escaped by the engine (docs/mapping.md, "Row keys": injectivity)."""
+    row_values, index_values = list(row_leading), list(index_leading)
+    for candidate in DELIMITER_CANDIDATES:
+        if not any(candidate in v for v in row_values + index_values):
+            return candidate, None
+    for candidate in DELIMITER_CANDIDATES:
+        if not any(candidate in v for v in row_values):
+            return candidate, (f"index key values hold every candidate delimiter: {candidate!r} is escaped "
+                               f"inside them (\\{candidate})")
+    return "#", "leading key values hold every candidate delimiter: '#' is escaped inside them (\\#)"
+
+
+@dataclass
+class _Group:
+    conditions: tuple  # ((attribute, kind, value), ...)
+    name: str
+    items: list = field(default_factory=list)
+
+    def attributes(self, keys: tuple) -> frozenset:
+        return frozenset(a for it in self.items for a in it if a not in keys)
+
+
+def _entity_groups(facts: TableFacts, items: list) -> list:
+    """One group per entity type found from the key prefixes, most specific
+    first; one group for everything when no types are found."""
+    pk, sk = facts.partition_key, facts.sort_key
+    keys = (pk,) + ((sk,) if sk else ())
+
+    def pk_type(it):
+        text = _text_of(it[pk]) if pk in it else None
+        return type_prefix(text) if text is not None and _tag(it[pk]) == "S" else None
+
+    sk_words: dict = {}
+    if sk:
+        for it in items:
+            if sk in it and _tag(it[sk]) == "S" and _PURE_WORD.match(it[sk]["S"]):
+                sk_words.setdefault(it[sk]["S"], set()).add(repr(it.get(pk)))
+
+    def sk_type(it):
+        if not sk or sk not in it or _tag(it[sk]) != "S":
+            return None
+        text = it[sk]["S"]
+        prefix = type_prefix(text)
+        if prefix is not None:
+            return ("prefix", prefix)
+        if text in sk_words and len(sk_words[text]) >= MIN_PARTITIONS_FOR_WORD_TYPE:
+            return ("equals", text)
+        return None
+
+    typed = [(pk_type(it), sk_type(it), it) for it in items]
+    if len({p for p, _, _ in typed}) < 2:  # one prefix for all (Invoice-) or none: says nothing
+        typed = [(None, s, it) for _, s, it in typed]
+    groups: dict = {}
+    for p, s, it in typed:
+        groups.setdefault((p, s), []).append(it)
+    everything = [_Group((), "item", list(items))]
+    typed_groups = [k for k in groups if k != (None, None)]
+    if not typed_groups or len(typed_groups) > MAX_ENTITY_TYPES:
+        return everything
+    if len({frozenset(a for it in groups[k] for a in it if a not in keys) for k in groups}) < 2:
+        return everything  # the same attributes everywhere: categories, not entity types
+    out = []
+    taken: set = set()
+    for (p, s) in sorted(typed_groups, key=lambda k: (-(k[0] is not None) - (k[1] is not None), str(k))):
+        conditions, words = [], []
+        if p is not None:
+            conditions.append((pk, "prefix", p))
+            words.append(p)
+        if s is not None:
+            conditions.append((sk, s[0], s[1]))
+            if s[1] != p:
+                words.append(s[1])
+        out.append(_Group(tuple(conditions), _unique(_safe_name(" ".join(words), "entity"), taken), groups[(p, s)]))
+    rest = groups.get((None, None), [])
+    out.append(_Group((), _unique(CATCH_ALL, taken), rest))
+    return out
+
+
+def _key_part(attribute: str, values: list, key_type: Optional[str], leading: bool, notes: list,
+              decisions: list) -> list:
+    """The template part(s) of one key attribute: order-preserving for numeric
+    sort keys, spread for a sequential or time-like leading part."""
+    texts = [_text_of(v) for v in values if _tag(v) in ("S", "N", "B")]
+    if key_type == "N":
+        if leading:
+            if texts and all(_is_int64(t) for t in texts):
+                notes.append(f"{attribute}: an integer partition key may be a sequential id; it is reversed "
+                             f"({{{attribute}|reverse}}) so consecutive ids land on different tablets")
+                return [f"{{{attribute}|reverse}}"]
+            return [f"{{{attribute}}}"]
+        if texts and all(_is_natural(t) for t in texts):
+            notes.append(f"{attribute}: a numeric sort key is zero-padded to {SORT_KEY_PAD} digits "
+                         f"({{{attribute}|pad:{SORT_KEY_PAD}}}) so rows sort in numeric order; a longer or "
+                         "negative value would be a dead letter (row_key)")
+            return [f"{{{attribute}|pad:{SORT_KEY_PAD}}}"]
+        decisions.append(f"{attribute}: the numeric sort key has negative or fractional values; no key transform "
+                         "keeps their numeric order, so rows sort as text. Decide whether range reads need it")
+        return [f"{{{attribute}}}"]
+    if leading and texts and sum(1 for t in texts if _ISO_DATE.match(t)) > len(texts) / 2:
+        notes.append(f"{attribute}: the partition key looks like a date: a {TIME_KEY_SALT}-way salt prefix "
+                     f"({{{attribute}|salt:{TIME_KEY_SALT}}}) spreads writes; read a partition at its computed "
+                     "prefix")
+        return [f"{{{attribute}|salt:{TIME_KEY_SALT}}}", f"{{{attribute}}}"]
+    return [f"{{{attribute}}}"]
+
+
+def _values(items: list, attribute: str) -> list:
+    return [it[attribute] for it in items if attribute in it]
+
+
+def _valid_qualifier(name: str) -> bool:
+    """Whether an attribute name can be a literal column qualifier in a mapping:
+    braces start a template, and a qualifier holds at most 16 KiB."""
+    return "{" not in name and "}" not in name and len(name.encode("utf-8")) <= MAX_QUALIFIER_BYTES
+
+
+def _column_spec(attribute: str, values: list, family: str, families: dict, taken: set, notes: list) -> tuple:
+    """(column spec, new family or None) for one attribute from its sampled values."""
+    tags = {_tag(v) for v in values}
+    if len(tags) != 1:
+        notes.append(f"{family}:{attribute} holds several types ({', '.join(sorted(tags))}): encoding auto "
+                     "(each value by its type)")
+        return {"column": f"{family}:{attribute}", "encoding": "auto"}, None
+    tag = tags.pop()
+    if tag == "S":
+        return {"column": f"{family}:{attribute}", "encoding": "utf8"}, None
+    if tag == "N":
+        if all(_is_int64(v["N"]) for v in values):
+            notes.append(f"{family}:{attribute}: every sampled value is an integer in 64 bits: int64 (Increment "
+                         "works); a later fraction or larger number would be a dead letter (encoding)")
+            return {"column": f"{family}:{attribute}", "encoding": "int64"}, None
+        return {"column": f"{family}:{attribute}", "encoding": "decimal"}, None
+    if tag == "B":
+        return {"column": f"{family}:{attribute}", "encoding": "bytes"}, None
+    if tag == "BOOL":
+        return {"column": f"{family}:{attribute}", "encoding": "bool"}, None
+    if tag == "NULL":
+        return {"column": f"{family}:{attribute}", "encoding": "null"}, None
+    if tag in ("SS", "NS", "BS", "M") and len(families) < MAX_DRAFT_FAMILIES:
+        own = _unique(f"{family}_{_safe_name(attribute, 'attr')}"[:FAMILY_NAME_CHARS], taken)
+        families[own] = {"max_versions": 1}
+        if tag == "M":
+            return {"family": own, "as": "map", "encoding": "auto"}, own
+        return {"family": own, "as": "set"}, own
+    if tag == "L" or tag == "M":
+        return {"column": f"{family}:{attribute}", "encoding": "json"}, None
+    return {"column": f"{family}:{attribute}", "encoding": "dynamodb_json"}, None  # a set past the family budget
+
+
+def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str, table: Optional[str] = None,
+                  now_s: float) -> Draft:
+    """The mapping ``ddb2bt draft`` writes. ``items``: sampled items (boto3
+    AttributeValue form); ``now_s``: the current time (TTL's backstop)."""
+    pk, sk = facts.partition_key, facts.sort_key
+    keys = (pk,) + ((sk,) if sk else ())
+    guesses: list = []
+    decisions: list = []
+    indexes = list(facts.indexes)
+
+    # The delimiter: what the leading parts (all but each template's last) hold.
+    row_leading = [t for t in (_text_of(v) for v in _values(items, pk)) if t is not None] if sk else []
+    index_leading = []
+    for index in indexes:
+        for attribute in (index.partition_key, index.sort_key, pk):
+            if attribute:
+                index_leading += [t for t in (_text_of(v) for v in _values(items, attribute)) if t is not None]
+    delimiter, note = choose_delimiter(row_leading, index_leading)
+    if delimiter != "#":
+        guesses.append(f"delimiter {delimiter!r}: sampled values of a leading key part contain '#'"
+                       + (f" (and {', '.join(repr(c) for c in DELIMITER_CANDIDATES[1:DELIMITER_CANDIDATES.index(delimiter)])})"
+                          if DELIMITER_CANDIDATES.index(delimiter) > 1 else ""))
+    if note:
+        guesses.append(note)
+    d = delimiter
+
+    parts = _key_part(pk, _values(items, pk), facts.key_type(pk), True, guesses, decisions)
+    if sk:
+        parts += _key_part(sk, _values(items, sk), facts.key_type(sk), False, guesses, decisions)
+    row_key = d.join(parts)
+
+    groups = _entity_groups(facts, items)
+    if len(groups) > 1:
+        guesses.append(f"{len(groups) - 1} entity type(s) found from the key prefixes, one rule each; the rule "
+                       f"'{groups[-1].name}' takes the types the sample did not see")
+    families: dict = {}
+    taken: set = {INDEX_FAMILY}
+    table_id = table or _safe_name(facts.name, "table")[:50]
+    single = len(groups) == 1
+    rules = []
+    comments: list = []
+    for group in groups:
+        family = _unique(_safe_name(table_id if single else group.name, "f")[:FAMILY_NAME_CHARS], taken)
+        families[family] = {"max_versions": 1}
+        columns: dict = {}
+        invalid = []
+        seen = sorted(group.attributes(keys))
+        for attribute in seen:
+            if not _valid_qualifier(attribute):
+                invalid.append(attribute)
+                continue
+            spec, _ = _column_spec(attribute, _values(group.items, attribute), family, families, taken, guesses)
+            columns[attribute] = spec
+        rule: dict = {"name": group.name}
+        if group.conditions:
+            conds = [{"attribute": a, kind: v} for a, kind, v in group.conditions]
+            rule["match"] = conds[0] if len(conds) == 1 else conds
+        rule["row_key"] = row_key
+        if columns:
+            rule["columns"] = columns
+        rule["other_attributes"] = {"mode": "column", "family": family, "encoding": "auto"}
+        rule_indexes = []
+        for index in indexes:
+            rule_indexes.append(_index_spec(index, facts, items, group, keys, d))
+        if rule_indexes:
+            rule["indexes"] = rule_indexes
+        rules.append(rule)
+        why = (f"{len(group.items)} sampled item(s)" + (f" matching {' and '.join(_cond_text(c) for c in group.conditions)}"
+                                                        if group.conditions else "")
+               + (f"; attributes not valid as qualifiers go to other_attributes: {', '.join(invalid)}"
+                  if invalid else ""))
+        comments.append(why)
+    if indexes:
+        families[INDEX_FAMILY] = {"max_versions": 1}
+
+    ttl_block = None
+    if facts.ttl_attribute:
+        ttl_block = {"attribute": facts.ttl_attribute, "deletions": "apply"}
+        remaining = [float(v["N"]) - now_s for v in _values(items, facts.ttl_attribute)
+                     if _tag(v) == "N" and _number(v["N"]) is not None]
+        longest = max([r for r in remaining if r > 0], default=0.0)
+        days = max(MIN_TTL_BACKSTOP_DAYS, math.ceil(TTL_BACKSTOP_FACTOR * longest / SECONDS_PER_DAY))
+        for spec in families.values():
+            spec["max_age_seconds"] = days * SECONDS_PER_DAY
+        guesses.append(f"TTL on {facts.ttl_attribute}: DynamoDB's TTL deletions are replicated (deletions: apply), "
+                       f"and every family gets a {days}-day max age as a backstop ({TTL_BACKSTOP_FACTOR}x the "
+                       "longest remaining lifetime sampled, at least "
+                       f"{MIN_TTL_BACKSTOP_DAYS} days)")
+    if facts.stream_view_type != STREAM_VIEW_NEEDED:
+        decisions.append(f"the table's stream is {facts.stream_view_type or 'off'}: ddb2bt needs "
+                         f"{STREAM_VIEW_NEEDED} (aws dynamodb update-table --table-name {facts.name} "
+                         f"--stream-specification StreamEnabled=true,StreamViewType={STREAM_VIEW_NEEDED}) "
+                         "before run or migrate")
+    decisions.append(f"target: project {project!r}, instance {instance!r}, table {table_id!r} (change them here "
+                     "or with --bigtable-project/--bigtable-instance/--bigtable-table)")
+    decisions.append("family names and GC policies (one version each: every column holds the item's current value)")
+    if indexes:
+        decisions.append("which index rows you need: each GSI/LSI became one; drop those no reader uses")
+
+    data: dict = {"version": 1, "name": table_id,
+                  "description": f"drafted by ddb2bt draft from {facts.name}",
+                  "source": {"table": facts.name, "key": {"partition": pk, **({"sort": sk} if sk else {})}},
+                  "target": {"project": project, "instance": instance, "table": table_id},
+                  "delimiter": d, "families": families}
+    if facts.region:
+        data["source"]["region"] = facts.region
+    if ttl_block:
+        data["ttl"] = ttl_block
+    data["rules"] = rules
+    text = _render(data, facts, guesses, decisions, comments, ttl_block is not None)
+    return Draft(text=text, data=data, delimiter=d, guesses=tuple(guesses), decisions=tuple(decisions))
+
+
+def _cond_text(cond: tuple) -> str:
+    attribute, kind, value = cond
+    return f"{attribute} {'starting with' if kind == 'prefix' else '='} {value!r}"
+
+
+def _index_spec(index: IndexFacts, facts: TableFacts, items: list, group: _Group, keys: tuple, d: str) -> dict:
+    """Index rows for a GSI/LSI, keyed as the seed's example 4 prescribes:
+    idx#<index>#<index keys>#<item keys> (sparse: an item without an index key
+    attribute gets no row, as in a GSI)."""
+    parts, used = [], []
+    for attribute in (index.partition_key, index.sort_key):
+        if attribute and attribute not in used:
+            key_type = facts.key_type(attribute)
+            values = _values(items, attribute)  # the whole sample: one key form for every rule
+            if key_type == "N" and values and all(_tag(v) == "N" and _is_natural(v["N"]) for v in values):
+                parts.append(f"{{{attribute}|pad:{SORT_KEY_PAD}}}")
+            else:
+                parts.append(f"{{{attribute}}}")
+            used.append(attribute)
+    for attribute in keys:
+        if attribute not in used:
+            parts.append(f"{{{attribute}}}")
+            used.append(attribute)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", index.name).lower()  # index names are [a-zA-Z0-9_.-] already
+    spec: dict = {"name": name, "row_key": d.join([INDEX_PREFIX, name] + parts), "family": INDEX_FAMILY}
+    if index.projection == "INCLUDE" and index.non_key_attributes:
+        spec["project"] = list(index.non_key_attributes)
+    elif index.projection == "ALL":
+        projected = sorted(a for a in group.attributes(keys) if a not in used)
+        if projected:
+            spec["project"] = projected
+    return spec
+
+
+def _dump(value) -> str:
+    return yaml.safe_dump(value, sort_keys=False, allow_unicode=True, default_flow_style=None, width=120)
+
+
+def _render(data: dict, facts: TableFacts, guesses: list, decisions: list, rule_comments: list,
+            has_ttl: bool) -> str:
+    lines = [f"# Drafted by `ddb2bt draft --table {facts.name}` from DescribeTable and a sample of items.",
+             "# It validates and lints as it is; read it before you migrate.", "#",
+             "# Guessed from the sample:"]
+    lines += [f"#   - {g}" for g in guesses] or ["#   - (nothing beyond the defaults)"]
+    lines += ["#", "# For you to decide:"]
+    lines += [f"#   - {d}" for d in decisions]
+    lines += ["#", "# Attributes the sample did not see go to each rule's family (other_attributes, encoded",
+              "# by their type), so nothing is lost; docs/mapping.md (\"Drafting a mapping\") explains each guess."]
+    out = "\n".join(lines) + "\n"
+    for key, value in data.items():
+        if key == "families" and has_ttl:
+            out += ("# TTL → GC: max_age_seconds deletes cells older than that, counted from each cell's write "
+                    "time,\n# even if a TTL deletion never arrives. It does NOT expire an item at its TTL time "
+                    "(the\n# replicated TTL deletion does), GC runs eventually (reads may see expired cells "
+                    "until then),\n# and a column not rewritten for that long is collected even if the item "
+                    "lives on: raise it\n# if items live longer.\n")
+        if key == "ttl":
+            out += "# DynamoDB's TTL deletions (REMOVEs by dynamodb.amazonaws.com) delete the item's cells.\n"
+        if key != "rules":
+            out += (_dump({key: value}) if isinstance(value, (dict, list))
+                    else yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, default_flow_style=False))
+            continue
+        out += "rules:\n"
+        for rule, comment in zip(value, rule_comments):
+            out += f"  # {comment}\n"
+            out += "".join(f"  {line}\n" for line in _dump([rule]).splitlines())
+    return out
+
+
+# --- split points ----------------------------------------------------------------
+
+
+def sampled_row_keys(mapping: MappingConfig, items: Iterable) -> list:
+    """The sorted distinct row keys (of the target table) the sampled items map to."""
+    keys = set()
+    from ddb2bt.transforms.mapping import expected_cells
+
+    for item in items:
+        try:
+            cells = expected_cells(mapping, item)
+        except MappingError:
+            continue  # lint reports unmappable items; a split point needs none of them
+        keys.update(c.row_key for c in cells.values() if c.table == mapping.target.table)
+    return sorted(keys)
+
+
+def split_points(mapping: MappingConfig, items: Iterable, limit: int = MAX_INITIAL_SPLITS) -> list:
+    """Split points for a fresh target table: evenly spaced quantiles of the
+    sampled row keys, so a backfill starts on many tablets, not one."""
+    keys = sampled_row_keys(mapping, items)
+    count = min(limit, len(keys) // MIN_SAMPLED_KEYS_PER_SPLIT)
+    if count < 1:
+        return []
+    points = {keys[(i * len(keys)) // (count + 1)] for i in range(1, count + 1)}
+    return sorted(points)
+
+
+# --- the assessment --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Assessment:
+    lines: tuple
+
+    def render(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+_STOPPED = {"limit": "the --sample limit", "end": "the end of the table", "deadline": "the time limit"}
+
+
+def _mb(n: float) -> str:
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 10**3:,.1f} KB"
+
+
+def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: MappingConfig, findings: Sequence,
+           splits: int) -> Assessment:
+    """The report printed beside the draft. ``findings``: lint's on the drafted
+    mapping and the sample (``ddb2bt.transforms.lint.lint``)."""
+    from ddb2bt.transforms.mapping import expected_cells
+
+    out = [f"Assessment of DynamoDB table {facts.name}", ""]
+    out.append(f"table: {facts.item_count:,} items, {_mb(facts.size_bytes)} (DescribeTable; DynamoDB updates "
+               "these about every six hours)")
+    share = f", {100 * sample.items / facts.item_count:.2g}% of the items" if facts.item_count else ""
+    out.append(f"sample: {sample.items:,} items in {sample.scanned_pages} page(s) over {sample.segments} "
+               f"segment(s), {sample.consumed_rcu:,.1f} RCU, {sample.seconds:.1f} s, stopped at "
+               f"{_STOPPED.get(sample.stopped, sample.stopped)}{share}")
+    sizes = sorted(item_size(it) for it in items)
+    if sizes:
+        out.append("item size (sampled, DynamoDB's rules): " + ", ".join(
+            f"p{p} {_percentile(sizes, p):,} B" for p in PERCENTILES) + f", max {sizes[-1]:,} B")
+    big_cells = big_rows = 0
+    mapped_bytes = 0
+    rows: Counter = Counter()
+    for item in items:
+        try:
+            cells = expected_cells(mapping, item)
+        except MappingError:
+            continue
+        for cell in cells.values():
+            size = len(cell.row_key) + len(cell.family) + len(cell.qualifier) + len(cell.value or b"") + sum(
+                len(v) for v in cell.values or ())
+            mapped_bytes += size
+            big_cells += size > RECOMMENDED_CELL_BYTES
+            rows[(cell.table, cell.row_key)] += size
+    big_rows = sum(1 for n in rows.values() if n > RECOMMENDED_ROW_BYTES)
+    out.append(f"over Bigtable's recommended sizes: {big_cells} cell(s) > 10 MB, {big_rows} row(s) > 100 MB "
+               "(a DynamoDB item is at most 400 KB, so only rows many items share can grow)")
+    names = {a for it in items for a in it}
+    invalid = sorted(a for a in names if not _valid_qualifier(a))
+    out.append("attribute names not valid as column qualifiers: " + (", ".join(invalid) if invalid else "none"))
+    hot = [f for f in findings if f.level == "WARN"]
+    out.append("hot-key candidates and other warnings (ddb2bt lint on the draft and the sample): "
+               + ("none" if not hot else ""))
+    out += [f"  {f}" for f in hot]
+    out.append(f"stream: {facts.stream_view_type or 'OFF'} — "
+               + ("the live tail can start" if facts.stream_view_type == STREAM_VIEW_NEEDED else
+                  f"enable a {STREAM_VIEW_NEEDED} stream before run or migrate: the tail needs the old image "
+                  "to delete the cells an update or delete leaves behind"))
+    with_pitr = ("the backfill can read an export (--from-export, no RCUs) and a job stopped longer than the "
+                 "stream's 24 hours can recover from incremental exports (ddb2bt recover)")
+    out.append(f"point-in-time recovery: {facts.pitr_status or 'unknown (DescribeContinuousBackups not readable)'} "
+               "— " + (with_pitr if facts.pitr_status == "ENABLED" else
+                       f"if enabled, {with_pitr}" if facts.pitr_status is None else
+                       "without it the backfill must Scan (RCUs) and a job stopped longer than the stream's 24 "
+                       "hours must back-fill again"))
+    if facts.ttl_attribute:
+        out.append(f"TTL: {facts.ttl_attribute} ({facts.ttl_status}) — replicated deletions, and a family max age "
+                   "as a backstop (see the draft's comment)")
+    per_item = mapped_bytes / len(items) if items else 0
+    storage = per_item * facts.item_count
+    nodes_storage = max(1, math.ceil(storage / SSD_BYTES_PER_NODE))
+    core_s = facts.item_count / BACKFILL_ITEMS_PER_VCPU_S
+    workers = max(1, math.ceil(core_s / (TARGET_BACKFILL_HOURS * 3600 * VCPUS_PER_WORKER)))
+    hours = core_s / (workers * VCPUS_PER_WORKER) / 3600
+    # The rows per second Bigtable must take to finish in the target window
+    # (each item's main row; index rows add to it).
+    write_rate = math.ceil(facts.item_count / (TARGET_BACKFILL_HOURS * 3600))
+    nodes_writes = max(1, math.ceil(write_rate / WRITES_PER_NODE_S))
+    out.append(f"sizing: Bigtable storage ~{_mb(storage)} ({per_item:,.0f} B per item as mapped, sampled); "
+               f"SSD nodes: {nodes_storage} for storage (5 TB each), {nodes_writes} for the backfill's "
+               f"~{write_rate:,} rows/s over {TARGET_BACKFILL_HOURS} h (10,000 writes/s each) — size for the "
+               "larger, then scale down")
+    out.append(f"backfill: {core_s / 3600:,.2f} vCPU-hours at {BACKFILL_ITEMS_PER_VCPU_S:,} items/s per vCPU "
+               f"(bench/results/latest.json): {workers} Dataflow worker(s) of {VCPUS_PER_WORKER} vCPUs finish in "
+               f"~{hours:,.2f} h (sized for {TARGET_BACKFILL_HOURS} h; a Scan backfill is further bounded by "
+               "--max-rcu)")
+    out.append(f"pre-split: {splits} split point(s) from the sampled row keys "
+               "(ddb2bt create-table --split-from-sample uses them for a new table)")
+    return Assessment(tuple(out))
