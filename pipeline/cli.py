@@ -94,8 +94,9 @@ def add_state_args(p: argparse.ArgumentParser) -> None:
 
 def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=None,
-                   help="store item images in dead letters, so they can be redriven (default: on for local "
-                        "runs, off on Dataflow, where dead letters then keep keys only, redacted)")
+                   help="store item images in dead letters (default: on for local runs, off on Dataflow, where "
+                        "dead letters keep the keys and the stream position only; a redrive reads the images back "
+                        "from the stream)")
 
 
 def add_tail_args(p: argparse.ArgumentParser) -> None:
@@ -657,8 +658,8 @@ def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> lis
         out.append(f"inspect one: ddb2bt dlq show {flags} ID    re-apply once the cause is fixed: "
                    f"ddb2bt dlq redrive {flags} [--reason R] [--dry-run]")
         if any(REDACTED in key_text(e.get("record", "{}")) for e in letters):
-            out.append("(keys shown <redacted> were stored without values: look the item up by its stream position, "
-                       "or back-fill it)")
+            out.append("(keys shown <redacted> were stored redacted by an earlier version: dlq redrive finds the item "
+                       "through its stream position while the stream holds it; else re-copy with migrate --restart)")
     return out
 
 
@@ -693,8 +694,12 @@ def cmd_dlq_redrive(args) -> int:
         verb = "would resolve" if args.dry_run else "resolved"
         print((f"{mapping.name}: " if len(mappings) > 1 else "")
               + f"{verb} {result.resolved} dead letter(s) of {result.items} item(s): each item re-read from DynamoDB "
-              f"and written in its current state; kept {result.still_failing} still failing, {result.unstable} whose "
-              f"item kept changing (rerun), {result.redacted} stored without keys (back-fill instead)")
+              f"and written in its current state, its rows read back"
+              + (f" ({result.cleaned} cell(s) the mapping does not produce removed)" if result.cleaned else "")
+              + f"; kept {result.still_failing} still failing, {result.unstable} whose item kept changing (rerun), "
+              f"{result.unproven} not proven (rows shared with other items, a family the mapping does not own, or "
+              f"no image left in the stream: see ddb2bt verify; re-copy with ddb2bt migrate --restart), "
+              f"{result.redacted} with no key to find the item by (re-copy with ddb2bt migrate --restart)")
     print(("dry run, nothing written; " if args.dry_run else "") + write_summary(args, counts, mappings, states))
     return 0 if kept == 0 else 1
 
