@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
-from ddb2bt.transforms.mapping import expected_cells, select_rule
+from ddb2bt.transforms.mapping import conditions_hold, expected_cells, select_rule
 from ddb2bt.transforms.rowkey import KeyTemplate, Placeholder
 
 WARN, INFO = "WARN", "INFO"
@@ -37,9 +37,10 @@ _ENUM_WORDS = {"status", "state", "type", "kind", "category", "phase", "stage", 
                "language", "channel", "mode", "bucket", "class", "group", "color", "colour", "visibility"}
 _FLAG_WORDS = {"is", "has"}
 _WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
-# With --sample, measured: a first placeholder with at most this many distinct
-# values whose most common value holds at least DOMINANT_SHARE of the sampled
-# keys. Only judged from LOW_CARDINALITY_MIN_SAMPLE keys up: fewer prove nothing.
+# With --sample, measured per key template over the items it is built for (a
+# rule's row key: the items the rule maps; an index: those of them it indexes):
+# a first placeholder with at most this many distinct values whose most common
+# value holds at least DOMINANT_SHARE of those keys. Only judged from LOW_CARDINALITY_MIN_SAMPLE keys up: fewer prove nothing.
 LOW_CARDINALITY_DISTINCT = 16
 DOMINANT_SHARE = 0.3
 LOW_CARDINALITY_MIN_SAMPLE = 20
@@ -189,14 +190,46 @@ def low_cardinality_findings(mapping: MappingConfig) -> list:
     return out
 
 
+def _mapped_by(mapping: MappingConfig, items: list) -> dict:
+    """{id(rule): [item, ...]}: each sampled item under the rule that maps it
+    (the first whose conditions hold), as the live path selects it."""
+    out: dict = {}
+    for item in items:
+        keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+        rule, _ = select_rule(mapping, keys, item)
+        if rule is not None:
+            out.setdefault(id(rule), []).append(item)
+    return out
+
+
+def _sampled_templates(mapping: MappingConfig, items: list) -> Iterable:
+    """(where, template, items it maps) for every key template: a rule's row key
+    over the items that rule maps, an index's over those of them its conditions
+    hold for. Counted per template, not over the whole sample: in a single-table
+    design an overloaded index attribute (GSI1PK: an e-mail for customers, a
+    status for orders) has hundreds of values over all items and three over the
+    orders whose index rows are the hotspot."""
+    by_rule = _mapped_by(mapping, items)
+    for i, rule in enumerate(mapping.rules):
+        mapped = by_rule.get(id(rule), [])
+        if rule.row_key is not None:
+            yield f"rules[{i}] {rule.name}: row_key", rule.row_key, mapped
+        for j, index in enumerate(rule.indexes):
+            indexed = [item for item in mapped if conditions_hold(
+                index.conditions, {k: item[k] for k in mapping.source.key_attributes if k in item}, item)]
+            yield f"rules[{i}] {rule.name}: indexes[{j}] {index.name}", index.row_key, indexed
+
+
 def _sampled_low_cardinality(mapping: MappingConfig, items: list) -> list:
     out = []
-    for where, t, _, _ in _rule_templates(mapping):
+    for where, t, mapped in _sampled_templates(mapping, items):
         lead = _leading_placeholder(t)
         if lead is None:
             continue
+        # An item without the attribute gets no row from this key (a sparse
+        # index, or a dead letter): it adds nothing to any range.
         values = Counter(repr(sorted(item[lead.source].items())) if isinstance(item[lead.source], dict)
-                         else repr(item[lead.source]) for item in items if lead.source in item)
+                         else repr(item[lead.source]) for item in mapped if lead.source in item)
         total = sum(values.values())
         if total < LOW_CARDINALITY_MIN_SAMPLE or len(values) > LOW_CARDINALITY_DISTINCT:
             continue
@@ -205,8 +238,9 @@ def _sampled_low_cardinality(mapping: MappingConfig, items: list) -> list:
             # The value itself is not printed: it is item content.
             out.append(Finding(WARN, "low_cardinality_prefix", where,
                                f"{{{lead.source}}}, the key's first variable part, has {len(values)} distinct value(s) in "
-                               f"{total} sampled items, the most common in {share:.0%} of them: one contiguous "
-                               "range takes most writes (hotspot); put a high-cardinality value first or salt it"))
+                               f"the {total} sampled items this key is built for, the most common in {share:.0%} of "
+                               "them: one contiguous range takes most writes (hotspot); put a high-cardinality value "
+                               "first or salt it"))
     return out
 
 
