@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.transforms.errors import ConfigError, ConfigProblems, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
     _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
@@ -42,6 +42,7 @@ MAX_SCAN_PAGE = 10_000
 # `explain`: the item (or a record) would be a dead letter. Not 1 (a failure of the
 # command) nor 2 (a configuration error): scripts can tell "the mapping refuses it".
 EXIT_DEAD_LETTER = 3
+EXIT_CONFIG_ERROR = 2  # a bad mapping or option, as main() returns for a ConfigError
 DID_YOU_MEAN_CUTOFF = 0.6  # difflib's default ratio: "verfy" ~ "verify", "lst" ~ "list"
 
 log = logging.getLogger("ddb2bt")
@@ -167,10 +168,18 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_validate(args) -> int:
+    """Every mapping file named, each read to its end: all of a file's problems
+    are printed in one run, and every file is checked even after a bad one."""
+    from ddb2bt.pipeline.cutover.recover import inexact_features
+    from ddb2bt.pipeline.jobs import load_sources
     from ddb2bt.transforms.lint import WARN, placeholder_findings
 
+    loaded, bad = load_sources(args)
     failed = 0
-    for mapping in load_all(args):
+    for source, problem in bad:  # each names its file once (a ConfigProblems names it in its first line)
+        where = "" if isinstance(problem, ConfigProblems) or str(problem).startswith(source) else f"{source}: "
+        print(f"ddb2bt: configuration error: {where}{problem}", file=sys.stderr)
+    for mapping in loaded:
         findings = placeholder_findings(mapping)
         for finding in findings:
             print(finding)
@@ -182,10 +191,10 @@ def cmd_validate(args) -> int:
         rules = ", ".join(r.name for r in mapping.rules)
         print(f"OK: {mapping.origin}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
               f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
-        from ddb2bt.pipeline.cutover.recover import inexact_features
-
         for why in inexact_features(mapping):  # said before a recovery writes anything (docs/recover.md)
             print(f"note: ddb2bt recover (incremental exports) cannot restore this exactly: {why}")
+    if bad:
+        return EXIT_CONFIG_ERROR
     return 1 if failed else 0
 
 
@@ -832,10 +841,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
-                       epilog="example:\n  ddb2bt validate --mapping example:product_catalog")
+    p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw, description=(
+                           "Reads each mapping file to its end and lists every problem at once, each with its field "
+                           "path and the name or value probably meant (did you mean …?). A row-key or index-key "
+                           "placeholder that is neither a key attribute nor named in the mapping is an error: "
+                           "every item would be a dead letter, or the index would stay empty."),
+                       epilog="examples:\n  ddb2bt validate --mapping example:product_catalog\n"
+                              "  ddb2bt validate --mapping mappings/        # every file of a directory")
     add_mapping_args(p)
-    p.add_argument("--strict", action="store_true", help="warnings (e.g. an unknown row-key placeholder) fail")
+    p.add_argument("--strict", action="store_true", help="warnings fail (exit 1); notes never do. Errors always "
+                                                          "fail (exit 2): every one of every file, in one run")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",

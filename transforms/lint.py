@@ -6,13 +6,12 @@ production (hotspots, limits, lost versions, PII in keys), INFO for advice.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.config import MappingConfig, catch_all, named_attributes
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
 from ddb2bt.transforms.mapping import conditions_hold, expected_cells, select_rule
@@ -70,19 +69,6 @@ def _templates(mapping: MappingConfig) -> Iterable:
             yield f"rules[{i}] {rule.name}: indexes[{j}] {index.name}", index.row_key
 
 
-def _known_attributes(mapping: MappingConfig) -> set:
-    """Attributes the mapping names anywhere: keys, columns, conditions, timestamps."""
-    known = set(mapping.source.key_attributes)
-    for rule in mapping.rules:
-        known.update(c.attribute for c in rule.columns)
-        known.update(c.timestamp.attribute for c in rule.columns if c.timestamp is not None)
-        known.update(cond.attribute for cond in rule.conditions)
-        for index in rule.indexes:
-            known.update(index.project)
-            known.update(cond.attribute for cond in index.conditions)
-    return known
-
-
 def _rule_templates(mapping: MappingConfig) -> Iterable:
     """(where, template, rule, is_index) for every key template of the mapping."""
     for i, rule in enumerate(mapping.rules):
@@ -92,72 +78,28 @@ def _rule_templates(mapping: MappingConfig) -> Iterable:
             yield f"rules[{i}] {rule.name}: indexes[{j}] {index.name}", index.row_key, rule, True
 
 
-def _catch_all(rule) -> Optional[str]:
-    """How a rule maps attributes it does not name, if it maps them at all:
-    ``other_attributes`` (mode column) or the ``item_column``."""
-    if rule.other.mode == "column":
-        return f"other_attributes (family {rule.other.family})"
-    if rule.item_column is not None:
-        return "the item_column"
-    return None
-
-
 def placeholder_findings(mapping: MappingConfig) -> list:
-    """Key placeholders that name an attribute the mapping does not name.
-
-    What a missing attribute costs differs by template: an item without a
-    row-key attribute cannot get a row and is a dead letter; an item without an
-    index attribute simply gets no index row (a sparse index, like a GSI).
-    An attribute mapped through ``other_attributes`` or the ``item_column`` is
-    mapped — only not by name — so it is not reported as unmapped (a note says
-    what an item without it gets, and a close named attribute is offered as
-    the likely intent). Rules with a hook may make up attributes: skipped."""
-    known = _known_attributes(mapping)
+    """Key placeholders mapped only through a catch-all (``other_attributes`` in
+    mode column, or the ``item_column``): mapped, only not by name, so a note
+    says what an item without the attribute gets — no row key, a dead letter;
+    no index row (a sparse index, like a GSI). A placeholder the mapping does
+    not map at all, or one keystroke from a named attribute, is an error of
+    the mapping itself (``config.placeholder_problems``): such a mapping does
+    not load. Rules with a hook may make attributes up: skipped."""
+    known = named_attributes(mapping.source, mapping.rules, mapping.ttl)
     out = []
     for where, template, rule, is_index in _rule_templates(mapping):
-        if rule.hook:
+        via = catch_all(rule)
+        if rule.hook or via is None:
             continue
         for source in template.sources:
-            if source in known:
+            if source in known or source.startswith("match."):
                 continue
             without = ("an item without it gets no index row (the index is sparse)" if is_index else
                        "an item without it has no row key and will be a dead letter")
-            via = _catch_all(rule)
-            if via is None:
-                close = difflib.get_close_matches(source, sorted(known), n=1)
-                hint = f" (did you mean {{{close[0]}}}?)" if close else ""
-                out.append(Finding(WARN, "unknown_placeholder", where,
-                                   f"{{{source}}} is neither a key attribute nor mapped anywhere{hint}: {without}"))
-                continue
-            # Mapped, only not by name: a warning only for what is almost surely a
-            # typo of a named attribute ({skk} for {sk}); OrderDate is not OrderId.
-            typo = next((name for name in sorted(known) if _is_typo(source, name)), None)
-            if typo is not None:
-                out.append(Finding(WARN, "unknown_placeholder", where,
-                                   f"{{{source}}} is named nowhere else in the mapping (did you mean {{{typo}}}?); "
-                                   f"only {via} would map it: {without}"))
-            else:
-                out.append(Finding(INFO, "placeholder_via_other", where,
-                                   f"{{{source}}} is mapped through {via}: {without}"))
+            out.append(Finding(INFO, "placeholder_via_other", where,
+                               f"{{{source}}} is mapped through {via}: {without}"))
     return out
-
-
-def _is_typo(a: str, b: str) -> bool:
-    """One edit apart, ignoring case (two for names of 8+ characters): a slip of
-    the keyboard, not merely a similar name."""
-    a, b = a.lower(), b.lower()
-    if a == b:
-        return True
-    limit = 2 if min(len(a), len(b)) >= 8 else 1
-    if abs(len(a) - len(b)) > limit:
-        return False
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1] <= limit
 
 
 def looks_enum_like(name: str) -> bool:

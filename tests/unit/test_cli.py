@@ -37,7 +37,9 @@ def test_validate_ok_and_config_errors_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("source: {table: ProductCatalog, key: {partition: pk}}\ntarget: {project: p}\n")
     assert main(["validate", "--mapping", str(bad)]) == 2
-    assert "configuration error: target.instance: is required" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"configuration error: 3 problems in {bad}:" in err  # every one, in one run
+    assert "\n  target.instance: is required\n  families: is required\n  rules: is required" in err
 
 
 def test_explain_plain_json_item(tmp_path, capsys):

@@ -60,8 +60,11 @@ rules:
     assert "no row key and will be a dead letter" in finding.message
 
 
-def test_a_typo_is_still_a_warning_even_with_other_attributes_but_a_merely_similar_name_is_not():
-    found = findings_of("""
+def test_a_typo_is_an_error_even_with_other_attributes_but_a_merely_similar_name_is_a_note():
+    # Changed on purpose (issue 35): a typo used to be a warning, and the mapping
+    # loaded and dead-lettered every item; now it does not load.
+    with pytest.raises(ConfigError) as err:
+        findings_of("""
 families: {d: {}, idx: {}}
 rules:
   - row_key: "{PK}#{OrderIdd}"
@@ -69,20 +72,32 @@ rules:
     other_attributes: {family: d}
     indexes: [{name: by_date, row_key: "{OrderDate}#{PK}", family: idx}]
 """)
-    levels = {f.message.split("}")[0] + "}": f.level for f in found}
-    assert levels == {"{OrderIdd}": "WARN", "{OrderDate}": "INFO"}  # OrderDate is not a typo of OrderId
-    assert "did you mean {OrderId}?" in next(f.message for f in found if f.level == "WARN")
+    assert str(err.value).startswith("rules[0].row_key: {OrderIdd} is named nowhere else")
+    assert "did you mean {OrderId}?" in str(err.value) and "OrderDate" not in str(err.value)
+    found = findings_of("""
+families: {d: {}, idx: {}}
+rules:
+  - row_key: "{PK}#{OrderId}"
+    columns: {OrderId: {column: "d:id"}}
+    other_attributes: {family: d}
+    indexes: [{name: by_date, row_key: "{OrderDate}#{PK}", family: idx}]
+""")
+    assert [(f.level, f.code) for f in found] == [("INFO", "placeholder_via_other")]  # OrderDate: not a typo
 
 
-def test_without_any_catch_all_an_unknown_index_attribute_warns_of_no_index_row_not_a_dead_letter():
-    (finding,) = findings_of("""
+def test_without_any_catch_all_an_unknown_index_attribute_is_an_error_saying_the_index_stays_empty():
+    unnamed = """
 families: {d: {}, idx: {}}
 rules:
   - row_key: "{PK}"
     other_attributes: {mode: ignore}
     indexes: [{name: by_status, row_key: "{Statuss}#{PK}", family: idx}]
-""")
-    assert finding.level == "WARN" and finding.message.endswith("gets no index row (the index is sparse)")
+"""
+    with pytest.raises(ConfigError, match=r"rules\[0\]\.indexes\[0\]\.row_key: \{Statuss\} is neither a key "
+                                          r"attribute nor named anywhere.*the index stays empty"):
+        findings_of(unnamed)
+    # A sparse index on an attribute items do carry says so, and loads.
+    assert findings_of(unnamed.replace("family: idx}", "family: idx, match: {attribute: Statuss, present: true}}")) == []
 
 
 # --- 2. one summary for every writing command ---------------------------------------

@@ -23,7 +23,7 @@ rules:
       Body: {column: "f:b", timestamp: {attribute: CreatedAt}}
       Steps: {column: "g:s", as: list_versions}
       Plain: {column: "f:p"}
-    indexes: [{name: by_mail, row_key: "m#{Email}#{id}", family: f}]
+    indexes: [{name: by_mail, row_key: "m#{Email}#{id}", family: f, project: [Email]}]
     other_attributes: {mode: ignore}
 """)
     found = lint(m)
@@ -34,6 +34,7 @@ rules:
 
 def test_salted_timestamp_key_is_not_a_hotspot():
     m = mapping_from_text(HEAD + 'families: {f: {}}\nrules:\n  - row_key: "{CreatedAt|salt:8}#{id}"\n'
+                                 '    match: {attribute: CreatedAt, present: true}\n'
                                  '    other_attributes: {mode: ignore}\n')
     assert "timestamp_first_key" not in codes(lint(m))
 
