@@ -245,22 +245,29 @@ def cmd_explain(args) -> int:
 
 
 def cmd_lint(args) -> int:
+    """Every mapping named (a file, a directory, --mapping repeated), each
+    reviewed on its own and, with several, under a heading naming its file."""
     from ddb2bt.transforms.lint import WARN, lint
 
-    mapping = load(args)
-    items = None
-    if args.sample:
-        from ddb2bt.pipeline.connections import dynamodb_client
+    mappings = load_all(args)
+    warnings = 0
+    for mapping in mappings:
+        items = None
+        if args.sample:
+            from ddb2bt.pipeline.connections import dynamodb_client
 
-        from ddb2bt.pipeline.dynamodb import scan_items
+            from ddb2bt.pipeline.dynamodb import scan_items
 
-        items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
-                                consistent_read=False))
-    findings = lint(mapping, items)
-    for f in findings:
-        print(f)
-    warnings = sum(1 for f in findings if f.level == WARN)
-    print(f"{warnings} warning(s), {len(findings) - warnings} note(s)")
+            items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
+                                    consistent_read=False, metrics_table=mapping.name))
+        findings = lint(mapping, items)
+        if len(mappings) > 1:
+            print(f"== {mapping.origin} ({mapping.name})")
+        for f in findings:
+            print(f)
+        found = sum(1 for f in findings if f.level == WARN)
+        warnings += found
+        print(f"{found} warning(s), {len(findings) - found} note(s)")
     return 1 if warnings and args.strict else 0
 
 
@@ -875,8 +882,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "attributes that look like personal data in row keys, and — with --sample — items "
                            "that match no rule or cannot be mapped."),
                        epilog="examples:\n  ddb2bt lint -m example:hr_orders\n"
-                              "  ddb2bt lint -m m.yaml --sample 1000 --strict")
-    add_mapping_args(p, several=False)
+                              "  ddb2bt lint -m m.yaml --sample 1000 --strict\n"
+                              "  ddb2bt lint -m mappings/            # every file of a directory, each on its own")
+    add_mapping_args(p)
     p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)

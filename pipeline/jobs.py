@@ -176,10 +176,13 @@ def load_sources(args) -> tuple:
 
 
 def load(args):
-    """The one mapping of a command that takes one (validate, explain, lint)."""
+    """The one mapping of a command that takes one (explain, recover): a file,
+    an example or a directory holding one file."""
     mappings = load_all(args)
     if len(mappings) > 1:
-        raise ConfigError(f"'{args.command}' takes one mapping, got {len(mappings)}", "--mapping")
+        files = ", ".join(m.origin for m in mappings)
+        raise ConfigError(f"'{args.command}' takes one mapping, got {len(mappings)} ({files}): give the one "
+                          "table's file (a directory must hold only it)", "--mapping")
     return mappings[0]
 
 

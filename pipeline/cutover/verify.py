@@ -90,14 +90,15 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
            sample_rate: float = 1.0, consistent: bool = True, show_values: bool = False,
            on_page: Callable[[int], None] = lambda n: None, estimated_items: int = 0,
            workdir: Optional[str] = None, recheck_with: Optional["Rechecker"] = None,
-           show_keys: bool = False) -> VerifyReport:
+           show_keys: bool = False, metrics_table: Optional[str] = None) -> VerifyReport:
     """Bounded memory (docs/design.md §11): the target tables are read first
     (``scan_target(table)`` → iterable of ``(row_key, cells)``), then the source
     is scanned in parallel segments; both sides are spilled to hash buckets on
     disk and compared bucket by bucket (spill.py). Sampled mode spills only the
     sampled items' rows and reads those rows per bucket (``read_rows(table,
     keys)``). Differences are re-checked once the tail has caught up with them
-    when ``recheck_with`` is given (recheck.py)."""
+    when ``recheck_with`` is given (recheck.py). ``metrics_table`` labels the
+    DynamoDB calls counted (the job's name; default the mapping's)."""
     is_sample = sample_rate < 1.0
     keys_of = lambda item: {k: item[k] for k in mapping.source.key_attributes if k in item}
     keep = (lambda item: sampled(keys_of(item), sample_rate)) if is_sample else (lambda item: True)
@@ -115,7 +116,8 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
                     actual.add(table, row_key, cells)
             actual.flush()
         expected = Spill(spill_dir.path, "expected", buckets)
-        scanned = _scan_into(mapping, ddb, segments, consistent, on_page, keep, expected, findings)
+        scanned = _scan_into(mapping, ddb, segments, consistent, on_page, keep, expected, findings,
+                             metrics_table or mapping.name)
         expected.flush()
         report = VerifyReport(identical=True, sampled=is_sample, items=scanned, rows_expected=0,
                               checked_at_ms=time.time_ns() // 1_000_000)
@@ -189,7 +191,7 @@ class Rechecker:
 
 
 def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
-               keep: Callable[[dict], bool], expected: Spill, findings: "Findings") -> int:
+               keep: Callable[[dict], bool], expected: Spill, findings: "Findings", metrics_table: str) -> int:
     """Scan the source in parallel segments; each kept item's owned cells go to
     the spill, one record per (table, row) it maps to. Returns the items kept."""
     count = [0]
@@ -198,7 +200,7 @@ def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_
     def segment(i: int) -> None:
         kept = 0
         for page in scan_pages(ddb, mapping.source.table, segment=i, total_segments=segments,
-                               consistent_read=consistent, page_limit=None):
+                               consistent_read=consistent, page_limit=None, metrics_table=metrics_table):
             # Each item is released once spilled, and the page before the next
             # one is fetched: a segment thread holds at most one decoded page.
             items = page.items
@@ -439,14 +441,15 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
         raise ConfigError("must be in (0, 1]", "--sample-rate")
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
-    described = describe_table(ddb, mapping.source.table)
+    job = getattr(store, "job", None) or mapping.name  # the metrics' table label
+    described = describe_table(ddb, mapping.source.table, metrics_table=job)
     expected = described.get("ItemCount", 0)
     scanned = [0]
     rechecker = None
     if recheck_options.enabled:
         tail_passed = stream_watermark(StreamsClientFactory(mapping.source.region)(),
                                        described.get("LatestStreamArn"), store)
-        rechecker = Rechecker(mapping, lambda keys: get_item(ddb, mapping.source.table, keys),
+        rechecker = Rechecker(mapping, lambda keys: get_item(ddb, mapping.source.table, keys, metrics_table=job),
                               lambda table, keys: read_rows(t.project, t.instance, table, keys), tail_passed,
                               recheck_options)
 
@@ -455,7 +458,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
                       lambda table, keys: read_rows(t.project, t.instance, table, keys),
                       segments=segments, sample_rate=sample_rate, consistent=consistent, show_values=show_values,
                       on_page=lambda n: scanned.__setitem__(0, scanned[0] + n), estimated_items=expected,
-                      workdir=workdir, recheck_with=rechecker, show_keys=show_keys)
+                      workdir=workdir, recheck_with=rechecker, show_keys=show_keys, metrics_table=job)
 
     report = run_in_thread("verify", run, expected, (lambda: scanned[0]) if progress else None)
     summary = {k: v for k, v in report.to_json().items() if k != "tables"}

@@ -95,3 +95,17 @@ def test_lint_command_reports_and_strict_fails(capsys):
     assert "pii_in_row_key" in capsys.readouterr().out
     assert main(["lint", "-m", str(ROOT / "examples/hr_orders.yaml"), "--strict"]) == 1
     assert main(["lint", "-m", str(ROOT / "examples/product_catalog.yaml"), "--strict"]) == 0
+
+
+def test_lint_takes_a_directory_like_validate_and_recover_says_it_takes_one_table(tmp_path, capsys):
+    import shutil
+
+    for name in ("product_catalog", "videos"):
+        shutil.copy(ROOT / f"examples/{name}.yaml", tmp_path / f"{name}.yaml")
+    assert main(["lint", "--mapping", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"== {tmp_path / 'product_catalog.yaml'} (product_catalog)" in out
+    assert f"== {tmp_path / 'videos.yaml'} (videos)" in out and out.count("warning(s),") == 2
+    assert main(["recover", "--mapping", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--mapping: 'recover' takes one mapping, got 2 (" in err and "videos.yaml" in err
