@@ -32,7 +32,7 @@ from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface
 from ddb2bt.pipeline.reachability import check_reachable
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
-from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
+from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
                                      describe_failure, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
@@ -157,7 +157,9 @@ def add_show_keys_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=number(int, minimum=0, maximum=65535), help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-port", type=number(int, minimum=METRICS_OFF, maximum=65535),
+                   help=f"serve Prometheus /metrics on this port (0: a free port; {METRICS_OFF} or not given: off, "
+                        "as for demo)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
     p.add_argument("--metrics-pushgateway", metavar="URL",
                    help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
@@ -844,7 +846,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--items", type=number(int, minimum=1), default=300, help="distinct products (default %(default)s)")
     p.add_argument("--rate", type=number(float, above=0), default=250.0, help="target writes per second (default %(default)s)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--metrics-port", type=number(int, minimum=-1, maximum=65535), default=0, help="serve /metrics here (0: a free port; -1: off)")
+    p.add_argument("--metrics-port", type=number(int, minimum=METRICS_OFF, maximum=65535), default=0,
+                   help=f"serve /metrics here (0: a free port; {METRICS_OFF}: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.set_defaults(func=cmd_demo)
 

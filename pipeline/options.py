@@ -7,7 +7,7 @@ import argparse
 import difflib
 from typing import Callable, Iterable, Optional
 
-__all__ = ["number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
+__all__ = ["METRICS_OFF", "number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
            "runner_of", "partitions_arg", "auto_partitions", "AUTO_PARTITIONS"]
 
 # The runners ddb2bt is built and tested for: the local FnApiRunner (what
@@ -27,6 +27,9 @@ _BEAM_CLOSE_MATCH_CUTOFF = 0.85
 SHARDS_PER_PARTITION = 8
 MAX_AUTO_PARTITIONS = 64
 AUTO_PARTITIONS = "auto"
+# --metrics-port: this value means "serve no /metrics", for every command alike
+# (0 already means "a free port", so off needs a value of its own).
+METRICS_OFF = -1
 
 
 def auto_partitions(open_shards: int) -> int:

@@ -109,3 +109,21 @@ def test_lint_takes_a_directory_like_validate_and_recover_says_it_takes_one_tabl
     assert main(["recover", "--mapping", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--mapping: 'recover' takes one mapping, got 2 (" in err and "videos.yaml" in err
+
+
+def test_metrics_port_minus_one_is_off_for_every_command_that_serves_metrics(monkeypatch):
+    from ddb2bt.pipeline import metrics
+    from ddb2bt.pipeline.cli import build_parser
+    from ddb2bt.pipeline.jobs import start_metrics_server
+    from ddb2bt.pipeline.options import options_by_command
+
+    commands = sorted(c for c in options_by_command(build_parser())["--metrics-port"])
+    assert {"run", "migrate", "backfill", "recover", "demo"} <= set(commands)
+    for command in commands:
+        args, _ = build_parser().parse_known_args(command.split() + (["-m", "x.yaml"] if command != "demo" else [])
+                                                  + ["--metrics-port", "-1"])
+        assert args.metrics_port == -1, command
+    started = []
+    monkeypatch.setattr("prometheus_client.start_http_server", lambda *a, **k: started.append(a))
+    assert start_metrics_server(-1, "127.0.0.1") is None and metrics.serve_metrics(-1) is None
+    assert started == []  # no server, not even on a free port
