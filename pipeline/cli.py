@@ -33,7 +33,7 @@ from ddb2bt.pipeline.reachability import check_reachable
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
-                                     describe_failure, number, options_by_command, partitions_arg)
+                                     describe_failure, joined_beam_args, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
@@ -1140,7 +1140,7 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         problem = check_beam_args(unknown, own, elsewhere=elsewhere)
         if problem:
             parser.error(problem)
-    args.beam_args = unknown
+    args.beam_args = joined_beam_args(unknown) if getattr(args, "beam", False) else unknown  # one spelling
     args.bigtable_interceptors = tuple(bigtable_interceptors)
     from ddb2bt.pipeline.dataflow import is_dry_run  # not graph: that imports Beam
 

@@ -7,7 +7,7 @@ import argparse
 import difflib
 from typing import Callable, Iterable, Optional
 
-__all__ = ["METRICS_OFF", "number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
+__all__ = ["METRICS_OFF", "joined_beam_args", "number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
            "runner_of", "partitions_arg", "auto_partitions", "AUTO_PARTITIONS"]
 
 # The runners ddb2bt is built and tested for: the local FnApiRunner (what
@@ -84,6 +84,30 @@ def _beam_parser() -> argparse.ArgumentParser:
         pending.extend(cls.__subclasses__())
         cls._add_argparse_args(parser)
     return parser
+
+
+def joined_beam_args(beam_args: Iterable[str]) -> list:
+    """``--flag value`` → ``--flag=value`` for every Beam option that takes one
+    value, so both spellings mean the same wherever the list is read: our own
+    look-ups (the runner, the project, the job name) and Beam's, which keeps
+    only what it recognises — given ``--runner DirectRunner`` with the runner
+    taken out, it warned "Discarding unparseable args: ['DirectRunner']". A
+    flag followed by another option (``--dry_run --project p``) is left alone."""
+    args = list(beam_args)
+    if not args:
+        return args
+    one_value = {o for action in _beam_parser()._actions if action.nargs is None and action.option_strings
+                 for o in action.option_strings}
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in one_value and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out.append(f"{arg}={args[i + 1]}")
+            i += 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
 
 
 def beam_option_strings() -> list:

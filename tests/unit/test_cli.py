@@ -127,3 +127,23 @@ def test_metrics_port_minus_one_is_off_for_every_command_that_serves_metrics(mon
     monkeypatch.setattr("prometheus_client.start_http_server", lambda *a, **k: started.append(a))
     assert start_metrics_server(-1, "127.0.0.1") is None and metrics.serve_metrics(-1) is None
     assert started == []  # no server, not even on a free port
+
+
+def test_beam_options_given_as_flag_value_or_flag_equals_value_work_alike(caplog, monkeypatch):
+    import logging
+
+    import ddb2bt.pipeline.cli as cli
+    from ddb2bt.pipeline.graph import make_pipeline
+    from ddb2bt.pipeline.options import joined_beam_args
+
+    assert joined_beam_args(["--runner", "DirectRunner", "--project", "p", "--dry_run", "--region=r"]) == \
+        ["--runner=DirectRunner", "--project=p", "--dry_run", "--region=r"]
+    for spelling in (["--runner", "DirectRunner"], ["--runner=DirectRunner"]):
+        with caplog.at_level(logging.WARNING):
+            make_pipeline(spelling + ["--job_name", "j"])
+        # Beam used to discard the runner's value with a warning: "Unparseable argument"
+        assert not [r for r in caplog.records if "nparseable" in r.getMessage()], spelling
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_verify", lambda args: seen.setdefault("beam_args", args.beam_args) and 0)
+    assert cli.main(["verify", "-m", "example:product_catalog", "--runner", "DirectRunner"]) == 0
+    assert seen["beam_args"] == ["--runner=DirectRunner"]
