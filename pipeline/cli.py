@@ -720,7 +720,19 @@ def cmd_local(args) -> int:
     if args.local_cmd == "env":
         state = ls.load_state()
         if state is None:
-            print(f"# no local stack is running; start one with: {self_command()} local up --detach", file=sys.stderr)
+            half = ls.half_down()
+            if half is not None:
+                dead = ", ".join(ls.dead_servers(half))
+                print(f"ddb2bt: the local stack is half down ({dead} stopped); restart it with: "
+                      f"{self_command()} local up --detach   (or stop the rest: {self_command()} local down)",
+                      file=sys.stderr)
+            else:
+                print(f"ddb2bt: no local stack is running; start one with: {self_command()} local up --detach",
+                      file=sys.stderr)
+            if not sys.stdout.isatty():
+                # Read by `eval "$(ddb2bt local env)"`: make the eval fail too, so
+                # `… && next-command` stops here instead of running without a stack.
+                print("false")
             return 1
         for k, v in state["env"].items():
             print(f"export {k}={v}")
@@ -731,6 +743,16 @@ def cmd_local(args) -> int:
         return 0
     if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
         print(f"a local stack is already running ({ls.state_file()}); use it with:  {env_hint()}")
+        return 0
+    half = ls.half_down() if args.local_cmd == "up" and args.detach else None
+    if half is not None:  # restart what died on its ports; a second stack would leak the live half
+        try:
+            revived = ls.revive(half)
+        except ls.StackError as exc:
+            raise ls.StackError(f"the local stack is half down and {exc}; stop the rest with "
+                                f"{self_command()} local down, then start again") from None
+        print(f"local stack restarted ({', '.join(revived)} started again on the same port; the rest kept its "
+              f"data); use it with:  {env_hint()}")
         return 0
     stack = ls.LocalStack(log_dir=ls.state_dir() / "logs")
     if args.local_cmd == "run":
@@ -1104,8 +1126,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "  ddb2bt local run -- pytest tests/e2e\n  ddb2bt local down")
     lsub = p.add_subparsers(dest="local_cmd", required=True)
     up = lsub.add_parser("up", help="start both servers on free 127.0.0.1 ports")
-    up.add_argument("--detach", action="store_true", help="keep running in the background")
-    lsub.add_parser("env", help="print export lines for a detached stack")
+    up.add_argument("--detach", action="store_true", help="keep running in the background (over a half-down stack: "
+                                                          "start its dead server again on its port)")
+    lsub.add_parser("env", help="print export lines for a detached stack (none running, or half down: says how to "
+                                "start it, exits 1 and makes eval fail)")
     lsub.add_parser("down", help="stop a detached stack")
     run = lsub.add_parser("run", help="start the stack, run a command with its variables, stop it")
     run.add_argument("command", nargs=argparse.REMAINDER)
@@ -1146,6 +1170,9 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
 
     args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)
+    from ddb2bt.pipeline.connections import honour_aws_region
+
+    honour_aws_region()
     from ddb2bt.pipeline.signals import run_command
 
     try:

@@ -182,11 +182,34 @@ def describe_failure(exc: BaseException) -> str:
     from botocore.exceptions import NoCredentialsError, NoRegionError
 
     if isinstance(exc, NoRegionError):
-        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION"
+        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION" + local_hint()
     if isinstance(exc, NoCredentialsError):
-        return "no AWS credentials found (environment, ~/.aws, or the instance's role)"
+        return "no AWS credentials found (environment, ~/.aws, or the instance's role)" + local_hint()
     first = str(exc).splitlines()[0] if str(exc) else ""
+    if type(exc).__name__ == "DefaultCredentialsError":  # google.auth: no Google credentials, no emulator set
+        return f"no Google credentials found: {first}" + local_hint()
     return f"{type(exc).__name__}: {first}"
+
+
+# The variables the local stack sets (ddb2bt local env): without them, a
+# command meant for the local stack talks to AWS and Google and fails on
+# credentials or the region.
+LOCAL_STACK_VARIABLES = ("BIGTABLE_EMULATOR_HOST", "AWS_ENDPOINT_URL_DYNAMODB")
+
+
+def local_hint() -> str:
+    """What to do when a command found no cloud credentials or region and the
+    local stack's variables are not set: use the running stack, or start one."""
+    import os
+
+    if all(os.environ.get(v) for v in LOCAL_STACK_VARIABLES):
+        return ""
+    from ddb2bt.pipeline.local.local_stack import load_state
+
+    if load_state() is not None:
+        return ('. A local stack is running but this shell does not use it: eval "$(ddb2bt local env)"')
+    return ('. If you meant the local stack: none is running; start it with: '
+            'ddb2bt local up --detach && eval "$(ddb2bt local env)"')
 
 
 def _option_strings(parser: argparse.ArgumentParser, args) -> list:

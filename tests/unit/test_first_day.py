@@ -386,3 +386,43 @@ def test_progress_off_a_terminal_is_plain_log_lines(caplog, capsys):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verify:")]
     assert lines and lines[-1].endswith("(done)") and "verify: 40/100 items (40%)" in lines[0]
     assert "\r" not in capsys.readouterr().err  # no bar redraws in a log
+
+
+# --- issue 35, 3: a stopped local stack cannot mislead -----------------------------------
+
+def test_eval_of_local_env_fails_when_no_stack_runs(tmp_path):
+    import os
+    import subprocess
+
+    env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path))
+    env.pop("PYTHONPATH", None)
+    shell = f'eval "$({sys.executable} -m ddb2bt.pipeline.cli local env)" && echo ran-on'
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0 and "ran-on" not in done.stdout  # `… && next` stops here
+    assert "no local stack is running; start one with:" in done.stderr and "local up --detach" in done.stderr
+
+
+def test_aws_region_is_honoured_like_aws_default_region(monkeypatch):
+    from ddb2bt.pipeline.connections import dynamodb_client
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    assert main(["examples"]) == 0  # any command
+    assert dynamodb_client().meta.region_name == "eu-west-3"
+
+
+def test_missing_cloud_credentials_say_how_to_use_the_local_stack(monkeypatch, tmp_path):
+    from botocore.exceptions import NoRegionError
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from ddb2bt.pipeline.options import describe_failure
+
+    monkeypatch.setenv("DDB2BT_STATE_DIR", str(tmp_path))
+    for name in ("BIGTABLE_EMULATOR_HOST", "AWS_ENDPOINT_URL_DYNAMODB"):
+        monkeypatch.delenv(name, raising=False)
+    for exc in (NoRegionError(), DefaultCredentialsError("Your default credentials were not found.")):
+        said = describe_failure(exc)
+        assert 'none is running; start it with: ddb2bt local up --detach && eval "$(ddb2bt local env)"' in said
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", "127.0.0.1:1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:1")
+    assert "local stack" not in describe_failure(NoRegionError())  # it is set: not the cause
