@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.transforms.errors import ConfigError, ConfigProblems, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
     _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
@@ -33,8 +33,8 @@ from ddb2bt.pipeline.reachability import check_reachable
 from ddb2bt.pipeline.signals import INTERRUPTED
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
-from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
-                                     describe_failure, number, options_by_command, partitions_arg)
+from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
+                                     describe_failure, joined_beam_args, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
@@ -45,6 +45,7 @@ DRAFT_PROJECT, DRAFT_INSTANCE = "my-project", "my-instance"
 # `explain`: the item (or a record) would be a dead letter. Not 1 (a failure of the
 # command) nor 2 (a configuration error): scripts can tell "the mapping refuses it".
 EXIT_DEAD_LETTER = 3
+EXIT_CONFIG_ERROR = 2  # a bad mapping or option, as main() returns for a ConfigError
 DID_YOU_MEAN_CUTOFF = 0.6  # difflib's default ratio: "verfy" ~ "verify", "lst" ~ "list"
 
 log = logging.getLogger("ddb2bt")
@@ -160,7 +161,9 @@ def add_show_keys_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=number(int, minimum=0, maximum=65535), help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-port", type=number(int, minimum=METRICS_OFF, maximum=65535),
+                   help=f"serve Prometheus /metrics on this port (0: a free port; {METRICS_OFF} or not given: off, "
+                        "as for demo)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
     p.add_argument("--metrics-pushgateway", metavar="URL",
                    help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
@@ -171,10 +174,18 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_validate(args) -> int:
+    """Every mapping file named, each read to its end: all of a file's problems
+    are printed in one run, and every file is checked even after a bad one."""
+    from ddb2bt.pipeline.cutover.recover import inexact_features
+    from ddb2bt.pipeline.jobs import load_sources
     from ddb2bt.transforms.lint import WARN, placeholder_findings
 
+    loaded, bad = load_sources(args)
     failed = 0
-    for mapping in load_all(args):
+    for source, problem in bad:  # each names its file once (a ConfigProblems names it in its first line)
+        where = "" if isinstance(problem, ConfigProblems) or str(problem).startswith(source) else f"{source}: "
+        print(f"ddb2bt: configuration error: {where}{problem}", file=sys.stderr)
+    for mapping in loaded:
         findings = placeholder_findings(mapping)
         for finding in findings:
             print(finding)
@@ -186,10 +197,10 @@ def cmd_validate(args) -> int:
         rules = ", ".join(r.name for r in mapping.rules)
         print(f"OK: {mapping.origin}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
               f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
-        from ddb2bt.pipeline.cutover.recover import inexact_features
-
         for why in inexact_features(mapping):  # said before a recovery writes anything (docs/recover.md)
             print(f"note: ddb2bt recover (incremental exports) cannot restore this exactly: {why}")
+    if bad:
+        return EXIT_CONFIG_ERROR
     return 1 if failed else 0
 
 
@@ -240,22 +251,29 @@ def cmd_explain(args) -> int:
 
 
 def cmd_lint(args) -> int:
+    """Every mapping named (a file, a directory, --mapping repeated), each
+    reviewed on its own and, with several, under a heading naming its file."""
     from ddb2bt.transforms.lint import WARN, lint
 
-    mapping = load(args)
-    items = None
-    if args.sample:
-        from ddb2bt.pipeline.connections import dynamodb_client
+    mappings = load_all(args)
+    warnings = 0
+    for mapping in mappings:
+        items = None
+        if args.sample:
+            from ddb2bt.pipeline.connections import dynamodb_client
 
-        from ddb2bt.pipeline.dynamodb import scan_items
+            from ddb2bt.pipeline.dynamodb import scan_items
 
-        items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
-                                consistent_read=False))
-    findings = lint(mapping, items)
-    for f in findings:
-        print(f)
-    warnings = sum(1 for f in findings if f.level == WARN)
-    print(f"{warnings} warning(s), {len(findings) - warnings} note(s)")
+            items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
+                                    consistent_read=False, metrics_table=mapping.name))
+        findings = lint(mapping, items)
+        if len(mappings) > 1:
+            print(f"== {mapping.origin} ({mapping.name})")
+        for f in findings:
+            print(f)
+        found = sum(1 for f in findings if f.level == WARN)
+        warnings += found
+        print(f"{found} warning(s), {len(findings) - found} note(s)")
     return 1 if warnings and args.strict else 0
 
 
@@ -749,7 +767,19 @@ def cmd_local(args) -> int:
     if args.local_cmd == "env":
         state = ls.load_state()
         if state is None:
-            print(f"# no local stack is running; start one with: {self_command()} local up --detach", file=sys.stderr)
+            half = ls.half_down()
+            if half is not None:
+                dead = ", ".join(ls.dead_servers(half))
+                print(f"ddb2bt: the local stack is half down ({dead} stopped); restart it with: "
+                      f"{self_command()} local up --detach   (or stop the rest: {self_command()} local down)",
+                      file=sys.stderr)
+            else:
+                print(f"ddb2bt: no local stack is running; start one with: {self_command()} local up --detach",
+                      file=sys.stderr)
+            if not sys.stdout.isatty():
+                # Read by `eval "$(ddb2bt local env)"`: make the eval fail too, so
+                # `… && next-command` stops here instead of running without a stack.
+                print("false")
             return 1
         for k, v in state["env"].items():
             print(f"export {k}={v}")
@@ -760,6 +790,16 @@ def cmd_local(args) -> int:
         return 0
     if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
         print(f"a local stack is already running ({ls.state_file()}); use it with:  {env_hint()}")
+        return 0
+    half = ls.half_down() if args.local_cmd == "up" and args.detach else None
+    if half is not None:  # restart what died on its ports; a second stack would leak the live half
+        try:
+            revived = ls.revive(half)
+        except ls.StackError as exc:
+            raise ls.StackError(f"the local stack is half down and {exc}; stop the rest with "
+                                f"{self_command()} local down, then start again") from None
+        print(f"local stack restarted ({', '.join(revived)} started again on the same port; the rest kept its "
+              f"data); use it with:  {env_hint()}")
         return 0
     stack = ls.LocalStack(log_dir=ls.state_dir() / "logs")
     if args.local_cmd == "run":
@@ -875,14 +915,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--items", type=number(int, minimum=1), default=300, help="distinct products (default %(default)s)")
     p.add_argument("--rate", type=number(float, above=0), default=250.0, help="target writes per second (default %(default)s)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--metrics-port", type=number(int, minimum=-1, maximum=65535), default=0, help="serve /metrics here (0: a free port; -1: off)")
+    p.add_argument("--metrics-port", type=number(int, minimum=METRICS_OFF, maximum=65535), default=0,
+                   help=f"serve /metrics here (0: a free port; {METRICS_OFF}: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
-                       epilog="example:\n  ddb2bt validate --mapping example:product_catalog")
+    p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw, description=(
+                           "Reads each mapping file to its end and lists every problem at once, each with its field "
+                           "path and the name or value probably meant (did you mean …?). A row-key or index-key "
+                           "placeholder that is neither a key attribute nor named in the mapping is an error: "
+                           "every item would be a dead letter, or the index would stay empty."),
+                       epilog="examples:\n  ddb2bt validate --mapping example:product_catalog\n"
+                              "  ddb2bt validate --mapping mappings/        # every file of a directory")
     add_mapping_args(p)
-    p.add_argument("--strict", action="store_true", help="warnings (e.g. an unknown row-key placeholder) fail")
+    p.add_argument("--strict", action="store_true", help="warnings fail (exit 1); notes never do. Errors always "
+                                                          "fail (exit 2): every one of every file, in one run")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",
@@ -907,8 +954,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "attributes that look like personal data in row keys, and — with --sample — items "
                            "that match no rule or cannot be mapped."),
                        epilog="examples:\n  ddb2bt lint -m example:hr_orders\n"
-                              "  ddb2bt lint -m m.yaml --sample 1000 --strict")
-    add_mapping_args(p, several=False)
+                              "  ddb2bt lint -m m.yaml --sample 1000 --strict\n"
+                              "  ddb2bt lint -m mappings/            # every file of a directory, each on its own")
+    add_mapping_args(p)
     p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)
@@ -1166,8 +1214,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "  ddb2bt local run -- pytest tests/e2e\n  ddb2bt local down")
     lsub = p.add_subparsers(dest="local_cmd", required=True)
     up = lsub.add_parser("up", help="start both servers on free 127.0.0.1 ports")
-    up.add_argument("--detach", action="store_true", help="keep running in the background")
-    lsub.add_parser("env", help="print export lines for a detached stack")
+    up.add_argument("--detach", action="store_true", help="keep running in the background (over a half-down stack: "
+                                                          "start its dead server again on its port)")
+    lsub.add_parser("env", help="print export lines for a detached stack (none running, or half down: says how to "
+                                "start it, exits 1 and makes eval fail)")
     lsub.add_parser("down", help="stop a detached stack")
     run = lsub.add_parser("run", help="start the stack, run a command with its variables, stop it")
     run.add_argument("command", nargs=argparse.REMAINDER)
@@ -1202,12 +1252,15 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         problem = check_beam_args(unknown, own, elsewhere=elsewhere)
         if problem:
             parser.error(problem)
-    args.beam_args = unknown
+    args.beam_args = joined_beam_args(unknown) if getattr(args, "beam", False) else unknown  # one spelling
     args.bigtable_interceptors = tuple(bigtable_interceptors)
     from ddb2bt.pipeline.dataflow import is_dry_run  # not graph: that imports Beam
 
     args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)
+    from ddb2bt.pipeline.connections import honour_aws_region
+
+    honour_aws_region()
     from ddb2bt.pipeline.signals import run_command
 
     try:

@@ -4,6 +4,7 @@ instance), never at pipeline construction; credentials never travel in them —
 workers use their own environment (ADC for Google, the default AWS chain)."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -86,6 +87,14 @@ class StreamsClientFactory:
         config = Config(retries={"mode": "standard", "total_max_attempts": 1},
                         connect_timeout=STREAMS_CONNECT_TIMEOUT_S, read_timeout=STREAMS_READ_TIMEOUT_S)
         return boto3.client("dynamodbstreams", region_name=self.region, config=config)
+
+
+def honour_aws_region() -> None:
+    """AWS_REGION as well as AWS_DEFAULT_REGION: boto3 reads only the latter,
+    the other AWS SDKs and the CLI's users set the former. Taken when
+    AWS_DEFAULT_REGION is not set, for every client this process makes."""
+    if not os.environ.get("AWS_DEFAULT_REGION") and os.environ.get("AWS_REGION"):
+        os.environ["AWS_DEFAULT_REGION"] = os.environ["AWS_REGION"]
 
 
 def dynamodb_client(region: Optional[str] = None):

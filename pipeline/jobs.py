@@ -153,11 +153,36 @@ def load_all(args) -> list:
     return mappings
 
 
+def load_sources(args) -> tuple:
+    """For ``validate``: (mappings, [(file, ConfigError)]) — every file named
+    is loaded, and a bad one does not stop the others from being checked; the
+    good ones are then checked together like ``load_all``."""
+    from ddb2bt.transforms.config import check_distinct_tables
+
+    sources = mapping_sources(args.mapping)
+    loaded, labels, bad = [], [], []
+    for source in sources:
+        try:
+            loaded.append(_load_one(source).with_overrides(args.project, args.instance, args.table))
+            labels.append(source)
+        except ConfigError as exc:
+            bad.append((source, exc))
+    if len(sources) > 1 and args.table:
+        raise ConfigError(f"names one table but {len(sources)} mappings are given; set target.table in each "
+                          "mapping file instead", "--bigtable-table")
+    if len(loaded) > 1:
+        check_distinct_tables(loaded, labels)
+    return loaded, bad
+
+
 def load(args):
-    """The one mapping of a command that takes one (validate, explain, lint)."""
+    """The one mapping of a command that takes one (explain, recover): a file,
+    an example or a directory holding one file."""
     mappings = load_all(args)
     if len(mappings) > 1:
-        raise ConfigError(f"'{args.command}' takes one mapping, got {len(mappings)}", "--mapping")
+        files = ", ".join(m.origin for m in mappings)
+        raise ConfigError(f"'{args.command}' takes one mapping, got {len(mappings)} ({files}): give the one "
+                          "table's file (a directory must hold only it)", "--mapping")
     return mappings[0]
 
 

@@ -30,6 +30,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily
 
 from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S, table_of_stream
+from ddb2bt.pipeline.options import METRICS_OFF
 
 NAMESPACE = "ddb2bt"
 # The table label of a component without a job name (a state store without one: tests, tools).
@@ -562,8 +563,8 @@ def default_metrics() -> PipelineMetrics:
 
 def serve_metrics(port: Optional[int], host: str = "127.0.0.1") -> Optional[str]:
     """Serve Prometheus /metrics on ``host:port`` (0: a free port) in a daemon
-    thread; returns the URL, or None when ``port`` is None."""
-    if port is None:
+    thread; returns the URL, or None when ``port`` is None or METRICS_OFF."""
+    if port is None or port == METRICS_OFF:
         return None
     from prometheus_client import start_http_server
 

@@ -247,7 +247,7 @@ class PartReaders:
         for page in scan_pages(self._client, src.table, segment=segment, total_segments=total,
                                start_key=_untoken(resume), consistent_read=src.consistent_read,
                                page_limit=src.page_limit, bucket=self._bucket, retry=self._retry,
-                               what=f"Scan {part}"):
+                               what=f"Scan {part}", metrics_table=self._state.job):
             items = page.items
             self._on_items(len(items))
             keys = self._keys

@@ -184,7 +184,8 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
             source.item_count()
     source = ScanSource(mapping.source.table, options.segments, mapping.source.region, options.consistent_read,
                         options.max_rcu, options.page_size)
-    count = describe_table(dynamodb_client(mapping.source.region), mapping.source.table).get("ItemCount", 0)
+    count = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
+                           metrics_table=mapping.name).get("ItemCount", 0)
     return source, {"kind": "scan", "segments": options.segments, "parts": options.segments}, None, int(count)
 
 

@@ -81,17 +81,19 @@ class ItemReader:
     """Consistent GetItem by key (``ddb2bt.pipeline.dynamodb.get_item``: retries and
     error classification there). ``client`` is a boto3 ``dynamodb`` client."""
 
-    def __init__(self, client, table: str, policy: Optional[RetryPolicy] = None) -> None:
+    def __init__(self, client, table: str, policy: Optional[RetryPolicy] = None,
+                 metrics_table: Optional[str] = None) -> None:
         self._client = client
         self._table = table
         self._policy = policy
+        self._metrics_table = metrics_table  # the job's name: the table label of the calls counted
 
     def get(self, keys: dict) -> Optional[dict]:
         from ddb2bt.pipeline.dynamodb import get_item
 
         if self._policy is None:
-            return get_item(self._client, self._table, dict(keys))
-        return get_item(self._client, self._table, dict(keys), self._policy)
+            return get_item(self._client, self._table, dict(keys), metrics_table=self._metrics_table)
+        return get_item(self._client, self._table, dict(keys), self._policy, metrics_table=self._metrics_table)
 
 
 @dataclass(frozen=True)
@@ -386,7 +388,8 @@ def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions())
     batcher = BatchingWriter(writer, None, SinkConfig(overlap_writes=False), versions=store.versions())
     t = mapping.target
     try:
-        reader = ItemReader(DynamoDBClientFactory(mapping.source.region)(), mapping.source.table)
+        reader = ItemReader(DynamoDBClientFactory(mapping.source.region)(), mapping.source.table,
+                            metrics_table=store.job)
         return redrive(mapping, store, batcher, reader, options, streams=StreamsClientFactory(mapping.source.region)(),
                        read_rows=lambda table, keys: read_rows(t.project, t.instance, table, keys,
                                                                app_profile=t.app_profile),

@@ -225,7 +225,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
         facts.bookkeeping_tables = bookkeeping.remaining(sorted(set(tables) | set(m.marker_tables())))
     if stream_arn:
         # status answers within ~30 s even when the stream endpoint is unreachable
-        listed = list_shards(streams, stream_arn, retry=RetryPolicy(0.2, 5.0, READ_ONLY_DEADLINE_S)).shards
+        listed = list_shards(streams, stream_arn, retry=RetryPolicy(0.2, 5.0, READ_ONLY_DEADLINE_S),
+                             metrics_table=getattr(store, "job", None)).shards
         ckpts = store.load_checkpoints(stream_arn)
         reports = reported_shards(store, stream_arn)
         for shard_id in sorted(listed):
@@ -299,7 +300,7 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
                                                    kinesis.precision)
         else:
             arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
-                                 retry=read_retry).get("LatestStreamArn")
+                                 retry=read_retry, metrics_table=mapping.name).get("LatestStreamArn")
     except SourceTableMissing:
         raise
     except Exception as exc:  # status must work even when the source is unreachable

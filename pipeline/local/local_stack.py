@@ -173,9 +173,7 @@ class LocalStack:
             self._procs["bigtable"] = self._spawn(
                 "cbtemulator", [binary, "-host", LOOPBACK, "-port", str(self.bigtable_port)]
             )
-            self._procs["moto"] = self._spawn(
-                "moto", [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.moto_port)]
-            )
+            self._procs["moto"] = self._spawn_moto()
             _wait_tcp(self.bigtable_port, self._procs["bigtable"], "cbtemulator", deadline)
             _wait_http(f"http://{LOOPBACK}:{self.moto_port}/moto-api/", self._procs["moto"], "moto server", deadline)
         except BaseException:
@@ -196,6 +194,18 @@ class LocalStack:
         # start_new_session: Ctrl-C in the terminal reaches us, and we stop the
         # servers in order, instead of them dying half-way through a write.
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def _spawn_moto(self) -> subprocess.Popen:
+        return self._spawn("moto", [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.moto_port)])
+
+    def restart_moto(self) -> None:
+        """Start moto again on its port (a new, empty server)."""
+        proc = self._procs.pop("moto", None)
+        if proc:
+            _terminate(proc)
+        self._procs["moto"] = self._spawn_moto()
+        _wait_http(f"http://{LOOPBACK}:{self.moto_port}/moto-api/", self._procs["moto"], "moto server",
+                   time.monotonic() + READY_TIMEOUT_S)
 
     def env(self) -> dict:
         return stack_env(self.bigtable_port, self.moto_port, self.region)
@@ -267,12 +277,62 @@ def _stack_alive(stack: dict) -> bool:
     return bool(pids) and all(_alive(pid) for pid in pids)
 
 
+def dead_servers(stack: dict) -> list:
+    """The servers of a recorded stack that are no longer running."""
+    return sorted(name for name, pid in stack.get("pids", {}).items() if not _alive(pid))
+
+
+def _any_alive(stack: dict) -> bool:
+    return any(_alive(pid) for pid in stack.get("pids", {}).values())
+
+
 def save_state(stack: LocalStack, path: Optional[Path] = None) -> None:
     path = path or state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    stacks = [s for s in _read(path) if _stack_alive(s)]
+    # A record is dropped only once nothing of it runs: a stack with one server
+    # left stays recorded, so `local down` still stops that one (never leaked).
+    stacks = [s for s in _read(path) if _any_alive(s)]
     stacks.append({"pids": stack.pids, "env": stack.env()})
     path.write_text(json.dumps({"stacks": stacks}, indent=2))
+
+
+def half_down(path: Optional[Path] = None) -> Optional[dict]:
+    """The newest recorded stack of which some servers run and some died, or None."""
+    for stack in reversed(_read(path or state_file())):
+        if _any_alive(stack) and dead_servers(stack):
+            return stack
+    return None
+
+
+def _ports(stack: dict) -> tuple:
+    env = stack["env"]
+    return (int(env["BIGTABLE_EMULATOR_HOST"].rsplit(":", 1)[1]),
+            int(env["AWS_ENDPOINT_URL_DYNAMODB"].rsplit(":", 1)[1]))
+
+
+def revive(stack: dict, path: Optional[Path] = None) -> list:
+    """Start the servers of a half-down recorded stack that died, on the ports
+    its users were given (the live half and its data are kept), and record the
+    new processes; returns their names. StackError when one cannot start (its
+    port taken meanwhile): the record is left as it was, so `local down` stops
+    the live half."""
+    path = path or state_file()
+    bigtable_port, moto_port = _ports(stack)
+    revived = LocalStack(log_dir=state_dir() / "logs", bigtable_port=bigtable_port, moto_port=moto_port)
+    dead = dead_servers(stack)
+    try:
+        for name in dead:
+            revived.restart_bigtable() if name == "bigtable" else revived.restart_moto()
+    except BaseException:
+        revived.stop()
+        raise
+    pids = dict(stack["pids"], **revived.pids)
+    stacks = [dict(s, pids=pids) if s == stack else s for s in _read(path) if _any_alive(s) or s == stack]
+    path.write_text(json.dumps({"stacks": stacks}, indent=2))
+    revived._procs.clear()  # detached: the servers live in their own sessions
+    for handle in revived._logs:
+        handle.close()
+    return dead
 
 
 def load_state(path: Optional[Path] = None) -> Optional[dict]:
