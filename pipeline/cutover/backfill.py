@@ -92,9 +92,9 @@ class ExportSource:
         return self.location.startswith("s3://")
 
     def _s3(self):
-        import boto3
+        from ddb2bt.pipeline.connections import aws_client
 
-        return boto3.client("s3", region_name=self.region)
+        return aws_client("s3", region_name=self.region)  # a session of its own: read on the workers
 
     def _split(self, key: str) -> tuple:
         bucket, _, prefix = self.location[len("s3://"):].partition("/")

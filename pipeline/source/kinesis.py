@@ -305,11 +305,12 @@ class KinesisClientFactory:
     start_timestamp_ms: Optional[int] = None
 
     def __call__(self) -> KinesisStreamsClient:
-        import boto3
         from botocore.config import Config
 
+        from ddb2bt.pipeline.connections import aws_client
+
         config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=10, read_timeout=30)
-        client = boto3.client("kinesis", region_name=self.region, config=config)
+        client = aws_client("kinesis", region_name=self.region, config=config)
         start = (_dt.datetime.fromtimestamp(self.start_timestamp_ms / 1000, _dt.timezone.utc)
                  if self.start_timestamp_ms is not None else None)
         return KinesisStreamsClient(client, self.stream, self.table, self.precision, start_timestamp=start)
@@ -335,9 +336,9 @@ def resolve_kinesis(mapping, kinesis=None) -> KinesisSource:
 
     config = mapping.source.kinesis
     if kinesis is None:
-        import boto3
+        from ddb2bt.pipeline.connections import aws_client
 
-        kinesis = boto3.client("kinesis", region_name=mapping.source.region)
+        kinesis = aws_client("kinesis", region_name=mapping.source.region)
     target = {"StreamARN": config.stream} if config.stream.startswith("arn:") else {"StreamName": config.stream}
     try:
         summary = kinesis.describe_stream_summary(**target)["StreamDescriptionSummary"]
