@@ -46,7 +46,7 @@ class BackfillOptions:
     segments: int = 8
     tasks: int = 1
     max_rcu: Optional[float] = None
-    consistent_read: bool = False
+    consistent_read: bool = True  # the handoff's Scan must see every write before T (docs/design.md §6.6)
     page_size: int = 1000
     from_export: Optional[str] = None
     restart: bool = False
