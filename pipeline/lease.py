@@ -650,9 +650,9 @@ class FencedWriter:
         self._check()
         return self._writer.check_and_mutate(table_id, row_key, unless, mutations)
 
-    def swap_row(self, table_id, row_key, family, qualifier, expected, mutations):  # the ordering guard
+    def swap_row(self, table_id, row_key, family, qualifier, expected, mutations, **kwargs):  # the ordering guard
         self._check()
-        return self._writer.swap_row(table_id, row_key, family, qualifier, expected, mutations)
+        return self._writer.swap_row(table_id, row_key, family, qualifier, expected, mutations, **kwargs)
 
     def write_rows(self, rows):  # a writer that is also a StateBackend (the in-memory fake)
         self._check()
