@@ -54,6 +54,12 @@ READ_BYTES_PER_SECOND = 2 * 1024 * 1024
 # what the DynamoDB Streams reader asks (1,000), a page the sink batches whole.
 KINESIS_MAX_RECORDS = 10_000
 
+# Kinesis may answer GetRecords with empty pages before the records at an
+# iterator's position ("GetRecords" API: follow NextShardIterator; a
+# MillisBehindLatest above 0 says records lie ahead). The trimmed check follows
+# this many empty pages before it gives up for this round (retried, never
+# taken as trimmed): at 5 calls/s, 10 s of following.
+MAX_EMPTY_PAGES_AT_CHECKPOINT = 50
 # A millisecond epoch stays below 1e14 until the year 5138; a microsecond epoch
 # is above it since 1973: the magnitude tells the precision apart.
 MICROSECOND_THRESHOLD = 10 ** 14
@@ -240,17 +246,32 @@ class KinesisStreamsClient:
 
     def _check_not_trimmed(self, shard_id: str, sequence_number: str) -> None:
         """The checkpointed record must still be in the shard: Kinesis would start
-        at the oldest record instead, silently skipping what expired."""
+        at the oldest record instead, silently skipping what expired. An empty
+        page proves nothing while the shard has records ahead (MillisBehindLatest
+        above 0, or a missing one) and hands out a next iterator: it is followed.
+        Only a record other than the checkpoint's, or nothing up to the tip or the
+        end of a closed shard, is "trimmed"."""
+        records: list = []
         try:
             it = self._k.get_shard_iterator(**self._stream, ShardId=shard_id, ShardIteratorType="AT_SEQUENCE_NUMBER",
                                             StartingSequenceNumber=sequence_number)["ShardIterator"]
-            self._pacer.before_call(self._name, shard_id)
-            page = self._k.get_records(ShardIterator=it, Limit=1)
+            for _ in range(MAX_EMPTY_PAGES_AT_CHECKPOINT):
+                self._pacer.before_call(self._name, shard_id)
+                page = self._k.get_records(ShardIterator=it, Limit=1)
+                records = page.get("Records") or []
+                it = page.get("NextShardIterator")
+                if records or it is None or page.get("MillisBehindLatest", 1) == 0:
+                    break
+            else:
+                from ddb2bt.pipeline.dynamodb import StreamThrottled
+
+                raise StreamThrottled(f"GetRecords on {shard_id}: {MAX_EMPTY_PAGES_AT_CHECKPOINT} empty pages at "
+                                      f"the checkpoint (sequence number {sequence_number}) with records still "
+                                      "ahead; looked again next round, not taken as trimmed")
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "InvalidArgumentException":
                 raise
-            page = {"Records": []}
-        records = page.get("Records") or []
+            records = []
         if records and records[0]["SequenceNumber"] == sequence_number:
             return
         raise ClientError({"Error": {"Code": "TrimmedDataAccessException", "Message": (

@@ -96,6 +96,36 @@ def test_a_kept_checkpoint_resumes_right_after_it():
     assert [r.new_image["n"]["N"] for r in out] == ["3", "4", "5"]
 
 
+def test_empty_pages_at_a_kept_checkpoint_are_followed_not_taken_for_trimming():
+    """Kinesis may answer GetRecords with empty pages before the records at an
+    iterator (MillisBehindLatest above 0): the check of the checkpointed record
+    follows NextShardIterator, and the restart resumes right after it."""
+    from ddb2bt.pipeline.state import ShardCheckpoint
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
+    fake.empty_pages["s"] = 3
+    reader, arn = reader_over(fake, checkpoints={"s": ShardCheckpoint(kinesis_stream_arn("Catalog", "cdc"), "s", "2")})
+    out = []
+    tracker = LocalTracker()
+    for _ in range(8):  # the reading itself also gets the empty pages first: a few rounds
+        got, _ = drain(reader.read_round(tracker))
+        out += got
+    assert [r.new_image["n"]["N"] for r in out] == ["3", "4", "5"]
+
+
+def test_a_checkpoint_trimmed_behind_empty_pages_still_stops_loudly():
+    from ddb2bt.pipeline.state import ShardCheckpoint
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
+    fake.trimmed["s"] = 3
+    fake.empty_pages["s"] = 3
+    reader, arn = reader_over(fake, checkpoints={"s": ShardCheckpoint(kinesis_stream_arn("Catalog", "cdc"), "s", "2")})
+    with pytest.raises(ChangesLostError, match="LOST"):
+        drain(reader.read_round(LocalTracker()))
+
+
 def test_trimmed_restart_continues_from_the_oldest_record():
     from ddb2bt.pipeline.state import ShardCheckpoint
 
