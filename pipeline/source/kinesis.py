@@ -64,6 +64,20 @@ MAX_EMPTY_PAGES_AT_CHECKPOINT = 50
 # is above it since 1973: the magnitude tells the precision apart.
 MICROSECOND_THRESHOLD = 10 ** 14
 PRECISIONS = ("auto", "millisecond", "microsecond")
+# A record time outside [floor, now + skew] cannot be a change of this table: a
+# precision read wrongly (seconds taken for milliseconds: January 1970), or a
+# corrupt record. Written, its cells would carry that time, and the ordering
+# guard would drop every later change as older than it, or keep it above them.
+# So the reader stops before anything is written (docs/kinesis.md).
+# The floor: Kinesis Data Streams for DynamoDB launched on 2020-11-23, and no
+# record is older than the stream's retention (plus a margin: Kinesis trims
+# lazily, and its clock is not ours).
+KINESIS_FOR_DYNAMODB_SINCE_MS = 1_606_089_600_000  # 2020-11-23T00:00:00Z
+RECORD_AGE_MARGIN_S = 3600.0
+# How far ahead of this host's clock a record may be: AWS's clock and ours
+# (NTP keeps them within a second; docs/design.md §6.6 allows 2 s elsewhere).
+MAX_RECORD_AHEAD_S = 300.0
+MAX_RETENTION_S = 8760 * 3600  # Kinesis's longest retention (365 days): the floor before the stream is described
 
 # The stream name a table's job reads, in the DynamoDB-stream ARN shape the
 # reader, router and checkpoints key on: the label says it is Kinesis.
@@ -134,6 +148,7 @@ def decode_kinesis_record(record: dict, table: Optional[str], precision: str = "
                                "PrincipalId": identity.get("principalId", identity.get("PrincipalId"))}
     if change_us is not None:
         out["changeMicros"] = change_us
+        out["rawCreated"] = created  # as published, for a message about an impossible time
     return out
 
 
@@ -183,8 +198,10 @@ class KinesisStreamsClient:
     client; ``stream`` its stream name or ARN."""
 
     def __init__(self, kinesis, stream: str, table: Optional[str], precision: str = "auto",
-                 pacer: Optional[ShardPacer] = None, start_timestamp: Optional[_dt.datetime] = None) -> None:
+                 pacer: Optional[ShardPacer] = None, start_timestamp: Optional[_dt.datetime] = None,
+                 now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
         self._k = kinesis
+        self._now_ms = now_ms
         self._stream = {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
         self._name = stream
         self._table = table
@@ -285,6 +302,7 @@ class KinesisStreamsClient:
         raw = page.get("Records") or []
         self._pacer.after_call(self._name, shard, sum(len(r.get("Data") or b"") for r in raw))
         records = [d for d in (decode_kinesis_record(r, self._table, self._precision) for r in raw) if d is not None]
+        self._check_times(shard, records)
         if raw:
             self._last_seen[shard] = int(raw[-1]["SequenceNumber"])
         nxt = page.get("NextShardIterator")
@@ -298,6 +316,35 @@ class KinesisStreamsClient:
         # A page of only other tables' records comes back empty: the reader moves on
         # with NextShardIterator (its checkpoint stays at its own table's last record).
         return {"Records": records, "NextShardIterator": nxt}
+
+    def _check_times(self, shard: str, records: list) -> None:
+        """Every record's time must be one a change of this table can have
+        (KINESIS_FOR_DYNAMODB_SINCE_MS, the retention, MAX_RECORD_AHEAD_S), else
+        ConfigError naming the record and ``precision``: nothing of the page is
+        written, and the checkpoint stays before it."""
+        if not records:
+            return
+        now = self._now_ms()
+        retention_s = self._retention_s if self._retention_s is not None else MAX_RETENTION_S
+        floor = max(KINESIS_FOR_DYNAMODB_SINCE_MS, now - int((retention_s + RECORD_AGE_MARGIN_S) * 1000))
+        ceiling = now + int(MAX_RECORD_AHEAD_S * 1000)
+        for record in records:
+            us = record.get("changeMicros")
+            if us is None or floor <= us // 1000 <= ceiling:
+                continue
+            from ddb2bt.transforms.errors import ConfigError
+
+            at = _dt.datetime.fromtimestamp(us / 1_000_000, _dt.timezone.utc).isoformat(timespec="milliseconds")
+            why = (f"more than {MAX_RECORD_AHEAD_S:g}s ahead of this host's clock" if us // 1000 > ceiling else
+                   "before Kinesis Data Streams for DynamoDB existed" if us // 1000 < KINESIS_FOR_DYNAMODB_SINCE_MS
+                   else "older than the stream's retention")
+            raise ConfigError(
+                f"record {record['dynamodb']['SequenceNumber']} of shard {shard} in Kinesis stream {self._name} "
+                f"(eventID {record.get('eventID') or '?'}) has ApproximateCreationDateTime "
+                f"{record.get('rawCreated')}, read with precision {self._precision!r} as {at}: {why}. Its cells "
+                "would be written at that time; nothing was written. Set source.kinesis.precision to the "
+                "destination's ApproximateCreationDateTimePrecision (millisecond or microsecond), or check this "
+                "host's clock", "source.kinesis.precision")
 
     def _read_to_end(self, shard: str) -> bool:
         bounds = self._ending.get(shard)
