@@ -98,7 +98,8 @@ def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
 def add_tail_args(p: argparse.ArgumentParser) -> None:
     """Options of the live tail (run and migrate)."""
     p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon",
-                   help="where shards without a checkpoint start (default %(default)s: the oldest record kept)")
+                   help="where shards without a checkpoint start on a fresh job (default %(default)s: the oldest "
+                        "record kept); a job that has run starts them at the oldest record, and refuses latest")
     p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
                    help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
                         "from the oldest record with a loud warning")
