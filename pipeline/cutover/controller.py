@@ -197,7 +197,7 @@ def check_export_first(options: BackfillOptions, mapping) -> None:
 
 
 def _bookkeeping(mapping) -> Bookkeeping:
-    return Bookkeeping.for_target(mapping.target.project, mapping.target.instance)
+    return Bookkeeping.for_mapping(mapping)  # a Kinesis mapping's backfill needs no markers (design §10.6)
 
 
 def check_source_clock(mapping) -> None:

@@ -125,13 +125,16 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
 
     policy = MarkingPolicy(lambda: store)
     policy.setup()
+    # A Kinesis job's backfill reads no markers (docs/design.md §10.6), and its
+    # targets have no marker family: a redrive there marks nothing.
+    marking = policy.active if mapping.source.kinesis is None else (lambda: False)
     letters = store.list_dead_letters(reason=options.reason, since_ms=options.since_ms)
     groups, redacted = _group(letters)
     outcome: dict = {}
     items = list(groups.items())
     for start in range(0, len(items), GROUP_ITEMS):
         _converge(mapping, dict(items[start:start + GROUP_ITEMS]), batcher, reader, options, now_ms, sleep,
-                  outcome, policy.active)
+                  outcome, marking)
     resolved = [e["id"] for key, (_, entries, _) in groups.items() if outcome.get(key) == "resolved"
                 for e in entries]
     count = lambda what: sum(len(entries) for key, (_, entries, _) in groups.items() if outcome.get(key) == what)
