@@ -103,7 +103,8 @@ def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
 def add_tail_args(p: argparse.ArgumentParser) -> None:
     """Options of the live tail (run and migrate)."""
     p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon",
-                   help="where shards without a checkpoint start (default %(default)s: the oldest record kept)")
+                   help="where shards without a checkpoint start on a fresh job (default %(default)s: the oldest "
+                        "record kept); a job that has run starts them at the oldest record, and refuses latest")
     p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
                    help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
                         "from the oldest record with a loud warning")
@@ -1046,7 +1047,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--tasks", type=number(int, minimum=1), default=1,
                        help="Beam elements the parts are spread over (Dataflow: about the worker count)")
         p.add_argument("--max-rcu", type=number(float, above=0), help="read budget in capacity units per second (whole job)")
-        p.add_argument("--consistent-read", action="store_true", help="strongly consistent Scan (2x the RCUs)")
+        p.add_argument("--consistent-read", action=argparse.BooleanOptionalAction, default=True,
+                       help="strongly consistent Scan (the default; 2x the RCUs of an eventually consistent one). "
+                            "--no-consistent-read: cheaper, but the Scan may miss a delete made just before the "
+                            "handoff and bring the item back (docs/design.md 6.6): verify after")
         p.add_argument("--page-size", type=number(int, minimum=1, maximum=MAX_SCAN_PAGE), default=1000,
                        help="items per Scan page (smaller: finer resume points and a smoother read budget)")
         p.add_argument("--from-export", metavar="DIR_OR_S3",

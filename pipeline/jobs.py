@@ -281,7 +281,9 @@ def build_live_jobs(args, mappings: list) -> list:
     from ddb2bt.pipeline.cutover.phases import PhaseMarking
     from ddb2bt.pipeline.graph import LiveJob, is_local
     from ddb2bt.pipeline.lease import TAIL
-    from ddb2bt.pipeline.preflight import check_stream_continuity, check_target, ensure_state_table, resolve_stream
+    from ddb2bt.pipeline.connections import wall_ms
+    from ddb2bt.pipeline.preflight import (check_stream_continuity, check_target, ensure_state_table, resolve_stream,
+                                           settle_start)
     from ddb2bt.pipeline.options import AUTO_PARTITIONS
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
@@ -308,8 +310,15 @@ def build_live_jobs(args, mappings: list) -> list:
     leases = acquire_leases(args, states, TAIL)
     jobs = []
     for mapping, source, state, lease in zip(mappings, sources, states, leases):
+        # After the lease: a launch refused before it holds the job records no start.
+        store = state.store()
+        try:
+            start = settle_start(store, source.stream_arn, args.start, wall_ms(),
+                                 kinesis=mapping.source.kinesis is not None)
+        finally:
+            store.close()
         reader = ReaderOptions(
-            start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
+            start=args.start, fresh=start.fresh, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
             discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
             sleep_when_idle=is_local(args.beam_args), lease=lease, retry=dynamodb_retry(args),
         )
@@ -321,7 +330,7 @@ def build_live_jobs(args, mappings: list) -> list:
         if kinesis is not None:  # out-of-order delivery: the ordering guard writes (docs/design.md §10)
             sink = replace(sink, ordering_guard=True)
             client_factory = KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region,
-                                                  kinesis.precision)
+                                                  kinesis.precision, start_timestamp_ms=start.kinesis_from_ms)
         partitions = args.partitions
         if partitions == AUTO_PARTITIONS:
             partitions = partitions_following_shards(mapping, source.stream_arn, client_factory)

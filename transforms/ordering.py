@@ -36,11 +36,19 @@ from ddb2bt.transforms.mapping import _delete, _write, owned_cells, validate_rec
 from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
 
 __all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "clock_mutations", "decode_clock", "encode_clock",
-           "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations"]
+           "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations", "swap_expectation"]
 
 CLOCK_FAMILY = "ddb2bt_clock"
 # Clock value layout version (encode_clock): lets a later layout be read next to this one.
-CLOCK_FORMAT = 1
+# Format 1 (``1:<µs>:<hash>:<cells>``) is still read; format 2 puts a token first.
+CLOCK_FORMAT = 2
+LEGACY_CLOCK_FORMAT = 1
+# The swap compares only the token (blake2b-128 of the rest of the value): a
+# predicate of fixed size. Comparing the whole value grew with the cells the item
+# owns (~8 filter bytes per byte), past Bigtable's 20,480-byte row-filter limit
+# at ~100 map keys (docs/design.md §10.2). 128 bits: two different clocks of a
+# row never share a token in practice.
+TOKEN_BYTES = 16
 HASH_BYTES = 8  # blake2b-64 of an image: a collision needs ~2^32 states of one item
 US_PER_MS = 1000
 # Hash of "no image" (before an INSERT, after a REMOVE).
@@ -81,18 +89,33 @@ class Clock:
 
 
 def encode_clock(clock: Clock) -> bytes:
-    """ASCII (``1:<µs>:<hash hex>:<cells JSON>``): compared exactly by an RE2
-    value filter in the swap, where only ASCII bytes match themselves."""
+    """ASCII (``2:<token hex>:<µs>:<hash hex>:<cells JSON>``, the token a digest
+    of what follows it): the swap compares the ``2:<token>:`` prefix with an RE2
+    value filter, where only ASCII bytes match themselves (``swap_expectation``)."""
     cells = [[f, q.hex(), v] for f, q, v in clock.cells]
-    return (f"{CLOCK_FORMAT}:{clock.us}:{clock.new_hash.hex()}:"
-            f"{json.dumps(cells, separators=(',', ':'))}").encode("ascii")
+    body = f"{clock.us}:{clock.new_hash.hex()}:{json.dumps(cells, separators=(',', ':'))}"
+    token = hashlib.blake2b(body.encode("ascii"), digest_size=TOKEN_BYTES).hexdigest()
+    return f"{CLOCK_FORMAT}:{token}:{body}".encode("ascii")
 
 
 def decode_clock(value: bytes) -> Clock:
-    fmt, us, new_hash, cells = value.decode("ascii").split(":", 3)
-    if int(fmt) != CLOCK_FORMAT:
-        raise ValueError(f"clock cell of format {fmt}, this version reads {CLOCK_FORMAT}")
+    fmt, rest = value.decode("ascii").split(":", 1)
+    if int(fmt) == CLOCK_FORMAT:
+        rest = rest.split(":", 1)[1]  # the token
+    elif int(fmt) != LEGACY_CLOCK_FORMAT:
+        raise ValueError(f"clock cell of format {fmt}, this version reads {LEGACY_CLOCK_FORMAT} and {CLOCK_FORMAT}")
+    us, new_hash, cells = rest.split(":", 2)
     return Clock(int(us), bytes.fromhex(new_hash), tuple((f, bytes.fromhex(q), v) for f, q, v in json.loads(cells)))
+
+
+def swap_expectation(value: bytes) -> tuple:
+    """(bytes, prefix): what the swap checks the clock cell still holds. A
+    format-2 clock by its ``2:<token>:`` prefix, a fixed size whatever the item
+    owns; a format-1 clock (written before the token) by its whole value."""
+    head = f"{CLOCK_FORMAT}:".encode("ascii")
+    if value.startswith(head):
+        return value[:len(head) + 2 * TOKEN_BYTES + 1], True
+    return value, False
 
 
 def is_newer(key: OrderKey, stored: Optional[Clock]) -> bool:

@@ -68,7 +68,11 @@ class ScanSource:
     table: str
     segments: int
     region: Optional[str] = None
-    consistent_read: bool = False
+    # Strongly consistent by default: an eventually consistent Scan may miss a
+    # write completed just before the handoff (DynamoDB gives no bound), e.g.
+    # read back an item deleted just before T and write it at T - 1 ms, above
+    # nothing the tail will delete again: the item comes back (docs/design.md §6.6).
+    consistent_read: bool = True
     max_rcu: Optional[float] = None  # per second, for the whole job (split over tasks)
     page_limit: int = SCAN_PAGE_LIMIT
 
@@ -92,9 +96,9 @@ class ExportSource:
         return self.location.startswith("s3://")
 
     def _s3(self):
-        import boto3
+        from ddb2bt.pipeline.connections import aws_client
 
-        return boto3.client("s3", region_name=self.region)
+        return aws_client("s3", region_name=self.region)  # a session of its own: read on the workers
 
     def _split(self, key: str) -> tuple:
         bucket, _, prefix = self.location[len("s3://"):].partition("/")

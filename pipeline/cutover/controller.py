@@ -47,7 +47,7 @@ class BackfillOptions:
     segments: int = 8
     tasks: int = 1
     max_rcu: Optional[float] = None
-    consistent_read: bool = False
+    consistent_read: bool = True  # the handoff's Scan must see every write before T (docs/design.md §6.6)
     page_size: int = 1000
     from_export: Optional[str] = None
     restart: bool = False
@@ -199,7 +199,7 @@ def check_export_first(options: BackfillOptions, mapping) -> None:
 
 
 def _bookkeeping(mapping) -> Bookkeeping:
-    return Bookkeeping.for_target(mapping.target.project, mapping.target.instance)
+    return Bookkeeping.for_mapping(mapping)  # a Kinesis mapping's backfill needs no markers (design §10.6)
 
 
 def check_source_clock(mapping) -> None:

@@ -207,6 +207,9 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
 
     policy = MarkingPolicy(lambda: store)
     policy.setup()
+    # A Kinesis job's backfill reads no markers (docs/design.md §10.6), and its
+    # targets have no marker family: a redrive there marks nothing.
+    marking = policy.active if mapping.source.kinesis is None else (lambda: False)
     letters = store.list_dead_letters(reason=options.reason, since_ms=options.since_ms)
     groups, redacted, imageless = _group(letters, streams)
     outcome: dict = {}
@@ -214,7 +217,7 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
     items = list(groups.items())
     for start in range(0, len(items), GROUP_ITEMS):
         _converge(mapping, dict(items[start:start + GROUP_ITEMS]), batcher, reader, options, now_ms, sleep,
-                  outcome, policy.active, final)
+                  outcome, marking, final)
     cleaned = 0
     if read_rows is None:  # nothing checked: an item whose earlier rows are unknown is not proven
         for key in imageless:

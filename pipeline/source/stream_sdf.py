@@ -195,7 +195,15 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             tracker.try_claim(ClaimEnd())
             return
         reader = ctx.reader(partition)
-        result = yield from batch_records(reader.read_round(tracker))
+        if ctx.lease is not None and ctx.lease.spec.shared:
+            from ddb2bt.pipeline.lease import OWNERS
+
+            # While the round runs (it may back off on throttling for minutes)
+            # the partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S).
+            with OWNERS.round(partition.stream_arn, partition.index):
+                result = yield from batch_records(reader.read_round(tracker))
+        else:
+            result = yield from batch_records(reader.read_round(tracker))
         if result.stopped:
             return
         decision = reader.idle_decision(tracker, result)

@@ -77,6 +77,10 @@ def stop_requested(token: Optional[str]) -> bool:
 @dataclass(frozen=True)
 class ReaderOptions:
     start: str = TRIM_HORIZON
+    # The job had no checkpoint and no recorded start when launched
+    # (preflight.settle_start): only then does ``start`` apply; a restarted job
+    # starts every shard without a checkpoint at TRIM_HORIZON (docs/design.md §6.3).
+    fresh: bool = True
     on_trimmed: str = "fail"
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     discovery_interval_s: float = 10.0
@@ -230,14 +234,17 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
 
 
 def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestriction,
-                checkpoints: dict, start_mode: str) -> tuple:
+                checkpoints: dict, start_mode: str, fresh: bool = True) -> tuple:
     """Pure lineage planning: ([ClaimStart/ClaimClosed/ClaimForget...], waiting ids).
 
     A shard of ours that is neither active nor known-closed starts when it has no
     parent, its parent is no longer listed (aged out), or its parent is recorded
     finished in the state table. Shards present at the very first discovery of a
-    fresh job (no checkpoint) start at ``start_mode``; later ones are new children
-    and start at TRIM_HORIZON so nothing between discovery rounds is missed.
+    ``fresh`` job (no checkpoint, no recorded start when it was launched) start at
+    ``start_mode``; every other shard without a checkpoint starts at TRIM_HORIZON:
+    new children (nothing between discovery rounds is missed), and on a restarted
+    job the shards it never checkpointed (quiet ones, ones born while it was
+    down), whose changes since the job stopped a later start would skip.
     """
     claims: list = []
     waiting: list = []
@@ -259,7 +266,7 @@ def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestri
             pos = ShardPos(mode=TRIM_HORIZON)  # recovered from incremental exports (cutover/recover.py)
         elif ckpt is not None and ckpt.sequence_number:
             pos = ShardPos(after=ckpt.sequence_number)
-        elif not r.discovered_once and (parent is None or parent not in listing.shards):
+        elif fresh and not r.discovered_once and (parent is None or parent not in listing.shards):
             pos = ShardPos(mode=start_mode)
         else:
             pos = ShardPos(mode=TRIM_HORIZON)
@@ -343,7 +350,8 @@ class PartitionReader:
         listing = self._directory.listing(self._client, self._partition.stream_arn, self._call, max_age)
         self._rediscover = False
         checkpoints = self._load_checkpoints(self._partition.stream_arn)
-        claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints, self._options.start)
+        claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints, self._options.start,
+                                            self._options.fresh)
         for c in claims + [ClaimDiscovered()]:
             if not claim(c):
                 return False

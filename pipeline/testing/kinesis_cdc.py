@@ -122,6 +122,9 @@ class FakeKinesis:
         self.parents: dict = {}
         self.closed: set = set()
         self.trimmed: dict = {}  # shard -> index of the oldest record still kept
+        # shard -> how many empty pages a new iterator gets before its records,
+        # with MillisBehindLatest > 0, as Kinesis may answer (GetRecords API)
+        self.empty_pages: dict = {}
         self.calls: list = []
 
     def add(self, shard, docs, parent=None, closed=False, first_seq=1):
@@ -157,13 +160,17 @@ class FakeKinesis:
             seq = int(StartingSequenceNumber)
             index = next((i for i, r in enumerate(kept) if int(r["SequenceNumber"]) >= seq
                           + (ShardIteratorType == "AFTER_SEQUENCE_NUMBER")), len(kept))
-        return {"ShardIterator": f"{ShardId}|{index}"}
+        return {"ShardIterator": f"{ShardId}|{index}|{self.empty_pages.get(ShardId, 0)}"}
 
     def get_records(self, ShardIterator, Limit):
-        shard, index = ShardIterator.split("|")
+        shard, index, empties = ShardIterator.split("|")
         self.calls.append(shard)
         kept = self._kept(shard)
+        if int(empties) > 0:
+            behind = 1000 if int(index) < len(kept) else 0
+            return {"Records": [], "NextShardIterator": f"{shard}|{index}|{int(empties) - 1}",
+                    "MillisBehindLatest": behind}
         page = kept[int(index):int(index) + Limit]
         end = int(index) + len(page)
-        nxt = None if shard in self.closed and end >= len(kept) else f"{shard}|{end}"
+        nxt = None if shard in self.closed and end >= len(kept) else f"{shard}|{end}|0"
         return {"Records": page, "NextShardIterator": nxt, "MillisBehindLatest": 0}

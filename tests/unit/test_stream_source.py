@@ -362,3 +362,43 @@ def test_a_per_record_claim_builds_the_same_restriction_as_the_constructors():
     assert pickle.loads(pickle.dumps(after)) == expected
     assert dict(after.positions)["b"].iterator_args() == {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
                                                          "SequenceNumber": "42"}
+
+
+def test_a_restarted_job_starts_shards_it_never_checkpointed_at_trim_horizon():
+    """A restarted job (not fresh: it has state) reads a shard it never
+    checkpointed (a quiet one, or one born while it was down) from the oldest
+    record, whatever --start said at its first launch: the changes written
+    while it was down are not skipped."""
+    listing = Listing({"quiet": None})
+    part = StreamPartition("arn", 0, 1)
+    (claim,), _ = plan_starts(listing, part, PartitionRestriction(), {}, "latest", fresh=True)
+    assert claim.pos.mode == "latest"  # a fresh job: --start applies to its first discovery
+    (claim,), _ = plan_starts(listing, part, PartitionRestriction(), {}, "latest", fresh=False)
+    assert claim.pos.mode == "trim_horizon"
+    client, _, _, reader, _ = setup(ReaderOptions(start="latest", fresh=False, retry=FAST, discovery_interval_s=0))
+    client.add_shard("quiet")
+    written_while_down = put(client, "quiet", 3)
+    out, _ = drain_round(reader, LocalTracker())
+    assert seqs(out) == written_while_down
+
+
+def test_the_start_is_recorded_once_and_latest_is_refused_on_a_job_with_state():
+    from ddb2bt.pipeline.preflight import START_MARGIN_MS, settle_start
+    from ddb2bt.transforms.errors import ConfigError
+
+    arn = "arn:aws:dynamodb:r:1:table/T/stream/2024"
+    state = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    first = settle_start(state, arn, "latest", now_ms=5_000_000)
+    assert first.fresh and first.mode == "latest"
+    with pytest.raises(ConfigError, match="--start.*already run.*TRIM_HORIZON"):
+        settle_start(state, arn, "latest", now_ms=6_000_000)
+    again = settle_start(state, arn, "trim_horizon", now_ms=6_000_000)
+    assert not again.fresh and again.kinesis_from_ms is None  # DynamoDB Streams: TRIM_HORIZON
+    kinesis = settle_start(state, arn, "trim_horizon", now_ms=6_000_000, kinesis=True)
+    assert kinesis.kinesis_from_ms == 5_000_000 - START_MARGIN_MS  # Kinesis: just before its first start
+    # Checkpoints alone (a job from before starts were recorded) make it a restart too.
+    other = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    other.save_checkpoints([ShardCheckpoint(arn, "s", "7")])
+    with pytest.raises(ConfigError, match="--start"):
+        settle_start(other, arn, "latest", now_ms=1)
+    assert not settle_start(other, arn, "trim_horizon", now_ms=1).fresh
