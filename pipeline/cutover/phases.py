@@ -90,6 +90,8 @@ class PhaseMoved(PhaseError):
     it first): the move was not made; decide again from the new phase."""
 
 
+# Meta cell: "1" while the recorded backfill owes the re-copy sweep (§7.7).
+RECOPY_META = "recopy"
 # The stored value is "PHASE@nonce": readers take the part before this.
 NONCE_SEP = "@"
 # How often a move re-reads and retries when another process moved the phase
@@ -188,6 +190,15 @@ class Migration:
         return int(value) if value else None
 
     @property
+    def recopy_pending(self) -> bool:
+        """The recorded backfill re-copies a table migrated before: the re-copy
+        sweep (cutover/recopy.py) is still owed once its parts are written."""
+        return self.store.load_meta(RECOPY_META) == "1"
+
+    def recopy_done(self) -> None:
+        self.store.save_meta(RECOPY_META, "")
+
+    @property
     def finished_ms(self) -> Optional[int]:
         """When the bookkeeping (marker family) was last dropped; None while it may exist."""
         value = self.store.load_meta("finished_ms")
@@ -263,7 +274,12 @@ class Migration:
         (its ExportTime). The phase is written before the family is created: a
         finish racing this (it re-reads the phase after dropping) then re-creates it."""
         self.store.clear_backfill_progress()
+        # A table migrated (or back-filled) before may hold rows of items that are
+        # gone: this backfill ends with the re-copy sweep (docs/design.md §7.7),
+        # recorded so that a resume after a crash still runs it.
+        recopy = self.phase is not None
         self.transition(BACKFILLING)
+        self.store.save_meta(RECOPY_META, "1" if recopy else "")
         self.store.save_meta("finished_ms", "")
         self.store.save_meta("marker_tables", json.dumps(sorted(set(tables) | set(self.marker_tables()))))
         bookkeeping.ensure(tables)

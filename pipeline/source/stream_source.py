@@ -378,13 +378,14 @@ class PartitionReader:
             f"shard {shard_id} of {self._partition.stream_arn} no longer holds the changes {where}: "
             "they were trimmed (older than the stream's 24 h retention) before being applied, so "
             "changes were LOST. Recover them from incremental exports (ddb2bt recover -m <mapping>: it "
-            "prints the export commands, then applies them), or with a fresh backfill (ddb2bt migrate); "
+            "prints the export commands, then applies them), or by copying the table again (ddb2bt migrate --restart); "
             "or rerun with --on-trimmed=restart to continue from the oldest available record "
             "(the lost changes stay lost)."
         )
         if self._options.on_trimmed != "restart":
             raise ChangesLostError(message)
-        log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart.", message)
+        log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart (or a re-copy, migrate "
+                  "--restart, whose backfill restores what was lost).", message)
         if self._metrics:
             self._metrics.trimmed_restarts.inc()
         return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(

@@ -265,6 +265,11 @@ def test_a_replaced_stream_is_detected_and_reported():
     with pytest.raises(PermanentError, match="stream was replaced.*LOST.*--new-stream"):
         check_stream_continuity(state, new_arn, False)
     check_stream_continuity(state, new_arn, True)  # acknowledged
+    # ... once: the job follows the new stream from then on, even before its
+    # first record is checkpointed (`migrate --restart`, then `run`).
+    check_stream_continuity(state, new_arn, False)
+    with pytest.raises(PermanentError, match="ddb2bt migrate --restart"):
+        check_stream_continuity(state, new_arn.rsplit("/", 1)[0] + "/2025-07-01T00:00:00.000", False)
 
 
 def test_vanished_stream_message_says_how_to_recover():
