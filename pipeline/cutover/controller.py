@@ -39,6 +39,9 @@ TAIL_STOP_WAIT_S = 60.0
 # Progress without a terminal: one log line this often (a log, not an animation).
 PLAIN_PROGRESS_EVERY_S = 30.0
 WATCH_POLL_S = 0.5  # how often the progress is looked at
+# How often `migrate` looks whether the keeper moved every table LIVE: one
+# state-table read per table; LIVE itself is decided on the keeper's 10 s step.
+LIVE_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -387,7 +390,6 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
     continuous check of every table (``check``, ContinuousOptions) as a branch
     of its own when given (locally the CLI runs its threads next to this)."""
     from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
-    from ddb2bt.pipeline.metrics import default_metrics
     from ddb2bt.pipeline.source.stream_source import request_stop
 
     jobs, options = list(jobs), list(options)
@@ -449,18 +451,30 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
         return Outcome(phase=LIVE)
     try:
         finish_all(wait=True)  # the tail runs on meanwhile
-        metrics = default_metrics()
-        while tail_worker.is_alive() and metrics.lag.max_lag_seconds() > 0:
-            tail_worker.join(1.0)
+        # LIVE is the cutover keeper's move, on the tail's own reports: caught up
+        # in time, past the handoff, for a settling period (docs/design.md §7.8),
+        # whatever the write rate. Here we only wait for it.
+        live = wait_until_live(migrations, tail_worker)
         tail_worker.check()
-        go_live()
+        if live:
+            go_live()
     except BaseException:
         request_stop(stop_token)
         tail_worker.join(TAIL_STOP_WAIT_S)
         raise
     tail_worker.join()
     tail_worker.check()
-    return Outcome(phase=LIVE)
+    return Outcome(phase=_overall([m.phase for m in migrations]))
+
+
+def wait_until_live(migrations, tail_worker: Worker, poll_s: float = LIVE_POLL_S) -> bool:
+    """Wait while the tail runs until every table's phase is LIVE (the keeper
+    moves it): True once it is, False when the tail ended first."""
+    while tail_worker.is_alive():
+        if all(m.phase == LIVE for m in migrations):
+            return True
+        tail_worker.join(poll_s)
+    return all(m.phase == LIVE for m in migrations)
 
 
 def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = False, check=None):

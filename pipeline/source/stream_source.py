@@ -469,12 +469,19 @@ class PartitionReader:
                     result.at_head = False
                     break
                 self._iterators[shard_id] = (new_pos, nxt)
+                if self._metrics and "MillisBehindLatest" in page:  # the service's own lag, where it gives one
+                    self._metrics.lag.on_behind(self._partition.stream_arn, shard_id, page["MillisBehindLatest"])
                 if not records and self._metrics:
+                    # An empty page, not yet the head (cutover/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
                 if len(records) < GET_RECORDS_LIMIT:
                     break
                 pos = new_pos
         return result
+
+    def shard_ids(self) -> list:
+        """The shards this partition is reading (closed ones leave)."""
+        return list(self._iterators)
 
     @property
     def waiting(self) -> list:
