@@ -1057,7 +1057,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="back-fill from a DynamoDB export (the directory or s3://bucket/prefix holding "
                             "manifest-summary.json); its ExportTime is the handoff time")
         p.add_argument("--restart", action="store_true",
-                       help="begin a new backfill (new handoff time) instead of resuming the one in progress")
+                       help="begin a new backfill (new handoff time) instead of resuming the one in progress, "
+                            "from any phase; on a table migrated before, a re-copy: rows and cells of items that "
+                            "no longer exist are removed after the backfill (local runner)")
 
     p = sub.add_parser("backfill", help="copy the existing table (parallel Scan or an export)", formatter_class=raw,
                        description=(

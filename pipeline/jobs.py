@@ -302,9 +302,18 @@ def build_live_jobs(args, mappings: list) -> list:
         if warning:
             log.warning(warning)
         check_profiles(args, mapping)
+    # A re-copy (`migrate --restart`, local: on Dataflow it is refused,
+    # controller.refuse_remote_recopy) copies the whole table again, so what a
+    # trimmed checkpoint or a replaced stream lost is restored by its backfill:
+    # its tail follows the new stream, and a trimmed shard goes on from the
+    # oldest record (docs/design.md §7.7), where a plain tail stops loudly.
+    recopy = bool(getattr(args, "restart", False)) and is_local(args.beam_args)
+    on_trimmed = "restart" if recopy else args.on_trimmed
     for mapping, source in zip(mappings, sources):
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
-        check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
+        # `migrate --restart` is the recovery the refusal names: a new backfill
+        # copies the table again and its tail follows the new stream.
+        check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream or recopy)
     states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
     claim_target_tables(args, mappings, states)
     leases = acquire_leases(args, states, TAIL)
@@ -318,7 +327,7 @@ def build_live_jobs(args, mappings: list) -> list:
         finally:
             store.close()
         reader = ReaderOptions(
-            start=args.start, fresh=start.fresh, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
+            start=args.start, fresh=start.fresh, on_trimmed=on_trimmed, poll_interval_s=args.poll_interval,
             discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
             sleep_when_idle=is_local(args.beam_args), lease=lease, retry=dynamodb_retry(args),
         )

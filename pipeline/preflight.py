@@ -80,6 +80,10 @@ def check_target(mapping: MappingConfig) -> Optional[str]:
     return None
 
 
+# Meta cell: the stream label a job was told to follow after its stream was replaced.
+FOLLOWED_STREAM_META = "followed_stream"
+
+
 def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> None:
     """A disabled-and-re-enabled stream has a new ARN and starts empty: changes made
     while it was off are lost. Refuse to carry on silently."""
@@ -87,11 +91,20 @@ def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> 
 
     known = store.known_stream_labels()
     current = stream_label(stream_arn)
-    if known and current not in known and not accept_new_stream:
+    followed = store.load_meta(FOLLOWED_STREAM_META)
+    if followed:
+        known = known | {followed}
+    if known and current not in known and accept_new_stream:
+        # Accepted once (--new-stream, or the re-copy of `migrate --restart`): the
+        # job follows this stream from now on, even before its first record is
+        # checkpointed (a quiet table's new stream may hold none for a while).
+        store.save_meta(FOLLOWED_STREAM_META, current)
+    elif known and current not in known:
         raise PermanentError(
             f"the table's stream was replaced: checkpoints are for stream {', '.join(sorted(known))}, the table "
-            f"now has {current}. Changes made while the stream was disabled are LOST. Back-fill again "
-            "(ddb2bt migrate --restart), or pass --new-stream to tail the new stream anyway.")
+            f"now has {current}. Changes made while the stream was disabled are LOST. Copy the table again "
+            "(ddb2bt migrate --restart: a new backfill, rows of items deleted meanwhile removed, then the new "
+            "stream tailed), or pass --new-stream to tail the new stream anyway (the lost changes stay lost).")
 
 
 # Where a restarted job's shards without a checkpoint start, once it has any

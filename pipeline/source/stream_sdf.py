@@ -209,11 +209,12 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         decision = reader.idle_decision(tracker, result)
         ctx.report(partition, reader, force=decision == "end")
         if decision == "end":
+            self._tick_cutover(ctx, partition, reader, ended_idle=True)
             log.info("partition %d/%d of %s idle for %ss: done", partition.index, partition.count,
                      partition.stream_arn, options.until_idle_s)
             tracker.try_claim(ClaimEnd())
             return
-        self._tick_cutover(ctx, partition, at_head=decision == "poll")
+        self._tick_cutover(ctx, partition, reader)
         if decision == "poll":
             self._idle_streak += 1
             if options.sleep_when_idle:
@@ -245,11 +246,14 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return False
         return True
 
-    def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, at_head: bool) -> None:
-        """Tell the cutover keeper where this partition is. The keeper — not this
-        reader — moves the migration on (phase, finish) on a thread of its own
-        (ddb2bt.pipeline.cutover.keeper): on Dataflow, or next to a separate
-        batch backfill, no controller does."""
+    def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, reader: PartitionReader,
+                      ended_idle: bool = False) -> None:
+        """Tell the cutover keeper where this partition is: its shards' lag and
+        applied position in time (cutover/catchup.py), not whether this round
+        found something new. The keeper — not this reader — moves the migration
+        on (phase, finish) on a thread of its own (ddb2bt.pipeline.cutover.keeper):
+        on Dataflow, or next to a separate batch backfill, no controller does."""
+        from ddb2bt.pipeline.cutover.catchup import CatchUpReport, summarize
         from ddb2bt.pipeline.cutover.keeper import keeper_for
 
         if ctx.keeper is None:
@@ -261,8 +265,17 @@ class _ReadStreamPartitionsFn(beam.DoFn):
 
                 fence = (lambda: OWNERS.check_partition(partition.stream_arn, partition.index)) \
                     if ctx.lease.spec.shared else ctx.lease.check
-            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, at_head,
-                              fence=fence)
+            now_ms = time.time_ns() // 1_000_000
+            shards = reader.shard_ids()
+            if ended_idle:  # nothing new for all of --until-idle: at the head now
+                report = CatchUpReport(0, now_ms)
+            elif shards:
+                lag = ctx.metrics.lag
+                report = summarize([lag.view(partition.stream_arn, s) for s in shards], now_ms)
+            else:  # a partition that owns no shard (more partitions than shards) has nothing to catch up
+                report = CatchUpReport(None, None) if reader.waiting else CatchUpReport(0, now_ms)
+            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, report,
+                              fence=fence, ended_idle=ended_idle)
 
     def teardown(self) -> None:
         for ctx in getattr(self, "_contexts", {}).values():

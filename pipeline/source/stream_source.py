@@ -386,13 +386,14 @@ class PartitionReader:
             f"shard {shard_id} of {self._partition.stream_arn} no longer holds the changes {where}: "
             "they were trimmed (older than the stream's 24 h retention) before being applied, so "
             "changes were LOST. Recover them from incremental exports (ddb2bt recover -m <mapping>: it "
-            "prints the export commands, then applies them), or with a fresh backfill (ddb2bt migrate); "
+            "prints the export commands, then applies them), or by copying the table again (ddb2bt migrate --restart); "
             "or rerun with --on-trimmed=restart to continue from the oldest available record "
             "(the lost changes stay lost)."
         )
         if self._options.on_trimmed != "restart":
             raise ChangesLostError(message)
-        log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart.", message)
+        log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart (or a re-copy, migrate "
+                  "--restart, whose backfill restores what was lost).", message)
         if self._metrics:
             self._metrics.trimmed_restarts.inc()
         return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
@@ -476,12 +477,19 @@ class PartitionReader:
                     result.at_head = False
                     break
                 self._iterators[shard_id] = (new_pos, nxt)
+                if self._metrics and "MillisBehindLatest" in page:  # the service's own lag, where it gives one
+                    self._metrics.lag.on_behind(self._partition.stream_arn, shard_id, page["MillisBehindLatest"])
                 if not records and self._metrics:
+                    # An empty page, not yet the head (cutover/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
                 if len(records) < GET_RECORDS_LIMIT:
                     break
                 pos = new_pos
         return result
+
+    def shard_ids(self) -> list:
+        """The shards this partition is reading (closed ones leave)."""
+        return list(self._iterators)
 
     @property
     def waiting(self) -> list:

@@ -176,7 +176,8 @@ def test_trimmed_checkpoint_stops_loudly_with_recovery_instructions():
     state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[0])])
     with pytest.raises(ChangesLostError) as err:
         drain_round(reader, LocalTracker())
-    assert "LOST" in str(err.value) and "backfill" in str(err.value) and "--on-trimmed=restart" in str(err.value)
+    assert "LOST" in str(err.value) and "--on-trimmed=restart" in str(err.value)
+    assert "ddb2bt migrate --restart" in str(err.value)  # a command that copies the table again
 
 
 def test_trimmed_with_restart_continues_from_the_oldest_record_and_counts_it():
@@ -265,6 +266,11 @@ def test_a_replaced_stream_is_detected_and_reported():
     with pytest.raises(PermanentError, match="stream was replaced.*LOST.*--new-stream"):
         check_stream_continuity(state, new_arn, False)
     check_stream_continuity(state, new_arn, True)  # acknowledged
+    # ... once: the job follows the new stream from then on, even before its
+    # first record is checkpointed (`migrate --restart`, then `run`).
+    check_stream_continuity(state, new_arn, False)
+    with pytest.raises(PermanentError, match="ddb2bt migrate --restart"):
+        check_stream_continuity(state, new_arn.rsplit("/", 1)[0] + "/2025-07-01T00:00:00.000", False)
 
 
 def test_vanished_stream_message_says_how_to_recover():

@@ -1,0 +1,58 @@
+"""The re-copy sweep's rule (docs/design.md §7.7) and its guarded delete, on an
+in-memory Bigtable: what no scanned item owns and is older than the backfill
+goes; the mapping's cells, the tail's newer cells and our own families stay."""
+from __future__ import annotations
+
+from ddb2bt.pipeline.cutover.compare import SINGLE, Expect
+from ddb2bt.pipeline.cutover.recopy import StaleColumn, deleter, stale_columns
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.transforms.model import SetCell
+
+BACKFILL_MS = 1_700_000_000_999  # floor_to_second(T) - 1 ms
+
+
+def test_only_unowned_columns_older_than_the_backfill_are_stale():
+    want = {b"r1": {("f", b"a"): Expect(SINGLE, b"x")}}
+    have = {
+        b"r1": {("f", b"a"): [(100, b"old")],                      # owned: kept whatever its age
+                ("f", b"gone"): [(BACKFILL_MS - 5, b"v"), (50, b"w")],  # unowned, all older: stale
+                ("f", b"new"): [(BACKFILL_MS + 1, b"tail")],         # unowned but the tail's, after T: kept
+                ("ddb2bt_touch", b"k"): [(10, b"")]},                # ours: never judged
+        b"r2": {("f", b"a"): [(10, b"v")],                           # a row no item owns: stale
+                ("f", b"list"): [(BACKFILL_MS + 1000, b"e2"), (BACKFILL_MS - 3, b"e0")]},  # newest after T: kept
+        b"r3": {("f", b"at"): [(BACKFILL_MS, b"backfill")]},         # the backfill's own stamp: not older
+    }
+    assert stale_columns("t", want, have, BACKFILL_MS) == [
+        StaleColumn("t", b"r1", "f", b"gone", BACKFILL_MS - 5),
+        StaleColumn("t", b"r2", "f", b"a", 10),
+    ]
+
+
+def test_the_delete_takes_what_was_read_and_yields_to_a_newer_write():
+    bt = InMemoryBigtable()
+    bt.mutate_rows("t", [(b"r", [SetCell("f", b"q", b"old", 100), SetCell("f", b"q", b"older", 40)])])
+    delete = deleter(bt)
+    assert delete(StaleColumn("t", b"r", "f", b"q", 100)) is True
+    assert not bt.versions("t").get(b"r", {}).get(("f", b"q"))
+    # A tail write lands between the read (newest 100) and the delete: it wins.
+    bt.mutate_rows("t", [(b"s", [SetCell("f", b"q", b"stale", 100)])])
+    bt.mutate_rows("t", [(b"s", [SetCell("f", b"q", b"tail", 5_000)])])
+    assert delete(StaleColumn("t", b"s", "f", b"q", 100)) is False
+    assert set(bt.versions("t")[b"s"][("f", b"q")]) == {100, 5_000}
+
+
+def test_a_dataflow_recopy_of_a_migrated_table_is_refused_naming_the_command_that_does_it():
+    import pytest
+    from types import SimpleNamespace
+
+    from ddb2bt.pipeline.cutover.controller import BackfillOptions, refuse_remote_recopy
+    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.transforms.errors import ConfigError
+
+    store = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    job = SimpleNamespace(mapping=SimpleNamespace(name="job", origin="m.yaml"), state=SimpleNamespace(store=lambda: store))
+    refuse_remote_recopy([job], [BackfillOptions(restart=True)])  # never migrated: a first backfill, fine
+    store.save_meta("phase", "LIVE@n")
+    refuse_remote_recopy([job], [BackfillOptions(restart=False)])  # not a re-copy
+    with pytest.raises(ConfigError, match="ddb2bt backfill -m m.yaml --restart"):
+        refuse_remote_recopy([job], [BackfillOptions(restart=True)])
