@@ -87,7 +87,7 @@ def sweep(mapping, ddb, scan_target: Callable[[str], Iterable], delete: Callable
           workdir: Optional[str] = None) -> SweepResult:
     """Read every target table, scan the source, delete the stale columns
     (``delete(column) -> False`` when the column got a newer cell meanwhile)."""
-    from ddb2bt.pipeline.cutover.verify import Findings, _expected_of, _scan_into
+    from ddb2bt.pipeline.cutover.verify import Findings, expected_of_records, scan_expected
 
     buckets = bucket_count(estimated_items)
     findings = Findings()
@@ -102,10 +102,10 @@ def sweep(mapping, ddb, scan_target: Callable[[str], Iterable], delete: Callable
                 rows_read += 1
         actual.flush()
         expected = Spill(spill_dir.path, "expected", buckets)
-        items = _scan_into(mapping, ddb, segments, True, lambda n: None, lambda item: True, expected, findings)
+        items = scan_expected(mapping, ddb, segments, True, lambda n: None, None, expected, findings, mapping.name)
         expected.flush()
         for exp_records, act_records in paired_groups(expected, actual):
-            want = _expected_of(mapping, exp_records)[0]
+            want = expected_of_records(mapping, exp_records)[0]
             have: dict = {}
             for table, row_key, cells in act_records:
                 have.setdefault(table, {})[row_key] = cells

@@ -125,7 +125,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
                     actual.add(table, row_key, cells)
             actual.flush()
         expected = Spill(spill_dir.path, "expected", buckets)
-        scanned = _scan_into(mapping, ddb, segments, consistent, on_page, keep, expected, findings,
+        scanned = scan_expected(mapping, ddb, segments, consistent, on_page, keep, expected, findings,
                              metrics_table or mapping.name, sample_rate)
         expected.flush()
         report = VerifyReport(identical=True, sampled=is_sample, items=scanned, rows_expected=0,
@@ -134,7 +134,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
         held = {t: LayoutDiff() for t in mapping.tables}  # differences awaiting their re-check
         held_rows: dict = {t: ({}, {}) for t in mapping.tables}  # (want, have) of those rows
         for exp_records, act_records in paired_groups(expected, actual):
-            want, owners, clashes, row_owners = _expected_of(mapping, exp_records)
+            want, owners, clashes, row_owners = expected_of_records(mapping, exp_records)
             if is_sample:
                 have = {t: without_clocks(read_rows(t, sorted(want.get(t, {})))) for t in mapping.tables}
             else:
@@ -199,9 +199,9 @@ class Rechecker:
                        sleep=self.sleep)
 
 
-def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
-               keep: Optional[Callable[[str, bytes], bool]], expected: Spill, findings: "Findings",
-               metrics_table: str, sample_rate: float = 1.0) -> int:
+def scan_expected(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
+                  keep: Optional[Callable[[str, bytes], bool]], expected: Spill, findings: "Findings",
+                  metrics_table: str, sample_rate: float = 1.0) -> int:
     """Scan the source in parallel segments; each item's owned cells go to the
     spill, one record per (table, row) it maps to — of the sampled rows only
     when ``keep(table, row_key)`` is given. Returns the items compared (those
@@ -244,7 +244,7 @@ def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_
     return count[0]
 
 
-def _expected_of(mapping: MappingConfig, records: list) -> tuple:
+def expected_of_records(mapping: MappingConfig, records: list) -> tuple:
     """One bucket's expected layout from its spilled (table, row, (keys, cells))."""
     want: dict = {t: {} for t in mapping.tables}
     owners: dict = {}
