@@ -427,13 +427,22 @@ class PartitionReader:
             if not self.discover(tracker):
                 result.stopped = True
                 return result
-        for shard_id, pos in tracker.current_restriction().positions:
-            # A shard with a backlog gets up to PAGES_PER_ROUND full pages in one
-            # round (one bundle): fewer bundles amortise the runner's per-bundle
-            # cost. A short page means the shard is at its head: next shard.
-            stream_arn, metrics = self._partition.stream_arn, self._metrics
-            on_read = metrics.lag.on_read if metrics else None
-            for _ in range(PAGES_PER_ROUND):
+        # A shard with a backlog gets up to PAGES_PER_ROUND full pages in one
+        # round (one bundle): fewer bundles amortise the runner's per-bundle cost.
+        # The shards take turns, a page each: a shard's next call then comes after
+        # the other shards' calls, so the pacer (5 GetRecords/s per shard) rarely
+        # has to wait, and N shards in a backlog read about N pages in the time
+        # one shard may read one, instead of each shard's pages one after another
+        # with a pacing sleep between every two. A short page means the shard is
+        # at its head: it leaves the round.
+        stream_arn, metrics = self._partition.stream_arn, self._metrics
+        on_read = metrics.lag.on_read if metrics else None
+        turns = list(tracker.current_restriction().positions)
+        for _ in range(PAGES_PER_ROUND):
+            if not turns:
+                break
+            still_full: list = []
+            for shard_id, pos in turns:
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
                 # The read counter is updated once per page and event type (in the
@@ -475,16 +484,16 @@ class PartitionReader:
                     self._rediscover = True
                     self._pacer.forget(shard_id)
                     result.at_head = False
-                    break
+                    continue  # closed: out of the round
                 self._iterators[shard_id] = (new_pos, nxt)
                 if self._metrics and "MillisBehindLatest" in page:  # the service's own lag, where it gives one
                     self._metrics.lag.on_behind(self._partition.stream_arn, shard_id, page["MillisBehindLatest"])
                 if not records and self._metrics:
                     # An empty page, not yet the head (cutover/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
-                if len(records) < GET_RECORDS_LIMIT:
-                    break
-                pos = new_pos
+                if len(records) >= GET_RECORDS_LIMIT:
+                    still_full.append((shard_id, new_pos))  # more may follow: another turn
+            turns = still_full
         return result
 
     def shard_ids(self) -> list:

@@ -86,6 +86,44 @@ def test_a_backlogged_shard_gets_at_most_5_get_records_calls_per_second(monkeypa
         assert len(in_window) <= GET_RECORDS_PER_SHARD_PER_S, (t, in_window)
 
 
+def test_a_paced_shard_does_not_hold_up_the_others_of_its_partition(monkeypatch):
+    """Four shards in a backlog, one reader: the shards take turns a page each,
+    so the pacing of one shard overlaps the others' calls. Four shards drain in
+    the simulated time of about one (was four: each shard's pages back to back,
+    a pacing sleep between every two), and every shard stays at 5 calls/s."""
+    monkeypatch.setattr(stream_source, "GET_RECORDS_LIMIT", 100)
+    shards = ("s0", "s1", "s2", "s3")
+    pages = stream_source.PAGES_PER_ROUND
+    client = FakeStreamsClient()
+    for shard in shards:
+        client.add_shard(shard)
+        for i in range(pages * 100):
+            client.put(shard, "INSERT", {"pk": {"S": f"{shard}-{i}"}}, {"pk": {"S": f"{shard}-{i}"}})
+    clock = SimClock()
+    calls: dict = {}
+    get_records = client.get_records
+
+    def timed(**kw):
+        calls.setdefault(kw["ShardIterator"].split("|")[0], []).append(clock())
+        return get_records(**kw)
+
+    client.get_records = timed
+    reader, _ = reader_for(client, clock)
+    start = clock()
+    elements, result = drain_round(reader, LocalTracker())
+    assert result.records == len(shards) * pages * 100
+    one_shard = (pages - 1) / GET_RECORDS_PER_SHARD_PER_S
+    assert clock() - start <= one_shard + 1e-9, "four shards take the time of one"
+    for shard, times in calls.items():
+        for i, t in enumerate(times):
+            assert len([c for c in times[i:] if c < t + 1.0]) <= GET_RECORDS_PER_SHARD_PER_S, (shard, t)
+    # each shard's records still in order
+    for shard in shards:
+        mine = [e.keys["pk"]["S"] for e in elements if getattr(e, "keys", None) and
+                e.keys["pk"]["S"].startswith(shard)]
+        assert mine == [f"{shard}-{i}" for i in range(pages * 100)]
+
+
 def test_the_pacer_waits_only_for_the_same_shard():
     clock = SimClock()
     pacer = ShardPacer(clock=clock, sleep=clock.sleep)
