@@ -32,7 +32,7 @@ from typing import Optional
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
-from ddb2bt.transforms.mapping import _delete, _write, owned_cells, validate_record
+from ddb2bt.transforms.mapping import delete_cell, write_cell, owned_cells, validate_record
 from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
 
 __all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "clock_mutations", "decode_clock", "encode_clock",
@@ -200,11 +200,11 @@ def row_mutations(row: GuardedRow, stored: Optional[Clock]) -> Optional[tuple]:
         keep.add(_cell_id(cell))
         # prune=True: the column's older versions go, so it holds one version
         # (docs/design.md §5.1); safe because nothing of this item is newer here.
-        muts.extend(_write(cell, ts, True))
+        muts.extend(write_cell(cell, ts, True))
     owned_before = stored.cells if stored is not None else row.old_cells
     for family, qualifier, version in owned_before:
         if (family, qualifier, version) not in keep:
-            muts.append(_delete(_Cell(family, qualifier, version), ts))
+            muts.append(delete_cell(_Cell(family, qualifier, version), ts))
     muts.extend(clock_mutations(row, tuple(sorted(keep, key=_sort_id))))
     return tuple(muts)
 
@@ -215,7 +215,7 @@ def _sort_id(cell_id: tuple) -> tuple:
 
 
 @dataclass(frozen=True, slots=True)
-class _Cell:  # what _delete reads of an OwnedCell
+class _Cell:  # what delete_cell reads of an OwnedCell
     family: str
     qualifier: bytes
     version_ms: Optional[int]
