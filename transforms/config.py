@@ -582,10 +582,11 @@ def _parse_condition(spec: Any, path: str) -> MatchCondition:
     attribute = node.string("attribute", required=True)
     kinds = [k for k in MATCH_KINDS if k in node.data]
     if len(kinds) != 1:
-        near = [k for k in node.data if k != "attribute" and _did_you_mean(k, MATCH_KINDS)]
-        raise ConfigError(f"give exactly one of {', '.join(MATCH_KINDS)}"
-                          + (_did_you_mean(near[0], MATCH_KINDS).replace("(", f"({near[0]!r}: ", 1) if near and not kinds
-                             else ""), node.path)
+        # None given is most often one misspelt ("prefx"): name it and the kind meant.
+        near = [(k, difflib.get_close_matches(str(k), MATCH_KINDS, n=1)) for k in node.data if k != "attribute"]
+        near = [(k, close[0]) for k, close in near if close] if not kinds else []
+        hint = f" (found {near[0][0]!r}: did you mean {near[0][1]!r}?)" if near else ""
+        raise ConfigError(f"give exactly one of {', '.join(MATCH_KINDS)}{hint}", node.path)
     kind = kinds[0]
     value = node.get(kind)
     pattern = None

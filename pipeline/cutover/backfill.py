@@ -221,7 +221,7 @@ class PartReaders:
                  bucket: Optional[TokenBucket] = None, retry: RetryPolicy = RetryPolicy(0.2, 20.0, 600.0),
                  on_items: Callable[[int], None] = lambda n: None, metrics_table: Optional[str] = None) -> None:
         self._source = source
-        self._metrics_table = metrics_table  # the job's table label of its AWS-call counts
+        self._metrics_table = metrics_table  # the job's name: the table label of the calls counted
         self._keys = key_attributes
         self._handoff_ms = handoff_ms
         self._client = client
@@ -354,7 +354,7 @@ class _ReadBackfillFn(_BackfillReaderFn):
         counter = self._metrics.backfill_items.labels(kind)
         retry = {"retry": self._job.scan_retry} if self._job.scan_retry is not None else {}
         readers = PartReaders(self._job.source, self._job.key_attributes, self._job.handoff_ms, self._client,
-                              self._bucket, on_items=counter.inc, metrics_table=self._state.job, **retry)
+                              self._bucket, on_items=counter.inc, metrics_table=self._metrics.table, **retry)
         out: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
         stop = threading.Event()
 
