@@ -442,6 +442,11 @@ class ShardPacer:
                 self._sleep(wait)
         self._last[shard_id] = self._clock()
 
+    def ready_in(self, shard_id: str) -> float:
+        """Seconds until a call on ``shard_id`` may be made (0: now)."""
+        last = self._last.get(shard_id)
+        return 0.0 if last is None else max(0.0, last + self._gap - self._clock())
+
     def forget(self, shard_id: str) -> None:
         self._last.pop(shard_id, None)
 

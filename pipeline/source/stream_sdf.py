@@ -126,7 +126,8 @@ class _StreamContext:
         if reader is None:
             reader = self.readers[partition] = PartitionReader(
                 self.client, partition, self.options, self.state.load_checkpoints, self.metrics,
-                directory=shard_directory())  # one shard listing per stream per process
+                directory=shard_directory(),  # one shard listing per stream per process
+                hand_back_pacing=True)  # a paced shard's wait goes to the runner (RoundResult.paced_s)
         return reader
 
     def close(self) -> None:
@@ -161,6 +162,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         for source in self._sources:
             self._contexts[source.stream_arn] = _StreamContext(source, self._metrics)
         self._idle_streak = 0
+        self._paced_streak, self._paced_min_s = 0, float("inf")  # partitions in a row that came back paced
 
     @beam.DoFn.unbounded_per_element()
     def process(
@@ -206,6 +208,26 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             result = yield from batch_records(reader.read_round(tracker))
         if result.stopped:
             return
+        if result.paced_s is not None:
+            # Every shard of the partition was read a moment ago (5 GetRecords/s
+            # per shard): the wait goes back to the runner, which reads the other
+            # partitions meanwhile, instead of this thread sleeping through it.
+            ctx.report(partition, reader)
+            self._tick_cutover(ctx, partition, reader)
+            self._idle_streak = 0
+            if options.sleep_when_idle:
+                # FnApiRunner ignores deferral delays: sleep once every partition
+                # in a row came back paced, for the shortest wait, never longer.
+                self._paced_streak += 1
+                self._paced_min_s = min(self._paced_min_s, result.paced_s)
+                if self._paced_streak >= self._partitions_total:
+                    time.sleep(self._paced_min_s)
+                    self._paced_streak, self._paced_min_s = 0, float("inf")
+                tracker.defer_remainder(Duration.of(0))
+            else:
+                tracker.defer_remainder(Duration.of(result.paced_s))
+            return
+        self._paced_streak, self._paced_min_s = 0, float("inf")
         decision = reader.idle_decision(tracker, result)
         ctx.report(partition, reader, force=decision == "end")
         if decision == "end":

@@ -283,6 +283,10 @@ class RoundResult:
     at_head: bool = True
     finished: bool = False  # the partition is done (until-idle reached)
     stopped: bool = False  # a claim failed: the runner split us, return now
+    # The round ended because its next shard may not be called yet (5 GetRecords/s
+    # per shard): the reader hands the wait back to the runner instead of sleeping
+    # in it, so other partitions of the process read meanwhile. Seconds to wait.
+    paced_s: Optional[float] = None
 
 
 class PartitionReader:
@@ -293,13 +297,16 @@ class PartitionReader:
                  load_checkpoints: Callable[[str], dict], metrics: Optional[PipelineMetrics] = None,
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
                  sleep: Callable[[float], None] = time.sleep, directory: Optional[ShardDirectory] = None,
-                 pacer: Optional[ShardPacer] = None) -> None:
+                 pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False) -> None:
         self._client = client
         # Within AWS's limits (docs/operations.md): the stream's shards are listed
         # once per process for all its partitions (the SDF passes the process's
         # ShardDirectory; alone, a reader has its own); GetRecords is paced per shard.
         self._directory = directory if directory is not None else ShardDirectory()
         self._pacer = pacer if pacer is not None else ShardPacer(sleep=sleep)
+        # The splittable DoFn's readers: a round that would wait for the pacer ends
+        # and returns the wait to the runner (RoundResult.paced_s).
+        self._hand_back_pacing = hand_back_pacing
         self._rediscover = False
         self._partition = partition
         self._options = options
@@ -442,7 +449,16 @@ class PartitionReader:
             if not turns:
                 break
             still_full: list = []
+            paced: list = []  # (wait, shard, position) of shards read too recently for another call
             for shard_id, pos in turns:
+                wait = self._pacer.ready_in(shard_id) if self._hand_back_pacing else 0.0
+                if wait > 0:
+                    # Read a moment ago: another shard's turn, or the round ends and the
+                    # runner gets the wait (other partitions read meanwhile). Without
+                    # hand-back (a plain loop, tests) the pacer sleeps in _get_records.
+                    paced.append((wait, shard_id, pos))
+                    result.at_head = False
+                    continue
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
                 # The read counter is updated once per page and event type (in the
@@ -493,7 +509,10 @@ class PartitionReader:
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
                 if len(records) >= GET_RECORDS_LIMIT:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
-            turns = still_full
+            if paced and not still_full:  # nothing left to read now: the runner waits, not us
+                result.paced_s = min(w for w, _, _ in paced)
+                return result
+            turns = still_full + [(shard_id, pos) for _, shard_id, pos in paced]
         return result
 
     def shard_ids(self) -> list:

@@ -124,6 +124,37 @@ def test_a_paced_shard_does_not_hold_up_the_others_of_its_partition(monkeypatch)
         assert mine == [f"{shard}-{i}" for i in range(pages * 100)]
 
 
+def test_a_reader_of_the_splittable_dofn_hands_the_pacing_wait_back_to_the_runner(monkeypatch):
+    """In the pipeline a reader never sleeps for the pacer: when every shard of
+    its partition was read a moment ago the round ends with the wait
+    (RoundResult.paced_s), which the DoFn defers, so other partitions of the
+    process read meanwhile. No call is ever made early."""
+    monkeypatch.setattr(stream_source, "GET_RECORDS_LIMIT", 100)
+    client = FakeStreamsClient()
+    for shard in ("s0", "s1"):
+        client.add_shard(shard)
+        for i in range(300):
+            client.put(shard, "INSERT", {"pk": {"S": f"{shard}-{i}"}}, {"pk": {"S": f"{shard}-{i}"}})
+    clock = SimClock()
+    slept: list = []
+    state = StateStore(InMemoryBigtable(), "job", clock.ms)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
+                             state.load_checkpoints, PipelineMetrics(CollectorRegistry()), now_ms=clock.ms,
+                             sleep=lambda s: slept.append(s), directory=ShardDirectory(clock),
+                             pacer=ShardPacer(clock=clock, sleep=lambda s: slept.append(s)), hand_back_pacing=True)
+    tracker = LocalTracker()
+    elements, result = drain_round(reader, tracker)
+    assert result.records == 200 and result.paced_s == pytest.approx(1 / GET_RECORDS_PER_SHARD_PER_S)
+    assert not result.at_head and slept == [], "a page of each shard, then the wait handed back"
+    read, rounds = result.records, 1
+    while result.paced_s is not None:
+        clock.sleep(result.paced_s)  # the runner comes back when asked
+        elements, result = drain_round(reader, tracker)
+        read, rounds = read + result.records, rounds + 1
+    assert read == 600 and result.at_head and slept == [], "never a sleep in the reader"
+    assert rounds == 4  # three full pages per shard, then the empty ones at the head
+
+
 def test_the_pacer_waits_only_for_the_same_shard():
     clock = SimClock()
     pacer = ShardPacer(clock=clock, sleep=clock.sleep)
