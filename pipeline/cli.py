@@ -865,13 +865,17 @@ def build_parser() -> argparse.ArgumentParser:
                            "stream, writes a realistic stream of changes while the pipeline replicates them on "
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
-                       epilog="example:\n  ddb2bt demo --changes 2000 --rate 300")
+                       epilog="examples:\n  ddb2bt demo --changes 2000 --rate 300\n  ddb2bt demo --kinesis")
     p.add_argument("--changes", type=number(int, minimum=1), default=1500, help="changes to write (default %(default)s)")
     p.add_argument("--items", type=number(int, minimum=1), default=300, help="distinct products (default %(default)s)")
     p.add_argument("--rate", type=number(float, above=0), default=250.0, help="target writes per second (default %(default)s)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--metrics-port", type=number(int, minimum=-1, maximum=65535), default=0, help="serve /metrics here (0: a free port; -1: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--kinesis", action="store_true",
+                   help="read the changes from a Kinesis data stream of several shards instead (records "
+                        "shuffled, some twice, as Kinesis may deliver them), through the ordering guard "
+                        "(docs/kinesis.md)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
