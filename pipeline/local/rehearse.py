@@ -29,7 +29,8 @@ from ddb2bt.pipeline.local import local_stack
 from ddb2bt.pipeline.local.trim_proxy import TRIMS_FILE
 from ddb2bt.transforms.errors import ConfigError
 
-__all__ = ["ExportWritten", "export_incremental", "parse_incremental_spec", "trim_stream", "write_changes"]
+__all__ = ["ExportWritten", "Trimmed", "ensure_trim_proxy", "export_incremental", "export_lines", "local_endpoint",
+           "parse_incremental_spec", "trim_stream", "write_changes"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 NEW_AND_OLD_IMAGES = "NEW_AND_OLD_IMAGES"

@@ -20,14 +20,12 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import logging
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
 
-log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 TRIMS_FILE = "trims.json"  # {stream ARN: {shard id: sequence number of the last record gone}}
