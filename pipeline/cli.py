@@ -765,6 +765,8 @@ def cmd_repair(args) -> int:
 def cmd_local(args) -> int:
     from ddb2bt.pipeline.local import local_stack as ls
 
+    if args.local_cmd in REHEARSAL_COMMANDS:
+        return cmd_local_rehearsal(args)
     if args.local_cmd == "env":
         state = ls.load_state()
         if state is None:
@@ -827,6 +829,46 @@ def cmd_local(args) -> int:
             signal.pause()
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+# `ddb2bt local` commands that rehearse a recovery on the local stack (docs/recover.md).
+REHEARSAL_COMMANDS = ("changes", "trim", "export-table-to-point-in-time")
+
+
+def cmd_local_rehearsal(args) -> int:
+    from ddb2bt.pipeline.local import local_stack as ls
+    from ddb2bt.pipeline.local import rehearse
+
+    if args.local_cmd == "export-table-to-point-in-time":
+        if args.export_type != "INCREMENTAL_EXPORT" or args.export_format != "DYNAMODB_JSON":
+            raise ConfigError("the local stack writes incremental exports in DYNAMODB_JSON (--export-type "
+                              "INCREMENTAL_EXPORT --export-format DYNAMODB_JSON), what `ddb2bt recover` asks for",
+                              "--export-type")
+        frm, to, view = rehearse.parse_incremental_spec(args.incremental_export_specification)
+        written = rehearse.export_incremental(args.table_arn, args.s3_bucket, args.s3_prefix or "", frm, to, view)
+        late = to > time.time()
+        print(f"export COMPLETED: {written.items} item(s) changed in the window\n  ExportArn {written.arn}\n"
+              f"  apply it with:  --from-export {written.location}"
+              + ("\n  (the window ends in the future: locally the export holds the changes up to now; AWS would "
+                 "wait until point-in-time recovery reaches its end)" if late else ""))
+        return 0
+    mapping = load(args)
+    if args.local_cmd == "changes":
+        written, created = rehearse.write_changes(mapping, args.changes, args.seed, args.items)
+        print((f"created {mapping.source.table} (stream NEW_AND_OLD_IMAGES, point-in-time recovery on); " if created
+               else "") + f"wrote {written} change(s) to {mapping.source.table}")
+        return 0
+    # trim
+    spec = state_spec(args, mapping)
+    changed = rehearse.ensure_trim_proxy(ls.state_dir())
+    arn, trimmed = rehearse.trim_stream(mapping, lambda stream: spec.store().load_checkpoints(stream), ls.state_dir())
+    lost = sum(t.lost for t in trimmed)
+    print(f"trimmed {len(trimmed)} shard(s) of {mapping.source.table}'s stream: every record it held is gone, as "
+          f"after 24 hours; job {spec.job} had not read {lost} of them"
+          + ("" if lost else " (nothing is lost: `local changes` while the job is stopped, then trim)"))
+    if changed:
+        print(f"the stack's DynamoDB Streams endpoint is now a trimming proxy; point the shell at it:  {env_hint()}")
     return 0
 
 
@@ -911,7 +953,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "stream, writes a realistic stream of changes while the pipeline replicates them on "
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
-                       epilog="example:\n  ddb2bt demo --changes 2000 --rate 300")
+                       epilog="examples:\n  ddb2bt demo --changes 2000 --rate 300\n  ddb2bt demo --kinesis")
     p.add_argument("--changes", type=number(int, minimum=1), default=1500, help="changes to write (default %(default)s)")
     p.add_argument("--items", type=number(int, minimum=1), default=300, help="distinct products (default %(default)s)")
     p.add_argument("--rate", type=number(float, above=0), default=250.0, help="target writes per second (default %(default)s)")
@@ -919,6 +961,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=number(int, minimum=METRICS_OFF, maximum=65535), default=0,
                    help=f"serve /metrics here (0: a free port; {METRICS_OFF}: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--kinesis", action="store_true",
+                   help="read the changes from a Kinesis data stream of several shards instead (records "
+                        "shuffled, some twice, as Kinesis may deliver them), through the ordering guard "
+                        "(docs/kinesis.md)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw, description=(
@@ -1227,6 +1273,34 @@ def build_parser() -> argparse.ArgumentParser:
     lsub.add_parser("down", help="stop a detached stack")
     run = lsub.add_parser("run", help="start the stack, run a command with its variables, stop it")
     run.add_argument("command", nargs=argparse.REMAINDER)
+    # Rehearsing a recovery on the local stack (docs/recover.md, "Rehearse it locally").
+    ch = lsub.add_parser("changes", formatter_class=raw, help="write changes to a mapping's source table on the "
+                         "local stack (created with a stream and point-in-time recovery when missing)",
+                         epilog="example:\n  ddb2bt local changes -m example:product_catalog --changes 300")
+    add_mapping_args(ch, several=False)
+    ch.add_argument("--changes", type=number(int, minimum=1), default=300, help="changes to write (default %(default)s)")
+    ch.add_argument("--items", type=number(int, minimum=1), default=100, help="distinct items (default %(default)s)")
+    ch.add_argument("--seed", type=int, help="repeat a run's changes (default: new ones each time)")
+    tr = lsub.add_parser("trim", formatter_class=raw, help="make the local stream forget every record it holds, as "
+                         "24 hours of retention would: a stopped job's checkpoint is then trimmed",
+                         epilog="example:\n  ddb2bt local trim -m example:product_catalog && eval \"$(ddb2bt local "
+                                "env)\"")
+    add_mapping_args(tr, several=False)
+    add_state_args(tr)
+    ex = lsub.add_parser("export-table-to-point-in-time", formatter_class=raw,
+                         help="write an incremental export in AWS's layout to the local S3, from the local "
+                              "stream: the commands `ddb2bt recover` prints, with `ddb2bt local` for `aws dynamodb`",
+                         epilog="example:\n  ddb2bt local export-table-to-point-in-time --table-arn ARN --s3-bucket "
+                                "rehearsal --export-format DYNAMODB_JSON --export-type INCREMENTAL_EXPORT "
+                                "--incremental-export-specification ExportFromTime=S,ExportToTime=S,"
+                                "ExportViewType=NEW_AND_OLD_IMAGES")
+    ex.add_argument("--table-arn", required=True)
+    ex.add_argument("--s3-bucket", required=True, help="created on the local S3 when missing")
+    ex.add_argument("--s3-prefix")
+    ex.add_argument("--export-format", default="DYNAMODB_JSON", choices=("DYNAMODB_JSON",))
+    ex.add_argument("--export-type", default="INCREMENTAL_EXPORT", choices=("INCREMENTAL_EXPORT",))
+    ex.add_argument("--incremental-export-specification", required=True, metavar="SPEC",
+                    help="ExportFromTime=EPOCH_S,ExportToTime=EPOCH_S,ExportViewType=NEW_AND_OLD_IMAGES")
     p.set_defaults(func=cmd_local)
     _no_abbreviations(parser)
     return parser

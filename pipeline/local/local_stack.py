@@ -343,6 +343,15 @@ def load_state(path: Optional[Path] = None) -> Optional[dict]:
     return None
 
 
+def replace_state(old: dict, new: dict, path: Optional[Path] = None) -> None:
+    """Replace the recorded stack ``old`` by ``new`` (`ddb2bt local trim` adds its
+    proxy to the stack's processes and variables, so `local env` and `local down`
+    know it)."""
+    path = path or state_file()
+    stacks = [new if s == old else s for s in _read(path)]
+    path.write_text(json.dumps({"stacks": stacks}, indent=2))
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
