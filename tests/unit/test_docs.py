@@ -255,3 +255,25 @@ def test_version_clashes_on_kinesis_are_one_statement_in_every_page():
     assert any(s in (ROOT / "docs/kinesis.md").read_text() for s in statement)
     assert " ".join(statement[0].split()) in " ".join(section.split())
     assert "With a Kinesis source the later one overwrites" in " ".join((ROOT / "docs/design.md").read_text().split())
+
+
+def test_every_runbook_command_is_run_by_the_test_the_runbook_names():
+    """docs/cutover.md's runbook table: each row's test exists, and its source
+    runs each command of the row (as a CLI argument list: "migrate",
+    "--restart", ...)."""
+    import ast
+
+    text = (ROOT / "docs/cutover.md").read_text()
+    table = text.split("### The runbook, as tested", 1)[1].split("\n## ", 1)[0]
+    rows = [r for r in table.splitlines() if r.startswith("| ") and "`tests/" in r]
+    assert len(rows) >= 10
+    for row in rows:
+        commands = re.findall(r"`ddb2bt ([^`]+)`", row.split("|")[2])
+        where = re.search(r"`(tests/[^`]+\.py)::(\w+)`", row).groups()
+        tree = ast.parse((ROOT / where[0]).read_text())
+        fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == where[1]), None)
+        assert fn is not None, f"{where[0]}::{where[1]} does not exist"
+        words = {n.value for n in ast.walk(fn) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        for command in commands:
+            for word in command.split():
+                assert word in words, f"{where[1]} does not run `ddb2bt {command}` ({word!r} never passed)"
