@@ -656,7 +656,7 @@ def join(spec: Optional[LeaseSpec]) -> Optional[Lease]:
             # gone) is joined again by the next DoFn set up after the failed
             # bundles, as a new worker would: it holds again only if its job
             # still does (else LeaseLost, naming the holder).
-            _REGISTRY.pop(spec.key, None)
+            lease.release()  # gives nothing up (it holds nothing): leaves the registry, closes its channel
             lease = None
         if lease is None:
             lease = Lease(spec, lease_cell(spec), command="worker")
