@@ -587,11 +587,12 @@ def cmd_recover(args) -> int:
     apply the exports and set the trimmed shards to resume (docs/recover.md)."""
     from tqdm import tqdm
 
-    from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job
+    from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job, refuse_kinesis
     from ddb2bt.pipeline.jobs import acquire_lease
     from ddb2bt.pipeline.metrics import default_metrics
 
     mapping = load(args)
+    refuse_kinesis(mapping)  # before any lease or state is touched
     spec = state_spec(args, mapping)
     options = RecoverOptions(exports=tuple(args.from_export or ()), s3_bucket=args.s3_bucket or "<bucket>",
                              s3_prefix=args.s3_prefix or "", accept_inexact=args.accept_inexact)

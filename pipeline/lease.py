@@ -242,6 +242,12 @@ class LeaseCell:
 # for this long (Dataflow moved it elsewhere): the new owner then waits at most
 # this, not a whole TTL. Readers come back every poll interval (~1 s).
 PARTITION_IDLE_RELEASE_S = 10.0
+# A reading round keeps its partition's lease from being idle (a round may wait
+# minutes in throttling back-off), but not for ever: a round whose generator the
+# runner dropped without closing it (it leaks the count) stops counting after
+# this long, past the readers' default give-up deadline (--dynamodb-deadline,
+# 300 s), so a partition Dataflow moved is still released in the end.
+PARTITION_ROUND_MAX_S = 900.0
 
 
 class Lease:
@@ -277,6 +283,7 @@ class Lease:
         self.idle_release_s: Optional[float] = None
         self.last_used = clock()
         self.rounds = 0
+        self.round_started = float("-inf")  # the latest round's start (own clock)
 
     # -- state -------------------------------------------------------------------
     def _state(self, now_ms: int, ttl_s: Optional[float] = None, released: bool = False) -> LeaseState:
@@ -564,7 +571,8 @@ class Lease:
         not used for ``idle_release_s``. Unproven (a blip, a pause): not idle,
         nothing to release yet."""
         now = self._clock()
-        return (self.idle_release_s is not None and self.rounds == 0 and now - self.last_used > self.idle_release_s
+        running = self.rounds > 0 and now - self.round_started < PARTITION_ROUND_MAX_S
+        return (self.idle_release_s is not None and not running and now - self.last_used > self.idle_release_s
                 and self._valid_until > now)
 
     def release(self) -> None:
@@ -648,7 +656,7 @@ def join(spec: Optional[LeaseSpec]) -> Optional[Lease]:
             # gone) is joined again by the next DoFn set up after the failed
             # bundles, as a new worker would: it holds again only if its job
             # still does (else LeaseLost, naming the holder).
-            _REGISTRY.pop(spec.key, None)
+            lease.release()  # gives nothing up (it holds nothing): leaves the registry, closes its channel
             lease = None
         if lease is None:
             lease = Lease(spec, lease_cell(spec), command="worker")
@@ -819,6 +827,7 @@ class PartitionOwners:
             return
         with self._lock:
             lease.rounds += 1
+            lease.round_started = lease._clock()
         try:
             yield
         finally:

@@ -36,7 +36,8 @@ from ddb2bt.transforms.mapping import delete_cell, write_cell, owned_cells, vali
 from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
 
 __all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "clock_mutations", "decode_clock", "encode_clock",
-           "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations", "swap_expectation"]
+           "converge_rows", "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations",
+           "swap_expectation"]
 
 CLOCK_FAMILY = "ddb2bt_clock"
 # Clock value layout version (encode_clock): lets a later layout be read next to this one.
@@ -176,6 +177,37 @@ def guarded_rows(mapping: MappingConfig, record: ChangeRecord) -> tuple:
     item = canonical_typed_json({"M": dict(record.keys)}).encode("utf-8")
     order = order_key(record)
     return tuple(GuardedRow(t, k, item, record.change_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)))
+                 for (t, k), (n, o) in rows.items())
+
+
+def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int) -> tuple:
+    """The guard's form of ``mapping.converge_change`` (``dlq redrive`` and
+    ``repair`` of an out-of-order source): the item's ``current`` state (None:
+    gone) as a change at ``ts_ms``, ordered at the last µs of that millisecond,
+    one GuardedRow per row it or one of the ``seen`` images owns cells in. Through
+    the guard it is written only if newer than the row's clock, replaces the
+    whole state with the clock listing what it owns (so a later REMOVE deletes
+    it), and, the item gone, leaves the clock as the tombstone that keeps a late
+    older change out. ``old_cells`` (used only where a row has no clock yet)
+    unite what the seen images owned; an image that cannot be mapped any more
+    owned nothing; ``current`` that cannot be mapped raises MappingError."""
+    new = owned_cells(mapping, keys, current) if current is not None else {}
+    old: dict = {}
+    for image in seen:
+        try:
+            old.update(owned_cells(mapping, keys, image, with_values=False))
+        except MappingError:
+            continue
+    rows: dict = {}
+    for key in sorted(new):
+        cell = new[key]
+        rows.setdefault((cell.table, cell.row_key), ([], []))[0].append(cell)
+    for key in sorted(old):
+        cell = old[key]
+        rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
+    item = canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+    order = OrderKey(ts_ms * US_PER_MS + US_PER_MS - 1, image_hash(seen[-1] if seen else None), image_hash(current))
+    return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)))
                  for (t, k), (n, o) in rows.items())
 
 

@@ -674,10 +674,26 @@ class RecoverOutcome:
         return out
 
 
+def refuse_kinesis(mapping) -> None:
+    """``recover`` is for a DynamoDB stream's trimmed checkpoints: it writes the
+    exports' lines with the ordered path's diffs, around the ordering guard's
+    clocks, which a Kinesis job's later REMOVEs rely on (docs/design.md §10). So a
+    Kinesis mapping is refused, before anything is read or written."""
+    if mapping.source.kinesis is not None:
+        from ddb2bt.transforms.errors import ConfigError
+
+        raise ConfigError(
+            "recover applies DynamoDB incremental exports for a job whose DynamoDB stream was trimmed; this mapping "
+            "reads a Kinesis stream, whose writes go through the ordering guard, which recover does not. A "
+            "Kinesis stream keeps up to a year: raise its retention, and for changes already lost back-fill "
+            "again (ddb2bt migrate -m <mapping> --restart)", "source.kinesis")
+
+
 def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=None, dynamodb=None,
                 fence: Callable[[], object] = lambda: None, progress=None, now_ms: Optional[int] = None,
                 metrics=None, sweep_progress=None) -> RecoverOutcome:
     """`ddb2bt recover` against the real services (clients injectable for tests)."""
+    refuse_kinesis(mapping)
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.phases import Migration
     from ddb2bt.pipeline.preflight import resolve_stream

@@ -66,7 +66,7 @@ from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import (MARKER_FAMILY, converge_change, expected_cells, handoff_second_ms,
                                        marker_qualifier)
 from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, DeleteCells, MappedChange, SetCell, StreamPosition
-from ddb2bt.transforms.ordering import CLOCK_FAMILY
+from ddb2bt.transforms.ordering import CLOCK_FAMILY, converge_rows
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +325,13 @@ def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, n
     final = {} if final is None else final
     seen = {key: list(images) for key, (_, _, images) in groups.items()}
     pending = list(groups)
+    # An out-of-order source (Kinesis): every write goes through the item's clock
+    # (docs/design.md §10), or a later REMOVE, which deletes only what the clock
+    # lists, would leave what this wrote, and a redriven delete would leave no
+    # tombstone against a late older change.
+    guarded = mapping.source.kinesis is not None
+    if guarded and not getattr(batcher, "ordering_guard", False):
+        raise TypeError("a Kinesis mapping's redrive writes through the ordering guard (GuardedBatchingWriter)")
     for _ in range(options.max_rounds):
         if not pending:
             return
@@ -339,7 +346,7 @@ def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, n
             # one), older than every change after the second ends — the wait below.
             ts = second + 999
             try:
-                rows = converge_change(mapping, keys, current, tuple(seen[key]), ts)
+                rows = (converge_rows if guarded else converge_change)(mapping, keys, current, tuple(seen[key]), ts)
             except MappingError as exc:
                 table_logger(log, mapping.name).info("an item's dead letters still fail to map: %s", exc.reason)
                 outcome[key] = "failing"
@@ -388,7 +395,12 @@ def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions())
 
     writer = state_spec.bigtable.writer()
     store = state_spec.store(writer)
-    batcher = BatchingWriter(writer, None, SinkConfig(overlap_writes=False), versions=store.versions())
+    if mapping.source.kinesis is not None:  # through the item's clock (docs/design.md §10, docs/kinesis.md)
+        from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
+
+        batcher = GuardedBatchingWriter(writer, None, SinkConfig(overlap_writes=False, ordering_guard=True))
+    else:
+        batcher = BatchingWriter(writer, None, SinkConfig(overlap_writes=False), versions=store.versions())
     t = mapping.target
     try:
         reader = ItemReader(DynamoDBClientFactory(mapping.source.region)(), mapping.source.table,

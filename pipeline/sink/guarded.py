@@ -152,6 +152,8 @@ class GuardedBatchingWriter(BatchingWriter):
     guarded write of the batch is acknowledged. Rows are independent under the
     guard, so there is no per-row ordering to keep and no overlap to manage."""
 
+    ordering_guard = True  # what redrive checks it writes through
+
     def __init__(self, *args, **kwargs) -> None:
         kwargs["overlap"] = False
         kwargs["versions"] = None  # the clock's owned cells replace the version registry (docs/design.md §10.5)

@@ -254,7 +254,9 @@ def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestri
             continue
         ckpt: Optional[ShardCheckpoint] = checkpoints.get(shard_id)
         if ckpt is not None and ckpt.finished:
-            claims.append(ClaimClosed(shard_id))
+            # Recorded finished in the state table: nothing to read, and nothing
+            # for the restriction to remember (it is committed every round; a
+            # table with thousands of closed shards made it hundreds of KB).
             continue
         parent = listing.shards[shard_id]
         parent_ckpt = checkpoints.get(parent) if parent else None
@@ -272,7 +274,11 @@ def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestri
             pos = ShardPos(mode=TRIM_HORIZON)
         claims.append(ClaimStart(shard_id, pos))
     for shard_id in sorted(r.closed):
-        if shard_id not in listing.shards:  # aged out of the stream: stop remembering it
+        ckpt = checkpoints.get(shard_id)
+        # Aged out of the stream, or recorded finished (the sink records a shard
+        # finished once every write before its end is acknowledged): the
+        # restriction keeps only what the state table does not already record.
+        if shard_id not in listing.shards or (ckpt is not None and ckpt.finished):
             claims.append(ClaimForget(shard_id))
     return claims, waiting
 

@@ -4,9 +4,11 @@ So migrate/backfill create no marker family in its targets, and a `dlq redrive`
 during its backfill writes no marker (there is no family to write it to)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddb2bt.pipeline.cutover import controller
 from ddb2bt.pipeline.cutover.redrive import redrive
-from ddb2bt.pipeline.sink.sink import BatchingWriter
+from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
@@ -67,7 +69,8 @@ def test_a_redrive_during_a_kinesis_backfill_writes_no_marker(tmp_path):
         def get(self, keys):
             return now
 
-    result = redrive(kinesis, store, BatchingWriter(bt, None, FAST, sleep=lambda s: None), Table(),
-                     now_ms=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + int(s * 1000)))
+    batcher = GuardedBatchingWriter(bt, None, replace(FAST, ordering_guard=True), sleep=lambda s: None)
+    result = redrive(kinesis, store, batcher, Table(), now_ms=lambda: clock[0],
+                     sleep=lambda s: clock.__setitem__(0, clock[0] + int(s * 1000)))
     assert result.resolved == 1
-    assert {f for f, _ in bt.latest(kinesis.target.table)[b"hats#a"]} == {"SKU"}
+    assert {f for f, _ in bt.latest(kinesis.target.table)[b"hats#a"]} == {"SKU", CLOCK_FAMILY}

@@ -9,7 +9,7 @@ import pytest
 
 from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
                                    LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, PARTITION_IDLE_RELEASE_S,
-                                   PartitionOwners, check_held, fence, margin_s, partition_index, register)
+                                   PARTITION_ROUND_MAX_S, PartitionOwners, check_held, fence, margin_s, partition_index, register)
 from ddb2bt.pipeline.sink.bigtable_io import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.retry import RetryPolicy
@@ -580,5 +580,14 @@ def test_a_partition_whose_round_is_backing_off_is_not_released_as_idle():
         w1.check([(STREAM, "shard-0")])  # the sink writes what the round read
         world.sleep(PARTITION_IDLE_RELEASE_S + 1)
         wait_for(lambda: not lease.holding, "released once no round runs and nothing uses it")
+        # A round whose generator was dropped unclosed (its count leaked) stops
+        # holding the partition after PARTITION_ROUND_MAX_S.
+        leaked = w1.claim(job, STREAM, 0, 1)
+        dropped = w1.round(STREAM, 0)  # entered, never exited (kept referenced: not closed by the GC)
+        dropped.__enter__()
+        world.sleep(PARTITION_IDLE_RELEASE_S + 1)
+        assert not leaked.idle()
+        world.sleep(PARTITION_ROUND_MAX_S)
+        wait_for(lambda: not leaked.holding, "a leaked round does not hold the partition for ever")
     finally:
         w1.release_all()

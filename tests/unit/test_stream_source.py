@@ -117,7 +117,32 @@ def test_finished_shard_in_the_state_table_is_not_read_again():
     state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1], finished=True)])
     tracker = LocalTracker()
     out, _ = drain_round(reader, tracker)
-    assert out == [] and "s" in tracker.current_restriction().closed
+    # Not read, and not remembered in the restriction either: the state table records it.
+    assert out == [] and tracker.current_restriction().closed == frozenset()
+    assert tracker.current_restriction().positions == ()
+
+
+def test_the_restriction_keeps_only_the_closed_shards_the_state_table_does_not_record():
+    """A table with thousands of closed shards: the restriction (committed every
+    round) remembers a closed shard only until the sink records it finished."""
+    client, state, _, reader, _ = setup()
+    finished = [f"old-{i:04d}" for i in range(2000)]
+    for shard in finished:
+        client.add_shard(shard)
+        client.close_shard(shard)
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, shard, "1", finished=True) for shard in finished])
+    client.add_shard("s")
+    s = put(client, "s", 2)
+    client.close_shard("s")
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert seqs(out) == s and any(isinstance(e, ShardClosed) for e in out)
+    assert tracker.current_restriction().closed == {"s"}, "read to its end, not yet recorded finished"
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1], finished=True)])  # the sink's record
+    out, _ = drain_round(reader, tracker)
+    assert out == [] and tracker.current_restriction().closed == frozenset()
+    out, _ = drain_round(reader, tracker)
+    assert out == [], "and never read again"
 
 
 def test_start_latest_skips_existing_records_only_on_the_first_discovery():
@@ -250,7 +275,7 @@ def test_plan_starts_is_pure_lineage_planning():
     done = {"p": ShardCheckpoint("arn", "p", "9", finished=True)}
     claims, waiting = plan_starts(listing, part, PartitionRestriction(discovered_once=True), done, "latest")
     kinds = {type(c).__name__: c for c in claims}
-    assert kinds["ClaimClosed"].shard_id == "p"
+    assert "ClaimClosed" not in kinds, "recorded finished: nothing to remember"
     assert kinds["ClaimStart"].shard_id == "c" and kinds["ClaimStart"].pos.mode == "trim_horizon"
     assert waiting == ["g"]
 
