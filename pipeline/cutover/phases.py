@@ -388,7 +388,8 @@ def advance(migration: Migration, bookkeeping, at_head: bool, promote_live: bool
     """One step of the machine for a process without a controller (the tail's
     readers on Dataflow, or next to a separate batch backfill): BACKFILLING →
     CATCHING_UP when every part is done; then the finish once the tails had time
-    to stop marking; then LIVE (``promote_live``) once this reader is at the head.
+    to stop marking; then LIVE (``promote_live``) once ``at_head``: every
+    partition caught up and settled (the keeper decides, catchup.py).
     Every step is idempotent, so several readers may run it. Returns the phase."""
     phase = migration.phase
     if phase == BACKFILLING and migration.finish_backfill():

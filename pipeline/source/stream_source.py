@@ -86,7 +86,7 @@ class ReaderOptions:
     # In-process stop requests (local runs): `request_stop(token)` ends the reading
     # cleanly at the next round, everything read so far written and checkpointed.
     stop_token: Optional[str] = None
-    # A reader at the stream head moves a finished migration CATCHING_UP → LIVE
+    # Readers that have caught up (cutover/catchup.py) move a finished migration CATCHING_UP → LIVE
     # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
     promote_live: bool = True
     # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): every round checks it, so
