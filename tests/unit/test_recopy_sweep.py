@@ -56,3 +56,37 @@ def test_a_dataflow_recopy_of_a_migrated_table_is_refused_naming_the_command_tha
     refuse_remote_recopy([job], [BackfillOptions(restart=False)])  # not a re-copy
     with pytest.raises(ConfigError, match="ddb2bt backfill -m m.yaml --restart"):
         refuse_remote_recopy([job], [BackfillOptions(restart=True)])
+
+
+def test_a_local_recopy_tail_follows_a_replaced_stream_and_passes_a_trimmed_checkpoint():
+    from types import SimpleNamespace
+
+    from ddb2bt.pipeline.jobs import recopy_tail
+
+    def args(**kw):
+        base = dict(new_stream=False, on_trimmed="fail", beam_args=[])
+        return SimpleNamespace(**{**base, **kw})
+
+    assert recopy_tail(args()) == (False, "fail")  # `run`: stops loudly, refuses a new stream
+    assert recopy_tail(args(new_stream=True)) == (True, "fail")
+    assert recopy_tail(args(restart=False)) == (False, "fail")  # `migrate` resuming
+    assert recopy_tail(args(restart=True)) == (True, "restart")  # the re-copy restores what was lost
+    # On Dataflow the re-copy is refused (refuse_remote_recopy): its tail is a plain one.
+    assert recopy_tail(args(restart=True, beam_args=["--runner=DataflowRunner"])) == (False, "fail")
+
+
+def test_every_prescription_of_migrate_restart_names_a_command_that_recopies():
+    """Docs, alerts and messages prescribe `migrate --restart` after lost changes;
+    it re-copies from any phase (tests/e2e/test_recopy.py). None may prescribe a
+    plain `ddb2bt migrate` as "a fresh backfill": on a LIVE job it copies nothing."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    files = [*root.glob("docs/*.md"), root / "README.md", *root.glob("deploy/prometheus/*.yml"),
+             *root.glob("pipeline/**/*.py")]
+    prescriptions = [f for f in files if re.search(r"migrate[^`\n]{0,40}--restart", f.read_text())]
+    assert {p.name for p in prescriptions} >= {"alerts.yml", "cutover.md", "recover.md", "preflight.py",
+                                               "stream_source.py"}
+    for f in files:
+        assert not re.search(r"backfill \(ddb2bt migrate\)", f.read_text()), f
