@@ -23,21 +23,46 @@ def test_only_unowned_columns_older_than_the_backfill_are_stale():
         b"r3": {("f", b"at"): [(BACKFILL_MS, b"backfill")]},         # the backfill's own stamp: not older
     }
     assert stale_columns("t", want, have, BACKFILL_MS) == [
-        StaleColumn("t", b"r1", "f", b"gone", BACKFILL_MS - 5),
-        StaleColumn("t", b"r2", "f", b"a", 10),
+        StaleColumn("t", b"r1", "f", b"gone", BACKFILL_MS - 5, (50, BACKFILL_MS - 5)),
+        StaleColumn("t", b"r2", "f", b"a", 10, (10,)),
     ]
+
+
+def test_versions_no_scanned_item_holds_are_judged_by_their_owner_records():
+    from ddb2bt.pipeline.cutover.compare import VERSIONS
+    from ddb2bt.pipeline.state import StateStore
+
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: BACKFILL_MS + 10_000)
+    owners = store.versions()
+    col = ("c", b"comments")
+    # Versions 100 (kept by an item), 200 (its owner deleted while changes were
+    # lost: claimed before T), 300 (a comment created after the Scan: claimed
+    # after T), 400 (no owner record, older than the backfill).
+    for v in (100, 200, 300, 400):
+        bt.mutate_rows("t", [(b"video", [SetCell(*col, b"x", v)])])
+    owners.claim(owners.key("t", b"video", *col, 200), b"gone", change_ms=BACKFILL_MS - 60_000)
+    owners.claim(owners.key("t", b"video", *col, 300), b"new", change_ms=BACKFILL_MS + 5_000)
+    want = {b"video": {col: Expect(VERSIONS, {100: b"x"})}}
+    have = {b"video": {col: [(v, b"x") for v in (400, 300, 200, 100)]}}
+    [stale] = stale_columns("t", want, have, BACKFILL_MS)
+    assert stale.owned and stale.versions == (200, 300, 400)
+    assert deleter(bt, owners, BACKFILL_MS)(stale) is True
+    assert set(bt.versions("t")[b"video"][col]) == {100, 300}
+    assert owners.owners([owners.key("t", b"video", *col, 200)]) in ({}, {owners.key("t", b"video", *col, 200): None})
+    assert owners.owners([owners.key("t", b"video", *col, 300)])  # the tail's claim stays
 
 
 def test_the_delete_takes_what_was_read_and_yields_to_a_newer_write():
     bt = InMemoryBigtable()
     bt.mutate_rows("t", [(b"r", [SetCell("f", b"q", b"old", 100), SetCell("f", b"q", b"older", 40)])])
     delete = deleter(bt)
-    assert delete(StaleColumn("t", b"r", "f", b"q", 100)) is True
+    assert delete(StaleColumn("t", b"r", "f", b"q", 100, (40, 100))) is True
     assert not bt.versions("t").get(b"r", {}).get(("f", b"q"))
     # A tail write lands between the read (newest 100) and the delete: it wins.
     bt.mutate_rows("t", [(b"s", [SetCell("f", b"q", b"stale", 100)])])
     bt.mutate_rows("t", [(b"s", [SetCell("f", b"q", b"tail", 5_000)])])
-    assert delete(StaleColumn("t", b"s", "f", b"q", 100)) is False
+    assert delete(StaleColumn("t", b"s", "f", b"q", 100, (100,))) is False
     assert set(bt.versions("t")[b"s"][("f", b"q")]) == {100, 5_000}
 
 
