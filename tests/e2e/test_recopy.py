@@ -95,7 +95,8 @@ def test_restart_on_a_live_job_recopies_the_table(stack, tmp_path, unique, capsy
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
 
 
-def test_a_replaced_stream_recovers_by_following_its_own_advice(stack, tmp_path, unique, capsys):
+@pytest.mark.parametrize("extra", [[], ["--new-stream"]], ids=["restart", "restart-new-stream"])
+def test_a_replaced_stream_recovers_by_following_its_own_advice(stack, tmp_path, unique, capsys, extra):
     path, mapping, ddb = setup(tmp_path, unique)
     items = preload(ddb, mapping.source.table, ITEMS, seed=32)
     _migrate_live(path)
@@ -124,8 +125,9 @@ def test_a_replaced_stream_recovers_by_following_its_own_advice(stack, tmp_path,
     assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) != 0
     err = capsys.readouterr().err
     assert "stream was replaced" in err and "ddb2bt migrate --restart" in err
-    # ... and that command, as given, copies the table again and tails the new stream.
-    assert ddb2bt(["migrate", "--mapping", str(path), "--restart", "--segments", "2", "--until-idle", "1",
+    # ... and that command, as given (with --new-stream too), copies the table
+    # again and tails the new stream: never "LIVE" without the copy.
+    assert ddb2bt(["migrate", "--mapping", str(path), "--restart", *extra, "--segments", "2", "--until-idle", "1",
                    "--poll-interval", "0.2"]) == 0
     assert_target_is_exactly_the_mapping(mapping, ddb)
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
