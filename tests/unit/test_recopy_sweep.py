@@ -115,3 +115,7 @@ def test_every_prescription_of_migrate_restart_names_a_command_that_recopies():
                                                "stream_source.py"}
     for f in files:
         assert not re.search(r"backfill \(ddb2bt migrate\)", f.read_text()), f
+    # On Dataflow a re-copy is refused (refuse_remote_recopy): the alert a
+    # Dataflow job raises names the command that re-copies there too.
+    alerts = (root / "deploy/prometheus/alerts.yml").read_text()
+    assert "ddb2bt backfill --restart" in alerts
