@@ -75,7 +75,8 @@ def test_a_dataflow_recopy_of_a_migrated_table_is_refused_naming_the_command_tha
     from ddb2bt.transforms.errors import ConfigError
 
     store = StateStore(InMemoryBigtable(), "job", lambda: 1)
-    job = SimpleNamespace(mapping=SimpleNamespace(name="job", origin="m.yaml"), state=SimpleNamespace(store=lambda: store))
+    job = SimpleNamespace(mapping=SimpleNamespace(name="job", origin="m.yaml"),
+                          state=SimpleNamespace(store=lambda: store))
     refuse_remote_recopy([job], [BackfillOptions(restart=True)])  # never migrated: a first backfill, fine
     store.save_meta("phase", "LIVE@n")
     refuse_remote_recopy([job], [BackfillOptions(restart=False)])  # not a re-copy
