@@ -302,9 +302,10 @@ class Migration:
         # A table migrated (or back-filled) before may hold rows of items that are
         # gone: this backfill ends with the re-copy sweep (docs/design.md §7.7),
         # recorded so that a resume after a crash still runs it.
-        recopy = self.phase is not None
+        # Recorded before the move: a crash right after it still owes the sweep
+        # (a sweep is safe at any time; one too many costs a read).
+        self.store.save_meta(RECOPY_META, "1" if self.phase is not None else "")
         self.transition(BACKFILLING)
-        self.store.save_meta(RECOPY_META, "1" if recopy else "")
         self.store.save_meta("finished_ms", "")
         self.store.save_meta("marker_tables", json.dumps(sorted(set(tables) | set(self.marker_tables()))))
         bookkeeping.ensure(tables)

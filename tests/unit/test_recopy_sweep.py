@@ -120,3 +120,16 @@ def test_every_prescription_of_migrate_restart_names_a_command_that_recopies():
     # Dataflow job raises names the command that re-copies there too.
     alerts = (root / "deploy/prometheus/alerts.yml").read_text()
     assert "ddb2bt backfill --restart" in alerts
+
+
+def test_a_backfill_over_an_earlier_migration_owes_the_sweep_until_it_ran():
+    from tests.unit.test_cutover_phases import world
+
+    clock, store, admin, bk, m = world()
+    m.begin_backfill({"kind": "scan", "parts": 1}, bk, ("t",))
+    assert not m.recopy_pending, "a first backfill: nothing of an earlier copy to remove"
+    store.save_meta("phase", "LIVE@x")
+    m.begin_backfill({"kind": "scan", "parts": 1}, bk, ("t",))  # --restart on a LIVE job
+    assert m.phase == "BACKFILLING" and m.recopy_pending
+    m.recopy_done()
+    assert not m.recopy_pending
