@@ -378,7 +378,8 @@ class PartitionReader:
             f"shard {shard_id} of {self._partition.stream_arn} no longer holds the changes {where}: "
             "they were trimmed (older than the stream's 24 h retention) before being applied, so "
             "changes were LOST. Recover them from incremental exports (ddb2bt recover -m <mapping>: it "
-            "prints the export commands, then applies them), or by copying the table again (ddb2bt migrate --restart); "
+            "prints the export commands, then applies them), or by copying the table again with a new backfill "
+            "(ddb2bt migrate --restart); "
             "or rerun with --on-trimmed=restart to continue from the oldest available record "
             "(the lost changes stay lost)."
         )
