@@ -72,7 +72,9 @@ TRANSITIONS = {
 # resumed as itself, and back to LIVE once the exports are applied.
 for _p in (None, CATCHING_UP, LIVE):
     TRANSITIONS[_p] = TRANSITIONS[_p] | {RECOVERING}
-TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE})
+# A re-copy (`migrate --restart`, §7.7) supersedes a recovery given up half-way:
+# its backfill restores what the recovery was to restore.
+TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE, BACKFILLING})
 # The tail re-reads the phase this often; the backfill waits for two refreshes
 # plus a second before fixing T, so no change at or after T's second goes unmarked.
 PHASE_CACHE_S = 2.0
