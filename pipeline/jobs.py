@@ -270,6 +270,19 @@ def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
     return serve_metrics(port, host)
 
 
+def recopy_tail(args) -> tuple:
+    """(accept a replaced stream, on_trimmed) of the tail. A re-copy (`migrate
+    --restart`, local: on Dataflow it is refused, controller.refuse_remote_recopy)
+    copies the whole table again, so what a trimmed checkpoint or a replaced
+    stream lost is restored by its backfill: its tail follows the new stream, and
+    a trimmed shard goes on from the oldest record (docs/design.md §7.7), where a
+    plain tail stops loudly."""
+    from ddb2bt.pipeline.graph import is_local
+
+    recopy = bool(getattr(args, "restart", False)) and is_local(args.beam_args)
+    return bool(args.new_stream) or recopy, "restart" if recopy else args.on_trimmed
+
+
 def build_live_jobs(args, mappings: list) -> list:
     """One LiveJob per mapping, for one job of them all. Every table is checked
     first — its stream exists and is NEW_AND_OLD_IMAGES, its target table
@@ -302,18 +315,12 @@ def build_live_jobs(args, mappings: list) -> list:
         if warning:
             log.warning(warning)
         check_profiles(args, mapping)
-    # A re-copy (`migrate --restart`, local: on Dataflow it is refused,
-    # controller.refuse_remote_recopy) copies the whole table again, so what a
-    # trimmed checkpoint or a replaced stream lost is restored by its backfill:
-    # its tail follows the new stream, and a trimmed shard goes on from the
-    # oldest record (docs/design.md §7.7), where a plain tail stops loudly.
-    recopy = bool(getattr(args, "restart", False)) and is_local(args.beam_args)
-    on_trimmed = "restart" if recopy else args.on_trimmed
+    accept_new_stream, on_trimmed = recopy_tail(args)
     for mapping, source in zip(mappings, sources):
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
         # `migrate --restart` is the recovery the refusal names: a new backfill
         # copies the table again and its tail follows the new stream.
-        check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream or recopy)
+        check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, accept_new_stream)
     states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
     claim_target_tables(args, mappings, states)
     leases = acquire_leases(args, states, TAIL)

@@ -486,7 +486,7 @@ def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = F
     """Dataflow: ONE streaming job with the tail of every table and each table's
     backfill side by side. Each table's handoff is fixed here, before launch; the
     readers then move each table's phase on (``phases.advance``): CATCHING_UP
-    when its parts are done, the finish, LIVE once at the stream head."""
+    when its parts are done, the finish, LIVE once caught up (catchup.py)."""
     from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
 
     p = make_pipeline(beam_args, streaming=True)

@@ -72,7 +72,9 @@ TRANSITIONS = {
 # resumed as itself, and back to LIVE once the exports are applied.
 for _p in (None, CATCHING_UP, LIVE):
     TRANSITIONS[_p] = TRANSITIONS[_p] | {RECOVERING}
-TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE})
+# A re-copy (`migrate --restart`, §7.7) supersedes a recovery given up half-way:
+# its backfill restores what the recovery was to restore.
+TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE, BACKFILLING})
 # The tail re-reads the phase this often; the backfill waits for two refreshes
 # plus a second before fixing T, so no change at or after T's second goes unmarked.
 PHASE_CACHE_S = 2.0
@@ -302,9 +304,10 @@ class Migration:
         # A table migrated (or back-filled) before may hold rows of items that are
         # gone: this backfill ends with the re-copy sweep (docs/design.md §7.7),
         # recorded so that a resume after a crash still runs it.
-        recopy = self.phase is not None
+        # Recorded before the move: a crash right after it still owes the sweep
+        # (a sweep is safe at any time; one too many costs a read).
+        self.store.save_meta(RECOPY_META, "1" if self.phase is not None else "")
         self.transition(BACKFILLING)
-        self.store.save_meta(RECOPY_META, "1" if recopy else "")
         self.store.save_meta("finished_ms", "")
         self.store.save_meta("marker_tables", json.dumps(sorted(set(tables) | set(self.marker_tables()))))
         bookkeeping.ensure(tables)
@@ -388,7 +391,8 @@ def advance(migration: Migration, bookkeeping, at_head: bool, promote_live: bool
     """One step of the machine for a process without a controller (the tail's
     readers on Dataflow, or next to a separate batch backfill): BACKFILLING →
     CATCHING_UP when every part is done; then the finish once the tails had time
-    to stop marking; then LIVE (``promote_live``) once this reader is at the head.
+    to stop marking; then LIVE (``promote_live``) once ``at_head``: every
+    partition caught up and settled (the keeper decides, catchup.py).
     Every step is idempotent, so several readers may run it. Returns the phase."""
     phase = migration.phase
     if phase == BACKFILLING and migration.finish_backfill():

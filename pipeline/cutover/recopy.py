@@ -11,9 +11,11 @@ column that no scanned item owns in its row only when its newest cell is older
 than the backfill's cells (``floor_to_second(T) − 1 ms``): such a cell was
 written by a change before T, whose effect, or a later one, every Scan after T
 sees. A change after T writes at or after T's second, so the tail's cells are
-never taken. Each delete is one CheckAndMutateRow that applies only if the
-column still has nothing newer than what was read, so a tail write landing
-between the read and the delete wins.
+never taken. Each such delete is one CheckAndMutateRow of exactly the cells
+read, applied only if the column still has nothing newer, so a tail write
+landing between the read and the delete wins. In a versioned column items still
+own, a version no scanned item holds goes when its owner record says a change
+before T claimed it (one after T is the tail's), and is released.
 
 Both sides are spilled to hash buckets and compared a bucket at a time, as
 ``verify`` does: memory is one bucket at any table size.
@@ -37,21 +39,26 @@ OWN_FAMILY_PREFIX = "ddb2bt_"
 
 @dataclass(frozen=True)
 class StaleColumn:
-    """A column no scanned item owns in its row, all of it older than the backfill."""
+    """Cells no scanned item owns: a whole column (``owned`` False: no item owns
+    the column in its row, all of it older than the backfill), or versions of a
+    versioned column that items still own (``owned`` True: the versions no
+    scanned item holds, to be checked against their owner records)."""
 
     table: str
     row_key: bytes
     family: str
     qualifier: bytes
     newest_ms: int
+    versions: tuple  # the cells' timestamps as read
+    owned: bool = False
 
 
 @dataclass(frozen=True)
 class SweepResult:
     rows_read: int
     items: int
-    deleted: int  # stale columns deleted
-    kept_newer: int  # stale when read, written meanwhile (the tail's newer cell won)
+    deleted: int  # stale columns (or versions) deleted
+    kept_newer: int  # stale when read, but written meanwhile or claimed after the handoff: kept
     unmappable: int  # items the mapping refuses: their rows are left as they are
 
 
@@ -69,16 +76,26 @@ def stale_columns(table: str, want: dict, have: dict, backfill_ms: int) -> list:
     qualifier): Expect}} of the scanned items; ``have``: {row: {(family,
     qualifier): [(ts ms, value)...]}} as read. A column is stale when no scanned
     item owns it in its row and its newest cell is older than the backfill's
-    (``backfill_ms``): written by a change before the handoff."""
+    (``backfill_ms``): written by a change before the handoff. In a versioned
+    column that scanned items own, the versions none of them holds are
+    candidates (``owned``): their owner records decide (``deleter``)."""
+    from ddb2bt.pipeline.cutover.compare import VERSIONS
+
     out = []
     for row_key in sorted(have):
         owned = want.get(row_key, {})
         for (family, qualifier), cells in sorted(have[row_key].items()):
-            if family.startswith(OWN_FAMILY_PREFIX) or (family, qualifier) in owned or not cells:
+            if family.startswith(OWN_FAMILY_PREFIX) or not cells:
                 continue
-            newest = max(ts for ts, _ in cells)
-            if newest < backfill_ms:
-                out.append(StaleColumn(table, row_key, family, qualifier, newest))
+            stamps = tuple(sorted({ts for ts, _ in cells}))
+            expect = owned.get((family, qualifier))
+            if expect is None:
+                if stamps[-1] < backfill_ms:
+                    out.append(StaleColumn(table, row_key, family, qualifier, stamps[-1], stamps))
+            elif expect.kind == VERSIONS:
+                extra = tuple(v for v in stamps if v not in expect.value)
+                if extra:
+                    out.append(StaleColumn(table, row_key, family, qualifier, stamps[-1], extra, owned=True))
     return out
 
 
@@ -118,16 +135,52 @@ def sweep(mapping, ddb, scan_target: Callable[[str], Iterable], delete: Callable
     return SweepResult(rows_read, items, deleted, kept, findings._unmappable_count)
 
 
-def deleter(writer) -> Callable[[StaleColumn], bool]:
-    """``delete(column)`` through ``writer`` (GrpcMutationWriter): the column's
-    cells up to the newest one read, only if nothing newer arrived meanwhile
-    (one atomic CheckAndMutateRow)."""
+def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn], bool]:
+    """``delete(column) -> bool`` through ``writer`` (GrpcMutationWriter), with
+    ``owners`` the version-ownership registry (None: none kept). Every delete is
+    exact (the versions read, ``[v, v + 1)``), never a range that could take a
+    cell written since. A whole stale column is deleted by one atomic
+    CheckAndMutateRow, only if nothing newer than what was read arrived
+    meanwhile (the tail's writes are newer). A stale version of an owned
+    versioned column goes only if its owner claimed it before the handoff second
+    (or nobody owns it and it is older than the backfill): a version claimed
+    after the handoff is the tail's. Deleted versions are released."""
+    handoff_second = backfill_ms + 1  # floor_to_second(T)
+
+    def release(column: StaleColumn, versions) -> None:
+        if owners is not None and versions:
+            owners.settle({owners.key(column.table, column.row_key, column.family, column.qualifier, v): None
+                           for v in versions})
+
+    def exact(column: StaleColumn, versions) -> list:
+        return [DeleteCells(column.family, column.qualifier, v, v + 1) for v in versions]
 
     def delete(column: StaleColumn) -> bool:
-        end = column.newest_ms + 1  # DeleteFromColumn's end is exclusive
-        return writer.check_and_mutate(column.table, column.row_key,
-                                       _Unless(column.family, column.qualifier, end),
-                                       [DeleteCells(column.family, column.qualifier, 0, end)])
+        if not column.owned:
+            applied = writer.check_and_mutate(column.table, column.row_key,
+                                              _Unless(column.family, column.qualifier, column.newest_ms + 1),
+                                              exact(column, column.versions))
+            if applied:
+                release(column, column.versions)
+            return applied
+        stale = []
+        for v in column.versions:
+            key = owners.key(column.table, column.row_key, column.family, column.qualifier, v) \
+                if owners is not None else None
+            before = owners.claimed_before(key, handoff_second) if key is not None else None
+            if before or (before is None and v < backfill_ms):
+                stale.append(v)
+        if not stale:
+            return False
+        statuses = writer.mutate_rows(column.table, [(column.row_key, exact(column, stale))])
+        bad = next((st for st in statuses if st is not None and not st.ok), None)
+        if bad is not None:  # the sweep stops; it is still owed, so a rerun sweeps again
+            from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable
+
+            raise (BigtableRetryable if bad.retryable else BigtablePermanent)(
+                f"the re-copy sweep's delete in {column.table} failed: {bad.message}")
+        release(column, stale)
+        return True
 
     return delete
 
@@ -142,8 +195,11 @@ def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8) -> Sw
     t = mapping.target
     expected = describe_table(ddb, mapping.source.table).get("ItemCount", 0)
     writer = state_spec.bigtable.writer()
+    store = state_spec.store()
     try:
-        return sweep(mapping, ddb, lambda table: iter_table(t.project, t.instance, table), deleter(writer),
-                     backfill_ms, segments=segments, estimated_items=int(expected))
+        return sweep(mapping, ddb, lambda table: iter_table(t.project, t.instance, table),
+                     deleter(writer, store.versions(), backfill_ms), backfill_ms, segments=segments,
+                     estimated_items=int(expected))
     finally:
         writer.close()
+        store.close()

@@ -90,7 +90,7 @@ class ReaderOptions:
     # In-process stop requests (local runs): `request_stop(token)` ends the reading
     # cleanly at the next round, everything read so far written and checkpointed.
     stop_token: Optional[str] = None
-    # A reader at the stream head moves a finished migration CATCHING_UP → LIVE
+    # Readers that have caught up (cutover/catchup.py) move a finished migration CATCHING_UP → LIVE
     # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
     promote_live: bool = True
     # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): every round checks it, so
@@ -399,7 +399,8 @@ class PartitionReader:
             f"shard {shard_id} of {self._partition.stream_arn} no longer holds the changes {where}: "
             "they were trimmed (older than the stream's 24 h retention) before being applied, so "
             "changes were LOST. Recover them from incremental exports (ddb2bt recover -m <mapping>: it "
-            "prints the export commands, then applies them), or by copying the table again (ddb2bt migrate --restart); "
+            "prints the export commands, then applies them), or by copying the table again with a new backfill "
+            "(ddb2bt migrate --restart); "
             "or rerun with --on-trimmed=restart to continue from the oldest available record "
             "(the lost changes stay lost)."
         )

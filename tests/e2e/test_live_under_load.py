@@ -91,3 +91,17 @@ def test_migrate_of_a_table_that_never_goes_quiet_goes_live(stack, tmp_path, uni
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
     capsys.readouterr()
     assert ddb2bt(["status", "--mapping", str(path)]) == 0, capsys.readouterr().out
+
+
+def test_a_tail_run_shorter_than_a_keeper_step_promotes_a_finished_backfill(stack, tmp_path, unique):
+    """`backfill` alone leaves the migration CATCHING_UP (its tail runs
+    elsewhere); `run --until-idle 2`, shorter than the keeper's 10 s step,
+    still moves it LIVE once caught up (issue 33, item 9's last clause)."""
+    path, mapping, ddb = setup(tmp_path, unique)
+    preload(ddb, mapping.source.table, 200, seed=42)
+    store = store_of(mapping)
+    assert ddb2bt(["backfill", "--mapping", str(path), "--segments", "2"]) == 0
+    assert Migration(store).phase == "CATCHING_UP"
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "2", "--poll-interval", "0.2"]) == 0
+    assert Migration(store).phase == "LIVE"
+    assert_target_is_exactly_the_mapping(mapping, ddb)

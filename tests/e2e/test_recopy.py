@@ -95,7 +95,8 @@ def test_restart_on_a_live_job_recopies_the_table(stack, tmp_path, unique, capsy
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
 
 
-def test_a_replaced_stream_recovers_by_following_its_own_advice(stack, tmp_path, unique, capsys):
+@pytest.mark.parametrize("extra", [[], ["--new-stream"]], ids=["restart", "restart-new-stream"])
+def test_a_replaced_stream_recovers_by_following_its_own_advice(stack, tmp_path, unique, capsys, extra):
     path, mapping, ddb = setup(tmp_path, unique)
     items = preload(ddb, mapping.source.table, ITEMS, seed=32)
     _migrate_live(path)
@@ -124,8 +125,9 @@ def test_a_replaced_stream_recovers_by_following_its_own_advice(stack, tmp_path,
     assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) != 0
     err = capsys.readouterr().err
     assert "stream was replaced" in err and "ddb2bt migrate --restart" in err
-    # ... and that command, as given, copies the table again and tails the new stream.
-    assert ddb2bt(["migrate", "--mapping", str(path), "--restart", "--segments", "2", "--until-idle", "1",
+    # ... and that command, as given (with --new-stream too), copies the table
+    # again and tails the new stream: never "LIVE" without the copy.
+    assert ddb2bt(["migrate", "--mapping", str(path), "--restart", *extra, "--segments", "2", "--until-idle", "1",
                    "--poll-interval", "0.2"]) == 0
     assert_target_is_exactly_the_mapping(mapping, ddb)
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
@@ -134,3 +136,37 @@ def test_a_replaced_stream_recovers_by_following_its_own_advice(stack, tmp_path,
     assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
     ok, summary = identical(mapping, ddb)
     assert ok, summary
+
+
+def test_restart_removes_versioned_comments_and_videos_deleted_while_changes_were_lost(stack, tmp_path, unique):
+    """Versioned cells (comments timestamped by CreatedAt) of deleted comments in
+    a column other comments still own, and whole videos, go; their version
+    owners are released, so a new comment may take such a version again."""
+    from tests.unit.test_examples import item
+
+    path, mapping, ddb = setup(tmp_path, unique, base="videos.yaml")
+    table = mapping.source.table
+    comments = []
+    for v in range(12):
+        pk = f"{v:04d}"
+        ddb.put_item(TableName=table, Item=item(pk=pk, sk="Video", UploadDate="2023-09-10T15:21:48",
+                                                Formats={"480": f"https://s/{pk}"}))
+        for c in range(4):
+            it = item(pk=pk, sk=f"VideoComment#{c}", Content=f"comment {c}", CreatedAt=f"2023-09-1{c}T10:00:{v:02d}")
+            ddb.put_item(TableName=table, Item=it)
+            comments.append(it)
+    _migrate_live(path)
+    store = store_of(mapping)
+    lost = comments[::3] + [item(pk="0000", sk="Video")]
+    _delete_items(ddb, table, lost)
+    _skip_the_stream(mapping, ddb, store)
+    assert not identical(mapping, ddb)[0]
+    assert ddb2bt(["migrate", "--mapping", str(path), "--restart", "--segments", "2", "--until-idle", "1",
+                   "--poll-interval", "0.2"]) == 0
+    assert_target_is_exactly_the_mapping(mapping, ddb)
+    # A deleted comment's version is free again: a new comment at the same time is no clash.
+    again = dict(comments[0], sk={"S": "VideoComment#new"}, Content={"S": "same second"})
+    ddb.put_item(TableName=table, Item=again)
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    assert store.count_dead_letters() == 0
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0
