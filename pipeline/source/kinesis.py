@@ -315,7 +315,10 @@ class KinesisStreamsClient:
             self._iterators[nxt] = shard
         # A page of only other tables' records comes back empty: the reader moves on
         # with NextShardIterator (its checkpoint stays at its own table's last record).
-        return {"Records": records, "NextShardIterator": nxt}
+        out = {"Records": records, "NextShardIterator": nxt}
+        if "MillisBehindLatest" in page:  # the service's own lag: the reader's catch-up rule takes it (§7.8)
+            out["MillisBehindLatest"] = page["MillisBehindLatest"]
+        return out
 
     def _check_times(self, shard: str, records: list) -> None:
         """Every record's time must be one a change of this table can have

@@ -78,6 +78,28 @@ def test_reads_parents_before_children_keeps_its_table_and_ends_closed_shards():
     assert parse_kinesis_stream_arn(arn) == ("Catalog", "cdc")
 
 
+def test_the_services_behind_latest_reaches_the_readers_catch_up_rule():
+    """Kinesis says how far behind the tip a page is (MillisBehindLatest): the
+    adapter passes it on, and the reader's lag tracker keeps it (cutover/catchup.py)."""
+    from prometheus_client import CollectorRegistry
+
+    from ddb2bt.pipeline.metrics import PipelineMetrics
+
+    fake = FakeKinesis()
+    fake.add("a", [doc("Catalog", "a", 1)])
+    clock = Clock()
+    client = KinesisStreamsClient(fake, "cdc", "Catalog", "auto", pacer=ShardPacer(clock=clock, sleep=clock.sleep),
+                                  now_ms=lambda: NOW_MS)
+    it = client.get_shard_iterator(StreamArn="x", ShardId="a", ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+    assert client.get_records(ShardIterator=it)["MillisBehindLatest"] == 0
+    metrics = PipelineMetrics(CollectorRegistry())
+    arn = kinesis_stream_arn("Catalog", "cdc")
+    reader = PartitionReader(client, StreamPartition(arn, 0, 1), ReaderOptions(), lambda _: {}, metrics,
+                             sleep=lambda s: None)
+    drain(reader.read_round(LocalTracker()))
+    assert metrics.lag.view(arn, "a").behind_ms == 0
+
+
 def test_a_trimmed_checkpoint_stops_loudly():
     from ddb2bt.pipeline.state import ShardCheckpoint
 
