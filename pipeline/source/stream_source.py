@@ -464,7 +464,6 @@ class PartitionReader:
                     # runner gets the wait (other partitions read meanwhile). Without
                     # hand-back (a plain loop, tests) the pacer sleeps in _get_records.
                     paced.append((wait, shard_id, pos))
-                    result.at_head = False
                     continue
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
@@ -517,7 +516,11 @@ class PartitionReader:
                 if len(records) >= GET_RECORDS_LIMIT:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us
-                result.paced_s = min(w for w, _, _ in paced)
+                if result.records == 0 and all(self._pending.get(s) is None for _, s, _ in paced):
+                    # Every shard was at its head when last read: an idle poll that
+                    # came early, an idle round (the idle poll spaces the next one).
+                    return result
+                result.paced_s, result.at_head = min(w for w, _, _ in paced), False
                 return result
             turns = still_full + [(shard_id, pos) for _, shard_id, pos in paced]
         return result

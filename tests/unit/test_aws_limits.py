@@ -153,6 +153,12 @@ def test_a_reader_of_the_splittable_dofn_hands_the_pacing_wait_back_to_the_runne
         read, rounds = read + result.records, rounds + 1
     assert read == 600 and result.at_head and slept == [], "never a sleep in the reader"
     assert rounds == 4  # three full pages per shard, then the empty ones at the head
+    # An idle poll that comes early (every shard at its head when last read) is an
+    # idle round, not a paced one: no call, and the runner's idle poll spaces the next.
+    calls = len([c for c in client.calls if c == "GetRecords"])
+    elements, result = drain_round(reader, tracker)
+    assert result.at_head and result.paced_s is None and result.records == 0
+    assert len([c for c in client.calls if c == "GetRecords"]) == calls
 
 
 def test_the_pacer_waits_only_for_the_same_shard():
