@@ -59,6 +59,7 @@ from typing import Callable, Optional
 
 from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.logs import table_logger
+from ddb2bt.pipeline.cutover.continuous import DIVERGENT
 from ddb2bt.pipeline.cutover.recheck import owner_candidates
 from ddb2bt.pipeline.source.records import from_stream_record, keys_redacted, record_from_json, values_omitted
 from ddb2bt.transforms.attrs import canonical_typed_json
@@ -225,10 +226,13 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
                 outcome[key] = "unproven"
     elif not options.dry_run:
         checker = _RowCheck(mapping, reader, read_rows, delete_cells)
-        for key, (keys, _, images) in groups.items():
+        for key, (keys, entries, images) in groups.items():
             if outcome.get(key) == "resolved":
                 current, ts = final[key]
-                proven, removed = checker.check(keys, current, images, ts, key in imageless)
+                # A divergence the continuous check confirmed (repair) must be shown
+                # gone; an ordinary dead letter's rows are judged where they can be.
+                strict = any(e.get("reason") == DIVERGENT for e in entries)
+                proven, removed = checker.check(keys, current, images, ts, key in imageless, strict)
                 cleaned += removed
                 if not proven:
                     outcome[key] = "unproven"
@@ -269,8 +273,10 @@ class _RowCheck:
             return False
         return all(self.reader.get(c) is None for c in candidates if c != keys)
 
-    def check(self, keys: dict, current, images: list, ts: int, imageless: bool) -> tuple:
-        """(proven, cells removed)."""
+    def check(self, keys: dict, current, images: list, ts: int, imageless: bool, strict: bool = False) -> tuple:
+        """(proven, cells removed). ``strict`` (a repair of a confirmed divergence):
+        a row that cannot be judged is not proven; otherwise it is left as it
+        is (other items' cells in a shared row are theirs)."""
         want: dict = {}
         for cell in self._cells(current).values():
             want.setdefault((cell.table, cell.row_key), set()).add((cell.family, cell.qualifier))
@@ -287,7 +293,8 @@ class _RowCheck:
                 continue
             owned = self.owned.get(table, set())
             if not self._alone(keys, table, row) or any(f not in owned for f, _ in extra):
-                proven = False  # another item's cells, or someone else's family: not ours to judge
+                # Other items' cells, or someone else's family: not ours to judge.
+                proven = proven and not strict
                 continue
             # Cells no newer than our write: a newer one is the tail's, after our read.
             deletes = [DeleteCells(f, q, 0, ts + 1) for (f, q), versions in sorted(extra.items())

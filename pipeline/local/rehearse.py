@@ -84,12 +84,28 @@ def write_changes(mapping, count: int, seed: Optional[int], items: int) -> tuple
     except ddb.exceptions.ResourceNotFoundException:
         workload.create_table(ddb, table)
         created = True
-    ddb.update_continuous_backups(TableName=table, PointInTimeRecoverySpecification={
+    backups = ddb.update_continuous_backups(TableName=table, PointInTimeRecoverySpecification={
         "PointInTimeRecoveryEnabled": True})
+    _after_earliest_restorable(backups)
     written = 0
     for op in workload.operations(seed if seed is not None else random.randrange(2 ** 31), count, items):
         written += workload.apply_quietly(ddb, table, op)
     return written, created
+
+
+def _after_earliest_restorable(backups: dict) -> None:
+    """Return once the clock is past the second of PITR's earliest restorable
+    time: an export window begins on a whole second, and AWS refuses one that
+    begins before that time, so changes written in the very second PITR was
+    turned on could never be recovered (recover says so and refuses)."""
+    earliest = (backups.get("ContinuousBackupsDescription", {}).get("PointInTimeRecoveryDescription", {})
+                .get("EarliestRestorableDateTime"))
+    if earliest is None:
+        return
+    at = earliest.timestamp() if isinstance(earliest, _dt.datetime) else float(earliest)
+    next_second = int(at) + 1
+    while time.time() < next_second:  # at most a second, once, when PITR was just turned on
+        time.sleep(next_second - time.time())
 
 
 # --- trimming ---------------------------------------------------------------------------
