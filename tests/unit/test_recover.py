@@ -76,12 +76,14 @@ def test_the_exports_reach_past_every_change_the_job_applied_or_are_refused():
     item's last image in the exports as its state after every change the job wrote
     (docs/design.md §8.1.1), so the windows end after that change."""
     from ddb2bt.pipeline.cutover.exports import ExportManifest
-    from ddb2bt.pipeline.cutover.recover import IncrementalExport, RecoveryRefused, check_coverage
+    from ddb2bt.pipeline.cutover.recover import (RECORD_CLOCK_MARGIN_S, IncrementalExport, RecoveryRefused,
+                                                 check_coverage)
 
     last = T0 + 123_456
     gap = Gap(first_ms=last, last_ms=last, end_ms=last + HOUR_MS, trimmed_shards=("s",), applied_ms=last + 5 * HOUR_MS)
     windows = plan_windows(gap, now_ms=last + 30 * HOUR_MS)
-    assert windows[-1].to_s == (last + 5 * HOUR_MS) // 1000 + 1
+    # past that change by PITR's clock too: its record's second + 1 s + the margin
+    assert windows[-1].to_s == (last + 5 * HOUR_MS) // 1000 + 1 + RECORD_CLOCK_MARGIN_S
 
     def export(w):
         manifest = ExportManifest("INCREMENTAL_EXPORT", "DYNAMODB_JSON", "arn:aws:dynamodb:us-east-1:1:table/T", None, 0)
