@@ -160,10 +160,17 @@ def _record_ms(record: dict) -> int:
     return int(float(created) * 1000)
 
 
-def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) -> Optional[Gap]:
+def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int,
+             heads: Optional[dict] = None) -> Optional[Gap]:
     """None when no checkpoint of the stream is trimmed. A shard is trimmed when its
     checkpoint's position is refused with TrimmedDataAccessException, or when it
-    aged out of the stream before the job finished it."""
+    aged out of the stream before the job finished it — unless the job saw it at
+    its head recently enough that nothing after its checkpoint can have been
+    trimmed (``heads``: StateStore.load_shard_heads; docs/design.md §8.2): its
+    tail goes on from the oldest record, and its last change, perhaps hours
+    older, must not pull the exports back."""
+    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S
+    from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
     from botocore.exceptions import ClientError
 
     listed: dict = {}
@@ -193,6 +200,9 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) ->
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") != "TrimmedDataAccessException":
                     raise
+            retention_s = getattr(streams_client, "retention_s", None) or STREAM_RETENTION_S
+            if nothing_lost_since_head((heads or {}).get(shard_id), now_ms, retention_s):
+                continue  # trimmed, nothing lost: the tail resumes it at TRIM_HORIZON
             it = streams_client.get_shard_iterator(StreamArn=stream_arn, ShardId=shard_id,
                                                    ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
             records = streams_client.get_records(ShardIterator=it, Limit=1).get("Records") or []
@@ -729,7 +739,8 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
     writer = state_spec.bigtable.writer()
     try:
         store = state_spec.store(writer)
-        gap = find_gap(streams_client, stream.stream_arn, store.load_checkpoints(stream.stream_arn), now)
+        gap = find_gap(streams_client, stream.stream_arn, store.load_checkpoints(stream.stream_arn), now,
+                       heads=store.load_shard_heads(stream.stream_arn))
         outcome = RecoverOutcome(gap, table_arn=table_arn)
         if gap is None:
             return outcome

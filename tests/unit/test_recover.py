@@ -43,6 +43,11 @@ def test_find_gap_names_the_trimmed_shards_the_last_applied_changes_and_the_olde
     assert gap.end_ms == T0 + 21 * HOUR_MS + 500  # the latest of the trimmed shards' oldest held records
     assert dict(gap.resume_after) == {"busy": busy[20], "lagging": lagging[21]}
     assert gap.applied_ms == T0 + 30 * HOUR_MS  # the intact shard is ahead: the exports must pass it
+    # "lagging" was seen at its head 2 h before: trimmed, nothing lost (docs/design.md §8.2)
+    proven = find_gap(client, client.stream_arn, checkpoints, now_ms=T0 + 45 * HOUR_MS,
+                      heads={"lagging": T0 + 43 * HOUR_MS, "busy": T0 + 5 * HOUR_MS})
+    assert proven.trimmed_shards == ("busy", "gone")
+    assert dict(proven.resume_after) == {"busy": busy[20]}
 
 
 def test_nothing_trimmed_is_no_gap():
