@@ -16,7 +16,8 @@ from ddb2bt.pipeline.cutover.mapping_change import running_mapping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
 from ddb2bt.pipeline.lease import BACKFILL, TAIL, LeaseState
 from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S, RetryPolicy
-from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, list_shards
+from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, STREAM_RETENTION_S, list_shards
+from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
 from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint
 
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
@@ -229,6 +230,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
                              metrics_table=getattr(store, "job", None)).shards
         ckpts = store.load_checkpoints(stream_arn)
         reports = reported_shards(store, stream_arn)
+        heads = store.load_shard_heads(stream_arn)
+        retention_s = getattr(streams, "retention_s", None) or STREAM_RETENTION_S
         for shard_id in sorted(listed):
             c = ckpts.get(shard_id)
             finished = bool(c and c.finished)
@@ -239,6 +242,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
             # (a holder killed a minute ago leaves a fresh report behind): one
             # GetShardIterator and no record read (docs/operations.md, AWS's limits).
             trimmed = not finished and _trimmed(streams, stream_arn, shard_id, seq)
+            if trimmed and nothing_lost_since_head(heads.get(shard_id), facts.now_ms, retention_s):
+                trimmed = False  # the tail goes on from the oldest record, nothing lost (docs/design.md §8.2)
             facts.shards.append(ShardStatus(
                 shard_id, seq, finished, None if finished or trimmed else pending,
                 c.change_ms if c else None, trimmed, reported_ago))

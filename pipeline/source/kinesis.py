@@ -216,6 +216,12 @@ class KinesisStreamsClient:
         self._ending: dict = {}  # closed shard -> (starting, ending sequence number)
         self._last_seen: dict = {}  # shard -> last sequence number read or resumed after
 
+    @property
+    def retention_s(self) -> Optional[float]:
+        """The stream's retention once described (24 h to 365 days), for the
+        reader's proof that a trimmed checkpoint lost nothing (docs/design.md §8.2)."""
+        return self._retention_s
+
     # DynamoDB Streams: DescribeStream(StreamArn, Limit, ExclusiveStartShardId)
     def describe_stream(self, StreamArn: str, Limit: int = 100, ExclusiveStartShardId: Optional[str] = None) -> dict:
         shards: list = []

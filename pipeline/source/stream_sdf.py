@@ -116,7 +116,7 @@ class _StreamContext:
         self.reported[partition] = now
         try:
             self.state.save_reader_report(partition.stream_arn, f"{partition.index}-{partition.count}",
-                                          reader.pending_since(), ended=force)
+                                          reader.pending_since(), ended=force, heads=reader.heads())
         except Exception as exc:  # reading goes on; status shows the report's age
             log.warning("cannot save the reader report of %s (%s: %s)", table_of_stream(partition.stream_arn),
                         type(exc).__name__, exc)
@@ -127,7 +127,8 @@ class _StreamContext:
             reader = self.readers[partition] = PartitionReader(
                 self.client, partition, self.options, self.state.load_checkpoints, self.metrics,
                 directory=shard_directory(),  # one shard listing per stream per process
-                hand_back_pacing=True)  # a paced shard's wait goes to the runner (RoundResult.paced_s)
+                hand_back_pacing=True,  # a paced shard's wait goes to the runner (RoundResult.paced_s)
+                load_heads=self.state.load_shard_heads)  # what proves a trimmed checkpoint harmless
         return reader
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
@@ -34,8 +35,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
-from ddb2bt.pipeline.dynamodb import (IteratorExpired, Listing, ShardDirectory, ShardPacer, StreamThrottled,
-                                      classify_aws_error, count_api_call, endpoint_of, table_of_stream)
+from ddb2bt.pipeline.cutover.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
+from ddb2bt.pipeline.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
+                                      StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
+                                      table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.metrics import PipelineMetrics
@@ -57,6 +60,22 @@ PAGES_PER_ROUND = 10
 # After a shard closes its children may be listed: a listing of the stream at
 # most this old (another partition's, shared through the ShardDirectory) will do.
 REDISCOVERY_MAX_AGE_S = 1.0
+# A trimmed checkpoint loses nothing when the shard was seen at its head (every
+# record up to then read and applied) less than the retention minus this margin
+# ago: every change since has a record younger than the retention, which the
+# stream still holds (docs/design.md §8.2). The margin covers AWS's record times
+# (rounded down to the second), the reporting host's clock against this one's
+# and AWS's (NTP: seconds; §6.6), and any slack in when the service trims. An
+# hour costs little: a quiet table stopped for up to 23 h of 24 resumes by itself.
+HEAD_PROOF_MARGIN_S = 3600.0
+
+
+def nothing_lost_since_head(head_ms: Optional[int], now_ms: int, retention_s: float) -> bool:
+    """Pure: a checkpoint found trimmed lost no change when its shard was seen at
+    its head at ``head_ms`` (docs/design.md §7.8's head: a run of empty pages over
+    seconds, nothing pending) less than ``retention_s`` − HEAD_PROOF_MARGIN_S ago:
+    every change after ``head_ms`` has a record younger than that, still held."""
+    return head_ms is not None and now_ms - head_ms < (retention_s - HEAD_PROOF_MARGIN_S) * 1000
 
 _STOP_REQUESTS: set = set()
 STOP_ALL = "*"  # every reader in this process (Ctrl-C, SIGTERM: ddb2bt.pipeline.signals)
@@ -303,8 +322,18 @@ class PartitionReader:
                  load_checkpoints: Callable[[str], dict], metrics: Optional[PipelineMetrics] = None,
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
                  sleep: Callable[[float], None] = time.sleep, directory: Optional[ShardDirectory] = None,
-                 pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False) -> None:
+                 pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False,
+                 load_heads: Optional[Callable[[str], dict]] = None) -> None:
         self._client = client
+        # {shard id: when a reader of this job last saw it at its head}, as the
+        # readers recorded it in the state table (StateStore.load_shard_heads):
+        # what proves that a trimmed checkpoint lost nothing (docs/design.md §8.2).
+        self._load_heads = load_heads
+        # shard id -> this host's times of the current run of empty pages (the
+        # oldest dropped once the newer ones alone still make a head), and
+        # shard id -> the latest time it was proven at its head.
+        self._empty_run: dict = {}
+        self._heads: dict = {}
         # Within AWS's limits (docs/operations.md): the stream's shards are listed
         # once per process for all its partitions (the SDF passes the process's
         # ShardDirectory; alone, a reader has its own); GetRecords is paced per shard.
@@ -404,6 +433,25 @@ class PartitionReader:
             "or rerun with --on-trimmed=restart to continue from the oldest available record "
             "(the lost changes stay lost)."
         )
+        head_ms = self._last_head_ms(shard_id)
+        retention_s = getattr(self._client, "retention_s", None) or STREAM_RETENTION_S
+        now = self._now_ms()
+        if nothing_lost_since_head(head_ms, now, retention_s):
+            # Seen at its head (every record up to then read, applied and
+            # checkpointed) recently enough that every later record is still
+            # held: the oldest record on is exactly what was not applied yet.
+            log.warning("shard %s of %s: its checkpoint (%s) has aged out of the stream, but no change was "
+                        "lost: the job saw the shard at its head %.1f h ago, within the stream's %.0f h retention "
+                        "less %.0f h, so every change since is still in the stream. Continuing from TRIM_HORIZON "
+                        "(docs/design.md §8.2).", shard_id, self._partition.stream_arn, where,
+                        (now - head_ms) / 3_600_000, retention_s / 3600, HEAD_PROOF_MARGIN_S / 3600)
+            return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
+                StreamArn=self._partition.stream_arn, ShardId=shard_id,
+                ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
+        if head_ms is not None:
+            message += (f" (The job last saw this shard at its head {(now - head_ms) / 3_600_000:.1f} h ago: "
+                        f"too long ago, against the stream's {retention_s / 3600:.0f} h retention less a "
+                        f"{HEAD_PROOF_MARGIN_S / 3600:.0f} h margin, to prove that nothing after it was trimmed.)")
         if self._options.on_trimmed != "restart":
             raise ChangesLostError(message)
         log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart (or a re-copy, migrate "
@@ -412,6 +460,41 @@ class PartitionReader:
             self._metrics.trimmed_restarts.inc()
         return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
             StreamArn=self._partition.stream_arn, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
+
+    def _last_head_ms(self, shard_id: str) -> Optional[int]:
+        """The latest time this job is known to have seen the shard at its head:
+        this reader's own, or any reader's recorded in the state table."""
+        times = [self._heads.get(shard_id)]
+        if self._load_heads is not None:
+            times.append(self._load_heads(self._partition.stream_arn).get(shard_id))
+        times = [t for t in times if t is not None]
+        return max(times) if times else None
+
+    def _on_page(self, shard_id: str, empty: bool) -> None:
+        """Follow the shard's run of empty pages; at the head (docs/design.md
+        §7.8: HEAD_EMPTY_PAGES pages over HEAD_EMPTY_S, nothing read and not yet
+        applied) remember when: every record created before the run's first page
+        was read. Of a long run, the latest such window counts."""
+        if not empty:
+            self._empty_run.pop(shard_id, None)
+            return
+        run = self._empty_run.setdefault(shard_id, deque())
+        now = self._now_ms()
+        run.append(now)
+        window_ms = HEAD_EMPTY_S * 1000
+        while len(run) > HEAD_EMPTY_PAGES and now - run[1] >= window_ms:
+            run.popleft()
+        if len(run) < HEAD_EMPTY_PAGES or now - run[0] < window_ms:
+            return
+        if self._metrics is not None and self._metrics.lag.view(
+                self._partition.stream_arn, shard_id).pending_oldest_ms is not None:
+            return  # records read and not yet applied: not proven
+        self._heads[shard_id] = max(run[0], self._heads.get(shard_id, run[0]))
+
+    def heads(self) -> dict:
+        """{shard id: the latest time (ms, this host's clock) it was seen at its
+        head} of the shards this partition reads, for the state table."""
+        return {shard_id: ms for shard_id, ms in self._heads.items() if shard_id in self._iterators}
 
     def _get_records(self, shard_id: str, pos: ShardPos) -> dict:
         for _ in range(3):  # an iterator can expire between renewal and use; renew at most twice
@@ -513,6 +596,7 @@ class PartitionReader:
                 if not records and self._metrics:
                     # An empty page, not yet the head (cutover/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
+                self._on_page(shard_id, empty=not records)
                 if len(records) >= GET_RECORDS_LIMIT:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us

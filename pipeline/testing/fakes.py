@@ -332,7 +332,10 @@ class FakeStreamsClient:
                 raise client_error("ValidationException", f"unknown sequence number {SequenceNumber}",
                                    "GetShardIterator")
             index = seqs.index(SequenceNumber) + (1 if ShardIteratorType == "AFTER_SEQUENCE_NUMBER" else 0)
-            if index < shard.trimmed_before:
+            # As on AWS: a position at or after a record the stream no longer
+            # holds is refused, even when nothing after that record is gone
+            # (a quiet shard whose last record aged out).
+            if seqs.index(SequenceNumber) < shard.trimmed_before:
                 raise client_error("TrimmedDataAccessException", "the requested data was trimmed",
                                    "GetShardIterator")
         else:

@@ -216,6 +216,100 @@ def test_trimmed_with_restart_continues_from_the_oldest_record_and_counts_it():
     assert sample(metrics, "ddb2bt_trimmed_restarts_total", table="Fake") == 1
 
 
+def _quiet_shard_seen_at_head(options=None):
+    """A job that applied a quiet shard's records, then polled it at its head
+    for a while (docs/design.md §7.8), and recorded what it saw as its readers do."""
+    client, state, metrics, reader, clock = setup(options)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), reader._options, state.load_checkpoints,
+                             metrics, now_ms=clock, sleep=lambda s: None, load_heads=state.load_shard_heads)
+    client.add_shard("s")
+    s = put(client, "s", 3)
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert seqs(out) == s
+    # The sink applies and checkpoints them (sink.py: checkpoint, then on_applied).
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1])])
+    metrics.lag.on_applied(client.stream_arn, "s", None, 3)
+    for _ in range(5):  # empty pages, 1.5 s apart: at the head after 3 s
+        clock.ms += 1500
+        drain_round(reader, tracker)
+    state.save_reader_report(client.stream_arn, "0-1", reader.pending_since(), ended=True, heads=reader.heads())
+    return client, state, metrics, s
+
+
+def _restart(client, state, metrics, clock_ms, options=None):
+    clock = Clock()
+    clock.ms = clock_ms
+    opts = options or ReaderOptions(retry=FAST, discovery_interval_s=0)
+    return PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), opts, state.load_checkpoints, metrics,
+                           now_ms=clock, sleep=lambda s: None, load_heads=state.load_shard_heads)
+
+
+def test_a_quiet_shard_seen_at_its_head_within_the_retention_resumes_its_trimmed_checkpoint_losing_nothing():
+    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS
+    from ddb2bt.pipeline.source.stream_source import HEAD_PROOF_MARGIN_S
+
+    client, state, metrics, s = _quiet_shard_seen_at_head()
+    head_ms = state.load_shard_heads(client.stream_arn)["s"]
+    later = put(client, "s", 2, start=10)  # changes after the head, while the job is down
+    client.shards["s"].trimmed_before = 3  # the checkpoint (the last applied record) ages out
+    reader = _restart(client, state, metrics, head_ms + STREAM_RETENTION_MS - HEAD_PROOF_MARGIN_S * 1000 - 1)
+    out, _ = drain_round(reader, LocalTracker())
+    assert seqs(out) == later  # from the oldest record held: exactly what was not applied
+    assert sample(metrics, "ddb2bt_trimmed_restarts_total", table="Fake") == 0  # nothing lost
+
+
+def test_a_trimmed_checkpoint_is_lost_when_the_head_was_seen_too_long_ago():
+    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS
+    from ddb2bt.pipeline.source.stream_source import HEAD_PROOF_MARGIN_S
+
+    client, state, metrics, s = _quiet_shard_seen_at_head()
+    head_ms = state.load_shard_heads(client.stream_arn)["s"]
+    client.shards["s"].trimmed_before = 3
+    reader = _restart(client, state, metrics, head_ms + STREAM_RETENTION_MS - HEAD_PROOF_MARGIN_S * 1000)
+    with pytest.raises(ChangesLostError) as err:
+        drain_round(reader, LocalTracker())
+    assert "LOST" in str(err.value) and "at its head 23.0 h ago" in str(err.value)
+
+
+def test_one_empty_page_is_not_the_head_and_proves_nothing():
+    client, state, metrics, reader, clock = setup()
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), reader._options, state.load_checkpoints,
+                             metrics, now_ms=clock, sleep=lambda s: None, load_heads=state.load_shard_heads)
+    client.add_shard("s")
+    s = put(client, "s", 3)
+    tracker = LocalTracker()
+    drain_round(reader, tracker)
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1])])
+    metrics.lag.on_applied(client.stream_arn, "s", None, 3)
+    clock.ms += 10_000
+    drain_round(reader, tracker)  # one empty page, however long after
+    clock.ms += 1_000
+    drain_round(reader, tracker)  # two
+    assert reader.heads() == {}
+    state.save_reader_report(client.stream_arn, "0-1", reader.pending_since(), heads=reader.heads())
+    client.shards["s"].trimmed_before = 3
+    with pytest.raises(ChangesLostError):
+        drain_round(_restart(client, state, metrics, clock.ms + 1_000), LocalTracker())
+
+
+def test_records_read_and_not_yet_applied_keep_the_head_unproven():
+    client, state, metrics, reader, clock = setup()
+    client.add_shard("s")
+    put(client, "s", 3)
+    tracker = LocalTracker()
+    drain_round(reader, tracker)  # read, never applied (no sink)
+    for _ in range(5):
+        clock.ms += 1500
+        drain_round(reader, tracker)
+    assert reader.heads() == {}
+    metrics.lag.on_applied(client.stream_arn, "s", None, 3)
+    for _ in range(3):
+        clock.ms += 1500
+        drain_round(reader, tracker)
+    assert set(reader.heads()) == {"s"}
+
+
 def test_deleted_stream_is_reported():
     client, _, _, _, _ = setup()
     other = FakeStreamsClient(table="Other")
