@@ -190,6 +190,9 @@ class NoState:
     def load_checkpoints(self, stream_arn):
         return {}
 
+    def load_shard_heads(self, stream_arn):
+        return {}
+
     def close(self):
         pass
 
