@@ -26,14 +26,14 @@ from typing import Optional, Sequence
 from ddb2bt.transforms.errors import ConfigError, ConfigProblems, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
-    _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
+    sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.reachability import check_reachable
 from ddb2bt.pipeline.signals import INTERRUPTED
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
-from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
+from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, option_strings, check_beam_args,
                                      describe_failure, joined_beam_args, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
@@ -1325,7 +1325,7 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
-    own = _option_strings(parser, args)
+    own = option_strings(parser, args)
     elsewhere = options_by_command(parser) if unknown else {}
     if unknown and not getattr(args, "beam", False):
         parser.error(check_beam_args(unknown, own, beam=False, elsewhere=elsewhere)

@@ -341,7 +341,7 @@ def build_live_jobs(args, mappings: list) -> list:
         # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
         # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
         kinesis = mapping.source.kinesis
-        sink = _sink_config(args, lease)
+        sink = sink_config(args, lease)
         client_factory = StreamsClientFactory(mapping.source.region)
         if kinesis is not None:  # out-of-order delivery: the ordering guard writes (docs/design.md §10)
             sink = replace(sink, ordering_guard=True)
@@ -451,7 +451,7 @@ def backfill_scan_retry(args):
     return replace_deadline(DEFAULT_READ_RETRY, deadline) if deadline is not None else None
 
 
-def _sink_config(args=None, lease=None):
+def sink_config(args=None, lease=None):
     from ddb2bt.pipeline.retry import RetryPolicy
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
@@ -482,4 +482,4 @@ def with_backfill_leases(args, options, states: list) -> list:
 
     from ddb2bt.pipeline.lease import BACKFILL
 
-    return [replace(options, sink=_sink_config(args, lease)) for lease in acquire_leases(args, states, BACKFILL)]
+    return [replace(options, sink=sink_config(args, lease)) for lease in acquire_leases(args, states, BACKFILL)]

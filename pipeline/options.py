@@ -212,7 +212,7 @@ def local_hint() -> str:
             'ddb2bt local up --detach && eval "$(ddb2bt local env)"')
 
 
-def _option_strings(parser: argparse.ArgumentParser, args) -> list:
+def option_strings(parser: argparse.ArgumentParser, args) -> list:
     """Every option string the chosen (sub)command accepts, for "did you mean"."""
     found = [o for a in parser._actions for o in a.option_strings]
     for action in parser._actions:
@@ -221,5 +221,5 @@ def _option_strings(parser: argparse.ArgumentParser, args) -> list:
             # `local run -- CMD` keeps CMD (a list) in args.command as well.
             sub = action.choices.get(name) if isinstance(name, str) else None
             if sub is not None:
-                found += _option_strings(sub, args)
+                found += option_strings(sub, args)
     return found

@@ -390,14 +390,14 @@ class BigtableStateBackend:
         of rows (every version's owner)."""
         from google.cloud.bigtable.data import row_filters
 
-        from ddb2bt.pipeline.sink.bigtable_io import _prefix_end, iter_table, ms_datetime
+        from ddb2bt.pipeline.sink.bigtable_io import prefix_end, iter_table, ms_datetime
 
         since = row_filters.RowFilterChain([row_filters.TimestampRangeFilter(start=ms_datetime(since_ms)),
                                             row_filters.CellsColumnLimitFilter(1)])
         return {key: max(versions[0][0] for versions in cells.values())
                 for key, cells in iter_table(self._project, self._instance, self._table_id,
                                              client=self._data_client(), deadline_s=self._deadline_s,
-                                             start_key=prefix, end_key=_prefix_end(prefix), row_filter=since,
+                                             start_key=prefix, end_key=prefix_end(prefix), row_filter=since,
                                              app_profile=self._app_profile)}
 
     def read_keys(self, keys: Sequence) -> dict:

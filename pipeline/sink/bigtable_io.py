@@ -1081,7 +1081,7 @@ def read_table(project: str, instance: str, table_id: str, prefix: Optional[byte
 
     query = ReadRowsQuery()
     if prefix is not None:
-        query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
+        query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=prefix_end(prefix)))
     if latest_only:
         query.filter = row_filters.CellsColumnLimitFilter(1)
     return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s, app_profile)
@@ -1184,7 +1184,7 @@ def table_ranges(project: str, instance: str, table_id: str, client=None) -> lis
 
 
 
-def _prefix_end(prefix: bytes) -> Optional[bytes]:
+def prefix_end(prefix: bytes) -> Optional[bytes]:
     """The smallest key greater than every key starting with ``prefix``."""
     stripped = prefix.rstrip(b"\xff")
     if not stripped:
