@@ -602,6 +602,21 @@ def _versions(new: dict, old: dict) -> dict:
     return {row: tuple(sorted(entries)) for row, entries in out.items()}
 
 
+def owned_now_and_before(mapping: MappingConfig, keys: Item, current: Optional[Item], seen: tuple) -> tuple:
+    """(cells ``current`` owns, with values; cells any of the ``seen`` images
+    owned, without): what a redrive writes and what it may delete. An image that
+    cannot be mapped any more owned nothing; ``current`` that cannot be mapped
+    raises MappingError."""
+    new = owned_cells(mapping, keys, current) if current is not None else {}
+    old: dict = {}
+    for image in seen:
+        try:
+            old.update(owned_cells(mapping, keys, image, with_values=False))
+        except MappingError:
+            continue
+    return new, old
+
+
 def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item], seen: tuple,
                     ts: int) -> tuple:
     """The row changes that make an item's cells equal what ``current`` owns
@@ -612,13 +627,7 @@ def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item],
     (a versioned cell: exactly its version). No stored image is ever re-applied:
     only the current state is written. An image that cannot be mapped any more
     owned no cells and is passed over; ``current`` that cannot be mapped raises."""
-    new = owned_cells(mapping, keys, current) if current is not None else {}
-    old: dict = {}
-    for image in seen:
-        try:
-            old.update(owned_cells(mapping, keys, image, with_values=False))
-        except MappingError:
-            continue
+    new, old = owned_now_and_before(mapping, keys, current, seen)
     rows: dict = {}
     for key in sorted(new):
         cell = new[key]

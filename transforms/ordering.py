@@ -32,7 +32,7 @@ from typing import Optional
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
-from ddb2bt.transforms.mapping import delete_cell, write_cell, owned_cells, validate_record
+from ddb2bt.transforms.mapping import delete_cell, owned_cells, owned_now_and_before, validate_record, write_cell
 from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
 
 __all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "clock_mutations", "decode_clock", "encode_clock",
@@ -191,13 +191,7 @@ def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int
     older change out. ``old_cells`` (used only where a row has no clock yet)
     unite what the seen images owned; an image that cannot be mapped any more
     owned nothing; ``current`` that cannot be mapped raises MappingError."""
-    new = owned_cells(mapping, keys, current) if current is not None else {}
-    old: dict = {}
-    for image in seen:
-        try:
-            old.update(owned_cells(mapping, keys, image, with_values=False))
-        except MappingError:
-            continue
+    new, old = owned_now_and_before(mapping, keys, current, seen)
     rows: dict = {}
     for key in sorted(new):
         cell = new[key]

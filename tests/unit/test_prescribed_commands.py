@@ -31,22 +31,9 @@ def _subparsers(p: argparse.ArgumentParser) -> dict:
 
 def _beam_options() -> set:
     """The pipeline options Beam takes (passed through by run, migrate, backfill, verify)."""
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from ddb2bt.pipeline.options import beam_option_strings
 
-    parser = argparse.ArgumentParser()
-    seen: set = set()
-    todo = list(PipelineOptions.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        todo += cls.__subclasses__()
-        try:
-            cls._add_argparse_args(parser)
-        except argparse.ArgumentError:
-            pass  # declared by two option classes
-    return {o for a in parser._actions for o in a.option_strings}
+    return set(beam_option_strings())
 
 
 def _code(path: Path) -> list:
