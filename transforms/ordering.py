@@ -167,17 +167,7 @@ def guarded_rows(mapping: MappingConfig, record: ChangeRecord) -> tuple:
         old = owned_cells(mapping, record.keys, record.old_image, with_values=False)
     except MappingError:  # an old image that no longer maps owned nothing we can name
         old = {}
-    rows: dict = {}
-    for key in sorted(new):
-        cell = new[key]
-        rows.setdefault((cell.table, cell.row_key), ([], []))[0].append(cell)
-    for key in sorted(old):
-        cell = old[key]
-        rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
-    item = canonical_typed_json({"M": dict(record.keys)}).encode("utf-8")
-    order = order_key(record)
-    return tuple(GuardedRow(t, k, item, record.change_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)))
-                 for (t, k), (n, o) in rows.items())
+    return _guarded_rows(new, old, record.keys, record.change_ms, order_key(record))
 
 
 def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int) -> tuple:
@@ -192,6 +182,13 @@ def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int
     unite what the seen images owned; an image that cannot be mapped any more
     owned nothing; ``current`` that cannot be mapped raises MappingError."""
     new, old = owned_now_and_before(mapping, keys, current, seen)
+    order = OrderKey(ts_ms * US_PER_MS + US_PER_MS - 1, image_hash(seen[-1] if seen else None), image_hash(current))
+    return _guarded_rows(new, old, keys, ts_ms, order)
+
+
+def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order) -> tuple:
+    """One GuardedRow per row the new or the old cells are in: what the change
+    owns there now, and the ids of what it owned before."""
     rows: dict = {}
     for key in sorted(new):
         cell = new[key]
@@ -200,7 +197,6 @@ def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int
         cell = old[key]
         rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
     item = canonical_typed_json({"M": dict(keys)}).encode("utf-8")
-    order = OrderKey(ts_ms * US_PER_MS + US_PER_MS - 1, image_hash(seen[-1] if seen else None), image_hash(current))
     return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)))
                  for (t, k), (n, o) in rows.items())
 
