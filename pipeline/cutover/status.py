@@ -236,12 +236,14 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
             c = ckpts.get(shard_id)
             finished = bool(c and c.finished)
             seq = c.sequence_number if c else None
-            at, pending, _ = reports.get(shard_id, (None, None, True))
+            at, pending, ended = reports.get(shard_id, (None, None, True))
             reported_ago = None if at is None else max(0, facts.now_ms - at)
-            # Every unfinished shard's checkpoint is probed, running reader or not
-            # (a holder killed a minute ago leaves a fresh report behind): one
+            # A running reader (its tail lease held, its report fresh) stops loudly
+            # on trimmed data itself. Any other shard is probed — a holder killed a
+            # minute ago leaves a fresh report but no live lease: one
             # GetShardIterator and no record read (docs/operations.md, AWS's limits).
-            trimmed = not finished and _trimmed(streams, stream_arn, shard_id, seq)
+            running = facts.tail_held and not ended and reported_ago is not None and reported_ago <= REPORT_FRESH_MS
+            trimmed = not finished and not running and _trimmed(streams, stream_arn, shard_id, seq)
             if trimmed and nothing_lost_since_head(heads.get(shard_id), facts.now_ms, retention_s):
                 trimmed = False  # the tail goes on from the oldest record, nothing lost (docs/design.md §8.2)
             facts.shards.append(ShardStatus(

@@ -69,7 +69,8 @@ def test_a_trimmed_checkpoint_is_reported_even_right_after_its_reader_reported()
     client.add_shard("s0")
     for i in range(5):
         client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
-    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: NOW)
     seq = client.shards["s0"].records[1]["dynamodb"]["SequenceNumber"]
     store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", seq)])
     store.save_reader_report(client.stream_arn, "0-1", {"s0": None})  # fresh, not ended
@@ -78,6 +79,11 @@ def test_a_trimmed_checkpoint_is_reported_even_right_after_its_reader_reported()
     assert [s.trimmed for s in f.shards] == [True]
     ready, reasons = assess(f)
     assert not ready and any(r.startswith("trimmed: 1 shard(s) lost changes") for r in reasons)
+    # a running job (its tail lease live, its report fresh) stops loudly itself: not probed
+    hold(bt, TAIL, NOW + 20_000)
+    client.calls.clear()
+    f = gather(store, client, client.stream_arn, now_ms=NOW)
+    assert [s.trimmed for s in f.shards] == [False] and "GetShardIterator" not in client.calls
 
 
 def test_a_trimmed_checkpoint_of_a_shard_seen_at_its_head_recently_is_not_reported_as_lost():
