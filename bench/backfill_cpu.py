@@ -97,10 +97,10 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.graph import make_pipeline
-    from ddb2bt.pipeline.sink.bigtable_io import read_table
+    from ddb2bt.pipeline.clients.bigtable.writer import read_table
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
-    from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
 
     table = f"bench_{uuid.uuid4().hex[:8]}"
     BigtableAdmin(project, instance).ensure_table(table, mapping.table_families()[mapping.target.table])

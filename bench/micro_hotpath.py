@@ -30,7 +30,7 @@ TABLE_NAME = "projects/p/instances/i/tables/t"
 
 
 def encode_request(table_name: str, entries: list) -> bytes:
-    from ddb2bt.pipeline.sink import bigtable_io as bio
+    from ddb2bt.pipeline.clients.bigtable import writer as bio
 
     if hasattr(bio, "encode_mutate_rows"):
         return bio.encode_mutate_rows(table_name, None, entries)
@@ -41,7 +41,7 @@ def sink_case(n: int):
     from prometheus_client import CollectorRegistry
 
     from ddb2bt.pipeline.metrics import PipelineMetrics
-    from ddb2bt.pipeline.sink.bigtable_io import ENTRY_OK
+    from ddb2bt.pipeline.clients.bigtable.writer import ENTRY_OK
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
     from ddb2bt.transforms.dofns import map_record
     from ddb2bt.transforms.model import ChangeRecord, MappedBatch, StreamPosition

@@ -39,7 +39,7 @@ def _key(i: int) -> dict:
 
 
 def _load(mapping, n: int) -> None:
-    from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter
+    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
     from ddb2bt.transforms.model import SetCell
 
     writer = GrpcMutationWriter(mapping.target.project, mapping.target.instance)
@@ -61,7 +61,7 @@ def _sweep(mapping_path: str, n: int, out) -> None:
     from ddb2bt.pipeline.cutover.exports import ExportManifest
     from ddb2bt.pipeline.cutover.recover import ExportChange, IncrementalExport
     from ddb2bt.pipeline.cutover.straddle import BoundarySweep
-    from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter
+    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
     from ddb2bt.transforms.config import load_mapping
 
@@ -94,7 +94,7 @@ def _sweep(mapping_path: str, n: int, out) -> None:
 
 def main() -> int:
     from ddb2bt.pipeline.local.local_stack import LocalStack
-    from ddb2bt.pipeline.sink.bigtable_io import ensure_mapping_table
+    from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table
     from ddb2bt.transforms.config import load_mapping
     from tests.conftest import write_mapping  # the suite's helper: a copy of an example, fields replaced
 

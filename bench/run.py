@@ -133,7 +133,7 @@ class Meter:
 
 
 def fresh_table(project: str, instance: str) -> str:
-    from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
 
     name = f"bench_{uuid.uuid4().hex[:8]}"
     BigtableAdmin(project, instance).ensure_table(name, MAPPING.table_families()[MAPPING.target.table])
@@ -285,7 +285,7 @@ def run_ceiling(requests, writer, table) -> None:
 
 
 def throughput(n: int, stack, project: str, instance: str) -> dict:
-    from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter, build_request
+    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, build_request
 
     records = stream_records(n)
     settle()

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE, BigtableStateBackend, StateStore
 
 

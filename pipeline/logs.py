@@ -10,6 +10,7 @@ log = logging.getLogger("ddb2bt")
 
 # Logger name prefixes → the stage named in JSON logs (most specific first).
 STAGES = (("ddb2bt.pipeline.source", "source"), ("ddb2bt.pipeline.sink", "sink"),
+          ("ddb2bt.pipeline.clients.bigtable", "sink"),  # the Bigtable client logged as the sink before its move
           ("ddb2bt.pipeline.cutover.backfill", "backfill"), ("ddb2bt.pipeline.cutover.verify", "verify"),
           ("ddb2bt.pipeline.cutover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
           ("ddb2bt.transforms", "mapping"), ("ddb2bt.pipeline.lease", "lease"), ("ddb2bt.pipeline.retry", "retry"),

@@ -41,7 +41,7 @@ class Reachability:
 
 
 def _probe_bigtable(budget_s: float) -> None:
-    from ddb2bt.pipeline.sink.bigtable_io import probe_bigtable
+    from ddb2bt.pipeline.clients.bigtable.writer import probe_bigtable
 
     probe_bigtable(budget_s)
 
@@ -72,7 +72,7 @@ def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: Opt
     command reports that itself. ``probes`` ({name: fn()}) replaces the real
     probes (tests)."""
     from ddb2bt.pipeline.dynamodb import SourceTableMissing
-    from ddb2bt.pipeline.sink.bigtable_io import BigtableUnreachable, bigtable_endpoint
+    from ddb2bt.pipeline.clients.bigtable.writer import BigtableUnreachable, bigtable_endpoint
     from ddb2bt.transforms.errors import RetryableError
 
     budget_s = READ_ONLY_BUDGET_S if budget_s is None else budget_s

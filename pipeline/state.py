@@ -354,7 +354,7 @@ class BigtableStateBackend:
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
     def write_rows(self, rows: Sequence) -> None:
-        from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable, bigtable_endpoint
+        from ddb2bt.pipeline.clients.bigtable.writer import BigtablePermanent, BigtableRetryable, bigtable_endpoint
         from ddb2bt.pipeline.retry import RetryPolicy, retry_call
 
         def attempt():
@@ -369,14 +369,14 @@ class BigtableStateBackend:
                    policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def _data_client(self):
-        from ddb2bt.pipeline.sink.bigtable_io import data_client
+        from ddb2bt.pipeline.clients.bigtable.writer import data_client
 
         if self._client is None:
             self._client = data_client(self._project)
         return self._client
 
     def read_prefix(self, prefix: bytes) -> dict:
-        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_table
+        from ddb2bt.pipeline.clients.bigtable.writer import SMALL_ATTEMPT_TIMEOUT_S, read_table
 
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
                           client=self._data_client(), deadline_s=self._deadline_s,
@@ -390,7 +390,7 @@ class BigtableStateBackend:
         of rows (every version's owner)."""
         from google.cloud.bigtable.data import row_filters
 
-        from ddb2bt.pipeline.sink.bigtable_io import prefix_end, iter_table, ms_datetime
+        from ddb2bt.pipeline.clients.bigtable.writer import prefix_end, iter_table, ms_datetime
 
         since = row_filters.RowFilterChain([row_filters.TimestampRangeFilter(start=ms_datetime(since_ms)),
                                             row_filters.CellsColumnLimitFilter(1)])
@@ -402,7 +402,7 @@ class BigtableStateBackend:
 
     def read_keys(self, keys: Sequence) -> dict:
         """Like read_prefix, for exactly these rows (absent rows are absent)."""
-        from ddb2bt.pipeline.sink.bigtable_io import SMALL_ATTEMPT_TIMEOUT_S, read_rows
+        from ddb2bt.pipeline.clients.bigtable.writer import SMALL_ATTEMPT_TIMEOUT_S, read_rows
 
         # read_rows classifies the data client's errors and retries them itself
         # (warnings, then the state deadline).
@@ -416,7 +416,7 @@ class BigtableStateBackend:
         """Compare-and-set of one state cell (the phase). A retried swap whose first
         attempt was applied answers False: callers re-read (their values are unique)."""
         from ddb2bt.pipeline.retry import RetryPolicy, retry_call
-        from ddb2bt.pipeline.sink.bigtable_io import bigtable_endpoint
+        from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
 
         return retry_call(lambda: self._writer.swap_cell(self._table_id, key, family, qualifier, expected, value,
                                                          ts_ms),
@@ -428,7 +428,7 @@ class BigtableStateBackend:
         from ddb2bt.pipeline.retry import retry_call
 
         from ddb2bt.pipeline.retry import RetryPolicy
-        from ddb2bt.pipeline.sink.bigtable_io import bigtable_endpoint
+        from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
 
         return retry_call(lambda: self._writer.check_and_mutate(self._table_id, key, unless, mutations),
                           what=f"CheckAndMutateRow on state table {self._table_id}",
@@ -436,7 +436,7 @@ class BigtableStateBackend:
 
     def close(self) -> None:
         if self._client is not None:
-            from ddb2bt.pipeline.sink.bigtable_io import close_bounded
+            from ddb2bt.pipeline.clients.bigtable.writer import close_bounded
 
             close_bounded(self._client.close, "Bigtable data client")
             self._client = None

@@ -34,7 +34,7 @@ from typing import Callable, Iterable, Optional
 from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
 from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone,
                                      ShardClosed, mutations_size)
-from ddb2bt.pipeline.sink.bigtable_io import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, BigtableRetryable,
+from ddb2bt.pipeline.clients.bigtable.writer import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, BigtableRetryable,
                                               EntryStatus, MutationWriter, bigtable_endpoint, code_name)
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
 from ddb2bt.pipeline.cutover.guards import encode_intent, repair_intents, repair_touched, write_conditional
@@ -694,7 +694,7 @@ class _FamilyCache:
         self._cache: dict = {}
 
     def __call__(self, table: str) -> Optional[frozenset]:
-        from ddb2bt.pipeline.sink.bigtable_io import process_families
+        from ddb2bt.pipeline.clients.bigtable.writer import process_families
 
         cached = self._cache.get(table)
         if cached is not None and self._now() - cached[0] < FAMILY_CACHE_S:
@@ -706,7 +706,7 @@ class _FamilyCache:
     def refresh(self, table: str) -> Optional[frozenset]:
         """The families again, from a listing at most FAMILY_RECHECK_S old: asked
         when a change names a family the cached list lacks (one added since)."""
-        from ddb2bt.pipeline.sink.bigtable_io import process_families
+        from ddb2bt.pipeline.clients.bigtable.writer import process_families
 
         families = process_families(self._project, self._instance, table, FAMILY_RECHECK_S, self._now)
         self._cache[table] = (self._now(), families)

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter, read_rows, read_table
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, read_rows, read_table
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
@@ -153,7 +153,7 @@ def _planted_cells_are_differences(path, mapping, capsys):
     separately, one planted foreign cell; status is NOT READY while the marker
     family exists."""
     from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-    from ddb2bt.pipeline.sink.bigtable_io import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
     from ddb2bt.transforms.config import FamilyConfig
     from ddb2bt.transforms.mapping import MARKER_FAMILY
 

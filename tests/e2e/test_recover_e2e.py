@@ -29,7 +29,7 @@ from ddb2bt.pipeline.io import ReplicateToBigtable
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.preflight import ensure_state_table
 from ddb2bt.pipeline.retry import RetryPolicy
-from ddb2bt.pipeline.sink.bigtable_io import ensure_mapping_table, read_table
+from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table, read_table
 from ddb2bt.pipeline.source.stream_source import ReaderOptions
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
 from ddb2bt.transforms.attrs import from_plain, item_to_dynamodb_json
@@ -316,8 +316,8 @@ def test_what_the_sweep_reads_agrees_with_the_fake_on_the_emulator(stack, tmp_pa
     given the same writes: the cells of a time range, over a table read in
     several key ranges (as SampleRowKeys would split a large one); and the state
     rows stamped since a time."""
-    from ddb2bt.pipeline.sink import bigtable_io
-    from ddb2bt.pipeline.sink.bigtable_io import GrpcMutationWriter
+    from ddb2bt.pipeline.clients.bigtable import writer as bigtable_io
+    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
     from ddb2bt.transforms.model import DeleteCells, SetCell
 

@@ -14,7 +14,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from ddb2bt.pipeline.sink import bigtable_io
+from ddb2bt.pipeline.clients.bigtable import writer as bigtable_io
 from ddb2bt.pipeline.sink.sink import SinkConfig, _WriteToBigtableFn
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, InMemoryBigtable
 from ddb2bt.transforms.dofns import map_record

@@ -11,7 +11,7 @@ import pytest
 
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
 from ddb2bt.pipeline.preflight import check_app_profiles
-from ddb2bt.pipeline.sink.bigtable_io import (MULTI_CLUSTER, SINGLE_CLUSTER, AppProfileFacts, AppProfileUnknown,
+from ddb2bt.pipeline.clients.bigtable.writer import (MULTI_CLUSTER, SINGLE_CLUSTER, AppProfileFacts, AppProfileUnknown,
                                               GrpcMutationWriter)
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.state import StateStore
@@ -238,7 +238,7 @@ def test_a_state_store_closes_the_writer_it_made_and_never_one_it_was_given(monk
 def test_the_sweeps_scans_go_through_the_configured_profiles(monkeypatch):
     """cells_between reads the target through the data profile, the owner-record
     scan the state table through the state profile (replicated instances)."""
-    from ddb2bt.pipeline.sink import bigtable_io
+    from ddb2bt.pipeline.clients.bigtable import writer as bigtable_io
     from ddb2bt.pipeline.state import BigtableStateBackend
 
     monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", "127.0.0.1:9")

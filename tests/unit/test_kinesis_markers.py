@@ -41,7 +41,7 @@ def kinesis_catalog(tmp_path):
 
 
 def test_a_kinesis_migration_creates_no_marker_family(tmp_path, monkeypatch):
-    from ddb2bt.pipeline.sink import bigtable_io
+    from ddb2bt.pipeline.clients.bigtable import writer as bigtable_io
 
     admin = Admin(CATALOG.tables)
     monkeypatch.setattr(bigtable_io, "process_admin", lambda project, instance: admin)

@@ -9,7 +9,7 @@ import random
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ddb2bt.pipeline.sink.bigtable_io import _pb_types, build_request, encode_mutate_rows
+from ddb2bt.pipeline.clients.bigtable.writer import _pb_types, build_request, encode_mutate_rows
 from ddb2bt.transforms.model import DeleteCells, RowChange, SetCell
 
 REQUEST_CLS = _pb_types()[0]
