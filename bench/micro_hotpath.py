@@ -41,7 +41,7 @@ def sink_case(n: int):
     from prometheus_client import CollectorRegistry
 
     from ddb2bt.pipeline.metrics import PipelineMetrics
-    from ddb2bt.pipeline.clients.bigtable.writer import ENTRY_OK
+    from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
     from ddb2bt.transforms.dofns import map_record
     from ddb2bt.transforms.model import ChangeRecord, MappedBatch, StreamPosition

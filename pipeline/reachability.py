@@ -72,7 +72,8 @@ def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: Opt
     command reports that itself. ``probes`` ({name: fn()}) replaces the real
     probes (tests)."""
     from ddb2bt.pipeline.dynamodb import SourceTableMissing
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableUnreachable, bigtable_endpoint
+    from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
+    from ddb2bt.pipeline.clients.bigtable.errors import BigtableUnreachable
     from ddb2bt.transforms.errors import RetryableError
 
     budget_s = READ_ONLY_BUDGET_S if budget_s is None else budget_s

@@ -354,7 +354,8 @@ class BigtableStateBackend:
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
     def write_rows(self, rows: Sequence) -> None:
-        from ddb2bt.pipeline.clients.bigtable.writer import BigtablePermanent, BigtableRetryable, bigtable_endpoint
+        from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
+        from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
         from ddb2bt.pipeline.retry import RetryPolicy, retry_call
 
         def attempt():

@@ -175,7 +175,7 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
         statuses = writer.mutate_rows(column.table, [(column.row_key, exact(column, stale))])
         bad = next((st for st in statuses if st is not None and not st.ok), None)
         if bad is not None:  # the sweep stops; it is still owed, so a rerun sweeps again
-            from ddb2bt.pipeline.clients.bigtable.writer import BigtablePermanent, BigtableRetryable
+            from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
 
             raise (BigtableRetryable if bad.retryable else BigtablePermanent)(
                 f"the re-copy sweep's delete in {column.table} failed: {bad.message}")

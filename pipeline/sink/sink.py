@@ -34,8 +34,9 @@ from typing import Callable, Iterable, Optional
 from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
 from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone,
                                      ShardClosed, mutations_size)
-from ddb2bt.pipeline.clients.bigtable.writer import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, BigtableRetryable,
-                                              EntryStatus, MutationWriter, bigtable_endpoint, code_name)
+from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter, bigtable_endpoint
+from ddb2bt.pipeline.clients.bigtable.errors import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent,
+                                                     BigtableRetryable, EntryStatus, code_name)
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
 from ddb2bt.pipeline.cutover.guards import encode_intent, repair_intents, repair_touched, write_conditional
 from ddb2bt.pipeline.metrics import UNNAMED_TABLE, PipelineMetrics

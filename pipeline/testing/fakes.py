@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from botocore.exceptions import ClientError
 
-from ddb2bt.pipeline.clients.bigtable.writer import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
+from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
 from ddb2bt.transforms.model import DeleteCells, SetCell
 
 # --- Bigtable -------------------------------------------------------------------

@@ -14,7 +14,7 @@ from ddb2bt.pipeline.cutover.clock import CLOCK_SKEW_MARGIN_S, ClockSkewError, c
 from ddb2bt.pipeline.cutover.phases import (BACKFILLING, CATCHING_UP, LIVE, MARKING_WAIT_S, Migration, PhaseMoved,
                                             advance, parse_phase)
 from ddb2bt.pipeline.cutover.redrive import redrive
-from ddb2bt.pipeline.clients.bigtable.writer import BigtableRetryable
+from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.state import BackfillCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable

@@ -10,7 +10,7 @@ import pytest
 
 from ddb2bt.pipeline.cutover import guards
 from ddb2bt.pipeline.retry import RetryPolicy
-from ddb2bt.pipeline.clients.bigtable.writer import BigtablePermanent
+from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable

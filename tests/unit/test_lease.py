@@ -10,7 +10,7 @@ import pytest
 from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
                                    LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, PARTITION_IDLE_RELEASE_S,
                                    PARTITION_ROUND_MAX_S, PartitionOwners, check_held, fence, margin_s, partition_index, register)
-from ddb2bt.pipeline.clients.bigtable.writer import BigtableRetryable, EntryStatus
+from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.retry import RetryPolicy
 from ddb2bt.pipeline.state import StateStore

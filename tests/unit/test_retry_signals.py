@@ -15,7 +15,7 @@ import pytest
 from ddb2bt.pipeline import retry
 from ddb2bt.pipeline.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.signals import EXIT_INTERRUPTED, INTERRUPTED, current, on_exit, run_command
-from ddb2bt.pipeline.clients.bigtable.writer import BigtablePermanent, BigtableRetryable
+from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
 from tests.conftest import ROOT
 
 

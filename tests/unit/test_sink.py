@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from ddb2bt.pipeline.clients.bigtable.writer import BigtablePermanent, BigtableRetryable, EntryStatus
+from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.retry import RetryPolicy

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -22,8 +21,9 @@ from typing import Callable, Iterable, Iterator, Optional, Protocol, Sequence
 
 import grpc
 
+from ddb2bt.pipeline.clients.bigtable.errors import (ENTRY_OK, OK, BigtableUnreachable, EntryStatus, check_filter_size,
+                                                     classify_api_error, classify_rpc_error)
 from ddb2bt.transforms.config import FamilyConfig, MappingConfig
-from ddb2bt.transforms.errors import MappingError, PermanentError, RetryableError
 from ddb2bt.transforms.model import DeleteCells, SetCell
 
 log = logging.getLogger(__name__)
@@ -38,28 +38,6 @@ US_PER_MS = 1000
 DEFAULT_RPC_TIMEOUT_S = 60.0
 # gRPC's default 4 MiB receive limit is too small for wide rows read back by verify.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-
-OK = grpc.StatusCode.OK.value[0]
-# Codes a retry can fix. INTERNAL and UNKNOWN are transient on the service
-# except for the messages in _PERMANENT_MESSAGES (the emulator reports unknown
-# families and bad timestamps that way; the service says NOT_FOUND/INVALID_ARGUMENT).
-RETRYABLE_CODES = frozenset(
-    c.value[0] for c in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                         grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
-                         grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
-)
-_PERMANENT_MESSAGES = (
-    (re.compile(r"unknown family|family .* (not found|does not exist)", re.I), "unknown_family"),
-    (re.compile(r"invalid timestamp", re.I), "invalid_timestamp"),
-)
-_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
-# Whole-call failures no retry or isolation can fix.
-FATAL_CODES = ("NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED")
-INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-
-
-def code_name(code: int) -> str:
-    return _CODE_NAMES.get(code, str(code))
 
 
 def bigtable_endpoint() -> str:
@@ -89,82 +67,6 @@ def close_bounded(close, what: str, wait_s: float = CLOSE_WAIT_S) -> None:
     t.join(wait_s)
     if t.is_alive():
         log.warning("closing %s did not finish within %.0fs; leaving it to the process exit", what, wait_s)
-
-
-@dataclass(frozen=True, slots=True)
-class EntryStatus:
-    """Outcome of one MutateRows entry."""
-
-    code: int
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.code == OK
-
-    @property
-    def permanent_reason(self) -> Optional[str]:
-        for pattern, reason in _PERMANENT_MESSAGES:
-            if pattern.search(self.message):
-                return reason
-        if self.code in RETRYABLE_CODES:
-            return None
-        if self.code == grpc.StatusCode.NOT_FOUND.value[0]:
-            return "unknown_family"  # the service's answer for a missing family
-        return code_name(self.code).lower()
-
-    @property
-    def retryable(self) -> bool:
-        return not self.ok and self.permanent_reason is None
-
-
-ENTRY_OK = EntryStatus(OK)
-
-
-class BigtableRetryable(RetryableError):
-    """A whole MutateRows call failed in a way a retry may fix."""
-
-
-class BigtablePermanent(PermanentError):
-    """A whole call failed for good (table missing, permission denied...)."""
-
-
-# Bigtable rejects a row filter (a CheckAndMutateRow predicate, a ReadRows filter)
-# whose serialized size is over 20,480 bytes with INVALID_ARGUMENT
-# (googleapis/java-bigtable-hbase#2192); the emulator accepts any size.
-MAX_ROW_FILTER_BYTES = 20_480
-
-
-class RowFilterTooLarge(MappingError):
-    """A predicate over Bigtable's row-filter size limit: sent, it would fail for
-    good (INVALID_ARGUMENT), so it is refused before sending, naming the row."""
-
-
-def check_filter_size(row_filter, what: str, table_id: str, row_key: bytes) -> None:
-    """Refuse a row filter Bigtable would reject (the row key is not named: it
-    may be personal data; the dead letter carrying this error names the change)."""
-    size = row_filter.ByteSize()
-    if size > MAX_ROW_FILTER_BYTES:
-        raise RowFilterTooLarge(f"{what} on a row of {table_id} ({len(row_key)}-byte key): its predicate is {size} "
-                                f"bytes, over Bigtable's row-filter limit of {MAX_ROW_FILTER_BYTES}",
-                                reason="row_filter_too_large")
-
-
-class BigtableUnreachable(PermanentError):
-    """No connection to Bigtable (or the emulator) within the deadline."""
-
-
-def classify_api_error(exc: Exception, method: str) -> Exception:
-    """A google.api_core error from the data client, classified once, here."""
-    from google.api_core import exceptions as gexc
-
-    code = getattr(getattr(exc, "grpc_status_code", None), "name", None) or type(exc).__name__
-    message = f"{method} failed: {code}: {getattr(exc, 'message', None) or exc}"
-    retryable = (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.TooManyRequests, gexc.Aborted,
-                 gexc.InternalServerError, gexc.Unknown, gexc.ResourceExhausted)
-    if isinstance(exc, retryable):
-        return BigtableRetryable(message, code=code)
-    return BigtablePermanent(message, code=code)
 
 
 _REACHABLE: set = set()
@@ -474,16 +376,6 @@ def encode_mutate_rows(table_name: str, app_profile: Optional[str], entries: Seq
     if app_profile:
         append(_length_delimited(_REQ_APP_PROFILE, app_profile.encode()))
     return b"".join(out)
-
-
-def classify_rpc_error(exc: grpc.RpcError, method: str = "MutateRows") -> Exception:
-    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    details = exc.details() if hasattr(exc, "details") else str(exc)
-    status = EntryStatus(code.value[0], details or "")
-    message = f"{method} failed: {code.name}: {details}"
-    if status.retryable:
-        return BigtableRetryable(message, code=code.name)
-    return BigtablePermanent(message, code=code.name)
 
 
 def _exact_regex(value: bytes) -> bytes:
@@ -1180,8 +1072,6 @@ def table_ranges(project: str, instance: str, table_id: str, client=None) -> lis
             close_bounded(client.close, "Bigtable data client")
     bounds = [None] + keys + [None]
     return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
-
-
 
 
 def prefix_end(prefix: bytes) -> Optional[bytes]:
