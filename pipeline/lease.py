@@ -635,7 +635,7 @@ if check_held not in BETWEEN_ATTEMPTS:
 def lease_cell(spec: LeaseSpec) -> LeaseCell:
     from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 
-    from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
+    from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 
     b = spec.bigtable
     # The lease is a CheckAndMutateRow cell: through the state (single-cluster) profile.

@@ -41,7 +41,7 @@ class Reachability:
 
 
 def _probe_bigtable(budget_s: float) -> None:
-    from ddb2bt.pipeline.clients.bigtable.writer import probe_bigtable
+    from ddb2bt.pipeline.clients.bigtable.channel import probe_bigtable
 
     probe_bigtable(budget_s)
 
@@ -72,7 +72,7 @@ def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: Opt
     command reports that itself. ``probes`` ({name: fn()}) replaces the real
     probes (tests)."""
     from ddb2bt.pipeline.dynamodb import SourceTableMissing
-    from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
+    from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
     from ddb2bt.pipeline.clients.bigtable.errors import BigtableUnreachable
     from ddb2bt.transforms.errors import RetryableError
 

@@ -354,7 +354,7 @@ class BigtableStateBackend:
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
     def write_rows(self, rows: Sequence) -> None:
-        from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
+        from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
         from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
         from ddb2bt.pipeline.retry import RetryPolicy, retry_call
 
@@ -417,7 +417,7 @@ class BigtableStateBackend:
         """Compare-and-set of one state cell (the phase). A retried swap whose first
         attempt was applied answers False: callers re-read (their values are unique)."""
         from ddb2bt.pipeline.retry import RetryPolicy, retry_call
-        from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
+        from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 
         return retry_call(lambda: self._writer.swap_cell(self._table_id, key, family, qualifier, expected, value,
                                                          ts_ms),
@@ -429,7 +429,7 @@ class BigtableStateBackend:
         from ddb2bt.pipeline.retry import retry_call
 
         from ddb2bt.pipeline.retry import RetryPolicy
-        from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
+        from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 
         return retry_call(lambda: self._writer.check_and_mutate(self._table_id, key, unless, mutations),
                           what=f"CheckAndMutateRow on state table {self._table_id}",
@@ -437,7 +437,7 @@ class BigtableStateBackend:
 
     def close(self) -> None:
         if self._client is not None:
-            from ddb2bt.pipeline.clients.bigtable.writer import close_bounded
+            from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
 
             close_bounded(self._client.close, "Bigtable data client")
             self._client = None

@@ -142,7 +142,7 @@ class _ReadTargetRowsFn(beam.DoFn):
     def teardown(self) -> None:
         client = getattr(self, "_client", None)
         if client is not None:
-            from ddb2bt.pipeline.clients.bigtable.writer import close_bounded
+            from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
 
             close_bounded(client.close, "Bigtable data client")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
 from ddb2bt.pipeline.retry import retrying
-from ddb2bt.pipeline.clients.bigtable.writer import bigtable_endpoint
+from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.transforms.errors import MappingError

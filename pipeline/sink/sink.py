@@ -34,7 +34,8 @@ from typing import Callable, Iterable, Optional
 from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
 from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone,
                                      ShardClosed, mutations_size)
-from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter, bigtable_endpoint
+from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
+from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.errors import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent,
                                                      BigtableRetryable, EntryStatus, code_name)
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers

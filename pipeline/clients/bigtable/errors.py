@@ -14,8 +14,6 @@ from ddb2bt.transforms.errors import MappingError, PermanentError, RetryableErro
 
 
 OK = grpc.StatusCode.OK.value[0]
-
-
 # Codes a retry can fix. INTERNAL and UNKNOWN are transient on the service
 # except for the messages in _PERMANENT_MESSAGES (the emulator reports unknown
 # families and bad timestamps that way; the service says NOT_FOUND/INVALID_ARGUMENT).
@@ -24,21 +22,13 @@ RETRYABLE_CODES = frozenset(
                          grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
                          grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 )
-
-
 _PERMANENT_MESSAGES = (
     (re.compile(r"unknown family|family .* (not found|does not exist)", re.I), "unknown_family"),
     (re.compile(r"invalid timestamp", re.I), "invalid_timestamp"),
 )
-
-
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
-
-
 # Whole-call failures no retry or isolation can fix.
 FATAL_CODES = ("NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED")
-
-
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
