@@ -30,11 +30,11 @@ TABLE_NAME = "projects/p/instances/i/tables/t"
 
 
 def encode_request(table_name: str, entries: list) -> bytes:
-    from ddb2bt.pipeline.clients.bigtable import writer as bio
+    from ddb2bt.pipeline.clients.bigtable import wire as bio
 
     if hasattr(bio, "encode_mutate_rows"):
         return bio.encode_mutate_rows(table_name, None, entries)
-    return bio.build_request(bio._pb_types()[0], table_name, None, entries).SerializeToString()  # older versions
+    return bio.build_request(bio.mutate_rows_types()[0], table_name, None, entries).SerializeToString()  # older versions
 
 
 def sink_case(n: int):

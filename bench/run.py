@@ -285,7 +285,8 @@ def run_ceiling(requests, writer, table) -> None:
 
 
 def throughput(n: int, stack, project: str, instance: str) -> dict:
-    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, build_request
+    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+    from ddb2bt.pipeline.clients.bigtable.wire import build_request
 
     records = stream_records(n)
     settle()

@@ -9,10 +9,10 @@ import random
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ddb2bt.pipeline.clients.bigtable.writer import _pb_types, build_request, encode_mutate_rows
+from ddb2bt.pipeline.clients.bigtable.wire import mutate_rows_types, build_request, encode_mutate_rows
 from ddb2bt.transforms.model import DeleteCells, RowChange, SetCell
 
-REQUEST_CLS = _pb_types()[0]
+REQUEST_CLS = mutate_rows_types()[0]
 TABLE = "projects/p/instances/i/tables/t"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Millisecond timestamps whose microseconds still fit in an int64.
