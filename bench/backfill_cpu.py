@@ -97,7 +97,7 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.graph import make_pipeline
-    from ddb2bt.pipeline.clients.bigtable.writer import read_table
+    from ddb2bt.pipeline.clients.bigtable.reads import read_table
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
     from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin

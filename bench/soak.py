@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from ddb2bt.pipeline.local import workload  # noqa: E402
-from ddb2bt.pipeline.clients.bigtable.writer import read_table  # noqa: E402
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.cutover.compare import compare_mapping  # noqa: E402
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client  # noqa: E402
 from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402

@@ -370,14 +370,14 @@ class BigtableStateBackend:
                    policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def _data_client(self):
-        from ddb2bt.pipeline.clients.bigtable.writer import data_client
+        from ddb2bt.pipeline.clients.bigtable.reads import data_client
 
         if self._client is None:
             self._client = data_client(self._project)
         return self._client
 
     def read_prefix(self, prefix: bytes) -> dict:
-        from ddb2bt.pipeline.clients.bigtable.writer import SMALL_ATTEMPT_TIMEOUT_S, read_table
+        from ddb2bt.pipeline.clients.bigtable.reads import SMALL_ATTEMPT_TIMEOUT_S, read_table
 
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
                           client=self._data_client(), deadline_s=self._deadline_s,
@@ -391,7 +391,7 @@ class BigtableStateBackend:
         of rows (every version's owner)."""
         from google.cloud.bigtable.data import row_filters
 
-        from ddb2bt.pipeline.clients.bigtable.writer import prefix_end, iter_table, ms_datetime
+        from ddb2bt.pipeline.clients.bigtable.reads import prefix_end, iter_table, ms_datetime
 
         since = row_filters.RowFilterChain([row_filters.TimestampRangeFilter(start=ms_datetime(since_ms)),
                                             row_filters.CellsColumnLimitFilter(1)])
@@ -403,7 +403,7 @@ class BigtableStateBackend:
 
     def read_keys(self, keys: Sequence) -> dict:
         """Like read_prefix, for exactly these rows (absent rows are absent)."""
-        from ddb2bt.pipeline.clients.bigtable.writer import SMALL_ATTEMPT_TIMEOUT_S, read_rows
+        from ddb2bt.pipeline.clients.bigtable.reads import SMALL_ATTEMPT_TIMEOUT_S, read_rows
 
         # read_rows classifies the data client's errors and retries them itself
         # (warnings, then the state deadline).

@@ -124,7 +124,7 @@ class _SplitTargetFn(beam.DoFn):
         self._project, self._instance = project, instance
 
     def process(self, table: str):
-        from ddb2bt.pipeline.clients.bigtable.writer import table_ranges
+        from ddb2bt.pipeline.clients.bigtable.reads import table_ranges
 
         for start, end in table_ranges(self._project, self._instance, table):
             yield table, start, end
@@ -135,7 +135,7 @@ class _ReadTargetRowsFn(beam.DoFn):
         self._project, self._instance = project, instance
 
     def setup(self) -> None:
-        from ddb2bt.pipeline.clients.bigtable.writer import data_client
+        from ddb2bt.pipeline.clients.bigtable.reads import data_client
 
         self._client = data_client(self._project)
 
@@ -147,7 +147,7 @@ class _ReadTargetRowsFn(beam.DoFn):
             close_bounded(client.close, "Bigtable data client")
 
     def process(self, element):
-        from ddb2bt.pipeline.clients.bigtable.writer import iter_table
+        from ddb2bt.pipeline.clients.bigtable.reads import iter_table
 
         table, start, end = element
         for row_key, cells in iter_table(self._project, self._instance, table, client=self._client,
@@ -214,7 +214,7 @@ class _RecheckRowsFn(beam.DoFn):
         from ddb2bt.pipeline.cutover.recheck import recheck
         from ddb2bt.pipeline.cutover.verify import Findings
         from ddb2bt.pipeline.dynamodb import get_item
-        from ddb2bt.pipeline.clients.bigtable.writer import read_rows
+        from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 
         t = self._table
         m = t.mapping

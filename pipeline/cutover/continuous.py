@@ -326,7 +326,7 @@ def connect_check(mapping, store, options: ContinuousOptions, stream_arn: Option
     from ddb2bt.pipeline.cutover.recheck import stream_watermark
     from ddb2bt.pipeline.dynamodb import describe_table, get_item, scan_pages
     from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
-    from ddb2bt.pipeline.clients.bigtable.writer import read_rows
+    from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target

@@ -398,7 +398,7 @@ def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions())
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 
     from ddb2bt.pipeline.connections import StreamsClientFactory
-    from ddb2bt.pipeline.clients.bigtable.writer import read_rows
+    from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 
     writer = state_spec.bigtable.writer()
     store = state_spec.store(writer)

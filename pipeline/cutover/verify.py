@@ -447,7 +447,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
     from ddb2bt.pipeline.cutover.controller import run_in_thread
     from ddb2bt.pipeline.cutover.recheck import stream_watermark
     from ddb2bt.pipeline.dynamodb import describe_table, get_item
-    from ddb2bt.pipeline.clients.bigtable.writer import iter_table, read_rows
+    from ddb2bt.pipeline.clients.bigtable.reads import iter_table, read_rows
     from ddb2bt.transforms.errors import ConfigError
 
     if not 0 < sample_rate <= 1:

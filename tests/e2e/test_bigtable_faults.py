@@ -51,7 +51,7 @@ def test_replication_converges_under_injected_grpc_faults(stack, tmp_path, uniqu
     per-entry UNAVAILABLE inside MutateRows responses (applied but reported failed)
     and added latency: every change still lands exactly once in effect."""
     from ddb2bt.pipeline.testing import faults
-    from ddb2bt.pipeline.clients.bigtable.writer import read_table
+    from ddb2bt.pipeline.clients.bigtable.reads import read_table
     from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
     from ddb2bt.transforms.config import load_mapping
 

@@ -15,7 +15,8 @@ import pytest
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.continuous import POSITION_META, CheckPosition
 from ddb2bt.pipeline.local.local_stack import free_port
-from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, read_rows
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 from ddb2bt.transforms.model import SetCell
 from tests.conftest import ROOT
 from tests.e2e.test_cutover import _kill, preload, random_changes, setup, store_of

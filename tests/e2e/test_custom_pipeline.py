@@ -9,7 +9,7 @@ from ddb2bt.examples import custom_pipeline
 from ddb2bt.pipeline.connections import dynamodb_client
 from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.clients.bigtable.writer import read_table
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.transforms.config import load_mapping
 from tests.conftest import write_mapping
 

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, read_rows, read_table
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+from ddb2bt.pipeline.clients.bigtable.reads import read_rows, read_table
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client

@@ -23,7 +23,7 @@ import pytest
 
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.clients.bigtable.writer import read_table
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE
 from ddb2bt.pipeline.testing.proxy import PausableProxy
 from tests.conftest import ROOT

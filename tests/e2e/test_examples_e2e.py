@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.clients.bigtable.writer import read_table
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.connections import dynamodb_client

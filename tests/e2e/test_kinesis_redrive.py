@@ -14,7 +14,8 @@ from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
 from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive_job
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, read_table
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.sink.guarded import apply_guarded
 from ddb2bt.transforms.attrs import from_plain
 from ddb2bt.transforms.config import load_mapping

@@ -22,7 +22,7 @@ from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.clients.bigtable.writer import read_table
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.source.kinesis import resolve_kinesis
 from ddb2bt.pipeline.testing.kinesis_cdc import Disorder, change_document, publish_changes, read_table_changes
 from ddb2bt.transforms.attrs import from_plain

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.clients.bigtable.writer import read_table
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client

@@ -8,7 +8,8 @@ import boto3
 import pytest
 
 from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, read_table
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.sink.guarded import apply_guarded
 from ddb2bt.pipeline.testing.faults import RowFilterLimit
 from ddb2bt.transforms.attrs import from_plain

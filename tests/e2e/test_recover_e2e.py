@@ -29,7 +29,8 @@ from ddb2bt.pipeline.io import ReplicateToBigtable
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.preflight import ensure_state_table
 from ddb2bt.pipeline.retry import RetryPolicy
-from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table, read_table
+from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.source.stream_source import ReaderOptions
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
 from ddb2bt.transforms.attrs import from_plain, item_to_dynamodb_json

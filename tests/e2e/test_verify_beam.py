@@ -10,7 +10,8 @@ import pytest
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import dynamodb_client
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, read_table
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.model import DeleteCells, SetCell
 from tests.conftest import write_mapping

@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter, read_table
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.transforms.model import SetCell
 from tests.e2e.test_cutover import _kill, _spawn, preload, random_changes, setup
 
