@@ -100,7 +100,7 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
 
     table = f"bench_{uuid.uuid4().hex[:8]}"
     BigtableAdmin(project, instance).ensure_table(table, mapping.table_families()[mapping.target.table])

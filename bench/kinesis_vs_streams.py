@@ -51,7 +51,7 @@ def run_kinesis(records: list, project: str, instance: str, table: str, shuffle:
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.graph import LiveJob
     from ddb2bt.pipeline.preflight import ensure_state_table
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
     from ddb2bt.pipeline.sink.sink import SinkConfig
     from ddb2bt.pipeline.source.kinesis import KinesisStreamsClient, ShardPacer, kinesis_stream_arn
     from ddb2bt.pipeline.source.stream_source import ReaderOptions

@@ -94,7 +94,7 @@ def _sweep(mapping_path: str, n: int, out) -> None:
 
 def main() -> int:
     from ddb2bt.pipeline.local.local_stack import LocalStack
-    from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table
+    from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
     from ddb2bt.transforms.config import load_mapping
     from tests.conftest import write_mapping  # the suite's helper: a copy of an example, fields replaced
 

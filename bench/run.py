@@ -133,7 +133,7 @@ class Meter:
 
 
 def fresh_table(project: str, instance: str) -> str:
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
 
     name = f"bench_{uuid.uuid4().hex[:8]}"
     BigtableAdmin(project, instance).ensure_table(name, MAPPING.table_families()[MAPPING.target.table])

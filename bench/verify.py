@@ -49,7 +49,8 @@ def _load(n: int, project: str, instance: str, tmp: Path) -> tuple:
 
     from ddb2bt.pipeline.connections import dynamodb_client
     from ddb2bt.pipeline.local import workload
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin, GrpcMutationWriter
+    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
     from ddb2bt.transforms.attrs import item_to_dynamodb_json
     from ddb2bt.transforms.mapping import map_change
     from ddb2bt.transforms.model import INSERT, ChangeRecord

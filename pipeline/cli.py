@@ -280,7 +280,7 @@ def cmd_lint(args) -> int:
 
 
 def cmd_create_table(args) -> int:
-    from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table
+    from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
     from ddb2bt.pipeline.preflight import ensure_state_table
 
     mappings = load_all(args)
@@ -598,7 +598,7 @@ def cmd_recover(args) -> int:
     options = RecoverOptions(exports=tuple(args.from_export or ()), s3_bucket=args.s3_bucket or "<bucket>",
                              s3_prefix=args.s3_prefix or "", accept_inexact=args.accept_inexact)
     fence, held = (lambda: None), None  # a read-only run writes nothing
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
 
     if not BigtableAdmin(spec.bigtable.project, spec.bigtable.instance).exists(spec.table):
         # No state table: this job never ran against this instance, so it has no

@@ -142,7 +142,7 @@ def prepare_target(mapping: MappingArg, state: Optional[StateSpec] = None) -> Ma
     as ``ddb2bt create-table`` does; run it once before building the graph.
     Returns the loaded mapping."""
     from ddb2bt.pipeline.preflight import ensure_state_table
-    from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table
+    from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 
     config = load_mapping_arg(mapping)
     ensure_mapping_table(config)

@@ -42,7 +42,7 @@ class Bookkeeping:
 
     @classmethod
     def for_target(cls, project: str, instance: str, markers: bool = True) -> "Bookkeeping":
-        from ddb2bt.pipeline.clients.bigtable.writer import process_admin
+        from ddb2bt.pipeline.clients.bigtable.admin import process_admin
 
         return cls(process_admin(project, instance), markers)  # one admin client per process (its quota is low)
 

@@ -59,7 +59,7 @@ def run_demo(args) -> int:
     import os
 
     from ddb2bt.pipeline.local import local_stack
-    from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table
+    from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
     from ddb2bt.pipeline.jobs import start_metrics_server
     from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout, without_clocks

@@ -696,7 +696,7 @@ class _FamilyCache:
         self._cache: dict = {}
 
     def __call__(self, table: str) -> Optional[frozenset]:
-        from ddb2bt.pipeline.clients.bigtable.writer import process_families
+        from ddb2bt.pipeline.clients.bigtable.admin import process_families
 
         cached = self._cache.get(table)
         if cached is not None and self._now() - cached[0] < FAMILY_CACHE_S:
@@ -708,7 +708,7 @@ class _FamilyCache:
     def refresh(self, table: str) -> Optional[frozenset]:
         """The families again, from a listing at most FAMILY_RECHECK_S old: asked
         when a change names a family the cached list lacks (one added since)."""
-        from ddb2bt.pipeline.clients.bigtable.writer import process_families
+        from ddb2bt.pipeline.clients.bigtable.admin import process_families
 
         families = process_families(self._project, self._instance, table, FAMILY_RECHECK_S, self._now)
         self._cache[table] = (self._now(), families)

@@ -154,7 +154,7 @@ def _planted_cells_are_differences(path, mapping, capsys):
     separately, one planted foreign cell; status is NOT READY while the marker
     family exists."""
     from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
     from ddb2bt.transforms.config import FamilyConfig
     from ddb2bt.transforms.mapping import MARKER_FAMILY
 

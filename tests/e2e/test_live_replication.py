@@ -109,7 +109,7 @@ def test_restart_after_kill_and_replay_from_an_older_checkpoint_converge(stack, 
 
 
 def test_oversized_key_and_unknown_family_are_dead_lettered_while_the_rest_replicates(stack, tmp_path, unique, capsys):
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
     from ddb2bt.transforms.config import FamilyConfig
 
     path, mapping, ddb = setup_tables(
@@ -146,7 +146,7 @@ def test_oversized_key_and_unknown_family_are_dead_lettered_while_the_rest_repli
 
 
 def test_redrive_reapplies_fixed_dead_letters_without_overriding_newer_changes(stack, tmp_path, unique, capsys):
-    from ddb2bt.pipeline.clients.bigtable.writer import BigtableAdmin
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
     from ddb2bt.transforms.config import FamilyConfig
 
     path, mapping, ddb = setup_tables(

@@ -29,7 +29,7 @@ from ddb2bt.pipeline.io import ReplicateToBigtable
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.preflight import ensure_state_table
 from ddb2bt.pipeline.retry import RetryPolicy
-from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table
+from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.source.stream_source import ReaderOptions
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
@@ -317,7 +317,7 @@ def test_what_the_sweep_reads_agrees_with_the_fake_on_the_emulator(stack, tmp_pa
     given the same writes: the cells of a time range, over a table read in
     several key ranges (as SampleRowKeys would split a large one); and the state
     rows stamped since a time."""
-    from ddb2bt.pipeline.clients.bigtable import writer as bigtable_io
+    from ddb2bt.pipeline.clients.bigtable import writer as bigtable_writer
     from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
     from ddb2bt.transforms.model import DeleteCells, SetCell
@@ -341,7 +341,7 @@ def test_what_the_sweep_reads_agrees_with_the_fake_on_the_emulator(stack, tmp_pa
         assert len(want) == 6 and all(T0 + 1000 <= ts < T0 + 9000 and q == b"q" for _, _, q, ts in want), want
         assert list(real.cells_between(mapping.target.table, T0 + 1000, T0 + 9000)) == want
         # The emulator answers SampleRowKeys with one range: split it as a large table would be.
-        monkeypatch.setattr(bigtable_io, "table_ranges", lambda *a, **k: [(None, b"a#3"), (b"a#3", b"b#"),
+        monkeypatch.setattr(bigtable_writer, "table_ranges", lambda *a, **k: [(None, b"a#3"), (b"a#3", b"b#"),
                                                                           (b"b#", None)])
         assert list(real.cells_between(mapping.target.table, T0 + 1000, T0 + 9000)) == want
         since = list(fake.cells_between(mapping.target.table, T0 + 1000))  # no end: the sweep's scan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddb2bt.pipeline.clients.bigtable.writer import ensure_mapping_table
+from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec

@@ -14,7 +14,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from ddb2bt.pipeline.clients.bigtable import writer as bigtable_io
+from ddb2bt.pipeline.clients.bigtable import admin as bigtable_admin
 from ddb2bt.pipeline.sink.sink import SinkConfig, _WriteToBigtableFn
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, InMemoryBigtable
 from ddb2bt.transforms.dofns import map_record
@@ -56,10 +56,10 @@ class FakeBigtableSpec:
 @pytest.fixture
 def counting_admin(monkeypatch):
     COUNTS.clear()
-    bigtable_io.forget_process_admins()
-    monkeypatch.setattr(bigtable_io, "ADMIN_FACTORY", CountingAdmin)
+    bigtable_admin.forget_process_admins()
+    monkeypatch.setattr(bigtable_admin, "ADMIN_FACTORY", CountingAdmin)
     yield COUNTS
-    bigtable_io.forget_process_admins()
+    bigtable_admin.forget_process_admins()
 
 
 def changes(n: int) -> list:
@@ -97,12 +97,12 @@ def test_bookkeeping_uses_the_process_admin(counting_admin):
 
 def test_family_lists_expire_per_process(counting_admin):
     now = [0.0]
-    assert bigtable_io.process_families("p", "i", "t", 60.0, now=lambda: now[0]) == frozenset({"SKU"})
+    assert bigtable_admin.process_families("p", "i", "t", 60.0, now=lambda: now[0]) == frozenset({"SKU"})
     now[0] = 59.0
-    bigtable_io.process_families("p", "i", "t", 60.0, now=lambda: now[0])
+    bigtable_admin.process_families("p", "i", "t", 60.0, now=lambda: now[0])
     assert counting_admin["listings"] == {"t": 1}
     now[0] = 60.0  # a family added by create-table is seen within a minute
-    bigtable_io.process_families("p", "i", "t", 60.0, now=lambda: now[0])
+    bigtable_admin.process_families("p", "i", "t", 60.0, now=lambda: now[0])
     assert counting_admin["listings"] == {"t": 2}
 
 
@@ -117,7 +117,7 @@ def test_a_family_missing_from_the_cached_list_is_asked_for_again_before_dead_le
             super().families(table)
             return set(families[table])
 
-    monkeypatch.setattr(bigtable_io, "ADMIN_FACTORY", Admin)
+    monkeypatch.setattr(bigtable_admin, "ADMIN_FACTORY", Admin)
     cache = _FamilyCache(FakeBigtableSpec("x"), now=lambda: now[0])
     bt = InMemoryBigtable()
     batcher = BatchingWriter(bt, None, SinkConfig(retry=FAST.retry), known_families=cache)

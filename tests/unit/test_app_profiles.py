@@ -11,8 +11,8 @@ import pytest
 
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
 from ddb2bt.pipeline.preflight import check_app_profiles
-from ddb2bt.pipeline.clients.bigtable.writer import (MULTI_CLUSTER, SINGLE_CLUSTER, AppProfileFacts, AppProfileUnknown,
-                                              GrpcMutationWriter)
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+from ddb2bt.pipeline.clients.bigtable.admin import MULTI_CLUSTER, SINGLE_CLUSTER, AppProfileFacts, AppProfileUnknown
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
@@ -238,7 +238,8 @@ def test_a_state_store_closes_the_writer_it_made_and_never_one_it_was_given(monk
 def test_the_sweeps_scans_go_through_the_configured_profiles(monkeypatch):
     """cells_between reads the target through the data profile, the owner-record
     scan the state table through the state profile (replicated instances)."""
-    from ddb2bt.pipeline.clients.bigtable import writer as bigtable_io
+    from ddb2bt.pipeline.clients.bigtable import reads as bigtable_reads
+    from ddb2bt.pipeline.clients.bigtable import writer as bigtable_writer
     from ddb2bt.pipeline.state import BigtableStateBackend
 
     monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", "127.0.0.1:9")
@@ -248,10 +249,16 @@ def test_the_sweeps_scans_go_through_the_configured_profiles(monkeypatch):
         def close(self):
             pass
 
-    monkeypatch.setattr(bigtable_io, "data_client", lambda project: Client())
-    monkeypatch.setattr(bigtable_io, "table_ranges", lambda *a, **k: [(None, None)])
-    monkeypatch.setattr(bigtable_io, "iter_table", lambda *a, **k: seen.append(k["app_profile"]) or iter(()))
-    writer = bigtable_io.GrpcMutationWriter("p", "i", app_profile="data", transactional_app_profile="txn")
+    monkeypatch.setattr(bigtable_writer, "data_client", lambda project: Client())
+    monkeypatch.setattr(bigtable_writer, "table_ranges", lambda *a, **k: [(None, None)])
+    def iter_table(*a, **k):
+        seen.append(k["app_profile"])
+        return iter(())
+
+    # the writer's sweep and the state table's scan both read through iter_table
+    monkeypatch.setattr(bigtable_writer, "iter_table", iter_table)
+    monkeypatch.setattr(bigtable_reads, "iter_table", iter_table)
+    writer = bigtable_writer.GrpcMutationWriter("p", "i", app_profile="data", transactional_app_profile="txn")
     try:
         assert list(writer.cells_between("t", 0)) == []
         backend = BigtableStateBackend(writer, "p", "i", "ddb2bt_state", app_profile="txn")
