@@ -41,7 +41,7 @@ class SimClock:
 def _reader(client, clock, index, count, directory):
     from ddb2bt.pipeline.dynamodb import ShardPacer
     from ddb2bt.pipeline.metrics import PipelineMetrics
-    from ddb2bt.pipeline.retry import RetryPolicy
+    from ddb2bt.pipeline.clients.retry import RetryPolicy
     from ddb2bt.pipeline.source.stream_source import PartitionReader, ReaderOptions, StreamPartition
     from ddb2bt.pipeline.state import StateStore
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable

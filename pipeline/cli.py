@@ -129,7 +129,7 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
 def add_ops_args(p: argparse.ArgumentParser) -> None:
     """One holder per job and give-up deadlines (run, migrate, backfill); see docs/operations.md."""
     from ddb2bt.pipeline.lease import DEFAULT_RENEW_S, DEFAULT_TTL_S
-    from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
+    from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S
 
     g = p.add_argument_group("one running process per job, and deadlines")
     how = g.add_mutually_exclusive_group()
@@ -558,7 +558,7 @@ def cmd_verify_beam(args, mappings: list) -> int:
 
 def cmd_status(args) -> int:
     from ddb2bt.pipeline.cutover.status import assess, facts_json, render, render_tables, table_facts
-    from ddb2bt.pipeline.retry import RetryPolicy
+    from ddb2bt.pipeline.clients.retry import RetryPolicy
 
     # status is read-only and often run when something is wrong: answer fast.
     read_retry = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)

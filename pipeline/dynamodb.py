@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Optional
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from ddb2bt.pipeline.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
 
 __all__ = [

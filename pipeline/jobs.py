@@ -253,7 +253,7 @@ def check_profiles(args, mapping) -> None:
 
 def state_spec(args, mapping, include_values: bool = True):
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
-    from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
+    from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S
 
     # Jobs give up after --bigtable-deadline; read-only commands answer within ~30 s.
     deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
@@ -452,7 +452,7 @@ def backfill_scan_retry(args):
 
 
 def sink_config(args=None, lease=None):
-    from ddb2bt.pipeline.retry import RetryPolicy
+    from ddb2bt.pipeline.clients.retry import RetryPolicy
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
     if args is None or not hasattr(args, "bigtable_deadline"):

@@ -197,7 +197,7 @@ def release_targets(mappings: list, states: list, make_writer: Optional[Callable
 
 def _grpc_writer(state):
     from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
-    from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
+    from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S
 
     b = state.bigtable
     return GrpcMutationWriter(b.project, b.instance, b.app_profile, timeout_s=READ_ONLY_DEADLINE_S)

@@ -334,7 +334,7 @@ class BigtableStateBackend:
 
     def __init__(self, writer, project: str, instance: str, table_id: str, deadline_s: Optional[float] = None,
                  app_profile: Optional[str] = None, owns_writer: bool = False) -> None:
-        from ddb2bt.pipeline.retry import DEFAULT_DEADLINE_S
+        from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S
 
         self._writer = writer
         self._owns_writer = owns_writer  # made for this backend: closed with it
@@ -356,7 +356,7 @@ class BigtableStateBackend:
     def write_rows(self, rows: Sequence) -> None:
         from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
         from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
-        from ddb2bt.pipeline.retry import RetryPolicy, retry_call
+        from ddb2bt.pipeline.clients.retry import RetryPolicy, retry_call
 
         def attempt():
             statuses = self._writer.mutate_rows(self._table_id, rows)
@@ -416,7 +416,7 @@ class BigtableStateBackend:
              ts_ms: int) -> bool:
         """Compare-and-set of one state cell (the phase). A retried swap whose first
         attempt was applied answers False: callers re-read (their values are unique)."""
-        from ddb2bt.pipeline.retry import RetryPolicy, retry_call
+        from ddb2bt.pipeline.clients.retry import RetryPolicy, retry_call
         from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 
         return retry_call(lambda: self._writer.swap_cell(self._table_id, key, family, qualifier, expected, value,
@@ -426,9 +426,9 @@ class BigtableStateBackend:
 
     def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
         """CheckAndMutateRow on the state table: apply unless ``unless`` holds."""
-        from ddb2bt.pipeline.retry import retry_call
+        from ddb2bt.pipeline.clients.retry import retry_call
 
-        from ddb2bt.pipeline.retry import RetryPolicy
+        from ddb2bt.pipeline.clients.retry import RetryPolicy
         from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 
         return retry_call(lambda: self._writer.check_and_mutate(self._table_id, key, unless, mutations),

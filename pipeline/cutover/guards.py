@@ -35,7 +35,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
-from ddb2bt.pipeline.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.clients.bigtable.errors import FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent, EntryStatus
 from ddb2bt.transforms.model import DeleteCells, Guard, RowChange, SetCell
 

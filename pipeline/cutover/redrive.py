@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.logs import table_logger
 from ddb2bt.pipeline.cutover.continuous import DIVERGENT
 from ddb2bt.pipeline.cutover.recheck import owner_candidates

@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 from ddb2bt.pipeline.cutover.mapping_change import running_mapping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
 from ddb2bt.pipeline.lease import BACKFILL, TAIL, LeaseState
-from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S, RetryPolicy
+from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, STREAM_RETENTION_S, list_shards
 from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
 from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint

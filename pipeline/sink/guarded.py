@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
-from ddb2bt.pipeline.retry import retrying
+from ddb2bt.pipeline.clients.retry import retrying
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable
 from ddb2bt.pipeline.sink.sink import BatchingWriter

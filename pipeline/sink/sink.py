@@ -43,7 +43,7 @@ from ddb2bt.pipeline.cutover.guards import encode_intent, repair_intents, repair
 from ddb2bt.pipeline.metrics import UNNAMED_TABLE, PipelineMetrics
 from ddb2bt.pipeline.sink.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
-from ddb2bt.pipeline.retry import DEFAULT_POLICY, RetryPolicy, retrying
+from ddb2bt.pipeline.clients.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 
 log = logging.getLogger(__name__)

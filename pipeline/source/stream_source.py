@@ -43,7 +43,7 @@ from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.source.records import from_stream_record
-from ddb2bt.pipeline.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.state import ShardCheckpoint
 
 log = logging.getLogger(__name__)

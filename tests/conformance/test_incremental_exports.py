@@ -20,7 +20,7 @@ from ddb2bt.pipeline.cutover.phases import LIVE, RECOVERING, Migration
 from ddb2bt.pipeline.cutover.recover import (Gap, Recovery, RecoveryRefused, check_coverage, check_pitr,
                                              inexact_features, open_export, read_changes)
 from ddb2bt.pipeline.metrics import PipelineMetrics
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable

@@ -28,7 +28,7 @@ from ddb2bt.pipeline.graph import LiveJob, make_pipeline
 from ddb2bt.pipeline.io import ReplicateToBigtable
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.preflight import ensure_state_table
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.source.stream_source import ReaderOptions

@@ -11,7 +11,7 @@ from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
 from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
 from ddb2bt.pipeline.preflight import ensure_state_table
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.source.stream_source import ReaderOptions
 from tests.conftest import write_mapping
 from ddb2bt.transforms.config import load_mapping

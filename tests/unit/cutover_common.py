@@ -1,7 +1,7 @@
 """Shared set-up of the cutover unit tests (sink markers, version clashes, redrive, verify)."""
 from __future__ import annotations
 
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import SinkConfig
 from ddb2bt.transforms.attrs import from_plain
 from ddb2bt.transforms.config import load_mapping

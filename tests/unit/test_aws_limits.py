@@ -21,7 +21,7 @@ from ddb2bt.pipeline.cutover.status import assess, gather, render
 from ddb2bt.pipeline.dynamodb import (GET_RECORDS_PER_SHARD_PER_S, STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S,
                                       ShardDirectory, ShardPacer)
 from ddb2bt.pipeline.metrics import PipelineMetrics
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.source import stream_source
 from ddb2bt.pipeline.source.stream_source import (LocalTracker, PartitionReader, ReaderOptions, StreamPartition,
                                                   drain_round)
@@ -316,7 +316,7 @@ def test_a_silent_network_partition_is_named_at_the_first_timeout(monkeypatch, c
     reader = PartitionReader(client, StreamPartition(arn, 0, 1), ReaderOptions(retry=RetryPolicy(0.1, 1.0, 60.0)),
                              lambda a: {}, None, sleep=stop)
     try:
-        with caplog.at_level(logging.WARNING, logger="ddb2bt.pipeline.retry"), pytest.raises(_Stop):
+        with caplog.at_level(logging.WARNING, logger="ddb2bt.pipeline.clients.retry"), pytest.raises(_Stop):
             reader.discover(LocalTracker())
     finally:
         done.set()

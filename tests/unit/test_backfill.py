@@ -7,7 +7,7 @@ from ddb2bt.pipeline.dynamodb import TokenBucket
 from ddb2bt.pipeline.cutover.backfill import (ExportSource, PartReaders, ScanSource, parse_segment, plan_tasks,
                                segment_name)
 from ddb2bt.pipeline.testing.fakes import client_error
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.cutover.status import Facts, ShardStatus, assess
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.model import BackfillPosition, ChangeRecord, PartDone

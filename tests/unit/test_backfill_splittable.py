@@ -16,7 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from ddb2bt.pipeline.cutover.backfill import BackfillJob, ExportSource, ScanSource, segment_name
 from ddb2bt.pipeline.cutover.backfill_sdf import (BackfillPart, PartRestriction, PartTracker,
                                                   _ReadBackfillPartsFn)
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.state import BackfillCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, InMemoryBigtable, RegisteredClient
 from ddb2bt.transforms.model import BackfillPosition, PartDone, RecordBatch

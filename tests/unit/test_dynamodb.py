@@ -10,7 +10,7 @@ from ddb2bt.pipeline.dynamodb import (
     SourceTableMissing, StreamArn, StreamThrottled, TokenBucket, classify_aws_error, get_item, list_shards,
     parallel_scan, scan_items, scan_pages, table_of_stream,
 )
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.transforms.errors import PermanentError, StreamGoneError
 
 FAST = RetryPolicy(initial_s=0.001, max_backoff_s=0.002, deadline_s=5.0)

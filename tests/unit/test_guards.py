@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ddb2bt.pipeline.cutover import guards
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.state import StateStore

@@ -21,7 +21,7 @@ from hypothesis import given, settings, strategies as st
 from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.transforms.compiled import compile_mapping
 from ddb2bt.transforms.config import load_mapping

@@ -12,7 +12,7 @@ from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease
                                    PARTITION_ROUND_MAX_S, PartitionOwners, check_held, fence, margin_s, partition_index, register)
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import ChangeRecord, MappedChange, RowChange, SetCell, StreamPosition

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from ddb2bt.pipeline.cli import JsonFormatter
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
 from ddb2bt.pipeline.metrics import HEAD_FRESH_S, PipelineMetrics, start_pusher
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain_round
 

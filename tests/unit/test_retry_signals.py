@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from ddb2bt.pipeline import retry
-from ddb2bt.pipeline.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.clients import retry
+from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.signals import EXIT_INTERRUPTED, INTERRUPTED, current, on_exit, run_command
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
 from tests.conftest import ROOT
@@ -46,7 +46,7 @@ def failing(clock: Clock, until: float, exc=lambda: BigtableRetryable("ReadRows 
 def test_the_first_failure_is_a_warning_naming_what_where_code_and_deadline(caplog):
     clock = Clock()
     fn, calls = failing(clock, until=100.3)
-    caplog.set_level(logging.WARNING, "ddb2bt.pipeline.retry")
+    caplog.set_level(logging.WARNING, "ddb2bt.pipeline.clients.retry")
     r = retrying(RetryPolicy(0.1, 1.0, 60.0), "ReadRows on ddb2bt_state", sleep=clock.sleep,
                  where="Bigtable (emulator 127.0.0.1:9)", clock=clock)
     assert r(fn) == "ok"
@@ -60,7 +60,7 @@ def test_the_first_failure_is_a_warning_naming_what_where_code_and_deadline(capl
 def test_warnings_back_off_while_a_call_keeps_failing(caplog):
     clock = Clock()
     fn, calls = failing(clock, until=10_000.0)
-    caplog.set_level(logging.WARNING, "ddb2bt.pipeline.retry")
+    caplog.set_level(logging.WARNING, "ddb2bt.pipeline.clients.retry")
     r = retrying(RetryPolicy(0.1, 2.0, 300.0), "MutateRows on t", sleep=clock.sleep, where="Bigtable (x)",
                  clock=clock)
     with pytest.raises(BigtableRetryable) as err:

@@ -7,7 +7,7 @@ import pytest
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.pipeline.metrics import PipelineMetrics
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import StateStore
 from prometheus_client import CollectorRegistry

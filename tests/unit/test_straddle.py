@@ -5,7 +5,7 @@ from __future__ import annotations
 from ddb2bt.pipeline.cutover.exports import ExportManifest
 from ddb2bt.pipeline.cutover.recover import ExportChange, IncrementalExport, inexact_features
 from ddb2bt.pipeline.cutover.straddle import BoundarySweep, sweep_inexact_features, swept_windows
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable

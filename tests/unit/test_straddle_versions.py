@@ -6,7 +6,7 @@ from ddb2bt.pipeline.cutover.exports import ExportManifest
 from ddb2bt.pipeline.cutover.phases import Migration
 from ddb2bt.pipeline.cutover.recover import (ExportChange, Gap, IncrementalExport, Recovery, Window,
                                              _backfill_inside_the_sweep, check_coverage, plan_windows)
-from ddb2bt.pipeline.retry import RetryPolicy
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable

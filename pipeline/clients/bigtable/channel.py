@@ -64,7 +64,7 @@ def probe_bigtable(deadline_s: Optional[float] = None, channel_factory=None, clo
     command checks this first (once per endpoint and process)."""
     import time
 
-    from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S
+    from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S
 
     deadline_s = READ_ONLY_DEADLINE_S if deadline_s is None else deadline_s
     endpoint = bigtable_endpoint()
