@@ -39,7 +39,7 @@ class SimClock:
 
 
 def _reader(client, clock, index, count, directory):
-    from ddb2bt.pipeline.dynamodb import ShardPacer
+    from ddb2bt.pipeline.clients.dynamodb import ShardPacer
     from ddb2bt.pipeline.metrics import PipelineMetrics
     from ddb2bt.pipeline.clients.retry import RetryPolicy
     from ddb2bt.pipeline.source.stream_source import PartitionReader, ReaderOptions, StreamPartition
@@ -54,7 +54,7 @@ def _reader(client, clock, index, count, directory):
 
 
 def describe_per_minute(shards: int, partitions: int) -> int:
-    from ddb2bt.pipeline.dynamodb import ShardDirectory
+    from ddb2bt.pipeline.clients.dynamodb import ShardDirectory
     from ddb2bt.pipeline.source.stream_source import LocalTracker, drain_round
     from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
 
@@ -73,7 +73,7 @@ def describe_per_minute(shards: int, partitions: int) -> int:
 
 
 def max_get_records_per_second(records: int = 12_000) -> int:
-    from ddb2bt.pipeline.dynamodb import ShardDirectory
+    from ddb2bt.pipeline.clients.dynamodb import ShardDirectory
     from ddb2bt.pipeline.source.stream_source import LocalTracker, drain_round
     from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
 

@@ -75,7 +75,7 @@ def read_case(n: int):
     from apache_beam.runners.sdf_utils import ThreadsafeRestrictionTracker
     from prometheus_client import CollectorRegistry
 
-    from ddb2bt.pipeline.dynamodb import ShardPacer
+    from ddb2bt.pipeline.clients.dynamodb import ShardPacer
     from ddb2bt.pipeline.metrics import PipelineMetrics
     from ddb2bt.pipeline.source.records import batch_records
     from ddb2bt.pipeline.source.stream_sdf import PartitionTracker

@@ -264,7 +264,7 @@ def cmd_lint(args) -> int:
         if args.sample:
             from ddb2bt.pipeline.connections import dynamodb_client
 
-            from ddb2bt.pipeline.dynamodb import scan_items
+            from ddb2bt.pipeline.clients.dynamodb import scan_items
 
             items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
                                     consistent_read=False, metrics_table=mapping.name))

@@ -89,7 +89,7 @@ class StreamsClientFactory:
     def __call__(self):
         from botocore.config import Config
 
-        from ddb2bt.pipeline.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S
+        from ddb2bt.pipeline.clients.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S
 
         # Retries are ours (one policy, counted in metrics): botocore's are off.
         # Timeouts sized to the calls (each answers in well under a second): a

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ddb2bt.pipeline.dynamodb import (DEFAULT_READ_RETRY, MAX_SCAN_THREADS, SCAN_PAGE_LIMIT, TokenBucket,
+from ddb2bt.pipeline.clients.dynamodb import (DEFAULT_READ_RETRY, MAX_SCAN_THREADS, SCAN_PAGE_LIMIT, TokenBucket,
                                       describe_table, scan_pages)
 from ddb2bt.transforms.draft import (Assessment, Draft, SampleFacts, TableFacts, assess, draft_mapping,
                                      split_points, table_facts)

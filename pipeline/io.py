@@ -33,7 +33,7 @@ import apache_beam as beam
 
 import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
-from ddb2bt.pipeline.dynamodb import StreamArn
+from ddb2bt.pipeline.clients.dynamodb import StreamArn
 from ddb2bt.pipeline.sink.sink import SinkConfig, _WriteToBigtableFn
 from ddb2bt.pipeline.source.stream_sdf import StreamSource, _ReadStreamPartitionsFn
 from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition

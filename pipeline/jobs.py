@@ -229,7 +229,7 @@ def submitted(result, args) -> int:
 def partitions_following_shards(mapping, stream_arn: str, client_factory) -> int:
     """``--partitions auto``: from the stream's open shards now (one listing, through
     the source's own client: DynamoDB Streams or the Kinesis adapter)."""
-    from ddb2bt.pipeline.dynamodb import list_shards
+    from ddb2bt.pipeline.clients.dynamodb import list_shards
     from ddb2bt.pipeline.options import auto_partitions
 
     listing = list_shards(client_factory(), stream_arn)
@@ -445,7 +445,7 @@ def backfill_options(args, tables: int = 1):
 
 def backfill_scan_retry(args):
     """The backfill's Scan pages give up after --dynamodb-deadline, like the tail."""
-    from ddb2bt.pipeline.dynamodb import DEFAULT_READ_RETRY
+    from ddb2bt.pipeline.clients.dynamodb import DEFAULT_READ_RETRY
 
     deadline = getattr(args, "dynamodb_deadline", None)
     return replace_deadline(DEFAULT_READ_RETRY, deadline) if deadline is not None else None

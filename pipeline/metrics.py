@@ -29,7 +29,7 @@ from apache_beam.metrics import Metrics as BeamMetrics
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 
-from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S, table_of_stream
+from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S, table_of_stream
 from ddb2bt.pipeline.options import METRICS_OFF
 
 NAMESPACE = "ddb2bt"

@@ -48,7 +48,7 @@ def _probe_bigtable(budget_s: float) -> None:
 
 def _probe_dynamodb(mapping, budget_s: float) -> None:
     from ddb2bt.pipeline.connections import dynamodb_client
-    from ddb2bt.pipeline.dynamodb import describe_table
+    from ddb2bt.pipeline.clients.dynamodb import describe_table
     from ddb2bt.pipeline.clients.retry import RetryPolicy
 
     describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
@@ -71,7 +71,7 @@ def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: Opt
     answers with an error (a missing table, access denied) is reachable: the
     command reports that itself. ``probes`` ({name: fn()}) replaces the real
     probes (tests)."""
-    from ddb2bt.pipeline.dynamodb import SourceTableMissing
+    from ddb2bt.pipeline.clients.dynamodb import SourceTableMissing
     from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
     from ddb2bt.pipeline.clients.bigtable.errors import BigtableUnreachable
     from ddb2bt.transforms.errors import RetryableError

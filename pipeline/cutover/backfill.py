@@ -34,7 +34,7 @@ from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_pages
+from ddb2bt.pipeline.clients.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_pages
 from ddb2bt.pipeline.cutover.exports import (ION, ExportManifest, check_manifest, dynamodb_json_items, export_time_ms,
                                              ion_items, manifest_data_files, parse_summary)
 

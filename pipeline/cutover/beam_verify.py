@@ -81,7 +81,7 @@ class _ReadSourceItemsFn(beam.DoFn):
             self._client = DynamoDBClientFactory(self._source.region)()
 
     def process(self, part: str):
-        from ddb2bt.pipeline.dynamodb import scan_pages
+        from ddb2bt.pipeline.clients.dynamodb import scan_pages
 
         src = self._source
         if isinstance(src, ScanSource):
@@ -197,7 +197,7 @@ class _RecheckRowsFn(beam.DoFn):
     def setup(self) -> None:
         from ddb2bt.pipeline.connections import DynamoDBClientFactory, StreamsClientFactory
         from ddb2bt.pipeline.cutover.recheck import stream_watermark
-        from ddb2bt.pipeline.dynamodb import describe_table
+        from ddb2bt.pipeline.clients.dynamodb import describe_table
 
         m = self._table.mapping
         self._ddb = DynamoDBClientFactory(m.source.region)()
@@ -213,7 +213,7 @@ class _RecheckRowsFn(beam.DoFn):
     def process(self, batch):
         from ddb2bt.pipeline.cutover.recheck import recheck
         from ddb2bt.pipeline.cutover.verify import Findings
-        from ddb2bt.pipeline.dynamodb import get_item
+        from ddb2bt.pipeline.clients.dynamodb import get_item
         from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 
         t = self._table

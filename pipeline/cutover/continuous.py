@@ -324,7 +324,7 @@ def connect_check(mapping, store, options: ContinuousOptions, stream_arn: Option
     sink's. What the local thread and the Dataflow step (continuous_beam.py) run."""
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.recheck import stream_watermark
-    from ddb2bt.pipeline.dynamodb import describe_table, get_item, scan_pages
+    from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
     from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
     from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 

@@ -168,7 +168,7 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
     changes made since it may already be trimmed."""
     from ddb2bt.pipeline.connections import dynamodb_client
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
-    from ddb2bt.pipeline.dynamodb import describe_table
+    from ddb2bt.pipeline.clients.dynamodb import describe_table
 
     if options.from_export:
         source = ExportSource(options.from_export, mapping.source.region)

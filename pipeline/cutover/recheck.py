@@ -300,7 +300,7 @@ def stream_watermark(streams, stream_arn: Optional[str], store, now_ms: Callable
     tail checkpoints only what Bigtable holds) must be newer than ``t``, or the
     shard fully applied at a moment when records up to ``t`` are visible. No
     stream: nothing can arrive through a tail, so always passed."""
-    from ddb2bt.pipeline.dynamodb import list_shards
+    from ddb2bt.pipeline.clients.dynamodb import list_shards
 
     if not stream_arn:
         return lambda t: True

@@ -188,7 +188,7 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
 def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8) -> SweepResult:
     """The sweep against the mapping's source and target (``run_backfill`` calls it)."""
     from ddb2bt.pipeline.connections import dynamodb_client
-    from ddb2bt.pipeline.dynamodb import describe_table
+    from ddb2bt.pipeline.clients.dynamodb import describe_table
     from ddb2bt.pipeline.clients.bigtable.reads import iter_table
 
     ddb = dynamodb_client(mapping.source.region)

@@ -169,7 +169,7 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int,
     trimmed (``heads``: StateStore.load_shard_heads; docs/design.md §8.2): its
     tail goes on from the oldest record, and its last change, perhaps hours
     older, must not pull the exports back."""
-    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S
+    from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S
     from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
     from botocore.exceptions import ClientError
 

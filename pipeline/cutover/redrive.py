@@ -79,7 +79,7 @@ CLOCK_MARGIN_MS = 1000
 
 
 class ItemReader:
-    """Consistent GetItem by key (``ddb2bt.pipeline.dynamodb.get_item``: retries and
+    """Consistent GetItem by key (``ddb2bt.pipeline.clients.dynamodb.get_item``: retries and
     error classification there). ``client`` is a boto3 ``dynamodb`` client."""
 
     def __init__(self, client, table: str, policy: Optional[RetryPolicy] = None,
@@ -90,7 +90,7 @@ class ItemReader:
         self._metrics_table = metrics_table  # the job's name: the table label of the calls counted
 
     def get(self, keys: dict) -> Optional[dict]:
-        from ddb2bt.pipeline.dynamodb import get_item
+        from ddb2bt.pipeline.clients.dynamodb import get_item
 
         if self._policy is None:
             return get_item(self._client, self._table, dict(keys), metrics_table=self._metrics_table)

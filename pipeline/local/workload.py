@@ -123,6 +123,6 @@ def create_table(dynamodb, table: str, partition: str = "pk", sort: Optional[str
 
 
 def scan_all(dynamodb, table: str) -> list:
-    from ddb2bt.pipeline.dynamodb import scan_items
+    from ddb2bt.pipeline.clients.dynamodb import scan_items
 
     return list(scan_items(dynamodb, table))

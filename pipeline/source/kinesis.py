@@ -286,7 +286,7 @@ class KinesisStreamsClient:
                 if records or it is None or page.get("MillisBehindLatest", 1) == 0:
                     break
             else:
-                from ddb2bt.pipeline.dynamodb import StreamThrottled
+                from ddb2bt.pipeline.clients.dynamodb import StreamThrottled
 
                 raise StreamThrottled(f"GetRecords on {shard_id}: {MAX_EMPTY_PAGES_AT_CHECKPOINT} empty pages at "
                                       f"the checkpoint (sequence number {sequence_number}) with records still "

@@ -11,7 +11,7 @@ from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration
 
-from ddb2bt.pipeline.dynamodb import shard_directory, table_of_stream
+from ddb2bt.pipeline.clients.dynamodb import shard_directory, table_of_stream
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import batch_records

@@ -36,7 +36,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.cutover.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
-from ddb2bt.pipeline.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
+from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
                                       StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
                                       table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ddb2bt.pipeline.dynamodb import TokenBucket
+from ddb2bt.pipeline.clients.dynamodb import TokenBucket
 from ddb2bt.pipeline.cutover.backfill import (ExportSource, PartReaders, ScanSource, parse_segment, plan_tasks,
                                segment_name)
 from ddb2bt.pipeline.testing.fakes import client_error

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from botocore.exceptions import ClientError
 
-from ddb2bt.pipeline import dynamodb
-from ddb2bt.pipeline.dynamodb import (
+from ddb2bt.pipeline.clients import dynamodb
+from ddb2bt.pipeline.clients.dynamodb import (
     SourceTableMissing, StreamArn, StreamThrottled, TokenBucket, classify_aws_error, get_item, list_shards,
     parallel_scan, scan_items, scan_pages, table_of_stream,
 )

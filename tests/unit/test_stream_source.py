@@ -11,7 +11,7 @@ from ddb2bt.pipeline.source.stream_source import (
     LocalTracker, PartitionReader, PartitionRestriction, ReaderOptions, StreamPartition,
     drain, drain_round, plan_starts,
 )
-from ddb2bt.pipeline.dynamodb import Listing
+from ddb2bt.pipeline.clients.dynamodb import Listing
 from ddb2bt.transforms.errors import ChangesLostError, StreamGoneError
 from ddb2bt.transforms.model import ChangeRecord, ShardClosed
 
@@ -246,7 +246,7 @@ def _restart(client, state, metrics, clock_ms, options=None):
 
 
 def test_a_quiet_shard_seen_at_its_head_within_the_retention_resumes_its_trimmed_checkpoint_losing_nothing():
-    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS
+    from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_MS
     from ddb2bt.pipeline.source.stream_source import HEAD_PROOF_MARGIN_S
 
     client, state, metrics, s = _quiet_shard_seen_at_head()
@@ -260,7 +260,7 @@ def test_a_quiet_shard_seen_at_its_head_within_the_retention_resumes_its_trimmed
 
 
 def test_a_trimmed_checkpoint_is_lost_when_the_head_was_seen_too_long_ago():
-    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS
+    from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_MS
     from ddb2bt.pipeline.source.stream_source import HEAD_PROOF_MARGIN_S
 
     client, state, metrics, s = _quiet_shard_seen_at_head()
