@@ -1,4 +1,4 @@
-"""The image's AWS credential_process (ddb2bt.pipeline.aws_credentials), offline:
+"""The image's AWS credential_process (ddb2bt.pipeline.clients.aws_credentials), offline:
 a fake GCE metadata server on 127.0.0.1 hands out the ID token, moto's STS
 (server mode, from the `stack` fixture) exchanges it, and botocore runs the
 program through the AWS config file the image installs (deploy/aws/config).
@@ -21,7 +21,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from ddb2bt.pipeline import aws_credentials as ac
+from ddb2bt.pipeline.clients import aws_credentials as ac
 
 ROOT = Path(__file__).resolve().parents[2]
 IDENTITY_PATH = "/computeMetadata/v1/instance/service-accounts/default/identity"
@@ -213,7 +213,7 @@ def test_the_image_installs_the_program_and_the_config():
     assert "AWS_CONFIG_FILE=/etc/ddb2bt/aws/config" in dockerfile
     assert "DDB2BT_AWS_ROLE_ARN=${AWS_ROLE_ARN}" in dockerfile
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'ddb2bt-aws-credentials = "ddb2bt.pipeline.aws_credentials:main"' in pyproject
+    assert 'ddb2bt-aws-credentials = "ddb2bt.pipeline.clients.aws_credentials:main"' in pyproject
     cloudbuild = (ROOT / "deploy/dataflow/cloudbuild.yaml").read_text()
     assert '"AWS_ROLE_ARN=${_AWS_ROLE_ARN}"' in cloudbuild
 
