@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence
 from ddb2bt.transforms.config import FamilyConfig
 from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells, StreamPosition
 from ddb2bt.pipeline.source.records import record_to_json
+from ddb2bt.pipeline.versions import VersionOwners
 
 DEFAULT_STATE_TABLE = "ddb2bt_state"
 CKPT = "ckpt"
@@ -244,12 +245,10 @@ class StateStore:
             out.append(entry)
         return out
 
-    # -- versioned-cell ownership (sink/versions.py)
+    # -- versioned-cell ownership (versions.py)
     def versions(self):
         """The version-ownership registry on this store's backend, or None when the
         backend cannot do atomic claims."""
-        from ddb2bt.pipeline.sink.versions import VersionOwners
-
         if not (hasattr(self._backend, "claim") and hasattr(self._backend, "read_keys")):
             return None
         return VersionOwners(self._backend, self._job, self._now_ms)

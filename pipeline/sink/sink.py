@@ -41,7 +41,7 @@ from ddb2bt.pipeline.clients.bigtable.errors import (FATAL_CODES, INVALID_ARGUME
 from ddb2bt.pipeline.cutover.bookkeeping import has_markers, strip_markers
 from ddb2bt.pipeline.cutover.guards import encode_intent, repair_intents, repair_touched, write_conditional
 from ddb2bt.pipeline.metrics import UNNAMED_TABLE, PipelineMetrics
-from ddb2bt.pipeline.sink.versions import VersionOwners, resolve
+from ddb2bt.pipeline.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.clients.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
@@ -148,7 +148,7 @@ class BatchingWriter:
         self._known_families = known_families or (lambda table: None)
         self._now_ms = now_ms
         self._sleep = sleep
-        # Who owns each versioned cell (sink/versions.py); None: not tracked.
+        # Who owns each versioned cell (versions.py); None: not tracked.
         self._versions = versions
         self._settle_stamps: dict = {}  # {version key: its new owner's change time}, per batch
         # A shared (Dataflow) job: this process must own the partitions of the
@@ -572,7 +572,7 @@ class BatchingWriter:
 
     def _resolve_versions(self, batch: _Batch, settle: dict) -> list:
         """Refuse changes whose versioned cells another item owns and drop deletes
-        of other items' versions (sink/versions.py), before anything is written.
+        of other items' versions (versions.py), before anything is written.
         Fills ``settle`` with the ownership to record once the batch is written."""
         entries = [(e, c) for row in batch.rows.values() for e, c in row.parts if c.versioned]
         entries += [(e, c) for e, c in batch.conditional if c.versioned]

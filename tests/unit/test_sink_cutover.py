@@ -1,6 +1,6 @@
 """The sink's part of the cutover: a marker write racing the finish (the family
 dropped) is written again without markers, never dead-lettered; two items
-mapping to one cell version are never silent (sink/versions.py)."""
+mapping to one cell version are never silent (versions.py)."""
 from __future__ import annotations
 
 from ddb2bt.pipeline.sink.sink import BatchingWriter
