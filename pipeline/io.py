@@ -34,13 +34,12 @@ import apache_beam as beam
 import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.clients.dynamodb import StreamArn
-from ddb2bt.pipeline.sink.sink import SinkConfig, _WriteToBigtableFn
-from ddb2bt.pipeline.source.stream_sdf import StreamSource, _ReadStreamPartitionsFn
+from ddb2bt.pipeline.sink.sink import SinkConfig, write_to_bigtable, write_to_bigtable_per_stream
+from ddb2bt.pipeline.source.stream_sdf import StreamSource, read_stream_partitions
 from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition
 from ddb2bt.transforms.config import MappingConfig
-from ddb2bt.transforms.dofns import _MapChangesFn
-from ddb2bt.transforms.model import (ChangeRecord, MappedBatch, MappedChange, RecordBatch, StreamElement,
-                                     stream_of)
+from ddb2bt.transforms.dofns import map_changes, map_changes_per_stream
+from ddb2bt.transforms.model import ChangeRecord, MappedBatch, MappedChange, RecordBatch, StreamElement
 
 __all__ = [
     "ReadDynamoDBStream", "TransformChanges", "MapToBigtable", "FilterChanges", "WriteToBigtableOrdered",
@@ -74,40 +73,6 @@ class LiveJob:
     @property
     def name(self) -> str:
         return self.state.job
-
-
-class _PerStreamFn(beam.DoFn):
-    """Routes every element to its own table's DoFn by the stream it came from
-    (``stream_of``): a multi-table job maps and writes all its tables in one
-    fused stage, so nothing is shuffled and each stream's elements keep their
-    order (docs/design.md §4.3). Each inner DoFn keeps its own state: batches,
-    checkpoints, dead letters, lease."""
-
-    def __init__(self, fns: dict) -> None:
-        self._fns = dict(fns)
-
-    def setup(self) -> None:
-        for fn in self._fns.values():
-            fn.setup()
-
-    def start_bundle(self) -> None:
-        for fn in self._fns.values():
-            fn.start_bundle()
-
-    def process(self, element):
-        out = self._fns[stream_of(element)].process(element)
-        if out is not None:
-            yield from out
-
-    def finish_bundle(self):
-        for fn in self._fns.values():
-            out = fn.finish_bundle()
-            if out is not None:
-                yield from out
-
-    def teardown(self) -> None:
-        for fn in self._fns.values():
-            fn.teardown()
 
 
 def _check_distinct(jobs: Sequence[LiveJob]) -> None:
@@ -203,7 +168,7 @@ class ReadDynamoDBStream(beam.PTransform):
         return (
             pbegin
             | STEP_PARTITIONS >> beam.Create(partitions)
-            | STEP_READ >> beam.ParDo(_ReadStreamPartitionsFn(self._sources)).with_output_types(StreamElement)
+            | STEP_READ >> read_stream_partitions(self._sources)
         )
 
 
@@ -275,10 +240,8 @@ class MapToBigtable(beam.PTransform):
 
     def expand(self, pcoll):
         if self._per_stream is None:
-            fn = _MapChangesFn(self._mapping, marking=self._marking)
-        else:
-            fn = _PerStreamFn({arn: _MapChangesFn(m, marking=mark) for arn, (m, mark) in self._per_stream.items()})
-        return pcoll | STEP_MAP >> beam.ParDo(fn).with_output_types(StreamElement)
+            return pcoll | STEP_MAP >> map_changes(self._mapping, marking=self._marking)
+        return pcoll | STEP_MAP >> map_changes_per_stream(self._per_stream)
 
 
 class _FilterChangesFn(beam.DoFn):
@@ -351,11 +314,9 @@ class WriteToBigtableOrdered(beam.PTransform):
 
     def expand(self, pcoll):
         if self._per_stream is None:
-            fn = _WriteToBigtableFn(self._bigtable, self._state, self._sink, pushgateway=self._pushgateway)
-        else:
-            fn = _PerStreamFn({arn: _WriteToBigtableFn(state.bigtable, state, sink, pushgateway=push)
-                               for arn, (state, sink, push) in self._per_stream.items()})
-        return pcoll | STEP_WRITE >> beam.ParDo(fn)
+            return pcoll | STEP_WRITE >> write_to_bigtable(self._bigtable, self._state, self._sink,
+                                                           pushgateway=self._pushgateway)
+        return pcoll | STEP_WRITE >> write_to_bigtable_per_stream(self._per_stream)
 
 
 class ReplicateToBigtable(beam.PTransform):

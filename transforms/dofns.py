@@ -9,7 +9,10 @@ import apache_beam as beam
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import map_change
-from ddb2bt.transforms.model import ChangeRecord, DeadLetter, MappedBatch, MappedChange, RecordBatch
+from ddb2bt.transforms.model import (ChangeRecord, DeadLetter, MappedBatch, MappedChange, RecordBatch, StreamElement,
+                                     stream_of)
+
+__all__ = ["map_record", "map_record_guarded", "PerStreamFn", "map_changes", "map_changes_per_stream"]
 
 
 def map_record(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[], int],
@@ -85,3 +88,54 @@ class _MapChangesFn(beam.DoFn):
             yield map_record(self._mapping, element, self._now_ms, mark)
         else:
             yield element
+
+
+class PerStreamFn(beam.DoFn):
+    """Routes every element to its own table's DoFn by the stream it came from
+    (``stream_of``): a multi-table job maps and writes all its tables in one
+    fused stage, so nothing is shuffled and each stream's elements keep their
+    order (docs/design.md §4.3). Each inner DoFn keeps its own state: batches,
+    checkpoints, dead letters, lease. Public: the mapping stage and the sink
+    both route through it."""
+
+    def __init__(self, fns: dict) -> None:
+        self._fns = dict(fns)
+
+    def setup(self) -> None:
+        for fn in self._fns.values():
+            fn.setup()
+
+    def start_bundle(self) -> None:
+        for fn in self._fns.values():
+            fn.start_bundle()
+
+    def process(self, element):
+        out = self._fns[stream_of(element)].process(element)
+        if out is not None:
+            yield from out
+
+    def finish_bundle(self):
+        for fn in self._fns.values():
+            out = fn.finish_bundle()
+            if out is not None:
+                yield from out
+
+    def teardown(self) -> None:
+        for fn in self._fns.values():
+            fn.teardown()
+
+
+# The stages' public transforms are the ParDo itself, not a composite around it:
+# a composite would add a level to every step name, and Dataflow updates a
+# running job in place by step name (docs/operations.md, runners).
+def map_changes(mapping: MappingConfig, *, marking=None) -> beam.ParDo:
+    """The mapping stage: ``RecordBatch | ShardClosed`` → ``MappedBatch |
+    ShardClosed`` in order (``marking``: see ``_MapChangesFn``)."""
+    return beam.ParDo(_MapChangesFn(mapping, marking=marking)).with_output_types(StreamElement)
+
+
+def map_changes_per_stream(per_stream: dict) -> beam.ParDo:
+    """The mapping stage of a multi-table job: ``{stream ARN: (mapping,
+    marking)}``, each stream's changes mapped by its own table's mapping."""
+    return beam.ParDo(PerStreamFn({arn: _MapChangesFn(mapping, marking=marking)
+                                   for arn, (mapping, marking) in per_stream.items()})).with_output_types(StreamElement)

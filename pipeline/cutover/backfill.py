@@ -316,10 +316,11 @@ class BackfillJob:
     scan_retry: Optional[RetryPolicy] = None
 
 
-class _BackfillReaderFn(beam.DoFn):
+class BackfillReaderFn(beam.DoFn):
     """What both backfill readers hold (the threaded one here, the splittable one
     in backfill_sdf.py): the state store, the DynamoDB client and the job's read
-    budget, split over the parts that may run at once (one per worker thread)."""
+    budget, split over the parts that may run at once (one per worker thread).
+    Public: the splittable reader derives from it."""
 
     def __init__(self, job: BackfillJob, state_factory: Callable, client_factory: Optional[Callable] = None) -> None:
         self._job = job
@@ -341,7 +342,7 @@ class _BackfillReaderFn(beam.DoFn):
                 close()
 
 
-class _ReadBackfillFn(_BackfillReaderFn):
+class _ReadBackfillFn(BackfillReaderFn):
     """BackfillTask → RecordBatch | PartDone, reading the task's parts in threads."""
 
     def process(self, task: BackfillTask):
@@ -415,8 +416,8 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
     ``splittable`` (default: with ``reshuffle``, i.e. on Dataflow): read with the
     splittable reader (``backfill_sdf``: checkpoints, drain, update), else with
     the threaded one (parts of a task in parallel on the local runner)."""
-    from ddb2bt.pipeline.sink.sink import _WriteToBigtableFn
-    from ddb2bt.transforms.dofns import _MapChangesFn
+    from ddb2bt.pipeline.sink.sink import write_to_bigtable
+    from ddb2bt.transforms.dofns import map_changes
     import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
 
     if mapping.source.kinesis is not None and not sink_config.ordering_guard:
@@ -440,7 +441,6 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
             StreamElement)
     return (
         read
-        | "MapBackfill" >> beam.ParDo(_MapChangesFn(mapping)).with_output_types(StreamElement)
-        | "WriteBackfill" >> beam.ParDo(_WriteToBigtableFn(state.bigtable, state, sink_config,
-                                                           pushgateway=pushgateway))
+        | "MapBackfill" >> map_changes(mapping)
+        | "WriteBackfill" >> write_to_bigtable(state.bigtable, state, sink_config, pushgateway=pushgateway)
     )

@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import apache_beam as beam
 from apache_beam.transforms.core import RestrictionProvider
 
-from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, BackfillJob, PartReaders, ScanSource, _BackfillReaderFn
+from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, BackfillJob, PartReaders, ScanSource, BackfillReaderFn
 from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.transforms.model import BackfillPosition, PartDone
@@ -118,7 +118,7 @@ class PartRestrictionProvider(RestrictionProvider):
         return None
 
 
-class _ReadBackfillPartsFn(_BackfillReaderFn):
+class _ReadBackfillPartsFn(BackfillReaderFn):
     """BackfillPart → RecordBatch | PartDone, splittable (module docstring)."""
 
     def __init__(self, job: BackfillJob, state_factory: Callable, client_factory: Optional[Callable] = None,

@@ -1,5 +1,5 @@
 """The Bigtable sink: ``BatchingWriter`` (pure logic, writer and clock passed in)
-and ``_WriteToBigtableFn`` (the thin DoFn around it).
+and ``_WriteToBigtableFn`` (the thin DoFn around it), composed as ``write_to_bigtable``.
 
 Per flush, in this order:
   1. Coalesce: all changes to one (table, row key) in the buffer become ONE
@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional
 
+from ddb2bt.transforms.dofns import PerStreamFn
 from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
 from ddb2bt.transforms.model import (BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone,
                                      ShardClosed, mutations_size)
@@ -45,6 +46,8 @@ from ddb2bt.pipeline.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.clients.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
+
+__all__ = ["SinkConfig", "BatchingWriter", "write_to_bigtable", "write_to_bigtable_per_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -772,3 +775,19 @@ class _WriteToBigtableFn(beam.DoFn):
         writer = getattr(self, "_writer", None)
         if writer is not None:
             writer.close()
+
+
+# A ParDo, not a composite around it: the step names stay as they are (Dataflow
+# updates a running job in place by step name).
+def write_to_bigtable(bigtable, state, sink: SinkConfig, *, pushgateway: Optional[str] = None) -> beam.ParDo:
+    """The sink stage: ``MappedBatch | ShardClosed`` → ``DeadLetter``, written to
+    ``bigtable`` with checkpoints and dead letters in ``state``."""
+    return beam.ParDo(_WriteToBigtableFn(bigtable, state, sink, pushgateway=pushgateway))
+
+
+def write_to_bigtable_per_stream(per_stream: dict) -> beam.ParDo:
+    """The sink stage of a multi-table job: ``{stream ARN: (state, sink,
+    pushgateway)}``, each stream's changes written to its own target
+    (``state.bigtable``) with its own checkpoints, dead letters and lease."""
+    return beam.ParDo(PerStreamFn({arn: _WriteToBigtableFn(state.bigtable, state, sink, pushgateway=push)
+                                   for arn, (state, sink, push) in per_stream.items()}))

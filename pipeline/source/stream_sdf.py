@@ -25,6 +25,9 @@ from ddb2bt.pipeline.source.stream_source import (
     apply_claim,
     stop_requested,
 )
+from ddb2bt.transforms.model import StreamElement
+
+__all__ = ["PartitionTracker", "PartitionRestrictionProvider", "StreamSource", "read_stream_partitions"]
 
 log = logging.getLogger(__name__)
 # How often a partition saves what it saw of its shards (lag, at head) for
@@ -304,3 +307,10 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         for ctx in getattr(self, "_contexts", {}).values():
             ctx.close()
 
+
+def read_stream_partitions(sources) -> beam.ParDo:
+    """The reading stage: ``StreamPartition`` → ``RecordBatch | ShardClosed`` of
+    the ``sources`` (``StreamSource``), each partition's shards in order. A ParDo,
+    not a composite around it: the step names stay as they are (Dataflow updates
+    a running job in place by step name)."""
+    return beam.ParDo(_ReadStreamPartitionsFn(sources)).with_output_types(StreamElement)

@@ -10,7 +10,8 @@ import pytest
 
 from ddb2bt.pipeline.cutover.controller import _overall
 from ddb2bt.pipeline.cutover.status import Facts, ShardStatus, render_tables
-from ddb2bt.pipeline.io import LiveJob, ReplicateToBigtable, _PerStreamFn
+from ddb2bt.pipeline.io import LiveJob, ReplicateToBigtable
+from ddb2bt.transforms.dofns import PerStreamFn
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
 from ddb2bt.pipeline.jobs import load_all, mapping_sources
 from ddb2bt.pipeline.source.stream_source import ReaderOptions
@@ -67,7 +68,7 @@ class Recorder:
 
 def test_each_element_goes_to_its_own_tables_dofn_in_order():
     log: list = []
-    fn = _PerStreamFn({ARN.format("A"): Recorder("A", log), ARN.format("B"): Recorder("B", log)})
+    fn = PerStreamFn({ARN.format("A"): Recorder("A", log), ARN.format("B"): Recorder("B", log)})
     fn.setup()
     fn.start_bundle()
     elements = [RecordBatch((record(t, i),)) for i, t in enumerate("ABBAB")]

@@ -1,0 +1,80 @@
+"""The shape of the code (issue 32): the clients are a ground floor that imports
+only the pure engine below it, and no private name crosses a module boundary
+(a name shared by two modules is public where it lives)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"pipeline": "ddb2bt.pipeline", "transforms": "ddb2bt.transforms"}
+# What the clients floor may import: itself and the pure engine.
+CLIENTS_MAY_IMPORT = ("ddb2bt.transforms", "ddb2bt.pipeline.clients")
+# The one import above the floor left, until the call counter is handed in by
+# the control floor (issue 32, step 2): dynamodb.count_api_call counts every AWS
+# call on the process's metrics.
+CLIENTS_KNOWN_ABOVE = {("pipeline/clients/dynamodb.py", "ddb2bt.pipeline.metrics")}
+
+
+def _modules() -> dict:
+    """{module name: path} of every module of the two packages."""
+    out = {}
+    for folder, package in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool) -> list:
+    """[(imported module, name or None)] of every import in the tree, inside functions too."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            out += [(target, a.name) for a in node.names]
+    return out
+
+
+def private_imports(source: str, module: str, modules: dict, is_package: bool = False) -> list:
+    """The private names (``_x``, not dunders, not submodules) ``source`` imports from another module."""
+    return [f"{target}.{name}" for target, name in _imported(ast.parse(source), module, is_package)
+            if target.startswith("ddb2bt") and name and name.startswith("_") and not name.startswith("__")
+            and f"{target}.{name}" not in modules]
+
+
+def test_no_private_name_is_imported_across_modules():
+    modules = _modules()
+    assert len(modules) > 50
+    offenders = {}
+    for module, path in modules.items():
+        found = private_imports(path.read_text(), module, modules, path.name == "__init__.py")
+        if found:
+            offenders[str(path.relative_to(ROOT))] = found
+    assert offenders == {}
+
+
+def test_the_private_import_check_can_fail():
+    modules = _modules()
+    source = "def f():\n    from ddb2bt.pipeline.sink.sink import _Row, SinkConfig\n"
+    assert private_imports(source, "ddb2bt.pipeline.io", modules) == ["ddb2bt.pipeline.sink.sink._Row"]
+    assert private_imports("from ddb2bt.pipeline import __version__\n", "ddb2bt.pipeline.io", modules) == []
+
+
+def test_the_clients_floor_imports_only_the_engine_and_itself():
+    clients = sorted((ROOT / "pipeline" / "clients").rglob("*.py"))
+    assert len(clients) >= 10  # bigtable/ (six concerns), dynamodb, retry, aws_credentials
+    modules = {v: k for k, v in _modules().items()}
+    above = set()
+    for path in clients:
+        for target, _ in _imported(ast.parse(path.read_text()), modules[path], path.name == "__init__.py"):
+            if target.startswith("ddb2bt") and not target.startswith(CLIENTS_MAY_IMPORT):
+                above.add((str(path.relative_to(ROOT)), target))
+    assert above == CLIENTS_KNOWN_ABOVE
