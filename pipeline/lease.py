@@ -66,7 +66,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ddb2bt.pipeline.clients.retry import BETWEEN_ATTEMPTS, DEFAULT_DEADLINE_S
+from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
+from ddb2bt.pipeline.clients.retry import BETWEEN_ATTEMPTS, DEFAULT_DEADLINE_S, RetryPolicy, retrying
 from ddb2bt.transforms.errors import PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -341,8 +343,6 @@ class Lease:
                 retry=None) -> None:
         """Hold the lease or raise LeaseHeld (mode fail); standby: wait for it.
         ``retry``: a RetryPolicy for the lease calls (failures logged, bounded)."""
-        from ddb2bt.pipeline.clients.retry import retrying
-
         def attempt():
             return self.try_acquire(take_over=mode == TAKE_OVER, ttl_s=ttl_s)
 
@@ -633,10 +633,6 @@ if check_held not in BETWEEN_ATTEMPTS:
 
 
 def lease_cell(spec: LeaseSpec) -> LeaseCell:
-    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
-
-    from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
-
     b = spec.bigtable
     # The lease is a CheckAndMutateRow cell: through the state (single-cluster) profile.
     writer = GrpcMutationWriter(b.project, b.instance, getattr(b, "state_profile", b.app_profile),
@@ -717,7 +713,6 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
     spec = LeaseSpec(state_spec.bigtable, state_spec.table, state_spec.job, role, holder, options.ttl_s,
                      options.renew_s, shared=dataflow_job is not None,
                      give_up_s=deadline if deadline is not None else DEFAULT_DEADLINE_S)
-    from ddb2bt.pipeline.clients.retry import RetryPolicy
 
     lease = Lease(spec, lease_cell(spec), command=command)
     retry = RetryPolicy(initial_s=0.2, max_backoff_s=5.0, **(

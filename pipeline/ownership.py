@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S
+from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 
 __all__ = ["OWNER_FAMILY", "OWNER_QUALIFIER", "OwnerRecord", "TargetOwned", "TargetOwnership", "owner_row_key"]
 
@@ -196,8 +198,5 @@ def release_targets(mappings: list, states: list, make_writer: Optional[Callable
 
 
 def _grpc_writer(state):
-    from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
-    from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S
-
     b = state.bigtable
     return GrpcMutationWriter(b.project, b.instance, b.app_profile, timeout_s=READ_ONLY_DEADLINE_S)

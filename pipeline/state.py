@@ -23,6 +23,11 @@ from ddb2bt.transforms.config import FamilyConfig
 from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells, StreamPosition
 from ddb2bt.pipeline.source.records import record_to_json
 from ddb2bt.pipeline.versions import VersionOwners
+from ddb2bt.pipeline.clients.bigtable.reads import (SMALL_ATTEMPT_TIMEOUT_S, data_client, iter_table, ms_datetime,
+                                                    prefix_end, read_rows, read_table)
+from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
+from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint, close_bounded
+from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S, RetryPolicy, retry_call
 
 DEFAULT_STATE_TABLE = "ddb2bt_state"
 CKPT = "ckpt"
@@ -333,8 +338,6 @@ class BigtableStateBackend:
 
     def __init__(self, writer, project: str, instance: str, table_id: str, deadline_s: Optional[float] = None,
                  app_profile: Optional[str] = None, owns_writer: bool = False) -> None:
-        from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S
-
         self._writer = writer
         self._owns_writer = owns_writer  # made for this backend: closed with it
         # State rows are read back by conditional calls (claims): written and read
@@ -353,10 +356,6 @@ class BigtableStateBackend:
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
     def write_rows(self, rows: Sequence) -> None:
-        from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
-        from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
-        from ddb2bt.pipeline.clients.retry import RetryPolicy, retry_call
-
         def attempt():
             statuses = self._writer.mutate_rows(self._table_id, rows)
             bad = [s for s in statuses if not s.ok]
@@ -369,15 +368,11 @@ class BigtableStateBackend:
                    policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def _data_client(self):
-        from ddb2bt.pipeline.clients.bigtable.reads import data_client
-
         if self._client is None:
             self._client = data_client(self._project)
         return self._client
 
     def read_prefix(self, prefix: bytes) -> dict:
-        from ddb2bt.pipeline.clients.bigtable.reads import SMALL_ATTEMPT_TIMEOUT_S, read_table
-
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
                           client=self._data_client(), deadline_s=self._deadline_s,
                           attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S, app_profile=self._app_profile)
@@ -390,8 +385,6 @@ class BigtableStateBackend:
         of rows (every version's owner)."""
         from google.cloud.bigtable.data import row_filters
 
-        from ddb2bt.pipeline.clients.bigtable.reads import prefix_end, iter_table, ms_datetime
-
         since = row_filters.RowFilterChain([row_filters.TimestampRangeFilter(start=ms_datetime(since_ms)),
                                             row_filters.CellsColumnLimitFilter(1)])
         return {key: max(versions[0][0] for versions in cells.values())
@@ -402,8 +395,6 @@ class BigtableStateBackend:
 
     def read_keys(self, keys: Sequence) -> dict:
         """Like read_prefix, for exactly these rows (absent rows are absent)."""
-        from ddb2bt.pipeline.clients.bigtable.reads import SMALL_ATTEMPT_TIMEOUT_S, read_rows
-
         # read_rows classifies the data client's errors and retries them itself
         # (warnings, then the state deadline).
         rows = read_rows(self._project, self._instance, self._table_id, keys, client=self._data_client(),
@@ -415,9 +406,6 @@ class BigtableStateBackend:
              ts_ms: int) -> bool:
         """Compare-and-set of one state cell (the phase). A retried swap whose first
         attempt was applied answers False: callers re-read (their values are unique)."""
-        from ddb2bt.pipeline.clients.retry import RetryPolicy, retry_call
-        from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
-
         return retry_call(lambda: self._writer.swap_cell(self._table_id, key, family, qualifier, expected, value,
                                                          ts_ms),
                           what=f"CheckAndMutateRow on state table {self._table_id}",
@@ -425,19 +413,12 @@ class BigtableStateBackend:
 
     def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
         """CheckAndMutateRow on the state table: apply unless ``unless`` holds."""
-        from ddb2bt.pipeline.clients.retry import retry_call
-
-        from ddb2bt.pipeline.clients.retry import RetryPolicy
-        from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
-
         return retry_call(lambda: self._writer.check_and_mutate(self._table_id, key, unless, mutations),
                           what=f"CheckAndMutateRow on state table {self._table_id}",
                           policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
 
     def close(self) -> None:
         if self._client is not None:
-            from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
-
             close_bounded(self._client.close, "Bigtable data client")
             self._client = None
         if self._owns_writer and self._writer is not None:

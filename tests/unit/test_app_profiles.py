@@ -238,8 +238,8 @@ def test_a_state_store_closes_the_writer_it_made_and_never_one_it_was_given(monk
 def test_the_sweeps_scans_go_through_the_configured_profiles(monkeypatch):
     """cells_between reads the target through the data profile, the owner-record
     scan the state table through the state profile (replicated instances)."""
-    from ddb2bt.pipeline.clients.bigtable import reads as bigtable_reads
     from ddb2bt.pipeline.clients.bigtable import writer as bigtable_writer
+    from ddb2bt.pipeline import state as state_module
     from ddb2bt.pipeline.state import BigtableStateBackend
 
     monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", "127.0.0.1:9")
@@ -257,7 +257,7 @@ def test_the_sweeps_scans_go_through_the_configured_profiles(monkeypatch):
 
     # the writer's sweep and the state table's scan both read through iter_table
     monkeypatch.setattr(bigtable_writer, "iter_table", iter_table)
-    monkeypatch.setattr(bigtable_reads, "iter_table", iter_table)
+    monkeypatch.setattr(state_module, "iter_table", iter_table)
     writer = bigtable_writer.GrpcMutationWriter("p", "i", app_profile="data", transactional_app_profile="txn")
     try:
         assert list(writer.cells_between("t", 0)) == []

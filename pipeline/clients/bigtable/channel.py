@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 import grpc
 
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableUnreachable
+from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,6 @@ def probe_bigtable(deadline_s: Optional[float] = None, channel_factory=None, clo
     Admin calls go through a client whose own retries are silent and long, so a
     command checks this first (once per endpoint and process)."""
     import time
-
-    from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S
 
     deadline_s = READ_ONLY_DEADLINE_S if deadline_s is None else deadline_s
     endpoint = bigtable_endpoint()

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint, close_bounded
 from ddb2bt.pipeline.clients.bigtable.errors import classify_api_error
 from ddb2bt.pipeline.clients.bigtable.wire import US_PER_MS
+from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S, RetryPolicy, gave_up, retrying
 
 
 def data_client(project: str):
@@ -41,8 +42,6 @@ def _read(project: str, instance: str, table_id: str, queries: Iterable, client=
     The data client's own retries are off (they are silent, up to 600 s): each
     query is retried by our policy, which logs every failure and gives up after
     ``deadline_s`` with an error naming Bigtable and the endpoint."""
-    from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S, RetryPolicy, retrying
-
     own = client is None
     client = client or data_client(project)
     out: dict = {}
@@ -126,7 +125,6 @@ def iter_table(project: str, instance: str, table_id: str, client=None, deadline
 
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
 
-    from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S, RetryPolicy, gave_up
     from ddb2bt.transforms.errors import RetryableError
 
     sleep = sleep or _time.sleep
