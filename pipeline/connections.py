@@ -11,6 +11,7 @@ from typing import Optional
 
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE, BigtableStateBackend, StateStore
+from ddb2bt.pipeline.clients.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S
 
 
 def wall_ms() -> int:
@@ -88,8 +89,6 @@ class StreamsClientFactory:
 
     def __call__(self):
         from botocore.config import Config
-
-        from ddb2bt.pipeline.clients.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S
 
         # Retries are ours (one policy, counted in metrics): botocore's are off.
         # Timeouts sized to the calls (each answers in well under a second): a

@@ -40,6 +40,7 @@ from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.dofns import map_changes, map_changes_per_stream
 from ddb2bt.transforms.model import ChangeRecord, MappedBatch, MappedChange, RecordBatch, StreamElement
+from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 
 __all__ = [
     "ReadDynamoDBStream", "TransformChanges", "MapToBigtable", "FilterChanges", "WriteToBigtableOrdered",
@@ -107,7 +108,6 @@ def prepare_target(mapping: MappingArg, state: Optional[StateSpec] = None) -> Ma
     as ``ddb2bt create-table`` does; run it once before building the graph.
     Returns the loaded mapping."""
     from ddb2bt.pipeline.preflight import ensure_state_table
-    from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 
     config = load_mapping_arg(mapping)
     ensure_mapping_table(config)

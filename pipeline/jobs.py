@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S, RetryPolicy
+from ddb2bt.pipeline.clients.dynamodb import DEFAULT_READ_RETRY, list_shards
 
 log = logging.getLogger("ddb2bt")
 
@@ -229,7 +231,6 @@ def submitted(result, args) -> int:
 def partitions_following_shards(mapping, stream_arn: str, client_factory) -> int:
     """``--partitions auto``: from the stream's open shards now (one listing, through
     the source's own client: DynamoDB Streams or the Kinesis adapter)."""
-    from ddb2bt.pipeline.clients.dynamodb import list_shards
     from ddb2bt.pipeline.options import auto_partitions
 
     listing = list_shards(client_factory(), stream_arn)
@@ -253,7 +254,6 @@ def check_profiles(args, mapping) -> None:
 
 def state_spec(args, mapping, include_values: bool = True):
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
-    from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S
 
     # Jobs give up after --bigtable-deadline; read-only commands answer within ~30 s.
     deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
@@ -445,14 +445,11 @@ def backfill_options(args, tables: int = 1):
 
 def backfill_scan_retry(args):
     """The backfill's Scan pages give up after --dynamodb-deadline, like the tail."""
-    from ddb2bt.pipeline.clients.dynamodb import DEFAULT_READ_RETRY
-
     deadline = getattr(args, "dynamodb_deadline", None)
     return replace_deadline(DEFAULT_READ_RETRY, deadline) if deadline is not None else None
 
 
 def sink_config(args=None, lease=None):
-    from ddb2bt.pipeline.clients.retry import RetryPolicy
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
     if args is None or not hasattr(args, "bigtable_deadline"):

@@ -9,7 +9,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import ConfigError, PermanentError
-from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
+from ddb2bt.pipeline.clients.bigtable.admin import (AppProfileUnknown, BigtableAdmin, MULTI_CLUSTER,
+                                                    forget_process_families, process_admin)
 from ddb2bt.pipeline.state import STATE_FAMILIES
 
 REQUIRED_VIEW = "NEW_AND_OLD_IMAGES"
@@ -65,8 +66,6 @@ def ensure_state_table(project: str, instance: str, table_id: str) -> list:
 def check_target(mapping: MappingConfig) -> Optional[str]:
     """A warning when the target misses families (their cells will dead-letter),
     or ConfigError when the table does not exist."""
-    from ddb2bt.pipeline.clients.bigtable.admin import forget_process_families
-
     forget_process_families()  # the job's sinks list the families as they are now
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
     if not admin.exists(mapping.target.table):
@@ -175,8 +174,6 @@ def check_app_profiles(project: str, instance: str, app_profile: Optional[str], 
     tests; by default the process's BigtableAdmin). Returns a note when the
     check could not run (the emulator has no app profiles), None when it passed;
     raises ConfigError naming the profile and what to change."""
-    from ddb2bt.pipeline.clients.bigtable.admin import MULTI_CLUSTER, AppProfileUnknown, process_admin
-
     state = state_app_profile or app_profile or DEFAULT_APP_PROFILE
     option = "--state-app-profile"  # the fix, whichever profile was used
     if admin is None and os.environ.get("BIGTABLE_EMULATOR_HOST"):

@@ -40,6 +40,9 @@ from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
+from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
+from ddb2bt.pipeline.clients.bigtable.reads import data_client, iter_table, read_rows, table_ranges
+from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
 
 __all__ = ["VerifyTable", "VerifyMappings", "build_verify", "run_verify_job"]
 
@@ -81,8 +84,6 @@ class _ReadSourceItemsFn(beam.DoFn):
             self._client = DynamoDBClientFactory(self._source.region)()
 
     def process(self, part: str):
-        from ddb2bt.pipeline.clients.dynamodb import scan_pages
-
         src = self._source
         if isinstance(src, ScanSource):
             segment, total = parse_segment(part)
@@ -124,8 +125,6 @@ class _SplitTargetFn(beam.DoFn):
         self._project, self._instance = project, instance
 
     def process(self, table: str):
-        from ddb2bt.pipeline.clients.bigtable.reads import table_ranges
-
         for start, end in table_ranges(self._project, self._instance, table):
             yield table, start, end
 
@@ -135,20 +134,14 @@ class _ReadTargetRowsFn(beam.DoFn):
         self._project, self._instance = project, instance
 
     def setup(self) -> None:
-        from ddb2bt.pipeline.clients.bigtable.reads import data_client
-
         self._client = data_client(self._project)
 
     def teardown(self) -> None:
         client = getattr(self, "_client", None)
         if client is not None:
-            from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
-
             close_bounded(client.close, "Bigtable data client")
 
     def process(self, element):
-        from ddb2bt.pipeline.clients.bigtable.reads import iter_table
-
         table, start, end = element
         for row_key, cells in iter_table(self._project, self._instance, table, client=self._client,
                                          start_key=start, end_key=end):
@@ -197,7 +190,6 @@ class _RecheckRowsFn(beam.DoFn):
     def setup(self) -> None:
         from ddb2bt.pipeline.connections import DynamoDBClientFactory, StreamsClientFactory
         from ddb2bt.pipeline.cutover.recheck import stream_watermark
-        from ddb2bt.pipeline.clients.dynamodb import describe_table
 
         m = self._table.mapping
         self._ddb = DynamoDBClientFactory(m.source.region)()
@@ -213,8 +205,6 @@ class _RecheckRowsFn(beam.DoFn):
     def process(self, batch):
         from ddb2bt.pipeline.cutover.recheck import recheck
         from ddb2bt.pipeline.cutover.verify import Findings
-        from ddb2bt.pipeline.clients.dynamodb import get_item
-        from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 
         t = self._table
         m = t.mapping

@@ -19,6 +19,7 @@ from typing import Sequence
 
 from ddb2bt.transforms.config import FamilyConfig
 from ddb2bt.transforms.mapping import MARKER_FAMILY, MARKER_MAX_AGE_S
+from ddb2bt.pipeline.clients.bigtable.admin import process_admin
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,6 @@ class Bookkeeping:
 
     @classmethod
     def for_target(cls, project: str, instance: str, markers: bool = True) -> "Bookkeeping":
-        from ddb2bt.pipeline.clients.bigtable.admin import process_admin
-
         return cls(process_admin(project, instance), markers)  # one admin client per process (its quota is low)
 
     @classmethod

@@ -47,6 +47,8 @@ from ddb2bt.pipeline.cutover.recheck import RecheckOptions, recheck
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
 from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, DeadLetter
+from ddb2bt.pipeline.clients.bigtable.reads import read_rows
+from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
 
 __all__ = ["ContinuousCheck", "ContinuousOptions", "CheckPosition", "StoredPosition", "DIVERGENT"]
 
@@ -324,9 +326,7 @@ def connect_check(mapping, store, options: ContinuousOptions, stream_arn: Option
     sink's. What the local thread and the Dataflow step (continuous_beam.py) run."""
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.recheck import stream_watermark
-    from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
     from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
-    from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target

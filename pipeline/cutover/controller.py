@@ -31,6 +31,7 @@ from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration
 from ddb2bt.pipeline.cutover.status import QUEUED_META
 from ddb2bt.pipeline.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.pipeline.clients.dynamodb import describe_table
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,6 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
     changes made since it may already be trimmed."""
     from ddb2bt.pipeline.connections import dynamodb_client
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
-    from ddb2bt.pipeline.clients.dynamodb import describe_table
 
     if options.from_export:
         source = ExportSource(options.from_export, mapping.source.region)

@@ -36,6 +36,7 @@ from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
+from ddb2bt.pipeline.clients.dynamodb import list_shards
 
 __all__ = ["RecheckOptions", "RecheckResult", "recheck", "stream_watermark"]
 
@@ -300,8 +301,6 @@ def stream_watermark(streams, stream_arn: Optional[str], store, now_ms: Callable
     tail checkpoints only what Bigtable holds) must be newer than ``t``, or the
     shard fully applied at a moment when records up to ``t`` are visible. No
     stream: nothing can arrive through a tail, so always passed."""
-    from ddb2bt.pipeline.clients.dynamodb import list_shards
-
     if not stream_arn:
         return lambda t: True
     seen = {"positions": None, "moved": time.monotonic()}

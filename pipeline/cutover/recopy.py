@@ -28,6 +28,9 @@ from typing import Callable, Iterable, Optional
 
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
 from ddb2bt.transforms.model import DeleteCells
+from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
+from ddb2bt.pipeline.clients.bigtable.reads import iter_table
+from ddb2bt.pipeline.clients.dynamodb import describe_table
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +178,6 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
         statuses = writer.mutate_rows(column.table, [(column.row_key, exact(column, stale))])
         bad = next((st for st in statuses if st is not None and not st.ok), None)
         if bad is not None:  # the sweep stops; it is still owed, so a rerun sweeps again
-            from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
 
             raise (BigtableRetryable if bad.retryable else BigtablePermanent)(
                 f"the re-copy sweep's delete in {column.table} failed: {bad.message}")
@@ -188,8 +190,6 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
 def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8) -> SweepResult:
     """The sweep against the mapping's source and target (``run_backfill`` calls it)."""
     from ddb2bt.pipeline.connections import dynamodb_client
-    from ddb2bt.pipeline.clients.dynamodb import describe_table
-    from ddb2bt.pipeline.clients.bigtable.reads import iter_table
 
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target

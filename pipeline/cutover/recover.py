@@ -50,6 +50,7 @@ from ddb2bt.pipeline.cutover.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, 
 from ddb2bt.pipeline.cutover.straddle import SweepResult
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S
 
 __all__ = ["Gap", "Window", "ExportChange", "IncrementalExport", "Recovery", "RecoveryRefused", "RecoveryResult",
            "RecoverOptions", "RecoverOutcome", "find_gap", "plan_windows", "check_pitr", "export_commands",
@@ -169,7 +170,6 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int,
     trimmed (``heads``: StateStore.load_shard_heads; docs/design.md §8.2): its
     tail goes on from the oldest record, and its last change, perhaps hours
     older, must not pull the exports back."""
-    from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S
     from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
     from botocore.exceptions import ClientError
 

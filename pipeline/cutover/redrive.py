@@ -68,6 +68,8 @@ from ddb2bt.transforms.mapping import (MARKER_FAMILY, converge_change, expected_
                                        marker_qualifier)
 from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, DeleteCells, MappedChange, SetCell, StreamPosition
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, converge_rows
+from ddb2bt.pipeline.clients.dynamodb import get_item
+from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +92,6 @@ class ItemReader:
         self._metrics_table = metrics_table  # the job's name: the table label of the calls counted
 
     def get(self, keys: dict) -> Optional[dict]:
-        from ddb2bt.pipeline.clients.dynamodb import get_item
-
         if self._policy is None:
             return get_item(self._client, self._table, dict(keys), metrics_table=self._metrics_table)
         return get_item(self._client, self._table, dict(keys), self._policy, metrics_table=self._metrics_table)
@@ -398,7 +398,6 @@ def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions())
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 
     from ddb2bt.pipeline.connections import StreamsClientFactory
-    from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 
     writer = state_spec.bigtable.writer()
     store = state_spec.store(writer)

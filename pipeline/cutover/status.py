@@ -16,7 +16,8 @@ from ddb2bt.pipeline.cutover.mapping_change import running_mapping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
 from ddb2bt.pipeline.lease import BACKFILL, TAIL, LeaseState
 from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S, RetryPolicy
-from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_MS, STREAM_RETENTION_S, list_shards
+from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_MS, STREAM_RETENTION_S, SourceTableMissing,
+                                              describe_table, list_shards)
 from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
 from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint
 
@@ -291,7 +292,6 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
 
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-    from ddb2bt.pipeline.clients.dynamodb import SourceTableMissing, describe_table
 
     arn = None
     kinesis = mapping.source.kinesis

@@ -29,8 +29,9 @@ from ddb2bt.pipeline.cutover.compare import DIFF_KINDS, LayoutDiff, add_cells, d
 from ddb2bt.pipeline.cutover.recheck import RecheckOptions, RecheckResult, recheck
 from ddb2bt.pipeline.cutover.mapping_change import fingerprint_of
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
-from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, scan_pages
+from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, describe_table, get_item, scan_pages
 from ddb2bt.pipeline.redaction import Redaction
+from ddb2bt.pipeline.clients.bigtable.reads import iter_table, read_rows
 
 EXAMPLES_PER_KIND = 5
 REDACTED = "<redacted: use --show-values>"
@@ -446,8 +447,6 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.controller import run_in_thread
     from ddb2bt.pipeline.cutover.recheck import stream_watermark
-    from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item
-    from ddb2bt.pipeline.clients.bigtable.reads import iter_table, read_rows
     from ddb2bt.transforms.errors import ConfigError
 
     if not 0 < sample_rate <= 1:

@@ -46,6 +46,7 @@ from ddb2bt.pipeline.versions import VersionOwners, resolve
 from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.clients.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
+from ddb2bt.pipeline.clients.bigtable.admin import process_families
 
 __all__ = ["SinkConfig", "BatchingWriter", "write_to_bigtable", "write_to_bigtable_per_stream"]
 
@@ -699,8 +700,6 @@ class _FamilyCache:
         self._cache: dict = {}
 
     def __call__(self, table: str) -> Optional[frozenset]:
-        from ddb2bt.pipeline.clients.bigtable.admin import process_families
-
         cached = self._cache.get(table)
         if cached is not None and self._now() - cached[0] < FAMILY_CACHE_S:
             return cached[1]
@@ -711,8 +710,6 @@ class _FamilyCache:
     def refresh(self, table: str) -> Optional[frozenset]:
         """The families again, from a listing at most FAMILY_RECHECK_S old: asked
         when a change names a family the cached list lacks (one added since)."""
-        from ddb2bt.pipeline.clients.bigtable.admin import process_families
-
         families = process_families(self._project, self._instance, table, FAMILY_RECHECK_S, self._now)
         self._cache[table] = (self._now(), families)
         return families

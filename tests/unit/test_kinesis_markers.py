@@ -41,10 +41,10 @@ def kinesis_catalog(tmp_path):
 
 
 def test_a_kinesis_migration_creates_no_marker_family(tmp_path, monkeypatch):
-    from ddb2bt.pipeline.clients.bigtable import admin as bigtable_admin
+    from ddb2bt.pipeline.cutover import bookkeeping
 
     admin = Admin(CATALOG.tables)
-    monkeypatch.setattr(bigtable_admin, "process_admin", lambda project, instance: admin)
+    monkeypatch.setattr(bookkeeping, "process_admin", lambda project, instance: admin)
     kinesis = kinesis_catalog(tmp_path)
     controller._bookkeeping(kinesis).ensure(kinesis.tables)
     assert all(MARKER_FAMILY not in admin.families(t) for t in kinesis.tables)
