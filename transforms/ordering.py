@@ -227,7 +227,7 @@ def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int
     gone) as a change at ``ts_ms``, ordered at the last µs of that millisecond,
     one GuardedRow per row it or one of the ``seen`` images owns cells in. Through
     the guard it is written only if newer than the row's clock, replaces the
-    whole state with the clock listing what it owns (so a later REMOVE deletes
+    item's state with the clock listing what it owns (so a later REMOVE deletes
     it), and, the item gone, leaves the clock as the tombstone that keeps a late
     older change out. ``old_cells`` (used only where a row has no clock yet)
     unite what the seen images owned; an image that cannot be mapped any more

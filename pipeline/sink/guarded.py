@@ -3,8 +3,9 @@
 
 For a batch of GuardedRows: one ReadRows per table reads the clock cells of every
 row in the batch; then each row whose change is newer than its clock is written
-with one CheckAndMutateRow that applies the whole new state and the new clock
-only if the clock still holds what was read (a compare-and-swap). A swap that
+with one CheckAndMutateRow that applies the difference from the state the clock
+records to the new state, and the new clock, only if the clock still holds what
+was read (a compare-and-swap). A swap that
 lost a race (another writer moved the clock) re-reads that one clock and
 decides again. Rows are independent, so their order within a batch does not
 matter for correctness, only for how many swaps are needed.
