@@ -39,7 +39,7 @@ from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
 
 __all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "cell_digest", "clock_mutations", "decode_clock",
            "encode_clock", "converge_rows", "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations",
-           "swap_expectation", "tombstone_expired"]
+           "slot_mutations", "swap_expectation", "tombstone_expired"]
 
 CLOCK_FAMILY = "ddb2bt_clock"
 # Clock value layout version (encode_clock): lets a later layout be read next to this one.
@@ -271,10 +271,39 @@ def row_mutations(row: GuardedRow, stored: Optional[Clock]) -> Optional[tuple]:
     O(cells that change), not the whole state (docs/design.md §10.2)."""
     if not is_newer(row.order, stored):
         return None
+    if stored is None:
+        return _move(row, row.old_cells, {})
+    return _move(row, stored.cells, stored.digest_of())
+
+
+def slot_mutations(rows, stored: Optional[Clock]) -> tuple:
+    """(mutations or None, how many of ``rows`` are applied): several changes of
+    one item to one row (one slot), decided in the order given exactly as one
+    swap after another would decide them, sent as one swap from ``stored`` to
+    the last applied change's state. The cells the earlier applied changes
+    owned are deleted as their own swaps would have deleted them; their values
+    are never written, the last change's state replacing them."""
+    applied = []
+    state = stored
+    for row in rows:
+        if is_newer(row.order, state):
+            applied.append(row)
+            state = Clock(row.order.us, row.order.new_hash, ())  # what is_newer reads of a clock
+    if not applied:
+        return None, 0
+    before = set(stored.cells if stored is not None else applied[0].old_cells)
+    for row in applied[:-1]:
+        before.update(_cell_id(cell) for cell in row.new_cells)
+    held = stored.digest_of() if stored is not None else {}
+    return _move(applied[-1], tuple(sorted(before, key=_sort_id)), held), len(applied)
+
+
+def _move(row: GuardedRow, owned_before, held: dict) -> tuple:
+    """The mutations from a row whose item owns ``owned_before`` (the values of
+    ``held``, {cell id: digest}, known) to ``row``'s state, and the new clock."""
     ts = row.ts_ms
     muts: list = []
     keep: dict = {}  # cell id -> digest of the value the row holds after this change
-    held = stored.digest_of() if stored is not None else {}
     for cell in row.new_cells:
         cell_id, digest = _cell_id(cell), cell_digest(cell)
         keep[cell_id] = digest
@@ -287,7 +316,6 @@ def row_mutations(row: GuardedRow, stored: Optional[Clock]) -> Optional[tuple]:
         # prune=True: the column's older versions go, so it holds one version
         # (docs/design.md §5.1); safe because nothing of this item is newer here.
         muts.extend(write_cell(cell, ts, True))
-    owned_before = stored.cells if stored is not None else row.old_cells
     for family, qualifier, version in owned_before:
         if (family, qualifier, version) not in keep:
             muts.append(delete_cell(_Cell(family, qualifier, version), ts))

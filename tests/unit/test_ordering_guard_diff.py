@@ -134,22 +134,25 @@ def test_the_difference_leaves_the_rows_the_whole_state_rewrite_leaves(case, pre
         rows = [row for record in order[start:start + batch] for row in guarded_rows(mapping, record)]
         assert not apply_guarded(counting(diff, sent, "diff"), rows).rejected
         with mock.patch.object(guarded, "row_mutations", full_rewrite_mutations):
-            assert not apply_guarded(counting(whole, sent, "whole"), rows).rejected
+            for row in rows:  # one swap per change, as the guard did before it sent a slot's changes together
+                assert not apply_guarded(counting(whole, sent, "whole"), [row]).rejected
         assert rows_as_read(diff, mapping.tables) == rows_as_read(whole, mapping.tables)
     assert sent["diff"] <= sent["whole"]
 
 
 class counting:
-    """A ClockWriter that counts the mutations of the swaps it passes on."""
+    """A ClockWriter that counts the mutations of the swaps it passes on, and the swaps."""
 
     def __init__(self, bt, sent: dict, name: str) -> None:
         self.bt, self.sent, self.name = bt, sent, name
+        self.swaps = 0
 
     def read_family(self, *args):
         return self.bt.read_family(*args)
 
     def swap_row(self, table_id, row_key, family, qualifier, expected, mutations, prefix=False):
         swapped = self.bt.swap_row(table_id, row_key, family, qualifier, expected, mutations, prefix)
+        self.swaps += 1
         if swapped:
             self.sent[self.name] += len(mutations)
         return swapped
@@ -230,3 +233,53 @@ def test_cells_of_a_family_with_a_max_age_are_rewritten_on_every_change():
     change = guarded_rows(aging, ChangeRecord(MODIFY, keys, wide_item(1), wide_item(0), us // 1000,
                                               change_us=us))[0]
     assert len(row_mutations(change, decode_clock(stored))) > ATTRIBUTES
+
+
+def test_several_changes_of_one_item_to_one_row_in_a_batch_are_one_swap():
+    """One round trip for the slot, not one per change: shuffled, with a
+    duplicate, the newest state wins and the counts are those of one swap per
+    change (4 applied in order would be 4 applied; here the shuffle makes some stale)."""
+    keys = {"pk": from_plain("hats"), "sk": from_plain("b")}
+    history = [ChangeRecord(INSERT, keys, wide_item(0), None, START_US // 1000, change_us=START_US)]
+    for n in range(1, 5):
+        us = START_US + n * 1_000_000
+        history.append(ChangeRecord(MODIFY, keys, wide_item(n), wide_item(n - 1), us // 1000, change_us=us))
+    delivered = [history[0], history[1], history[3], history[2], history[3], history[4]]
+    bt = InMemoryBigtable()
+    writer = counting(bt, {"w": 0}, "w")
+    stats = apply_guarded(writer, [row for record in delivered for row in guarded_rows(CATALOG, record)])
+    assert writer.swaps == 1
+    # Decided as one swap after another would: 0, 1, 3 applied; 2 older than 3, the
+    # second 3 a duplicate: stale; 4 applied.
+    assert (stats.applied, stats.stale) == (4, 2)
+    (row,) = bt.latest(CATALOG.target.table).values()
+    assert row[("SKU", b"Attr007")] == b"changed 4"
+    assert sum(1 for (f, _) in row if f != CLOCK_FAMILY) == ATTRIBUTES
+
+
+class refusing(counting):
+    """A writer that refuses (as over a Bigtable limit) any swap writing ``bad``."""
+
+    bad = b"changed 2"
+
+    def swap_row(self, table_id, row_key, family, qualifier, expected, mutations, prefix=False):
+        if any(getattr(m, "value", None) == self.bad for m in mutations):
+            from ddb2bt.transforms.errors import MappingError
+
+            raise MappingError("cell over the limit", reason="cell_too_large")
+        return super().swap_row(table_id, row_key, family, qualifier, expected, mutations, prefix)
+
+
+def test_a_slot_over_a_limit_together_is_applied_one_change_at_a_time():
+    """When the slot's combined swap breaks a limit, its changes are swapped one by
+    one, so only the change at fault is rejected (a dead letter) and the others land."""
+    keys = {"pk": from_plain("hats"), "sk": from_plain("b")}
+    history = [ChangeRecord(INSERT, keys, wide_item(1), None, START_US // 1000, change_us=START_US),
+               ChangeRecord(MODIFY, keys, wide_item(2), wide_item(1), START_US // 1000 + 1000,
+                            change_us=START_US + 1_000_000)]
+    bt = InMemoryBigtable()
+    writer = refusing(bt, {"w": 0}, "w")
+    stats = apply_guarded(writer, [row for record in history for row in guarded_rows(CATALOG, record)])
+    assert stats.applied == 1 and [r.order.us for r, _ in stats.rejected] == [START_US + 1_000_000]
+    (row,) = bt.latest(CATALOG.target.table).values()
+    assert row[("SKU", b"Attr007")] == b"changed 1"
