@@ -764,6 +764,48 @@ def cmd_repair(args) -> int:
     return cmd_dlq_redrive(args)
 
 
+def cmd_sweep_tombstones(args) -> int:
+    """Remove the ordering guard's tombstones older than the Kinesis stream's
+    retention plus a margin (docs/design.md §10.7)."""
+    from ddb2bt.pipeline.sink.tombstones import (DEFAULT_MARGIN_HOURS, US_PER_HOUR, SweepStats, clock_scanner,
+                                                 keep_us, sweep_tombstones)
+    from ddb2bt.pipeline.source.kinesis import resolve_kinesis
+
+    mappings = load_all(args)
+    for mapping in mappings:
+        if mapping.source.kinesis is None:
+            raise ConfigError(f"mapping {mapping.name!r} reads a DynamoDB stream: its writes are in stream order, "
+                              "without the ordering guard, so it leaves no tombstones to sweep", "source.kinesis")
+    check_reachable(mappings, dynamodb="skip")
+    now_us = time.time_ns() // 1000
+    for mapping in mappings:
+        retention_hours = resolve_kinesis(mapping).retention_hours
+        if args.keep_hours is not None and args.keep_hours < retention_hours:
+            raise ConfigError(f"{args.keep_hours:g} h is shorter than the retention of Kinesis stream "
+                              f"{mapping.source.kinesis.stream!r} ({retention_hours} h): an older change of a "
+                              "deleted item may still arrive, and without its tombstone it would bring the item "
+                              "back", "--keep-hours")
+        keep = keep_us(retention_hours) if args.keep_hours is None else int(args.keep_hours * US_PER_HOUR)
+        spec = state_spec(args, mapping)
+        t = mapping.target
+        scan = clock_scanner(t.project, t.instance, spec.bigtable.state_profile)
+        writer = spec.bigtable.writer()
+        stats = SweepStats()
+        try:
+            for table in mapping.tables:
+                sweep_tombstones(writer, scan(table, now_us - keep), now_us, keep, args.dry_run, stats)
+        finally:
+            writer.close()
+        kept = f"kept {keep / US_PER_HOUR:g} h" + (
+            f" (the stream's retention {retention_hours} h + {DEFAULT_MARGIN_HOURS} h)" if args.keep_hours is None
+            else "")
+        done = (f"{stats.expired} would be removed (dry run)" if args.dry_run else
+                f"{stats.removed} removed, {stats.moved} kept (the item changed since they were read)")
+        print(f"{mapping.name}: tombstones older than {kept}: {done}"
+              + (f"; {stats.unreadable} clock(s) unreadable, kept" if stats.unreadable else ""))
+    return 0
+
+
 def cmd_local(args) -> int:
     from ddb2bt.pipeline.local import local_stack as ls
 
@@ -1261,6 +1303,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(p)
     p.add_argument("--dry-run", action="store_true", help="only report what would be rewritten")
     p.set_defaults(func=cmd_repair)
+
+    p = sub.add_parser("sweep-tombstones", help="remove a Kinesis job's tombstones (deleted items' clocks) that "
+                                                "no record can need any more", formatter_class=raw,
+                       description=(
+                           "With a Kinesis source, a deleted item leaves its clock cell in each row it had: the "
+                           "tombstone that keeps a late, older change from bringing it back. Once a tombstone is "
+                           "older than the stream's retention plus a margin, no such change can arrive: this "
+                           "removes it (a compare-and-swap: a tombstone whose item came back meanwhile is kept). "
+                           "Safe with the job running; run it daily, e.g. from cron."),
+                       epilog="examples:\n  ddb2bt sweep-tombstones -m m.yaml --dry-run\n"
+                              "  ddb2bt sweep-tombstones -m m.yaml --keep-hours 720")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.add_argument("--keep-hours", type=number(float, above=0), metavar="HOURS",
+                   help="keep tombstones this long after their delete (default: the Kinesis stream's retention "
+                        "+ 24 h); refused below the stream's retention")
+    p.add_argument("--dry-run", action="store_true", help="only count the tombstones that would be removed")
+    p.set_defaults(func=cmd_sweep_tombstones)
 
     p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto)", formatter_class=raw,
                        epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"
