@@ -23,12 +23,14 @@ def dlq_values(args) -> bool:
     return is_local(args.beam_args) if explicit is None else explicit
 
 
-def acquire_leases(args, states: list, role: str) -> list:
+def acquire_leases(args, states: list, role: str, taken: Optional[list] = None) -> list:
     """Each table's ``role`` lease (``acquire_lease``), all or none: if one is
     held elsewhere, the ones already taken are released before the error goes
     on, so a refused multi-table start leaves nothing held (on Dataflow a lease
-    taken for a job that never launched would block a rerun until it expired)."""
-    taken: list = []
+    taken for a job that never launched would block a rerun until it expired).
+    ``taken`` (a list) receives the held leases, for a caller that may still
+    refuse the start after this."""
+    taken = [] if taken is None else taken
     try:
         return [acquire_lease(args, state, role, taken) for state in states]
     except BaseException:
@@ -323,8 +325,16 @@ def build_live_jobs(args, mappings: list) -> list:
         check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, accept_new_stream)
     states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
     claim_target_tables(args, mappings, states)
-    leases = acquire_leases(args, states, TAIL)
-    shares = take_kinesis_shares(args, mappings, sources, states)
+    held: list = []
+    leases = acquire_leases(args, states, TAIL, held)
+    try:
+        shares = take_kinesis_shares(args, mappings, sources, states)
+    except BaseException:
+        # Refused: nothing held, as acquire_leases leaves it (a Dataflow job's
+        # lease is not released at exit, and would block a corrected rerun).
+        for lease in held:
+            lease.release()
+        raise
     jobs = []
     for mapping, source, state, lease, share in zip(mappings, sources, states, leases, shares):
         # After the lease: a launch refused before it holds the job records no start.

@@ -27,6 +27,8 @@ import ddb2bt.pipeline.source.kinesis as kinesis_source
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.jobs import build_live_jobs, load_all
+from ddb2bt.pipeline.lease import TAIL, LeaseState, wall_ms
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.sink.bigtable_io import read_table
 from ddb2bt.pipeline.source.kinesis import GET_RECORDS_PER_SECOND, ShardPacer, resolve_kinesis
@@ -161,6 +163,15 @@ def test_a_second_job_on_the_stream_needs_a_share_that_fits(stack, tmp_path, uni
         err = capsys.readouterr().err
         assert "--kinesis-share: Kinesis stream " + stream in err
         assert f"({a.mapping.name} 1/2)" in err and f"asks {b.mapping.name} 1:" in err and "together 3/2" in err
+        # A refused start holds nothing, even where nothing releases leases at
+        # exit (a Dataflow launch): a corrected rerun is not blocked by its lease.
+        args, _ = cli.build_parser().parse_known_args(run_b)
+        args.beam_args, args.bigtable_interceptors, args.dry = [], (), False
+        with pytest.raises(ConfigError, match="together 3/2"):
+            build_live_jobs(args, load_all(args))
+        b_lease = LeaseState.parse(StateSpec(BigtableSpec(b.mapping.target.project, b.mapping.target.instance),
+                                             job=b.mapping.name).store().load_lease(TAIL))
+        assert b_lease is not None and not b_lease.live(wall_ms())
         # With the half that is left it runs.
         assert ddb2bt(run_b + ["--kinesis-share", "1/2"]) == 0
         b.assert_converged()
