@@ -123,6 +123,13 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-stream", action="store_true",
                    help="accept that the table's stream was replaced since the last run (changes in between "
                         "are lost; prefer a new backfill)")
+    from ddb2bt.pipeline.source.kinesis_share import parse_share
+
+    p.add_argument("--kinesis-share", type=parse_share, metavar="K/N",
+                   help="Kinesis sources: this job's share of each shard's read budget (5 GetRecords/s, 2 MB/s, "
+                        "shared by every reader of the stream), split between its tables on the stream "
+                        "(default 1: all of it). Jobs reading one stream must add up to at most 1, e.g. 1/2 "
+                        "each for two jobs; a start beyond the budget is refused")
     add_dlq_values_arg(p)
 
 

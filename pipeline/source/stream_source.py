@@ -340,7 +340,13 @@ class PartitionReader:
         # once per process for all its partitions (the SDF passes the process's
         # ShardDirectory; alone, a reader has its own); GetRecords is paced per shard.
         self._directory = directory if directory is not None else ShardDirectory()
-        self._pacer = pacer if pacer is not None else ShardPacer(sleep=sleep)
+        # A client with a rate of its own (a Kinesis table's share of the shard's
+        # budget, docs/design.md §10.8) paces the rounds at it: the hand-back then
+        # waits for it instead of the client sleeping in GetRecords.
+        rate = getattr(client, "calls_per_s", None)
+        if pacer is None:
+            pacer = ShardPacer(rate, sleep=sleep) if isinstance(rate, (int, float)) else ShardPacer(sleep=sleep)
+        self._pacer = pacer
         # The splittable DoFn's readers: a round that would wait for the pacer ends
         # and returns the wait to the runner (RoundResult.paced_s).
         self._hand_back_pacing = hand_back_pacing
