@@ -1,7 +1,10 @@
-"""The local stack: cbtemulator (Bigtable) and moto's server (DynamoDB + Streams +
-S3) on free 127.0.0.1 ports, for `ddb2bt local`, `ddb2bt demo` and the tests.
+"""The local stack: cbtemulator (Bigtable) and one of two AWS emulators (DynamoDB +
+Streams + S3 + Kinesis + STS), moto's server or ministack, on free 127.0.0.1 ports,
+for `ddb2bt local`, `ddb2bt demo` and the tests.
 
-Both servers bind to loopback only. ``LocalStack.env()`` gives the standard
+The two AWS emulators are independent implementations; which is closer to AWS on
+what is in docs/development.md ("Two AWS emulators"). Both servers bind to loopback
+only. ``LocalStack.env()`` gives the standard
 variables every client here honours: ``BIGTABLE_EMULATOR_HOST``,
 ``AWS_ENDPOINT_URL_DYNAMODB``, ``AWS_ENDPOINT_URL_DYNAMODBSTREAMS`` (and
 ``AWS_ENDPOINT_URL_DYNAMODB_STREAMS``, the spelling botocore reads),
@@ -32,6 +35,19 @@ READY_TIMEOUT_S = 30.0
 READY_POLL_S = 0.05
 STOP_GRACE_S = 5.0
 DEFAULT_REGION = "us-east-1"
+MOTO, MINISTACK = "moto", "ministack"
+DYNAMODB_EMULATORS = (MOTO, MINISTACK)
+# The default AWS emulator, measured (bench/emulators.py, docs/benchmarks.md).
+DEFAULT_DYNAMODB = MOTO
+# Chooses the emulator where no --dynamodb is given (`ddb2bt demo`, the test suite's
+# `stack` fixture, `local up`), e.g. DDB2BT_LOCAL_DYNAMODB=ministack.
+DYNAMODB_ENV = "DDB2BT_LOCAL_DYNAMODB"
+# The AWS services ddb2bt talks to; ministack serves only these (SERVICES), which
+# keeps its start-up small and its listeners to the one HTTP port.
+MINISTACK_SERVICES = "dynamodb,dynamodbstreams,s3,kinesis,sts,iam"
+# ministack's stream retention (24 h, as on AWS) can be shortened for a stack of its
+# own, so trimming can be rehearsed and tested in seconds; read by ministack_server.
+MINISTACK_RETENTION_ENV = "DDB2BT_MINISTACK_STREAM_RETENTION_S"
 # Dummy credentials: moto accepts anything; real ones must never be needed locally.
 DUMMY_KEY_ID = "testing"
 DUMMY_SECRET = "testing"
@@ -66,6 +82,15 @@ or point CBTEMULATOR at the binary."""
 
 class StackError(PermanentError):
     """The local stack could not be started."""
+
+
+def default_dynamodb() -> str:
+    """The AWS emulator to start: $DDB2BT_LOCAL_DYNAMODB, else the measured default."""
+    chosen = os.environ.get(DYNAMODB_ENV) or DEFAULT_DYNAMODB
+    if chosen not in DYNAMODB_EMULATORS:
+        raise StackError(f"{DYNAMODB_ENV}={chosen!r} is not an AWS emulator ddb2bt can start; "
+                         f"choose one of: {', '.join(DYNAMODB_EMULATORS)}")
+    return chosen
 
 
 def _sdk_roots() -> list:
@@ -136,8 +161,8 @@ def _wait_http(url: str, proc: subprocess.Popen, name: str, deadline: float) -> 
     raise StackError(f"{name} did not answer {url} within {READY_TIMEOUT_S:.0f}s")
 
 
-def stack_env(bigtable_port: int, moto_port: int, region: str = DEFAULT_REGION) -> dict:
-    aws = f"http://{LOOPBACK}:{moto_port}"
+def stack_env(bigtable_port: int, aws_port: int, region: str = DEFAULT_REGION) -> dict:
+    aws = f"http://{LOOPBACK}:{aws_port}"
     return {
         "BIGTABLE_EMULATOR_HOST": f"{LOOPBACK}:{bigtable_port}",
         "AWS_ENDPOINT_URL_DYNAMODB": aws,
@@ -155,36 +180,68 @@ def stack_env(bigtable_port: int, moto_port: int, region: str = DEFAULT_REGION) 
 
 @dataclass
 class LocalStack:
-    """cbtemulator + moto server. Use as a context manager, or start()/stop()."""
+    """cbtemulator + an AWS emulator (``dynamodb``: moto or ministack). Use as a
+    context manager, or start()/stop().
+
+    ``stream_retention_s`` (ministack only) shortens its streams' 24-hour retention,
+    so a test or a rehearsal sees records trimmed; moto never trims."""
 
     region: str = DEFAULT_REGION
     log_dir: Optional[Path] = None
     bigtable_port: int = 0
-    moto_port: int = 0
+    aws_port: int = 0
+    dynamodb: str = field(default_factory=default_dynamodb)
+    stream_retention_s: Optional[float] = None
     _procs: dict = field(default_factory=dict)
     _logs: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.dynamodb not in DYNAMODB_EMULATORS:
+            raise StackError(f"unknown AWS emulator {self.dynamodb!r}; choose one of: {', '.join(DYNAMODB_EMULATORS)}")
+        if self.stream_retention_s is not None and self.dynamodb != MINISTACK:
+            raise StackError(f"{self.dynamodb} never trims its streams; a stream retention needs ministack")
+
+    @property
+    def moto_port(self) -> int:
+        """The AWS emulator's port, whichever it is (the name older callers use)."""
+        return self.aws_port
 
     def start(self) -> "LocalStack":
         binary = find_cbtemulator()
         self.bigtable_port = self.bigtable_port or free_port()
-        self.moto_port = self.moto_port or free_port()
+        self.aws_port = self.aws_port or free_port()
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
             self._procs["bigtable"] = self._spawn(
                 "cbtemulator", [binary, "-host", LOOPBACK, "-port", str(self.bigtable_port)]
             )
-            self._procs["moto"] = self._spawn(
-                "moto", [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.moto_port)]
-            )
+            self._procs[self.dynamodb] = self._spawn_aws()
             _wait_tcp(self.bigtable_port, self._procs["bigtable"], "cbtemulator", deadline)
-            _wait_http(f"http://{LOOPBACK}:{self.moto_port}/moto-api/", self._procs["moto"], "moto server", deadline)
+            _wait_http(self._ready_url(), self._procs[self.dynamodb], f"{self.dynamodb} server", deadline)
         except BaseException:
             self.stop()
             raise
-        log.info("local stack up: bigtable %s:%d, moto %s:%d", LOOPBACK, self.bigtable_port, LOOPBACK, self.moto_port)
+        log.info("local stack up: bigtable %s:%d, %s %s:%d", LOOPBACK, self.bigtable_port, self.dynamodb,
+                 LOOPBACK, self.aws_port)
         return self
 
-    def _spawn(self, name: str, argv: list) -> subprocess.Popen:
+    def _spawn_aws(self) -> subprocess.Popen:
+        if self.dynamodb == MOTO:
+            return self._spawn(MOTO, [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.aws_port)])
+        # ministack binds 0.0.0.0 unless told otherwise, and by default also opens
+        # an MQTT listener (IoT) and may talk to Docker: loopback, one port, no Docker.
+        extra = {"BIND_HOST": LOOPBACK, "GATEWAY_PORT": str(self.aws_port), "SERVICES": MINISTACK_SERVICES,
+                 "IOT_MTLS_ENABLED": "0", "SFTP_ENABLED": "0", "PERSIST_STATE": "0",
+                 "MINISTACK_REGION": self.region, "LOG_LEVEL": "WARNING"}
+        if self.stream_retention_s is not None:
+            extra[MINISTACK_RETENTION_ENV] = repr(float(self.stream_retention_s))
+        return self._spawn(MINISTACK, [sys.executable, "-m", "ddb2bt.pipeline.local.ministack_server"], extra)
+
+    def _ready_url(self) -> str:
+        path = "/moto-api/" if self.dynamodb == MOTO else "/_ministack/ready"
+        return f"http://{LOOPBACK}:{self.aws_port}{path}"
+
+    def _spawn(self, name: str, argv: list, extra_env: Optional[dict] = None) -> subprocess.Popen:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
@@ -192,13 +249,14 @@ class LocalStack:
         else:
             out = subprocess.DEVNULL
         env = dict(os.environ)
-        env.update(stack_env(self.bigtable_port, self.moto_port, self.region))
+        env.update(stack_env(self.bigtable_port, self.aws_port, self.region))
+        env.update(extra_env or {})
         # start_new_session: Ctrl-C in the terminal reaches us, and we stop the
         # servers in order, instead of them dying half-way through a write.
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def env(self) -> dict:
-        return stack_env(self.bigtable_port, self.moto_port, self.region)
+        return stack_env(self.bigtable_port, self.aws_port, self.region)
 
     def apply_env(self) -> dict:
         """Set the variables in this process; returns the previous values."""
@@ -221,7 +279,8 @@ class LocalStack:
         return {name: p.pid for name, p in self._procs.items()}
 
     def stop(self) -> None:
-        for name in ("moto", "bigtable"):
+        # The AWS emulator first, then Bigtable (the order a writer would stop in).
+        for name in (*DYNAMODB_EMULATORS, "bigtable"):
             proc = self._procs.pop(name, None)
             if proc is not None:
                 _terminate(proc)
@@ -271,7 +330,7 @@ def save_state(stack: LocalStack, path: Optional[Path] = None) -> None:
     path = path or state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     stacks = [s for s in _read(path) if _stack_alive(s)]
-    stacks.append({"pids": stack.pids, "env": stack.env()})
+    stacks.append({"pids": stack.pids, "env": stack.env(), "dynamodb": stack.dynamodb})
     path.write_text(json.dumps({"stacks": stacks}, indent=2))
 
 
