@@ -37,6 +37,7 @@ from ddb2bt.pipeline.signals import INTERRUPTED
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
+                                     joined_beam_args,
                                      describe_failure, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
@@ -1211,7 +1212,8 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         problem = check_beam_args(unknown, own, elsewhere=elsewhere)
         if problem:
             parser.error(problem)
-    args.beam_args = unknown
+    # Beam options as --flag value or --flag=value alike (one spelling from here on)
+    args.beam_args = joined_beam_args(unknown) if unknown else unknown
     args.bigtable_interceptors = tuple(bigtable_interceptors)
     from ddb2bt.pipeline.dataflow import is_dry_run  # not graph: that imports Beam
 

@@ -87,6 +87,41 @@ def beam_option_strings() -> list:
     return [o for action in _beam_parser()._actions for o in action.option_strings]
 
 
+def joined_beam_args(beam_args: list) -> list:
+    """``--flag value`` → ``--flag=value`` for every Beam option that takes a value,
+    so the two spellings work alike: every later look at the options (the runner,
+    a dry run, the Dataflow checks, dropping ``--runner`` for the local runner) sees
+    one spelling, and Beam never meets a bare value it cannot place ("Unparseable
+    argument: DirectRunner")."""
+    takes_value = {o for action in _beam_parser()._actions if action.nargs != 0 for o in action.option_strings}
+    out: list = []
+    i = 0
+    while i < len(beam_args):
+        arg = beam_args[i]
+        nxt = beam_args[i + 1] if i + 1 < len(beam_args) else None
+        if arg in takes_value and nxt is not None and not nxt.startswith("-"):
+            out.append(f"{arg}={nxt}")
+            i += 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
+
+
+def without_runner(beam_args: list) -> list:
+    """``beam_args`` less ``--runner`` and its value, in either spelling."""
+    out: list = []
+    skip = False
+    for arg in beam_args:
+        if skip:
+            skip = False
+        elif arg == "--runner":
+            skip = True
+        elif not arg.startswith("--runner="):
+            out.append(arg)
+    return out
+
+
 def runner_of(beam_args: Iterable[str]) -> Optional[str]:
     args = list(beam_args)
     runner = None
