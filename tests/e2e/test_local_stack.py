@@ -6,6 +6,8 @@ import subprocess
 import sys
 import urllib.request
 
+import boto3
+import psutil
 import pytest
 
 from ddb2bt.pipeline.local.local_stack import StackError, find_cbtemulator
@@ -14,15 +16,27 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.e2e
 
 
-def test_servers_bind_to_loopback_and_answer(stack):
+def test_servers_bind_to_loopback_and_answer(emulator_stack):
+    stack = emulator_stack
     env = stack.env()
     host, port = env["BIGTABLE_EMULATOR_HOST"].split(":")
     assert host == "127.0.0.1"
     socket.create_connection((host, int(port)), timeout=2).close()
     assert env["AWS_ENDPOINT_URL_DYNAMODB"].startswith("http://127.0.0.1:")
     assert env["AWS_ENDPOINT_URL_DYNAMODB_STREAMS"] == env["AWS_ENDPOINT_URL_DYNAMODB"]
-    with urllib.request.urlopen(env["AWS_ENDPOINT_URL_DYNAMODB"] + "/moto-api/") as resp:
+    ready = {"moto": "/moto-api/", "ministack": "/_ministack/ready"}[stack.dynamodb]
+    with urllib.request.urlopen(env["AWS_ENDPOINT_URL_DYNAMODB"] + ready) as resp:
         assert resp.status == 200
+    # every socket either server listens on is on loopback (ministack binds 0.0.0.0,
+    # and opens an MQTT listener, unless told otherwise)
+    for name, pid in stack.pids.items():
+        listening = [c.laddr for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        assert listening, f"{name} listens nowhere"
+        assert {addr.ip for addr in listening} == {"127.0.0.1"}, (name, listening)
+    # the emulator serves what ddb2bt uses, answering as DynamoDB does
+    ddb = boto3.client("dynamodb", endpoint_url=env["AWS_ENDPOINT_URL_DYNAMODB"], region_name=env["AWS_REGION"],
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    assert "TableNames" in ddb.list_tables()
 
 
 def test_missing_emulator_gives_install_instructions(monkeypatch, tmp_path):
@@ -76,3 +90,28 @@ def test_detached_stack_up_env_down(tmp_path):
             break
     else:
         raise AssertionError("the emulator still accepts connections after `local down`")
+
+
+def test_detached_stack_with_ministack_and_no_silent_switch(tmp_path):
+    """`local up --detach --dynamodb ministack` starts ministack (recorded, so `env`
+    and a second `up` know which); asking for moto while it runs is refused, naming
+    the running one, instead of handing back the other emulator."""
+    env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path / "state"))
+    env.pop("PYTHONPATH", None)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a],
+                                    capture_output=True, text=True, cwd=tmp_path, env=env)
+    started = run("up", "--detach", "--dynamodb=ministack")
+    assert started.returncode == 0, started.stderr
+    try:
+        state = json.loads((tmp_path / "state" / "local-stack.json").read_text())
+        (record,) = state["stacks"]
+        assert record["dynamodb"] == "ministack" and set(record["pids"]) == {"bigtable", "ministack"}
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in run("env").stdout.splitlines())
+        with urllib.request.urlopen(exports["AWS_ENDPOINT_URL_DYNAMODB"] + "/_ministack/ready") as resp:
+            assert resp.status == 200
+        other = run("up", "--detach", "--dynamodb", "moto")
+        assert other.returncode == 2
+        assert "ministack is already running" in other.stderr and "--dynamodb" in other.stderr
+        assert "already running" in run("up", "--detach", "--dynamodb", "ministack").stdout
+    finally:
+        assert "stopped (1)" in run("down").stdout
