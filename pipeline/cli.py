@@ -869,8 +869,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run everything locally: emulators, a changing table, live replication",
                        formatter_class=raw, description=(
-                           "Starts cbtemulator and moto on 127.0.0.1, creates the ProductCatalog table with a "
-                           "stream, writes a realistic stream of changes while the pipeline replicates them on "
+                           "Starts cbtemulator and a local AWS emulator on 127.0.0.1 ($DDB2BT_LOCAL_DYNAMODB: "
+                           f"{' or '.join(LOCAL_DYNAMODB_EMULATORS)}, default {LOCAL_DYNAMODB_DEFAULT}), creates the "
+                           "ProductCatalog table with a stream, writes a realistic stream of changes while the pipeline replicates them on "
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
                        epilog="example:\n  ddb2bt demo --changes 2000 --rate 300")

@@ -19,6 +19,9 @@ log = logging.getLogger("ddb2bt.demo")
 DEMO_EXAMPLE = "product_catalog"
 DEMO_IDLE_S = 4.0  # the writer never pauses this long; the pipeline ends this long after it stops
 PROGRESS_TICK_S = 0.25
+# Why the records read differ from the changes written, by AWS emulator.
+RECORDS_NOTE = {"moto": "moto emits extra records for some updates",
+                "ministack": "as on AWS, a write that changes nothing makes no record"}
 
 
 def _histogram_quantile(hist, q: float) -> float:
@@ -58,7 +61,7 @@ def run_demo(args) -> int:
     with local_stack.LocalStack(log_dir=local_stack.state_dir() / "logs") as stack:
         stack.apply_env()
         print(f"local stack: Bigtable emulator {os.environ['BIGTABLE_EMULATOR_HOST']}, "
-              f"DynamoDB (moto) {os.environ['AWS_ENDPOINT_URL_DYNAMODB']}")
+              f"DynamoDB ({stack.dynamodb}) {os.environ['AWS_ENDPOINT_URL_DYNAMODB']}")
         metrics = default_metrics()
         url = start_metrics_server(None if args.metrics_port < 0 else args.metrics_port, args.metrics_host)
         if url:
@@ -144,7 +147,7 @@ def run_demo(args) -> int:
         print()
         print("summary")
         print(f"  changes written to DynamoDB   {written[0]}" + (f"  (writer stopped: {writer_error[0]})" if writer_error else ""))
-        print(f"  stream records read           {read}   (moto emits extra records for some updates)")
+        print(f"  stream records read           {read}   ({RECORDS_NOTE[stack.dynamodb]})")
         print(f"  changes applied to Bigtable   {applied}   dead letters {dead}")
         print(f"  elapsed                       {elapsed:.1f}s (including {DEMO_IDLE_S:.0f}s idle wait at the end)")
         print(f"  end-to-end lag p50 ≤ {_histogram_quantile(metrics.end_to_end_lag, 0.5)}s, "

@@ -37,8 +37,9 @@ STOP_GRACE_S = 5.0
 DEFAULT_REGION = "us-east-1"
 MOTO, MINISTACK = "moto", "ministack"
 DYNAMODB_EMULATORS = (MOTO, MINISTACK)
-# The default AWS emulator, measured (bench/emulators.py, docs/benchmarks.md).
-DEFAULT_DYNAMODB = MOTO
+# The default AWS emulator: the closer to AWS and the faster, measured
+# (bench/emulators.py, docs/benchmarks.md "The two AWS emulators").
+DEFAULT_DYNAMODB = MINISTACK
 # Chooses the emulator where no --dynamodb is given (`ddb2bt demo`, the test suite's
 # `stack` fixture, `local up`), e.g. DDB2BT_LOCAL_DYNAMODB=ministack.
 DYNAMODB_ENV = "DDB2BT_LOCAL_DYNAMODB"
