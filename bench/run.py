@@ -217,9 +217,10 @@ def run_beam_sink(records, project, instance, table) -> None:
          | WriteToBigTable(project_id=project, instance_id=instance, table_id=table))
 
 
-def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
+def run_ddb2bt(records, project, instance, table, partitions: int = 1, shards: int = 0) -> float:
     """Returns the wall time until every record was applied (the idle wait at the
-    end, which only exists to stop a local run, is excluded)."""
+    end, which only exists to stop a local run, is excluded). ``shards``: the
+    stream's shards (default: one per partition)."""
 
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
@@ -228,7 +229,7 @@ def run_ddb2bt(records, project, instance, table, partitions: int = 1) -> float:
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
     client = FakeStreamsClient(table=f"B{uuid.uuid4().hex[:6]}")
-    shards = [f"shardId-{i:04d}" for i in range(partitions)]
+    shards = [f"shardId-{i:04d}" for i in range(shards or partitions)]
     for s in shards:
         client.add_shard(s)
     for i, (event, keys, new, old, ts) in enumerate(records):

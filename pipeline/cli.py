@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.transforms.errors import ConfigError, ConfigProblems, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
-    _sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
+    sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.reachability import check_reachable
@@ -36,9 +36,8 @@ from ddb2bt.pipeline.local.local_stack import (DEFAULT_DYNAMODB as LOCAL_DYNAMOD
 from ddb2bt.pipeline.signals import INTERRUPTED
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
-from ddb2bt.pipeline.options import (MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, _option_strings, check_beam_args,
-                                     joined_beam_args,
-                                     describe_failure, number, options_by_command, partitions_arg)
+from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, option_strings, check_beam_args,
+                                     describe_failure, joined_beam_args, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
 # a page at 1 MB anyway, so a larger item limit would only cost memory.
@@ -49,6 +48,7 @@ DRAFT_PROJECT, DRAFT_INSTANCE = "my-project", "my-instance"
 # `explain`: the item (or a record) would be a dead letter. Not 1 (a failure of the
 # command) nor 2 (a configuration error): scripts can tell "the mapping refuses it".
 EXIT_DEAD_LETTER = 3
+EXIT_CONFIG_ERROR = 2  # a bad mapping or option, as main() returns for a ConfigError
 DID_YOU_MEAN_CUTOFF = 0.6  # difflib's default ratio: "verfy" ~ "verify", "lst" ~ "list"
 
 log = logging.getLogger("ddb2bt")
@@ -98,17 +98,20 @@ def add_state_args(p: argparse.ArgumentParser) -> None:
 
 def add_dlq_values_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dlq-include-values", action=argparse.BooleanOptionalAction, default=None,
-                   help="store item images in dead letters, so they can be redriven (default: on for local "
-                        "runs, off on Dataflow, where dead letters then keep keys only, redacted)")
+                   help="store item images in dead letters (default: on for local runs, off on Dataflow, where "
+                        "dead letters keep the keys and the stream position only; a redrive reads the images back "
+                        "from the stream)")
 
 
 def add_tail_args(p: argparse.ArgumentParser) -> None:
     """Options of the live tail (run and migrate)."""
     p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon",
-                   help="where shards without a checkpoint start (default %(default)s: the oldest record kept)")
+                   help="where shards without a checkpoint start on a fresh job (default %(default)s: the oldest "
+                        "record kept); a job that has run starts them at the oldest record, and refuses latest")
     p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
                    help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
-                        "from the oldest record with a loud warning")
+                        "from the oldest record with a loud warning; a quiet shard the job saw at its head less "
+                        "than the retention - 1 h ago lost nothing and goes on either way")
     p.add_argument("--until-idle", type=number(float, above=0), metavar="SECONDS",
                    help="stop once every shard has been at the stream head this long (tests, catch-up runs; "
                         "migrate: after the backfill, then phase LIVE)")
@@ -163,7 +166,9 @@ def add_show_keys_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_metrics_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=number(int, minimum=0, maximum=65535), help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-port", type=number(int, minimum=METRICS_OFF, maximum=65535),
+                   help=f"serve Prometheus /metrics on this port (0: a free port; {METRICS_OFF} or not given: off, "
+                        "as for demo)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default loopback)")
     p.add_argument("--metrics-pushgateway", metavar="URL",
                    help="push metrics to this Prometheus Pushgateway every 15 s, grouped by job and worker "
@@ -174,10 +179,18 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_validate(args) -> int:
+    """Every mapping file named, each read to its end: all of a file's problems
+    are printed in one run, and every file is checked even after a bad one."""
+    from ddb2bt.pipeline.cutover.recover import inexact_features
+    from ddb2bt.pipeline.jobs import load_sources
     from ddb2bt.transforms.lint import WARN, placeholder_findings
 
+    loaded, bad = load_sources(args)
     failed = 0
-    for mapping in load_all(args):
+    for source, problem in bad:  # each names its file once (a ConfigProblems names it in its first line)
+        where = "" if isinstance(problem, ConfigProblems) or str(problem).startswith(source) else f"{source}: "
+        print(f"ddb2bt: configuration error: {where}{problem}", file=sys.stderr)
+    for mapping in loaded:
         findings = placeholder_findings(mapping)
         for finding in findings:
             print(finding)
@@ -189,10 +202,10 @@ def cmd_validate(args) -> int:
         rules = ", ".join(r.name for r in mapping.rules)
         print(f"OK: {mapping.origin}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
               f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
-        from ddb2bt.pipeline.cutover.recover import inexact_features
-
         for why in inexact_features(mapping):  # said before a recovery writes anything (docs/recover.md)
             print(f"note: ddb2bt recover (incremental exports) cannot restore this exactly: {why}")
+    if bad:
+        return EXIT_CONFIG_ERROR
     return 1 if failed else 0
 
 
@@ -243,22 +256,29 @@ def cmd_explain(args) -> int:
 
 
 def cmd_lint(args) -> int:
+    """Every mapping named (a file, a directory, --mapping repeated), each
+    reviewed on its own and, with several, under a heading naming its file."""
     from ddb2bt.transforms.lint import WARN, lint
 
-    mapping = load(args)
-    items = None
-    if args.sample:
-        from ddb2bt.pipeline.connections import dynamodb_client
+    mappings = load_all(args)
+    warnings = 0
+    for mapping in mappings:
+        items = None
+        if args.sample:
+            from ddb2bt.pipeline.connections import dynamodb_client
 
-        from ddb2bt.pipeline.dynamodb import scan_items
+            from ddb2bt.pipeline.dynamodb import scan_items
 
-        items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
-                                consistent_read=False))
-    findings = lint(mapping, items)
-    for f in findings:
-        print(f)
-    warnings = sum(1 for f in findings if f.level == WARN)
-    print(f"{warnings} warning(s), {len(findings) - warnings} note(s)")
+            items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
+                                    consistent_read=False, metrics_table=mapping.name))
+        findings = lint(mapping, items)
+        if len(mappings) > 1:
+            print(f"== {mapping.origin} ({mapping.name})")
+        for f in findings:
+            print(f)
+        found = sum(1 for f in findings if f.level == WARN)
+        warnings += found
+        print(f"{found} warning(s), {len(findings) - found} note(s)")
     return 1 if warnings and args.strict else 0
 
 
@@ -571,11 +591,12 @@ def cmd_recover(args) -> int:
     apply the exports and set the trimmed shards to resume (docs/recover.md)."""
     from tqdm import tqdm
 
-    from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job
+    from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job, refuse_kinesis
     from ddb2bt.pipeline.jobs import acquire_lease
     from ddb2bt.pipeline.metrics import default_metrics
 
     mapping = load(args)
+    refuse_kinesis(mapping)  # before any lease or state is touched
     spec = state_spec(args, mapping)
     options = RecoverOptions(exports=tuple(args.from_export or ()), s3_bucket=args.s3_bucket or "<bucket>",
                              s3_prefix=args.s3_prefix or "", accept_inexact=args.accept_inexact)
@@ -661,8 +682,8 @@ def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> lis
         out.append(f"inspect one: ddb2bt dlq show {flags} ID    re-apply once the cause is fixed: "
                    f"ddb2bt dlq redrive {flags} [--reason R] [--dry-run]")
         if any(REDACTED in key_text(e.get("record", "{}")) for e in letters):
-            out.append("(keys shown <redacted> were stored without values: look the item up by its stream position, "
-                       "or back-fill it)")
+            out.append("(keys shown <redacted> were stored redacted by an earlier version: dlq redrive finds the item "
+                       "through its stream position while the stream holds it; else re-copy with migrate --restart)")
     return out
 
 
@@ -697,8 +718,12 @@ def cmd_dlq_redrive(args) -> int:
         verb = "would resolve" if args.dry_run else "resolved"
         print((f"{mapping.name}: " if len(mappings) > 1 else "")
               + f"{verb} {result.resolved} dead letter(s) of {result.items} item(s): each item re-read from DynamoDB "
-              f"and written in its current state; kept {result.still_failing} still failing, {result.unstable} whose "
-              f"item kept changing (rerun), {result.redacted} stored without keys (back-fill instead)")
+              f"and written in its current state, its rows read back"
+              + (f" ({result.cleaned} cell(s) the mapping does not produce removed)" if result.cleaned else "")
+              + f"; kept {result.still_failing} still failing, {result.unstable} whose item kept changing (rerun), "
+              f"{result.unproven} not proven (rows shared with other items, a family the mapping does not own, or "
+              f"no image left in the stream: see ddb2bt verify; re-copy with ddb2bt migrate --restart), "
+              f"{result.redacted} with no key to find the item by (re-copy with ddb2bt migrate --restart)")
     print(("dry run, nothing written; " if args.dry_run else "") + write_summary(args, counts, mappings, states))
     return 0 if kept == 0 else 1
 
@@ -745,10 +770,24 @@ def cmd_repair(args) -> int:
 def cmd_local(args) -> int:
     from ddb2bt.pipeline.local import local_stack as ls
 
+    if args.local_cmd in REHEARSAL_COMMANDS:
+        return cmd_local_rehearsal(args)
     if args.local_cmd == "env":
         state = ls.load_state()
         if state is None:
-            print(f"# no local stack is running; start one with: {self_command()} local up --detach", file=sys.stderr)
+            half = ls.half_down()
+            if half is not None:
+                dead = ", ".join(ls.dead_servers(half))
+                print(f"ddb2bt: the local stack is half down ({dead} stopped); restart it with: "
+                      f"{self_command()} local up --detach   (or stop the rest: {self_command()} local down)",
+                      file=sys.stderr)
+            else:
+                print(f"ddb2bt: no local stack is running; start one with: {self_command()} local up --detach",
+                      file=sys.stderr)
+            if not sys.stdout.isatty():
+                # Read by `eval "$(ddb2bt local env)"`: make the eval fail too, so
+                # `… && next-command` stops here instead of running without a stack.
+                print("false")
             return 1
         for k, v in state["env"].items():
             print(f"export {k}={v}")
@@ -758,11 +797,24 @@ def cmd_local(args) -> int:
         print(f"local stack stopped ({stopped})" if stopped else "no local stack was running")
         return 0
     running = ls.load_state() if args.local_cmd == "up" and args.detach else None
-    if running is not None and args.dynamodb and running.get("dynamodb", ls.MOTO) != args.dynamodb:
-        raise ConfigError(f"a local stack with {running.get('dynamodb', ls.MOTO)} is already running; stop it first "
+    if running is not None and args.dynamodb and ls.recorded_dynamodb(running) != args.dynamodb:
+        raise ConfigError(f"a local stack with {ls.recorded_dynamodb(running)} is already running; stop it first "
                           f"({self_command()} local down) to start one with {args.dynamodb}", "--dynamodb")
     if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
         print(f"a local stack is already running ({ls.state_file()}); use it with:  {env_hint()}")
+        return 0
+    half = ls.half_down() if args.local_cmd == "up" and args.detach else None
+    if half is not None and args.dynamodb and ls.recorded_dynamodb(half) != args.dynamodb:
+        raise ConfigError(f"a local stack with {ls.recorded_dynamodb(half)} is half down; stop the rest first "
+                          f"({self_command()} local down) to start one with {args.dynamodb}", "--dynamodb")
+    if half is not None:  # restart what died on its ports; a second stack would leak the live half
+        try:
+            revived = ls.revive(half)
+        except ls.StackError as exc:
+            raise ls.StackError(f"the local stack is half down and {exc}; stop the rest with "
+                                f"{self_command()} local down, then start again") from None
+        print(f"local stack restarted ({', '.join(revived)} started again on the same port; the rest kept its "
+              f"data); use it with:  {env_hint()}")
         return 0
     stack = ls.LocalStack(log_dir=ls.state_dir() / "logs", dynamodb=args.dynamodb or ls.default_dynamodb())
     if args.local_cmd == "run":
@@ -789,6 +841,46 @@ def cmd_local(args) -> int:
             signal.pause()
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+# `ddb2bt local` commands that rehearse a recovery on the local stack (docs/recover.md).
+REHEARSAL_COMMANDS = ("changes", "trim", "export-table-to-point-in-time")
+
+
+def cmd_local_rehearsal(args) -> int:
+    from ddb2bt.pipeline.local import local_stack as ls
+    from ddb2bt.pipeline.local import rehearse
+
+    if args.local_cmd == "export-table-to-point-in-time":
+        if args.export_type != "INCREMENTAL_EXPORT" or args.export_format != "DYNAMODB_JSON":
+            raise ConfigError("the local stack writes incremental exports in DYNAMODB_JSON (--export-type "
+                              "INCREMENTAL_EXPORT --export-format DYNAMODB_JSON), what `ddb2bt recover` asks for",
+                              "--export-type")
+        frm, to, view = rehearse.parse_incremental_spec(args.incremental_export_specification)
+        written = rehearse.export_incremental(args.table_arn, args.s3_bucket, args.s3_prefix or "", frm, to, view)
+        late = to > time.time()
+        print(f"export COMPLETED: {written.items} item(s) changed in the window\n  ExportArn {written.arn}\n"
+              f"  apply it with:  --from-export {written.location}"
+              + ("\n  (the window ends in the future: locally the export holds the changes up to now; AWS would "
+                 "wait until point-in-time recovery reaches its end)" if late else ""))
+        return 0
+    mapping = load(args)
+    if args.local_cmd == "changes":
+        written, created = rehearse.write_changes(mapping, args.changes, args.seed, args.items)
+        print((f"created {mapping.source.table} (stream NEW_AND_OLD_IMAGES, point-in-time recovery on); " if created
+               else "") + f"wrote {written} change(s) to {mapping.source.table}")
+        return 0
+    # trim
+    spec = state_spec(args, mapping)
+    changed = rehearse.ensure_trim_proxy(ls.state_dir())
+    arn, trimmed = rehearse.trim_stream(mapping, lambda stream: spec.store().load_checkpoints(stream), ls.state_dir())
+    lost = sum(t.lost for t in trimmed)
+    print(f"trimmed {len(trimmed)} shard(s) of {mapping.source.table}'s stream: every record it held is gone, as "
+          f"after 24 hours; job {spec.job} had not read {lost} of them"
+          + ("" if lost else " (nothing is lost: `local changes` while the job is stopped, then trim)"))
+    if changed:
+        print(f"the stack's DynamoDB Streams endpoint is now a trimming proxy; point the shell at it:  {env_hint()}")
     return 0
 
 
@@ -874,19 +966,30 @@ def build_parser() -> argparse.ArgumentParser:
                            "ProductCatalog table with a stream, writes a realistic stream of changes while the pipeline replicates them on "
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
-                       epilog="example:\n  ddb2bt demo --changes 2000 --rate 300")
+                       epilog="examples:\n  ddb2bt demo --changes 2000 --rate 300\n  ddb2bt demo --kinesis")
     p.add_argument("--changes", type=number(int, minimum=1), default=1500, help="changes to write (default %(default)s)")
     p.add_argument("--items", type=number(int, minimum=1), default=300, help="distinct products (default %(default)s)")
     p.add_argument("--rate", type=number(float, above=0), default=250.0, help="target writes per second (default %(default)s)")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--metrics-port", type=number(int, minimum=-1, maximum=65535), default=0, help="serve /metrics here (0: a free port; -1: off)")
+    p.add_argument("--metrics-port", type=number(int, minimum=METRICS_OFF, maximum=65535), default=0,
+                   help=f"serve /metrics here (0: a free port; {METRICS_OFF}: off)")
     p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--kinesis", action="store_true",
+                   help="read the changes from a Kinesis data stream of several shards instead (records "
+                        "shuffled, some twice, as Kinesis may deliver them), through the ordering guard "
+                        "(docs/kinesis.md)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw,
-                       epilog="example:\n  ddb2bt validate --mapping example:product_catalog")
+    p = sub.add_parser("validate", help="check a mapping file", formatter_class=raw, description=(
+                           "Reads each mapping file to its end and lists every problem at once, each with its field "
+                           "path and the name or value probably meant (did you mean …?). A row-key or index-key "
+                           "placeholder that is neither a key attribute nor named in the mapping is an error: "
+                           "every item would be a dead letter, or the index would stay empty."),
+                       epilog="examples:\n  ddb2bt validate --mapping example:product_catalog\n"
+                              "  ddb2bt validate --mapping mappings/        # every file of a directory")
     add_mapping_args(p)
-    p.add_argument("--strict", action="store_true", help="warnings (e.g. an unknown row-key placeholder) fail")
+    p.add_argument("--strict", action="store_true", help="warnings fail (exit 1); notes never do. Errors always "
+                                                          "fail (exit 2): every one of every file, in one run")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="show the row key and cells a mapping produces for an item",
@@ -911,8 +1014,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "attributes that look like personal data in row keys, and — with --sample — items "
                            "that match no rule or cannot be mapped."),
                        epilog="examples:\n  ddb2bt lint -m example:hr_orders\n"
-                              "  ddb2bt lint -m m.yaml --sample 1000 --strict")
-    add_mapping_args(p, several=False)
+                              "  ddb2bt lint -m m.yaml --sample 1000 --strict\n"
+                              "  ddb2bt lint -m mappings/            # every file of a directory, each on its own")
+    add_mapping_args(p)
     p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)
@@ -1002,14 +1106,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--tasks", type=number(int, minimum=1), default=1,
                        help="Beam elements the parts are spread over (Dataflow: about the worker count)")
         p.add_argument("--max-rcu", type=number(float, above=0), help="read budget in capacity units per second (whole job)")
-        p.add_argument("--consistent-read", action="store_true", help="strongly consistent Scan (2x the RCUs)")
+        p.add_argument("--consistent-read", action=argparse.BooleanOptionalAction, default=True,
+                       help="strongly consistent Scan (the default; 2x the RCUs of an eventually consistent one). "
+                            "--no-consistent-read: cheaper, but the Scan may miss a delete made just before the "
+                            "handoff and bring the item back (docs/design.md 6.6): verify after")
         p.add_argument("--page-size", type=number(int, minimum=1, maximum=MAX_SCAN_PAGE), default=1000,
                        help="items per Scan page (smaller: finer resume points and a smoother read budget)")
         p.add_argument("--from-export", metavar="DIR_OR_S3",
                        help="back-fill from a DynamoDB export (the directory or s3://bucket/prefix holding "
                             "manifest-summary.json); its ExportTime is the handoff time")
         p.add_argument("--restart", action="store_true",
-                       help="begin a new backfill (new handoff time) instead of resuming the one in progress")
+                       help="begin a new backfill (new handoff time) instead of resuming the one in progress, "
+                            "from any phase; on a table migrated before, a re-copy: rows and cells of items that "
+                            "no longer exist are removed after the backfill (local runner)")
 
     p = sub.add_parser("backfill", help="copy the existing table (parallel Scan or an export)", formatter_class=raw,
                        description=(
@@ -1171,8 +1280,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "  ddb2bt local run -- pytest tests/e2e\n  ddb2bt local down")
     lsub = p.add_subparsers(dest="local_cmd", required=True)
     up = lsub.add_parser("up", help="start both servers on free 127.0.0.1 ports")
-    up.add_argument("--detach", action="store_true", help="keep running in the background")
-    lsub.add_parser("env", help="print export lines for a detached stack")
+    up.add_argument("--detach", action="store_true", help="keep running in the background (over a half-down stack: "
+                                                          "start its dead server again on its port)")
+    lsub.add_parser("env", help="print export lines for a detached stack (none running, or half down: says how to "
+                                "start it, exits 1 and makes eval fail)")
     lsub.add_parser("down", help="stop a detached stack")
     run = lsub.add_parser("run", help="start the stack, run a command with its variables, stop it")
     for command in (up, run):
@@ -1182,6 +1293,34 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(whole-second record times, trimming, iterator expiry, 1 MB pages). "
                                   f"Default: ${LOCAL_DYNAMODB_ENV}, else {LOCAL_DYNAMODB_DEFAULT}")
     run.add_argument("command", nargs=argparse.REMAINDER)
+    # Rehearsing a recovery on the local stack (docs/recover.md, "Rehearse it locally").
+    ch = lsub.add_parser("changes", formatter_class=raw, help="write changes to a mapping's source table on the "
+                         "local stack (created with a stream and point-in-time recovery when missing)",
+                         epilog="example:\n  ddb2bt local changes -m example:product_catalog --changes 300")
+    add_mapping_args(ch, several=False)
+    ch.add_argument("--changes", type=number(int, minimum=1), default=300, help="changes to write (default %(default)s)")
+    ch.add_argument("--items", type=number(int, minimum=1), default=100, help="distinct items (default %(default)s)")
+    ch.add_argument("--seed", type=int, help="repeat a run's changes (default: new ones each time)")
+    tr = lsub.add_parser("trim", formatter_class=raw, help="make the local stream forget every record it holds, as "
+                         "24 hours of retention would: a stopped job's checkpoint is then trimmed",
+                         epilog="example:\n  ddb2bt local trim -m example:product_catalog && eval \"$(ddb2bt local "
+                                "env)\"")
+    add_mapping_args(tr, several=False)
+    add_state_args(tr)
+    ex = lsub.add_parser("export-table-to-point-in-time", formatter_class=raw,
+                         help="write an incremental export in AWS's layout to the local S3, from the local "
+                              "stream: the commands `ddb2bt recover` prints, with `ddb2bt local` for `aws dynamodb`",
+                         epilog="example:\n  ddb2bt local export-table-to-point-in-time --table-arn ARN --s3-bucket "
+                                "rehearsal --export-format DYNAMODB_JSON --export-type INCREMENTAL_EXPORT "
+                                "--incremental-export-specification ExportFromTime=S,ExportToTime=S,"
+                                "ExportViewType=NEW_AND_OLD_IMAGES")
+    ex.add_argument("--table-arn", required=True)
+    ex.add_argument("--s3-bucket", required=True, help="created on the local S3 when missing")
+    ex.add_argument("--s3-prefix")
+    ex.add_argument("--export-format", default="DYNAMODB_JSON", choices=("DYNAMODB_JSON",))
+    ex.add_argument("--export-type", default="INCREMENTAL_EXPORT", choices=("INCREMENTAL_EXPORT",))
+    ex.add_argument("--incremental-export-specification", required=True, metavar="SPEC",
+                    help="ExportFromTime=EPOCH_S,ExportToTime=EPOCH_S,ExportViewType=NEW_AND_OLD_IMAGES")
     p.set_defaults(func=cmd_local)
     _no_abbreviations(parser)
     return parser
@@ -1204,7 +1343,7 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = parser.parse_known_args(argv)
-    own = _option_strings(parser, args)
+    own = option_strings(parser, args)
     elsewhere = options_by_command(parser) if unknown else {}
     if unknown and not getattr(args, "beam", False):
         parser.error(check_beam_args(unknown, own, beam=False, elsewhere=elsewhere)
@@ -1213,13 +1352,15 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         problem = check_beam_args(unknown, own, elsewhere=elsewhere)
         if problem:
             parser.error(problem)
-    # Beam options as --flag value or --flag=value alike (one spelling from here on)
-    args.beam_args = joined_beam_args(unknown) if unknown else unknown
+    args.beam_args = joined_beam_args(unknown) if getattr(args, "beam", False) else unknown  # one spelling
     args.bigtable_interceptors = tuple(bigtable_interceptors)
     from ddb2bt.pipeline.dataflow import is_dry_run  # not graph: that imports Beam
 
     args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)
+    from ddb2bt.pipeline.connections import honour_aws_region
+
+    honour_aws_region()
     from ddb2bt.pipeline.signals import run_command
 
     try:

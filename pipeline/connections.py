@@ -4,6 +4,7 @@ instance), never at pipeline construction; credentials never travel in them —
 workers use their own environment (ADC for Google, the default AWS chain)."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -66,6 +67,18 @@ class StateSpec:
     __call__ = store  # a StateSpec is its own factory
 
 
+def aws_client(service: str, **kwargs):
+    """A boto3 client from a Session of its own. boto3's module-level default
+    session is not thread-safe (boto/boto3#1592, #2750: "'NoneType' has no
+    attribute ..." or a KeyError while it loads its data), and Dataflow runs
+    several DoFn ``setup()``s of one worker process at once; a session per call
+    shares nothing mutable between them. Credentials still come from the
+    default AWS chain (each session resolves it)."""
+    import boto3
+
+    return boto3.session.Session().client(service, **kwargs)
+
+
 @dataclass(frozen=True)
 class StreamsClientFactory:
     """boto3 ``dynamodbstreams`` client; the endpoint comes from
@@ -74,7 +87,6 @@ class StreamsClientFactory:
     region: Optional[str] = None
 
     def __call__(self):
-        import boto3
         from botocore.config import Config
 
         from ddb2bt.pipeline.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S
@@ -85,17 +97,24 @@ class StreamsClientFactory:
         # WARNING naming the call and endpoint, within seconds, not after 30 s.
         config = Config(retries={"mode": "standard", "total_max_attempts": 1},
                         connect_timeout=STREAMS_CONNECT_TIMEOUT_S, read_timeout=STREAMS_READ_TIMEOUT_S)
-        return boto3.client("dynamodbstreams", region_name=self.region, config=config)
+        return aws_client("dynamodbstreams", region_name=self.region, config=config)
+
+
+def honour_aws_region() -> None:
+    """AWS_REGION as well as AWS_DEFAULT_REGION: boto3 reads only the latter,
+    the other AWS SDKs and the CLI's users set the former. Taken when
+    AWS_DEFAULT_REGION is not set, for every client this process makes."""
+    if not os.environ.get("AWS_DEFAULT_REGION") and os.environ.get("AWS_REGION"):
+        os.environ["AWS_DEFAULT_REGION"] = os.environ["AWS_REGION"]
 
 
 def dynamodb_client(region: Optional[str] = None):
-    import boto3
     from botocore.config import Config
 
     # Bounded: an unreachable endpoint fails a command in seconds (botocore's
     # defaults wait 60 s per connection attempt, five times).
     config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60)
-    return boto3.client("dynamodb", region_name=region, config=config)
+    return aws_client("dynamodb", region_name=region, config=config)
 
 
 @dataclass(frozen=True)
@@ -105,8 +124,7 @@ class DynamoDBClientFactory:
     region: Optional[str] = None
 
     def __call__(self):
-        import boto3
         from botocore.config import Config
 
         config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=10, read_timeout=60)
-        return boto3.client("dynamodb", region_name=self.region, config=config)
+        return aws_client("dynamodb", region_name=self.region, config=config)

@@ -109,19 +109,23 @@ def endpoint_of(client, service: str = "DynamoDB") -> str:
     return f"{service} ({url})" if isinstance(url, str) else service
 
 
-def count_api_call(api: str, table: Optional[str]) -> None:
-    """One attempt of an AWS call, in ``ddb2bt_aws_api_calls_total{table, api}``
-    (the table's name, never a key)."""
-    from ddb2bt.pipeline.metrics import default_metrics
+def count_api_call(api: str, metrics_table: Optional[str]) -> None:
+    """One attempt of an AWS call, in ``ddb2bt_aws_api_calls_total{table, api}``.
+    ``table`` means what it means on every series: the table's name in the job
+    (its mapping's name or --job-name, what status and dlq print), never the
+    DynamoDB table's name and never a key (docs/operations.md, Metrics)."""
+    from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
 
-    default_metrics().aws_api_calls.labels(table or "-", api).inc()
+    default_metrics().aws_api_calls.labels(metrics_table or UNNAMED_TABLE, api).inc()
 
 
 def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[str] = None,
              on_retry: Optional[Callable[[BaseException], None]] = None, table: Optional[str] = None,
-             where: str = "DynamoDB"):
+             where: str = "DynamoDB", metrics_table: Optional[str] = None):
+    """``table``: the DynamoDB table, for messages; ``metrics_table``: the
+    table's name in the job, for the call counter (count_api_call)."""
     def attempt():
-        count_api_call(operation, table)
+        count_api_call(operation, metrics_table)
         try:
             return fn()
         except (ClientError, BotoCoreError) as exc:
@@ -290,8 +294,11 @@ class ScanPage:
 def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segments: Optional[int] = None,
                start_key: Optional[dict] = None, consistent_read: bool = False,
                page_limit: Optional[int] = SCAN_PAGE_LIMIT, bucket: Optional[TokenBucket] = None,
-               retry: RetryPolicy = DEFAULT_READ_RETRY, what: Optional[str] = None) -> Iterator[ScanPage]:
-    """Every page of a Scan (or of one segment), from ``start_key`` on."""
+               retry: RetryPolicy = DEFAULT_READ_RETRY, what: Optional[str] = None,
+               metrics_table: Optional[str] = None) -> Iterator[ScanPage]:
+    """Every page of a Scan (or of one segment), from ``start_key`` on.
+    ``metrics_table`` (here and below): the table's name in the job, which
+    labels the calls counted (count_api_call)."""
     fast_scan_decoding(client)
     start = start_key
     while True:
@@ -302,7 +309,8 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
             kwargs["Segment"], kwargs["TotalSegments"] = segment, total_segments
         if start:
             kwargs["ExclusiveStartKey"] = start
-        page = _retried("Scan", lambda: client.scan(**kwargs), retry, what, table=table, where=endpoint_of(client))
+        page = _retried("Scan", lambda: client.scan(**kwargs), retry, what, table=table, where=endpoint_of(client),
+                        metrics_table=metrics_table)
         consumed = float((page.get("ConsumedCapacity") or {}).get("CapacityUnits", 0.0))
         if bucket is not None:
             bucket.consume(consumed)
@@ -318,10 +326,10 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
 
 
 def scan_items(client, table: str, *, limit: Optional[int] = None, consistent_read: bool = True,
-               retry: RetryPolicy = DEFAULT_READ_RETRY) -> Iterator[dict]:
+               retry: RetryPolicy = DEFAULT_READ_RETRY, metrics_table: Optional[str] = None) -> Iterator[dict]:
     """The table's items (raw AttributeValue maps), at most ``limit`` of them."""
     seen = 0
-    for page in scan_pages(client, table, consistent_read=consistent_read, retry=retry,
+    for page in scan_pages(client, table, consistent_read=consistent_read, retry=retry, metrics_table=metrics_table,
                            page_limit=min(SCAN_PAGE_LIMIT, limit) if limit else SCAN_PAGE_LIMIT):
         for item in page.items:
             if limit is not None and seen >= limit:
@@ -332,14 +340,14 @@ def scan_items(client, table: str, *, limit: Optional[int] = None, consistent_re
 
 def parallel_scan(client, table: str, segments: int, *, consistent_read: bool,
                   on_page: Callable[[int], None] = lambda n: None, keep: Callable[[dict], bool] = lambda item: True,
-                  retry: RetryPolicy = DEFAULT_READ_RETRY) -> list:
+                  retry: RetryPolicy = DEFAULT_READ_RETRY, metrics_table: Optional[str] = None) -> list:
     """Every item ``keep`` accepts, read by ``segments`` parallel segment scans."""
     items: list = []
     lock = threading.Lock()
 
     def segment(i: int) -> None:
         for page in scan_pages(client, table, segment=i, total_segments=segments, consistent_read=consistent_read,
-                               page_limit=None, retry=retry):
+                               page_limit=None, retry=retry, metrics_table=metrics_table):
             got = [it for it in page.items if keep(it)]
             with lock:
                 items.extend(got)
@@ -350,16 +358,19 @@ def parallel_scan(client, table: str, segments: int, *, consistent_read: bool,
     return items
 
 
-def get_item(client, table: str, key: dict, retry: RetryPolicy = DEFAULT_READ_RETRY) -> Optional[dict]:
+def get_item(client, table: str, key: dict, retry: RetryPolicy = DEFAULT_READ_RETRY,
+             metrics_table: Optional[str] = None) -> Optional[dict]:
     """The item's current state (strongly consistent), or None when it is gone."""
     response = _retried("GetItem", lambda: client.get_item(TableName=table, Key=key, ConsistentRead=True), retry,
-                        table=table, where=endpoint_of(client))
+                        table=table, where=endpoint_of(client), metrics_table=metrics_table)
     return response.get("Item")
 
 
-def describe_table(client, table: str, retry: RetryPolicy = DEFAULT_READ_RETRY) -> dict:
+def describe_table(client, table: str, retry: RetryPolicy = DEFAULT_READ_RETRY,
+                   metrics_table: Optional[str] = None) -> dict:
     """DescribeTable's ``Table``; ``SourceTableMissing`` naming the table when it does not exist."""
-    return _retried("DescribeTable", lambda: client.describe_table(TableName=table), retry, table=table)["Table"]
+    return _retried("DescribeTable", lambda: client.describe_table(TableName=table), retry, table=table,
+                    metrics_table=metrics_table)["Table"]
 
 
 # --- Streams ---------------------------------------------------------------------
@@ -372,14 +383,14 @@ class Listing:
 
 
 def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
-                retry: RetryPolicy = DEFAULT_READ_RETRY) -> Listing:
+                retry: RetryPolicy = DEFAULT_READ_RETRY, metrics_table: Optional[str] = None) -> Listing:
     """All shards of the stream (DescribeStream, paginated). ``call(operation, fn)``
     runs one remote call (the reader passes its own, which counts metrics); by
     default each page is retried under ``retry``."""
     if call is None:
         call = lambda operation, fn: _retried(operation, fn, retry,  # noqa: E731
                                               where=endpoint_of(client, "DynamoDB Streams"),
-                                              table=table_of_stream(stream_arn))
+                                              table=table_of_stream(stream_arn), metrics_table=metrics_table)
     shards: dict = {}
     descriptions: dict = {}
     closed = set()
@@ -430,6 +441,11 @@ class ShardPacer:
             if wait > 0:
                 self._sleep(wait)
         self._last[shard_id] = self._clock()
+
+    def ready_in(self, shard_id: str) -> float:
+        """Seconds until a call on ``shard_id`` may be made (0: now)."""
+        last = self._last.get(shard_id)
+        return 0.0 if last is None else max(0.0, last + self._gap - self._clock())
 
     def forget(self, shard_id: str) -> None:
         self._last.pop(shard_id, None)

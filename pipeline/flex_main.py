@@ -30,7 +30,7 @@ PARAMETERS = {
     "tasks": ("--tasks", "value"),
     "max_rcu": ("--max-rcu", "value"),
     "page_size": ("--page-size", "value"),
-    "consistent_read": ("--consistent-read", "flag"),
+    "consistent_read": ("--consistent-read", "bool"),
     "from_export": ("--from-export", "value"),
     "restart": ("--restart", "flag"),
     "new_stream": ("--new-stream", "flag"),

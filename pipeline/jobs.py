@@ -153,11 +153,36 @@ def load_all(args) -> list:
     return mappings
 
 
+def load_sources(args) -> tuple:
+    """For ``validate``: (mappings, [(file, ConfigError)]) — every file named
+    is loaded, and a bad one does not stop the others from being checked; the
+    good ones are then checked together like ``load_all``."""
+    from ddb2bt.transforms.config import check_distinct_tables
+
+    sources = mapping_sources(args.mapping)
+    loaded, labels, bad = [], [], []
+    for source in sources:
+        try:
+            loaded.append(_load_one(source).with_overrides(args.project, args.instance, args.table))
+            labels.append(source)
+        except ConfigError as exc:
+            bad.append((source, exc))
+    if len(sources) > 1 and args.table:
+        raise ConfigError(f"names one table but {len(sources)} mappings are given; set target.table in each "
+                          "mapping file instead", "--bigtable-table")
+    if len(loaded) > 1:
+        check_distinct_tables(loaded, labels)
+    return loaded, bad
+
+
 def load(args):
-    """The one mapping of a command that takes one (validate, explain, lint)."""
+    """The one mapping of a command that takes one (explain, recover): a file,
+    an example or a directory holding one file."""
     mappings = load_all(args)
     if len(mappings) > 1:
-        raise ConfigError(f"'{args.command}' takes one mapping, got {len(mappings)}", "--mapping")
+        files = ", ".join(m.origin for m in mappings)
+        raise ConfigError(f"'{args.command}' takes one mapping, got {len(mappings)} ({files}): give the one "
+                          "table's file (a directory must hold only it)", "--mapping")
     return mappings[0]
 
 
@@ -245,6 +270,19 @@ def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
     return serve_metrics(port, host)
 
 
+def recopy_tail(args) -> tuple:
+    """(accept a replaced stream, on_trimmed) of the tail. A re-copy (`migrate
+    --restart`, local: on Dataflow it is refused, controller.refuse_remote_recopy)
+    copies the whole table again, so what a trimmed checkpoint or a replaced
+    stream lost is restored by its backfill: its tail follows the new stream, and
+    a trimmed shard goes on from the oldest record (docs/design.md §7.7), where a
+    plain tail stops loudly."""
+    from ddb2bt.pipeline.graph import is_local
+
+    recopy = bool(getattr(args, "restart", False)) and is_local(args.beam_args)
+    return bool(args.new_stream) or recopy, "restart" if recopy else args.on_trimmed
+
+
 def build_live_jobs(args, mappings: list) -> list:
     """One LiveJob per mapping, for one job of them all. Every table is checked
     first — its stream exists and is NEW_AND_OLD_IMAGES, its target table
@@ -256,7 +294,9 @@ def build_live_jobs(args, mappings: list) -> list:
     from ddb2bt.pipeline.cutover.phases import PhaseMarking
     from ddb2bt.pipeline.graph import LiveJob, is_local
     from ddb2bt.pipeline.lease import TAIL
-    from ddb2bt.pipeline.preflight import check_stream_continuity, check_target, ensure_state_table, resolve_stream
+    from ddb2bt.pipeline.connections import wall_ms
+    from ddb2bt.pipeline.preflight import (check_stream_continuity, check_target, ensure_state_table, resolve_stream,
+                                           settle_start)
     from ddb2bt.pipeline.options import AUTO_PARTITIONS
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
@@ -275,28 +315,38 @@ def build_live_jobs(args, mappings: list) -> list:
         if warning:
             log.warning(warning)
         check_profiles(args, mapping)
+    accept_new_stream, on_trimmed = recopy_tail(args)
     for mapping, source in zip(mappings, sources):
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
-        check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, args.new_stream)
+        # `migrate --restart` is the recovery the refusal names: a new backfill
+        # copies the table again and its tail follows the new stream.
+        check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, accept_new_stream)
     states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
     claim_target_tables(args, mappings, states)
     leases = acquire_leases(args, states, TAIL)
     jobs = []
     for mapping, source, state, lease in zip(mappings, sources, states, leases):
+        # After the lease: a launch refused before it holds the job records no start.
+        store = state.store()
+        try:
+            start = settle_start(store, source.stream_arn, args.start, wall_ms(),
+                                 kinesis=mapping.source.kinesis is not None)
+        finally:
+            store.close()
         reader = ReaderOptions(
-            start=args.start, on_trimmed=args.on_trimmed, poll_interval_s=args.poll_interval,
+            start=args.start, fresh=start.fresh, on_trimmed=on_trimmed, poll_interval_s=args.poll_interval,
             discovery_interval_s=args.discovery_interval, until_idle_s=args.until_idle,
             sleep_when_idle=is_local(args.beam_args), lease=lease, retry=dynamodb_retry(args),
         )
         # Every tail watches the migration phase: a `ddb2bt backfill` started next to a
         # running `ddb2bt run` needs its changes marked just as `migrate`'s own tail.
         kinesis = mapping.source.kinesis
-        sink = _sink_config(args, lease)
+        sink = sink_config(args, lease)
         client_factory = StreamsClientFactory(mapping.source.region)
         if kinesis is not None:  # out-of-order delivery: the ordering guard writes (docs/design.md §10)
             sink = replace(sink, ordering_guard=True)
             client_factory = KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region,
-                                                  kinesis.precision)
+                                                  kinesis.precision, start_timestamp_ms=start.kinesis_from_ms)
         partitions = args.partitions
         if partitions == AUTO_PARTITIONS:
             partitions = partitions_following_shards(mapping, source.stream_arn, client_factory)
@@ -401,7 +451,7 @@ def backfill_scan_retry(args):
     return replace_deadline(DEFAULT_READ_RETRY, deadline) if deadline is not None else None
 
 
-def _sink_config(args=None, lease=None):
+def sink_config(args=None, lease=None):
     from ddb2bt.pipeline.retry import RetryPolicy
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
@@ -432,4 +482,4 @@ def with_backfill_leases(args, options, states: list) -> list:
 
     from ddb2bt.pipeline.lease import BACKFILL
 
-    return [replace(options, sink=_sink_config(args, lease)) for lease in acquire_leases(args, states, BACKFILL)]
+    return [replace(options, sink=sink_config(args, lease)) for lease in acquire_leases(args, states, BACKFILL)]

@@ -55,6 +55,7 @@ removals, and the removed data comes back. Every ``run``, ``migrate`` and
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -241,6 +242,12 @@ class LeaseCell:
 # for this long (Dataflow moved it elsewhere): the new owner then waits at most
 # this, not a whole TTL. Readers come back every poll interval (~1 s).
 PARTITION_IDLE_RELEASE_S = 10.0
+# A reading round keeps its partition's lease from being idle (a round may wait
+# minutes in throttling back-off), but not for ever: a round whose generator the
+# runner dropped without closing it (it leaks the count) stops counting after
+# this long, past the readers' default give-up deadline (--dynamodb-deadline,
+# 300 s), so a partition Dataflow moved is still released in the end.
+PARTITION_ROUND_MAX_S = 900.0
 
 
 class Lease:
@@ -271,9 +278,12 @@ class Lease:
         self._last_warning = float("-inf")
         self._last_error: Optional[str] = None  # of the last failed renewal, for the final message
         self.active = False  # holding, with its heartbeat running
-        # Partition leases: released by the heartbeat when not used for this long.
+        # Partition leases: released by the heartbeat when not used for this long
+        # and no reading round of the partition is running (``rounds``).
         self.idle_release_s: Optional[float] = None
         self.last_used = clock()
+        self.rounds = 0
+        self.round_started = float("-inf")  # the latest round's start (own clock)
 
     # -- state -------------------------------------------------------------------
     def _state(self, now_ms: int, ttl_s: Optional[float] = None, released: bool = False) -> LeaseState:
@@ -412,6 +422,20 @@ class Lease:
                 raw = self._cell.read()
             self._last_error = None
         except PermanentError as exc:
+            if self.spec.shared:
+                # A Dataflow worker never gives up for good (_gave_up): an error
+                # classified permanent may still pass (PERMISSION_DENIED while an
+                # IAM binding is edited), and a worker that lost the lease for
+                # good would fail every bundle until it is replaced. It stays
+                # unproven (writes paused) and keeps renewing; a renewal's
+                # compare-and-set then proves nobody took over meanwhile.
+                self._last_error = f"{self._cell.where}: {exc}"
+                if sent - self._last_warning >= self.spec.renew_s:
+                    self._last_warning = sent
+                    log.warning("renewing the %s lease of job %s at %s failed (%s); a Dataflow worker keeps "
+                                "trying: writes pause once the lease is unproven, and resume when a renewal "
+                                "proves nobody took over", self.spec.role, self.spec.job, self._cell.where, exc)
+                return False
             # Not a blip: no retry can make it succeed (the state table deleted,
             # access revoked). Waiting out give_up_s would hold the job for
             # minutes with its writes paused and nothing to wait for.
@@ -530,8 +554,7 @@ class Lease:
     def _beat(self) -> None:
         delay = self.spec.renew_s
         while not self._stop.wait(delay):
-            if (self.idle_release_s is not None and self._clock() - self.last_used > self.idle_release_s
-                    and self._valid_until > self._clock()):  # unproven (a blip, a pause): nothing to release yet
+            if self.idle():
                 log.info("released the %s lease of job %s: not used for %gs (the work moved)", self.spec.role,
                          self.spec.job, self.idle_release_s)
                 self.release()
@@ -541,6 +564,16 @@ class Lease:
                 return
             # After a failure, try again soon: the lease must not lapse for a blip.
             delay = self.spec.renew_s if ok else min(1.0, self.spec.renew_s)
+
+    def idle(self) -> bool:
+        """A partition lease nobody uses: no reading round of it running (a round
+        may wait minutes in throttling back-off without claiming anything) and
+        not used for ``idle_release_s``. Unproven (a blip, a pause): not idle,
+        nothing to release yet."""
+        now = self._clock()
+        running = self.rounds > 0 and now - self.round_started < PARTITION_ROUND_MAX_S
+        return (self.idle_release_s is not None and not running and now - self.last_used > self.idle_release_s
+                and self._valid_until > now)
 
     def release(self) -> None:
         """Give the lease up (the next process takes it at once). Best effort: an
@@ -618,6 +651,13 @@ def join(spec: Optional[LeaseSpec]) -> Optional[Lease]:
         return None
     with _REGISTRY_LOCK:
         lease = _REGISTRY.get(spec.key)
+        if lease is not None and spec.shared and lease._lost is not None:
+            # A Dataflow worker's lease that was lost (taken over, or the cell
+            # gone) is joined again by the next DoFn set up after the failed
+            # bundles, as a new worker would: it holds again only if its job
+            # still does (else LeaseLost, naming the holder).
+            lease.release()  # gives nothing up (it holds nothing): leaves the registry, closes its channel
+            lease = None
         if lease is None:
             lease = Lease(spec, lease_cell(spec), command="worker")
             lease.join()
@@ -650,9 +690,9 @@ class FencedWriter:
         self._check()
         return self._writer.check_and_mutate(table_id, row_key, unless, mutations)
 
-    def swap_row(self, table_id, row_key, family, qualifier, expected, mutations):  # the ordering guard
+    def swap_row(self, table_id, row_key, family, qualifier, expected, mutations, **kwargs):  # the ordering guard
         self._check()
-        return self._writer.swap_row(table_id, row_key, family, qualifier, expected, mutations)
+        return self._writer.swap_row(table_id, row_key, family, qualifier, expected, mutations, **kwargs)
 
     def write_rows(self, rows):  # a writer that is also a StateBackend (the in-memory fake)
         self._check()
@@ -775,6 +815,25 @@ class PartitionOwners:
         lease = self._leases.get((stream_arn, index))
         if lease is not None:
             lease.last_used = lease._clock()
+
+    @contextlib.contextmanager
+    def round(self, stream_arn: str, index: int):
+        """A reading round of the partition runs: its lease is not idle until the
+        round ends, however long it waits (throttling back-off), so the sink's
+        writes of what it read still find the partition owned."""
+        lease = self._leases.get((stream_arn, index))
+        if lease is None:
+            yield
+            return
+        with self._lock:
+            lease.rounds += 1
+            lease.round_started = lease._clock()
+        try:
+            yield
+        finally:
+            with self._lock:
+                lease.rounds -= 1
+                lease.last_used = lease._clock()
 
     def check_partition(self, stream_arn: str, index: int) -> float:
         """This process owns the partition now (else LeaseUnproven / LeaseLost)."""

@@ -30,6 +30,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily
 
 from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S, table_of_stream
+from ddb2bt.pipeline.options import METRICS_OFF
 
 NAMESPACE = "ddb2bt"
 # The table label of a component without a job name (a state store without one: tests, tools).
@@ -59,6 +60,11 @@ class _ShardLag:
     head_seen_s: float = 0.0  # wall time of the last at-head report
     read_count: int = 0
     applied_count: int = 0
+    # The run of empty pages so far (cutover/catchup.py: an empty page alone is
+    # not the head): this host's wall ms at its first page, and its length.
+    empty_since_ms: Optional[int] = None
+    empty_pages: int = 0
+    behind_ms: Optional[int] = None  # the service's "behind latest" figure of the last page, when given
 
 
 class LagTracker:
@@ -98,19 +104,43 @@ class LagTracker:
         with self._lock:
             s = self._get(stream, shard)
             s.at_head = False
+            s.empty_since_ms, s.empty_pages = None, 0
             s.read_count += count
             if s.pending_oldest_ms is None:
                 s.pending_oldest_ms = change_ms
 
     def on_at_head(self, stream: str, shard: str) -> None:
+        """An empty page (called once per empty GetRecords page)."""
         with self._lock:
             s = self._get(stream, shard)
             s.at_head, s.head_seen_s = True, self._clock()
+            if s.empty_since_ms is None:
+                s.empty_since_ms = int(self._clock() * 1000)
+            s.empty_pages += 1
 
     def on_checkpoint(self, table: str, wall_s: float) -> None:
         """``table``'s sink made a durable checkpoint at ``wall_s``."""
         with self._lock:
             self._checkpointed_s[table] = max(wall_s, self._checkpointed_s.get(table, 0.0))
+
+    def on_behind(self, stream: str, shard: str, behind_ms: Optional[int]) -> None:
+        """The service's own "behind latest" figure of a page (Kinesis's MillisBehindLatest)."""
+        with self._lock:
+            self._get(stream, shard).behind_ms = behind_ms
+
+    def view(self, stream: str, shard: str):
+        """The shard as the cutover's catch-up rule sees it (cutover.catchup.ShardView)."""
+        from ddb2bt.pipeline.cutover.catchup import ShardView
+
+        with self._lock:
+            s = self._shards.get((stream, shard))
+            if s is None:
+                return ShardView()
+            return ShardView(s.pending_oldest_ms, s.last_applied_ms, s.empty_since_ms, s.empty_pages, s.behind_ms)
+
+    def shards_of(self, stream: str) -> list:
+        with self._lock:
+            return sorted(shard for (st, shard) in self._shards if st == stream)
 
     def on_applied(self, stream: str, shard: str, change_ms: Optional[int], count: int) -> None:
         with self._lock:
@@ -562,8 +592,8 @@ def default_metrics() -> PipelineMetrics:
 
 def serve_metrics(port: Optional[int], host: str = "127.0.0.1") -> Optional[str]:
     """Serve Prometheus /metrics on ``host:port`` (0: a free port) in a daemon
-    thread; returns the URL, or None when ``port`` is None."""
-    if port is None:
+    thread; returns the URL, or None when ``port`` is None or METRICS_OFF."""
+    if port is None or port == METRICS_OFF:
         return None
     from prometheus_client import start_http_server
 

@@ -7,7 +7,7 @@ import argparse
 import difflib
 from typing import Callable, Iterable, Optional
 
-__all__ = ["number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
+__all__ = ["METRICS_OFF", "joined_beam_args", "number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
            "runner_of", "partitions_arg", "auto_partitions", "AUTO_PARTITIONS"]
 
 # The runners ddb2bt is built and tested for: the local FnApiRunner (what
@@ -27,6 +27,9 @@ _BEAM_CLOSE_MATCH_CUTOFF = 0.85
 SHARDS_PER_PARTITION = 8
 MAX_AUTO_PARTITIONS = 64
 AUTO_PARTITIONS = "auto"
+# --metrics-port: this value means "serve no /metrics", for every command alike
+# (0 already means "a free port", so off needs a value of its own).
+METRICS_OFF = -1
 
 
 def auto_partitions(open_shards: int) -> int:
@@ -83,29 +86,32 @@ def _beam_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def beam_option_strings() -> list:
-    return [o for action in _beam_parser()._actions for o in action.option_strings]
-
-
-def joined_beam_args(beam_args: list) -> list:
-    """``--flag value`` → ``--flag=value`` for every Beam option that takes a value,
-    so the two spellings work alike: every later look at the options (the runner,
-    a dry run, the Dataflow checks, dropping ``--runner`` for the local runner) sees
-    one spelling, and Beam never meets a bare value it cannot place ("Unparseable
-    argument: DirectRunner")."""
-    takes_value = {o for action in _beam_parser()._actions if action.nargs != 0 for o in action.option_strings}
-    out: list = []
-    i = 0
-    while i < len(beam_args):
-        arg = beam_args[i]
-        nxt = beam_args[i + 1] if i + 1 < len(beam_args) else None
-        if arg in takes_value and nxt is not None and not nxt.startswith("-"):
-            out.append(f"{arg}={nxt}")
+def joined_beam_args(beam_args: Iterable[str]) -> list:
+    """``--flag value`` → ``--flag=value`` for every Beam option that takes one
+    value, so both spellings mean the same wherever the list is read: our own
+    look-ups (the runner, the project, the job name) and Beam's, which keeps
+    only what it recognises — given ``--runner DirectRunner`` with the runner
+    taken out, it warned "Discarding unparseable args: ['DirectRunner']". A
+    flag followed by another option (``--dry_run --project p``) is left alone."""
+    args = list(beam_args)
+    if not args:
+        return args
+    one_value = {o for action in _beam_parser()._actions if action.nargs is None and action.option_strings
+                 for o in action.option_strings}
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in one_value and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out.append(f"{arg}={args[i + 1]}")
             i += 2
         else:
             out.append(arg)
             i += 1
     return out
+
+
+def beam_option_strings() -> list:
+    return [o for action in _beam_parser()._actions for o in action.option_strings]
 
 
 def without_runner(beam_args: list) -> list:
@@ -190,14 +196,37 @@ def describe_failure(exc: BaseException) -> str:
     from botocore.exceptions import NoCredentialsError, NoRegionError
 
     if isinstance(exc, NoRegionError):
-        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION"
+        return "no AWS region: set source.region in the mapping, or AWS_REGION / AWS_DEFAULT_REGION" + local_hint()
     if isinstance(exc, NoCredentialsError):
-        return "no AWS credentials found (environment, ~/.aws, or the instance's role)"
+        return "no AWS credentials found (environment, ~/.aws, or the instance's role)" + local_hint()
     first = str(exc).splitlines()[0] if str(exc) else ""
+    if type(exc).__name__ == "DefaultCredentialsError":  # google.auth: no Google credentials, no emulator set
+        return f"no Google credentials found: {first}" + local_hint()
     return f"{type(exc).__name__}: {first}"
 
 
-def _option_strings(parser: argparse.ArgumentParser, args) -> list:
+# The variables the local stack sets (ddb2bt local env): without them, a
+# command meant for the local stack talks to AWS and Google and fails on
+# credentials or the region.
+LOCAL_STACK_VARIABLES = ("BIGTABLE_EMULATOR_HOST", "AWS_ENDPOINT_URL_DYNAMODB")
+
+
+def local_hint() -> str:
+    """What to do when a command found no cloud credentials or region and the
+    local stack's variables are not set: use the running stack, or start one."""
+    import os
+
+    if all(os.environ.get(v) for v in LOCAL_STACK_VARIABLES):
+        return ""
+    from ddb2bt.pipeline.local.local_stack import load_state
+
+    if load_state() is not None:
+        return ('. A local stack is running but this shell does not use it: eval "$(ddb2bt local env)"')
+    return ('. If you meant the local stack: none is running; start it with: '
+            'ddb2bt local up --detach && eval "$(ddb2bt local env)"')
+
+
+def option_strings(parser: argparse.ArgumentParser, args) -> list:
     """Every option string the chosen (sub)command accepts, for "did you mean"."""
     found = [o for a in parser._actions for o in a.option_strings]
     for action in parser._actions:
@@ -206,5 +235,5 @@ def _option_strings(parser: argparse.ArgumentParser, args) -> list:
             # `local run -- CMD` keeps CMD (a list) in args.command as well.
             sub = action.choices.get(name) if isinstance(name, str) else None
             if sub is not None:
-                found += _option_strings(sub, args)
+                found += option_strings(sub, args)
     return found

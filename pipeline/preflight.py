@@ -80,6 +80,10 @@ def check_target(mapping: MappingConfig) -> Optional[str]:
     return None
 
 
+# Meta cell: the stream label a job was told to follow after its stream was replaced.
+FOLLOWED_STREAM_META = "followed_stream"
+
+
 def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> None:
     """A disabled-and-re-enabled stream has a new ARN and starts empty: changes made
     while it was off are lost. Refuse to carry on silently."""
@@ -87,11 +91,73 @@ def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> 
 
     known = store.known_stream_labels()
     current = stream_label(stream_arn)
-    if known and current not in known and not accept_new_stream:
+    followed = store.load_meta(FOLLOWED_STREAM_META)
+    if followed:
+        known = known | {followed}
+    if known and current not in known and accept_new_stream:
+        # Accepted once (--new-stream, or the re-copy of `migrate --restart`): the
+        # job follows this stream from now on, even before its first record is
+        # checkpointed (a quiet table's new stream may hold none for a while).
+        store.save_meta(FOLLOWED_STREAM_META, current)
+    elif known and current not in known:
         raise PermanentError(
             f"the table's stream was replaced: checkpoints are for stream {', '.join(sorted(known))}, the table "
-            f"now has {current}. Changes made while the stream was disabled are LOST. Back-fill again "
-            "(ddb2bt migrate --restart), or pass --new-stream to tail the new stream anyway.")
+            f"now has {current}. Changes made while the stream was disabled are LOST. Copy the table again "
+            "(ddb2bt migrate --restart: a new backfill, rows of items deleted meanwhile removed, then the new "
+            "stream tailed), or pass --new-stream to tail the new stream anyway (the lost changes stay lost).")
+
+
+# Where a restarted job's shards without a checkpoint start, once it has any
+# state (docs/design.md §6.3). A Kinesis job first started at the head re-reads
+# from a little before that start: records AWS stamped just before our clock's
+# start time were not yet read by the first LATEST iterators, and reading earlier
+# is harmless through the ordering guard (a duplicate writes nothing).
+START_MARGIN_MS = 300_000
+START_META = "start"  # meta row: the job's recorded start per stream, {"mode", "at_ms"}
+
+
+@dataclass(frozen=True)
+class TailStart:
+    """Where a job's tail starts shards without a checkpoint. ``fresh``: no
+    checkpoint and no recorded start for the stream: ``mode`` (--start) applies to
+    the shards of its first discovery. Otherwise every such shard starts at
+    TRIM_HORIZON, or, for a Kinesis job first started at the head, at
+    ``kinesis_from_ms`` (AT_TIMESTAMP)."""
+
+    mode: str
+    fresh: bool
+    kinesis_from_ms: Optional[int] = None
+
+
+def settle_start(store, stream_arn: str, mode: str, now_ms: int, kinesis: bool = False) -> TailStart:
+    """Decide (and on a fresh job record) where shards without a checkpoint start.
+    ``--start latest`` on a job with checkpoints or a recorded start is refused:
+    a shard the job never checkpointed (a quiet one, one holding only other
+    tables' Kinesis records, one born while the job was down whose parent aged
+    out) would skip every change written while the job was down."""
+    import json
+
+    from ddb2bt.pipeline.state import stream_label
+
+    name = f"{START_META}#{stream_label(stream_arn)}"
+    recorded = store.load_meta(name)
+    has_checkpoints = bool(store.load_checkpoints(stream_arn))
+    if recorded is None and not has_checkpoints:
+        value = json.dumps({"mode": mode, "at_ms": now_ms}, sort_keys=True)
+        if store.swap_meta(name, None, value):
+            return TailStart(mode, fresh=True)
+        recorded = store.load_meta(name)  # another launch recorded it first: a restart after all
+    if mode == "latest":
+        raise ConfigError(
+            "this job has already run (it has checkpoints or a recorded start in the state table), so it resumes "
+            "from its checkpoints, and every shard without one starts at the oldest record kept (TRIM_HORIZON; "
+            "a Kinesis job first started at the head: just before that start), so nothing written while it was "
+            "down is skipped. --start latest would skip those changes on every shard it never checkpointed. "
+            "Leave --start out to resume; to start over at the head, use a new --job-name (and back-fill)",
+            "--start")
+    start = json.loads(recorded) if recorded else {}
+    from_ms = start.get("at_ms") - START_MARGIN_MS if kinesis and start.get("mode") == "latest" else None
+    return TailStart(mode, fresh=False, kinesis_from_ms=from_ms)
 
 
 DEFAULT_APP_PROFILE = "default"  # what requests without an app profile use

@@ -52,7 +52,7 @@ def _probe_dynamodb(mapping, budget_s: float) -> None:
     from ddb2bt.pipeline.retry import RetryPolicy
 
     describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
-                   retry=RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=budget_s))
+                   retry=RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=budget_s), metrics_table=mapping.name)
 
 
 def _dynamodb_name(mapping) -> str:

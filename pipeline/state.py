@@ -283,12 +283,28 @@ class StateStore:
 
     # -- what the stream readers last saw of their shards (read by `status`, which
     # then needs no GetRecords call of its own: docs/operations.md, AWS limits)
-    def save_reader_report(self, stream_arn: str, partition: str, pending_since: dict, ended: bool = False) -> None:
+    def save_reader_report(self, stream_arn: str, partition: str, pending_since: dict, ended: bool = False,
+                           heads: Optional[dict] = None) -> None:
         """``pending_since``: {shard id: creation ms of the oldest record not read
         yet, or None at the head}, as partition ``partition`` of the stream saw it now;
-        ``ended``: the partition's reader stopped after this report (nobody reads on)."""
-        body = json.dumps({"at_ms": self._now_ms(), "shards": pending_since, "ended": ended}, sort_keys=True)
+        ``ended``: the partition's reader stopped after this report (nobody reads on);
+        ``heads``: {shard id: the latest time the reader saw it at its head} (what
+        proves a trimmed checkpoint harmless: docs/design.md §8.2)."""
+        report = {"at_ms": self._now_ms(), "shards": pending_since, "ended": ended}
+        if heads:
+            report["heads"] = heads
+        body = json.dumps(report, sort_keys=True)
         self.save_meta(f"{READER_REPORT}#{stream_label(stream_arn)}#{partition}", body)
+
+    def load_shard_heads(self, stream_arn: str) -> dict:
+        """{shard id: the latest time any reader of this job recorded it at its
+        head}, over every partition's report (a report of an earlier partition
+        layout holds facts as true as the current one's)."""
+        out: dict = {}
+        for report in self.load_reader_reports(stream_arn):
+            for shard_id, head_ms in (report.get("heads") or {}).items():
+                out[shard_id] = max(head_ms, out.get(shard_id, head_ms))
+        return out
 
     def load_reader_reports(self, stream_arn: str) -> list:
         """[{"at_ms": ..., "shards": {...}}] of every partition that reported."""
@@ -374,14 +390,14 @@ class BigtableStateBackend:
         of rows (every version's owner)."""
         from google.cloud.bigtable.data import row_filters
 
-        from ddb2bt.pipeline.sink.bigtable_io import _prefix_end, iter_table, ms_datetime
+        from ddb2bt.pipeline.sink.bigtable_io import prefix_end, iter_table, ms_datetime
 
         since = row_filters.RowFilterChain([row_filters.TimestampRangeFilter(start=ms_datetime(since_ms)),
                                             row_filters.CellsColumnLimitFilter(1)])
         return {key: max(versions[0][0] for versions in cells.values())
                 for key, cells in iter_table(self._project, self._instance, self._table_id,
                                              client=self._data_client(), deadline_s=self._deadline_s,
-                                             start_key=prefix, end_key=_prefix_end(prefix), row_filter=since,
+                                             start_key=prefix, end_key=prefix_end(prefix), row_filter=since,
                                              app_profile=self._app_profile)}
 
     def read_keys(self, keys: Sequence) -> dict:

@@ -136,7 +136,7 @@ def json_number(text: str, where: str = "value") -> str:
     return spelled
 
 
-def _dump_str(value: str) -> str:
+def dump_str(value: str) -> str:
     # json.dumps(ensure_ascii=False) escapes only '"', '\\' and U+0000-U+001F;
     # a printable string has none of the latter, so without the first two it
     # is quoted as is (5x faster on the hot path: keys, markers, set members).
@@ -154,24 +154,24 @@ def canonical_json(value: Any, where: str = "value") -> str:
     tag = type_of(value, where)
     inner = value[tag]
     if tag == "S":
-        return _dump_str(inner)
+        return dump_str(inner)
     if tag == "N":
         return json_number(inner, where)
     if tag == "B":
-        return _dump_str(base64.b64encode(as_bytes(inner, where)).decode("ascii"))
+        return dump_str(base64.b64encode(as_bytes(inner, where)).decode("ascii"))
     if tag == "BOOL":
         return "true" if inner else "false"
     if tag == "NULL":
         return "null"
     if tag == "SS":
-        return "[" + ",".join(_dump_str(s) for s in sorted(inner)) + "]"
+        return "[" + ",".join(dump_str(s) for s in sorted(inner)) + "]"
     if tag == "NS":
         return "[" + ",".join(json_number(n, where) for n in _sorted_numbers(list(inner), where)) + "]"
     if tag == "BS":
         members = sorted(as_bytes(b, where) for b in inner)
-        return "[" + ",".join(_dump_str(base64.b64encode(b).decode("ascii")) for b in members) + "]"
+        return "[" + ",".join(dump_str(base64.b64encode(b).decode("ascii")) for b in members) + "]"
     if tag == "M":
-        parts = [f"{_dump_str(k)}:{canonical_json(v, f'{where}.{k}')}" for k, v in sorted(inner.items())]
+        parts = [f"{dump_str(k)}:{canonical_json(v, f'{where}.{k}')}" for k, v in sorted(inner.items())]
         return "{" + ",".join(parts) + "}"
     # L
     return "[" + ",".join(canonical_json(v, f"{where}[{i}]") for i, v in enumerate(inner)) + "]"
@@ -183,25 +183,25 @@ def canonical_typed_json(value: Any, where: str = "value") -> str:
     tag = type_of(value, where)
     inner = value[tag]
     if tag in ("S", "N"):
-        body = _dump_str(inner)
+        body = dump_str(inner)
     elif tag == "B":
-        body = _dump_str(base64.b64encode(as_bytes(inner, where)).decode("ascii"))
+        body = dump_str(base64.b64encode(as_bytes(inner, where)).decode("ascii"))
     elif tag in ("BOOL", "NULL"):
         body = "true" if inner else "false"
     elif tag == "SS":
-        body = "[" + ",".join(_dump_str(s) for s in sorted(inner)) + "]"
+        body = "[" + ",".join(dump_str(s) for s in sorted(inner)) + "]"
     elif tag == "NS":
-        body = "[" + ",".join(_dump_str(n) for n in _sorted_numbers(list(inner), where)) + "]"
+        body = "[" + ",".join(dump_str(n) for n in _sorted_numbers(list(inner), where)) + "]"
     elif tag == "BS":
         members = sorted(as_bytes(b, where) for b in inner)
-        body = "[" + ",".join(_dump_str(base64.b64encode(b).decode("ascii")) for b in members) + "]"
+        body = "[" + ",".join(dump_str(base64.b64encode(b).decode("ascii")) for b in members) + "]"
     elif tag == "M":
         body = "{" + ",".join(
-            f"{_dump_str(k)}:{canonical_typed_json(v, f'{where}.{k}')}" for k, v in sorted(inner.items())
+            f"{dump_str(k)}:{canonical_typed_json(v, f'{where}.{k}')}" for k, v in sorted(inner.items())
         ) + "}"
     else:
         body = "[" + ",".join(canonical_typed_json(v, f"{where}[{i}]") for i, v in enumerate(inner)) + "]"
-    return "{" + _dump_str(tag) + ":" + body + "}"
+    return "{" + dump_str(tag) + ":" + body + "}"
 
 
 def as_bytes(value: Any, where: str = "value") -> bytes:

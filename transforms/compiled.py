@@ -25,17 +25,17 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Callable, Optional
 
-from ddb2bt.transforms.attrs import _dump_str, canonical_json, canonical_typed_json, json_number
+from ddb2bt.transforms.attrs import dump_str, canonical_json, canonical_typed_json, json_number
 from ddb2bt.transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, memo
-from ddb2bt.transforms.encoding import ENCODERS, INT64_MAX, _decimal_payload, _INT64, FALSE_BYTE, TRUE_BYTE
+from ddb2bt.transforms.encoding import ENCODERS, INT64_MAX, decimal_payload, INT64_STRUCT, FALSE_BYTE, TRUE_BYTE
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES, MAX_TIMESTAMP_MS, checked_size
-from ddb2bt.transforms.mapping import (_COLUMN, _INCLUSIVE_END_MS, _PLAIN, _SKIP, _UNMAPPED, INDEX_POINTER,
-                                       MARKER_FAMILY, MARKER_PREFIX, MAX_PLANNED_ATTRIBUTES, _attribute_plan,
-                                       _column_cells, _matches, _Owner, general_map_change, parse_timestamp_ms,
+from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN, PLAN_SKIP, PLAN_UNMAPPED, INDEX_POINTER,
+                                       MARKER_FAMILY, MARKER_PREFIX, MAX_PLANNED_ATTRIBUTES, attribute_plan,
+                                       column_cells, condition_matches, CellOwner, general_map_change, parse_timestamp_ms,
                                        validate_record)
 from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, DeleteCells, Guard,
                                      RowChange, SetCell)
-from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, _part_value
+from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
 
 # A row whose request bytes are at most this cannot break any of Bigtable's
 # per-row limits (limits.checked_size): every part a limit bounds — row key,
@@ -73,16 +73,16 @@ def _fast_int64(value) -> bytes:
     if type(value) is dict and len(value) == 1:
         text = value.get("N")
         if type(text) is str and len(text) <= _SAFE_INT64_DIGITS and text.isdigit() and text.isascii():
-            return _INT64.pack(int(text))
+            return INT64_STRUCT.pack(int(text))
     return ENCODERS["int64"](value, "")
 
 
 def _plain_decimal(text: str) -> bytes:
-    """_decimal_payload: ASCII digits with at most one point are a finite number
+    """decimal_payload: ASCII digits with at most one point are a finite number
     as they are; anything else is parsed by the general encoder."""
     if text.isascii() and text.replace(".", "", 1).isdigit():
         return text.encode("ascii")
-    return _decimal_payload(text, "")
+    return decimal_payload(text, "")
 
 
 def _fast_decimal(value) -> bytes:
@@ -115,19 +115,19 @@ def _json_text(value) -> str:
     if type(value) is dict and len(value) == 1:
         inner = value.get("S")
         if type(inner) is str:
-            return _dump_str(inner)
+            return dump_str(inner)
         inner = value.get("N")
         if type(inner) is str:
             return json_number(inner, "")
         inner = value.get("M")
         if type(inner) is dict and all(type(k) is str for k in inner):
-            return "{" + ",".join([_dump_str(k) + ":" + _json_text(v) for k, v in sorted(inner.items())]) + "}"
+            return "{" + ",".join([dump_str(k) + ":" + _json_text(v) for k, v in sorted(inner.items())]) + "}"
         inner = value.get("L")
         if type(inner) is list:
             return "[" + ",".join([_json_text(v) for v in inner]) + "]"
         inner = value.get("SS")
         if type(inner) is list and all(type(member) is str for member in inner):
-            return "[" + ",".join([_dump_str(member) for member in sorted(inner)]) + "]"
+            return "[" + ",".join([dump_str(member) for member in sorted(inner)]) + "]"
     return canonical_json(value)
 
 
@@ -145,7 +145,7 @@ def _key_json(keys) -> bytes:
             if text is None:
                 tag, text = '{"N":', value.get("N")
             if type(text) is str:
-                parts.append(_dump_str(name) + ":" + tag + _dump_str(text) + "}")
+                parts.append(dump_str(name) + ":" + tag + dump_str(text) + "}")
                 continue
         return canonical_typed_json({"M": dict(keys)}).encode("utf-8")
     return ('{"M":{' + ",".join(parts) + "}}").encode("utf-8")
@@ -193,7 +193,7 @@ class _Source:
     def __init__(self) -> None:
         self.lines: list = []
         self.names: dict = {"_Fallback": _Fallback, "_EMPTY": _EMPTY, "dict": dict, "len": len, "type": type,
-                            "str": str, "_matches": _matches}
+                            "str": str, "condition_matches": condition_matches}
         self._consts: dict = {}
 
     def const(self, value) -> str:
@@ -268,7 +268,7 @@ def _key_builder(template: KeyTemplate, where: str) -> Callable:
             src.add(2, f"t = {src.const(fn)}(t, {src.const(arg)}, {src.const(ph_where)})")
         src.add(2, f"{part} = t.encode('utf-8')")
         if not tok.source.startswith("match."):
-            general = (lambda ph, w: lambda v: _part_value(ph, v, w))(tok, ph_where)
+            general = (lambda ph, w: lambda v: part_value(ph, v, w))(tok, ph_where)
             src.add(1, "else:")
             src.add(2, f"{part} = {src.const(general)}(v)")
         if i != last:  # rowkey.escape
@@ -285,7 +285,7 @@ def _emit_conditions(src: _Source, indent: int, conditions: tuple, item: str, ca
                      values: Optional[dict] = None) -> str:
     """Lookups for the conditions' attributes, and the expression that is true when
     all hold (mapping.conditions_hold: in order, stopping at the first false).
-    A value not a plain string is judged by the general ``_matches``. ``values``:
+    A value not a plain string is judged by the general ``condition_matches``. ``values``:
     the attributes already looked up by earlier code of the same function (a
     lookup cannot fail and reads the same value every time, so once is enough)."""
     values = {} if values is None else values
@@ -298,7 +298,7 @@ def _emit_conditions(src: _Source, indent: int, conditions: tuple, item: str, ca
     terms = []
     for cond in conditions:
         v, s = values[cond.attribute]
-        general = f"_matches({src.const(cond)}, keys, {item}, {cap})"
+        general = f"condition_matches({src.const(cond)}, keys, {item}, {cap})"
         if cond.kind == "present":
             terms.append(f"({v} is not None)" if cond.value else f"({v} is None)")
         elif cond.kind == "equals" and isinstance(cond.value, bool):
@@ -381,14 +381,14 @@ class _CompiledRule:
         self._indexes = tuple(self._index(mapping, index) for index in rule.indexes)
 
     def plan(self, name) -> tuple:
-        """mapping._attribute_plan with the encoder's fast form, or a compiled column."""
+        """mapping.attribute_plan with the encoder's fast form, or a compiled column."""
         if type(name) is not str:
             raise _Fallback  # the general engine sorts the names first
-        plan = _attribute_plan(self.rule, self.key_attrs, name)
-        if plan[0] == _PLAIN:
-            plan = (_PLAIN, plan[1], plan[2], _FAST_BY_GENERAL[plan[3]])
-        elif plan[0] == _COLUMN:
-            plan = (_COLUMN, self._column(plan[1]))
+        plan = attribute_plan(self.rule, self.key_attrs, name)
+        if plan[0] == PLAN_PLAIN:
+            plan = (PLAN_PLAIN, plan[1], plan[2], _FAST_BY_GENERAL[plan[3]])
+        elif plan[0] == PLAN_COLUMN:
+            plan = (PLAN_COLUMN, self._column(plan[1]))
         if len(self.plans) < MAX_PLANNED_ATTRIBUTES:
             self.plans[name] = plan
         return plan
@@ -437,14 +437,14 @@ class _CompiledRule:
             if plan is None:
                 plan = self.plan(name)
             kind = plan[0]
-            if kind == _PLAIN:
+            if kind == PLAN_PLAIN:
                 key = (table, row, plan[1], plan[2], None, False)
                 if key in cells:
                     raise _Fallback  # two attributes claim one cell
                 cells[key] = plan[3](value) if with_values else None
-            elif kind == _COLUMN:
+            elif kind == PLAN_COLUMN:
                 plan[1](cells, value, keys, image, captures, row, with_values)
-            elif kind == _UNMAPPED:
+            elif kind == PLAN_UNMAPPED:
                 raise _Fallback
         rule = self.rule
         if rule.item_column is not None:
@@ -469,8 +469,8 @@ def _column(table: str, col: ColumnConfig) -> Callable:
     family = col.family
     if col.kind != "value":  # set, map, list_versions: the general helper, its cells converted
         def general(cells, value, keys, image, captures, row, with_values):
-            owner = _Owner(with_values)
-            _column_cells(owner, col, value, table, row, keys, image, captures)
+            owner = CellOwner(with_values)
+            column_cells(owner, col, value, table, row, keys, image, captures)
             for key, cell in owner.cells.items():
                 if key in cells:
                     raise _Fallback
@@ -603,7 +603,7 @@ class CompiledMapping:
             elif is_list:
                 n = len(payload)
                 if n == 0:
-                    append(_new(DeleteCells, (family, qualifier, 0, ts + _INCLUSIVE_END_MS)))
+                    append(_new(DeleteCells, (family, qualifier, 0, ts + INCLUSIVE_END_MS)))
                     size += fixed
                     continue
                 first = ts - n + 1
@@ -634,10 +634,10 @@ class CompiledMapping:
                 if entry is None:
                     entry = rows[rk] = [[], len(row)]
                 if version is not None:
-                    entry[0].append(DeleteCells(family, qualifier, version, version + _INCLUSIVE_END_MS))
+                    entry[0].append(DeleteCells(family, qualifier, version, version + INCLUSIVE_END_MS))
                     versions.setdefault(rk, []).append((family, qualifier, version, False))
                 else:
-                    entry[0].append(DeleteCells(family, qualifier, 0, ts + _INCLUSIVE_END_MS))
+                    entry[0].append(DeleteCells(family, qualifier, 0, ts + INCLUSIVE_END_MS))
                 entry[1] += len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES
         key_json = None
         marker = b""
@@ -667,7 +667,7 @@ class CompiledMapping:
         return tuple(changes)
 
 
-_SIMPLE = (_PLAIN, _SKIP)
+_SIMPLE = (PLAN_PLAIN, PLAN_SKIP)
 # Mutations are built as their NamedTuple's __new__ builds them, without its frame.
 _new = tuple.__new__
 

@@ -2,13 +2,17 @@
 
 A mapping file (YAML) says which DynamoDB table is replicated into which Bigtable
 table and how every item becomes a row. Validation is complete and happens before
-anything runs: each problem raises ``ConfigError`` naming the field path
-(``rules[0].columns.Price.encoding``) and the bad value.
+anything runs: every problem is a ``ConfigError`` naming the field path
+(``rules[0].columns.Price.encoding``), the bad value and, where a close name or
+value exists, the one probably meant. Parsing goes on past a problem wherever
+the rest of the file can still be read, so one run reports them all
+(``ConfigProblems`` when there are several).
 
 See docs/mapping.md for the reference; ``examples/*.yaml`` for real files.
 """
 from __future__ import annotations
 
+import contextvars
 import difflib
 import re
 from dataclasses import dataclass, replace
@@ -18,7 +22,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import yaml
 
 from ddb2bt.transforms.encoding import ENCODINGS
-from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.transforms.errors import ConfigError, ConfigProblems
 from ddb2bt.transforms.rowkey import KeyTemplate, parse_template
 
 SUPPORTED_VERSIONS = (1,)
@@ -32,11 +36,42 @@ MAX_FAMILIES = 100  # Bigtable's recommended ceiling per table
 RESERVED_FAMILY_PREFIX = "ddb2bt_"
 
 
+# The problems found so far while a mapping file is parsed (parse_mapping sets
+# it): a problem that leaves the rest readable is recorded here and parsing goes
+# on; outside parse_mapping (None) every problem raises at once.
+_PROBLEMS: contextvars.ContextVar = contextvars.ContextVar("ddb2bt_mapping_problems", default=None)
+
+
+def _report(problem: ConfigError) -> None:
+    """Record a problem and go on, or raise it when nothing is collecting."""
+    found = _PROBLEMS.get()
+    if found is None:
+        raise problem
+    found.append(problem)
+
+
+def _section(parse: Callable[[], Any], default: Any = None) -> Any:
+    """Parse one independent part of the file (a rule, a column, an index…): a
+    problem that stops it is recorded, and the parts after it are still read."""
+    try:
+        return parse()
+    except _Reported:
+        return default
+    except ConfigError as exc:
+        _report(exc)
+        return default
+
+
+def _did_you_mean(value: Any, choices) -> str:
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _not_reserved(name: str, path: str) -> None:
     if name.lower().startswith(RESERVED_FAMILY_PREFIX):
-        raise ConfigError(f"column family {name!r}: names starting with {RESERVED_FAMILY_PREFIX!r} are reserved "
+        _report(ConfigError(f"column family {name!r}: names starting with {RESERVED_FAMILY_PREFIX!r} are reserved "
                           "for ddb2bt's own bookkeeping (the migration drops them when it finishes); choose another "
-                          "name", path)
+                          "name", path))
 OTHER_MODES = ("column", "ignore", "dead_letter")
 MATCH_KINDS = ("equals", "prefix", "regex", "present")
 
@@ -266,6 +301,7 @@ class _Node:
         self.data = data
         self.path = path
         self.used: set = set()
+        self.explained: set = set()  # keys a "did you mean" already named (not reported again as unknown)
 
     def sub(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
@@ -283,12 +319,17 @@ class _Node:
         misspelt one, so a key of this node close to it is named."""
         near = difflib.get_close_matches(key, [str(k) for k in self.data if k != key and k not in self.used], n=1)
         hint = f" (found {near[0]!r}: did you mean {key!r}?)" if near else ""
+        self.explained.update(near)
         raise ConfigError(f"is required{why}{hint}", self.sub(key))
 
     def string(self, key: str, required: bool = False, default: Optional[str] = None) -> Optional[str]:
         value = self.get(key, default, required)
         if value is not None and (not isinstance(value, str) or not value):
-            raise ConfigError(f"must be a non-empty string, got {value!r}", self.sub(key))
+            problem = ConfigError(f"must be a non-empty string, got {value!r}", self.sub(key))
+            if required:
+                raise problem  # nothing to go on with
+            _report(problem)
+            return default
         return value
 
     def integer(self, key: str, minimum: int = 0) -> Optional[int]:
@@ -296,19 +337,23 @@ class _Node:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(f"must be an integer ≥ {minimum}, got {value!r}", self.sub(key))
+            _report(ConfigError(f"must be an integer ≥ {minimum}, got {value!r}", self.sub(key)))
+            return None
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
         value = self.get(key, default)
         if not isinstance(value, bool):
-            raise ConfigError(f"must be true or false, got {value!r}", self.sub(key))
+            _report(ConfigError(f"must be true or false, got {value!r}", self.sub(key)))
+            return default
         return value
 
     def choice(self, key: str, choices: tuple, default: str) -> str:
         value = self.get(key, default)
         if value not in choices:
-            raise ConfigError(f"must be one of {', '.join(choices)}; got {value!r}", self.sub(key))
+            _report(ConfigError(f"must be one of {', '.join(choices)}; got {value!r}{_did_you_mean(value, choices)}",
+                                self.sub(key)))
+            return default
         return value
 
     def node(self, key: str, required: bool = False) -> Optional["_Node"]:
@@ -316,35 +361,47 @@ class _Node:
         return None if value is None else _Node(value, self.sub(key))
 
     def done(self) -> None:
-        unknown = [k for k in self.data if k not in self.used]
-        if unknown:
-            key = unknown[0]
+        for key in (k for k in self.data if k not in self.used and k not in self.explained):
             hint = difflib.get_close_matches(str(key), sorted(self.used), n=1)
             suffix = f" (did you mean {hint[0]!r}?)" if hint else f" (known: {', '.join(sorted(self.used))})"
-            raise ConfigError(f"unknown field{suffix}", self.sub(str(key)))
+            _report(ConfigError(f"unknown field{suffix}", self.sub(str(key))))
 
 
 def parse_mapping(data: Any, origin: str = "<memory>") -> MappingConfig:
-    root = _Node(data, "")
-    version = root.get("version", 1)
-    if version not in SUPPORTED_VERSIONS:
-        raise ConfigError(f"unsupported version {version!r} (supported: {SUPPORTED_VERSIONS})", "version")
+    """The mapping, or ConfigError: the one problem found, or ConfigProblems
+    listing every problem the file has (each with its field path)."""
+    problems: list = []
+    token = _PROBLEMS.set(problems)
+    try:
+        mapping = _section(lambda: _parse_mapping(data, origin))
+    finally:
+        _PROBLEMS.reset(token)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigProblems.of(problems, origin)
+    return mapping
 
+
+def _parse_source(root: "_Node") -> SourceConfig:
     src = root.node("source", required=True)
     source_table = src.string("table", required=True)
     if not _DDB_TABLE.match(source_table):
-        raise ConfigError(f"{source_table!r} is not a valid DynamoDB table name", src.sub("table"))
+        _report(ConfigError(f"{source_table!r} is not a valid DynamoDB table name", src.sub("table")))
     key = src.node("key", required=True)
     source = SourceConfig(
         table=source_table,
         partition_key=key.string("partition", required=True),
         sort_key=key.string("sort"),
         region=src.string("region"),
-        kinesis=_parse_kinesis(src.node("kinesis")),
+        kinesis=_section(lambda: _parse_kinesis(src.node("kinesis"))),
     )
     key.done()
     src.done()
+    return source
 
+
+def _parse_target(root: "_Node") -> TargetConfig:
     tgt = root.node("target", required=True)
     target = TargetConfig(
         project=tgt.string("project", required=True),
@@ -353,41 +410,62 @@ def parse_mapping(data: Any, origin: str = "<memory>") -> MappingConfig:
         app_profile=tgt.string("app_profile"),
     )
     if not _TABLE_ID.match(target.table):
-        raise ConfigError(f"{target.table!r} is not a valid Bigtable table id", tgt.sub("table"))
+        _report(ConfigError(f"{target.table!r} is not a valid Bigtable table id", tgt.sub("table")))
     tgt.done()
+    return target
+
+
+def _parse_mapping(data: Any, origin: str) -> Optional[MappingConfig]:
+    root = _Node(data, "")
+    version = root.get("version", 1)
+    if version not in SUPPORTED_VERSIONS:
+        _report(ConfigError(f"unsupported version {version!r} (supported: {SUPPORTED_VERSIONS})", "version"))
+
+    source = _section(lambda: _parse_source(root))
+    target = _section(lambda: _parse_target(root))
 
     delimiter = root.string("delimiter", default="#")
     if len(delimiter) != 1 or delimiter == "\\" or delimiter in "{}|":
-        raise ConfigError(f"must be a single character other than \\ {{ }} |, got {delimiter!r}", "delimiter")
+        _report(ConfigError(f"must be a single character other than \\ {{ }} |, got {delimiter!r}", "delimiter"))
+        delimiter = "#"  # to read the templates on
 
-    families = _parse_families(root)
-    family_names = {f.name for f in families}
+    # Every declared name counts as declared even when its settings are wrong:
+    # one bad family must not make each column that uses it a second problem.
+    families, family_names = _section(lambda: _parse_families(root), ((), _ANY_NAME))
     rules_data = root.get("rules", required=True)
     if not isinstance(rules_data, list) or not rules_data:
         raise ConfigError("must be a non-empty list of rules", "rules")
-    rules = tuple(
-        _parse_rule(r, f"rules[{i}]", delimiter, family_names, source) for i, r in enumerate(rules_data)
-    )
-    names = [r.name for r in rules]
+    parsed = [_section(lambda i=i, r=r: _parse_rule(r, f"rules[{i}]", delimiter, family_names, source))
+              for i, r in enumerate(rules_data)]
+    names = [r.name if r is not None else None for r in parsed]
     for i, name in enumerate(names):
-        if name in names[:i]:
-            raise ConfigError(f"duplicate rule name {name!r}", f"rules[{i}].name")
+        if name is not None and name in names[:i]:
+            _report(ConfigError(f"duplicate rule name {name!r}", f"rules[{i}].name"))
+    rules = tuple(r for r in parsed if r is not None)
 
-    mapping = MappingConfig(
-        name=root.string("name", default=target.table),
+    unmatched = root.choice("unmatched", ("dead_letter", "skip"), "dead_letter")
+    ttl = _section(lambda: _parse_ttl(root.node("ttl")))
+    name = root.string("name")
+    description = root.string("description")
+    root.done()
+    if source is not None and len(rules) == len(parsed):
+        for problem in placeholder_problems(source, rules, ttl, delimiter):
+            _report(problem)
+    if _PROBLEMS.get() or source is None or target is None:
+        return None  # the problems are raised by parse_mapping
+    return MappingConfig(
+        name=name or target.table,
         source=source,
         target=target,
         families=families,
         rules=rules,
         delimiter=delimiter,
-        unmatched=root.choice("unmatched", ("dead_letter", "skip"), "dead_letter"),
-        ttl=_parse_ttl(root.node("ttl")),
+        unmatched=unmatched,
+        ttl=ttl,
         version=version,
         origin=origin,
-        description=root.string("description"),
+        description=description,
     )
-    root.done()
-    return mapping
 
 
 def _parse_kinesis(node: Optional[_Node]) -> Optional[KinesisSourceConfig]:
@@ -407,24 +485,34 @@ def _parse_families(root: _Node) -> tuple:
         raise ConfigError(f"{len(fams.data)} families; Bigtable allows about {MAX_FAMILIES} per table", "families")
     out = []
     for name in fams.data:
-        path = fams.sub(str(name))
-        if not isinstance(name, str) or not _FAMILY_NAME.match(name):
-            raise ConfigError(f"{name!r} is not a valid column family name", path)
-        _not_reserved(name, path)
-        spec = fams.get(name) or {}
-        node = _Node(spec, path)
-        family = FamilyConfig(
-            name=name,
-            max_versions=node.integer("max_versions", 1),
-            max_age_seconds=node.integer("max_age_seconds", 1),
-            gc=node.choice("gc", ("union", "intersection"), "union"),
-        )
-        if family.gc == "intersection" and not (family.max_versions and family.max_age_seconds):
-            raise ConfigError("gc: intersection needs both max_versions and max_age_seconds", node.sub("gc"))
-        out.append(family)
-        node.done()
+        family = _section(lambda name=name: _parse_family(fams, name))
+        if family is not None:
+            out.append(family)
     fams.done()
-    return tuple(out)
+    return tuple(out), {str(name) for name in fams.data}
+
+
+def _parse_family(fams: _Node, name: Any) -> FamilyConfig:
+    path = fams.sub(str(name))
+    spec = fams.get(name) or {}
+    if not isinstance(name, str) or not _FAMILY_NAME.match(name):
+        raise ConfigError(f"{name!r} is not a valid column family name", path)
+    _not_reserved(name, path)
+    node = _Node(spec, path)
+    family = FamilyConfig(
+        name=name,
+        max_versions=node.integer("max_versions", 1),
+        max_age_seconds=node.integer("max_age_seconds", 1),
+        gc=node.choice("gc", ("union", "intersection"), "union"),
+    )
+    if family.gc == "intersection" and not (family.max_versions and family.max_age_seconds):
+        _report(ConfigError("gc: intersection needs both max_versions and max_age_seconds", node.sub("gc")))
+    node.done()
+    return family
+
+
+def _undeclared(family: str, family_names: set) -> str:
+    return f"family {family!r} is not declared under 'families'{_did_you_mean(family, sorted(family_names))}"
 
 
 def _family_of(column: str, path: str, family_names: set, delimiter: str) -> tuple:
@@ -432,7 +520,7 @@ def _family_of(column: str, path: str, family_names: set, delimiter: str) -> tup
     if not sep or not family or not qualifier:
         raise ConfigError(f"must be 'family:qualifier', got {column!r}", path)
     if family not in family_names:
-        raise ConfigError(f"family {family!r} is not declared under 'families'", path)
+        raise ConfigError(_undeclared(family, family_names), path)
     template = parse_template(qualifier, delimiter, path) if "{" in qualifier else None
     return family, qualifier.encode("utf-8"), template
 
@@ -456,9 +544,10 @@ def _parse_column(attribute: str, spec: Any, path: str, family_names: set, delim
     if kind in ("set", "map"):
         family = node.string("family", required=True)
         if family not in family_names:
-            raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("family"))
+            _report(ConfigError(_undeclared(family, family_names), node.sub("family")))
         if "column" in node.data:
-            raise ConfigError(f"a {kind} fills a whole family: give 'family', not 'column'", node.sub("column"))
+            _report(ConfigError(f"a {kind} fills a whole family: give 'family', not 'column'", node.sub("column")))
+            node.used.add("column")
         qualifier, template = b"", None
     else:
         family, qualifier, template = _family_of(node.string("column", required=True), node.sub("column"),
@@ -466,10 +555,10 @@ def _parse_column(attribute: str, spec: Any, path: str, family_names: set, delim
     encoding = node.choice("encoding", ENCODINGS, "auto")
     marker = node.choice("marker", tuple(SET_MARKERS), "empty")
     if kind != "set" and "marker" in node.data:
-        raise ConfigError("only a set (as: set) has a marker", node.sub("marker"))
-    timestamp = _parse_timestamp(node.node("timestamp"))
+        _report(ConfigError("only a set (as: set) has a marker", node.sub("marker")))
+    timestamp = _section(lambda: _parse_timestamp(node.node("timestamp")))
     if timestamp is not None and kind != "value":
-        raise ConfigError(f"a {kind} cannot take its timestamp from an attribute", node.sub("timestamp"))
+        _report(ConfigError(f"a {kind} cannot take its timestamp from an attribute", node.sub("timestamp")))
     node.done()
     return ColumnConfig(attribute=attribute, family=family, qualifier=qualifier, encoding=encoding, kind=kind,
                         qualifier_template=template, timestamp=timestamp, set_marker=SET_MARKERS[marker])
@@ -481,54 +570,68 @@ def _parse_match(data: Any, path: str) -> tuple:
     items = data if isinstance(data, list) else [data]
     out = []
     for i, spec in enumerate(items):
-        node = _Node(spec, f"{path}[{i}]" if isinstance(data, list) else path)
-        attribute = node.string("attribute", required=True)
-        kinds = [k for k in MATCH_KINDS if k in node.data]
-        if len(kinds) != 1:
-            raise ConfigError(f"give exactly one of {', '.join(MATCH_KINDS)}", node.path)
-        kind = kinds[0]
-        value = node.get(kind)
-        pattern = None
-        if kind == "regex":
-            try:
-                pattern = re.compile(value)
-            except (re.error, TypeError) as exc:
-                raise ConfigError(f"invalid regular expression {value!r}: {exc}", node.sub("regex")) from None
-        elif kind == "prefix" and (not isinstance(value, str) or not value):
-            raise ConfigError("must be a non-empty string", node.sub("prefix"))
-        elif kind == "present" and not isinstance(value, bool):
-            raise ConfigError("must be true or false", node.sub("present"))
-        node.done()
-        out.append(MatchCondition(attribute=attribute, kind=kind, value=value, pattern=pattern))
+        condition = _section(lambda i=i, spec=spec: _parse_condition(spec, f"{path}[{i}]" if isinstance(data, list)
+                                                                      else path))
+        if condition is not None:
+            out.append(condition)
     return tuple(out)
 
 
-def _parse_index(data: Any, path: str, delimiter: str, family_names: set, source: SourceConfig) -> IndexConfig:
+def _parse_condition(spec: Any, path: str) -> MatchCondition:
+    node = _Node(spec, path)
+    attribute = node.string("attribute", required=True)
+    kinds = [k for k in MATCH_KINDS if k in node.data]
+    if len(kinds) != 1:
+        # None given is most often one misspelt ("prefx"): name it and the kind meant.
+        near = [(k, difflib.get_close_matches(str(k), MATCH_KINDS, n=1)) for k in node.data if k != "attribute"]
+        near = [(k, close[0]) for k, close in near if close] if not kinds else []
+        hint = f" (found {near[0][0]!r}: did you mean {near[0][1]!r}?)" if near else ""
+        raise ConfigError(f"give exactly one of {', '.join(MATCH_KINDS)}{hint}", node.path)
+    kind = kinds[0]
+    value = node.get(kind)
+    pattern = None
+    if kind == "regex":
+        try:
+            pattern = re.compile(value)
+        except (re.error, TypeError) as exc:
+            raise ConfigError(f"invalid regular expression {value!r}: {exc}", node.sub("regex")) from None
+    elif kind == "prefix" and (not isinstance(value, str) or not value):
+        raise ConfigError("must be a non-empty string", node.sub("prefix"))
+    elif kind == "present" and not isinstance(value, bool):
+        raise ConfigError("must be true or false", node.sub("present"))
+    node.done()
+    return MatchCondition(attribute=attribute, kind=kind, value=value, pattern=pattern)
+
+
+def _parse_index(data: Any, path: str, delimiter: str, family_names: set,
+                 source: Optional[SourceConfig]) -> IndexConfig:
     node = _Node(data, path)
     name = node.string("name", required=True)
     template = parse_template(node.get("row_key", required=True), delimiter, node.sub("row_key"))
-    missing = [k for k in source.key_attributes if k not in template.sources]
+    missing = [k for k in source.key_attributes if k not in template.sources] if source is not None else []
     if missing:
-        raise ConfigError(
+        _report(ConfigError(
             f"must include the item's key ({', '.join('{' + k + '}' for k in missing)} missing): "
-            "one index row per item, so two items can never share one", node.sub("row_key"))
+            "one index row per item, so two items can never share one", node.sub("row_key")))
     family = node.string("family", required=True)
     _not_reserved(family, node.sub("family"))
     table = node.string("table")
     if table is None and family not in family_names:
-        raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("family"))
+        _report(ConfigError(_undeclared(family, family_names), node.sub("family")))
     if table is not None and not _TABLE_ID.match(table):
-        raise ConfigError(f"{table!r} is not a valid Bigtable table id", node.sub("table"))
+        _report(ConfigError(f"{table!r} is not a valid Bigtable table id", node.sub("table")))
     project = node.get("project", [])
     if not isinstance(project, list) or not all(isinstance(p, str) and p for p in project):
-        raise ConfigError("must be a list of attribute names", node.sub("project"))
+        _report(ConfigError("must be a list of attribute names", node.sub("project")))
+        project = []
     index = IndexConfig(name=name, row_key=template, family=family, table=table,
                         conditions=_parse_match(node.get("match"), node.sub("match")), project=tuple(project))
     node.done()
     return index
 
 
-def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source: SourceConfig) -> RuleConfig:
+def _parse_rule(data: Any, path: str, delimiter: str, family_names: set,
+                source: Optional[SourceConfig]) -> RuleConfig:
     node = _Node(data, path)
     name = node.string("name", default=path)
     conditions = _parse_match(node.get("match"), node.sub("match"))
@@ -538,16 +641,21 @@ def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source:
         return RuleConfig(name=name, conditions=conditions, skip=True)
     hook = node.string("hook")
     if hook is not None:
-        resolve_hook(hook, node.sub("hook"))
+        _section(lambda: resolve_hook(hook, node.sub("hook")))
         node.done()
         return RuleConfig(name=name, conditions=conditions, hook=hook)
-    template = parse_template(node.get("row_key", required=True), delimiter, node.sub("row_key"))
+    # A rule whose row key cannot be read is still read to its end: its columns
+    # and indexes may hold problems of their own.
+    template = _section(lambda: parse_template(node.get("row_key", required=True), delimiter, node.sub("row_key")))
     cols = node.node("columns")
     columns = []
     if cols is not None:
         for attribute in cols.data:
-            columns.append(_parse_column(str(attribute), cols.get(attribute), cols.sub(str(attribute)),
-                                         family_names, delimiter))
+            column = _section(lambda attribute=attribute: _parse_column(
+                str(attribute), cols.get(attribute), cols.sub(str(attribute)), family_names, delimiter))
+            cols.used.add(attribute)
+            if column is not None:
+                columns.append(column)
         cols.done()
     seen: dict = {}
     for c in columns:
@@ -555,30 +663,25 @@ def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source:
             continue
         where = (c.family, c.qualifier)
         if where in seen and not (c.versioned and next(x for x in columns if x.attribute == seen[where]).versioned):
-            raise ConfigError(
+            _report(ConfigError(
                 f"attributes {seen[where]!r} and {c.attribute!r} both map to {c.family}:{c.qualifier.decode()}",
                 node.sub("columns"),
-            )
+            ))
         seen[where] = c.attribute
-    item_node = node.node("item_column")
-    item_column = None
-    if item_node is not None:
-        family, qualifier, template_q = _family_of(item_node.string("column", required=True),
-                                                   item_node.sub("column"), family_names, delimiter)
-        if template_q is not None:
-            raise ConfigError("the item column's qualifier must be a literal", item_node.sub("column"))
-        item_column = ItemColumn(family=family, qualifier=qualifier,
-                                 encoding=item_node.choice("encoding", ("json", "dynamodb_json"), "json"),
-                                 include_keys=item_node.boolean("include_keys", True))
-        item_node.done()
-    other = _parse_other(node.node("other_attributes"), family_names)
-    _check_exclusive_families(columns, other, item_column, node.sub("columns"))
+    item_column = _section(lambda: _parse_item_column(node.node("item_column"), family_names, delimiter))
+    other = _section(lambda: _parse_other(node.node("other_attributes"), family_names), OtherAttributes("ignore"))
+    _section(lambda: _check_exclusive_families(columns, other, item_column, node.sub("columns")))
     include_keys = node.boolean("include_key_attributes", False)
     indexes_data = node.get("indexes", [])
     if not isinstance(indexes_data, list):
-        raise ConfigError("must be a list", node.sub("indexes"))
-    indexes = tuple(_parse_index(d, f"{node.sub('indexes')}[{i}]", delimiter, family_names, source)
-                    for i, d in enumerate(indexes_data))
+        _report(ConfigError("must be a list", node.sub("indexes")))
+        indexes_data = []
+    parsed = [_section(lambda i=i, d=d: _parse_index(d, f"{node.sub('indexes')}[{i}]", delimiter, family_names,
+                                                     source))
+              for i, d in enumerate(indexes_data)]
+    node.done()
+    if template is None or None in parsed:
+        raise _Reported("")  # its problems are recorded; a rule with a part missing is no rule
     consumed = set(template.sources)
     for c in columns:
         if c.qualifier_template is not None:
@@ -586,7 +689,6 @@ def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source:
         if c.timestamp is not None:
             consumed.add(c.timestamp.attribute)
     consumed -= {c.attribute for c in columns}
-    node.done()
     return RuleConfig(
         name=name,
         conditions=conditions,
@@ -595,9 +697,121 @@ def _parse_rule(data: Any, path: str, delimiter: str, family_names: set, source:
         other=other,
         include_key_attributes=include_keys,
         item_column=item_column,
-        indexes=indexes,
+        indexes=tuple(parsed),
         consumed=frozenset(consumed),
     )
+
+
+class _AnyName:
+    """The declared family names when the families could not be read at all:
+    every name passes, so that one problem is not reported again at each use."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+    def __iter__(self):
+        return iter(())
+
+
+_ANY_NAME = _AnyName()
+
+
+class _Reported(ConfigError):
+    """A part of the file whose problems are already recorded: nothing more to say."""
+
+
+def _parse_item_column(item_node: Optional[_Node], family_names: set, delimiter: str) -> Optional[ItemColumn]:
+    if item_node is None:
+        return None
+    family, qualifier, template_q = _family_of(item_node.string("column", required=True),
+                                               item_node.sub("column"), family_names, delimiter)
+    if template_q is not None:
+        raise ConfigError("the item column's qualifier must be a literal", item_node.sub("column"))
+    item_column = ItemColumn(family=family, qualifier=qualifier,
+                             encoding=item_node.choice("encoding", ("json", "dynamodb_json"), "json"),
+                             include_keys=item_node.boolean("include_keys", True))
+    item_node.done()
+    return item_column
+
+
+def named_attributes(source: SourceConfig, rules: Sequence[RuleConfig], ttl: Optional[TtlConfig] = None) -> set:
+    """Attributes the mapping names anywhere: keys, columns, qualifiers,
+    conditions, timestamps, projections, the TTL attribute."""
+    known = set(source.key_attributes) | ({ttl.attribute} if ttl is not None else set())
+    for rule in rules:
+        known.update(c.attribute for c in rule.columns)
+        known.update(c.timestamp.attribute for c in rule.columns if c.timestamp is not None)
+        known.update(s for c in rule.columns if c.qualifier_template is not None for s in c.qualifier_template.sources)
+        known.update(cond.attribute for cond in rule.conditions)
+        for index in rule.indexes:
+            known.update(index.project)
+            known.update(cond.attribute for cond in index.conditions)
+    return known
+
+
+def catch_all(rule: RuleConfig) -> Optional[str]:
+    """How a rule maps attributes it does not name, if it maps them at all:
+    ``other_attributes`` (mode column) or the ``item_column``."""
+    if rule.other.mode == "column":
+        return f"other_attributes (family {rule.other.family})"
+    if rule.item_column is not None:
+        return "the item_column"
+    return None
+
+
+def is_typo(a: str, b: str) -> bool:
+    """One edit apart, ignoring case (two for names of 8+ characters): a slip of
+    the keyboard, not merely a similar name."""
+    a, b = a.lower(), b.lower()
+    if a == b:
+        return True
+    limit = 2 if min(len(a), len(b)) >= 8 else 1
+    if abs(len(a) - len(b)) > limit:
+        return False
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1] <= limit
+
+
+def placeholder_problems(source: SourceConfig, rules: Sequence[RuleConfig], ttl: Optional[TtlConfig],
+                         delimiter: str = "#") -> list:
+    """Row-key and index-key placeholders that name an attribute the mapping
+    never names and no catch-all of the rule maps (or that is one keystroke
+    from a named one): almost always a typo ({PKK} for {PK}), which makes every
+    item a dead letter (a row key) or leaves the index empty. An attribute
+    items do carry is said so by naming it: a column, or a ``present``
+    condition. ``{match.X}`` comes from the rule's regex and rules with a hook
+    may make attributes up: neither is judged here."""
+    known = named_attributes(source, rules, ttl)
+    out = []
+    for i, rule in enumerate(rules):
+        if rule.hook or rule.skip:
+            continue
+        keys = [(f"rules[{i}].row_key", rule.row_key, None)]
+        keys += [(f"rules[{i}].indexes[{j}].row_key", index.row_key, index) for j, index in enumerate(rule.indexes)]
+        for where, template, index in keys:
+            for name in template.sources:
+                if name in known or name.startswith("match."):
+                    continue
+                without = ("an item without it gets no index row, so the index stays empty" if index is not None
+                           else "an item without it has no row key and is a dead letter")
+                via = catch_all(rule)
+                typo = next((k for k in sorted(known) if is_typo(name, k)), None)
+                if via is not None and typo is None:
+                    continue  # mapped through the catch-all, only not by name (lint notes it)
+                close = typo or next(iter(difflib.get_close_matches(name, sorted(known), n=1)), None)
+                hint = f" (did you mean {{{close}}}?)" if close else ""
+                where_match = f"the index's match" if index is not None else "the rule's match"
+                said = (f"is named nowhere else in the mapping; only {via} would map it" if via is not None
+                        else "is neither a key attribute nor named anywhere in the mapping")
+                out.append(ConfigError(
+                    f"{{{name}}} {said}{hint}: {without}. If items do carry {name}, name it: a column, or "
+                    f"{{attribute: {name}, present: true}} in {where_match}", where))
+    return out
 
 
 def _check_exclusive_families(columns: list, other: OtherAttributes, item_column: Optional[ItemColumn],
@@ -655,7 +869,7 @@ def _parse_other(node: Optional[_Node], family_names: set) -> OtherAttributes:
         if family is None:
             node.missing("family", " when mode is 'column'")
         if family not in family_names:
-            raise ConfigError(f"family {family!r} is not declared under 'families'", node.sub("family"))
+            _report(ConfigError(_undeclared(family, family_names), node.sub("family")))
     encoding = node.choice("encoding", ENCODINGS, "auto")
     node.done()
     return OtherAttributes(mode=mode, family=family, encoding=encoding)

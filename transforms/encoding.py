@@ -62,7 +62,7 @@ from ddb2bt.transforms.errors import MappingError
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
-_INT64 = struct.Struct(">q")
+INT64_STRUCT = struct.Struct(">q")
 _FLOAT64 = struct.Struct(">d")
 TRUE_BYTE = b"\x01"
 FALSE_BYTE = b"\x00"
@@ -88,7 +88,7 @@ def _utf8_payload(text: str, where: str) -> bytes:
         raise MappingError(f"{where}: string is not valid Unicode", reason="encoding") from None
 
 
-def _decimal_payload(text: str, where: str) -> bytes:
+def decimal_payload(text: str, where: str) -> bytes:
     parse_number(text, where)
     return text.encode("ascii")
 
@@ -112,11 +112,11 @@ def _int64(value: Any, where: str) -> bytes:
     integer = int(number)
     if not INT64_MIN <= integer <= INT64_MAX:
         raise MappingError(f"{where}: {integer} does not fit in 64 bits (encoding int64)", reason="encoding")
-    return _INT64.pack(integer)
+    return INT64_STRUCT.pack(integer)
 
 
 def _decimal(value: Any, where: str) -> bytes:
-    return _decimal_payload(_want(value, ("N",), "decimal", where), where)
+    return decimal_payload(_want(value, ("N",), "decimal", where), where)
 
 
 def _float64(value: Any, where: str) -> bytes:
@@ -149,7 +149,7 @@ def _dynamodb_json(value: Any, where: str) -> bytes:
     return canonical_typed_json(value, where).encode("utf-8")
 
 
-_AUTO_PAYLOAD = {"S": _utf8_payload, "N": _decimal_payload, "B": as_bytes, "BOOL": _bool_payload,
+_AUTO_PAYLOAD = {"S": _utf8_payload, "N": decimal_payload, "B": as_bytes, "BOOL": _bool_payload,
                  "NULL": _null_payload}
 
 
@@ -227,7 +227,7 @@ def decode(encoding: str, data: bytes, dynamodb_type: Optional[str] = None) -> A
     if encoding == "utf8":
         return {"S": data.decode("utf-8")}
     if encoding == "int64":
-        return {"N": str(_INT64.unpack(data)[0])}
+        return {"N": str(INT64_STRUCT.unpack(data)[0])}
     if encoding == "decimal":
         return {"N": data.decode("ascii")}
     if encoding == "float64":

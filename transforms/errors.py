@@ -58,3 +58,16 @@ class ChangesLostError(PermanentError):
 class StreamGoneError(PermanentError):
     """The stream or table was deleted or the stream disabled (a re-enabled stream
     has a new ARN and starts empty)."""
+
+
+class ConfigProblems(ConfigError):
+    """Every problem found in one mapping file, in one pass (``problems``: the
+    ConfigErrors, each naming its field), so a user fixes them in one round."""
+
+    def __init__(self, message: str, field: str = "", problems: tuple = (), **attrs: object) -> None:
+        super().__init__(message, field, problems=tuple(problems), **attrs)
+
+    @classmethod
+    def of(cls, problems: list, origin: str) -> "ConfigProblems":
+        lines = "\n".join(f"  {p}" for p in problems)
+        return cls(f"{len(problems)} problems in {origin}:\n{lines}", problems=tuple(problems))

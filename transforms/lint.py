@@ -6,16 +6,15 @@ production (hotspots, limits, lost versions, PII in keys), INFO for advice.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.config import MappingConfig, catch_all, named_attributes
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
-from ddb2bt.transforms.mapping import expected_cells, select_rule
+from ddb2bt.transforms.mapping import conditions_hold, expected_cells, select_rule
 from ddb2bt.transforms.rowkey import KeyTemplate, Placeholder
 
 WARN, INFO = "WARN", "INFO"
@@ -37,9 +36,10 @@ _ENUM_WORDS = {"status", "state", "type", "kind", "category", "phase", "stage", 
                "language", "channel", "mode", "bucket", "class", "group", "color", "colour", "visibility"}
 _FLAG_WORDS = {"is", "has"}
 _WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
-# With --sample, measured: a first placeholder with at most this many distinct
-# values whose most common value holds at least DOMINANT_SHARE of the sampled
-# keys. Only judged from LOW_CARDINALITY_MIN_SAMPLE keys up: fewer prove nothing.
+# With --sample, measured per key template over the items it is built for (a
+# rule's row key: the items the rule maps; an index: those of them it indexes):
+# a first placeholder with at most this many distinct values whose most common
+# value holds at least DOMINANT_SHARE of those keys. Only judged from LOW_CARDINALITY_MIN_SAMPLE keys up: fewer prove nothing.
 LOW_CARDINALITY_DISTINCT = 16
 DOMINANT_SHARE = 0.3
 LOW_CARDINALITY_MIN_SAMPLE = 20
@@ -69,19 +69,6 @@ def _templates(mapping: MappingConfig) -> Iterable:
             yield f"rules[{i}] {rule.name}: indexes[{j}] {index.name}", index.row_key
 
 
-def _known_attributes(mapping: MappingConfig) -> set:
-    """Attributes the mapping names anywhere: keys, columns, conditions, timestamps."""
-    known = set(mapping.source.key_attributes)
-    for rule in mapping.rules:
-        known.update(c.attribute for c in rule.columns)
-        known.update(c.timestamp.attribute for c in rule.columns if c.timestamp is not None)
-        known.update(cond.attribute for cond in rule.conditions)
-        for index in rule.indexes:
-            known.update(index.project)
-            known.update(cond.attribute for cond in index.conditions)
-    return known
-
-
 def _rule_templates(mapping: MappingConfig) -> Iterable:
     """(where, template, rule, is_index) for every key template of the mapping."""
     for i, rule in enumerate(mapping.rules):
@@ -91,72 +78,28 @@ def _rule_templates(mapping: MappingConfig) -> Iterable:
             yield f"rules[{i}] {rule.name}: indexes[{j}] {index.name}", index.row_key, rule, True
 
 
-def _catch_all(rule) -> Optional[str]:
-    """How a rule maps attributes it does not name, if it maps them at all:
-    ``other_attributes`` (mode column) or the ``item_column``."""
-    if rule.other.mode == "column":
-        return f"other_attributes (family {rule.other.family})"
-    if rule.item_column is not None:
-        return "the item_column"
-    return None
-
-
 def placeholder_findings(mapping: MappingConfig) -> list:
-    """Key placeholders that name an attribute the mapping does not name.
-
-    What a missing attribute costs differs by template: an item without a
-    row-key attribute cannot get a row and is a dead letter; an item without an
-    index attribute simply gets no index row (a sparse index, like a GSI).
-    An attribute mapped through ``other_attributes`` or the ``item_column`` is
-    mapped — only not by name — so it is not reported as unmapped (a note says
-    what an item without it gets, and a close named attribute is offered as
-    the likely intent). Rules with a hook may make up attributes: skipped."""
-    known = _known_attributes(mapping)
+    """Key placeholders mapped only through a catch-all (``other_attributes`` in
+    mode column, or the ``item_column``): mapped, only not by name, so a note
+    says what an item without the attribute gets — no row key, a dead letter;
+    no index row (a sparse index, like a GSI). A placeholder the mapping does
+    not map at all, or one keystroke from a named attribute, is an error of
+    the mapping itself (``config.placeholder_problems``): such a mapping does
+    not load. Rules with a hook may make attributes up: skipped."""
+    known = named_attributes(mapping.source, mapping.rules, mapping.ttl)
     out = []
     for where, template, rule, is_index in _rule_templates(mapping):
-        if rule.hook:
+        via = catch_all(rule)
+        if rule.hook or via is None:
             continue
         for source in template.sources:
-            if source in known:
+            if source in known or source.startswith("match."):
                 continue
             without = ("an item without it gets no index row (the index is sparse)" if is_index else
                        "an item without it has no row key and will be a dead letter")
-            via = _catch_all(rule)
-            if via is None:
-                close = difflib.get_close_matches(source, sorted(known), n=1)
-                hint = f" (did you mean {{{close[0]}}}?)" if close else ""
-                out.append(Finding(WARN, "unknown_placeholder", where,
-                                   f"{{{source}}} is neither a key attribute nor mapped anywhere{hint}: {without}"))
-                continue
-            # Mapped, only not by name: a warning only for what is almost surely a
-            # typo of a named attribute ({skk} for {sk}); OrderDate is not OrderId.
-            typo = next((name for name in sorted(known) if _is_typo(source, name)), None)
-            if typo is not None:
-                out.append(Finding(WARN, "unknown_placeholder", where,
-                                   f"{{{source}}} is named nowhere else in the mapping (did you mean {{{typo}}}?); "
-                                   f"only {via} would map it: {without}"))
-            else:
-                out.append(Finding(INFO, "placeholder_via_other", where,
-                                   f"{{{source}}} is mapped through {via}: {without}"))
+            out.append(Finding(INFO, "placeholder_via_other", where,
+                               f"{{{source}}} is mapped through {via}: {without}"))
     return out
-
-
-def _is_typo(a: str, b: str) -> bool:
-    """One edit apart, ignoring case (two for names of 8+ characters): a slip of
-    the keyboard, not merely a similar name."""
-    a, b = a.lower(), b.lower()
-    if a == b:
-        return True
-    limit = 2 if min(len(a), len(b)) >= 8 else 1
-    if abs(len(a) - len(b)) > limit:
-        return False
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1] <= limit
 
 
 def looks_enum_like(name: str) -> bool:
@@ -189,14 +132,46 @@ def low_cardinality_findings(mapping: MappingConfig) -> list:
     return out
 
 
+def _mapped_by(mapping: MappingConfig, items: list) -> dict:
+    """{id(rule): [item, ...]}: each sampled item under the rule that maps it
+    (the first whose conditions hold), as the live path selects it."""
+    out: dict = {}
+    for item in items:
+        keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+        rule, _ = select_rule(mapping, keys, item)
+        if rule is not None:
+            out.setdefault(id(rule), []).append(item)
+    return out
+
+
+def _sampled_templates(mapping: MappingConfig, items: list) -> Iterable:
+    """(where, template, items it maps) for every key template: a rule's row key
+    over the items that rule maps, an index's over those of them its conditions
+    hold for. Counted per template, not over the whole sample: in a single-table
+    design an overloaded index attribute (GSI1PK: an e-mail for customers, a
+    status for orders) has hundreds of values over all items and three over the
+    orders whose index rows are the hotspot."""
+    by_rule = _mapped_by(mapping, items)
+    for i, rule in enumerate(mapping.rules):
+        mapped = by_rule.get(id(rule), [])
+        if rule.row_key is not None:
+            yield f"rules[{i}] {rule.name}: row_key", rule.row_key, mapped
+        for j, index in enumerate(rule.indexes):
+            indexed = [item for item in mapped if conditions_hold(
+                index.conditions, {k: item[k] for k in mapping.source.key_attributes if k in item}, item)]
+            yield f"rules[{i}] {rule.name}: indexes[{j}] {index.name}", index.row_key, indexed
+
+
 def _sampled_low_cardinality(mapping: MappingConfig, items: list) -> list:
     out = []
-    for where, t, _, _ in _rule_templates(mapping):
+    for where, t, mapped in _sampled_templates(mapping, items):
         lead = _leading_placeholder(t)
         if lead is None:
             continue
+        # An item without the attribute gets no row from this key (a sparse
+        # index, or a dead letter): it adds nothing to any range.
         values = Counter(repr(sorted(item[lead.source].items())) if isinstance(item[lead.source], dict)
-                         else repr(item[lead.source]) for item in items if lead.source in item)
+                         else repr(item[lead.source]) for item in mapped if lead.source in item)
         total = sum(values.values())
         if total < LOW_CARDINALITY_MIN_SAMPLE or len(values) > LOW_CARDINALITY_DISTINCT:
             continue
@@ -205,8 +180,9 @@ def _sampled_low_cardinality(mapping: MappingConfig, items: list) -> list:
             # The value itself is not printed: it is item content.
             out.append(Finding(WARN, "low_cardinality_prefix", where,
                                f"{{{lead.source}}}, the key's first variable part, has {len(values)} distinct value(s) in "
-                               f"{total} sampled items, the most common in {share:.0%} of them: one contiguous "
-                               "range takes most writes (hotspot); put a high-cardinality value first or salt it"))
+                               f"the {total} sampled items this key is built for, the most common in {share:.0%} of "
+                               "them: one contiguous range takes most writes (hotspot); put a high-cardinality value "
+                               "first or salt it"))
     return out
 
 

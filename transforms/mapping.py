@@ -50,7 +50,7 @@ from ddb2bt.transforms.model import (
 from ddb2bt.transforms.rowkey import build_key
 
 # Bigtable's delete range end is exclusive: +1 ms makes the change's own cells part of it.
-_INCLUSIVE_END_MS = 1
+INCLUSIVE_END_MS = 1
 INDEX_POINTER = b"row"  # the index row's cell holding the main row key
 # Touch markers (backfill/tail overlap, versioned columns only): a family of ours
 # in the target table, garbage-collected after a week; never compared by verify.
@@ -87,7 +87,7 @@ def _lookup(keys: Item, item: Optional[Item], name: str):
     return value
 
 
-def _matches(cond: MatchCondition, keys: Item, item: Optional[Item], captures: dict) -> bool:
+def condition_matches(cond: MatchCondition, keys: Item, item: Optional[Item], captures: dict) -> bool:
     value = _lookup(keys, item, cond.attribute)
     if cond.kind == "present":
         return (value is not None) == cond.value
@@ -114,7 +114,7 @@ def _matches(cond: MatchCondition, keys: Item, item: Optional[Item], captures: d
 
 def conditions_hold(conditions: tuple, keys: Item, item: Optional[Item], captures: Optional[dict] = None) -> bool:
     found: dict = {}
-    ok = all(_matches(c, keys, item, found) for c in conditions)
+    ok = all(condition_matches(c, keys, item, found) for c in conditions)
     if ok and captures is not None:
         captures.update(found)
     return ok
@@ -207,7 +207,7 @@ def _scalar_bytes(value, where: str) -> bytes:
     raise MappingError(f"{where}: set members must be S, N or B, got {tag}", reason="encoding")
 
 
-class _Owner:
+class CellOwner:
     """Collects the cells of one image, refusing two claims on one cell."""
 
     def __init__(self, with_values: bool) -> None:
@@ -225,7 +225,7 @@ class _Owner:
         self.cells[key] = cell
 
 
-def _column_cells(owner: _Owner, col: ColumnConfig, value, table: str, row: bytes, keys: Item, image: Item,
+def column_cells(owner: CellOwner, col: ColumnConfig, value, table: str, row: bytes, keys: Item, image: Item,
                   captures: Mapping) -> None:
     where = col.attribute
     values = owner.with_values
@@ -263,39 +263,39 @@ def _column_cells(owner: _Owner, col: ColumnConfig, value, table: str, row: byte
 # What to do with an attribute, decided once per (rule, attribute name) and cached:
 # the per-attribute checks (listed column? key? consumed? other attributes?) are
 # the same for every item, and this loop runs for every attribute of every image.
-_SKIP = 0  # not placed (key attribute, consumed by a template, ignored)
-_PLAIN = 1  # one cell at the change time: (_PLAIN, family, qualifier, encoder)
-_COLUMN = 2  # a listed column needing the general path: (_COLUMN, ColumnConfig)
-_UNMAPPED = 3  # other_attributes: dead_letter
+PLAN_SKIP = 0  # not placed (key attribute, consumed by a template, ignored)
+PLAN_PLAIN = 1  # one cell at the change time: (PLAN_PLAIN, family, qualifier, encoder)
+PLAN_COLUMN = 2  # a listed column needing the general path: (PLAN_COLUMN, ColumnConfig)
+PLAN_UNMAPPED = 3  # other_attributes: dead_letter
 # Distinct attribute names whose plan is cached per rule; items with unbounded
 # dynamic attribute names get their plan computed each time beyond this.
 MAX_PLANNED_ATTRIBUTES = 10_000
 
 
-def _attribute_plan(rule: RuleConfig, key_attrs: tuple, name: str) -> tuple:
+def attribute_plan(rule: RuleConfig, key_attrs: tuple, name: str) -> tuple:
     column = rule.column_for(name)
     if column is not None:
         if column.kind == "value" and column.qualifier_template is None and column.timestamp is None:
-            return (_PLAIN, column.family, column.qualifier, ENCODERS[column.encoding])
-        return (_COLUMN, column)
+            return (PLAN_PLAIN, column.family, column.qualifier, ENCODERS[column.encoding])
+        return (PLAN_COLUMN, column)
     if name in key_attrs and not rule.include_key_attributes:
-        return (_SKIP,)
+        return (PLAN_SKIP,)
     if name in rule.consumed:
-        return (_SKIP,)  # used by the row key, a qualifier or a timestamp
+        return (PLAN_SKIP,)  # used by the row key, a qualifier or a timestamp
     if rule.item_column is not None and rule.other.mode == "dead_letter":
-        return (_SKIP,)  # the item column already keeps every attribute
+        return (PLAN_SKIP,)  # the item column already keeps every attribute
     if rule.other.mode == "column":
-        return (_PLAIN, rule.other.family, name.encode("utf-8"), ENCODERS[rule.other.encoding])
+        return (PLAN_PLAIN, rule.other.family, name.encode("utf-8"), ENCODERS[rule.other.encoding])
     if rule.other.mode == "dead_letter":
-        return (_UNMAPPED,)
-    return (_SKIP,)
+        return (PLAN_UNMAPPED,)
+    return (PLAN_SKIP,)
 
 
 def _plans(rule: RuleConfig) -> dict:
     return memo(rule, "_attribute_plans", dict)
 
 
-def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: Item, image: Item,
+def _rule_cells(owner: CellOwner, mapping: MappingConfig, rule: RuleConfig, keys: Item, image: Item,
                 captures: Mapping) -> None:
     table = mapping.target.table
     if rule.hook is not None:
@@ -310,11 +310,11 @@ def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: I
     for name in sorted(image):
         plan = plans.get(name)
         if plan is None:
-            plan = _attribute_plan(rule, key_attrs, name)
+            plan = attribute_plan(rule, key_attrs, name)
             if len(plans) < MAX_PLANNED_ATTRIBUTES:
                 plans[name] = plan
         kind = plan[0]
-        if kind == _PLAIN:
+        if kind == PLAN_PLAIN:
             _, family, qualifier, encoder = plan
             cell = OwnedCell(table, row, family, qualifier, None,
                              encoder(image[name], name) if with_values else None, None)
@@ -322,9 +322,9 @@ def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: I
             if key in cells:
                 owner.add(cell, name)  # raises: two attributes claim one cell
             cells[key] = cell
-        elif kind == _COLUMN:
-            _column_cells(owner, plan[1], image[name], table, row, keys, image, captures)
-        elif kind == _UNMAPPED:
+        elif kind == PLAN_COLUMN:
+            column_cells(owner, plan[1], image[name], table, row, keys, image, captures)
+        elif kind == PLAN_UNMAPPED:
             raise MappingError(
                 f"attribute {name!r} is not mapped by rule {rule.name!r} "
                 "(add it under columns, or set other_attributes)",
@@ -342,7 +342,7 @@ def _rule_cells(owner: _Owner, mapping: MappingConfig, rule: RuleConfig, keys: I
         _index_cells(owner, mapping, index, keys, image, row)
 
 
-def _index_cells(owner: _Owner, mapping: MappingConfig, index: IndexConfig, keys: Item, image: Item,
+def _index_cells(owner: CellOwner, mapping: MappingConfig, index: IndexConfig, keys: Item, image: Item,
                  main_row: bytes) -> None:
     if not conditions_hold(index.conditions, keys, image):
         return
@@ -361,7 +361,7 @@ def _index_cells(owner: _Owner, mapping: MappingConfig, index: IndexConfig, keys
             owner.add(OwnedCell(table, row, index.family, name.encode("utf-8"), value=value), f"index {index.name}")
 
 
-def _hook_cells(owner: _Owner, rule: RuleConfig, keys: Item, image: Item) -> None:
+def _hook_cells(owner: CellOwner, rule: RuleConfig, keys: Item, image: Item) -> None:
     """``module:function(keys, image)`` returns cells as (table, row_key, family,
     qualifier, value, version_ms or None); the engine turns them into mutations."""
     func = resolve_hook(rule.hook)
@@ -399,14 +399,14 @@ def owned_cells(mapping: MappingConfig, keys: Item, image: Optional[Item], with_
         raise MappingError("no mapping rule matches this item", reason="no_matching_rule")
     if rule.skip:
         return {}
-    owner = _Owner(with_values)
+    owner = CellOwner(with_values)
     _rule_cells(owner, mapping, rule, keys, image, captures)
     return owner.cells
 
 
-def _owned(mapping: MappingConfig, keys: Item, image: Item) -> _Owner:
+def _owned(mapping: MappingConfig, keys: Item, image: Item) -> CellOwner:
     """owned_cells of a new image, keeping the rule and row it mapped to."""
-    owner = _Owner(True)
+    owner = CellOwner(True)
     rule, captures = select_rule(mapping, keys, image)
     if rule is None:
         if mapping.unmatched == "skip":
@@ -417,7 +417,7 @@ def _owned(mapping: MappingConfig, keys: Item, image: Item) -> _Owner:
     return owner
 
 
-def _old_cells(mapping: MappingConfig, record: ChangeRecord, new: _Owner) -> dict:
+def _old_cells(mapping: MappingConfig, record: ChangeRecord, new: CellOwner) -> dict:
     """The cells the old image owned (keys only: nothing is encoded).
 
     Fast path for the common MODIFY: when the old image maps with the same rule to
@@ -440,7 +440,7 @@ def _old_cells(mapping: MappingConfig, record: ChangeRecord, new: _Owner) -> dic
 
 
 _UNPLANNED = (None,)
-_SIMPLE = (_PLAIN, _SKIP)
+_SIMPLE = (PLAN_PLAIN, PLAN_SKIP)
 
 
 # --- change → mutations ---------------------------------------------------------
@@ -466,12 +466,12 @@ def validate_record(record: ChangeRecord) -> None:
         raise MappingError(f"negative change time {record.change_ms}", reason="bad_record")
 
 
-def _write(cell: OwnedCell, ts: int, prune: bool) -> list:
+def write_cell(cell: OwnedCell, ts: int, prune: bool) -> list:
     if cell.values is not None:
         n = len(cell.values)
         first = ts - n + 1  # element i at ts-(n-1-i): the newest element at the change time
         if n == 0:
-            return [DeleteCells(cell.family, cell.qualifier, 0, ts + _INCLUSIVE_END_MS)]
+            return [DeleteCells(cell.family, cell.qualifier, 0, ts + INCLUSIVE_END_MS)]
         if first < 1:
             raise MappingError(f"list of {n} elements needs timestamps before the epoch", reason="timestamp")
         out = [DeleteCells(cell.family, cell.qualifier, 0, first)]
@@ -484,10 +484,10 @@ def _write(cell: OwnedCell, ts: int, prune: bool) -> list:
     return [SetCell(cell.family, cell.qualifier, cell.value, ts), DeleteCells(cell.family, cell.qualifier, 0, ts)]
 
 
-def _delete(cell: OwnedCell, ts: int) -> DeleteCells:
+def delete_cell(cell: OwnedCell, ts: int) -> DeleteCells:
     if cell.version_ms is not None:
-        return DeleteCells(cell.family, cell.qualifier, cell.version_ms, cell.version_ms + _INCLUSIVE_END_MS)
-    return DeleteCells(cell.family, cell.qualifier, 0, ts + _INCLUSIVE_END_MS)
+        return DeleteCells(cell.family, cell.qualifier, cell.version_ms, cell.version_ms + INCLUSIVE_END_MS)
+    return DeleteCells(cell.family, cell.qualifier, 0, ts + INCLUSIVE_END_MS)
 
 
 def item_owner(keys: Item) -> bytes:
@@ -511,7 +511,7 @@ def general_map_change(mapping: MappingConfig, record: ChangeRecord, mark_touche
             and mapping.ttl.deletions == "ignore"):
         return ()
     ts = record.change_ms
-    owner = _owned(mapping, record.keys, record.new_image) if record.event_name != REMOVE else _Owner(True)
+    owner = _owned(mapping, record.keys, record.new_image) if record.event_name != REMOVE else CellOwner(True)
     new = owner.cells
     old = _old_cells(mapping, record, owner)
     rows: dict = {}  # (table, row_key) -> [mutations]; insertion order = first touch
@@ -526,11 +526,11 @@ def general_map_change(mapping: MappingConfig, record: ChangeRecord, mark_touche
              or (mapping.ttl is not None and mapping.ttl.deletions == "ignore"))
     for key in sorted(new):
         cell = new[key]
-        rows.setdefault((cell.table, cell.row_key), []).extend(_write(cell, ts, prune))
+        rows.setdefault((cell.table, cell.row_key), []).extend(write_cell(cell, ts, prune))
     for key in sorted(old):
         if key not in new:
             cell = old[key]
-            rows.setdefault((cell.table, cell.row_key), []).append(_delete(cell, ts))
+            rows.setdefault((cell.table, cell.row_key), []).append(delete_cell(cell, ts))
     qualifier = marker_qualifier(record.keys) if (mark_touched or record.backfill_since_ms is not None) else b""
     if mark_touched and record.backfill_since_ms is None:
         for row in rows.values():
@@ -602,6 +602,21 @@ def _versions(new: dict, old: dict) -> dict:
     return {row: tuple(sorted(entries)) for row, entries in out.items()}
 
 
+def owned_now_and_before(mapping: MappingConfig, keys: Item, current: Optional[Item], seen: tuple) -> tuple:
+    """(cells ``current`` owns, with values; cells any of the ``seen`` images
+    owned, without): what a redrive writes and what it may delete. An image that
+    cannot be mapped any more owned nothing; ``current`` that cannot be mapped
+    raises MappingError."""
+    new = owned_cells(mapping, keys, current) if current is not None else {}
+    old: dict = {}
+    for image in seen:
+        try:
+            old.update(owned_cells(mapping, keys, image, with_values=False))
+        except MappingError:
+            continue
+    return new, old
+
+
 def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item], seen: tuple,
                     ts: int) -> tuple:
     """The row changes that make an item's cells equal what ``current`` owns
@@ -612,21 +627,15 @@ def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item],
     (a versioned cell: exactly its version). No stored image is ever re-applied:
     only the current state is written. An image that cannot be mapped any more
     owned no cells and is passed over; ``current`` that cannot be mapped raises."""
-    new = owned_cells(mapping, keys, current) if current is not None else {}
-    old: dict = {}
-    for image in seen:
-        try:
-            old.update(owned_cells(mapping, keys, image, with_values=False))
-        except MappingError:
-            continue
+    new, old = owned_now_and_before(mapping, keys, current, seen)
     rows: dict = {}
     for key in sorted(new):
         cell = new[key]
-        rows.setdefault((cell.table, cell.row_key), []).extend(_write(cell, ts, True))
+        rows.setdefault((cell.table, cell.row_key), []).extend(write_cell(cell, ts, True))
     for key in sorted(old):
         if key not in new:
             cell = old[key]
-            rows.setdefault((cell.table, cell.row_key), []).append(_delete(cell, ts))
+            rows.setdefault((cell.table, cell.row_key), []).append(delete_cell(cell, ts))
     versions = _versions(new, old)
     owner = item_owner(keys) if versions else b""
     return tuple(RowChange(t, k, tuple(m), None, checked_size(k, m), versions.get((t, k), ()), owner)

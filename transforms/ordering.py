@@ -32,15 +32,24 @@ from typing import Optional
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
-from ddb2bt.transforms.mapping import _delete, _write, owned_cells, validate_record
+from ddb2bt.transforms.mapping import delete_cell, owned_cells, owned_now_and_before, validate_record, write_cell
 from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
 
 __all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "clock_mutations", "decode_clock", "encode_clock",
-           "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations"]
+           "converge_rows", "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations",
+           "swap_expectation"]
 
 CLOCK_FAMILY = "ddb2bt_clock"
 # Clock value layout version (encode_clock): lets a later layout be read next to this one.
-CLOCK_FORMAT = 1
+# Format 1 (``1:<µs>:<hash>:<cells>``) is still read; format 2 puts a token first.
+CLOCK_FORMAT = 2
+LEGACY_CLOCK_FORMAT = 1
+# The swap compares only the token (blake2b-128 of the rest of the value): a
+# predicate of fixed size. Comparing the whole value grew with the cells the item
+# owns (~8 filter bytes per byte), past Bigtable's 20,480-byte row-filter limit
+# at ~100 map keys (docs/design.md §10.2). 128 bits: two different clocks of a
+# row never share a token in practice.
+TOKEN_BYTES = 16
 HASH_BYTES = 8  # blake2b-64 of an image: a collision needs ~2^32 states of one item
 US_PER_MS = 1000
 # Hash of "no image" (before an INSERT, after a REMOVE).
@@ -81,18 +90,33 @@ class Clock:
 
 
 def encode_clock(clock: Clock) -> bytes:
-    """ASCII (``1:<µs>:<hash hex>:<cells JSON>``): compared exactly by an RE2
-    value filter in the swap, where only ASCII bytes match themselves."""
+    """ASCII (``2:<token hex>:<µs>:<hash hex>:<cells JSON>``, the token a digest
+    of what follows it): the swap compares the ``2:<token>:`` prefix with an RE2
+    value filter, where only ASCII bytes match themselves (``swap_expectation``)."""
     cells = [[f, q.hex(), v] for f, q, v in clock.cells]
-    return (f"{CLOCK_FORMAT}:{clock.us}:{clock.new_hash.hex()}:"
-            f"{json.dumps(cells, separators=(',', ':'))}").encode("ascii")
+    body = f"{clock.us}:{clock.new_hash.hex()}:{json.dumps(cells, separators=(',', ':'))}"
+    token = hashlib.blake2b(body.encode("ascii"), digest_size=TOKEN_BYTES).hexdigest()
+    return f"{CLOCK_FORMAT}:{token}:{body}".encode("ascii")
 
 
 def decode_clock(value: bytes) -> Clock:
-    fmt, us, new_hash, cells = value.decode("ascii").split(":", 3)
-    if int(fmt) != CLOCK_FORMAT:
-        raise ValueError(f"clock cell of format {fmt}, this version reads {CLOCK_FORMAT}")
+    fmt, rest = value.decode("ascii").split(":", 1)
+    if int(fmt) == CLOCK_FORMAT:
+        rest = rest.split(":", 1)[1]  # the token
+    elif int(fmt) != LEGACY_CLOCK_FORMAT:
+        raise ValueError(f"clock cell of format {fmt}, this version reads {LEGACY_CLOCK_FORMAT} and {CLOCK_FORMAT}")
+    us, new_hash, cells = rest.split(":", 2)
     return Clock(int(us), bytes.fromhex(new_hash), tuple((f, bytes.fromhex(q), v) for f, q, v in json.loads(cells)))
+
+
+def swap_expectation(value: bytes) -> tuple:
+    """(bytes, prefix): what the swap checks the clock cell still holds. A
+    format-2 clock by its ``2:<token>:`` prefix, a fixed size whatever the item
+    owns; a format-1 clock (written before the token) by its whole value."""
+    head = f"{CLOCK_FORMAT}:".encode("ascii")
+    if value.startswith(head):
+        return value[:len(head) + 2 * TOKEN_BYTES + 1], True
+    return value, False
 
 
 def is_newer(key: OrderKey, stored: Optional[Clock]) -> bool:
@@ -143,6 +167,28 @@ def guarded_rows(mapping: MappingConfig, record: ChangeRecord) -> tuple:
         old = owned_cells(mapping, record.keys, record.old_image, with_values=False)
     except MappingError:  # an old image that no longer maps owned nothing we can name
         old = {}
+    return _guarded_rows(new, old, record.keys, record.change_ms, order_key(record))
+
+
+def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int) -> tuple:
+    """The guard's form of ``mapping.converge_change`` (``dlq redrive`` and
+    ``repair`` of an out-of-order source): the item's ``current`` state (None:
+    gone) as a change at ``ts_ms``, ordered at the last µs of that millisecond,
+    one GuardedRow per row it or one of the ``seen`` images owns cells in. Through
+    the guard it is written only if newer than the row's clock, replaces the
+    whole state with the clock listing what it owns (so a later REMOVE deletes
+    it), and, the item gone, leaves the clock as the tombstone that keeps a late
+    older change out. ``old_cells`` (used only where a row has no clock yet)
+    unite what the seen images owned; an image that cannot be mapped any more
+    owned nothing; ``current`` that cannot be mapped raises MappingError."""
+    new, old = owned_now_and_before(mapping, keys, current, seen)
+    order = OrderKey(ts_ms * US_PER_MS + US_PER_MS - 1, image_hash(seen[-1] if seen else None), image_hash(current))
+    return _guarded_rows(new, old, keys, ts_ms, order)
+
+
+def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order) -> tuple:
+    """One GuardedRow per row the new or the old cells are in: what the change
+    owns there now, and the ids of what it owned before."""
     rows: dict = {}
     for key in sorted(new):
         cell = new[key]
@@ -150,9 +196,8 @@ def guarded_rows(mapping: MappingConfig, record: ChangeRecord) -> tuple:
     for key in sorted(old):
         cell = old[key]
         rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
-    item = canonical_typed_json({"M": dict(record.keys)}).encode("utf-8")
-    order = order_key(record)
-    return tuple(GuardedRow(t, k, item, record.change_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)))
+    item = canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+    return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)))
                  for (t, k), (n, o) in rows.items())
 
 
@@ -177,11 +222,11 @@ def row_mutations(row: GuardedRow, stored: Optional[Clock]) -> Optional[tuple]:
         keep.add(_cell_id(cell))
         # prune=True: the column's older versions go, so it holds one version
         # (docs/design.md §5.1); safe because nothing of this item is newer here.
-        muts.extend(_write(cell, ts, True))
+        muts.extend(write_cell(cell, ts, True))
     owned_before = stored.cells if stored is not None else row.old_cells
     for family, qualifier, version in owned_before:
         if (family, qualifier, version) not in keep:
-            muts.append(_delete(_Cell(family, qualifier, version), ts))
+            muts.append(delete_cell(_Cell(family, qualifier, version), ts))
     muts.extend(clock_mutations(row, tuple(sorted(keep, key=_sort_id))))
     return tuple(muts)
 
@@ -192,7 +237,7 @@ def _sort_id(cell_id: tuple) -> tuple:
 
 
 @dataclass(frozen=True, slots=True)
-class _Cell:  # what _delete reads of an OwnedCell
+class _Cell:  # what delete_cell reads of an OwnedCell
     family: str
     qualifier: bytes
     version_ms: Optional[int]

@@ -82,7 +82,7 @@ TRANSFORMS: dict[str, tuple[bool, Callable[[str, str, str], str]]] = {
     "reverse_domain": (False, lambda v, a, w: ".".join(reversed(v.split(".")))),
     "max_minus": (False, _max_minus),
     "strip_prefix": (True, _strip_prefix),
-    "hex": (False, lambda v, a, w: v),  # handled on bytes, see _part_value
+    "hex": (False, lambda v, a, w: v),  # handled on bytes, see part_value
     "salt": (True, _salt),
 }
 
@@ -180,7 +180,7 @@ def _resolve(source: str, keys: Mapping, item: Optional[Mapping], captures: Mapp
     return value
 
 
-def _part_value(ph: Placeholder, value: Any, where: str) -> bytes:
+def part_value(ph: Placeholder, value: Any, where: str) -> bytes:
     tag = type_of(value, where)
     if tag == "B":
         raw = as_bytes(value["B"], where)
@@ -216,7 +216,7 @@ def build_key(
         if isinstance(tok, bytes):
             out += tok
             continue
-        raw = _part_value(tok, _resolve(tok.source, keys, item, captures, where), f"{where}{{{tok.source}}}")
+        raw = part_value(tok, _resolve(tok.source, keys, item, captures, where), f"{where}{{{tok.source}}}")
         out += raw if i == last else escape(raw, template.delimiter)
     return bytes(out)
 

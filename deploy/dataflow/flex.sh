@@ -2,11 +2,20 @@
 # Build and operate ddb2bt as a Dataflow Flex Template (docs/deploy-dataflow.md).
 #
 #   deploy/dataflow/flex.sh [--dry-run] build                          # image (Cloud Build) + template spec
+#   deploy/dataflow/flex.sh params EXAMPLE OUT.json KEY=VALUE...       # your parameter file: a copy of
+#                            deploy/dataflow/params/EXAMPLE.json (run, migrate, backfill, verify) with KEYs set
 #   deploy/dataflow/flex.sh [--dry-run] run    [SIZING] PARAMS.json JOB   # launch (params: deploy/dataflow/params/*.json)
 #   deploy/dataflow/flex.sh [--dry-run] update [SIZING] PARAMS.json JOB [OLD=NEW,...]  # replace a running job in place
 #   deploy/dataflow/flex.sh [--dry-run] drain  JOB                     # stop reading, finish writing, keep checkpoints
 #
 # --dry-run prints the exact gcloud commands instead of running them.
+# Before a launch (run, update) the parameter file is checked: its mapping must be
+# a gs:// path (not the example's gs://my-bucket/...) and readable (gcloud storage
+# ls, with your credentials); one outside $BUCKET is warned about (the workers'
+# service account is granted $BUCKET only). With --workers/--max-workers and
+# --machine-type, partitions, tasks and segments must fit them (about 2 partitions
+# per worker, a task per vCPU, 4 segments per task; docs/deploy-dataflow.md#7-sizing):
+# a misfit is refused with the values that fit; --skip-sizing-check launches anyway.
 # SIZING (run, update):
 #   --workers N              workers at start (gcloud --num-workers)
 #   --max-workers N          autoscaling ceiling (--max-workers)
@@ -16,19 +25,21 @@
 #   --no-streaming-engine    do not pass --enable-streaming-engine (passed by default for run and migrate)
 #   --service-account EMAIL  the launcher VM's and the workers' identity (--service-account-email;
 #                            default $SERVICE_ACCOUNT)
+#   --skip-sizing-check      launch even when partitions/tasks/segments do not fit the workers
 #
 # Environment: PROJECT, REGION (near the Bigtable cluster), BUCKET (templates and
 # temp files), REPO (Artifact Registry repository, default ddb2bt), optional TAG,
 # SERVICE_ACCOUNT (the worker service account), and for build AWS_ROLE_ARN (the
 # role the workers' credential_process assumes, see deploy/aws/setup.sh).
 set -euo pipefail
+CALLER_PWD="$PWD"  # parameter files are named relative to where you are
 cd "$(dirname "$0")/../.."
 # shellcheck source=deploy/lib.sh
 . deploy/lib.sh
 
 usage() { header >&2; exit 2; }
 
-workers="" max_workers="" machine_type="" subnetwork="" no_public_ips=0 streaming_engine=1
+workers="" max_workers="" machine_type="" subnetwork="" no_public_ips=0 streaming_engine=1 sizing_check=1
 service_account="${SERVICE_ACCOUNT:-}"
 positional=()
 while [ $# -gt 0 ]; do
@@ -44,6 +55,7 @@ while [ $# -gt 0 ]; do
     --subnetwork=*) subnetwork="${1#*=}" ;;
     --no-public-ips) no_public_ips=1 ;;
     --no-streaming-engine) streaming_engine=0 ;;
+    --skip-sizing-check) sizing_check=0 ;;
     --service-account) service_account="${2:?--service-account EMAIL}"; shift ;;
     --service-account=*) service_account="${1#*=}" ;;
     -h|--help) header; exit 0 ;;
@@ -53,6 +65,32 @@ while [ $# -gt 0 ]; do
   shift
 done
 set -- "${positional[@]+"${positional[@]}"}"
+
+here() {  # a path as the caller meant it (the script runs from the repository's root)
+  case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$CALLER_PWD/$1" ;; esac
+}
+
+if [ "${1:-}" = params ]; then  # needs no cloud environment: it writes a local file
+  example="${2:?params EXAMPLE OUT.json KEY=VALUE... (EXAMPLE: run, migrate, backfill, verify)}"
+  out="$(here "${3:?params EXAMPLE OUT.json KEY=VALUE...}")"
+  src="deploy/dataflow/params/${example%.json}.json"
+  [ -f "$src" ] || die "no example parameter file $src (examples: run, migrate, backfill, verify)"
+  [ ! -e "$out" ] || die "$out exists: edit it, or remove it first"
+  shift 3
+  python3 - "$src" "$out" "$@" <<'EOF' || exit 2
+import json, sys
+src, out, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
+params = json.load(open(src))
+for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+        sys.exit(f"flex.sh: {pair!r} is not KEY=VALUE")
+    params[key] = value
+open(out, "w").write(json.dumps(params, indent=2) + "\n")
+print(f"wrote {out} (from {src}): " + ", ".join(f"{k}={v}" for k, v in params.items()), file=sys.stderr)
+EOF
+  exit 0
+fi
 for n in "$workers" "$max_workers"; do
   [ -z "$n" ] || [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "worker counts must be positive integers, got '$n'"
 done
@@ -73,9 +111,73 @@ command_of() {  # PARAMS.json → its "command" (run, backfill, migrate)
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("command", ""))' "$1"
 }
 
+check_mapping() {  # PARAMS.json: the mapping is where the launcher and the workers read it
+  local file="$1" mapping m maps
+  mapping="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("mapping", ""))' "$file")"
+  [ -n "$mapping" ] || die "$file has no \"mapping\" (the gs:// path of your mapping)"
+  IFS=, read -r -a maps <<< "$mapping"
+  for m in "${maps[@]}"; do
+    case "$m" in
+      example:*) continue ;;  # a packaged example: inside the image
+      gs://my-bucket/*) [ "$BUCKET" = my-bucket ] ||
+        die "$file: mapping $m is still the example's; set it to your mapping in gs://$BUCKET/ (step 6: flex.sh params ... mapping=gs://$BUCKET/ddb2bt/NAME.yaml)" ;;
+      gs://*) ;;
+      *) die "$file: mapping $m is not a gs:// path: the launcher VM and the workers cannot read a local file; gcloud storage cp it to gs://$BUCKET/ddb2bt/ and name that" ;;
+    esac
+    case "$m" in
+      "gs://$BUCKET/"*) ;;
+      *) echo "$(basename "$0"): warning: mapping $m is outside gs://$BUCKET/: the workers read it as ${service_account:-their service account}, which deploy/gcp/setup.sh grants gs://$BUCKET only; grant it roles/storage.objectViewer there or copy the mapping into gs://$BUCKET/ddb2bt/" >&2 ;;
+    esac
+    if [ "$DRY_RUN" = 1 ]; then
+      quote gcloud storage ls "$m"
+    else
+      gcloud storage ls "$m" > /dev/null || die "cannot read the mapping $m (gcloud storage ls failed, see above)"
+    fi
+  done
+}
+
+check_sizing() {  # PARAMS.json: partitions, tasks, segments fit the workers and vCPUs asked for
+  local file="$1" most="${max_workers:-$workers}" vcpus=""
+  [ "$sizing_check" = 1 ] && [ -n "$most" ] || return 0
+  if [[ "$machine_type" =~ -([0-9]+)$ ]]; then vcpus="${BASH_REMATCH[1]}"; fi
+  python3 - "$file" "$most" "$vcpus" <<'EOF' || exit 2
+import json, sys
+params = json.load(open(sys.argv[1]))
+workers, vcpus = int(sys.argv[2]), int(sys.argv[3]) if sys.argv[3] else None
+# docs/deploy-dataflow.md#7-sizing: about 2 partitions per worker (more only idle,
+# fewer leave workers without a reader), a backfill task per vCPU (one SDK process
+# each), at least 4 segments per task (uneven segments even out); SLACK: how far
+# either way from the fit is still taken as meant.
+PARTITIONS_PER_WORKER, SLACK, SEGMENTS_PER_TASK = 2, 2, 4
+problems, fits = [], {}
+if "partitions" in params:
+    want = PARTITIONS_PER_WORKER * workers
+    fits["partitions"] = want
+    if not want / SLACK <= int(params["partitions"]) <= want * SLACK:
+        problems.append(f"partitions={params['partitions']}")
+if "tasks" in params and vcpus:
+    want = workers * vcpus
+    fits["tasks"] = want
+    if not want / SLACK <= int(params["tasks"]) <= want * SLACK:
+        problems.append(f"tasks={params['tasks']}")
+if "segments" in params and "tasks" in params:
+    fits["segments"] = SEGMENTS_PER_TASK * fits.get("tasks", int(params["tasks"]))
+    if int(params["segments"]) < SEGMENTS_PER_TASK * int(params["tasks"]) or problems:
+        problems.append(f"segments={params['segments']}")
+if problems:
+    size = f"{workers} worker(s)" + (f" of {vcpus} vCPUs" if vcpus else "")
+    sys.exit(f"flex.sh: {sys.argv[1]}: {' '.join(problems)} do not fit at most {size}; for them set "
+             + " ".join(f"{k}={v}" for k, v in fits.items())
+             + " (scale partitions, tasks and segments together: docs/deploy-dataflow.md#7-sizing), "
+             "or pass --skip-sizing-check")
+EOF
+}
+
 launch() {  # JOB PARAMS.json [extra gcloud flags...]
-  local job="$1" file="$2"; shift 2
+  local job="$1" file; file="$(here "$2")"; shift 2
   [ -f "$file" ] || die "no parameter file $file"
+  check_sizing "$file"
+  check_mapping "$file"
   local sizing=()
   [ -n "$workers" ] && sizing+=(--num-workers="$workers")
   [ -n "$max_workers" ] && sizing+=(--max-workers="$max_workers")

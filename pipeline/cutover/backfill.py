@@ -68,7 +68,11 @@ class ScanSource:
     table: str
     segments: int
     region: Optional[str] = None
-    consistent_read: bool = False
+    # Strongly consistent by default: an eventually consistent Scan may miss a
+    # write completed just before the handoff (DynamoDB gives no bound), e.g.
+    # read back an item deleted just before T and write it at T - 1 ms, above
+    # nothing the tail will delete again: the item comes back (docs/design.md §6.6).
+    consistent_read: bool = True
     max_rcu: Optional[float] = None  # per second, for the whole job (split over tasks)
     page_limit: int = SCAN_PAGE_LIMIT
 
@@ -92,9 +96,9 @@ class ExportSource:
         return self.location.startswith("s3://")
 
     def _s3(self):
-        import boto3
+        from ddb2bt.pipeline.connections import aws_client
 
-        return boto3.client("s3", region_name=self.region)
+        return aws_client("s3", region_name=self.region)  # a session of its own: read on the workers
 
     def _split(self, key: str) -> tuple:
         bucket, _, prefix = self.location[len("s3://"):].partition("/")
@@ -215,8 +219,9 @@ class PartReaders:
 
     def __init__(self, source, key_attributes: tuple, handoff_ms: int, client=None,
                  bucket: Optional[TokenBucket] = None, retry: RetryPolicy = RetryPolicy(0.2, 20.0, 600.0),
-                 on_items: Callable[[int], None] = lambda n: None) -> None:
+                 on_items: Callable[[int], None] = lambda n: None, metrics_table: Optional[str] = None) -> None:
         self._source = source
+        self._metrics_table = metrics_table  # the job's name: the table label of the calls counted
         self._keys = key_attributes
         self._handoff_ms = handoff_ms
         self._client = client
@@ -247,7 +252,7 @@ class PartReaders:
         for page in scan_pages(self._client, src.table, segment=segment, total_segments=total,
                                start_key=_untoken(resume), consistent_read=src.consistent_read,
                                page_limit=src.page_limit, bucket=self._bucket, retry=self._retry,
-                               what=f"Scan {part}"):
+                               what=f"Scan {part}", metrics_table=self._metrics_table):
             items = page.items
             self._on_items(len(items))
             keys = self._keys
@@ -349,7 +354,7 @@ class _ReadBackfillFn(_BackfillReaderFn):
         counter = self._metrics.backfill_items.labels(kind)
         retry = {"retry": self._job.scan_retry} if self._job.scan_retry is not None else {}
         readers = PartReaders(self._job.source, self._job.key_attributes, self._job.handoff_ms, self._client,
-                              self._bucket, on_items=counter.inc, **retry)
+                              self._bucket, on_items=counter.inc, metrics_table=self._metrics.table, **retry)
         out: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
         stop = threading.Event()
 

@@ -69,8 +69,9 @@ class VerifyTable:
 class _ReadSourceItemsFn(beam.DoFn):
     """A Scan segment or an export data file → its items (boto3 form)."""
 
-    def __init__(self, source) -> None:
+    def __init__(self, source, metrics_table: Optional[str] = None) -> None:
         self._source = source
+        self._metrics_table = metrics_table  # the job's name: the table label of the calls counted
 
     def setup(self) -> None:
         self._client = None
@@ -86,7 +87,8 @@ class _ReadSourceItemsFn(beam.DoFn):
         if isinstance(src, ScanSource):
             segment, total = parse_segment(part)
             for page in scan_pages(self._client, src.table, segment=segment, total_segments=total,
-                                   consistent_read=src.consistent_read, page_limit=None, what=f"Scan {part}"):
+                                   consistent_read=src.consistent_read, page_limit=None, what=f"Scan {part}",
+                                   metrics_table=self._metrics_table):
                 yield from page.items
         else:
             yield from src.items(part)
@@ -199,7 +201,7 @@ class _RecheckRowsFn(beam.DoFn):
 
         m = self._table.mapping
         self._ddb = DynamoDBClientFactory(m.source.region)()
-        arn = describe_table(self._ddb, m.source.table).get("LatestStreamArn")
+        arn = describe_table(self._ddb, m.source.table, metrics_table=self._table.state.job).get("LatestStreamArn")
         self._store = self._table.state.store()
         self._tail_passed = stream_watermark(StreamsClientFactory(m.source.region)(), arn, self._store)
 
@@ -217,7 +219,7 @@ class _RecheckRowsFn(beam.DoFn):
         t = self._table
         m = t.mapping
         suspects = {(table, row): owners for table, row, owners, _, _, _ in batch}
-        outcome = recheck(m, suspects, lambda keys: get_item(self._ddb, m.source.table, keys),
+        outcome = recheck(m, suspects, lambda keys: get_item(self._ddb, m.source.table, keys, metrics_table=t.state.job),
                           lambda table, keys: read_rows(m.target.project, m.target.instance, table, keys),
                           self._tail_passed, t.recheck)
         findings = Findings(t.show_values, t.show_keys)
@@ -286,7 +288,8 @@ class VerifyMappings(beam.PTransform):
         rows = (p
                 | "VerifySourceParts" >> beam.Create(parts)
                 | "SpreadParts" >> beam.Reshuffle()
-                | "ReadSourceItems" >> beam.ParDo(_ReadSourceItemsFn(t.source))
+                | "ReadSourceItems" >> beam.ParDo(_ReadSourceItemsFn(
+                    t.source, t.state.job if t.state is not None else t.mapping.name))
                 | "ExpectRows" >> beam.ParDo(_ExpectRowsFn(m)).with_outputs(_ExpectRowsFn.UNMAPPABLE, "items",
                                                                             main="rows"))
         actual = (p

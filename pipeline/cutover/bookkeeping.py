@@ -32,16 +32,29 @@ class Bookkeeping:
     ``exists(table)``, ``families(table)``, ``add_family(table, FamilyConfig)`` and
     ``drop_family(table, name)`` (``BigtableAdmin``; a fake in tests)."""
 
-    def __init__(self, admin) -> None:
+    def __init__(self, admin, markers: bool = True) -> None:
         self._admin = admin
+        # False for a source read through the ordering guard (Kinesis): its backfill
+        # is a change like any other to the guard and reads no marker
+        # (docs/design.md §10.6), so no family is created; drop and remaining
+        # still clean up one an older version created.
+        self._markers = markers
 
     @classmethod
-    def for_target(cls, project: str, instance: str) -> "Bookkeeping":
+    def for_target(cls, project: str, instance: str, markers: bool = True) -> "Bookkeeping":
         from ddb2bt.pipeline.sink.bigtable_io import process_admin
 
-        return cls(process_admin(project, instance))  # one admin client per process (its quota is low)
+        return cls(process_admin(project, instance), markers)  # one admin client per process (its quota is low)
+
+    @classmethod
+    def for_mapping(cls, mapping) -> "Bookkeeping":
+        """The bookkeeping a mapping's migration needs: none for a Kinesis source."""
+        return cls.for_target(mapping.target.project, mapping.target.instance,
+                              markers=mapping.source.kinesis is None)
 
     def ensure(self, tables: Sequence[str]) -> None:
+        if not self._markers:
+            return
         for table in tables:
             if MARKER_FAMILY not in self._admin.families(table):
                 self._admin.add_family(table, MARKER_FAMILY_CONFIG)

@@ -330,18 +330,21 @@ def connect_check(mapping, store, options: ContinuousOptions, stream_arn: Option
 
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
-    arn = stream_arn or describe_table(ddb, mapping.source.table).get("LatestStreamArn")
+    job = getattr(store, "job", None) or UNNAMED_TABLE
+    arn = stream_arn or describe_table(ddb, mapping.source.table, metrics_table=job).get("LatestStreamArn")
     streams = (streams_factory or StreamsClientFactory(mapping.source.region))()
 
     def scan_segment(segment: int, total: int, start_key: Optional[dict] = None):
         for page in scan_pages(ddb, mapping.source.table, segment=segment, total_segments=total,
-                               start_key=start_key, consistent_read=False, page_limit=STEP_ITEMS):
+                               start_key=start_key, consistent_read=False, page_limit=STEP_ITEMS,
+                               metrics_table=job):
             yield from page.items
 
-    return ContinuousCheck(mapping, scan_segment, lambda keys: get_item(ddb, mapping.source.table, keys),
+    return ContinuousCheck(mapping, scan_segment,
+                           lambda keys: get_item(ddb, mapping.source.table, keys, metrics_table=job),
                            lambda table, keys: read_rows(t.project, t.instance, table, keys),
                            stream_watermark(streams, arn, store), store,
-                           default_metrics().for_table(getattr(store, "job", None) or UNNAMED_TABLE), options)
+                           default_metrics().for_table(job), options)
 
 
 def start_continuous_check(mapping, store, options: ContinuousOptions, stop: threading.Event,

@@ -40,6 +40,9 @@ TAIL_STOP_WAIT_S = 60.0
 # Progress without a terminal: one log line this often (a log, not an animation).
 PLAIN_PROGRESS_EVERY_S = 30.0
 WATCH_POLL_S = 0.5  # how often the progress is looked at
+# How often `migrate` looks whether the keeper moved every table LIVE: one
+# state-table read per table; LIVE itself is decided on the keeper's 10 s step.
+LIVE_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class BackfillOptions:
     segments: int = 8
     tasks: int = 1
     max_rcu: Optional[float] = None
-    consistent_read: bool = False
+    consistent_read: bool = True  # the handoff's Scan must see every write before T (docs/design.md §6.6)
     page_size: int = 1000
     from_export: Optional[str] = None
     restart: bool = False
@@ -184,7 +187,8 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
             source.item_count()
     source = ScanSource(mapping.source.table, options.segments, mapping.source.region, options.consistent_read,
                         options.max_rcu, options.page_size)
-    count = describe_table(dynamodb_client(mapping.source.region), mapping.source.table).get("ItemCount", 0)
+    count = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
+                           metrics_table=mapping.name).get("ItemCount", 0)
     return source, {"kind": "scan", "segments": options.segments, "parts": options.segments}, None, int(count)
 
 
@@ -198,7 +202,7 @@ def check_export_first(options: BackfillOptions, mapping) -> None:
 
 
 def _bookkeeping(mapping) -> Bookkeeping:
-    return Bookkeeping.for_target(mapping.target.project, mapping.target.instance)
+    return Bookkeeping.for_mapping(mapping)  # a Kinesis mapping's backfill needs no markers (design §10.6)
 
 
 def check_source_clock(mapping) -> None:
@@ -280,10 +284,46 @@ def run_backfill(mapping, state_spec, options: BackfillOptions, beam_args: list,
     start = counter_total(metrics.backfill_items)
     run_in_thread(f"backfill {mapping.name}", pipeline, expected,
                   lambda: counter_total(metrics.backfill_items) - start)
+    if migration.recopy_pending:
+        recopy_sweep(mapping, state_spec, migration, handoff, options)
     if not migration.finish_backfill() and migration.phase == BACKFILLING:
         raise ConfigError(f"the backfill pipeline of {mapping.name} ended but not every part is recorded done; "
                           "rerun to resume", "backfill")
     return Outcome(phase=migration.phase)
+
+
+def recopy_sweep(mapping, state_spec, migration: Migration, handoff: int, options: BackfillOptions) -> None:
+    """A re-copy's last step (docs/design.md §7.7): every part is written, now
+    remove what no item owns any more. Recorded done only once it ran to the end,
+    so a rerun after a crash sweeps again (deleting what no item owns is the same
+    again)."""
+    from ddb2bt.pipeline.cutover.recopy import sweep_target
+
+    logger = table_logger(log, mapping.name)
+    logger.info("re-copy sweep of %s: removing what no item owns any more", ", ".join(mapping.tables))
+    result = run_in_thread(f"re-copy sweep {mapping.name}",
+                           lambda: sweep_target(mapping, state_spec, handoff - handoff % 1000 - 1, options.segments))
+    migration.recopy_done()
+    logger.info("re-copy sweep of %s done: %d row(s) read, %d item(s) scanned, %d stale column(s) deleted, %d "
+                "written meanwhile (kept)", mapping.name, result.rows_read, result.items, result.deleted,
+                result.kept_newer)
+    if result.unmappable:
+        logger.warning("re-copy sweep of %s: %d item(s) the mapping refuses; their rows were left as they are "
+                       "(ddb2bt verify lists them)", mapping.name, result.unmappable)
+
+
+def refuse_remote_recopy(jobs_or_tables, options) -> None:
+    """A re-copy of a table migrated before ends with the sweep (§7.7), which runs
+    in the process that launched the backfill: a Dataflow launch returns at once
+    and could not run it, so it is refused before anything is recorded or written
+    instead of ending without having removed the rows of deleted items."""
+    for job, opts in zip(jobs_or_tables, options):
+        if opts.restart and Migration(job.state.store()).phase is not None:
+            raise ConfigError(
+                f"{job.mapping.name} was migrated before: a re-copy removes the rows of items that no longer "
+                "exist with a sweep after the backfill, which a Dataflow launch cannot run. Re-copy with the "
+                f"local runner next to the running Dataflow tail: ddb2bt backfill -m {job.mapping.origin} "
+                "--restart (no --runner)", "--restart")
 
 
 @dataclass(frozen=True)
@@ -306,6 +346,7 @@ def backfill(tables, beam_args: list) -> Outcome:
 
     tables = list(tables)
     if not is_local(beam_args):
+        refuse_remote_recopy(tables, [t.options for t in tables])
         p = make_pipeline(beam_args, streaming=False)
         for i, t in enumerate(tables):
             source, handoff, _ = _begin(t.mapping, Migration(t.state.store()), t.options)
@@ -351,7 +392,6 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
     continuous check of every table (``check``, ContinuousOptions) as a branch
     of its own when given (locally the CLI runs its threads next to this)."""
     from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
-    from ddb2bt.pipeline.metrics import default_metrics
     from ddb2bt.pipeline.source.stream_source import request_stop
 
     jobs, options = list(jobs), list(options)
@@ -363,6 +403,8 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
         table_logger(log, job.mapping.name).info("migrate %s → %s: phase %s", job.mapping.source.table,
                                                  job.mapping.target.table, phase or "new")
     if not is_local(beam_args):
+        if not dry_run:
+            refuse_remote_recopy(jobs, options)
         return Outcome(launched=launch_migrate(jobs, options, beam_args, migrations, dry_run, check))
     stop_token = uuid.uuid4().hex
     jobs = [replace(job, reader=replace(job.reader, stop_token=stop_token)) for job in jobs]
@@ -388,7 +430,9 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
     tail_worker.start()  # the tail first: changes after the handoff are never missed
     try:
         for job, opts, migration, phase in zip(jobs, options, migrations, phases):
-            if phase in (None, BACKFILLING):
+            # --restart begins a new backfill from any phase (a re-copy, §7.7):
+            # a LIVE table is copied again, never left as it was.
+            if phase in (None, BACKFILLING) or opts.restart:
                 run_backfill(job.mapping, job.state, opts, beam_args, migration)
             tail_worker.check()
     except BaseException:
@@ -412,32 +456,44 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
         return Outcome(phase=LIVE)
     try:
         finish_all(wait=True)  # the tail runs on meanwhile
-        metrics = default_metrics()
-        while tail_worker.is_alive() and metrics.lag.max_lag_seconds() > 0:
-            tail_worker.join(1.0)
+        # LIVE is the cutover keeper's move, on the tail's own reports: caught up
+        # in time, past the handoff, for a settling period (docs/design.md §7.8),
+        # whatever the write rate. Here we only wait for it.
+        live = wait_until_live(migrations, tail_worker)
         tail_worker.check()
-        go_live()
+        if live:
+            go_live()
     except BaseException:
         request_stop(stop_token)
         tail_worker.join(TAIL_STOP_WAIT_S)
         raise
     tail_worker.join()
     tail_worker.check()
-    return Outcome(phase=LIVE)
+    return Outcome(phase=_overall([m.phase for m in migrations]))
+
+
+def wait_until_live(migrations, tail_worker: Worker, poll_s: float = LIVE_POLL_S) -> bool:
+    """Wait while the tail runs until every table's phase is LIVE (the keeper
+    moves it): True once it is, False when the tail ended first."""
+    while tail_worker.is_alive():
+        if all(m.phase == LIVE for m in migrations):
+            return True
+        tail_worker.join(poll_s)
+    return all(m.phase == LIVE for m in migrations)
 
 
 def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = False, check=None):
     """Dataflow: ONE streaming job with the tail of every table and each table's
     backfill side by side. Each table's handoff is fixed here, before launch; the
     readers then move each table's phase on (``phases.advance``): CATCHING_UP
-    when its parts are done, the finish, LIVE once at the stream head."""
+    when its parts are done, the finish, LIVE once caught up (catchup.py)."""
     from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
 
     p = make_pipeline(beam_args, streaming=True)
     jobs = [replace(job, reader=replace(job.reader, promote_live=True)) for job in jobs]
     add_live_replication(p, jobs)
     for i, (job, opts, migration) in enumerate(zip(jobs, options, migrations)):
-        if migration.phase not in (None, BACKFILLING):
+        if migration.phase not in (None, BACKFILLING) and not opts.restart:
             continue
         opts = _one_pusher(opts, i)
         if dry_run:  # build the graph only: no phase, no family, no wait

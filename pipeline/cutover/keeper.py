@@ -42,15 +42,25 @@ class CutoverKeeper:
         self._bookkeeping = None
         self.users = 0  # stream contexts using it (keeper_for / release_keeper)
 
-    def report(self, stream: str, index: int, count: int, at_head: bool, start: bool = True,
-               fence: Optional[Callable[[], object]] = None) -> None:
-        """A reader's partition is (or is not) at the stream head; starts the
-        keeper's thread (``start``; tests step it by hand). ``fence`` raises when
-        this process no longer owns the partition (its lease): the report is then
-        not recorded (a worker woken after its partition moved writes nothing)."""
+    def report(self, stream: str, index: int, count: int, report, start: bool = True,
+               fence: Optional[Callable[[], object]] = None, ended_idle: bool = False) -> None:
+        """Where a reader's partition is (a ``catchup.CatchUpReport``: its lag and
+        applied position); starts the keeper's thread (``start``; tests step it
+        by hand). The worst report since the last step is kept, so one good look
+        between two bad ones does not count. ``fence`` raises when this process
+        no longer owns the partition (its lease): the report is then not
+        recorded (a worker woken after its partition moved writes nothing).
+        ``ended_idle``: the reader ended after --until-idle without a record, so
+        it was caught up for all of that time: it counts as settled."""
+        from ddb2bt.pipeline.cutover.catchup import worst
+
         with self._lock:
             _, heads = self._reports.get(stream, (count, {}))
-            heads[index] = (at_head, fence)
+            previous = heads.get(index)
+            # An ended reader's last report stands alone: it had nothing new for
+            # all of --until-idle, whatever the backlog before it showed.
+            merged = report if ended_idle else worst(previous[0] if previous else None, report)
+            heads[index] = (merged, fence, ended_idle)
             self._reports[stream] = (count, heads)
             self._counts[stream] = count
             if start and self._thread is None:
@@ -64,6 +74,7 @@ class CutoverKeeper:
     def step(self):
         """One step: record the reports, then let the phase machine move. Returns
         the phase (None when it could not be read; it is tried again next step)."""
+        from ddb2bt.pipeline.cutover.catchup import caught_up
         from ddb2bt.pipeline.cutover.phases import CATCHING_UP, Migration, advance
 
         make_migration = self._migration_factory or Migration
@@ -82,9 +93,13 @@ class CutoverKeeper:
             migration = make_migration(self._store)
             at_head = False
             if migration.phase == CATCHING_UP:  # only then does LIVE depend on where the partitions are
+                handoff = migration.handoff_ms
                 for stream, (_, heads) in reports.items():
-                    migration.report_heads(stream, {i: at for i, (at, fence) in heads.items() if _owned(fence)})
-                # LIVE only once EVERY partition of every stream is at the head.
+                    owned = {i: h for i, h in heads.items() if _owned(h[1])}
+                    migration.report_heads(stream, {i: caught_up(rep, handoff) for i, (rep, _, _) in owned.items()},
+                                           settled={i for i, (_, _, ended) in owned.items() if ended})
+                # LIVE only once EVERY partition of every stream has caught up and
+                # stayed so for the settling period (docs/design.md §7.8).
                 at_head = bool(counts) and all(migration.all_at_head(s, count) for s, count in counts.items())
             return advance(migration, self._bookkeeping, at_head, self._promote_live)
         except Exception as exc:  # the phase moves on at the next step; reading goes on regardless
@@ -141,4 +156,7 @@ def release_keeper(keeper: CutoverKeeper) -> None:
         for key, value in list(_KEEPERS.items()):
             if value is keeper:
                 del _KEEPERS[key]
+    # One last step with the readers' last reports: a tail that ends sooner than
+    # a keeper step (`run --until-idle 5`) still moves a caught-up migration on.
+    keeper.step()
     keeper.stop()

@@ -2,7 +2,7 @@
 
 Phases (stored in the state table, ``{job}#meta#phase``)::
 
-  (none) ──begin──▶ BACKFILLING ──every part done──▶ CATCHING_UP ──finish + tail at head──▶ LIVE
+  (none) ──begin──▶ BACKFILLING ──every part done──▶ CATCHING_UP ──finish + tail caught up──▶ LIVE
                         ▲   │                            │                                  │
                         └───┴──── begin (a new backfill, --restart) ─────────────────────────┘
 
@@ -13,8 +13,9 @@ Phases (stored in the state table, ``{job}#meta#phase``)::
                has had time to stop marking, the *finish* drops the marker family
                (``bookkeeping.Bookkeeping``): the target then holds only cells the
                mapping owns
-  LIVE         finished and the tail is at the stream head: ready for `verify`
-               and cutover
+  LIVE         finished and the tail caught up in time (cutover/catchup.py: past
+               the handoff, lag under a bound for a settling period): ready for
+               `verify` and cutover
 
 This module is the only code that writes the phase (``Migration.transition``
 checks every move against ``TRANSITIONS`` and raises ``PhaseError`` otherwise).
@@ -71,13 +72,15 @@ TRANSITIONS = {
 # resumed as itself, and back to LIVE once the exports are applied.
 for _p in (None, CATCHING_UP, LIVE):
     TRANSITIONS[_p] = TRANSITIONS[_p] | {RECOVERING}
-TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE})
+# A re-copy (`migrate --restart`, §7.7) supersedes a recovery given up half-way:
+# its backfill restores what the recovery was to restore.
+TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE, BACKFILLING})
 # The tail re-reads the phase this often; the backfill waits for two refreshes
 # plus a second before fixing T, so no change at or after T's second goes unmarked.
 PHASE_CACHE_S = 2.0
 MARKING_WAIT_S = 2 * PHASE_CACHE_S + 1.0
-# A partition's "at the head" report counts this long: readers report every
-# phase check (10 s), so three missed reports mean it lags or stopped.
+# A partition's "caught up" report counts this long: keepers record every step
+# (10 s), so three missed reports mean it lags or stopped.
 HEAD_FRESH_S = 30.0
 
 
@@ -90,6 +93,8 @@ class PhaseMoved(PhaseError):
     it first): the move was not made; decide again from the new phase."""
 
 
+# Meta cell: "1" while the recorded backfill owes the re-copy sweep (§7.7).
+RECOPY_META = "recopy"
 # The stored value is "PHASE@nonce": readers take the part before this.
 NONCE_SEP = "@"
 # How often a move re-reads and retries when another process moved the phase
@@ -188,27 +193,60 @@ class Migration:
         return int(value) if value else None
 
     @property
+    def recopy_pending(self) -> bool:
+        """The recorded backfill re-copies a table migrated before: the re-copy
+        sweep (cutover/recopy.py) is still owed once its parts are written."""
+        return self.store.load_meta(RECOPY_META) == "1"
+
+    def recopy_done(self) -> None:
+        self.store.save_meta(RECOPY_META, "")
+
+    @property
     def finished_ms(self) -> Optional[int]:
         """When the bookkeeping (marker family) was last dropped; None while it may exist."""
         value = self.store.load_meta("finished_ms")
         return int(value) if value else None
 
-    # -- where the tail's partitions are (LIVE needs every one at the head)
-    def report_heads(self, stream: str, heads: dict) -> None:
-        """Record, per partition index of a stream, whether its reader is at the
-        stream head now (its last round found nothing new)."""
-        now = self._now_ms()
-        for index, at_head in heads.items():
-            self.store.save_meta(f"head#{stream}#{index}", str(now if at_head else 0))
+    # -- where the tail's partitions are (LIVE needs every one caught up, §7.8)
+    def _head(self, stream: str, index: int) -> tuple:
+        """(caught up since ms or 0, reported at ms) of a partition; (0, 0) when none.
+        A value of one number is an older worker's "at the head at" time."""
+        value = self.store.load_meta(f"head#{stream}#{index}")
+        if not value:
+            return 0, 0
+        since, _, reported = value.partition(":")
+        return int(since), int(reported or since)
 
-    def all_at_head(self, stream: str, partitions: int) -> bool:
-        """Every one of the stream's ``partitions`` reported "at the head" within
-        ``HEAD_FRESH_S``: a partition that lags, or whose reader stopped
-        reporting, holds LIVE back."""
+    def report_heads(self, stream: str, heads: dict, settled: frozenset = frozenset()) -> None:
+        """Record, per partition index of a stream, whether it is caught up now
+        (``catchup.caught_up``: applied past the handoff, lag under the bound),
+        keeping since when it has been without a break. A partition in
+        ``settled`` (its reader ended idle: nothing new for all of --until-idle)
+        counts as caught up for the whole settling period."""
+        from ddb2bt.pipeline.cutover.catchup import LIVE_SETTLE_S
+
+        now = self._now_ms()
+        for index, ok in heads.items():
+            since = 0
+            if ok and index in settled:
+                since = now - int(LIVE_SETTLE_S * 1000)
+            elif ok:
+                prev_since, reported = self._head(stream, index)
+                since = prev_since if prev_since and now - reported <= HEAD_FRESH_S * 1000 else now
+            self.store.save_meta(f"head#{stream}#{index}", f"{since}:{now}")
+
+    def all_at_head(self, stream: str, partitions: int, settle_s: Optional[float] = None) -> bool:
+        """Every one of the stream's ``partitions`` reported caught up within
+        ``HEAD_FRESH_S``, and has been without a break for the settling period
+        (``catchup.LIVE_SETTLE_S``): a partition that lags, or whose reader
+        stopped reporting, holds LIVE back."""
+        from ddb2bt.pipeline.cutover.catchup import LIVE_SETTLE_S
+
+        settle_ms = (LIVE_SETTLE_S if settle_s is None else settle_s) * 1000
         now = self._now_ms()
         for index in range(partitions):
-            value = self.store.load_meta(f"head#{stream}#{index}")
-            if not value or now - int(value) > HEAD_FRESH_S * 1000:
+            since, reported = self._head(stream, index)
+            if not since or now - reported > HEAD_FRESH_S * 1000 or now - since < settle_ms:
                 return False
         return True
 
@@ -263,6 +301,12 @@ class Migration:
         (its ExportTime). The phase is written before the family is created: a
         finish racing this (it re-reads the phase after dropping) then re-creates it."""
         self.store.clear_backfill_progress()
+        # A table migrated (or back-filled) before may hold rows of items that are
+        # gone: this backfill ends with the re-copy sweep (docs/design.md §7.7),
+        # recorded so that a resume after a crash still runs it.
+        # Recorded before the move: a crash right after it still owes the sweep
+        # (a sweep is safe at any time; one too many costs a read).
+        self.store.save_meta(RECOPY_META, "1" if self.phase is not None else "")
         self.transition(BACKFILLING)
         self.store.save_meta("finished_ms", "")
         self.store.save_meta("marker_tables", json.dumps(sorted(set(tables) | set(self.marker_tables()))))
@@ -347,7 +391,8 @@ def advance(migration: Migration, bookkeeping, at_head: bool, promote_live: bool
     """One step of the machine for a process without a controller (the tail's
     readers on Dataflow, or next to a separate batch backfill): BACKFILLING →
     CATCHING_UP when every part is done; then the finish once the tails had time
-    to stop marking; then LIVE (``promote_live``) once this reader is at the head.
+    to stop marking; then LIVE (``promote_live``) once ``at_head``: every
+    partition caught up and settled (the keeper decides, catchup.py).
     Every step is idempotent, so several readers may run it. Returns the phase."""
     phase = migration.phase
     if phase == BACKFILLING and migration.finish_backfill():

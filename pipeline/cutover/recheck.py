@@ -307,7 +307,7 @@ def stream_watermark(streams, stream_arn: Optional[str], store, now_ms: Callable
     seen = {"positions": None, "moved": time.monotonic()}
 
     def passed(t: int) -> bool:
-        listed = list_shards(streams, stream_arn).shards
+        listed = list_shards(streams, stream_arn, metrics_table=getattr(store, "job", None)).shards
         checkpoints = store.load_checkpoints(stream_arn)
         positions = {s: (c.sequence_number, c.finished) for s, c in checkpoints.items()}
         if positions != seen["positions"]:

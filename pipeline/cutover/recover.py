@@ -64,6 +64,14 @@ MAX_WINDOW_S = 24 * 3600
 # The last window reaches this far past the oldest record the stream holds, so
 # the exports and the stream replay overlap (the replay makes the overlap exact).
 END_OVERLAP_S = 5 * 60
+# A stream record's time (ApproximateCreationDateTime: "approximate", rounded
+# down to the second) and PITR's write time of the same change (the exports'
+# WriteTimestampMicros) are two clocks: the write time may be later. The exports
+# must reach this much past the oldest held record's second (the tail resumes
+# right after that record, so its change must be in them) and past the last
+# change the job applied, by PITR's clock (docs/design.md §8.1). One second more
+# than the rounding: exports are whole seconds, and a longer one costs nothing.
+RECORD_CLOCK_MARGIN_S = 1
 # PITR's LatestRestorableDateTime is "typically 5 minutes before the current
 # time": an export window cannot end later than that.
 LATEST_RESTORABLE_LAG_S = 5 * 60
@@ -73,6 +81,13 @@ PROGRESS_META = "recover_done"
 SWEEP_META = "recover_swept"  # "done" once the boundary sweep ran (straddle.py)
 RELEASED_META = "recover_released"  # "done" once its versions were released, before any window
 GAP_META = "recover_gap"
+
+
+def pitr_after_s(record_ms: int) -> int:
+    """The first whole second, by PITR's clock, after the change of a stream
+    record stamped ``record_ms`` (rounded down to its second, and up to
+    RECORD_CLOCK_MARGIN_S behind PITR's write time)."""
+    return record_ms // 1000 + 1 + RECORD_CLOCK_MARGIN_S
 
 
 class RecoveryRefused(ConfigError):
@@ -114,7 +129,10 @@ class Gap:
     def boundary_s(self) -> int:
         """A window must end (and the next begin) here, the second after the last
         applied change: every later window's old images are then exactly what the
-        target holds (docs/design.md §8.1)."""
+        target holds (docs/design.md §8.1). By the stream's clock: an applied
+        change PITR stamps later falls after it, but every cell the job wrote
+        carries its record's time, before it, which is what the boundary sweep
+        judges (straddle.py)."""
         return self.last_ms // 1000 + 1
 
     @property
@@ -142,10 +160,17 @@ def _record_ms(record: dict) -> int:
     return int(float(created) * 1000)
 
 
-def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) -> Optional[Gap]:
+def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int,
+             heads: Optional[dict] = None) -> Optional[Gap]:
     """None when no checkpoint of the stream is trimmed. A shard is trimmed when its
     checkpoint's position is refused with TrimmedDataAccessException, or when it
-    aged out of the stream before the job finished it."""
+    aged out of the stream before the job finished it — unless the job saw it at
+    its head recently enough that nothing after its checkpoint can have been
+    trimmed (``heads``: StateStore.load_shard_heads; docs/design.md §8.2): its
+    tail goes on from the oldest record, and its last change, perhaps hours
+    older, must not pull the exports back."""
+    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_S
+    from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
     from botocore.exceptions import ClientError
 
     listed: dict = {}
@@ -175,6 +200,9 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int) ->
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") != "TrimmedDataAccessException":
                     raise
+            retention_s = getattr(streams_client, "retention_s", None) or STREAM_RETENTION_S
+            if nothing_lost_since_head((heads or {}).get(shard_id), now_ms, retention_s):
+                continue  # trimmed, nothing lost: the tail resumes it at TRIM_HORIZON
             it = streams_client.get_shard_iterator(StreamArn=stream_arn, ShardId=shard_id,
                                                    ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
             records = streams_client.get_records(ShardIterator=it, Limit=1).get("Records") or []
@@ -209,7 +237,8 @@ def plan_windows(gap: Gap, now_ms: int) -> list:
     latest = now_ms // 1000 - LATEST_RESTORABLE_LAG_S
     end = min(math.ceil(gap.end_ms / 1000) + END_OVERLAP_S, latest)
     end = max(end, gap.boundary_s + MIN_WINDOW_S)  # a just-trimmed gap: wait until PITR reaches it
-    end = max(end, gap.applied_ms // 1000 + 1)  # past every change the job applied (check_coverage)
+    end = max(end, pitr_after_s(gap.applied_ms))  # past every change the job applied (check_coverage)
+    end = max(end, pitr_after_s(gap.end_ms))  # past the oldest held record's change, by PITR's clock too
     return _split(min(gap.start_s, gap.boundary_s - MIN_WINDOW_S), gap.boundary_s) + _split(gap.boundary_s, end)
 
 
@@ -386,15 +415,18 @@ def check_coverage(exports: Sequence[IncrementalExport], gap: Gap) -> list:
                 f"export. Export that window too (ExportFromTime={reach // 1000}, ExportToTime={e.from_ms // 1000})",
                 OPTION)
         reach = max(reach, e.to_ms)
-    if reach <= gap.end_ms:
+    if reach < pitr_after_s(gap.end_ms) * 1000:
         raise RecoveryRefused(
             f"the exports end at {iso(reach)}, but the stream's oldest record is at {iso(gap.end_ms)}: the changes "
-            f"in between are in neither. Export {iso(reach)} → a time after {iso(gap.end_ms)} too", OPTION)
-    if reach <= gap.applied_ms:
+            f"in between are in neither (the exports must reach {RECORD_CLOCK_MARGIN_S} s past that second: a "
+            f"record's time may be behind PITR's). Export {iso(reach)} → "
+            f"{iso(pitr_after_s(gap.end_ms) * 1000)} or later too", OPTION)
+    if reach < pitr_after_s(gap.applied_ms) * 1000:
         raise RecoveryRefused(
             f"the exports end at {iso(reach)}, but the job applied changes until {iso(gap.applied_ms)} (on a shard "
             "whose checkpoint is intact): the recovery takes an item's last image in the exports as its state "
-            f"after every change the job wrote. Export {iso(reach)} → a time after {iso(gap.applied_ms)} too "
+            f"after every change the job wrote. Export {iso(reach)} → {iso(pitr_after_s(gap.applied_ms) * 1000)} "
+            "or later too "
             "(`ddb2bt recover` prints that window)", OPTION)
     boundary = gap.boundary_s * 1000
     if not any(e.to_ms == boundary for e in ordered) or not any(e.from_ms == boundary for e in ordered):
@@ -674,10 +706,26 @@ class RecoverOutcome:
         return out
 
 
+def refuse_kinesis(mapping) -> None:
+    """``recover`` is for a DynamoDB stream's trimmed checkpoints: it writes the
+    exports' lines with the ordered path's diffs, around the ordering guard's
+    clocks, which a Kinesis job's later REMOVEs rely on (docs/design.md §10). So a
+    Kinesis mapping is refused, before anything is read or written."""
+    if mapping.source.kinesis is not None:
+        from ddb2bt.transforms.errors import ConfigError
+
+        raise ConfigError(
+            "recover applies DynamoDB incremental exports for a job whose DynamoDB stream was trimmed; this mapping "
+            "reads a Kinesis stream, whose writes go through the ordering guard, which recover does not. A "
+            "Kinesis stream keeps up to a year: raise its retention, and for changes already lost back-fill "
+            "again (ddb2bt migrate -m <mapping> --restart)", "source.kinesis")
+
+
 def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=None, dynamodb=None,
                 fence: Callable[[], object] = lambda: None, progress=None, now_ms: Optional[int] = None,
                 metrics=None, sweep_progress=None) -> RecoverOutcome:
     """`ddb2bt recover` against the real services (clients injectable for tests)."""
+    refuse_kinesis(mapping)
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.phases import Migration
     from ddb2bt.pipeline.preflight import resolve_stream
@@ -691,7 +739,8 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
     writer = state_spec.bigtable.writer()
     try:
         store = state_spec.store(writer)
-        gap = find_gap(streams_client, stream.stream_arn, store.load_checkpoints(stream.stream_arn), now)
+        gap = find_gap(streams_client, stream.stream_arn, store.load_checkpoints(stream.stream_arn), now,
+                       heads=store.load_shard_heads(stream.stream_arn))
         outcome = RecoverOutcome(gap, table_arn=table_arn)
         if gap is None:
             return outcome

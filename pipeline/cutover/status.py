@@ -16,7 +16,8 @@ from ddb2bt.pipeline.cutover.mapping_change import running_mapping
 from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
 from ddb2bt.pipeline.lease import BACKFILL, TAIL, LeaseState
 from ddb2bt.pipeline.retry import READ_ONLY_DEADLINE_S, RetryPolicy
-from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, list_shards
+from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS, STREAM_RETENTION_S, list_shards
+from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
 from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint
 
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
@@ -225,19 +226,26 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
         facts.bookkeeping_tables = bookkeeping.remaining(sorted(set(tables) | set(m.marker_tables())))
     if stream_arn:
         # status answers within ~30 s even when the stream endpoint is unreachable
-        listed = list_shards(streams, stream_arn, retry=RetryPolicy(0.2, 5.0, READ_ONLY_DEADLINE_S)).shards
+        listed = list_shards(streams, stream_arn, retry=RetryPolicy(0.2, 5.0, READ_ONLY_DEADLINE_S),
+                             metrics_table=getattr(store, "job", None)).shards
         ckpts = store.load_checkpoints(stream_arn)
         reports = reported_shards(store, stream_arn)
+        heads = store.load_shard_heads(stream_arn)
+        retention_s = getattr(streams, "retention_s", None) or STREAM_RETENTION_S
         for shard_id in sorted(listed):
             c = ckpts.get(shard_id)
             finished = bool(c and c.finished)
             seq = c.sequence_number if c else None
-            at, pending, _ = reports.get(shard_id, (None, None, True))
+            at, pending, ended = reports.get(shard_id, (None, None, True))
             reported_ago = None if at is None else max(0, facts.now_ms - at)
-            # Every unfinished shard's checkpoint is probed, running reader or not
-            # (a holder killed a minute ago leaves a fresh report behind): one
+            # A running reader (its tail lease held, its report fresh) stops loudly
+            # on trimmed data itself. Any other shard is probed — a holder killed a
+            # minute ago leaves a fresh report but no live lease: one
             # GetShardIterator and no record read (docs/operations.md, AWS's limits).
-            trimmed = not finished and _trimmed(streams, stream_arn, shard_id, seq)
+            running = facts.tail_held and not ended and reported_ago is not None and reported_ago <= REPORT_FRESH_MS
+            trimmed = not finished and not running and _trimmed(streams, stream_arn, shard_id, seq)
+            if trimmed and nothing_lost_since_head(heads.get(shard_id), facts.now_ms, retention_s):
+                trimmed = False  # the tail goes on from the oldest record, nothing lost (docs/design.md §8.2)
             facts.shards.append(ShardStatus(
                 shard_id, seq, finished, None if finished or trimmed else pending,
                 c.change_ms if c else None, trimmed, reported_ago))
@@ -299,7 +307,7 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
                                                    kinesis.precision)
         else:
             arn = describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
-                                 retry=read_retry).get("LatestStreamArn")
+                                 retry=read_retry, metrics_table=mapping.name).get("LatestStreamArn")
     except SourceTableMissing:
         raise
     except Exception as exc:  # status must work even when the source is unreachable

@@ -100,14 +100,15 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
            sample_rate: float = 1.0, consistent: bool = True, show_values: bool = False,
            on_page: Callable[[int], None] = lambda n: None, estimated_items: int = 0,
            workdir: Optional[str] = None, recheck_with: Optional["Rechecker"] = None,
-           show_keys: bool = False) -> VerifyReport:
+           show_keys: bool = False, metrics_table: Optional[str] = None) -> VerifyReport:
     """Bounded memory (docs/design.md §11): the target tables are read first
     (``scan_target(table)`` → iterable of ``(row_key, cells)``), then the source
     is scanned in parallel segments; both sides are spilled to hash buckets on
     disk and compared bucket by bucket (spill.py). Sampled mode spills only the
     sampled items' rows and reads those rows per bucket (``read_rows(table,
     keys)``). Differences are re-checked once the tail has caught up with them
-    when ``recheck_with`` is given (recheck.py)."""
+    when ``recheck_with`` is given (recheck.py). ``metrics_table`` labels the
+    DynamoDB calls counted (the job's name; default the mapping's)."""
     is_sample = sample_rate < 1.0
     keep = (lambda table, row_key: row_sampled(table, row_key, sample_rate)) if is_sample else None
     buckets = bucket_count(estimated_items)
@@ -124,7 +125,8 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
                     actual.add(table, row_key, cells)
             actual.flush()
         expected = Spill(spill_dir.path, "expected", buckets)
-        scanned = _scan_into(mapping, ddb, segments, consistent, on_page, keep, expected, findings, sample_rate)
+        scanned = scan_expected(mapping, ddb, segments, consistent, on_page, keep, expected, findings,
+                             metrics_table or mapping.name, sample_rate)
         expected.flush()
         report = VerifyReport(identical=True, sampled=is_sample, items=scanned, rows_expected=0,
                               checked_at_ms=time.time_ns() // 1_000_000)
@@ -132,7 +134,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
         held = {t: LayoutDiff() for t in mapping.tables}  # differences awaiting their re-check
         held_rows: dict = {t: ({}, {}) for t in mapping.tables}  # (want, have) of those rows
         for exp_records, act_records in paired_groups(expected, actual):
-            want, owners, clashes, row_owners = _expected_of(mapping, exp_records)
+            want, owners, clashes, row_owners = expected_of_records(mapping, exp_records)
             if is_sample:
                 have = {t: without_clocks(read_rows(t, sorted(want.get(t, {})))) for t in mapping.tables}
             else:
@@ -197,9 +199,9 @@ class Rechecker:
                        sleep=self.sleep)
 
 
-def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
-               keep: Optional[Callable[[str, bytes], bool]], expected: Spill, findings: "Findings",
-               sample_rate: float = 1.0) -> int:
+def scan_expected(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
+                  keep: Optional[Callable[[str, bytes], bool]], expected: Spill, findings: "Findings",
+                  metrics_table: str, sample_rate: float = 1.0) -> int:
     """Scan the source in parallel segments; each item's owned cells go to the
     spill, one record per (table, row) it maps to — of the sampled rows only
     when ``keep(table, row_key)`` is given. Returns the items compared (those
@@ -210,7 +212,7 @@ def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_
     def segment(i: int) -> None:
         kept = 0
         for page in scan_pages(ddb, mapping.source.table, segment=i, total_segments=segments,
-                               consistent_read=consistent, page_limit=None):
+                               consistent_read=consistent, page_limit=None, metrics_table=metrics_table):
             # Each item is released once spilled, and the page before the next
             # one is fetched: a segment thread holds at most one decoded page.
             items = page.items
@@ -242,7 +244,7 @@ def _scan_into(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_
     return count[0]
 
 
-def _expected_of(mapping: MappingConfig, records: list) -> tuple:
+def expected_of_records(mapping: MappingConfig, records: list) -> tuple:
     """One bucket's expected layout from its spilled (table, row, (keys, cells))."""
     want: dict = {t: {} for t in mapping.tables}
     owners: dict = {}
@@ -452,14 +454,15 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
         raise ConfigError("must be in (0, 1]", "--sample-rate")
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
-    described = describe_table(ddb, mapping.source.table)
+    job = getattr(store, "job", None) or mapping.name  # the metrics' table label
+    described = describe_table(ddb, mapping.source.table, metrics_table=job)
     expected = described.get("ItemCount", 0)
     scanned = [0]
     rechecker = None
     if recheck_options.enabled:
         tail_passed = stream_watermark(StreamsClientFactory(mapping.source.region)(),
                                        described.get("LatestStreamArn"), store)
-        rechecker = Rechecker(mapping, lambda keys: get_item(ddb, mapping.source.table, keys),
+        rechecker = Rechecker(mapping, lambda keys: get_item(ddb, mapping.source.table, keys, metrics_table=job),
                               lambda table, keys: read_rows(t.project, t.instance, table, keys), tail_passed,
                               recheck_options)
 
@@ -468,7 +471,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
                       lambda table, keys: read_rows(t.project, t.instance, table, keys),
                       segments=segments, sample_rate=sample_rate, consistent=consistent, show_values=show_values,
                       on_page=lambda n: scanned.__setitem__(0, scanned[0] + n), estimated_items=expected,
-                      workdir=workdir, recheck_with=rechecker, show_keys=show_keys)
+                      workdir=workdir, recheck_with=rechecker, show_keys=show_keys, metrics_table=job)
 
     report = run_in_thread("verify", run, expected, (lambda: scanned[0]) if progress else None)
     summary = {k: v for k, v in report.to_json().items() if k != "tables"}

@@ -4,6 +4,13 @@ Local stack up → ProductCatalog table with a stream → a writer thread applie
 realistic stream of changes at a steady rate → the live pipeline replicates on
 the FnApiRunner (in a thread, until the stream has been idle) → summary: changes
 replicated, lag, a comparison of every row against DynamoDB, one row read back.
+
+``--kinesis``: the same, read from a Kinesis data stream (docs/kinesis.md). moto
+cannot link a table to Kinesis, so the writer thread also plays DynamoDB's part:
+after each batch of writes it publishes the table's new changes into a stream of
+several shards in the published document shape, shuffled, some twice
+(``kinesis_cdc``); the pipeline writes through the ordering
+guard and the comparison ignores its clock cells, as `ddb2bt verify` does.
 """
 from __future__ import annotations
 
@@ -22,6 +29,17 @@ PROGRESS_TICK_S = 0.25
 # Why the records read differ from the changes written, by AWS emulator.
 RECORDS_NOTE = {"moto": "moto emits extra records for some updates",
                 "ministack": "as on AWS, a write that changes nothing makes no record"}
+# --kinesis: how DynamoDB's Kinesis delivery is played (docs/kinesis.md: records of
+# one item may come out of order and more than once).
+# Several shards, none split: moto keeps routing puts to a split's closed parent
+# (its hash range), where no reader looks once the parent is finished; AWS puts
+# them in the children. The split is tested with the records put before the
+# reader starts (tests/e2e/test_kinesis_source.py).
+KINESIS_SHARDS = 3
+KINESIS_PUMP_EVERY = 100  # changes written between two publishes: well inside DEMO_IDLE_S at any --rate the demo allows
+KINESIS_SHUFFLE_WINDOW = 25  # records shuffled together (out of order within this many)
+KINESIS_DUPLICATE_SHARE = 0.1  # a tenth of the records delivered twice
+KINESIS_PRECISION = "microsecond"  # what docs/kinesis.md tells users to configure
 
 
 def _histogram_quantile(hist, q: float) -> float:
@@ -46,7 +64,7 @@ def run_demo(args) -> int:
     from ddb2bt.pipeline.local import local_stack
     from ddb2bt.pipeline.sink.bigtable_io import ensure_mapping_table, read_table
     from ddb2bt.pipeline.jobs import start_metrics_server
-    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout, without_clocks
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
     from ddb2bt.pipeline.metrics import counter_total as _counter_total, default_metrics
@@ -57,7 +75,10 @@ def run_demo(args) -> int:
     from ddb2bt.transforms.config import load_mapping
     from ddb2bt.transforms.encoding import decode
 
+    kinesis = getattr(args, "kinesis", False)
     mapping = load_mapping(example_path(DEMO_EXAMPLE))
+    if kinesis:
+        mapping = _with_kinesis(mapping)
     with local_stack.LocalStack(log_dir=local_stack.state_dir() / "logs") as stack:
         stack.apply_env()
         print(f"local stack: Bigtable emulator {os.environ['BIGTABLE_EMULATOR_HOST']}, "
@@ -72,6 +93,10 @@ def run_demo(args) -> int:
         ensure_state_table(mapping.target.project, mapping.target.instance, "ddb2bt_state")
         print(f"created DynamoDB table {mapping.source.table} (stream NEW_AND_OLD_IMAGES) and Bigtable table "
               f"{mapping.target.table}")
+        pump = _KinesisPump(mapping, stream_arn) if kinesis else None
+        if pump is not None:
+            print(f"created Kinesis stream {pump.stream} ({KINESIS_SHARDS} shards); the "
+                  "table's changes reach it shuffled and some twice, as Kinesis may deliver them")
 
         written = [0]
         writer_done = threading.Event()
@@ -81,11 +106,15 @@ def run_demo(args) -> int:
             interval = 1.0 / args.rate if args.rate > 0 else 0
             next_at = time.monotonic()
             try:
-                for op in workload.operations(args.seed, args.changes, args.items):
+                for i, op in enumerate(workload.operations(args.seed, args.changes, args.items)):
                     if workload.apply_quietly(ddb, mapping.source.table, op):
                         written[0] += 1
+                    if pump is not None and i % KINESIS_PUMP_EVERY == KINESIS_PUMP_EVERY - 1:
+                        pump.publish()
                     next_at += interval
                     time.sleep(max(0.0, next_at - time.monotonic()))
+                if pump is not None:
+                    pump.publish()
             except Exception as exc:  # shown in the summary; the pipeline still drains what was written
                 writer_error.append(exc)
             finally:
@@ -93,10 +122,13 @@ def run_demo(args) -> int:
 
         job = LiveJob(
             mapping=mapping, stream_arn=stream_arn,
-            reader=ReaderOptions(until_idle_s=DEMO_IDLE_S, poll_interval_s=0.2, discovery_interval_s=5.0),
+            reader=ReaderOptions(until_idle_s=DEMO_IDLE_S, poll_interval_s=0.2,
+                                 discovery_interval_s=5.0),
             state=StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job="demo"),
             client_factory=StreamsClientFactory(),
         )
+        if pump is not None:  # read the Kinesis stream, write through the ordering guard (docs/design.md §10)
+            job = pump.job(job)
         pipeline_error: list = []
 
         def run_pipeline() -> None:
@@ -140,6 +172,8 @@ def run_demo(args) -> int:
 
         items = workload.scan_all(ddb, mapping.source.table)
         actual = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+        if pump is not None:  # the guard's clock cells are not the mapping's: compared as verify does
+            actual = without_clocks(actual)
         diff = diff_layout(expected_layout(mapping, items)[mapping.target.table], actual)
         applied = int(_counter_total(metrics.changes_applied))
         dead = int(_counter_total(metrics.dead_letters))
@@ -147,7 +181,12 @@ def run_demo(args) -> int:
         print()
         print("summary")
         print(f"  changes written to DynamoDB   {written[0]}" + (f"  (writer stopped: {writer_error[0]})" if writer_error else ""))
-        print(f"  stream records read           {read}   ({RECORDS_NOTE[stack.dynamodb]})")
+        if pump is not None:
+            print(f"  Kinesis records published     {pump.published}   (shuffled within {KINESIS_SHUFFLE_WINDOW}, "
+                  f"about {KINESIS_DUPLICATE_SHARE:.0%} twice, over {pump.shards()} shards)")
+            print(f"  ordering guard                {_guard_outcomes(metrics)}")
+        print(f"  stream records read           {read}   "
+              + ("(the duplicates included)" if pump is not None else f"({RECORDS_NOTE[stack.dynamodb]})"))
         print(f"  changes applied to Bigtable   {applied}   dead letters {dead}")
         print(f"  elapsed                       {elapsed:.1f}s (including {DEMO_IDLE_S:.0f}s idle wait at the end)")
         print(f"  end-to-end lag p50 ≤ {_histogram_quantile(metrics.end_to_end_lag, 0.5)}s, "
@@ -166,3 +205,68 @@ def run_demo(args) -> int:
                 text = repr(shown)
                 print(f"    {family}:{qualifier.decode()} = {text[:70]}{'…' if len(text) > 70 else ''}")
         return 0 if diff.identical and not writer_error else 1
+
+
+def _with_kinesis(mapping):
+    """The demo's mapping reading a Kinesis stream named after the table."""
+    from dataclasses import replace
+
+    from ddb2bt.transforms.config import KinesisSourceConfig
+
+    stream = f"{mapping.source.table}-cdc"
+    return replace(mapping, source=replace(mapping.source, kinesis=KinesisSourceConfig(stream, KINESIS_PRECISION)))
+
+
+def _guard_outcomes(metrics) -> str:
+    """``applied N, stale M, ...`` from ddb2bt_ordering_guard_rows_total."""
+    totals: dict = {}
+    for m in metrics.ordering_guard.collect():
+        for s in m.samples:
+            if s.name.endswith("_total"):
+                totals[s.labels["outcome"]] = totals.get(s.labels["outcome"], 0) + int(s.value)
+    return ", ".join(f"{k} {v}" for k, v in sorted(totals.items())) or "no rows"
+
+
+class _KinesisPump:
+    """Plays DynamoDB's Kinesis delivery: the table's changes since the last
+    publish, read from its DynamoDB stream, put into the Kinesis stream out of
+    order and some twice."""
+
+    def __init__(self, mapping, stream_arn: str) -> None:
+        import boto3
+
+        from ddb2bt.pipeline.connections import StreamsClientFactory
+
+        self.mapping, self.stream_arn, self.stream = mapping, stream_arn, mapping.source.kinesis.stream
+        self.kinesis = boto3.client("kinesis")
+        self.kinesis.create_stream(StreamName=self.stream, ShardCount=KINESIS_SHARDS)
+        self.kinesis.get_waiter("stream_exists").wait(StreamName=self.stream)
+        self.streams = StreamsClientFactory()()
+        self._after: dict = {}
+        self._last_us: dict = {}
+        self._round = 0
+        self.published = 0
+
+    def publish(self) -> None:
+        from ddb2bt.pipeline.local.kinesis_cdc import Disorder, change_document, publish_changes, read_table_changes
+
+        records = read_table_changes(self.streams, self.stream_arn, self._after)
+        docs = [change_document(r, self.mapping.source.table, KINESIS_PRECISION, self._last_us) for r in records]
+        self._round += 1
+        self.published += publish_changes(self.kinesis, self.stream, docs, Disorder(
+            window=KINESIS_SHUFFLE_WINDOW, duplicate=KINESIS_DUPLICATE_SHARE, seed=self._round))
+
+    def shards(self) -> int:
+        return len(self.kinesis.list_shards(StreamName=self.stream)["Shards"])
+
+    def job(self, job):
+        """The demo's LiveJob reading the Kinesis stream through the guard."""
+        from dataclasses import replace
+
+        from ddb2bt.pipeline.sink.sink import SinkConfig
+        from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
+
+        source = resolve_kinesis(self.mapping, self.kinesis)
+        return replace(job, stream_arn=source.stream_arn, sink=replace(job.sink or SinkConfig(), ordering_guard=True),
+                       client_factory=KinesisClientFactory(self.stream, self.mapping.source.table, None,
+                                                           KINESIS_PRECISION))

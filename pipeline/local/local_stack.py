@@ -256,6 +256,15 @@ class LocalStack:
         # servers in order, instead of them dying half-way through a write.
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
+    def restart_aws(self) -> None:
+        """Start the AWS emulator again on its port (a new, empty server)."""
+        proc = self._procs.pop(self.dynamodb, None)
+        if proc:
+            _terminate(proc)
+        self._procs[self.dynamodb] = self._spawn_aws()
+        _wait_http(self._ready_url(), self._procs[self.dynamodb], f"{self.dynamodb} server",
+                   time.monotonic() + READY_TIMEOUT_S)
+
     def env(self) -> dict:
         return stack_env(self.bigtable_port, self.aws_port, self.region)
 
@@ -327,12 +336,71 @@ def _stack_alive(stack: dict) -> bool:
     return bool(pids) and all(_alive(pid) for pid in pids)
 
 
+def dead_servers(stack: dict) -> list:
+    """The servers of a recorded stack that are no longer running."""
+    return sorted(name for name, pid in stack.get("pids", {}).items() if not _alive(pid))
+
+
+def _any_alive(stack: dict) -> bool:
+    return any(_alive(pid) for pid in stack.get("pids", {}).values())
+
+
 def save_state(stack: LocalStack, path: Optional[Path] = None) -> None:
     path = path or state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    stacks = [s for s in _read(path) if _stack_alive(s)]
+    # A record is dropped only once nothing of it runs: a stack with one server
+    # left stays recorded, so `local down` still stops that one (never leaked).
+    stacks = [s for s in _read(path) if _any_alive(s)]
     stacks.append({"pids": stack.pids, "env": stack.env(), "dynamodb": stack.dynamodb})
     path.write_text(json.dumps({"stacks": stacks}, indent=2))
+
+
+def recorded_dynamodb(stack: dict) -> str:
+    """The AWS emulator of a recorded stack (records from before ministack: moto)."""
+    return stack.get("dynamodb", MOTO)
+
+
+def half_down(path: Optional[Path] = None) -> Optional[dict]:
+    """The newest recorded stack of which some servers run and some died, or None."""
+    for stack in reversed(_read(path or state_file())):
+        if _any_alive(stack) and dead_servers(stack):
+            return stack
+    return None
+
+
+def _ports(stack: dict) -> tuple:
+    env = stack["env"]
+    return (int(env["BIGTABLE_EMULATOR_HOST"].rsplit(":", 1)[1]),
+            int(env["AWS_ENDPOINT_URL_DYNAMODB"].rsplit(":", 1)[1]))
+
+
+def revive(stack: dict, path: Optional[Path] = None) -> list:
+    """Start the servers of a half-down recorded stack that died, on the ports
+    its users were given (the live half and its data are kept), and record the
+    new processes; returns their names. StackError when one cannot start (its
+    port taken meanwhile): the record is left as it was, so `local down` stops
+    the live half."""
+    path = path or state_file()
+    bigtable_port, aws_port = _ports(stack)
+    revived = LocalStack(log_dir=state_dir() / "logs", bigtable_port=bigtable_port, aws_port=aws_port,
+                         dynamodb=recorded_dynamodb(stack))
+    dead = dead_servers(stack)
+    unknown = [name for name in dead if name not in ("bigtable", revived.dynamodb)]
+    if unknown:  # e.g. `local trim`'s proxy: not a server this can start again
+        raise StackError(f"{', '.join(unknown)} cannot be started again here")
+    try:
+        for name in dead:
+            revived.restart_bigtable() if name == "bigtable" else revived.restart_aws()
+    except BaseException:
+        revived.stop()
+        raise
+    pids = dict(stack["pids"], **revived.pids)
+    stacks = [dict(s, pids=pids) if s == stack else s for s in _read(path) if _any_alive(s) or s == stack]
+    path.write_text(json.dumps({"stacks": stacks}, indent=2))
+    revived._procs.clear()  # detached: the servers live in their own sessions
+    for handle in revived._logs:
+        handle.close()
+    return dead
 
 
 def load_state(path: Optional[Path] = None) -> Optional[dict]:
@@ -341,6 +409,15 @@ def load_state(path: Optional[Path] = None) -> Optional[dict]:
         if _stack_alive(stack):
             return stack
     return None
+
+
+def replace_state(old: dict, new: dict, path: Optional[Path] = None) -> None:
+    """Replace the recorded stack ``old`` by ``new`` (`ddb2bt local trim` adds its
+    proxy to the stack's processes and variables, so `local env` and `local down`
+    know it)."""
+    path = path or state_file()
+    stacks = [new if s == old else s for s in _read(path)]
+    path.write_text(json.dumps({"stacks": stacks}, indent=2))
 
 
 def _alive(pid: int) -> bool:

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Iterator, Optional, Protocol, Sequence
 import grpc
 
 from ddb2bt.transforms.config import FamilyConfig, MappingConfig
-from ddb2bt.transforms.errors import PermanentError, RetryableError
+from ddb2bt.transforms.errors import MappingError, PermanentError, RetryableError
 from ddb2bt.transforms.model import DeleteCells, SetCell
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,27 @@ class BigtableRetryable(RetryableError):
 
 class BigtablePermanent(PermanentError):
     """A whole call failed for good (table missing, permission denied...)."""
+
+
+# Bigtable rejects a row filter (a CheckAndMutateRow predicate, a ReadRows filter)
+# whose serialized size is over 20,480 bytes with INVALID_ARGUMENT
+# (googleapis/java-bigtable-hbase#2192); the emulator accepts any size.
+MAX_ROW_FILTER_BYTES = 20_480
+
+
+class RowFilterTooLarge(MappingError):
+    """A predicate over Bigtable's row-filter size limit: sent, it would fail for
+    good (INVALID_ARGUMENT), so it is refused before sending, naming the row."""
+
+
+def check_filter_size(row_filter, what: str, table_id: str, row_key: bytes) -> None:
+    """Refuse a row filter Bigtable would reject (the row key is not named: it
+    may be personal data; the dead letter carrying this error names the change)."""
+    size = row_filter.ByteSize()
+    if size > MAX_ROW_FILTER_BYTES:
+        raise RowFilterTooLarge(f"{what} on a row of {table_id} ({len(row_key)}-byte key): its predicate is {size} "
+                                f"bytes, over Bigtable's row-filter limit of {MAX_ROW_FILTER_BYTES}",
+                                reason="row_filter_too_large")
 
 
 class BigtableUnreachable(PermanentError):
@@ -625,6 +646,7 @@ class GrpcMutationWriter:
         column.start_qualifier_closed = unless.qualifier
         column.end_qualifier_closed = unless.qualifier
         chain.add().timestamp_range_filter.start_timestamp_micros = unless.since_ms * US_PER_MS
+        check_filter_size(request.predicate_filter, "CheckAndMutateRow", table_id, row_key)
         build_mutations(request.false_mutations, mutations)
         timeout = self._write_timeout()
         try:
@@ -700,17 +722,20 @@ class GrpcMutationWriter:
         return found
 
     def swap_row(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
-                 mutations: Sequence) -> bool:
+                 mutations: Sequence, prefix: bool = False) -> bool:
         """CheckAndMutateRow: apply ``mutations`` iff the newest value of
-        family:qualifier is ``expected`` (None: iff the cell is absent). True when
-        applied. Fenced like every write."""
+        family:qualifier is ``expected`` (None: iff the cell is absent; ``prefix``:
+        iff it starts with ``expected``). True when applied. Fenced like every write."""
         return self._check_and_mutate(table_id, row_key, family, qualifier, expected, mutations,
-                                      self._write_timeout())
+                                      self._write_timeout(), prefix)
 
     def _check_and_mutate(self, table_id: str, row_key: bytes, family: str, qualifier: bytes,
-                          expected: Optional[bytes], mutations: Sequence, timeout: float) -> bool:
+                          expected: Optional[bytes], mutations: Sequence, timeout: float,
+                          prefix: bool = False) -> bool:
         """CheckAndMutateRow through the transactional profile: ``mutations`` iff
-        the newest value of family:qualifier is ``expected`` (None: iff absent)."""
+        the newest value of family:qualifier is ``expected`` (None: iff absent;
+        ``prefix``: iff it starts with ``expected``, an ASCII value). The
+        predicate's size is checked before sending (MAX_ROW_FILTER_BYTES)."""
         table_name = self._prefix + table_id
         request = self._cam_cls(table_name=table_name, row_key=row_key)
         if self._txn_profile:
@@ -718,7 +743,10 @@ class GrpcMutationWriter:
         chain = request.predicate_filter.chain.filters
         _newest_of_column(chain, family, qualifier)
         if expected is not None:
-            chain.add().value_regex_filter = _exact_regex(expected)
+            # RE2 matches the whole value: a prefix is followed by anything (the
+            # values compared by prefix are ASCII, where "." is any byte).
+            chain.add().value_regex_filter = _exact_regex(expected) + (b"(?s).*" if prefix else b"")
+        check_filter_size(request.predicate_filter, "CheckAndMutateRow", table_id, row_key)
         build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
         try:
             response = self._cam(request, timeout=timeout, metadata=self._txn_params(table_name))
@@ -1053,7 +1081,7 @@ def read_table(project: str, instance: str, table_id: str, prefix: Optional[byte
 
     query = ReadRowsQuery()
     if prefix is not None:
-        query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=_prefix_end(prefix)))
+        query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=prefix_end(prefix)))
     if latest_only:
         query.filter = row_filters.CellsColumnLimitFilter(1)
     return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s, app_profile)
@@ -1156,7 +1184,7 @@ def table_ranges(project: str, instance: str, table_id: str, client=None) -> lis
 
 
 
-def _prefix_end(prefix: bytes) -> Optional[bytes]:
+def prefix_end(prefix: bytes) -> Optional[bytes]:
     """The smallest key greater than every key starting with ``prefix``."""
     stripped = prefix.rstrip(b"\xff")
     if not stripped:

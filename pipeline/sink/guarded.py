@@ -25,7 +25,7 @@ from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.model import DeadLetter, MappedChange
 from ddb2bt.transforms.limits import checked_size
-from ddb2bt.transforms.ordering import CLOCK_FAMILY, GuardedRow, decode_clock, row_mutations
+from ddb2bt.transforms.ordering import CLOCK_FAMILY, GuardedRow, decode_clock, row_mutations, swap_expectation
 
 __all__ = ["ClockWriter", "GuardStats", "GuardedBatchingWriter", "apply_guarded"]
 
@@ -45,7 +45,7 @@ class ClockWriter(Protocol):
     def read_family(self, table_id: str, row_keys: Sequence, family: str) -> dict: ...
 
     def swap_row(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
-                 mutations: Sequence) -> bool: ...
+                 mutations: Sequence, prefix: bool = False) -> bool: ...
 
 
 @dataclass
@@ -114,12 +114,17 @@ def _apply_slot(writer: ClockWriter, slot: tuple, rows: list, raw: Optional[byte
             if mutations is None:
                 stats.stale += 1
                 break
+            expected, prefix = swap_expectation(raw) if raw is not None else (None, False)
             try:
                 checked_size(row_key, mutations)
+                # A fixed-size predicate (the clock's token); the writer still
+                # refuses one over Bigtable's limit (a clock written before the
+                # token), which is this change's dead letter, not a wedged bundle.
+                swapped = writer.swap_row(table, row_key, CLOCK_FAMILY, item, expected, mutations, prefix=prefix)
             except MappingError as exc:
                 stats.rejected.append((row, exc))
                 break
-            if writer.swap_row(table, row_key, CLOCK_FAMILY, item, raw, mutations):
+            if swapped:
                 raw = _new_clock_value(mutations, row)
                 stats.applied += 1
                 break
@@ -146,6 +151,8 @@ class GuardedBatchingWriter(BatchingWriter):
     exactly as by ``BatchingWriter`` (the same ``_commit``), only after every
     guarded write of the batch is acknowledged. Rows are independent under the
     guard, so there is no per-row ordering to keep and no overlap to manage."""
+
+    ordering_guard = True  # what redrive checks it writes through
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs["overlap"] = False

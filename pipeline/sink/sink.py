@@ -412,6 +412,8 @@ class BatchingWriter:
             m.dead_lettered(table, d.stage, d.reason)
         for (stream, shard), (count, change_ms) in batch.applied.items():
             m.lag.on_applied(stream, shard, change_ms, count)
+        for c in batch.closed:  # read to its end and recorded finished: no lag of its own any more
+            m.lag.forget(c.stream_arn, c.shard_id)
         m.checkpoint_time.set(ack_ms / 1000)
         m.lag.on_checkpoint(table, ack_ms / 1000)
         m.publish_lag()

@@ -76,6 +76,14 @@ class VersionOwners:
         return self._backend.claim(key, Guard(OWNER_FAMILY, OWNER_QUALIFIER, 0, True, 0),
                                    [SetCell(OWNER_FAMILY, OWNER_QUALIFIER, owner, stamp)])
 
+    def claimed_before(self, key: bytes, before_ms: int) -> Optional[bool]:
+        """Whether the owner of ``key`` was claimed by a change before
+        ``before_ms`` (claims are stamped with their change's time); None when
+        nobody owns it. For the re-copy sweep (docs/design.md §7.7)."""
+        if not self.owners([key]).get(key):
+            return None
+        return key not in self._backend.keys_written_since(key, before_ms)
+
     def settle(self, final: dict, stamps: Optional[dict] = None) -> None:
         """{key: owner or None}: set owners and release versions (after the write).
         ``stamps``: {key: time of the change that owns it now} (see claim)."""

@@ -54,10 +54,30 @@ READ_BYTES_PER_SECOND = 2 * 1024 * 1024
 # what the DynamoDB Streams reader asks (1,000), a page the sink batches whole.
 KINESIS_MAX_RECORDS = 10_000
 
+# Kinesis may answer GetRecords with empty pages before the records at an
+# iterator's position ("GetRecords" API: follow NextShardIterator; a
+# MillisBehindLatest above 0 says records lie ahead). The trimmed check follows
+# this many empty pages before it gives up for this round (retried, never
+# taken as trimmed): at 5 calls/s, 10 s of following.
+MAX_EMPTY_PAGES_AT_CHECKPOINT = 50
 # A millisecond epoch stays below 1e14 until the year 5138; a microsecond epoch
 # is above it since 1973: the magnitude tells the precision apart.
 MICROSECOND_THRESHOLD = 10 ** 14
 PRECISIONS = ("auto", "millisecond", "microsecond")
+# A record time outside [floor, now + skew] cannot be a change of this table: a
+# precision read wrongly (seconds taken for milliseconds: January 1970), or a
+# corrupt record. Written, its cells would carry that time, and the ordering
+# guard would drop every later change as older than it, or keep it above them.
+# So the reader stops before anything is written (docs/kinesis.md).
+# The floor: Kinesis Data Streams for DynamoDB launched on 2020-11-23, and no
+# record is older than the stream's retention (plus a margin: Kinesis trims
+# lazily, and its clock is not ours).
+KINESIS_FOR_DYNAMODB_SINCE_MS = 1_606_089_600_000  # 2020-11-23T00:00:00Z
+RECORD_AGE_MARGIN_S = 3600.0
+# How far ahead of this host's clock a record may be: AWS's clock and ours
+# (NTP keeps them within a second; docs/design.md §6.6 allows 2 s elsewhere).
+MAX_RECORD_AHEAD_S = 300.0
+MAX_RETENTION_S = 8760 * 3600  # Kinesis's longest retention (365 days): the floor before the stream is described
 
 # The stream name a table's job reads, in the DynamoDB-stream ARN shape the
 # reader, router and checkpoints key on: the label says it is Kinesis.
@@ -128,6 +148,7 @@ def decode_kinesis_record(record: dict, table: Optional[str], precision: str = "
                                "PrincipalId": identity.get("principalId", identity.get("PrincipalId"))}
     if change_us is not None:
         out["changeMicros"] = change_us
+        out["rawCreated"] = created  # as published, for a message about an impossible time
     return out
 
 
@@ -177,8 +198,10 @@ class KinesisStreamsClient:
     client; ``stream`` its stream name or ARN."""
 
     def __init__(self, kinesis, stream: str, table: Optional[str], precision: str = "auto",
-                 pacer: Optional[ShardPacer] = None, start_timestamp: Optional[_dt.datetime] = None) -> None:
+                 pacer: Optional[ShardPacer] = None, start_timestamp: Optional[_dt.datetime] = None,
+                 now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
         self._k = kinesis
+        self._now_ms = now_ms
         self._stream = {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
         self._name = stream
         self._table = table
@@ -192,6 +215,12 @@ class KinesisStreamsClient:
         self._retention_s: Optional[float] = None
         self._ending: dict = {}  # closed shard -> (starting, ending sequence number)
         self._last_seen: dict = {}  # shard -> last sequence number read or resumed after
+
+    @property
+    def retention_s(self) -> Optional[float]:
+        """The stream's retention once described (24 h to 365 days), for the
+        reader's proof that a trimmed checkpoint lost nothing (docs/design.md §8.2)."""
+        return self._retention_s
 
     # DynamoDB Streams: DescribeStream(StreamArn, Limit, ExclusiveStartShardId)
     def describe_stream(self, StreamArn: str, Limit: int = 100, ExclusiveStartShardId: Optional[str] = None) -> dict:
@@ -240,17 +269,32 @@ class KinesisStreamsClient:
 
     def _check_not_trimmed(self, shard_id: str, sequence_number: str) -> None:
         """The checkpointed record must still be in the shard: Kinesis would start
-        at the oldest record instead, silently skipping what expired."""
+        at the oldest record instead, silently skipping what expired. An empty
+        page proves nothing while the shard has records ahead (MillisBehindLatest
+        above 0, or a missing one) and hands out a next iterator: it is followed.
+        Only a record other than the checkpoint's, or nothing up to the tip or the
+        end of a closed shard, is "trimmed"."""
+        records: list = []
         try:
             it = self._k.get_shard_iterator(**self._stream, ShardId=shard_id, ShardIteratorType="AT_SEQUENCE_NUMBER",
                                             StartingSequenceNumber=sequence_number)["ShardIterator"]
-            self._pacer.before_call(self._name, shard_id)
-            page = self._k.get_records(ShardIterator=it, Limit=1)
+            for _ in range(MAX_EMPTY_PAGES_AT_CHECKPOINT):
+                self._pacer.before_call(self._name, shard_id)
+                page = self._k.get_records(ShardIterator=it, Limit=1)
+                records = page.get("Records") or []
+                it = page.get("NextShardIterator")
+                if records or it is None or page.get("MillisBehindLatest", 1) == 0:
+                    break
+            else:
+                from ddb2bt.pipeline.dynamodb import StreamThrottled
+
+                raise StreamThrottled(f"GetRecords on {shard_id}: {MAX_EMPTY_PAGES_AT_CHECKPOINT} empty pages at "
+                                      f"the checkpoint (sequence number {sequence_number}) with records still "
+                                      "ahead; looked again next round, not taken as trimmed")
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "InvalidArgumentException":
                 raise
-            page = {"Records": []}
-        records = page.get("Records") or []
+            records = []
         if records and records[0]["SequenceNumber"] == sequence_number:
             return
         raise ClientError({"Error": {"Code": "TrimmedDataAccessException", "Message": (
@@ -264,6 +308,7 @@ class KinesisStreamsClient:
         raw = page.get("Records") or []
         self._pacer.after_call(self._name, shard, sum(len(r.get("Data") or b"") for r in raw))
         records = [d for d in (decode_kinesis_record(r, self._table, self._precision) for r in raw) if d is not None]
+        self._check_times(shard, records)
         if raw:
             self._last_seen[shard] = int(raw[-1]["SequenceNumber"])
         nxt = page.get("NextShardIterator")
@@ -276,7 +321,39 @@ class KinesisStreamsClient:
             self._iterators[nxt] = shard
         # A page of only other tables' records comes back empty: the reader moves on
         # with NextShardIterator (its checkpoint stays at its own table's last record).
-        return {"Records": records, "NextShardIterator": nxt}
+        out = {"Records": records, "NextShardIterator": nxt}
+        if "MillisBehindLatest" in page:  # the service's own lag: the reader's catch-up rule takes it (§7.8)
+            out["MillisBehindLatest"] = page["MillisBehindLatest"]
+        return out
+
+    def _check_times(self, shard: str, records: list) -> None:
+        """Every record's time must be one a change of this table can have
+        (KINESIS_FOR_DYNAMODB_SINCE_MS, the retention, MAX_RECORD_AHEAD_S), else
+        ConfigError naming the record and ``precision``: nothing of the page is
+        written, and the checkpoint stays before it."""
+        if not records:
+            return
+        now = self._now_ms()
+        retention_s = self._retention_s if self._retention_s is not None else MAX_RETENTION_S
+        floor = max(KINESIS_FOR_DYNAMODB_SINCE_MS, now - int((retention_s + RECORD_AGE_MARGIN_S) * 1000))
+        ceiling = now + int(MAX_RECORD_AHEAD_S * 1000)
+        for record in records:
+            us = record.get("changeMicros")
+            if us is None or floor <= us // 1000 <= ceiling:
+                continue
+            from ddb2bt.transforms.errors import ConfigError
+
+            at = _dt.datetime.fromtimestamp(us / 1_000_000, _dt.timezone.utc).isoformat(timespec="milliseconds")
+            why = (f"more than {MAX_RECORD_AHEAD_S:g}s ahead of this host's clock" if us // 1000 > ceiling else
+                   "before Kinesis Data Streams for DynamoDB existed" if us // 1000 < KINESIS_FOR_DYNAMODB_SINCE_MS
+                   else "older than the stream's retention")
+            raise ConfigError(
+                f"record {record['dynamodb']['SequenceNumber']} of shard {shard} in Kinesis stream {self._name} "
+                f"(eventID {record.get('eventID') or '?'}) has ApproximateCreationDateTime "
+                f"{record.get('rawCreated')}, read with precision {self._precision!r} as {at}: {why}. Its cells "
+                "would be written at that time; nothing was written. Set source.kinesis.precision to the "
+                "destination's ApproximateCreationDateTimePrecision (millisecond or microsecond), or check this "
+                "host's clock", "source.kinesis.precision")
 
     def _read_to_end(self, shard: str) -> bool:
         bounds = self._ending.get(shard)
@@ -305,11 +382,12 @@ class KinesisClientFactory:
     start_timestamp_ms: Optional[int] = None
 
     def __call__(self) -> KinesisStreamsClient:
-        import boto3
         from botocore.config import Config
 
+        from ddb2bt.pipeline.connections import aws_client
+
         config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=10, read_timeout=30)
-        client = boto3.client("kinesis", region_name=self.region, config=config)
+        client = aws_client("kinesis", region_name=self.region, config=config)
         start = (_dt.datetime.fromtimestamp(self.start_timestamp_ms / 1000, _dt.timezone.utc)
                  if self.start_timestamp_ms is not None else None)
         return KinesisStreamsClient(client, self.stream, self.table, self.precision, start_timestamp=start)
@@ -335,9 +413,9 @@ def resolve_kinesis(mapping, kinesis=None) -> KinesisSource:
 
     config = mapping.source.kinesis
     if kinesis is None:
-        import boto3
+        from ddb2bt.pipeline.connections import aws_client
 
-        kinesis = boto3.client("kinesis", region_name=mapping.source.region)
+        kinesis = aws_client("kinesis", region_name=mapping.source.region)
     target = {"StreamARN": config.stream} if config.stream.startswith("arn:") else {"StreamName": config.stream}
     try:
         summary = kinesis.describe_stream_summary(**target)["StreamDescriptionSummary"]

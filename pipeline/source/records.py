@@ -50,15 +50,18 @@ _NO_FIELDS: Mapping = {}  # read only: stands in for an absent field
 
 
 def record_to_json(record: ChangeRecord, include_values: bool = True) -> str:
-    """JSON for a dead letter. Without values, only the keys are kept (still enough
-    to find the item and re-read it for a redrive)."""
+    """JSON for a dead letter. Without values the images are left out and only the
+    keys are kept — what a redrive needs to find the item again (it re-reads the
+    current item; the images, where it needs them, from the stream position)."""
     out: dict = {
         "eventName": record.event_name,
         "eventID": record.event_id,
         "changeMs": record.change_ms,
-        "keys": item_to_dynamodb_json(record.keys) if include_values else _redacted(record.keys),
+        "keys": _safe_image(record.keys),
         "ttlDelete": record.is_ttl_delete,
     }
+    if not include_values:
+        out["valuesOmitted"] = True
     if isinstance(record.position, StreamPosition):  # a backfilled item has no stream position
         out["position"] = {
             "streamArn": record.position.stream_arn,
@@ -79,11 +82,27 @@ def _safe_image(image: Mapping) -> Any:
         return repr(image)
 
 
-def _redacted(keys: Mapping) -> dict:
-    return {name: REDACTED for name in keys}
-
-
+# How a dead letter stored by earlier versions without values shows its keys
+# (they were redacted then; a redrive finds such an item through its stream position).
 REDACTED = "<redacted>"
+
+
+def keys_redacted(record_json: str) -> bool:
+    """The stored letter's keys were redacted (an earlier version's --no-dlq-include-values)."""
+    try:
+        keys = json.loads(record_json).get("keys") or {}
+    except (ValueError, AttributeError):
+        return True
+    return any(v == REDACTED for v in keys.values()) or not keys
+
+
+def values_omitted(record_json: str) -> bool:
+    """The stored letter holds no images (--no-dlq-include-values)."""
+    try:
+        data = json.loads(record_json)
+    except ValueError:
+        return True
+    return bool(data.get("valuesOmitted")) or keys_redacted(record_json)
 
 
 def key_text(record_json: str, show: bool = True) -> str:

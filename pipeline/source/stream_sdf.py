@@ -116,7 +116,7 @@ class _StreamContext:
         self.reported[partition] = now
         try:
             self.state.save_reader_report(partition.stream_arn, f"{partition.index}-{partition.count}",
-                                          reader.pending_since(), ended=force)
+                                          reader.pending_since(), ended=force, heads=reader.heads())
         except Exception as exc:  # reading goes on; status shows the report's age
             log.warning("cannot save the reader report of %s (%s: %s)", table_of_stream(partition.stream_arn),
                         type(exc).__name__, exc)
@@ -126,7 +126,9 @@ class _StreamContext:
         if reader is None:
             reader = self.readers[partition] = PartitionReader(
                 self.client, partition, self.options, self.state.load_checkpoints, self.metrics,
-                directory=shard_directory())  # one shard listing per stream per process
+                directory=shard_directory(),  # one shard listing per stream per process
+                hand_back_pacing=True,  # a paced shard's wait goes to the runner (RoundResult.paced_s)
+                load_heads=self.state.load_shard_heads)  # what proves a trimmed checkpoint harmless
         return reader
 
     def close(self) -> None:
@@ -161,6 +163,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         for source in self._sources:
             self._contexts[source.stream_arn] = _StreamContext(source, self._metrics)
         self._idle_streak = 0
+        self._paced_streak, self._paced_min_s = 0, float("inf")  # partitions in a row that came back paced
 
     @beam.DoFn.unbounded_per_element()
     def process(
@@ -195,17 +198,46 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             tracker.try_claim(ClaimEnd())
             return
         reader = ctx.reader(partition)
-        result = yield from batch_records(reader.read_round(tracker))
+        if ctx.lease is not None and ctx.lease.spec.shared:
+            from ddb2bt.pipeline.lease import OWNERS
+
+            # While the round runs (it may back off on throttling for minutes)
+            # the partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S).
+            with OWNERS.round(partition.stream_arn, partition.index):
+                result = yield from batch_records(reader.read_round(tracker))
+        else:
+            result = yield from batch_records(reader.read_round(tracker))
         if result.stopped:
             return
+        if result.paced_s is not None:
+            # Every shard of the partition was read a moment ago (5 GetRecords/s
+            # per shard): the wait goes back to the runner, which reads the other
+            # partitions meanwhile, instead of this thread sleeping through it.
+            ctx.report(partition, reader)
+            self._tick_cutover(ctx, partition, reader)
+            self._idle_streak = 0
+            if options.sleep_when_idle:
+                # FnApiRunner ignores deferral delays: sleep once every partition
+                # in a row came back paced, for the shortest wait, never longer.
+                self._paced_streak += 1
+                self._paced_min_s = min(self._paced_min_s, result.paced_s)
+                if self._paced_streak >= self._partitions_total:
+                    time.sleep(self._paced_min_s)
+                    self._paced_streak, self._paced_min_s = 0, float("inf")
+                tracker.defer_remainder(Duration.of(0))
+            else:
+                tracker.defer_remainder(Duration.of(result.paced_s))
+            return
+        self._paced_streak, self._paced_min_s = 0, float("inf")
         decision = reader.idle_decision(tracker, result)
         ctx.report(partition, reader, force=decision == "end")
         if decision == "end":
+            self._tick_cutover(ctx, partition, reader, ended_idle=True)
             log.info("partition %d/%d of %s idle for %ss: done", partition.index, partition.count,
                      partition.stream_arn, options.until_idle_s)
             tracker.try_claim(ClaimEnd())
             return
-        self._tick_cutover(ctx, partition, at_head=decision == "poll")
+        self._tick_cutover(ctx, partition, reader)
         if decision == "poll":
             self._idle_streak += 1
             if options.sleep_when_idle:
@@ -237,11 +269,14 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return False
         return True
 
-    def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, at_head: bool) -> None:
-        """Tell the cutover keeper where this partition is. The keeper — not this
-        reader — moves the migration on (phase, finish) on a thread of its own
-        (ddb2bt.pipeline.cutover.keeper): on Dataflow, or next to a separate
-        batch backfill, no controller does."""
+    def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, reader: PartitionReader,
+                      ended_idle: bool = False) -> None:
+        """Tell the cutover keeper where this partition is: its shards' lag and
+        applied position in time (cutover/catchup.py), not whether this round
+        found something new. The keeper — not this reader — moves the migration
+        on (phase, finish) on a thread of its own (ddb2bt.pipeline.cutover.keeper):
+        on Dataflow, or next to a separate batch backfill, no controller does."""
+        from ddb2bt.pipeline.cutover.catchup import CatchUpReport, summarize
         from ddb2bt.pipeline.cutover.keeper import keeper_for
 
         if ctx.keeper is None:
@@ -253,8 +288,17 @@ class _ReadStreamPartitionsFn(beam.DoFn):
 
                 fence = (lambda: OWNERS.check_partition(partition.stream_arn, partition.index)) \
                     if ctx.lease.spec.shared else ctx.lease.check
-            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, at_head,
-                              fence=fence)
+            now_ms = time.time_ns() // 1_000_000
+            shards = reader.shard_ids()
+            if ended_idle:  # nothing new for all of --until-idle: at the head now
+                report = CatchUpReport(0, now_ms)
+            elif shards:
+                lag = ctx.metrics.lag
+                report = summarize([lag.view(partition.stream_arn, s) for s in shards], now_ms)
+            else:  # a partition that owns no shard (more partitions than shards) has nothing to catch up
+                report = CatchUpReport(None, None) if reader.waiting else CatchUpReport(0, now_ms)
+            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, report,
+                              fence=fence, ended_idle=ended_idle)
 
     def teardown(self) -> None:
         for ctx in getattr(self, "_contexts", {}).values():

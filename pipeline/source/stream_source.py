@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
@@ -34,8 +35,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
-from ddb2bt.pipeline.dynamodb import (IteratorExpired, Listing, ShardDirectory, ShardPacer, StreamThrottled,
-                                      classify_aws_error, count_api_call, endpoint_of, table_of_stream)
+from ddb2bt.pipeline.cutover.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
+from ddb2bt.pipeline.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
+                                      StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
+                                      table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.metrics import PipelineMetrics
@@ -57,6 +60,22 @@ PAGES_PER_ROUND = 10
 # After a shard closes its children may be listed: a listing of the stream at
 # most this old (another partition's, shared through the ShardDirectory) will do.
 REDISCOVERY_MAX_AGE_S = 1.0
+# A trimmed checkpoint loses nothing when the shard was seen at its head (every
+# record up to then read and applied) less than the retention minus this margin
+# ago: every change since has a record younger than the retention, which the
+# stream still holds (docs/design.md §8.2). The margin covers AWS's record times
+# (rounded down to the second), the reporting host's clock against this one's
+# and AWS's (NTP: seconds; §6.6), and any slack in when the service trims. An
+# hour costs little: a quiet table stopped for up to 23 h of 24 resumes by itself.
+HEAD_PROOF_MARGIN_S = 3600.0
+
+
+def nothing_lost_since_head(head_ms: Optional[int], now_ms: int, retention_s: float) -> bool:
+    """Pure: a checkpoint found trimmed lost no change when its shard was seen at
+    its head at ``head_ms`` (docs/design.md §7.8's head: a run of empty pages over
+    seconds, nothing pending) less than ``retention_s`` − HEAD_PROOF_MARGIN_S ago:
+    every change after ``head_ms`` has a record younger than that, still held."""
+    return head_ms is not None and now_ms - head_ms < (retention_s - HEAD_PROOF_MARGIN_S) * 1000
 
 _STOP_REQUESTS: set = set()
 STOP_ALL = "*"  # every reader in this process (Ctrl-C, SIGTERM: ddb2bt.pipeline.signals)
@@ -77,6 +96,10 @@ def stop_requested(token: Optional[str]) -> bool:
 @dataclass(frozen=True)
 class ReaderOptions:
     start: str = TRIM_HORIZON
+    # The job had no checkpoint and no recorded start when launched
+    # (preflight.settle_start): only then does ``start`` apply; a restarted job
+    # starts every shard without a checkpoint at TRIM_HORIZON (docs/design.md §6.3).
+    fresh: bool = True
     on_trimmed: str = "fail"
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     discovery_interval_s: float = 10.0
@@ -86,7 +109,7 @@ class ReaderOptions:
     # In-process stop requests (local runs): `request_stop(token)` ends the reading
     # cleanly at the next round, everything read so far written and checkpointed.
     stop_token: Optional[str] = None
-    # A reader at the stream head moves a finished migration CATCHING_UP → LIVE
+    # Readers that have caught up (cutover/catchup.py) move a finished migration CATCHING_UP → LIVE
     # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
     promote_live: bool = True
     # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): every round checks it, so
@@ -230,14 +253,17 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
 
 
 def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestriction,
-                checkpoints: dict, start_mode: str) -> tuple:
+                checkpoints: dict, start_mode: str, fresh: bool = True) -> tuple:
     """Pure lineage planning: ([ClaimStart/ClaimClosed/ClaimForget...], waiting ids).
 
     A shard of ours that is neither active nor known-closed starts when it has no
     parent, its parent is no longer listed (aged out), or its parent is recorded
     finished in the state table. Shards present at the very first discovery of a
-    fresh job (no checkpoint) start at ``start_mode``; later ones are new children
-    and start at TRIM_HORIZON so nothing between discovery rounds is missed.
+    ``fresh`` job (no checkpoint, no recorded start when it was launched) start at
+    ``start_mode``; every other shard without a checkpoint starts at TRIM_HORIZON:
+    new children (nothing between discovery rounds is missed), and on a restarted
+    job the shards it never checkpointed (quiet ones, ones born while it was
+    down), whose changes since the job stopped a later start would skip.
     """
     claims: list = []
     waiting: list = []
@@ -247,7 +273,9 @@ def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestri
             continue
         ckpt: Optional[ShardCheckpoint] = checkpoints.get(shard_id)
         if ckpt is not None and ckpt.finished:
-            claims.append(ClaimClosed(shard_id))
+            # Recorded finished in the state table: nothing to read, and nothing
+            # for the restriction to remember (it is committed every round; a
+            # table with thousands of closed shards made it hundreds of KB).
             continue
         parent = listing.shards[shard_id]
         parent_ckpt = checkpoints.get(parent) if parent else None
@@ -259,13 +287,17 @@ def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestri
             pos = ShardPos(mode=TRIM_HORIZON)  # recovered from incremental exports (cutover/recover.py)
         elif ckpt is not None and ckpt.sequence_number:
             pos = ShardPos(after=ckpt.sequence_number)
-        elif not r.discovered_once and (parent is None or parent not in listing.shards):
+        elif fresh and not r.discovered_once and (parent is None or parent not in listing.shards):
             pos = ShardPos(mode=start_mode)
         else:
             pos = ShardPos(mode=TRIM_HORIZON)
         claims.append(ClaimStart(shard_id, pos))
     for shard_id in sorted(r.closed):
-        if shard_id not in listing.shards:  # aged out of the stream: stop remembering it
+        ckpt = checkpoints.get(shard_id)
+        # Aged out of the stream, or recorded finished (the sink records a shard
+        # finished once every write before its end is acknowledged): the
+        # restriction keeps only what the state table does not already record.
+        if shard_id not in listing.shards or (ckpt is not None and ckpt.finished):
             claims.append(ClaimForget(shard_id))
     return claims, waiting
 
@@ -276,6 +308,10 @@ class RoundResult:
     at_head: bool = True
     finished: bool = False  # the partition is done (until-idle reached)
     stopped: bool = False  # a claim failed: the runner split us, return now
+    # The round ended because its next shard may not be called yet (5 GetRecords/s
+    # per shard): the reader hands the wait back to the runner instead of sleeping
+    # in it, so other partitions of the process read meanwhile. Seconds to wait.
+    paced_s: Optional[float] = None
 
 
 class PartitionReader:
@@ -286,13 +322,26 @@ class PartitionReader:
                  load_checkpoints: Callable[[str], dict], metrics: Optional[PipelineMetrics] = None,
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
                  sleep: Callable[[float], None] = time.sleep, directory: Optional[ShardDirectory] = None,
-                 pacer: Optional[ShardPacer] = None) -> None:
+                 pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False,
+                 load_heads: Optional[Callable[[str], dict]] = None) -> None:
         self._client = client
+        # {shard id: when a reader of this job last saw it at its head}, as the
+        # readers recorded it in the state table (StateStore.load_shard_heads):
+        # what proves that a trimmed checkpoint lost nothing (docs/design.md §8.2).
+        self._load_heads = load_heads
+        # shard id -> this host's times of the current run of empty pages (the
+        # oldest dropped once the newer ones alone still make a head), and
+        # shard id -> the latest time it was proven at its head.
+        self._empty_run: dict = {}
+        self._heads: dict = {}
         # Within AWS's limits (docs/operations.md): the stream's shards are listed
         # once per process for all its partitions (the SDF passes the process's
         # ShardDirectory; alone, a reader has its own); GetRecords is paced per shard.
         self._directory = directory if directory is not None else ShardDirectory()
         self._pacer = pacer if pacer is not None else ShardPacer(sleep=sleep)
+        # The splittable DoFn's readers: a round that would wait for the pacer ends
+        # and returns the wait to the runner (RoundResult.paced_s).
+        self._hand_back_pacing = hand_back_pacing
         self._rediscover = False
         self._partition = partition
         self._options = options
@@ -343,7 +392,8 @@ class PartitionReader:
         listing = self._directory.listing(self._client, self._partition.stream_arn, self._call, max_age)
         self._rediscover = False
         checkpoints = self._load_checkpoints(self._partition.stream_arn)
-        claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints, self._options.start)
+        claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints, self._options.start,
+                                            self._options.fresh)
         for c in claims + [ClaimDiscovered()]:
             if not claim(c):
                 return False
@@ -378,17 +428,73 @@ class PartitionReader:
             f"shard {shard_id} of {self._partition.stream_arn} no longer holds the changes {where}: "
             "they were trimmed (older than the stream's 24 h retention) before being applied, so "
             "changes were LOST. Recover them from incremental exports (ddb2bt recover -m <mapping>: it "
-            "prints the export commands, then applies them), or with a fresh backfill (ddb2bt migrate); "
+            "prints the export commands, then applies them), or by copying the table again with a new backfill "
+            "(ddb2bt migrate --restart); "
             "or rerun with --on-trimmed=restart to continue from the oldest available record "
             "(the lost changes stay lost)."
         )
+        head_ms = self._last_head_ms(shard_id)
+        retention_s = getattr(self._client, "retention_s", None) or STREAM_RETENTION_S
+        now = self._now_ms()
+        if nothing_lost_since_head(head_ms, now, retention_s):
+            # Seen at its head (every record up to then read, applied and
+            # checkpointed) recently enough that every later record is still
+            # held: the oldest record on is exactly what was not applied yet.
+            log.warning("shard %s of %s: its checkpoint (%s) has aged out of the stream, but no change was "
+                        "lost: the job saw the shard at its head %.1f h ago, within the stream's %.0f h retention "
+                        "less %.0f h, so every change since is still in the stream. Continuing from TRIM_HORIZON "
+                        "(docs/design.md §8.2).", shard_id, self._partition.stream_arn, where,
+                        (now - head_ms) / 3_600_000, retention_s / 3600, HEAD_PROOF_MARGIN_S / 3600)
+            return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
+                StreamArn=self._partition.stream_arn, ShardId=shard_id,
+                ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
+        if head_ms is not None:
+            message += (f" (The job last saw this shard at its head {(now - head_ms) / 3_600_000:.1f} h ago: "
+                        f"too long ago, against the stream's {retention_s / 3600:.0f} h retention less a "
+                        f"{HEAD_PROOF_MARGIN_S / 3600:.0f} h margin, to prove that nothing after it was trimmed.)")
         if self._options.on_trimmed != "restart":
             raise ChangesLostError(message)
-        log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart.", message)
+        log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart (or a re-copy, migrate "
+                  "--restart, whose backfill restores what was lost).", message)
         if self._metrics:
             self._metrics.trimmed_restarts.inc()
         return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
             StreamArn=self._partition.stream_arn, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
+
+    def _last_head_ms(self, shard_id: str) -> Optional[int]:
+        """The latest time this job is known to have seen the shard at its head:
+        this reader's own, or any reader's recorded in the state table."""
+        times = [self._heads.get(shard_id)]
+        if self._load_heads is not None:
+            times.append(self._load_heads(self._partition.stream_arn).get(shard_id))
+        times = [t for t in times if t is not None]
+        return max(times) if times else None
+
+    def _on_page(self, shard_id: str, empty: bool) -> None:
+        """Follow the shard's run of empty pages; at the head (docs/design.md
+        §7.8: HEAD_EMPTY_PAGES pages over HEAD_EMPTY_S, nothing read and not yet
+        applied) remember when: every record created before the run's first page
+        was read. Of a long run, the latest such window counts."""
+        if not empty:
+            self._empty_run.pop(shard_id, None)
+            return
+        run = self._empty_run.setdefault(shard_id, deque())
+        now = self._now_ms()
+        run.append(now)
+        window_ms = HEAD_EMPTY_S * 1000
+        while len(run) > HEAD_EMPTY_PAGES and now - run[1] >= window_ms:
+            run.popleft()
+        if len(run) < HEAD_EMPTY_PAGES or now - run[0] < window_ms:
+            return
+        if self._metrics is not None and self._metrics.lag.view(
+                self._partition.stream_arn, shard_id).pending_oldest_ms is not None:
+            return  # records read and not yet applied: not proven
+        self._heads[shard_id] = max(run[0], self._heads.get(shard_id, run[0]))
+
+    def heads(self) -> dict:
+        """{shard id: the latest time (ms, this host's clock) it was seen at its
+        head} of the shards this partition reads, for the state table."""
+        return {shard_id: ms for shard_id, ms in self._heads.items() if shard_id in self._iterators}
 
     def _get_records(self, shard_id: str, pos: ShardPos) -> dict:
         for _ in range(3):  # an iterator can expire between renewal and use; renew at most twice
@@ -418,13 +524,30 @@ class PartitionReader:
             if not self.discover(tracker):
                 result.stopped = True
                 return result
-        for shard_id, pos in tracker.current_restriction().positions:
-            # A shard with a backlog gets up to PAGES_PER_ROUND full pages in one
-            # round (one bundle): fewer bundles amortise the runner's per-bundle
-            # cost. A short page means the shard is at its head: next shard.
-            stream_arn, metrics = self._partition.stream_arn, self._metrics
-            on_read = metrics.lag.on_read if metrics else None
-            for _ in range(PAGES_PER_ROUND):
+        # A shard with a backlog gets up to PAGES_PER_ROUND full pages in one
+        # round (one bundle): fewer bundles amortise the runner's per-bundle cost.
+        # The shards take turns, a page each: a shard's next call then comes after
+        # the other shards' calls, so the pacer (5 GetRecords/s per shard) rarely
+        # has to wait, and N shards in a backlog read about N pages in the time
+        # one shard may read one, instead of each shard's pages one after another
+        # with a pacing sleep between every two. A short page means the shard is
+        # at its head: it leaves the round.
+        stream_arn, metrics = self._partition.stream_arn, self._metrics
+        on_read = metrics.lag.on_read if metrics else None
+        turns = list(tracker.current_restriction().positions)
+        for _ in range(PAGES_PER_ROUND):
+            if not turns:
+                break
+            still_full: list = []
+            paced: list = []  # (wait, shard, position) of shards read too recently for another call
+            for shard_id, pos in turns:
+                wait = self._pacer.ready_in(shard_id) if self._hand_back_pacing else 0.0
+                if wait > 0:
+                    # Read a moment ago: another shard's turn, or the round ends and the
+                    # runner gets the wait (other partitions read meanwhile). Without
+                    # hand-back (a plain loop, tests) the pacer sleeps in _get_records.
+                    paced.append((wait, shard_id, pos))
+                    continue
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
                 # The read counter is updated once per page and event type (in the
@@ -466,14 +589,29 @@ class PartitionReader:
                     self._rediscover = True
                     self._pacer.forget(shard_id)
                     result.at_head = False
-                    break
+                    continue  # closed: out of the round
                 self._iterators[shard_id] = (new_pos, nxt)
+                if self._metrics and "MillisBehindLatest" in page:  # the service's own lag, where it gives one
+                    self._metrics.lag.on_behind(self._partition.stream_arn, shard_id, page["MillisBehindLatest"])
                 if not records and self._metrics:
+                    # An empty page, not yet the head (cutover/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
-                if len(records) < GET_RECORDS_LIMIT:
-                    break
-                pos = new_pos
+                self._on_page(shard_id, empty=not records)
+                if len(records) >= GET_RECORDS_LIMIT:
+                    still_full.append((shard_id, new_pos))  # more may follow: another turn
+            if paced and not still_full:  # nothing left to read now: the runner waits, not us
+                if result.records == 0 and all(self._pending.get(s) is None for _, s, _ in paced):
+                    # Every shard was at its head when last read: an idle poll that
+                    # came early, an idle round (the idle poll spaces the next one).
+                    return result
+                result.paced_s, result.at_head = min(w for w, _, _ in paced), False
+                return result
+            turns = still_full + [(shard_id, pos) for _, shard_id, pos in paced]
         return result
+
+    def shard_ids(self) -> list:
+        """The shards this partition is reading (closed ones leave)."""
+        return list(self._iterators)
 
     @property
     def waiting(self) -> list:

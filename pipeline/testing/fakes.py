@@ -103,9 +103,9 @@ class InMemoryBigtable:
                     for k in set(row_keys) if k in rows}
 
     def swap_row(self, table_id: str, row_key: bytes, family: str, qualifier: bytes, expected: Optional[bytes],
-                 mutations: Sequence) -> bool:
+                 mutations: Sequence, prefix: bool = False) -> bool:
         """Like GrpcMutationWriter.swap_row: ``mutations`` iff the cell's newest value
-        is ``expected`` (None: absent), atomically."""
+        is ``expected`` (None: absent; ``prefix``: starts with it), atomically."""
         with self._lock:
             call_no = len(self.calls)
             self.calls.append((table_id, [row_key]))
@@ -115,7 +115,10 @@ class InMemoryBigtable:
                     status = injected[0]
                     raise (BigtableRetryable if status.retryable else BigtablePermanent)(status.message)
             column = self.tables.get(table_id, {}).get(row_key, {}).get((family, qualifier))
-            if (column[max(column)] if column else None) != expected:
+            current = column[max(column)] if column else None
+            if prefix and expected is not None and current is not None and current.startswith(expected):
+                current = expected
+            if current != expected:
                 return False
             status = self._apply(table_id, row_key, mutations)
             if not status.ok:
@@ -329,7 +332,10 @@ class FakeStreamsClient:
                 raise client_error("ValidationException", f"unknown sequence number {SequenceNumber}",
                                    "GetShardIterator")
             index = seqs.index(SequenceNumber) + (1 if ShardIteratorType == "AFTER_SEQUENCE_NUMBER" else 0)
-            if index < shard.trimmed_before:
+            # As on AWS: a position at or after a record the stream no longer
+            # holds is refused, even when nothing after that record is gone
+            # (a quiet shard whose last record aged out).
+            if seqs.index(SequenceNumber) < shard.trimmed_before:
                 raise client_error("TrimmedDataAccessException", "the requested data was trimmed",
                                    "GetShardIterator")
         else:

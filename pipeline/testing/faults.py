@@ -127,6 +127,46 @@ class FaultInterceptor(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClien
         return continuation(details, request)
 
 
+class RowFilterLimit(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClientInterceptor):
+    """Bigtable's row-filter size limit, which the emulator does not enforce: a
+    CheckAndMutateRow predicate or a ReadRows filter over ``limit`` serialized
+    bytes fails with INVALID_ARGUMENT, as the service answers
+    (googleapis/java-bigtable-hbase#2192). ``rejected`` counts them."""
+
+    LIMIT = 20_480  # bytes, the service's
+
+    def __init__(self, limit: int = LIMIT) -> None:
+        self._limit = limit
+        self.rejected = 0
+        self.largest = 0  # the largest filter seen, in bytes
+
+    def __getstate__(self) -> dict:
+        return {"limit": self._limit}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    def _too_large(self, request) -> bool:
+        row_filter = (getattr(request, "predicate_filter", None) if hasattr(request, "predicate_filter")
+                      else getattr(request, "filter", None))
+        size = row_filter.ByteSize() if row_filter is not None else 0
+        self.largest = max(self.largest, size)
+        if size > self._limit:
+            self.rejected += 1
+            return True
+        return False
+
+    def intercept_unary_stream(self, continuation, details, request):
+        if self._too_large(request):
+            return _FailingStream(_grpc.StatusCode.INVALID_ARGUMENT)
+        return continuation(details, request)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        if self._too_large(request):
+            raise _InjectedRpcError(_grpc.StatusCode.INVALID_ARGUMENT)
+        return continuation(details, request)
+
+
 class WriteLog(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClientInterceptor):
     """Appends ``<unix time> <method>`` to a file for every write RPC as it is
     sent (MutateRows, CheckAndMutateRow): lets a test see which process wrote

@@ -115,3 +115,55 @@ def test_detached_stack_with_ministack_and_no_silent_switch(tmp_path):
         assert "already running" in run("up", "--detach", "--dynamodb", "ministack").stdout
     finally:
         assert "stopped (1)" in run("down").stdout
+
+
+def _gone(pid: int, deadline_s: float = 10.0) -> bool:
+    """Wait (on the condition, with a deadline) until ``pid`` has exited."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_up_over_a_half_down_stack_restarts_the_dead_half_and_down_stops_everything(tmp_path):
+    """Before: `local up --detach` over a stack whose AWS emulator had died
+    started a second stack and forgot the first (its cbtemulator leaked; `local
+    down` stopped only the new one), and `local env` said no stack was running.
+    On the default emulator (ministack), which the revived one must be too."""
+    import signal
+
+    env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path / "state"))
+    env.pop("PYTHONPATH", None)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a],  # noqa: E731
+                                    capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    state_path = tmp_path / "state" / "local-stack.json"
+    assert run("up", "--detach").returncode == 0
+    pids = []
+    try:
+        (first,) = json.loads(state_path.read_text())["stacks"]
+        pids += first["pids"].values()
+        aws = first["dynamodb"]
+        os.killpg(first["pids"][aws], signal.SIGTERM)
+        assert _gone(first["pids"][aws])
+        printed = run("env")
+        assert printed.returncode == 1 and f"half down ({aws} stopped)" in printed.stderr
+        other = {"moto": "ministack", "ministack": "moto"}[aws]
+        refused = run("up", "--detach", "--dynamodb", other)  # not the other emulator in the dead one's place
+        assert refused.returncode == 2 and f"{aws} is half down" in refused.stderr
+        again = run("up", "--detach")
+        assert again.returncode == 0 and f"{aws} started again on the same port" in again.stdout, again.stderr
+        (now,) = json.loads(state_path.read_text())["stacks"]  # one stack, not two
+        pids += now["pids"].values()
+        assert now["pids"]["bigtable"] == first["pids"]["bigtable"] and now["env"] == first["env"]
+        assert now["dynamodb"] == aws
+        ready = {"moto": "/moto-api/", "ministack": "/_ministack/ready"}[aws]
+        with urllib.request.urlopen(now["env"]["AWS_ENDPOINT_URL_DYNAMODB"] + ready) as resp:
+            assert resp.status == 200
+        assert run("env").returncode == 0
+    finally:
+        assert "stopped (1)" in run("down").stdout
+    assert all(_gone(pid) for pid in set(pids))

@@ -95,3 +95,28 @@ def test_trimmed_data_stops_the_pipeline_loudly(stack, tmp_path, unique):
         run(mapping, client, partitions=1)
     text = str(err.value)
     assert "LOST" in text and "backfill" in text
+
+
+def test_a_quiet_shard_seen_at_its_head_resumes_its_trimmed_checkpoint_through_the_pipeline(stack, tmp_path, unique):
+    """docs/design.md §8.2 through the real SDF, sink and state table: the first
+    run idles at the head long enough to prove it (3 empty pages over 3 s) and
+    records it; the checkpoint (its last record) then ages out with nothing
+    after it lost, and the second run goes on from the oldest record."""
+    mapping = load_mapping(write_mapping(tmp_path, target__table=f"quiet_{unique}", name=f"quiet_{unique}"))
+    client = FakeStreamsClient(table=f"Quiet{unique}")
+    client.add_shard("s")
+    final = {}
+    for i in range(3):
+        final[f"k{i}"] = item("hats", f"k{i}", i)
+        client.put("s", "INSERT", keys(final[f"k{i}"]), final[f"k{i}"])
+    run(mapping, client, partitions=1, until_idle_s=4.0, poll_interval_s=0.2)
+    store = StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
+    assert "s" in store.load_shard_heads(client.stream_arn)
+    # stopped; the quiet shard's last record ages out, a change arrives after it
+    client.shards["s"].trimmed_before = 3
+    final["late"] = item("hats", "late", 9)
+    client.put("s", "INSERT", keys(final["late"]), final["late"])
+    run(mapping, client, partitions=1)
+    actual = read_table(mapping.target.project, mapping.target.instance, mapping.target.table)
+    diff = diff_layout(expected_layout(mapping, final.values())[mapping.target.table], actual)
+    assert diff.identical, diff.summary()

@@ -86,6 +86,81 @@ def test_a_backlogged_shard_gets_at_most_5_get_records_calls_per_second(monkeypa
         assert len(in_window) <= GET_RECORDS_PER_SHARD_PER_S, (t, in_window)
 
 
+def test_a_paced_shard_does_not_hold_up_the_others_of_its_partition(monkeypatch):
+    """Four shards in a backlog, one reader: the shards take turns a page each,
+    so the pacing of one shard overlaps the others' calls. Four shards drain in
+    the simulated time of about one (was four: each shard's pages back to back,
+    a pacing sleep between every two), and every shard stays at 5 calls/s."""
+    monkeypatch.setattr(stream_source, "GET_RECORDS_LIMIT", 100)
+    shards = ("s0", "s1", "s2", "s3")
+    pages = stream_source.PAGES_PER_ROUND
+    client = FakeStreamsClient()
+    for shard in shards:
+        client.add_shard(shard)
+        for i in range(pages * 100):
+            client.put(shard, "INSERT", {"pk": {"S": f"{shard}-{i}"}}, {"pk": {"S": f"{shard}-{i}"}})
+    clock = SimClock()
+    calls: dict = {}
+    get_records = client.get_records
+
+    def timed(**kw):
+        calls.setdefault(kw["ShardIterator"].split("|")[0], []).append(clock())
+        return get_records(**kw)
+
+    client.get_records = timed
+    reader, _ = reader_for(client, clock)
+    start = clock()
+    elements, result = drain_round(reader, LocalTracker())
+    assert result.records == len(shards) * pages * 100
+    one_shard = (pages - 1) / GET_RECORDS_PER_SHARD_PER_S
+    assert clock() - start <= one_shard + 1e-9, "four shards take the time of one"
+    for shard, times in calls.items():
+        for i, t in enumerate(times):
+            assert len([c for c in times[i:] if c < t + 1.0]) <= GET_RECORDS_PER_SHARD_PER_S, (shard, t)
+    # each shard's records still in order
+    for shard in shards:
+        mine = [e.keys["pk"]["S"] for e in elements if getattr(e, "keys", None) and
+                e.keys["pk"]["S"].startswith(shard)]
+        assert mine == [f"{shard}-{i}" for i in range(pages * 100)]
+
+
+def test_a_reader_of_the_splittable_dofn_hands_the_pacing_wait_back_to_the_runner(monkeypatch):
+    """In the pipeline a reader never sleeps for the pacer: when every shard of
+    its partition was read a moment ago the round ends with the wait
+    (RoundResult.paced_s), which the DoFn defers, so other partitions of the
+    process read meanwhile. No call is ever made early."""
+    monkeypatch.setattr(stream_source, "GET_RECORDS_LIMIT", 100)
+    client = FakeStreamsClient()
+    for shard in ("s0", "s1"):
+        client.add_shard(shard)
+        for i in range(300):
+            client.put(shard, "INSERT", {"pk": {"S": f"{shard}-{i}"}}, {"pk": {"S": f"{shard}-{i}"}})
+    clock = SimClock()
+    slept: list = []
+    state = StateStore(InMemoryBigtable(), "job", clock.ms)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
+                             state.load_checkpoints, PipelineMetrics(CollectorRegistry()), now_ms=clock.ms,
+                             sleep=lambda s: slept.append(s), directory=ShardDirectory(clock),
+                             pacer=ShardPacer(clock=clock, sleep=lambda s: slept.append(s)), hand_back_pacing=True)
+    tracker = LocalTracker()
+    elements, result = drain_round(reader, tracker)
+    assert result.records == 200 and result.paced_s == pytest.approx(1 / GET_RECORDS_PER_SHARD_PER_S)
+    assert not result.at_head and slept == [], "a page of each shard, then the wait handed back"
+    read, rounds = result.records, 1
+    while result.paced_s is not None:
+        clock.sleep(result.paced_s)  # the runner comes back when asked
+        elements, result = drain_round(reader, tracker)
+        read, rounds = read + result.records, rounds + 1
+    assert read == 600 and result.at_head and slept == [], "never a sleep in the reader"
+    assert rounds == 4  # three full pages per shard, then the empty ones at the head
+    # An idle poll that comes early (every shard at its head when last read) is an
+    # idle round, not a paced one: no call, and the runner's idle poll spaces the next.
+    calls = len([c for c in client.calls if c == "GetRecords"])
+    elements, result = drain_round(reader, tracker)
+    assert result.at_head and result.paced_s is None and result.records == 0
+    assert len([c for c in client.calls if c == "GetRecords"]) == calls
+
+
 def test_the_pacer_waits_only_for_the_same_shard():
     clock = SimClock()
     pacer = ShardPacer(clock=clock, sleep=clock.sleep)

@@ -227,3 +227,22 @@ def test_items_before_a_damaged_export_line_are_still_handed_over(tmp_path, monk
         for chunk in PartReaders(ExportSource(str(tmp_path)), ("pk",), HANDOFF).read_chunks("data/a.json.gz", None, 0):
             chunks.append(chunk)
     assert [r.keys["pk"]["S"] for c in chunks for r in c] == [f"k{i}" for i in range(6)]
+
+
+def test_the_handoff_scan_is_strongly_consistent_by_default():
+    """An eventually consistent Scan may miss a delete completed just before the
+    handoff and write the item back at T - 1 ms (docs/design.md §6.6): the
+    backfill's Scan, the controller's options and the CLI default to a
+    strongly consistent one; --no-consistent-read is the explicit opt-out."""
+    from ddb2bt.pipeline.cli import build_parser
+    from ddb2bt.pipeline.cutover.controller import BackfillOptions
+
+    client = FakeScan(3, 10)
+    list(PartReaders(ScanSource("T", 1), ("pk",), HANDOFF, client, retry=RetryPolicy(0.001, 0.001, 2.0))
+         .read(segment_name(0, 1), None, 0))
+    assert client.calls and all(call["ConsistentRead"] is True for call in client.calls)
+    assert BackfillOptions().consistent_read is True
+    parser = build_parser()
+    for command in ("backfill", "migrate"):
+        assert parser.parse_args([command, "-m", "m.yaml"]).consistent_read is True
+        assert parser.parse_args([command, "-m", "m.yaml", "--no-consistent-read"]).consistent_read is False

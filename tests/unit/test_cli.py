@@ -37,7 +37,9 @@ def test_validate_ok_and_config_errors_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("source: {table: ProductCatalog, key: {partition: pk}}\ntarget: {project: p}\n")
     assert main(["validate", "--mapping", str(bad)]) == 2
-    assert "configuration error: target.instance: is required" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"configuration error: 3 problems in {bad}:" in err  # every one, in one run
+    assert "\n  target.instance: is required\n  families: is required\n  rules: is required" in err
 
 
 def test_explain_plain_json_item(tmp_path, capsys):
@@ -93,3 +95,55 @@ def test_lint_command_reports_and_strict_fails(capsys):
     assert "pii_in_row_key" in capsys.readouterr().out
     assert main(["lint", "-m", str(ROOT / "examples/hr_orders.yaml"), "--strict"]) == 1
     assert main(["lint", "-m", str(ROOT / "examples/product_catalog.yaml"), "--strict"]) == 0
+
+
+def test_lint_takes_a_directory_like_validate_and_recover_says_it_takes_one_table(tmp_path, capsys):
+    import shutil
+
+    for name in ("product_catalog", "videos"):
+        shutil.copy(ROOT / f"examples/{name}.yaml", tmp_path / f"{name}.yaml")
+    assert main(["lint", "--mapping", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"== {tmp_path / 'product_catalog.yaml'} (product_catalog)" in out
+    assert f"== {tmp_path / 'videos.yaml'} (videos)" in out and out.count("warning(s),") == 2
+    assert main(["recover", "--mapping", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--mapping: 'recover' takes one mapping, got 2 (" in err and "videos.yaml" in err
+
+
+def test_metrics_port_minus_one_is_off_for_every_command_that_serves_metrics(monkeypatch):
+    from ddb2bt.pipeline import metrics
+    from ddb2bt.pipeline.cli import build_parser
+    from ddb2bt.pipeline.jobs import start_metrics_server
+    from ddb2bt.pipeline.options import options_by_command
+
+    commands = sorted(c for c in options_by_command(build_parser())["--metrics-port"])
+    assert {"run", "migrate", "backfill", "recover", "demo"} <= set(commands)
+    for command in commands:
+        args, _ = build_parser().parse_known_args(command.split() + (["-m", "x.yaml"] if command != "demo" else [])
+                                                  + ["--metrics-port", "-1"])
+        assert args.metrics_port == -1, command
+    started = []
+    monkeypatch.setattr("prometheus_client.start_http_server", lambda *a, **k: started.append(a))
+    assert start_metrics_server(-1, "127.0.0.1") is None and metrics.serve_metrics(-1) is None
+    assert started == []  # no server, not even on a free port
+
+
+def test_beam_options_given_as_flag_value_or_flag_equals_value_work_alike(caplog, monkeypatch):
+    import logging
+
+    import ddb2bt.pipeline.cli as cli
+    from ddb2bt.pipeline.graph import make_pipeline
+    from ddb2bt.pipeline.options import joined_beam_args
+
+    assert joined_beam_args(["--runner", "DirectRunner", "--project", "p", "--dry_run", "--region=r"]) == \
+        ["--runner=DirectRunner", "--project=p", "--dry_run", "--region=r"]
+    for spelling in (["--runner", "DirectRunner"], ["--runner=DirectRunner"]):
+        with caplog.at_level(logging.WARNING):
+            make_pipeline(spelling + ["--job_name", "j"])
+        # Beam used to discard the runner's value with a warning: "Unparseable argument"
+        assert not [r for r in caplog.records if "nparseable" in r.getMessage()], spelling
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_verify", lambda args: seen.setdefault("beam_args", args.beam_args) and 0)
+    assert cli.main(["verify", "-m", "example:product_catalog", "--runner", "DirectRunner"]) == 0
+    assert seen["beam_args"] == ["--runner=DirectRunner"]

@@ -129,14 +129,38 @@ def test_validate_suggests_a_misspelt_required_key(tmp_path, capsys):
     assert "target.instance: is required (found 'instanse': did you mean 'instance'?)" in capsys.readouterr().err
 
 
-def test_validate_warns_of_an_unknown_row_key_placeholder(tmp_path, capsys):
+def test_validate_refuses_a_row_key_placeholder_typo(tmp_path, capsys):
+    # Changed on purpose (issue 35): this was a warning (exit 0) while every item
+    # would be a dead letter.
     typo = tmp_path / "placeholder.yaml"
     typo.write_text((ROOT / "examples/product_catalog.yaml").read_text().replace('"{pk}#{sk}"', '"{pk}#{skk}"'))
-    assert main(["validate", "--mapping", str(typo)]) == 0
-    out = capsys.readouterr().out
-    assert "WARN unknown_placeholder" in out and "{skk}" in out and "did you mean {sk}?" in out
-    assert main(["validate", "--mapping", str(typo), "--strict"]) == 1
+    assert main(["validate", "--mapping", str(typo)]) == 2
+    captured = capsys.readouterr()
+    assert "rules[0].row_key: {skk}" in captured.err and "did you mean {sk}?" in captured.err
+    assert "OK:" not in captured.out
     assert main(["validate", "--mapping", MAPPING, "--strict"]) == 0  # the examples are clean
+
+
+def test_validate_reports_every_mistake_of_a_mapping_in_one_run(tmp_path, capsys):
+    text = (ROOT / "examples/product_catalog.yaml").read_text()
+    mistakes = {'"{pk}#{sk}"': '"{pkk}#{sk}"',  # a row-key placeholder naming no attribute
+                "encoding: utf8}": "encoding: utf88}",  # an enum value misspelt
+                'Price", encoding:': 'Price", encodng:',  # a misspelt field
+                "max_versions: 1": "max_version: 1"}  # another, in a family
+    for old, new in mistakes.items():
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    bad = tmp_path / "four.yaml"
+    bad.write_text(text)
+    assert main(["validate", "--mapping", str(bad), "--mapping", MAPPING]) == 2
+    out = capsys.readouterr()
+    assert f"configuration error: 4 problems in {bad}:\n" in out.err, out.err
+    assert "rules[0].row_key: {pkk}" in out.err and "did you mean {pk}?" in out.err
+    assert "rules[0].columns.Description.encoding: must be one of" in out.err
+    assert "got 'utf88' (did you mean 'utf8'?)" in out.err
+    assert "rules[0].columns.Price.encodng: unknown field (did you mean 'encoding'?)" in out.err
+    assert "families.SKU.max_version: unknown field (did you mean 'max_versions'?)" in out.err
+    assert f"OK: {MAPPING}" in out.out  # the other file is still checked
 
 
 def test_the_backfill_scan_gives_up_after_the_dynamodb_deadline():

@@ -85,3 +85,30 @@ def test_unreadable_and_invalid_yaml_files(tmp_path):
 def test_overrides_replace_only_what_is_given():
     m = load_mapping("examples/product_catalog.yaml").with_overrides(project="p2", table="t2")
     assert (m.target.project, m.target.instance, m.target.table) == ("p2", "local-instance", "t2")
+
+
+def test_every_problem_is_collected_each_with_its_field_and_the_name_or_value_meant():
+    from ddb2bt.transforms.config import mapping_from_text
+    from ddb2bt.transforms.errors import ConfigProblems
+
+    with pytest.raises(ConfigProblems) as err:
+        mapping_from_text("""
+source: {table: Things, key: {partition: id}}
+target: {project: p, instance: i, table: t}
+families: {f: {max_versions: 0}}
+rules:
+  - match: {attribute: kind, prefx: a}
+    row_key: "{id}"
+    columns: {Price: {column: "f:p", encoding: decmal}, Name: {column: "ff:n"}}
+    other_attributes: {mode: ignore}
+unmatched: skp
+""")
+    assert [str(p) for p in err.value.problems] == [
+        "families.f.max_versions: must be an integer ≥ 1, got 0",
+        "rules[0].match: give exactly one of equals, prefix, regex, present (found 'prefx': did you mean 'prefix'?)",
+        "rules[0].columns.Price.encoding: must be one of utf8, int64, decimal, float64, bytes, bool, null, json, "
+        "dynamodb_json, auto; got 'decmal' (did you mean 'decimal'?)",
+        "rules[0].columns.Name.column: family 'ff' is not declared under 'families' (did you mean 'f'?)",
+        "unmatched: must be one of dead_letter, skip; got 'skp' (did you mean 'skip'?)",
+    ]
+    assert str(err.value).startswith("5 problems in <text>:\n  families.f.max_versions")

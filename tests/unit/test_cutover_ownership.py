@@ -24,7 +24,12 @@ from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record
 from ddb2bt.transforms.model import INSERT, REMOVE, BackfillPosition, ChangeRecord, DeadLetter
 
+from ddb2bt.pipeline.cutover.catchup import LIVE_SETTLE_S, CatchUpReport
 from tests.unit.cutover_common import CATALOG, FAST, T, item
+
+# A partition caught up (applied up to now, no lag) and one far behind.
+UP = CatchUpReport(0, 1 << 62)
+BEHIND = CatchUpReport(600_000, 0)
 from tests.unit.test_cutover_phases import world
 
 SPEC = {"kind": "scan", "parts": 2}
@@ -79,10 +84,26 @@ def test_live_waits_for_every_partition_at_the_head():
     assert not m.all_at_head("s1", 3)
     assert advance(m, bk, m.all_at_head("s1", 3), True) == CATCHING_UP
     m.report_heads("s1", {2: True})
+    assert not m.all_at_head("s1", 3), "caught up, but not yet for the settling period"
+    clock.sleep(LIVE_SETTLE_S)
+    m.report_heads("s1", {0: True, 1: True, 2: True})
     assert m.all_at_head("s1", 3)
     assert advance(m, bk, True, True) == LIVE
     clock.sleep(60)  # reports that stopped coming count for nothing
     assert not m.all_at_head("s1", 3)
+
+
+def test_a_break_in_being_caught_up_starts_the_settling_period_again():
+    clock, store, admin, bk, m = world()
+    m.report_heads("s1", {0: True})
+    clock.sleep(LIVE_SETTLE_S / 2)
+    m.report_heads("s1", {0: False})  # a backlog between two good looks
+    clock.sleep(LIVE_SETTLE_S / 2)
+    m.report_heads("s1", {0: True})
+    assert not m.all_at_head("s1", 1)
+    clock.sleep(LIVE_SETTLE_S)
+    m.report_heads("s1", {0: True})
+    assert m.all_at_head("s1", 1)
 
 
 # --- markers: kept while a backfill may run --------------------------------------
@@ -227,16 +248,61 @@ def test_the_keeper_moves_the_phase_and_waits_for_every_partition_at_the_head():
     _all_parts_done(store)
     keeper = CutoverKeeper(lambda: store, lambda: bk, promote_live=True,
                            migration_factory=lambda s: Migration(s, clock.now_ms, clock.sleep))
-    keeper.report("s1", 0, 2, True, start=False)
-    keeper.report("s1", 1, 2, False, start=False)  # partition 1 lags
+    keeper.report("s1", 0, 2, UP, start=False)
+    keeper.report("s1", 1, 2, BEHIND, start=False)  # partition 1 lags
     assert keeper.step() == CATCHING_UP
     clock.sleep(MARKING_WAIT_S)
-    keeper.report("s1", 0, 2, True, start=False)  # readers report every round
-    keeper.report("s1", 1, 2, False, start=False)
+    keeper.report("s1", 0, 2, UP, start=False)  # readers report every round
+    keeper.report("s1", 1, 2, BEHIND, start=False)
     assert keeper.step() == CATCHING_UP, "held back: one partition lags"
     assert not any(MARKER_FAMILY in f for f in admin.tables.values()), "the keeper ran the finish"
-    keeper.report("s1", 0, 2, True, start=False)
-    keeper.report("s1", 1, 2, True, start=False)
+    keeper.report("s1", 0, 2, UP, start=False)
+    keeper.report("s1", 1, 2, UP, start=False)
+    assert keeper.step() == CATCHING_UP, "caught up on one step: not yet for the settling period"
+    clock.sleep(LIVE_SETTLE_S)
+    keeper.report("s1", 1, 2, BEHIND, start=False)  # a bad look between two steps counts
+    keeper.report("s1", 1, 2, UP, start=False)
+    keeper.report("s1", 0, 2, UP, start=False)
+    assert keeper.step() == CATCHING_UP
+    for _ in range(2):
+        clock.sleep(LIVE_SETTLE_S)
+        keeper.report("s1", 0, 2, UP, start=False)
+        keeper.report("s1", 1, 2, UP, start=False)
+        phase = keeper.step()
+    assert phase == LIVE
+
+
+def test_the_keeper_wants_every_partition_past_the_handoff():
+    from ddb2bt.pipeline.cutover.keeper import CutoverKeeper
+
+    clock, store, admin, bk, m = world()
+    m.begin_backfill(SPEC, bk, TABLES)
+    _all_parts_done(store)
+    assert m.finish_backfill()
+    keeper = CutoverKeeper(lambda: store, lambda: bk, promote_live=True,
+                           migration_factory=lambda s: Migration(s, clock.now_ms, clock.sleep))
+    before = CatchUpReport(0, m.handoff_ms - 5_000)  # no lag, but applied only up to before the handoff
+    for _ in range(4):
+        clock.sleep(LIVE_SETTLE_S)
+        keeper.report("s1", 0, 1, before, start=False)
+        assert keeper.step() == CATCHING_UP
+
+
+def test_a_reader_that_ended_idle_moves_a_caught_up_migration_live_on_the_last_step():
+    """`run --until-idle 5` ends before a keeper step and before a settling
+    period: its idle end is the proof, and the keeper's last step uses it."""
+    from ddb2bt.pipeline.cutover.keeper import CutoverKeeper
+
+    clock, store, admin, bk, m = world()
+    m.begin_backfill(SPEC, bk, TABLES)
+    _all_parts_done(store)
+    assert m.finish_backfill()
+    clock.sleep(MARKING_WAIT_S)
+    keeper = CutoverKeeper(lambda: store, lambda: bk, promote_live=True,
+                           migration_factory=lambda s: Migration(s, clock.now_ms, clock.sleep))
+    keeper.report("s1", 0, 1, BEHIND, start=False)
+    assert keeper.step() == CATCHING_UP
+    keeper.report("s1", 0, 1, CatchUpReport(0, clock.now_ms()), start=False, ended_idle=True)
     assert keeper.step() == LIVE
 
 
@@ -254,8 +320,8 @@ def test_the_keeper_records_no_report_of_a_partition_this_process_no_longer_owns
     def moved():
         raise LeaseLost("partition 0 moved to another worker")
 
-    keeper.report("s1", 0, 2, True, start=False, fence=moved)  # reported just before a SIGSTOP
-    keeper.report("s1", 1, 2, True, start=False)
+    keeper.report("s1", 0, 2, UP, start=False, fence=moved)  # reported just before a SIGSTOP
+    keeper.report("s1", 1, 2, UP, start=False)
     keeper.step()
     assert store.load_meta("head#s1#0") is None and store.load_meta("head#s1#1") is not None
 

@@ -67,7 +67,9 @@ ALLOWED = {(None, BACKFILLING), (BACKFILLING, BACKFILLING), (BACKFILLING, CATCHI
            (CATCHING_UP, BACKFILLING), (LIVE, BACKFILLING),
            # recovery of a trimmed tail (cutover/recover.py): from a replicating job, resumed, back to LIVE
            (None, Phase.RECOVERING), (CATCHING_UP, Phase.RECOVERING), (LIVE, Phase.RECOVERING),
-           (Phase.RECOVERING, Phase.RECOVERING), (Phase.RECOVERING, LIVE)}
+           (Phase.RECOVERING, Phase.RECOVERING), (Phase.RECOVERING, LIVE),
+           # a re-copy (migrate --restart) supersedes a recovery given up half-way
+           (Phase.RECOVERING, BACKFILLING)}
 
 
 @pytest.mark.parametrize("current,target", list(itertools.product(STATES, tuple(Phase))))

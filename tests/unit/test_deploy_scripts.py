@@ -30,11 +30,13 @@ def shellcheck() -> str:
     return path
 
 
-def sh(argv: list, env: dict, check: bool = True) -> subprocess.CompletedProcess:
+def sh(argv: list, env: dict, check: bool = True, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run a deploy script offline: no gcloud/aws on PATH, so a command that is
     not a dry run would fail instead of reaching a cloud."""
     clean = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), **env}
-    out = subprocess.run(argv, cwd=ROOT, env=clean, capture_output=True, text=True, timeout=60)
+    if cwd != ROOT and argv[0].startswith("deploy/"):
+        argv = [str(ROOT / argv[0]), *argv[1:]]
+    out = subprocess.run(argv, cwd=cwd, env=clean, capture_output=True, text=True, timeout=60)
     if check:
         assert out.returncode == 0, (argv, out.stdout, out.stderr)
     return out
@@ -53,6 +55,7 @@ def test_flex_run_dry_run_prints_the_exact_gcloud_command_with_sizing():
     params = json.loads((ROOT / "deploy/dataflow/params/migrate.json").read_text())
     joined = "~".join(f"{k}={v}" for k, v in params.items())
     assert out.stdout.splitlines() == [
+        "gcloud storage ls gs://my-bucket/ddb2bt/product_catalog.yaml",  # the mapping is readable
         "gcloud dataflow flex-template run ddb2bt-orders --project=my-project --region=us-central1 "
         "--template-file-gcs-location=gs://my-bucket/templates/ddb2bt-v1.json --temp-location=gs://my-bucket/tmp "
         "--staging-location=gs://my-bucket/staging --num-workers=2 --max-workers=8 "
@@ -71,7 +74,9 @@ def test_flex_backfill_is_batch_and_update_replaces_the_job_in_place():
     assert "--enable-streaming-engine" not in backfill.stdout  # a batch job
     update = sh(["deploy/dataflow/flex.sh", "--dry-run", "update", "deploy/dataflow/params/run.json", "ddb2bt-orders",
                  "ReadStream=ReadChanges"], {**ENV, "SERVICE_ACCOUNT": "w@my-project.iam.gserviceaccount.com"})
-    words = shlex.split(update.stdout)
+    check, launch = update.stdout.splitlines()
+    assert check == "gcloud storage ls gs://my-bucket/ddb2bt/product_catalog.yaml"
+    words = shlex.split(launch)
     assert words[:5] == ["gcloud", "dataflow", "flex-template", "run", "ddb2bt-orders"]
     assert words[-2:] == ["--update", "--transform-name-mappings=ReadStream=ReadChanges"]
     bad = sh(["deploy/dataflow/flex.sh", "--dry-run", "update", "deploy/dataflow/params/run.json", "j",
@@ -189,19 +194,49 @@ def _with_dry_run(words: list) -> list:
     return [words[0], "--dry-run", *words[1:]]
 
 
-def test_every_deploy_command_of_the_guide_runs_in_dry_run_form():
-    env, ran = _guide_env(), []
+def _guide_commands() -> list:
+    """Every deploy/... command of the guide's bash blocks, in order, its $VARS
+    expanded from the guide's own exports (as the shell would)."""
+    env, out = _guide_env(), []
     for block in _blocks("bash"):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words and words[0].startswith("deploy/") and words[0].endswith(".sh") and words[0] != "deploy/local/setup.sh":
-                sh(_with_dry_run(words), env)
-                ran.append(words[0])
+                out.append([re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), m.group(0)), w) for w in words])
+    return out
+
+
+def _follow_the_guide(workdir: Path) -> dict:
+    """Run the guide's deploy commands in dry-run form in ``workdir``, as a reader
+    would from their own directory: the files they write (the parameter file of
+    step 6) are there for the later steps."""
+    env, ran = _guide_env(), []
+    for words in _guide_commands():
+        sh(_with_dry_run(words), env, cwd=workdir)
+        ran.append(words[0])
     assert {"deploy/gcp/setup.sh", "deploy/aws/setup.sh", "deploy/dataflow/flex.sh"} <= set(ran), ran
+    return env
 
 
-def test_the_guides_transcripts_are_exactly_what_the_scripts_print():
-    env, checked = _guide_env(), 0
+def test_every_deploy_command_of_the_guide_runs_in_dry_run_form(tmp_path):
+    _follow_the_guide(tmp_path)
+
+
+def test_the_guide_launches_the_parameter_file_it_edits(tmp_path):
+    """Step 6 writes the parameter file (with the reader's mapping); steps 9's run
+    and update launch that file, not the unedited example."""
+    commands = _guide_commands()
+    written = [w[3] for w in commands if w[:2] == ["deploy/dataflow/flex.sh", "params"]]
+    launched = [w[-2] for w in commands if w[:2] in (["deploy/dataflow/flex.sh", "run"],
+                                                     ["deploy/dataflow/flex.sh", "update"])]
+    assert written and launched and set(launched) == set(written), (written, launched)
+    env = _follow_the_guide(tmp_path)
+    params = json.loads((tmp_path / written[0]).read_text())
+    assert params["mapping"].startswith(f"gs://{env['BUCKET']}/"), params
+
+
+def test_the_guides_transcripts_are_exactly_what_the_scripts_print(tmp_path):
+    env, checked = _follow_the_guide(tmp_path), 0
     for block in _blocks("console"):
         lines = block.splitlines()
         starts = [i for i, line in enumerate(lines) if line.startswith("$ ")]
@@ -209,7 +244,7 @@ def test_the_guides_transcripts_are_exactly_what_the_scripts_print():
             end = starts[n + 1] if n + 1 < len(starts) else len(lines)
             words = shlex.split(lines[i][2:])
             assert "--dry-run" in words, f"a transcript in the guide must be a dry run: {lines[i]}"
-            out = sh(words, env)
+            out = sh(words, env, cwd=tmp_path)
             assert out.stdout.splitlines() == lines[i + 1:end], f"the guide's transcript of {lines[i]} is stale"
             checked += 1
     assert checked >= 4
@@ -219,3 +254,61 @@ def test_the_guides_transcripts_are_exactly_what_the_scripts_print():
 def test_help_needs_no_environment_and_teaches_dry_run(script):
     out = sh([script, "--help"], {})
     assert "--dry-run" in out.stdout and not out.stdout.startswith("#") and "set -euo" not in out.stdout
+
+
+# --- flex.sh checks the parameter file before a launch (docs/deploy-dataflow.md) ---
+
+
+def test_flex_params_writes_the_example_with_your_keys_and_never_overwrites(tmp_path):
+    out = sh(["deploy/dataflow/flex.sh", "params", "migrate", "orders.json", "mapping=gs://my-bucket/o.yaml",
+              "partitions=4"], {}, cwd=tmp_path)
+    written = json.loads((tmp_path / "orders.json").read_text())
+    example = json.loads((ROOT / "deploy/dataflow/params/migrate.json").read_text())
+    assert written == {**example, "mapping": "gs://my-bucket/o.yaml", "partitions": "4"}
+    assert "wrote" in out.stderr and out.stdout == ""
+    again = sh(["deploy/dataflow/flex.sh", "params", "migrate", "orders.json"], {}, cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "orders.json exists" in again.stderr
+    assert json.loads((tmp_path / "orders.json").read_text()) == written
+    bad = sh(["deploy/dataflow/flex.sh", "params", "nope", "x.json"], {}, cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and "examples: run, migrate, backfill, verify" in bad.stderr
+
+
+def _params(tmp_path: Path, **values) -> str:
+    path = tmp_path / f"p{len(list(tmp_path.iterdir()))}.json"
+    path.write_text(json.dumps({"command": "migrate", **values}))
+    return str(path)
+
+
+def test_flex_refuses_a_mapping_the_workers_cannot_read_and_warns_outside_the_bucket(tmp_path):
+    env = {**ENV, "BUCKET": "acme-ddb2bt"}
+    launch = lambda p: sh(["deploy/dataflow/flex.sh", "--dry-run", "run", p, "j"], env, check=False)  # noqa: E731
+    example = launch(str(ROOT / "deploy/dataflow/params/migrate.json"))  # the unedited example
+    assert example.returncode == 2 and "is still the example's" in example.stderr and example.stdout == ""
+    local = launch(_params(tmp_path, mapping="orders.yaml"))
+    assert local.returncode == 2 and "is not a gs:// path" in local.stderr
+    outside = launch(_params(tmp_path, mapping="gs://elsewhere/orders.yaml"))
+    assert outside.returncode == 0 and "outside gs://acme-ddb2bt/" in outside.stderr
+    assert outside.stdout.splitlines()[0] == "gcloud storage ls gs://elsewhere/orders.yaml"
+    inside = launch(_params(tmp_path, mapping="gs://acme-ddb2bt/a.yaml,gs://acme-ddb2bt/b.yaml"))
+    assert inside.returncode == 0 and inside.stderr == ""
+    assert inside.stdout.splitlines()[:2] == ["gcloud storage ls gs://acme-ddb2bt/a.yaml",
+                                              "gcloud storage ls gs://acme-ddb2bt/b.yaml"]
+
+
+def test_flex_refuses_partitions_tasks_segments_that_do_not_fit_the_workers(tmp_path):
+    """The example (sized for 4 workers of 4 vCPUs) launched on 1 worker of 2
+    vCPUs is refused, naming the values that fit; they then launch."""
+    base = ["deploy/dataflow/flex.sh", "--dry-run", "run", "--workers", "1", "--machine-type", "n2-standard-2"]
+    big = _params(tmp_path, mapping="gs://my-bucket/o.yaml", partitions="8", tasks="16", segments="64")
+    refused = sh([*base, big, "j"], ENV, check=False)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert ("partitions=8 tasks=16 segments=64 do not fit at most 1 worker(s) of 2 vCPUs; for them set "
+            "partitions=2 tasks=2 segments=8") in refused.stderr
+    fits = _params(tmp_path, mapping="gs://my-bucket/o.yaml", partitions="2", tasks="2", segments="8")
+    assert sh([*base, fits, "j"], ENV).returncode == 0
+    assert sh([*base, "--skip-sizing-check", big, "j"], ENV).returncode == 0
+    few_segments = _params(tmp_path, mapping="gs://my-bucket/o.yaml", partitions="2", tasks="2", segments="4")
+    assert "segments=4 do not fit" in sh([*base, few_segments, "j"], ENV, check=False).stderr
+    # --max-workers is what the job scales to; without --machine-type tasks are not judged
+    assert sh(["deploy/dataflow/flex.sh", "--dry-run", "run", "--workers", "1", "--max-workers", "4", big, "j"],
+              ENV).returncode == 0

@@ -168,6 +168,6 @@ def test_every_encoding_is_documented_and_decodable():
 @given(st.text())
 @settings(max_examples=2000)
 def test_the_fast_string_quoting_is_exactly_json_dumps(text):
-    from ddb2bt.transforms.attrs import _dump_str
+    from ddb2bt.transforms.attrs import dump_str
 
-    assert _dump_str(text) == json.dumps(text, ensure_ascii=False)
+    assert dump_str(text) == json.dumps(text, ensure_ascii=False)

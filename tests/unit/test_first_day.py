@@ -60,8 +60,11 @@ rules:
     assert "no row key and will be a dead letter" in finding.message
 
 
-def test_a_typo_is_still_a_warning_even_with_other_attributes_but_a_merely_similar_name_is_not():
-    found = findings_of("""
+def test_a_typo_is_an_error_even_with_other_attributes_but_a_merely_similar_name_is_a_note():
+    # Changed on purpose (issue 35): a typo used to be a warning, and the mapping
+    # loaded and dead-lettered every item; now it does not load.
+    with pytest.raises(ConfigError) as err:
+        findings_of("""
 families: {d: {}, idx: {}}
 rules:
   - row_key: "{PK}#{OrderIdd}"
@@ -69,20 +72,32 @@ rules:
     other_attributes: {family: d}
     indexes: [{name: by_date, row_key: "{OrderDate}#{PK}", family: idx}]
 """)
-    levels = {f.message.split("}")[0] + "}": f.level for f in found}
-    assert levels == {"{OrderIdd}": "WARN", "{OrderDate}": "INFO"}  # OrderDate is not a typo of OrderId
-    assert "did you mean {OrderId}?" in next(f.message for f in found if f.level == "WARN")
+    assert str(err.value).startswith("rules[0].row_key: {OrderIdd} is named nowhere else")
+    assert "did you mean {OrderId}?" in str(err.value) and "OrderDate" not in str(err.value)
+    found = findings_of("""
+families: {d: {}, idx: {}}
+rules:
+  - row_key: "{PK}#{OrderId}"
+    columns: {OrderId: {column: "d:id"}}
+    other_attributes: {family: d}
+    indexes: [{name: by_date, row_key: "{OrderDate}#{PK}", family: idx}]
+""")
+    assert [(f.level, f.code) for f in found] == [("INFO", "placeholder_via_other")]  # OrderDate: not a typo
 
 
-def test_without_any_catch_all_an_unknown_index_attribute_warns_of_no_index_row_not_a_dead_letter():
-    (finding,) = findings_of("""
+def test_without_any_catch_all_an_unknown_index_attribute_is_an_error_saying_the_index_stays_empty():
+    unnamed = """
 families: {d: {}, idx: {}}
 rules:
   - row_key: "{PK}"
     other_attributes: {mode: ignore}
     indexes: [{name: by_status, row_key: "{Statuss}#{PK}", family: idx}]
-""")
-    assert finding.level == "WARN" and finding.message.endswith("gets no index row (the index is sparse)")
+"""
+    with pytest.raises(ConfigError, match=r"rules\[0\]\.indexes\[0\]\.row_key: \{Statuss\} is neither a key "
+                                          r"attribute nor named anywhere.*the index stays empty"):
+        findings_of(unnamed)
+    # A sparse index on an attribute items do carry says so, and loads.
+    assert findings_of(unnamed.replace("family: idx}", "family: idx, match: {attribute: Statuss, present: true}}")) == []
 
 
 # --- 2. one summary for every writing command ---------------------------------------
@@ -371,3 +386,43 @@ def test_progress_off_a_terminal_is_plain_log_lines(caplog, capsys):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verify:")]
     assert lines and lines[-1].endswith("(done)") and "verify: 40/100 items (40%)" in lines[0]
     assert "\r" not in capsys.readouterr().err  # no bar redraws in a log
+
+
+# --- issue 35, 3: a stopped local stack cannot mislead -----------------------------------
+
+def test_eval_of_local_env_fails_when_no_stack_runs(tmp_path):
+    import os
+    import subprocess
+
+    env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path))
+    env.pop("PYTHONPATH", None)
+    shell = f'eval "$({sys.executable} -m ddb2bt.pipeline.cli local env)" && echo ran-on'
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0 and "ran-on" not in done.stdout  # `… && next` stops here
+    assert "no local stack is running; start one with:" in done.stderr and "local up --detach" in done.stderr
+
+
+def test_aws_region_is_honoured_like_aws_default_region(monkeypatch):
+    from ddb2bt.pipeline.connections import dynamodb_client
+
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    assert main(["examples"]) == 0  # any command
+    assert dynamodb_client().meta.region_name == "eu-west-3"
+
+
+def test_missing_cloud_credentials_say_how_to_use_the_local_stack(monkeypatch, tmp_path):
+    from botocore.exceptions import NoRegionError
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from ddb2bt.pipeline.options import describe_failure
+
+    monkeypatch.setenv("DDB2BT_STATE_DIR", str(tmp_path))
+    for name in ("BIGTABLE_EMULATOR_HOST", "AWS_ENDPOINT_URL_DYNAMODB"):
+        monkeypatch.delenv(name, raising=False)
+    for exc in (NoRegionError(), DefaultCredentialsError("Your default credentials were not found.")):
+        said = describe_failure(exc)
+        assert 'none is running; start it with: ddb2bt local up --detach && eval "$(ddb2bt local env)"' in said
+    monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", "127.0.0.1:1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", "http://127.0.0.1:1")
+    assert "local stack" not in describe_failure(NoRegionError())  # it is set: not the cause

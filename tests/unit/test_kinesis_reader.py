@@ -51,9 +51,13 @@ def test_pacer_keeps_each_shard_within_five_calls_and_two_mb_per_second():
     assert clock.now - start == pytest.approx(2.0)
 
 
-def reader_over(fake, table="Catalog", options=ReaderOptions(), checkpoints=None):
+NOW_MS = 1_700_000_100_000  # "now" for the records of doc(): a little after them
+
+
+def reader_over(fake, table="Catalog", options=ReaderOptions(), checkpoints=None, precision="auto"):
     clock = Clock()
-    client = KinesisStreamsClient(fake, "cdc", table, pacer=ShardPacer(clock=clock, sleep=clock.sleep))
+    client = KinesisStreamsClient(fake, "cdc", table, precision, pacer=ShardPacer(clock=clock, sleep=clock.sleep),
+                                  now_ms=lambda: NOW_MS)
     arn = kinesis_stream_arn(table, "cdc")
     reader = PartitionReader(client, StreamPartition(arn, 0, 1), options, lambda _: dict(checkpoints or {}),
                              sleep=lambda s: None)
@@ -72,6 +76,28 @@ def test_reads_parents_before_children_keeps_its_table_and_ends_closed_shards():
     assert isinstance(first[-1], ShardClosed) and first[-1].shard_id == "p"
     assert all(r.change_us == r.change_ms * 1000 for r in first if not isinstance(r, ShardClosed))
     assert parse_kinesis_stream_arn(arn) == ("Catalog", "cdc")
+
+
+def test_the_services_behind_latest_reaches_the_readers_catch_up_rule():
+    """Kinesis says how far behind the tip a page is (MillisBehindLatest): the
+    adapter passes it on, and the reader's lag tracker keeps it (cutover/catchup.py)."""
+    from prometheus_client import CollectorRegistry
+
+    from ddb2bt.pipeline.metrics import PipelineMetrics
+
+    fake = FakeKinesis()
+    fake.add("a", [doc("Catalog", "a", 1)])
+    clock = Clock()
+    client = KinesisStreamsClient(fake, "cdc", "Catalog", "auto", pacer=ShardPacer(clock=clock, sleep=clock.sleep),
+                                  now_ms=lambda: NOW_MS)
+    it = client.get_shard_iterator(StreamArn="x", ShardId="a", ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+    assert client.get_records(ShardIterator=it)["MillisBehindLatest"] == 0
+    metrics = PipelineMetrics(CollectorRegistry())
+    arn = kinesis_stream_arn("Catalog", "cdc")
+    reader = PartitionReader(client, StreamPartition(arn, 0, 1), ReaderOptions(), lambda _: {}, metrics,
+                             sleep=lambda s: None)
+    drain(reader.read_round(LocalTracker()))
+    assert metrics.lag.view(arn, "a").behind_ms == 0
 
 
 def test_a_trimmed_checkpoint_stops_loudly():
@@ -94,6 +120,36 @@ def test_a_kept_checkpoint_resumes_right_after_it():
     reader, arn = reader_over(fake, checkpoints={"s": ShardCheckpoint(kinesis_stream_arn("Catalog", "cdc"), "s", "2")})
     out, _ = drain(reader.read_round(LocalTracker()))
     assert [r.new_image["n"]["N"] for r in out] == ["3", "4", "5"]
+
+
+def test_empty_pages_at_a_kept_checkpoint_are_followed_not_taken_for_trimming():
+    """Kinesis may answer GetRecords with empty pages before the records at an
+    iterator (MillisBehindLatest above 0): the check of the checkpointed record
+    follows NextShardIterator, and the restart resumes right after it."""
+    from ddb2bt.pipeline.state import ShardCheckpoint
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
+    fake.empty_pages["s"] = 3
+    reader, arn = reader_over(fake, checkpoints={"s": ShardCheckpoint(kinesis_stream_arn("Catalog", "cdc"), "s", "2")})
+    out = []
+    tracker = LocalTracker()
+    for _ in range(8):  # the reading itself also gets the empty pages first: a few rounds
+        got, _ = drain(reader.read_round(tracker))
+        out += got
+    assert [r.new_image["n"]["N"] for r in out] == ["3", "4", "5"]
+
+
+def test_a_checkpoint_trimmed_behind_empty_pages_still_stops_loudly():
+    from ddb2bt.pipeline.state import ShardCheckpoint
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
+    fake.trimmed["s"] = 3
+    fake.empty_pages["s"] = 3
+    reader, arn = reader_over(fake, checkpoints={"s": ShardCheckpoint(kinesis_stream_arn("Catalog", "cdc"), "s", "2")})
+    with pytest.raises(ChangesLostError, match="LOST"):
+        drain(reader.read_round(LocalTracker()))
 
 
 def test_trimmed_restart_continues_from_the_oldest_record():
@@ -155,3 +211,42 @@ def test_the_guarded_sink_checkpoints_after_its_writes_and_counts_stale_changes(
     assert store.load_checkpoints(arn)["s"].sequence_number == "2"
     assert (writer.stats.applied, writer.stats.stale) == (1, 1)
     assert metrics.ordering_guard.labels("stale")._value.get() == 1
+
+
+@pytest.mark.parametrize("created, precision, why", [
+    (1_700_000_050, "auto", "before Kinesis Data Streams for DynamoDB existed"),  # seconds, read as ms: 1970
+    (1_700_000_050, "millisecond", "before Kinesis Data Streams for DynamoDB existed"),
+    (NOW_MS - 49 * 3600 * 1000 - 3_600_001, "auto", "older than the stream's retention"),  # FakeKinesis: 48 h
+    (NOW_MS + 301_000, "auto", "ahead of this host's clock"),
+    ((NOW_MS - 1000) // 1000, "microsecond", "before Kinesis Data Streams for DynamoDB existed"),  # ms read as µs
+])
+def test_a_record_stamped_at_an_impossible_time_stops_the_reader_before_anything_is_written(created, precision,
+                                                                                             why):
+    """Given ApproximateCreationDateTime in seconds, `precision: auto` read it as
+    milliseconds (January 1970): cells written then, and every later change
+    dropped as older. A time before the source could exist, older than its
+    retention, or ahead of the clock is an error naming the record and the
+    precision setting, raised before the page reaches the sink."""
+    from ddb2bt.transforms.errors import ConfigError
+
+    fake = FakeKinesis()
+    valid = (NOW_MS - 10_000) * (1000 if precision == "microsecond" else 1)
+    fake.add("s", [doc("Catalog", "a", 1, created=valid), doc("Catalog", "a", 2, created=created - 2)])
+    reader, _ = reader_over(fake, precision=precision)
+    emitted = []
+    with pytest.raises(ConfigError) as err:
+        for element in reader.read_round(LocalTracker()):
+            emitted.append(element)
+    message = str(err.value)
+    assert "source.kinesis.precision" in message and f"precision {precision!r}" in message
+    assert "record 2 of shard s" in message and why in message and str(created) in message
+    assert emitted == [], "nothing of the page reaches the sink"
+
+
+def test_records_within_the_retention_and_the_skew_are_read():
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", 1, created=NOW_MS - 48 * 3600 * 1000), doc("Catalog", "a", 2,
+                                                                                  created=NOW_MS + 60_000)])
+    reader, _ = reader_over(fake)
+    out, _ = drain(reader.read_round(LocalTracker()))
+    assert len(out) == 2

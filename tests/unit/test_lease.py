@@ -9,7 +9,7 @@ import pytest
 
 from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
                                    LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, PARTITION_IDLE_RELEASE_S,
-                                   PartitionOwners, check_held, fence, margin_s, partition_index, register)
+                                   PARTITION_ROUND_MAX_S, PartitionOwners, check_held, fence, margin_s, partition_index, register)
 from ddb2bt.pipeline.sink.bigtable_io import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.retry import RetryPolicy
@@ -483,3 +483,111 @@ def test_a_renewal_held_by_the_network_and_applied_after_the_blip_is_not_a_take_
     assert a.renew() and a.check() > 0, "ridden through, not taken over by itself"
     b = make(world, bt, "b", node="other")
     assert b.try_acquire() is not None, "and held again: a contender is refused"
+
+
+def test_a_dataflow_worker_rides_through_a_renewal_refused_as_permanent():
+    """A brief PERMISSION_DENIED (an IAM binding being edited) is classified
+    permanent; a Dataflow worker must not lose the job's lease for good over it
+    (every later bundle would fail until the worker is replaced): its writes
+    pause while unproven and resume once a renewal succeeds."""
+    world, bt = World(), InMemoryBigtable()
+    denied = {"on": False}
+    bt.fault = lambda t, e, n: [EntryStatus(7, "permission denied")] if denied["on"] else None
+    launcher = make(world, bt, "launcher", holder="dataflow:j", shared=True)
+    launcher.acquire(heartbeat=False)
+    worker = make(world, bt, "w1", holder="dataflow:j", shared=True, node="vm1")
+    assert worker.try_acquire() is None
+    denied["on"] = True
+    for _ in range(int(TTL)):
+        world.sleep(1.0)
+        assert not worker.renew()
+    with pytest.raises(LeaseUnproven, match="permission denied"):
+        worker.check()
+    denied["on"] = False
+    world.sleep(1.0)
+    assert worker.renew() and worker.check() > 0 and worker.holding
+
+
+def test_a_local_process_still_stops_at_once_on_a_renewal_refused_as_permanent():
+    world, a, denied = held_until_failing(EntryStatus(7, "permission denied"))
+    denied["on"] = True
+    world.sleep(1.0)
+    assert not a.renew()
+    with pytest.raises(LeaseLost, match="no retry can succeed"):
+        a.check()
+
+
+def test_a_lost_dataflow_lease_is_joined_again_by_the_next_dofn(monkeypatch):
+    """A worker's job lease lost (here: another job took it over, then ended)
+    is not kept in the process for good: the next DoFn set up joins again, and
+    holds only while its job may."""
+    from ddb2bt.pipeline import lease as lease_module
+
+    world, bt = World(), InMemoryBigtable()
+    monkeypatch.setattr(lease_module, "lease_cell", lambda spec: LeaseCell(bt, "state", spec.row_key))
+    monkeypatch.setattr(lease_module, "Lease", lambda spec, cell, **kw: Lease(
+        spec, cell, wall=world.wall, clock=world.clock, sleep=world.sleep, node="vm1", **kw))
+    # Renewed by hand: the heartbeat thread a join starts waits longer than the test.
+    spec = LeaseSpec(Bt(), "state", "job", "tail", "dataflow:j", TTL, 3600.0, shared=True)
+    launcher = make(world, bt, "launcher", holder="dataflow:j", shared=True)
+    launcher.acquire(heartbeat=False)
+    first = lease_module.join(spec)
+    try:
+        other = make(world, bt, "other", holder="dataflow:k", shared=True, node="vm9")
+        other.acquire(TAKE_OVER, heartbeat=False)  # waits out this job's lease ...
+        assert other.renew()  # ... and renews its own
+        assert not first.renew()
+        with pytest.raises(LeaseLost):
+            first.check()
+        with pytest.raises(LeaseLost, match="held by dataflow:k"):
+            lease_module.join(spec)  # the other job holds it: still refused, naming it
+        other.release()
+        second = lease_module.join(spec)
+        assert second is not first and second.check() > 0
+        second.release()
+    finally:
+        first.release()
+        lease_module._REGISTRY.pop(spec.key, None)
+
+
+def test_a_partition_whose_round_is_backing_off_is_not_released_as_idle():
+    """A reading round stuck in GetRecords throttling back-off claims nothing for
+    longer than PARTITION_IDLE_RELEASE_S: its partition stays owned (the sink
+    would otherwise raise LeaseLost for what the round read); once the round
+    ends and nothing uses the partition, it is released (the heartbeat thread
+    runs; the test waits on conditions, with a deadline)."""
+    import time
+
+    world, bt = World(), InMemoryBigtable()
+    job = LeaseSpec(Bt(), "state", "job", "tail", "dataflow:job-1", TTL, 0.01, shared=True)  # renew every 10 ms
+    w1 = PartitionOwners(lambda spec: LeaseCell(bt, "state", spec.row_key), worker="worker:w1", heartbeat=True,
+                         wall=world.wall, clock=world.clock, sleep=world.sleep, host="host-w1", pid=4321,
+                         node="vm-w1")
+
+    def wait_for(condition, what):
+        deadline = time.monotonic() + 10.0
+        while not condition():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.005)
+
+    lease = w1.claim(job, STREAM, 0, 1)
+    try:
+        with w1.round(STREAM, 0):
+            world.sleep(PARTITION_IDLE_RELEASE_S + 1)  # the round backs off, claiming nothing
+            calls = len(bt.calls)
+            wait_for(lambda: len(bt.calls) >= calls + 5, "the heartbeat kept renewing")
+            assert lease.holding, "a running round is not idle"
+        w1.check([(STREAM, "shard-0")])  # the sink writes what the round read
+        world.sleep(PARTITION_IDLE_RELEASE_S + 1)
+        wait_for(lambda: not lease.holding, "released once no round runs and nothing uses it")
+        # A round whose generator was dropped unclosed (its count leaked) stops
+        # holding the partition after PARTITION_ROUND_MAX_S.
+        leaked = w1.claim(job, STREAM, 0, 1)
+        dropped = w1.round(STREAM, 0)  # entered, never exited (kept referenced: not closed by the GC)
+        dropped.__enter__()
+        world.sleep(PARTITION_IDLE_RELEASE_S + 1)
+        assert not leaked.idle()
+        world.sleep(PARTITION_ROUND_MAX_S)
+        wait_for(lambda: not leaked.holding, "a leaked round does not hold the partition for ever")
+    finally:
+        w1.release_all()

@@ -23,7 +23,7 @@ rules:
       Body: {column: "f:b", timestamp: {attribute: CreatedAt}}
       Steps: {column: "g:s", as: list_versions}
       Plain: {column: "f:p"}
-    indexes: [{name: by_mail, row_key: "m#{Email}#{id}", family: f}]
+    indexes: [{name: by_mail, row_key: "m#{Email}#{id}", family: f, project: [Email]}]
     other_attributes: {mode: ignore}
 """)
     found = lint(m)
@@ -34,6 +34,7 @@ rules:
 
 def test_salted_timestamp_key_is_not_a_hotspot():
     m = mapping_from_text(HEAD + 'families: {f: {}}\nrules:\n  - row_key: "{CreatedAt|salt:8}#{id}"\n'
+                                 '    match: {attribute: CreatedAt, present: true}\n'
                                  '    other_attributes: {mode: ignore}\n')
     assert "timestamp_first_key" not in codes(lint(m))
 
@@ -58,3 +59,55 @@ rules:
     found = lint(m, items)
     assert {"unmatched_items", "unmappable_items", "row_key_near_limit"} <= codes(found, "WARN")
     assert any("4 items checked" in f.message for f in found)
+
+
+# A shop's single-table design: customers and orders in one table, one
+# overloaded GSI (GSI1PK is a customer's e-mail, an order's status), as a
+# mapping of one rule per entity type, each with its gsi1 index rows.
+SHOP = """
+source: {table: Shop, key: {partition: PK, sort: SK}}
+target: {project: p, instance: i, table: shop}
+families: {d: {}, g: {}}
+rules:
+  - name: customer
+    match: {attribute: SK, equals: PROFILE}
+    row_key: "{PK}#{SK}"
+    other_attributes: {family: d}
+    indexes: [{name: gsi1, row_key: "gsi1#{GSI1PK}#{PK}#{SK}", family: g}]
+  - name: order
+    match: {attribute: SK, prefix: "ORDER#"}
+    row_key: "{PK}#{SK}"
+    other_attributes: {family: d}
+    indexes: [{name: gsi1, row_key: "gsi1#{GSI1PK}#{PK}#{SK}", family: g}]
+"""
+CUSTOMERS = 300
+ORDER_STATUSES = ("PENDING",) * 36 + ("SHIPPED",) * 32 + ("DELIVERED",) * 32  # 36 % in one
+
+
+def shop_items() -> list:
+    customers = [{"PK": f"CUST#{i}", "SK": "PROFILE", "GSI1PK": f"user{i}@example.com"} for i in range(CUSTOMERS)]
+    orders = [{"PK": f"CUST#{i % CUSTOMERS}", "SK": f"ORDER#{i}", "GSI1PK": status}
+              for i, status in enumerate(ORDER_STATUSES)]
+    return [{k: from_plain(v) for k, v in d.items()} for d in customers + orders]
+
+
+def test_sampled_hotspot_is_counted_per_rule_and_index_in_a_single_table_design():
+    found = [f for f in lint(mapping_from_text(SHOP), shop_items()) if f.code == "low_cardinality_prefix"]
+    # Over all 400 items GSI1PK has 303 values; over the orders' index rows, 3.
+    assert [(f.level, f.where) for f in found] == [("WARN", "rules[1] order: indexes[0] gsi1")]
+    assert "3 distinct value(s) in the 100 sampled items" in found[0].message and "36%" in found[0].message
+    assert "PENDING" not in found[0].message  # item values are not printed
+
+
+def test_sampled_index_counts_only_the_items_its_conditions_hold_for():
+    # One rule for both entities; the index on status holds only the orders
+    # (match: Type = order). The customers' own row keys spread fine.
+    m = mapping_from_text(SHOP.replace("""  - name: customer
+    match: {attribute: SK, equals: PROFILE}
+    row_key: "{PK}#{SK}"
+    other_attributes: {family: d}
+    indexes: [{name: gsi1, row_key: "gsi1#{GSI1PK}#{PK}#{SK}", family: g}]
+""", "").replace('match: {attribute: SK, prefix: "ORDER#"}', "")
+                        .replace('family: g}]', 'family: g, match: {attribute: SK, prefix: "ORDER#"}}]'))
+    found = [f.where for f in lint(m, shop_items()) if f.code == "low_cardinality_prefix"]
+    assert found == ["rules[0] order: indexes[0] gsi1"]

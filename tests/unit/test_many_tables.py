@@ -190,6 +190,9 @@ class NoState:
     def load_checkpoints(self, stream_arn):
         return {}
 
+    def load_shard_heads(self, stream_arn):
+        return {}
+
     def close(self):
         pass
 
@@ -207,6 +210,12 @@ def test_an_idle_local_reader_sleeps_once_per_round_of_every_partition(monkeypat
         c.add_shard("shardId-1")
     sleeps: list = []
     monkeypatch.setattr(stream_sdf.time, "sleep", sleeps.append)
+    # The readers' GetRecords pacing on the same simulated time: time passes only
+    # in the sleeps (a real idle sleep of 0.25 s outlasts the 200 ms pacing gap).
+    from ddb2bt.pipeline.source import stream_source
+
+    paced = stream_source.ShardPacer
+    monkeypatch.setattr(stream_source, "ShardPacer", lambda **kw: paced(clock=lambda: sum(sleeps), **kw))
     options = ReaderOptions(poll_interval_s=0.25, sleep_when_idle=True)
     fn = _ReadStreamPartitionsFn([StreamSource(c.stream_arn, options, lambda c=c: c, NoState) for c in clients.values()])
     fn.setup()

@@ -169,9 +169,9 @@ rules:
      "rules[0].columns.A.marker: only a set"),
     ("families: {f: {}}\nrules:\n  - row_key: '{id}'\n    columns: {A: {column: 'f:a', timestamp: {attribute: T, format: unix}}}",
      "rules[0].columns.A.timestamp.format: must be one of iso8601"),
-    ("families: {f: {}}\nrules:\n  - row_key: '{id}'\n    indexes: [{name: i, row_key: 'x#{A}', family: f}]",
+    ("families: {f: {}}\nrules:\n  - row_key: '{id}'\n    indexes: [{name: i, row_key: 'x#{A}', family: f, project: [A]}]",
      "rules[0].indexes[0].row_key: must include the item's key ({id} missing)"),
-    ("families: {f: {}}\nrules:\n  - row_key: '{id}'\n    indexes: [{name: i, row_key: 'x#{A}#{id}', family: g}]",
+    ("families: {f: {}}\nrules:\n  - row_key: '{id}'\n    indexes: [{name: i, row_key: 'x#{A}#{id}', family: g, project: [A]}]",
      "rules[0].indexes[0].family: family 'g' is not declared"),
     ("families: {f: {max_versions: 1, gc: intersection}}\nrules:\n  - row_key: '{id}'",
      "families.f.gc: gc: intersection needs both"),
@@ -193,7 +193,7 @@ families: {f: {max_versions: 2, max_age_seconds: 60}}
 rules:
   - row_key: "{id}"
     other_attributes: {mode: ignore}
-    indexes: [{name: by_a, table: t_idx, row_key: "{A}#{id}", family: i}]
+    indexes: [{name: by_a, table: t_idx, row_key: "{A}#{id}", family: i, match: {attribute: A, present: true}}]
 """)
     fams = m.table_families()
     # no touch-marker family: the cutover adds it for a backfill and drops it at the finish

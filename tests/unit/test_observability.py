@@ -347,3 +347,35 @@ def test_a_real_pushgateway_keeps_a_dead_jobs_values_and_the_stale_alert_sees_it
     finally:
         gateway.terminate()
         gateway.wait(10)
+
+
+class _CatalogTable:
+    """DescribeTable and Scan with boto3's call shapes, for the catalog example."""
+
+    def describe_table(self, TableName):
+        return {"Table": {"TableName": TableName, "ItemCount": 3}}
+
+    def scan(self, **kw):
+        items = [{"pk": {"S": "hats"}, "sk": {"S": f"fedora#{i}"}, "Price": {"N": str(i)}} for i in range(3)]
+        return {"Items": items, "ConsumedCapacity": {"CapacityUnits": 1.0}}
+
+
+def test_aws_api_calls_are_labelled_with_the_tables_name_in_the_job_like_every_series(monkeypatch, capsys):
+    # Before: DescribeTable and Scan were labelled with the DynamoDB table's name
+    # (ProductCatalog) and the stream's calls with the job's (product_catalog).
+    from ddb2bt.pipeline import connections, reachability
+    from ddb2bt.pipeline.cli import main
+    from ddb2bt.pipeline.local.examples import resolve_mapping_path
+    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.transforms.config import load_mapping
+
+    monkeypatch.setattr(connections, "dynamodb_client", lambda region=None: _CatalogTable())
+    calls = default_metrics().aws_api_calls
+    count = lambda table, api: calls.labels(table, api)._value.get()  # noqa: E731
+    before = {(t, api): count(t, api) for t in ("product_catalog", "ProductCatalog") for api in ("Scan", "DescribeTable")}
+    assert main(["lint", "-m", "example:product_catalog", "--sample", "3"]) == 0  # Scan
+    assert "3 items checked" in capsys.readouterr().out
+    reachability._probe_dynamodb(load_mapping(resolve_mapping_path("example:product_catalog")), 5.0)  # DescribeTable
+    after = {key: count(*key) - value for key, value in before.items()}
+    assert after == {("product_catalog", "Scan"): 1, ("product_catalog", "DescribeTable"): 1,
+                     ("ProductCatalog", "Scan"): 0, ("ProductCatalog", "DescribeTable"): 0}

@@ -195,3 +195,20 @@ def test_changes_lost_in_a_row_are_written_whole_by_the_next_applied_one():
     for record in (records[1], records[0]):
         apply_guarded(bt, guarded_rows(CATALOG, record))
     assert converged(CATALOG, bt, final)
+
+
+def test_two_items_on_one_cell_version_are_not_refused_on_this_path_the_later_overwrites():
+    # What docs/kinesis.md and docs/mapping.md (Version clashes) both say: the
+    # version registry is not consulted behind the guard (docs/design.md §10.5).
+    a = video_item("0123", "VideoComment#1", 5)
+    b = dict(video_item("0123", "VideoComment#2", 6), CreatedAt=a["CreatedAt"])  # one second, one version
+    bt = InMemoryBigtable()
+    stats = None
+    for n, image in enumerate((a, b)):
+        keys = {k: image[k] for k in ("pk", "sk")}
+        stats = apply_guarded(bt, guarded_rows(VIDEOS, ChangeRecord(INSERT, keys, image, None, START_US // 1000 + n,
+                                                                     change_us=START_US + n * 1000)), stats)
+    assert not stats.rejected
+    (versions,) = [v for (family, _), v in target_state(bt, VIDEOS.target.table)[b"0123"].items()
+                   if family == "comments"]
+    assert list(versions.values()) == [b"c6"]  # one value per version: the later item's

@@ -43,6 +43,11 @@ def test_find_gap_names_the_trimmed_shards_the_last_applied_changes_and_the_olde
     assert gap.end_ms == T0 + 21 * HOUR_MS + 500  # the latest of the trimmed shards' oldest held records
     assert dict(gap.resume_after) == {"busy": busy[20], "lagging": lagging[21]}
     assert gap.applied_ms == T0 + 30 * HOUR_MS  # the intact shard is ahead: the exports must pass it
+    # "lagging" was seen at its head 2 h before: trimmed, nothing lost (docs/design.md §8.2)
+    proven = find_gap(client, client.stream_arn, checkpoints, now_ms=T0 + 45 * HOUR_MS,
+                      heads={"lagging": T0 + 43 * HOUR_MS, "busy": T0 + 5 * HOUR_MS})
+    assert proven.trimmed_shards == ("busy", "gone")
+    assert dict(proven.resume_after) == {"busy": busy[20]}
 
 
 def test_nothing_trimmed_is_no_gap():
@@ -76,12 +81,14 @@ def test_the_exports_reach_past_every_change_the_job_applied_or_are_refused():
     item's last image in the exports as its state after every change the job wrote
     (docs/design.md §8.1.1), so the windows end after that change."""
     from ddb2bt.pipeline.cutover.exports import ExportManifest
-    from ddb2bt.pipeline.cutover.recover import IncrementalExport, RecoveryRefused, check_coverage
+    from ddb2bt.pipeline.cutover.recover import (RECORD_CLOCK_MARGIN_S, IncrementalExport, RecoveryRefused,
+                                                 check_coverage)
 
     last = T0 + 123_456
     gap = Gap(first_ms=last, last_ms=last, end_ms=last + HOUR_MS, trimmed_shards=("s",), applied_ms=last + 5 * HOUR_MS)
     windows = plan_windows(gap, now_ms=last + 30 * HOUR_MS)
-    assert windows[-1].to_s == (last + 5 * HOUR_MS) // 1000 + 1
+    # past that change by PITR's clock too: its record's second + 1 s + the margin
+    assert windows[-1].to_s == (last + 5 * HOUR_MS) // 1000 + 1 + RECORD_CLOCK_MARGIN_S
 
     def export(w):
         manifest = ExportManifest("INCREMENTAL_EXPORT", "DYNAMODB_JSON", "arn:aws:dynamodb:us-east-1:1:table/T", None, 0)

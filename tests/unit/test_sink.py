@@ -191,6 +191,20 @@ def test_shard_closed_marks_the_shard_finished_after_its_writes():
     assert ck.finished and ck.sequence_number == "1"
 
 
+def test_a_finished_shard_leaves_the_lag_gauges():
+    """A shard read to its end (a split's parent) has no lag any more: kept, its
+    lag (now − its last change) and the table's checkpoint age would grow for
+    ever after every split and page DDB2BTReplicationLagHigh / CheckpointStale."""
+    bt, state, w, metrics = make()
+    w.add(change(1))
+    w.flush()
+    assert (ARN, "s1") in metrics.lag.lag_seconds()
+    w.add(ShardClosed(ARN, "s1", "1"))
+    w.flush()
+    assert (ARN, "s1") not in metrics.lag.lag_seconds()
+    assert metrics.lag.checkpoint_age_seconds() == {}
+
+
 def test_config_limits_are_validated():
     with pytest.raises(ValueError):
         SinkConfig(max_batch_mutations=100_001)

@@ -69,7 +69,8 @@ def test_a_trimmed_checkpoint_is_reported_even_right_after_its_reader_reported()
     client.add_shard("s0")
     for i in range(5):
         client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
-    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: NOW)
     seq = client.shards["s0"].records[1]["dynamodb"]["SequenceNumber"]
     store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", seq)])
     store.save_reader_report(client.stream_arn, "0-1", {"s0": None})  # fresh, not ended
@@ -78,6 +79,32 @@ def test_a_trimmed_checkpoint_is_reported_even_right_after_its_reader_reported()
     assert [s.trimmed for s in f.shards] == [True]
     ready, reasons = assess(f)
     assert not ready and any(r.startswith("trimmed: 1 shard(s) lost changes") for r in reasons)
+    # a running job (its tail lease live, its report fresh) stops loudly itself: not probed
+    hold(bt, TAIL, NOW + 20_000)
+    client.calls.clear()
+    f = gather(store, client, client.stream_arn, now_ms=NOW)
+    assert [s.trimmed for s in f.shards] == [False] and "GetShardIterator" not in client.calls
+
+
+def test_a_trimmed_checkpoint_of_a_shard_seen_at_its_head_recently_is_not_reported_as_lost():
+    """docs/design.md §8.2: the tail goes on from the oldest record, losing
+    nothing; status must not send the operator to a recovery."""
+    client = FakeStreamsClient()
+    client.add_shard("s0")
+    for i in range(3):
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
+    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    seq = client.shards["s0"].records[-1]["dynamodb"]["SequenceNumber"]
+    store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", seq)])
+    store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 3_600_000})
+    client.shards["s0"].trimmed_before = 3  # the quiet shard's last record aged out
+    f = gather(store, client, client.stream_arn, now_ms=NOW)
+    assert [s.trimmed for s in f.shards] == [False]
+    _, reasons = assess(f)
+    assert not any(r.startswith("trimmed") for r in reasons)
+    # seen at its head too long ago: lost, as before
+    store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 24 * 3_600_000})
+    assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]
 
 
 def test_an_interrupted_command_does_not_claim_more_than_what_was_acknowledged():

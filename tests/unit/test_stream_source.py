@@ -117,7 +117,32 @@ def test_finished_shard_in_the_state_table_is_not_read_again():
     state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1], finished=True)])
     tracker = LocalTracker()
     out, _ = drain_round(reader, tracker)
-    assert out == [] and "s" in tracker.current_restriction().closed
+    # Not read, and not remembered in the restriction either: the state table records it.
+    assert out == [] and tracker.current_restriction().closed == frozenset()
+    assert tracker.current_restriction().positions == ()
+
+
+def test_the_restriction_keeps_only_the_closed_shards_the_state_table_does_not_record():
+    """A table with thousands of closed shards: the restriction (committed every
+    round) remembers a closed shard only until the sink records it finished."""
+    client, state, _, reader, _ = setup()
+    finished = [f"old-{i:04d}" for i in range(2000)]
+    for shard in finished:
+        client.add_shard(shard)
+        client.close_shard(shard)
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, shard, "1", finished=True) for shard in finished])
+    client.add_shard("s")
+    s = put(client, "s", 2)
+    client.close_shard("s")
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert seqs(out) == s and any(isinstance(e, ShardClosed) for e in out)
+    assert tracker.current_restriction().closed == {"s"}, "read to its end, not yet recorded finished"
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1], finished=True)])  # the sink's record
+    out, _ = drain_round(reader, tracker)
+    assert out == [] and tracker.current_restriction().closed == frozenset()
+    out, _ = drain_round(reader, tracker)
+    assert out == [], "and never read again"
 
 
 def test_start_latest_skips_existing_records_only_on_the_first_discovery():
@@ -176,7 +201,8 @@ def test_trimmed_checkpoint_stops_loudly_with_recovery_instructions():
     state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[0])])
     with pytest.raises(ChangesLostError) as err:
         drain_round(reader, LocalTracker())
-    assert "LOST" in str(err.value) and "backfill" in str(err.value) and "--on-trimmed=restart" in str(err.value)
+    assert "LOST" in str(err.value) and "--on-trimmed=restart" in str(err.value)
+    assert "ddb2bt migrate --restart" in str(err.value)  # a command that copies the table again
 
 
 def test_trimmed_with_restart_continues_from_the_oldest_record_and_counts_it():
@@ -188,6 +214,100 @@ def test_trimmed_with_restart_continues_from_the_oldest_record_and_counts_it():
     out, _ = drain_round(reader, LocalTracker())
     assert seqs(out) == s[3:]
     assert sample(metrics, "ddb2bt_trimmed_restarts_total", table="Fake") == 1
+
+
+def _quiet_shard_seen_at_head(options=None):
+    """A job that applied a quiet shard's records, then polled it at its head
+    for a while (docs/design.md §7.8), and recorded what it saw as its readers do."""
+    client, state, metrics, reader, clock = setup(options)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), reader._options, state.load_checkpoints,
+                             metrics, now_ms=clock, sleep=lambda s: None, load_heads=state.load_shard_heads)
+    client.add_shard("s")
+    s = put(client, "s", 3)
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert seqs(out) == s
+    # The sink applies and checkpoints them (sink.py: checkpoint, then on_applied).
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1])])
+    metrics.lag.on_applied(client.stream_arn, "s", None, 3)
+    for _ in range(5):  # empty pages, 1.5 s apart: at the head after 3 s
+        clock.ms += 1500
+        drain_round(reader, tracker)
+    state.save_reader_report(client.stream_arn, "0-1", reader.pending_since(), ended=True, heads=reader.heads())
+    return client, state, metrics, s
+
+
+def _restart(client, state, metrics, clock_ms, options=None):
+    clock = Clock()
+    clock.ms = clock_ms
+    opts = options or ReaderOptions(retry=FAST, discovery_interval_s=0)
+    return PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), opts, state.load_checkpoints, metrics,
+                           now_ms=clock, sleep=lambda s: None, load_heads=state.load_shard_heads)
+
+
+def test_a_quiet_shard_seen_at_its_head_within_the_retention_resumes_its_trimmed_checkpoint_losing_nothing():
+    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS
+    from ddb2bt.pipeline.source.stream_source import HEAD_PROOF_MARGIN_S
+
+    client, state, metrics, s = _quiet_shard_seen_at_head()
+    head_ms = state.load_shard_heads(client.stream_arn)["s"]
+    later = put(client, "s", 2, start=10)  # changes after the head, while the job is down
+    client.shards["s"].trimmed_before = 3  # the checkpoint (the last applied record) ages out
+    reader = _restart(client, state, metrics, head_ms + STREAM_RETENTION_MS - HEAD_PROOF_MARGIN_S * 1000 - 1)
+    out, _ = drain_round(reader, LocalTracker())
+    assert seqs(out) == later  # from the oldest record held: exactly what was not applied
+    assert sample(metrics, "ddb2bt_trimmed_restarts_total", table="Fake") == 0  # nothing lost
+
+
+def test_a_trimmed_checkpoint_is_lost_when_the_head_was_seen_too_long_ago():
+    from ddb2bt.pipeline.dynamodb import STREAM_RETENTION_MS
+    from ddb2bt.pipeline.source.stream_source import HEAD_PROOF_MARGIN_S
+
+    client, state, metrics, s = _quiet_shard_seen_at_head()
+    head_ms = state.load_shard_heads(client.stream_arn)["s"]
+    client.shards["s"].trimmed_before = 3
+    reader = _restart(client, state, metrics, head_ms + STREAM_RETENTION_MS - HEAD_PROOF_MARGIN_S * 1000)
+    with pytest.raises(ChangesLostError) as err:
+        drain_round(reader, LocalTracker())
+    assert "LOST" in str(err.value) and "at its head 23.0 h ago" in str(err.value)
+
+
+def test_one_empty_page_is_not_the_head_and_proves_nothing():
+    client, state, metrics, reader, clock = setup()
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), reader._options, state.load_checkpoints,
+                             metrics, now_ms=clock, sleep=lambda s: None, load_heads=state.load_shard_heads)
+    client.add_shard("s")
+    s = put(client, "s", 3)
+    tracker = LocalTracker()
+    drain_round(reader, tracker)
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1])])
+    metrics.lag.on_applied(client.stream_arn, "s", None, 3)
+    clock.ms += 10_000
+    drain_round(reader, tracker)  # one empty page, however long after
+    clock.ms += 1_000
+    drain_round(reader, tracker)  # two
+    assert reader.heads() == {}
+    state.save_reader_report(client.stream_arn, "0-1", reader.pending_since(), heads=reader.heads())
+    client.shards["s"].trimmed_before = 3
+    with pytest.raises(ChangesLostError):
+        drain_round(_restart(client, state, metrics, clock.ms + 1_000), LocalTracker())
+
+
+def test_records_read_and_not_yet_applied_keep_the_head_unproven():
+    client, state, metrics, reader, clock = setup()
+    client.add_shard("s")
+    put(client, "s", 3)
+    tracker = LocalTracker()
+    drain_round(reader, tracker)  # read, never applied (no sink)
+    for _ in range(5):
+        clock.ms += 1500
+        drain_round(reader, tracker)
+    assert reader.heads() == {}
+    metrics.lag.on_applied(client.stream_arn, "s", None, 3)
+    for _ in range(3):
+        clock.ms += 1500
+        drain_round(reader, tracker)
+    assert set(reader.heads()) == {"s"}
 
 
 def test_deleted_stream_is_reported():
@@ -249,7 +369,7 @@ def test_plan_starts_is_pure_lineage_planning():
     done = {"p": ShardCheckpoint("arn", "p", "9", finished=True)}
     claims, waiting = plan_starts(listing, part, PartitionRestriction(discovered_once=True), done, "latest")
     kinds = {type(c).__name__: c for c in claims}
-    assert kinds["ClaimClosed"].shard_id == "p"
+    assert "ClaimClosed" not in kinds, "recorded finished: nothing to remember"
     assert kinds["ClaimStart"].shard_id == "c" and kinds["ClaimStart"].pos.mode == "trim_horizon"
     assert waiting == ["g"]
 
@@ -265,6 +385,11 @@ def test_a_replaced_stream_is_detected_and_reported():
     with pytest.raises(PermanentError, match="stream was replaced.*LOST.*--new-stream"):
         check_stream_continuity(state, new_arn, False)
     check_stream_continuity(state, new_arn, True)  # acknowledged
+    # ... once: the job follows the new stream from then on, even before its
+    # first record is checkpointed (`migrate --restart`, then `run`).
+    check_stream_continuity(state, new_arn, False)
+    with pytest.raises(PermanentError, match="ddb2bt migrate --restart"):
+        check_stream_continuity(state, new_arn.rsplit("/", 1)[0] + "/2025-07-01T00:00:00.000", False)
 
 
 def test_vanished_stream_message_says_how_to_recover():
@@ -362,3 +487,43 @@ def test_a_per_record_claim_builds_the_same_restriction_as_the_constructors():
     assert pickle.loads(pickle.dumps(after)) == expected
     assert dict(after.positions)["b"].iterator_args() == {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER",
                                                          "SequenceNumber": "42"}
+
+
+def test_a_restarted_job_starts_shards_it_never_checkpointed_at_trim_horizon():
+    """A restarted job (not fresh: it has state) reads a shard it never
+    checkpointed (a quiet one, or one born while it was down) from the oldest
+    record, whatever --start said at its first launch: the changes written
+    while it was down are not skipped."""
+    listing = Listing({"quiet": None})
+    part = StreamPartition("arn", 0, 1)
+    (claim,), _ = plan_starts(listing, part, PartitionRestriction(), {}, "latest", fresh=True)
+    assert claim.pos.mode == "latest"  # a fresh job: --start applies to its first discovery
+    (claim,), _ = plan_starts(listing, part, PartitionRestriction(), {}, "latest", fresh=False)
+    assert claim.pos.mode == "trim_horizon"
+    client, _, _, reader, _ = setup(ReaderOptions(start="latest", fresh=False, retry=FAST, discovery_interval_s=0))
+    client.add_shard("quiet")
+    written_while_down = put(client, "quiet", 3)
+    out, _ = drain_round(reader, LocalTracker())
+    assert seqs(out) == written_while_down
+
+
+def test_the_start_is_recorded_once_and_latest_is_refused_on_a_job_with_state():
+    from ddb2bt.pipeline.preflight import START_MARGIN_MS, settle_start
+    from ddb2bt.transforms.errors import ConfigError
+
+    arn = "arn:aws:dynamodb:r:1:table/T/stream/2024"
+    state = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    first = settle_start(state, arn, "latest", now_ms=5_000_000)
+    assert first.fresh and first.mode == "latest"
+    with pytest.raises(ConfigError, match="--start.*already run.*TRIM_HORIZON"):
+        settle_start(state, arn, "latest", now_ms=6_000_000)
+    again = settle_start(state, arn, "trim_horizon", now_ms=6_000_000)
+    assert not again.fresh and again.kinesis_from_ms is None  # DynamoDB Streams: TRIM_HORIZON
+    kinesis = settle_start(state, arn, "trim_horizon", now_ms=6_000_000, kinesis=True)
+    assert kinesis.kinesis_from_ms == 5_000_000 - START_MARGIN_MS  # Kinesis: just before its first start
+    # Checkpoints alone (a job from before starts were recorded) make it a restart too.
+    other = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    other.save_checkpoints([ShardCheckpoint(arn, "s", "7")])
+    with pytest.raises(ConfigError, match="--start"):
+        settle_start(other, arn, "latest", now_ms=1)
+    assert not settle_start(other, arn, "trim_horizon", now_ms=1).fresh

@@ -1,0 +1,205 @@
+"""The re-copy sweep: after a new backfill of a table that was migrated before
+(``migrate --restart``, ``backfill --restart``), remove what no item owns any
+more (docs/design.md §7.7).
+
+A backfill writes what the Scan sees; it cannot delete. When changes were lost
+(a stream replaced, a trimmed tail, a row deleted in Bigtable behind the job's
+back) the target may hold rows and cells of items that no longer exist, or
+columns an item no longer has. The sweep reads every target table and scans
+the source again (after the backfill, so after the handoff T), and deletes a
+column that no scanned item owns in its row only when its newest cell is older
+than the backfill's cells (``floor_to_second(T) − 1 ms``): such a cell was
+written by a change before T, whose effect, or a later one, every Scan after T
+sees. A change after T writes at or after T's second, so the tail's cells are
+never taken. Each such delete is one CheckAndMutateRow of exactly the cells
+read, applied only if the column still has nothing newer, so a tail write
+landing between the read and the delete wins. In a versioned column items still
+own, a version no scanned item holds goes when its owner record says a change
+before T claimed it (one after T is the tail's), and is released.
+
+Both sides are spilled to hash buckets and compared a bucket at a time, as
+``verify`` does: memory is one bucket at any table size.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
+from ddb2bt.transforms.model import DeleteCells
+
+log = logging.getLogger(__name__)
+
+# Families ddb2bt keeps for itself in a target table: the touch markers (dropped
+# by the finish) and the ordering guard's clocks (docs/design.md §10). The sweep
+# judges only the mapping's cells.
+OWN_FAMILY_PREFIX = "ddb2bt_"
+
+
+@dataclass(frozen=True)
+class StaleColumn:
+    """Cells no scanned item owns: a whole column (``owned`` False: no item owns
+    the column in its row, all of it older than the backfill), or versions of a
+    versioned column that items still own (``owned`` True: the versions no
+    scanned item holds, to be checked against their owner records)."""
+
+    table: str
+    row_key: bytes
+    family: str
+    qualifier: bytes
+    newest_ms: int
+    versions: tuple  # the cells' timestamps as read
+    owned: bool = False
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    rows_read: int
+    items: int
+    deleted: int  # stale columns (or versions) deleted
+    kept_newer: int  # stale when read, but written meanwhile or claimed after the handoff: kept
+    unmappable: int  # items the mapping refuses: their rows are left as they are
+
+
+@dataclass(frozen=True)
+class _Unless:
+    """The CheckAndMutateRow predicate: the column has a cell at or after ``since_ms``."""
+
+    family: str
+    qualifier: bytes
+    since_ms: int
+
+
+def stale_columns(table: str, want: dict, have: dict, backfill_ms: int) -> list:
+    """The pure rule, one table of one bucket. ``want``: {row: {(family,
+    qualifier): Expect}} of the scanned items; ``have``: {row: {(family,
+    qualifier): [(ts ms, value)...]}} as read. A column is stale when no scanned
+    item owns it in its row and its newest cell is older than the backfill's
+    (``backfill_ms``): written by a change before the handoff. In a versioned
+    column that scanned items own, the versions none of them holds are
+    candidates (``owned``): their owner records decide (``deleter``)."""
+    from ddb2bt.pipeline.cutover.compare import VERSIONS
+
+    out = []
+    for row_key in sorted(have):
+        owned = want.get(row_key, {})
+        for (family, qualifier), cells in sorted(have[row_key].items()):
+            if family.startswith(OWN_FAMILY_PREFIX) or not cells:
+                continue
+            stamps = tuple(sorted({ts for ts, _ in cells}))
+            expect = owned.get((family, qualifier))
+            if expect is None:
+                if stamps[-1] < backfill_ms:
+                    out.append(StaleColumn(table, row_key, family, qualifier, stamps[-1], stamps))
+            elif expect.kind == VERSIONS:
+                extra = tuple(v for v in stamps if v not in expect.value)
+                if extra:
+                    out.append(StaleColumn(table, row_key, family, qualifier, stamps[-1], extra, owned=True))
+    return out
+
+
+def sweep(mapping, ddb, scan_target: Callable[[str], Iterable], delete: Callable[[StaleColumn], bool],
+          backfill_ms: int, segments: int = 8, estimated_items: int = 0,
+          workdir: Optional[str] = None) -> SweepResult:
+    """Read every target table, scan the source, delete the stale columns
+    (``delete(column) -> False`` when the column got a newer cell meanwhile)."""
+    from ddb2bt.pipeline.cutover.verify import Findings, expected_of_records, scan_expected
+
+    buckets = bucket_count(estimated_items)
+    findings = Findings()
+    rows_read = deleted = kept = 0
+    with SpillDir(workdir, purpose="recopy-sweep") as spill_dir:
+        # Target first, like verify: a row of an item created meanwhile is then
+        # owned by the scan that follows, never taken for a stale one.
+        actual = Spill(spill_dir.path, "actual", buckets)
+        for table in mapping.tables:
+            for row_key, cells in scan_target(table):
+                actual.add(table, row_key, cells)
+                rows_read += 1
+        actual.flush()
+        expected = Spill(spill_dir.path, "expected", buckets)
+        items = scan_expected(mapping, ddb, segments, True, lambda n: None, None, expected, findings, mapping.name)
+        expected.flush()
+        for exp_records, act_records in paired_groups(expected, actual):
+            want = expected_of_records(mapping, exp_records)[0]
+            have: dict = {}
+            for table, row_key, cells in act_records:
+                have.setdefault(table, {})[row_key] = cells
+            for table, rows in have.items():
+                for column in stale_columns(table, want.get(table, {}), rows, backfill_ms):
+                    if delete(column):
+                        deleted += 1
+                    else:
+                        kept += 1
+    return SweepResult(rows_read, items, deleted, kept, findings._unmappable_count)
+
+
+def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn], bool]:
+    """``delete(column) -> bool`` through ``writer`` (GrpcMutationWriter), with
+    ``owners`` the version-ownership registry (None: none kept). Every delete is
+    exact (the versions read, ``[v, v + 1)``), never a range that could take a
+    cell written since. A whole stale column is deleted by one atomic
+    CheckAndMutateRow, only if nothing newer than what was read arrived
+    meanwhile (the tail's writes are newer). A stale version of an owned
+    versioned column goes only if its owner claimed it before the handoff second
+    (or nobody owns it and it is older than the backfill): a version claimed
+    after the handoff is the tail's. Deleted versions are released."""
+    handoff_second = backfill_ms + 1  # floor_to_second(T)
+
+    def release(column: StaleColumn, versions) -> None:
+        if owners is not None and versions:
+            owners.settle({owners.key(column.table, column.row_key, column.family, column.qualifier, v): None
+                           for v in versions})
+
+    def exact(column: StaleColumn, versions) -> list:
+        return [DeleteCells(column.family, column.qualifier, v, v + 1) for v in versions]
+
+    def delete(column: StaleColumn) -> bool:
+        if not column.owned:
+            applied = writer.check_and_mutate(column.table, column.row_key,
+                                              _Unless(column.family, column.qualifier, column.newest_ms + 1),
+                                              exact(column, column.versions))
+            if applied:
+                release(column, column.versions)
+            return applied
+        stale = []
+        for v in column.versions:
+            key = owners.key(column.table, column.row_key, column.family, column.qualifier, v) \
+                if owners is not None else None
+            before = owners.claimed_before(key, handoff_second) if key is not None else None
+            if before or (before is None and v < backfill_ms):
+                stale.append(v)
+        if not stale:
+            return False
+        statuses = writer.mutate_rows(column.table, [(column.row_key, exact(column, stale))])
+        bad = next((st for st in statuses if st is not None and not st.ok), None)
+        if bad is not None:  # the sweep stops; it is still owed, so a rerun sweeps again
+            from ddb2bt.pipeline.sink.bigtable_io import BigtablePermanent, BigtableRetryable
+
+            raise (BigtableRetryable if bad.retryable else BigtablePermanent)(
+                f"the re-copy sweep's delete in {column.table} failed: {bad.message}")
+        release(column, stale)
+        return True
+
+    return delete
+
+
+def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8) -> SweepResult:
+    """The sweep against the mapping's source and target (``run_backfill`` calls it)."""
+    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.dynamodb import describe_table
+    from ddb2bt.pipeline.sink.bigtable_io import iter_table
+
+    ddb = dynamodb_client(mapping.source.region)
+    t = mapping.target
+    expected = describe_table(ddb, mapping.source.table).get("ItemCount", 0)
+    writer = state_spec.bigtable.writer()
+    store = state_spec.store()
+    try:
+        return sweep(mapping, ddb, lambda table: iter_table(t.project, t.instance, table),
+                     deleter(writer, store.versions(), backfill_ms), backfill_ms, segments=segments,
+                     estimated_items=int(expected))
+    finally:
+        writer.close()
+        store.close()
