@@ -182,8 +182,9 @@ def run_demo(args) -> int:
         print("summary")
         print(f"  changes written to DynamoDB   {written[0]}" + (f"  (writer stopped: {writer_error[0]})" if writer_error else ""))
         if pump is not None:
-            print(f"  Kinesis records published     {pump.published}   (shuffled within {KINESIS_SHUFFLE_WINDOW}, "
-                  f"about {KINESIS_DUPLICATE_SHARE:.0%} twice, over {pump.shards()} shards)")
+            print(f"  Kinesis records published     {pump.published}   (the table's {pump.records} stream records, "
+                  f"shuffled within {KINESIS_SHUFFLE_WINDOW}, about {KINESIS_DUPLICATE_SHARE:.0%} twice, over "
+                  f"{pump.shards()} shards)")
             print(f"  ordering guard                {_guard_outcomes(metrics)}")
         print(f"  stream records read           {read}   "
               + ("(the duplicates included)" if pump is not None else f"({RECORDS_NOTE[stack.dynamodb]})"))
@@ -245,6 +246,7 @@ class _KinesisPump:
         self._after: dict = {}
         self._last_us: dict = {}
         self._round = 0
+        self.records = 0  # the table's stream records: what AWS would deliver once each
         self.published = 0
 
     def publish(self) -> None:
@@ -253,6 +255,7 @@ class _KinesisPump:
         records = read_table_changes(self.streams, self.stream_arn, self._after)
         docs = [change_document(r, self.mapping.source.table, KINESIS_PRECISION, self._last_us) for r in records]
         self._round += 1
+        self.records += len(docs)
         self.published += publish_changes(self.kinesis, self.stream, docs, Disorder(
             window=KINESIS_SHUFFLE_WINDOW, duplicate=KINESIS_DUPLICATE_SHARE, seed=self._round))
 

@@ -39,6 +39,41 @@ def test_servers_bind_to_loopback_and_answer(emulator_stack):
     assert "TableNames" in ddb.list_tables()
 
 
+# How long after PITR is turned on the test looks again: more than a second, so an
+# emulator that answers "now" (ministack did) shows a later time than the switch.
+PITR_LOOK_AGAIN_AFTER_S = 1.5
+
+
+def test_pitr_earliest_restorable_time_is_when_it_was_turned_on(emulator_stack, unique):
+    """As on AWS, on both emulators: `ddb2bt recover` refuses a change older than
+    the earliest restorable time, so an emulator answering "now" on every call
+    (ministack did) made every change unrecoverable and the recovery rehearsal
+    of docs/recover.md fail."""
+    env = emulator_stack.env()
+    ddb = boto3.client("dynamodb", endpoint_url=env["AWS_ENDPOINT_URL_DYNAMODB"], region_name=env["AWS_REGION"],
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    table = f"Pitr{unique}"
+    ddb.create_table(TableName=table, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                     AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                     BillingMode="PAY_PER_REQUEST")
+    before = time.time()
+    ddb.update_continuous_backups(TableName=table, PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True})
+    after = time.time()
+    while time.time() < after + PITR_LOOK_AGAIN_AFTER_S:  # the wall clock itself is the condition
+        time.sleep(after + PITR_LOOK_AGAIN_AFTER_S - time.time())
+    pitr = ddb.describe_continuous_backups(TableName=table)["ContinuousBackupsDescription"][
+        "PointInTimeRecoveryDescription"]
+    assert pitr["PointInTimeRecoveryStatus"] == "ENABLED"
+    # whole seconds on moto: the second it was turned on
+    assert int(before) <= pitr["EarliestRestorableDateTime"].timestamp() <= after, pitr
+    ddb.update_continuous_backups(TableName=table,  # turning it on again keeps the time
+                                  PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True})
+    again = ddb.describe_continuous_backups(TableName=table)["ContinuousBackupsDescription"][
+        "PointInTimeRecoveryDescription"]
+    assert again["EarliestRestorableDateTime"] == pitr["EarliestRestorableDateTime"]
+    ddb.delete_table(TableName=table)
+
+
 def test_missing_emulator_gives_install_instructions(monkeypatch, tmp_path):
     monkeypatch.setenv("CBTEMULATOR", str(tmp_path / "nope"))
     with pytest.raises(StackError) as err:
