@@ -12,6 +12,7 @@ variables every client here honours: ``BIGTABLE_EMULATOR_HOST``,
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ddb2bt.pipeline.local.ministack_server import MINISTACK_RETENTION_ENV  # noqa: F401 (its one definition)
 from ddb2bt.transforms.errors import PermanentError
 
 log = logging.getLogger(__name__)
@@ -46,9 +48,13 @@ DYNAMODB_ENV = "DDB2BT_LOCAL_DYNAMODB"
 # The AWS services ddb2bt talks to; ministack serves only these (SERVICES), which
 # keeps its start-up small and its listeners to the one HTTP port.
 MINISTACK_SERVICES = "dynamodb,dynamodbstreams,s3,kinesis,sts,iam"
-# ministack's stream retention (24 h, as on AWS) can be shortened for a stack of its
-# own, so trimming can be rehearsed and tested in seconds; read by ministack_server.
-MINISTACK_RETENTION_ENV = "DDB2BT_MINISTACK_STREAM_RETENTION_S"
+# ministack pins one botocore release exactly (1.5.33: botocore==1.43.106), which
+# would hold the project's boto3 back; so it runs from a virtualenv of its own,
+# which deploy/local/setup.sh makes next to .venv with this requirement.
+MINISTACK_REQUIREMENT = "ministack>=1.5.33,<1.6"
+MINISTACK_VENV = ".venv-ministack"
+MINISTACK_PYTHON_ENV = "DDB2BT_MINISTACK_PYTHON"  # another ministack's Python, e.g. /opt/ministack/bin/python
+MINISTACK_LAUNCHER = Path(__file__).with_name("ministack_server.py")
 # Dummy credentials: moto accepts anything; real ones must never be needed locally.
 DUMMY_KEY_ID = "testing"
 DUMMY_SECRET = "testing"
@@ -81,6 +87,17 @@ Looked on PATH, in $CBTEMULATOR, and under the Google Cloud CLI's SDK root
 or point CBTEMULATOR at the binary."""
 
 
+MINISTACK_HELP = f"""\
+ministack (the default local AWS emulator) was not found.
+Looked at ${MINISTACK_PYTHON_ENV}, for {MINISTACK_VENV}/bin/python next to this
+virtualenv and in the source tree, and in this Python. It runs from a virtualenv of
+its own (it pins one botocore release, which would hold ddb2bt's boto3 back).
+Install it with one of:
+  deploy/local/setup.sh                       # in a clone: makes {MINISTACK_VENV}
+  python3 -m venv DIR && DIR/bin/pip install '{MINISTACK_REQUIREMENT}' && export {MINISTACK_PYTHON_ENV}=DIR/bin/python
+or use moto instead: --dynamodb moto (or {DYNAMODB_ENV}=moto)."""
+
+
 class StackError(PermanentError):
     """The local stack could not be started."""
 
@@ -92,6 +109,24 @@ def default_dynamodb() -> str:
         raise StackError(f"{DYNAMODB_ENV}={chosen!r} is not an AWS emulator ddb2bt can start; "
                          f"choose one of: {', '.join(DYNAMODB_EMULATORS)}")
     return chosen
+
+
+def find_ministack_python() -> str:
+    """The Python that runs ministack, or StackError with install instructions."""
+    explicit = os.environ.get(MINISTACK_PYTHON_ENV)
+    if explicit:
+        if os.access(explicit, os.X_OK):
+            return explicit
+        raise StackError(f"{MINISTACK_PYTHON_ENV}={explicit} is not an executable file.\n{MINISTACK_HELP}")
+    # next to the running virtualenv (setup.sh's layout), or in the source tree of an
+    # editable install (pipeline/local/ is two levels below its root)
+    for root in dict.fromkeys((Path(sys.prefix).parent, Path(__file__).resolve().parents[2])):
+        python = root / MINISTACK_VENV / "bin" / "python"
+        if python.is_file() and os.access(python, os.X_OK):
+            return str(python)
+    if importlib.util.find_spec("ministack") is not None:
+        return sys.executable
+    raise StackError(MINISTACK_HELP)
 
 
 def _sdk_roots() -> list:
@@ -236,7 +271,8 @@ class LocalStack:
                  "MINISTACK_REGION": self.region, "LOG_LEVEL": "WARNING"}
         if self.stream_retention_s is not None:
             extra[MINISTACK_RETENTION_ENV] = repr(float(self.stream_retention_s))
-        return self._spawn(MINISTACK, [sys.executable, "-m", "ddb2bt.pipeline.local.ministack_server"], extra)
+        # -I: ministack's Python sees neither PYTHONPATH nor the launcher's directory
+        return self._spawn(MINISTACK, [find_ministack_python(), "-I", str(MINISTACK_LAUNCHER)], extra)
 
     def _ready_url(self) -> str:
         path = "/moto-api/" if self.dynamodb == MOTO else "/_ministack/ready"

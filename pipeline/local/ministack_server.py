@@ -1,5 +1,9 @@
-"""Runs ministack (the second local AWS emulator) in this process, for the local
+"""Runs ministack (a local AWS emulator, the default) in this process, for the local
 stack (``local_stack.LocalStack(dynamodb="ministack")``).
+
+Started as a script by ministack's own Python (the virtualenv deploy/local/setup.sh
+makes, .venv-ministack: ministack pins one botocore release, which would hold
+ddb2bt's boto3 back), so it imports nothing of ddb2bt.
 
 Why a launcher rather than ``python -m ministack``: ministack keeps its streams'
 retention (24 h, as AWS does) in a module variable, not in an option. Setting it
@@ -20,7 +24,9 @@ import os
 import sys
 import time
 
-from ddb2bt.pipeline.local.local_stack import MINISTACK_RETENTION_ENV
+# ministack's stream retention (24 h, as on AWS) can be shortened for a stack of its
+# own, so trimming can be rehearsed and tested in seconds (set by the local stack).
+MINISTACK_RETENTION_ENV = "DDB2BT_MINISTACK_STREAM_RETENTION_S"
 
 
 def pitr_from_when_enabled(dynamodb) -> None:
