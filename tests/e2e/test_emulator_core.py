@@ -3,8 +3,9 @@ ministack are independent implementations of DynamoDB + Streams, so a behaviour
 that only one emulator's quirks hide (moto: millisecond record times, no-op and
 duplicate records, no trimming, no iterator expiry; ministack: one shard that never
 splits) shows on the other. Live tail under a writer, cutover under a writer,
-restart from a checkpoint after a kill, and (ministack only: moto never trims) a
-trimmed checkpoint, all through the `ddb2bt` CLI as a user runs it.
+restart from a checkpoint after a kill, and a trimmed checkpoint (ministack trims
+its own stream; moto never trims, so the trimming proxy of `ddb2bt local trim`
+answers as AWS does in front of it), all through the `ddb2bt` CLI as a user runs it.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from botocore.exceptions import ClientError
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import StreamsClientFactory
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.local.local_stack import MINISTACK, LocalStack
+from ddb2bt.pipeline.local import local_stack
+from ddb2bt.pipeline.local.local_stack import DYNAMODB_EMULATORS, MINISTACK, LocalStack
 from tests.conftest import ROOT
 from tests.e2e.test_cutover import assert_target_is_exactly_the_mapping, preload, random_changes, setup, store_of
 from tests.e2e.test_live_replication import check_identical
@@ -126,43 +128,66 @@ def _trimmed_past(stream_arn: str, shard: str, sequence_number: str) -> bool:
     return False
 
 
-def test_a_trimmed_checkpoint_stops_the_job_loudly(tmp_path, unique, monkeypatch, capsys):
-    """moto never trims its streams; ministack does, and a stack of its own with a
-    retention of seconds trims past a stopped job's checkpoint: the restarted job
+@pytest.mark.parametrize("emulator", DYNAMODB_EMULATORS)
+def test_a_trimmed_checkpoint_stops_the_job_loudly(emulator, stacks, tmp_path, unique, monkeypatch, capsys):
+    """A stopped job's checkpoint the stream has trimmed past: the restarted job
     must stop, saying changes were LOST and how to recover (docs/design.md §8), and
-    status must show the shard TRIMMED."""
-    with LocalStack(log_dir=tmp_path / "logs", dynamodb=MINISTACK, stream_retention_s=SHORT_RETENTION_S) as own:
-        for k, v in own.env().items():
+    status must show the shard TRIMMED. ministack trims: a stack of its own with a
+    retention of seconds. moto never trims: the shared moto stack, with `ddb2bt
+    local trim` (its proxy answers TrimmedDataAccessException as AWS does)."""
+    if emulator == MINISTACK:
+        with LocalStack(log_dir=tmp_path / "logs", dynamodb=MINISTACK, stream_retention_s=SHORT_RETENTION_S) as own:
+            _trimmed_checkpoint(own, None, tmp_path, unique, monkeypatch, capsys)
+        return
+    monkeypatch.setenv(local_stack.STATE_DIR_ENV, str(tmp_path / "state"))
+    shared = stacks(emulator)
+    local_stack.save_state(shared)  # `local trim` works on a recorded stack, as `local up --detach` records its own
+    try:
+        _trimmed_checkpoint(shared, lambda path: ddb2bt(["local", "trim", "--mapping", str(path)]) == 0, tmp_path,
+                            unique, monkeypatch, capsys)
+    finally:
+        proxy = (local_stack.load_state() or {}).get("pids", {}).get("trim-proxy")
+        if proxy:  # only what the test started: the shared stack keeps running
+            os.killpg(proxy, signal.SIGTERM)
+
+
+def _trimmed_checkpoint(stack, trim, tmp_path, unique, monkeypatch, capsys) -> None:
+    """``trim(path)`` trims the stream now (moto); None: wait for the retention."""
+    for k, v in stack.env().items():
+        monkeypatch.setenv(k, v)
+    path, mapping, ddb = setup(tmp_path, unique)
+    table = mapping.source.table
+    stream_arn = ddb.describe_table(TableName=table)["Table"]["LatestStreamArn"]
+    store = store_of(mapping)
+    # Records outlive the retention only briefly, so write until the job has read
+    # and checkpointed some (however long it takes to start), then let it go idle.
+
+    def write_until_checkpointed():
+        deadline = time.monotonic() + CHECKPOINT_WAIT_S
+        n = 0
+        while not store.load_checkpoints(stream_arn) and time.monotonic() < deadline:
+            ddb.put_item(TableName=table, Item={"pk": {"S": "a"}, "sk": {"S": f"{n}"}, "Price": {"N": "1"}})
+            n += 1
+            time.sleep(WRITE_PACE_S)
+
+    writer = threading.Thread(target=write_until_checkpointed, daemon=True)
+    writer.start()
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", *RUN]) == 0
+    writer.join()
+    (shard, checkpoint), = store.load_checkpoints(stream_arn).items()
+    # the job is stopped; changes come and age out of the stream unread
+    for n in range(3):
+        ddb.put_item(TableName=table, Item={"pk": {"S": "b"}, "sk": {"S": f"lost{n}"}, "Price": {"N": "2"}})
+    if trim is not None:
+        assert trim(path)
+        for k, v in local_stack.load_state()["env"].items():  # eval "$(ddb2bt local env)"
             monkeypatch.setenv(k, v)
-        path, mapping, ddb = setup(tmp_path, unique)
-        table = mapping.source.table
-        stream_arn = ddb.describe_table(TableName=table)["Table"]["LatestStreamArn"]
-        store = store_of(mapping)
-        # Records outlive the retention only briefly, so write until the job has read
-        # and checkpointed some (however long it takes to start), then let it go idle.
-
-        def write_until_checkpointed():
-            deadline = time.monotonic() + CHECKPOINT_WAIT_S
-            n = 0
-            while not store.load_checkpoints(stream_arn) and time.monotonic() < deadline:
-                ddb.put_item(TableName=table, Item={"pk": {"S": "a"}, "sk": {"S": f"{n}"}, "Price": {"N": "1"}})
-                n += 1
-                time.sleep(WRITE_PACE_S)
-
-        writer = threading.Thread(target=write_until_checkpointed, daemon=True)
-        writer.start()
-        assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", *RUN]) == 0
-        writer.join()
-        (shard, checkpoint), = store.load_checkpoints(stream_arn).items()
-        # the job is stopped; changes come and age out of the stream unread
-        for n in range(3):
-            ddb.put_item(TableName=table, Item={"pk": {"S": "b"}, "sk": {"S": f"lost{n}"}, "Price": {"N": "2"}})
-        _wait(lambda: _trimmed_past(stream_arn, shard, checkpoint.sequence_number), TRIM_WAIT_S,
-              "the stream to trim past the checkpoint")
-        capsys.readouterr()
-        code = ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", *RUN])
-        err = capsys.readouterr().err
-        assert code != 0
-        assert "LOST" in err and "ddb2bt recover" in err, err
-        assert ddb2bt(["status", "--mapping", str(path)]) != 0
-        assert "TRIMMED" in capsys.readouterr().out
+    _wait(lambda: _trimmed_past(stream_arn, shard, checkpoint.sequence_number), TRIM_WAIT_S,
+          "the stream to trim past the checkpoint")
+    capsys.readouterr()
+    code = ddb2bt(["run", "--mapping", str(path), "--until-idle", "1", *RUN])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "LOST" in err and "ddb2bt recover" in err, err
+    assert ddb2bt(["status", "--mapping", str(path)]) != 0
+    assert "TRIMMED" in capsys.readouterr().out
