@@ -6,7 +6,7 @@ the FnApiRunner (in a thread, until the stream has been idle) → summary: chang
 replicated, lag, a comparison of every row against DynamoDB, one row read back.
 
 ``--kinesis``: the same, read from a Kinesis data stream (docs/kinesis.md). moto
-cannot link a table to Kinesis, so the writer thread also plays DynamoDB's part:
+cannot link a table to Kinesis (ministack can, not used here), so the writer thread also plays DynamoDB's part:
 after each batch of writes it publishes the table's new changes into a stream of
 several shards in the published document shape, shuffled, some twice
 (``kinesis_cdc``); the pipeline writes through the ordering
