@@ -38,6 +38,7 @@ from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.cutover.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
 from ddb2bt.pipeline.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
                                       StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
+                                      fast_records_decoding,
                                       table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
@@ -325,6 +326,7 @@ class PartitionReader:
                  pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False,
                  load_heads: Optional[Callable[[str], dict]] = None) -> None:
         self._client = client
+        fast_records_decoding(client)  # GetRecords pages through the C JSON parser
         # {shard id: when a reader of this job last saw it at its head}, as the
         # readers recorded it in the state table (StateStore.load_shard_heads):
         # what proves that a trimmed checkpoint lost nothing (docs/design.md §8.2).
