@@ -57,7 +57,8 @@ def test_pitr_earliest_restorable_time_is_when_it_was_turned_on(emulator_stack, 
                      AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
                      BillingMode="PAY_PER_REQUEST")
     before = time.time()
-    ddb.update_continuous_backups(TableName=table, PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True})
+    ddb.update_continuous_backups(TableName=table,
+                                  PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True})
     after = time.time()
     while time.time() < after + PITR_LOOK_AGAIN_AFTER_S:  # the wall clock itself is the condition
         time.sleep(after + PITR_LOOK_AGAIN_AFTER_S - time.time())
