@@ -4,8 +4,8 @@ on the local stack (`ddb2bt local trim`, docs/recover.md "Rehearse it locally").
 The local AWS emulators keep every stream record 24 hours (ministack) or for ever
 (moto), so a job stopped for a minute can never find its checkpoint trimmed there.
 This proxy stands in front of the emulator's DynamoDB Streams API and answers as
-AWS does once records have aged out of the 24-hour retention: per shard, every record up to a trim point (a sequence number,
-from ``trims.json``) is gone —
+AWS does once records have aged out of the 24-hour retention: per shard, every
+record up to a trim point (a sequence number, from ``trims.json``) is gone —
 
 * ``GetShardIterator`` at or after a gone record raises
   ``TrimmedDataAccessException`` (what the reader and `recover` look for);
