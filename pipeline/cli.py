@@ -30,6 +30,9 @@ from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.local.local_stack import (DEFAULT_DYNAMODB as LOCAL_DYNAMODB_DEFAULT,
+                                               DYNAMODB_EMULATORS as LOCAL_DYNAMODB_EMULATORS,
+                                               DYNAMODB_ENV as LOCAL_DYNAMODB_ENV)
 from ddb2bt.pipeline.signals import INTERRUPTED
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
@@ -842,10 +845,17 @@ def cmd_local(args) -> int:
         stopped = ls.stop_detached()
         print(f"local stack stopped ({stopped})" if stopped else "no local stack was running")
         return 0
+    running = ls.load_state() if args.local_cmd == "up" and args.detach else None
+    if running is not None and args.dynamodb and ls.recorded_dynamodb(running) != args.dynamodb:
+        raise ConfigError(f"a local stack with {ls.recorded_dynamodb(running)} is already running; stop it first "
+                          f"({self_command()} local down) to start one with {args.dynamodb}", "--dynamodb")
     if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
         print(f"a local stack is already running ({ls.state_file()}); use it with:  {env_hint()}")
         return 0
     half = ls.half_down() if args.local_cmd == "up" and args.detach else None
+    if half is not None and args.dynamodb and ls.recorded_dynamodb(half) != args.dynamodb:
+        raise ConfigError(f"a local stack with {ls.recorded_dynamodb(half)} is half down; stop the rest first "
+                          f"({self_command()} local down) to start one with {args.dynamodb}", "--dynamodb")
     if half is not None:  # restart what died on its ports; a second stack would leak the live half
         try:
             revived = ls.revive(half)
@@ -855,7 +865,7 @@ def cmd_local(args) -> int:
         print(f"local stack restarted ({', '.join(revived)} started again on the same port; the rest kept its "
               f"data); use it with:  {env_hint()}")
         return 0
-    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs")
+    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs", dynamodb=args.dynamodb or ls.default_dynamodb())
     if args.local_cmd == "run":
         command = [c for c in args.command if c != "--"]
         if not command:
@@ -1000,8 +1010,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run everything locally: emulators, a changing table, live replication",
                        formatter_class=raw, description=(
-                           "Starts cbtemulator and moto on 127.0.0.1, creates the ProductCatalog table with a "
-                           "stream, writes a realistic stream of changes while the pipeline replicates them on "
+                           "Starts cbtemulator and a local AWS emulator on 127.0.0.1 ($DDB2BT_LOCAL_DYNAMODB: "
+                           f"{' or '.join(LOCAL_DYNAMODB_EMULATORS)}, default {LOCAL_DYNAMODB_DEFAULT}), creates the "
+                           "ProductCatalog table with a stream, writes a realistic stream of changes while the pipeline replicates them on "
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
                        epilog="examples:\n  ddb2bt demo --changes 2000 --rate 300\n  ddb2bt demo --kinesis")
@@ -1329,9 +1340,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only count the tombstones that would be removed")
     p.set_defaults(func=cmd_sweep_tombstones)
 
-    p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto)", formatter_class=raw,
+    p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto or ministack)", formatter_class=raw,
                        epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"
                               "  ddb2bt local up --detach && eval \"$(ddb2bt local env)\"\n"
+                              "  ddb2bt local up --dynamodb ministack   # the other AWS emulator\n"
                               "  ddb2bt local run -- pytest tests/e2e\n  ddb2bt local down")
     lsub = p.add_subparsers(dest="local_cmd", required=True)
     up = lsub.add_parser("up", help="start both servers on free 127.0.0.1 ports")
@@ -1341,6 +1353,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 "start it, exits 1 and makes eval fail)")
     lsub.add_parser("down", help="stop a detached stack")
     run = lsub.add_parser("run", help="start the stack, run a command with its variables, stop it")
+    for command in (up, run):
+        command.add_argument("--dynamodb", choices=LOCAL_DYNAMODB_EMULATORS, default=None,
+                             help="the AWS emulator (DynamoDB, Streams, S3, Kinesis) to start: moto or ministack, "
+                                  "two independent implementations; ministack is closer to AWS on streams "
+                                  "(whole-second record times, trimming, iterator expiry, 1 MB pages). "
+                                  f"Default: ${LOCAL_DYNAMODB_ENV}, else {LOCAL_DYNAMODB_DEFAULT}")
     run.add_argument("command", nargs=argparse.REMAINDER)
     # Rehearsing a recovery on the local stack (docs/recover.md, "Rehearse it locally").
     ch = lsub.add_parser("changes", formatter_class=raw, help="write changes to a mapping's source table on the "

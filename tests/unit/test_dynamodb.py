@@ -215,7 +215,7 @@ def test_scan_decoder_leaves_errors_alone():
 
 
 def test_scan_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
-    """Through moto's server: every type, several pages, the same items and keys
+    """Through the AWS emulator's server: every type, several pages, the same items and keys
     with and without the decoder."""
     import boto3
 
@@ -330,7 +330,7 @@ def test_records_decoder_leaves_errors_alone():
 
 
 def test_stream_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
-    """Through moto's server: a reader's client decodes GetRecords pages with the
+    """Through the AWS emulator's server: a reader's client decodes GetRecords pages with the
     hook, and every record equals what a plain client gets for the same iterator."""
     import boto3
 
