@@ -73,11 +73,14 @@ class SecondTable:
         self.mapping = load_mapping(self.path)
         self.stream_arn = workload.create_table(world.ddb, self.mapping.source.table)
         self._after: dict = {}
+        # Kept across pumps: an item's Kinesis times strictly increase over all
+        # of them (change_document), as real deliveries' do.
+        self._last_us: dict = {}
         assert ddb2bt(["create-table", "--mapping", str(self.path)]) == 0
 
     def pump(self, seed: int) -> int:
         records = read_table_changes(StreamsClientFactory()(), self.stream_arn, self._after)
-        docs = [change_document(r, self.mapping.source.table, self.world.precision, {}) for r in records]
+        docs = [change_document(r, self.mapping.source.table, self.world.precision, self._last_us) for r in records]
         return publish_changes(self.world.kinesis, self.world.stream, docs, Disorder(window=10, duplicate=0.1,
                                                                                      seed=seed))
 
