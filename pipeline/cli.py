@@ -30,6 +30,9 @@ from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
 from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.local.local_stack import (DEFAULT_DYNAMODB as LOCAL_DYNAMODB_DEFAULT,
+                                               DYNAMODB_EMULATORS as LOCAL_DYNAMODB_EMULATORS,
+                                               DYNAMODB_ENV as LOCAL_DYNAMODB_ENV)
 from ddb2bt.pipeline.signals import INTERRUPTED
 from ddb2bt.pipeline.jobs import claim_target_tables, outcome_since, outcome_snapshot, write_summary
 from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
@@ -123,6 +126,13 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-stream", action="store_true",
                    help="accept that the table's stream was replaced since the last run (changes in between "
                         "are lost; prefer a new backfill)")
+    from ddb2bt.pipeline.source.kinesis_share import parse_share
+
+    p.add_argument("--kinesis-share", type=parse_share, metavar="K/N",
+                   help="Kinesis sources: this job's share of each shard's read budget (5 GetRecords/s, 2 MB/s, "
+                        "shared by every reader of the stream), split between its tables on the stream "
+                        "(default 1: all of it). Jobs reading one stream must add up to at most 1, e.g. 1/2 "
+                        "each for two jobs; a start beyond the budget is refused")
     add_dlq_values_arg(p)
 
 
@@ -764,6 +774,48 @@ def cmd_repair(args) -> int:
     return cmd_dlq_redrive(args)
 
 
+def cmd_sweep_tombstones(args) -> int:
+    """Remove the ordering guard's tombstones older than the Kinesis stream's
+    retention plus a margin (docs/design.md §10.7)."""
+    from ddb2bt.pipeline.sink.tombstones import (DEFAULT_MARGIN_HOURS, US_PER_HOUR, SweepStats, clock_scanner,
+                                                 keep_us, sweep_tombstones)
+    from ddb2bt.pipeline.source.kinesis import resolve_kinesis
+
+    mappings = load_all(args)
+    for mapping in mappings:
+        if mapping.source.kinesis is None:
+            raise ConfigError(f"mapping {mapping.name!r} reads a DynamoDB stream: its writes are in stream order, "
+                              "without the ordering guard, so it leaves no tombstones to sweep", "source.kinesis")
+    check_reachable(mappings, dynamodb="skip")
+    now_us = time.time_ns() // 1000
+    for mapping in mappings:
+        retention_hours = resolve_kinesis(mapping).retention_hours
+        if args.keep_hours is not None and args.keep_hours < retention_hours:
+            raise ConfigError(f"{args.keep_hours:g} h is shorter than the retention of Kinesis stream "
+                              f"{mapping.source.kinesis.stream!r} ({retention_hours} h): an older change of a "
+                              "deleted item may still arrive, and without its tombstone it would bring the item "
+                              "back", "--keep-hours")
+        keep = keep_us(retention_hours) if args.keep_hours is None else int(args.keep_hours * US_PER_HOUR)
+        spec = state_spec(args, mapping)
+        t = mapping.target
+        scan = clock_scanner(t.project, t.instance, spec.bigtable.state_profile)
+        writer = spec.bigtable.writer()
+        stats = SweepStats()
+        try:
+            for table in mapping.tables:
+                sweep_tombstones(writer, scan(table, now_us - keep), now_us, keep, args.dry_run, stats)
+        finally:
+            writer.close()
+        kept = f"kept {keep / US_PER_HOUR:g} h" + (
+            f" (the stream's retention {retention_hours} h + {DEFAULT_MARGIN_HOURS} h)" if args.keep_hours is None
+            else "")
+        done = (f"{stats.expired} would be removed (dry run)" if args.dry_run else
+                f"{stats.removed} removed, {stats.moved} kept (the item changed since they were read)")
+        print(f"{mapping.name}: tombstones older than {kept}: {done}"
+              + (f"; {stats.unreadable} clock(s) unreadable, kept" if stats.unreadable else ""))
+    return 0
+
+
 def cmd_local(args) -> int:
     from ddb2bt.pipeline.local import local_stack as ls
 
@@ -793,10 +845,17 @@ def cmd_local(args) -> int:
         stopped = ls.stop_detached()
         print(f"local stack stopped ({stopped})" if stopped else "no local stack was running")
         return 0
+    running = ls.load_state() if args.local_cmd == "up" and args.detach else None
+    if running is not None and args.dynamodb and ls.recorded_dynamodb(running) != args.dynamodb:
+        raise ConfigError(f"a local stack with {ls.recorded_dynamodb(running)} is already running; stop it first "
+                          f"({self_command()} local down) to start one with {args.dynamodb}", "--dynamodb")
     if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
         print(f"a local stack is already running ({ls.state_file()}); use it with:  {env_hint()}")
         return 0
     half = ls.half_down() if args.local_cmd == "up" and args.detach else None
+    if half is not None and args.dynamodb and ls.recorded_dynamodb(half) != args.dynamodb:
+        raise ConfigError(f"a local stack with {ls.recorded_dynamodb(half)} is half down; stop the rest first "
+                          f"({self_command()} local down) to start one with {args.dynamodb}", "--dynamodb")
     if half is not None:  # restart what died on its ports; a second stack would leak the live half
         try:
             revived = ls.revive(half)
@@ -806,7 +865,7 @@ def cmd_local(args) -> int:
         print(f"local stack restarted ({', '.join(revived)} started again on the same port; the rest kept its "
               f"data); use it with:  {env_hint()}")
         return 0
-    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs")
+    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs", dynamodb=args.dynamodb or ls.default_dynamodb())
     if args.local_cmd == "run":
         command = [c for c in args.command if c != "--"]
         if not command:
@@ -951,8 +1010,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run everything locally: emulators, a changing table, live replication",
                        formatter_class=raw, description=(
-                           "Starts cbtemulator and moto on 127.0.0.1, creates the ProductCatalog table with a "
-                           "stream, writes a realistic stream of changes while the pipeline replicates them on "
+                           "Starts cbtemulator and a local AWS emulator on 127.0.0.1 ($DDB2BT_LOCAL_DYNAMODB: "
+                           f"{' or '.join(LOCAL_DYNAMODB_EMULATORS)}, default {LOCAL_DYNAMODB_DEFAULT}), creates the "
+                           "ProductCatalog table with a stream, writes a realistic stream of changes while the pipeline replicates them on "
                            "the local runner, shows progress and lag, and ends with a summary and a row read "
                            "back from Bigtable. Needs no cloud account."),
                        epilog="examples:\n  ddb2bt demo --changes 2000 --rate 300\n  ddb2bt demo --kinesis")
@@ -1262,9 +1322,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only report what would be rewritten")
     p.set_defaults(func=cmd_repair)
 
-    p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto)", formatter_class=raw,
+    p = sub.add_parser("sweep-tombstones", help="remove a Kinesis job's tombstones (deleted items' clocks) that "
+                                                "no record can need any more", formatter_class=raw,
+                       description=(
+                           "With a Kinesis source, a deleted item leaves its clock cell in each row it had: the "
+                           "tombstone that keeps a late, older change from bringing it back. Once a tombstone is "
+                           "older than the stream's retention plus a margin, no such change can arrive: this "
+                           "removes it (a compare-and-swap: a tombstone whose item came back meanwhile is kept). "
+                           "Safe with the job running; run it daily, e.g. from cron."),
+                       epilog="examples:\n  ddb2bt sweep-tombstones -m m.yaml --dry-run\n"
+                              "  ddb2bt sweep-tombstones -m m.yaml --keep-hours 720")
+    add_mapping_args(p)
+    add_state_args(p)
+    p.add_argument("--keep-hours", type=number(float, above=0), metavar="HOURS",
+                   help="keep tombstones this long after their delete (default: the Kinesis stream's retention "
+                        "+ 24 h); refused below the stream's retention")
+    p.add_argument("--dry-run", action="store_true", help="only count the tombstones that would be removed")
+    p.set_defaults(func=cmd_sweep_tombstones)
+
+    p = sub.add_parser("local", help="the local emulator stack (cbtemulator + moto or ministack)", formatter_class=raw,
                        epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"
                               "  ddb2bt local up --detach && eval \"$(ddb2bt local env)\"\n"
+                              "  ddb2bt local up --dynamodb ministack   # the other AWS emulator\n"
                               "  ddb2bt local run -- pytest tests/e2e\n  ddb2bt local down")
     lsub = p.add_subparsers(dest="local_cmd", required=True)
     up = lsub.add_parser("up", help="start both servers on free 127.0.0.1 ports")
@@ -1274,6 +1353,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 "start it, exits 1 and makes eval fail)")
     lsub.add_parser("down", help="stop a detached stack")
     run = lsub.add_parser("run", help="start the stack, run a command with its variables, stop it")
+    for command in (up, run):
+        command.add_argument("--dynamodb", choices=LOCAL_DYNAMODB_EMULATORS, default=None,
+                             help="the AWS emulator (DynamoDB, Streams, S3, Kinesis) to start: moto or ministack, "
+                                  "two independent implementations; ministack is closer to AWS on streams "
+                                  "(whole-second record times, trimming, iterator expiry, 1 MB pages). "
+                                  f"Default: ${LOCAL_DYNAMODB_ENV}, else {LOCAL_DYNAMODB_DEFAULT}")
     run.add_argument("command", nargs=argparse.REMAINDER)
     # Rehearsing a recovery on the local stack (docs/recover.md, "Rehearse it locally").
     ch = lsub.add_parser("changes", formatter_class=raw, help="write changes to a mapping's source table on the "

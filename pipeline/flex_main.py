@@ -34,6 +34,7 @@ PARAMETERS = {
     "from_export": ("--from-export", "value"),
     "restart": ("--restart", "flag"),
     "new_stream": ("--new-stream", "flag"),
+    "kinesis_share": ("--kinesis-share", "value"),
     # one running job per job name, and the give-up deadlines (docs/operations.md)
     "take_over": ("--take-over", "flag"),
     "show_values": ("--show-values", "flag"),
@@ -68,7 +69,8 @@ NOT_ON_DATAFLOW = {
 }
 TRUE = ("true", "1", "yes")
 BACKFILL_ONLY = {"segments", "tasks", "max_rcu", "page_size", "consistent_read", "from_export", "restart"}
-TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval", "new_stream"}
+TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_interval", "new_stream",
+             "kinesis_share"}
 VERIFY_ONLY = {"report", "show_keys", "show_values", "eventually_consistent", "recheck_wait"}
 CHECK = {"continuous_check", "continuous_check_segments"}  # run and migrate
 # verify reads (Scan segments or an export) and writes a report: no tail, no lease,

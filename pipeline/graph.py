@@ -15,7 +15,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from ddb2bt.pipeline.io import LiveJob, ReplicateToBigtable  # noqa: F401  (LiveJob: its old home)
-from ddb2bt.pipeline.options import LOCAL_RUNNER_NAMES, joined_beam_args, runner_of
+from ddb2bt.pipeline.options import LOCAL_RUNNER_NAMES, joined_beam_args, runner_of, without_runner
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def is_local(beam_args: list) -> bool:
 def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:
     beam_args = joined_beam_args(beam_args)  # "--runner X" as "--runner=X": no value left behind below
     if is_local(beam_args):
-        args = [a for a in beam_args if a.split("=", 1)[0] != "--runner"]
+        args = without_runner(beam_args)
         # One worker: the FnApiRunner corrupts keyed state with more, and the
         # stream's parallelism is the partitions, not the runner's threads.
         options = PipelineOptions(args + ["--direct_num_workers=1"], save_main_session=False)

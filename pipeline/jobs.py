@@ -25,12 +25,14 @@ def dlq_values(args) -> bool:
     return is_local(args.beam_args) if explicit is None else explicit
 
 
-def acquire_leases(args, states: list, role: str) -> list:
+def acquire_leases(args, states: list, role: str, taken: Optional[list] = None) -> list:
     """Each table's ``role`` lease (``acquire_lease``), all or none: if one is
     held elsewhere, the ones already taken are released before the error goes
     on, so a refused multi-table start leaves nothing held (on Dataflow a lease
-    taken for a job that never launched would block a rerun until it expired)."""
-    taken: list = []
+    taken for a job that never launched would block a rerun until it expired).
+    ``taken`` (a list) receives the held leases, for a caller that may still
+    refuse the start after this."""
+    taken = [] if taken is None else taken
     try:
         return [acquire_lease(args, state, role, taken) for state in states]
     except BaseException:
@@ -323,9 +325,18 @@ def build_live_jobs(args, mappings: list) -> list:
         check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, accept_new_stream)
     states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
     claim_target_tables(args, mappings, states)
-    leases = acquire_leases(args, states, TAIL)
+    held: list = []
+    leases = acquire_leases(args, states, TAIL, held)
+    try:
+        shares = take_kinesis_shares(args, mappings, sources, states)
+    except BaseException:
+        # Refused: nothing held, as acquire_leases leaves it (a Dataflow job's
+        # lease is not released at exit, and would block a corrected rerun).
+        for lease in held:
+            lease.release()
+        raise
     jobs = []
-    for mapping, source, state, lease in zip(mappings, sources, states, leases):
+    for mapping, source, state, lease, share in zip(mappings, sources, states, leases, shares):
         # After the lease: a launch refused before it holds the job records no start.
         store = state.store()
         try:
@@ -346,7 +357,8 @@ def build_live_jobs(args, mappings: list) -> list:
         if kinesis is not None:  # out-of-order delivery: the ordering guard writes (docs/design.md §10)
             sink = replace(sink, ordering_guard=True)
             client_factory = KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region,
-                                                  kinesis.precision, start_timestamp_ms=start.kinesis_from_ms)
+                                                  kinesis.precision, start_timestamp_ms=start.kinesis_from_ms,
+                                                  share=float(share))
         partitions = args.partitions
         if partitions == AUTO_PARTITIONS:
             partitions = partitions_following_shards(mapping, source.stream_arn, client_factory)
@@ -356,6 +368,36 @@ def build_live_jobs(args, mappings: list) -> list:
                             pushgateway=getattr(args, "metrics_pushgateway", None)))
     note_mapping_changes(args, jobs)
     return jobs
+
+
+def take_kinesis_shares(args, mappings: list, sources: list, states: list) -> list:
+    """Each table's share of its Kinesis stream's read budget (None: a DynamoDB
+    stream): the job's ``--kinesis-share`` split between its tables on the
+    stream, recorded in the state table while the tail leases are held, so a
+    start that would overspend the budget with other jobs is refused
+    (docs/design.md §10.8)."""
+    from fractions import Fraction
+
+    from ddb2bt.pipeline.connections import wall_ms
+    from ddb2bt.pipeline.source.kinesis_share import table_shares, take_shares
+
+    arns = [source.kinesis_arn or source.stream_arn if mapping.source.kinesis is not None else None
+            for mapping, source in zip(mappings, sources)]
+    shares = table_shares(arns, getattr(args, "kinesis_share", None) or Fraction(1))
+    if getattr(args, "dry", False):
+        return shares
+    groups: dict = {}  # (state table, stream) -> (a state spec, {job: share})
+    for arn, state, share in zip(arns, states, shares):
+        if arn is not None:
+            where = (state.bigtable.project, state.bigtable.instance, state.table, arn)
+            groups.setdefault(where, (state, {}))[1][state.job] = share
+    for (_, _, _, arn), (state, consumers) in groups.items():
+        store = state.store()
+        try:
+            take_shares(store, arn, consumers, wall_ms)
+        finally:
+            store.close()
+    return shares
 
 
 def note_mapping_changes(args, jobs: list) -> None:

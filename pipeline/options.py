@@ -114,6 +114,20 @@ def beam_option_strings() -> list:
     return [o for action in _beam_parser()._actions for o in action.option_strings]
 
 
+def without_runner(beam_args: list) -> list:
+    """``beam_args`` less ``--runner`` and its value, in either spelling."""
+    out: list = []
+    skip = False
+    for arg in beam_args:
+        if skip:
+            skip = False
+        elif arg == "--runner":
+            skip = True
+        elif not arg.startswith("--runner="):
+            out.append(arg)
+    return out
+
+
 def runner_of(beam_args: Iterable[str]) -> Optional[str]:
     args = list(beam_args)
     runner = None

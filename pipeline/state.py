@@ -320,8 +320,34 @@ class StateStore:
                 out.append(json.loads(value.decode()))
         return out
 
+    # -- the shares of a Kinesis stream's read budget (pipeline/source/kinesis_share.py):
+    # one row per stream for every job that reads it, so outside every job's rows
+    def load_stream_shares(self, stream: str) -> Optional[str]:
+        key = stream_shares_key(stream)
+        cells = self._backend.read_prefix(key).get(key)
+        value = cells.get((META, b"value")) if cells else None
+        return value.decode() if value is not None else None
+
+    def swap_stream_shares(self, stream: str, expected: Optional[str], value: str) -> bool:
+        """Compare-and-set of the stream's shares row: two jobs starting at once
+        cannot both take the last of the budget."""
+        return self._backend.swap(stream_shares_key(stream), META, b"value",
+                                  None if expected is None else expected.encode(), value.encode(), self._now_ms())
+
+    def load_job_lease(self, job: str, role: str) -> Optional[bytes]:
+        """The raw ``role`` lease cell of another job in this state table."""
+        key = f"{job}#lease#{role}".encode()
+        cells = self._backend.read_prefix(key).get(key)
+        return cells.get((META, b"lease")) if cells else None
+
 
 READER_REPORT = "reader"
+# The shares row's key begins with "#": a job's rows begin with its (non-empty) name.
+STREAM_SHARES_PREFIX = "#kinesis-share#"
+
+
+def stream_shares_key(stream: str) -> bytes:
+    return f"{STREAM_SHARES_PREFIX}{stream}".encode()
 
 
 def _set_latest(family: str, cells: dict, ts_ms: int) -> list:

@@ -11,24 +11,52 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddb2bt.pipeline.local.local_stack import LocalStack
+from ddb2bt.pipeline.local.local_stack import DYNAMODB_EMULATORS, LocalStack, default_dynamodb
 
 warnings.filterwarnings("ignore", message="Connecting to Bigtable emulator")
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory):
-    s = LocalStack(log_dir=tmp_path_factory.mktemp("stack-logs"))
-    s.start()  # raises StackError with install instructions when cbtemulator is absent
+def stacks(tmp_path_factory):
+    """This worker's stacks, one per AWS emulator, each started on first use and
+    shared by every test that asks for that emulator."""
+    started: dict = {}
+
+    def get(dynamodb: str) -> LocalStack:
+        if dynamodb not in started:
+            # raises StackError with install instructions when cbtemulator is absent
+            started[dynamodb] = LocalStack(log_dir=tmp_path_factory.mktemp(f"stack-logs-{dynamodb}"),
+                                           dynamodb=dynamodb).start()
+        return started[dynamodb]
+
+    yield get
+    for s in started.values():
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(stacks):
+    """The default emulator's stack ($DDB2BT_LOCAL_DYNAMODB chooses another), its
+    variables set for the whole session."""
+    s = stacks(default_dynamodb())
     previous = s.apply_env()
     yield s
-    s.stop()
     for k, v in previous.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(params=DYNAMODB_EMULATORS)
+def emulator_stack(request, stacks, monkeypatch):
+    """The test runs once against each AWS emulator (moto and ministack, two
+    independent implementations), with that stack's variables set for the test."""
+    s = stacks(request.param)
+    for k, v in s.env().items():
+        monkeypatch.setenv(k, v)
+    return s
 
 
 @pytest.fixture

@@ -12,12 +12,14 @@ row an item writes, one *clock cell* of that item:
 
 and applies a change to the row only if it is newer than the clock, as a
 compare-and-swap of the clock cell (CheckAndMutateRow: the row's mutations and
-the new clock in one atomic step). An applied change writes the item's *whole*
-new state in the row (every owned cell, not a diff) and deletes every cell the
-clock says the item owned and the new state does not; an older or duplicate
-change does nothing. So each row always holds exactly the mapping of the
-newest applied change's image, and after a REMOVE the clock stays as the
-tombstone that keeps older changes out.
+the new clock in one atomic step). An applied change moves the row from the
+state the clock records to the item's new state: it writes every owned cell
+whose value the clock does not record (a digest per owned cell), and deletes
+every cell the clock says the item owned and the new state does not; an older
+or duplicate change does nothing. So each row always holds exactly the mapping
+of the newest applied change's image, and after a REMOVE the clock stays as the
+tombstone that keeps older changes out, until it is older than any record the
+source can still deliver (``tombstone_expired``, docs/design.md §10.7).
 
 This module is the pure part: order keys, the clock's encoding, the decision and
 the mutations. The I/O (reading clocks, the swap) is ``pipeline/sink/guarded.py``.
@@ -35,14 +37,18 @@ from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import delete_cell, owned_cells, owned_now_and_before, validate_record, write_cell
 from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
 
-__all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "clock_mutations", "decode_clock", "encode_clock",
-           "converge_rows", "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations",
-           "swap_expectation"]
+__all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "cell_digest", "clock_mutations", "decode_clock",
+           "encode_clock", "converge_rows", "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations",
+           "slot_mutations", "swap_expectation", "tombstone_expired"]
 
 CLOCK_FAMILY = "ddb2bt_clock"
 # Clock value layout version (encode_clock): lets a later layout be read next to this one.
-# Format 1 (``1:<µs>:<hash>:<cells>``) is still read; format 2 puts a token first.
-CLOCK_FORMAT = 2
+# Format 1 (``1:<µs>:<hash>:<cells>``) is still read; format 2 puts a token first;
+# format 3 adds each owned cell's value digest (what lets a change write only the
+# cells whose value differs). Formats 1 and 2 are read with unknown digests: the
+# next change to such a row writes every cell once, as before.
+CLOCK_FORMAT = 3
+TOKEN_FORMATS = (2, 3)  # formats whose value starts with the token the swap compares
 LEGACY_CLOCK_FORMAT = 1
 # The swap compares only the token (blake2b-128 of the rest of the value): a
 # predicate of fixed size. Comparing the whole value grew with the cells the item
@@ -51,6 +57,10 @@ LEGACY_CLOCK_FORMAT = 1
 # row never share a token in practice.
 TOKEN_BYTES = 16
 HASH_BYTES = 8  # blake2b-64 of an image: a collision needs ~2^32 states of one item
+# blake2b-64 of one cell's value: an unchanged digest means "not rewritten", so a
+# collision would keep a stale value; at 2^-64 per changed cell that is never in
+# practice, and 16 hex characters per owned cell keep the clock small.
+DIGEST_BYTES = 8
 US_PER_MS = 1000
 # Hash of "no image" (before an INSERT, after a REMOVE).
 _NO_IMAGE = b"null"
@@ -81,19 +91,42 @@ def order_key(record: ChangeRecord) -> OrderKey:
 @dataclass(frozen=True, slots=True)
 class Clock:
     """What a row's clock cell for one item says: the last applied change's
-    order and new-image hash, and the cells it left the item owning here
-    ((family, qualifier, version_ms or None), sorted)."""
+    order and new-image hash, the cells it left the item owning here
+    ((family, qualifier, version_ms or None), sorted) and, aligned with them,
+    each cell's value digest (``cell_digest``; None: unknown, a clock written
+    before format 3)."""
 
     us: int
     new_hash: bytes
     cells: tuple
+    digests: tuple = ()
+
+    def digest_of(self) -> dict:
+        """{cell id: digest} of the cells whose value this clock records."""
+        return {cell: d for cell, d in zip(self.cells, self.digests) if d is not None}
+
+
+def cell_digest(cell) -> str:
+    """A digest (hex) of what an owned cell holds: its value, or a list column's
+    values in order (each length-prefixed, so element boundaries count)."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    if cell.values is not None:
+        h.update(b"L")
+        for v in cell.values:
+            h.update(len(v).to_bytes(8, "big"))
+            h.update(v)
+    else:
+        h.update(b"V")
+        h.update(cell.value or b"")
+    return h.hexdigest()
 
 
 def encode_clock(clock: Clock) -> bytes:
-    """ASCII (``2:<token hex>:<µs>:<hash hex>:<cells JSON>``, the token a digest
-    of what follows it): the swap compares the ``2:<token>:`` prefix with an RE2
+    """ASCII (``3:<token hex>:<µs>:<hash hex>:<cells JSON>``, the token a digest
+    of what follows it): the swap compares the ``3:<token>:`` prefix with an RE2
     value filter, where only ASCII bytes match themselves (``swap_expectation``)."""
-    cells = [[f, q.hex(), v] for f, q, v in clock.cells]
+    digests = clock.digests or (None,) * len(clock.cells)
+    cells = [[f, q.hex(), v, d] for (f, q, v), d in zip(clock.cells, digests)]
     body = f"{clock.us}:{clock.new_hash.hex()}:{json.dumps(cells, separators=(',', ':'))}"
     token = hashlib.blake2b(body.encode("ascii"), digest_size=TOKEN_BYTES).hexdigest()
     return f"{CLOCK_FORMAT}:{token}:{body}".encode("ascii")
@@ -101,22 +134,36 @@ def encode_clock(clock: Clock) -> bytes:
 
 def decode_clock(value: bytes) -> Clock:
     fmt, rest = value.decode("ascii").split(":", 1)
-    if int(fmt) == CLOCK_FORMAT:
+    if int(fmt) in TOKEN_FORMATS:
         rest = rest.split(":", 1)[1]  # the token
     elif int(fmt) != LEGACY_CLOCK_FORMAT:
-        raise ValueError(f"clock cell of format {fmt}, this version reads {LEGACY_CLOCK_FORMAT} and {CLOCK_FORMAT}")
+        raise ValueError(f"clock cell of format {fmt}, this version reads {LEGACY_CLOCK_FORMAT} to {CLOCK_FORMAT}")
     us, new_hash, cells = rest.split(":", 2)
-    return Clock(int(us), bytes.fromhex(new_hash), tuple((f, bytes.fromhex(q), v) for f, q, v in json.loads(cells)))
+    entries = json.loads(cells)
+    ids = tuple((e[0], bytes.fromhex(e[1]), e[2]) for e in entries)
+    digests = tuple(e[3] if len(e) > 3 else None for e in entries)
+    return Clock(int(us), bytes.fromhex(new_hash), ids, digests)
 
 
 def swap_expectation(value: bytes) -> tuple:
     """(bytes, prefix): what the swap checks the clock cell still holds. A
-    format-2 clock by its ``2:<token>:`` prefix, a fixed size whatever the item
-    owns; a format-1 clock (written before the token) by its whole value."""
-    head = f"{CLOCK_FORMAT}:".encode("ascii")
-    if value.startswith(head):
-        return value[:len(head) + 2 * TOKEN_BYTES + 1], True
+    clock with a token by its ``<format>:<token>:`` prefix, a fixed size whatever
+    the item owns; a format-1 clock (written before the token) by its whole value."""
+    for fmt in TOKEN_FORMATS:
+        head = f"{fmt}:".encode("ascii")
+        if value.startswith(head):
+            return value[:len(head) + 2 * TOKEN_BYTES + 1], True
     return value, False
+
+
+def tombstone_expired(clock: Clock, now_us: int, retention_us: int) -> bool:
+    """Whether ``clock`` is a tombstone (its item owns nothing in the row) that
+    no record the source can still deliver could need: its change is older than
+    ``retention_us`` before ``now_us``. Every change older than the tombstone's
+    was written to the source before it, so by then each has left the source's
+    retention, and removing the tombstone lets nothing back in
+    (docs/design.md §10.7). A live clock (owning cells) is never expired."""
+    return not clock.cells and clock.us < now_us - retention_us
 
 
 def is_newer(key: OrderKey, stored: Optional[Clock]) -> bool:
@@ -139,7 +186,10 @@ class GuardedRow:
     """One change's effect on one row, as a state, not a diff: the cells the new
     image owns here (with values) and the cells the old image owned here (used
     only when the row has no clock for the item yet, e.g. written by an ordered
-    source before)."""
+    source before). ``refresh``: families whose cells are written on every
+    applied change even when unchanged (a max-age GC rule ages cells by their
+    timestamp: skipping an unchanged cell would let a live item's cell expire,
+    where an ordered source rewrites it with every change)."""
 
     table: str
     row_key: bytes
@@ -148,6 +198,7 @@ class GuardedRow:
     order: OrderKey
     new_cells: tuple  # OwnedCell, sorted by key
     old_cells: tuple  # (family, qualifier, version_ms or None), sorted
+    refresh: frozenset = frozenset()
 
 
 def _cell_id(cell) -> tuple:
@@ -167,7 +218,7 @@ def guarded_rows(mapping: MappingConfig, record: ChangeRecord) -> tuple:
         old = owned_cells(mapping, record.keys, record.old_image, with_values=False)
     except MappingError:  # an old image that no longer maps owned nothing we can name
         old = {}
-    return _guarded_rows(new, old, record.keys, record.change_ms, order_key(record))
+    return _guarded_rows(new, old, record.keys, record.change_ms, order_key(record), _aging_families(mapping))
 
 
 def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int) -> tuple:
@@ -176,17 +227,21 @@ def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int
     gone) as a change at ``ts_ms``, ordered at the last µs of that millisecond,
     one GuardedRow per row it or one of the ``seen`` images owns cells in. Through
     the guard it is written only if newer than the row's clock, replaces the
-    whole state with the clock listing what it owns (so a later REMOVE deletes
+    item's state with the clock listing what it owns (so a later REMOVE deletes
     it), and, the item gone, leaves the clock as the tombstone that keeps a late
     older change out. ``old_cells`` (used only where a row has no clock yet)
     unite what the seen images owned; an image that cannot be mapped any more
     owned nothing; ``current`` that cannot be mapped raises MappingError."""
     new, old = owned_now_and_before(mapping, keys, current, seen)
     order = OrderKey(ts_ms * US_PER_MS + US_PER_MS - 1, image_hash(seen[-1] if seen else None), image_hash(current))
-    return _guarded_rows(new, old, keys, ts_ms, order)
+    return _guarded_rows(new, old, keys, ts_ms, order, _aging_families(mapping))
 
 
-def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order) -> tuple:
+def _aging_families(mapping: MappingConfig) -> frozenset:
+    return frozenset(f.name for f in mapping.families if f.max_age_seconds)
+
+
+def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order, refresh: frozenset = frozenset()) -> tuple:
     """One GuardedRow per row the new or the old cells are in: what the change
     owns there now, and the ids of what it owned before."""
     rows: dict = {}
@@ -197,13 +252,13 @@ def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order) -> tuple:
         cell = old[key]
         rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
     item = canonical_typed_json({"M": dict(keys)}).encode("utf-8")
-    return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)))
+    return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)), refresh)
                  for (t, k), (n, o) in rows.items())
 
 
-def clock_mutations(row: GuardedRow, cells: tuple) -> list:
+def clock_mutations(row: GuardedRow, cells: tuple, digests: tuple = ()) -> list:
     """The clock cell's new value, replacing every older version of it."""
-    value = encode_clock(Clock(row.order.us, row.order.new_hash, cells))
+    value = encode_clock(Clock(row.order.us, row.order.new_hash, cells, digests))
     out = [SetCell(CLOCK_FAMILY, row.item, value, row.ts_ms)]
     if row.ts_ms > 0:  # an end of 0 would mean "no end" on the wire
         out.append(DeleteCells(CLOCK_FAMILY, row.item, 0, row.ts_ms))
@@ -212,22 +267,60 @@ def clock_mutations(row: GuardedRow, cells: tuple) -> list:
 
 def row_mutations(row: GuardedRow, stored: Optional[Clock]) -> Optional[tuple]:
     """The mutations that move the row from ``stored`` to ``row``'s state, or None
-    when the change is not newer than the clock (nothing to do)."""
+    when the change is not newer than the clock (nothing to do): the difference,
+    O(cells that change), not the whole state (docs/design.md §10.2)."""
     if not is_newer(row.order, stored):
         return None
+    if stored is None:
+        return _move(row, row.old_cells, {})
+    return _move(row, stored.cells, stored.digest_of())
+
+
+def slot_mutations(rows, stored: Optional[Clock]) -> tuple:
+    """(mutations or None, how many of ``rows`` are applied): several changes of
+    one item to one row (one slot), decided in the order given exactly as one
+    swap after another would decide them, sent as one swap from ``stored`` to
+    the last applied change's state. The cells the earlier applied changes
+    owned are deleted as their own swaps would have deleted them; their values
+    are never written, the last change's state replacing them."""
+    applied = []
+    state = stored
+    for row in rows:
+        if is_newer(row.order, state):
+            applied.append(row)
+            state = Clock(row.order.us, row.order.new_hash, ())  # what is_newer reads of a clock
+    if not applied:
+        return None, 0
+    before = set(stored.cells if stored is not None else applied[0].old_cells)
+    for row in applied[:-1]:
+        before.update(_cell_id(cell) for cell in row.new_cells)
+    held = stored.digest_of() if stored is not None else {}
+    return _move(applied[-1], tuple(sorted(before, key=_sort_id)), held), len(applied)
+
+
+def _move(row: GuardedRow, owned_before, held: dict) -> tuple:
+    """The mutations from a row whose item owns ``owned_before`` (the values of
+    ``held``, {cell id: digest}, known) to ``row``'s state, and the new clock."""
     ts = row.ts_ms
     muts: list = []
-    keep = set()
+    keep: dict = {}  # cell id -> digest of the value the row holds after this change
     for cell in row.new_cells:
-        keep.add(_cell_id(cell))
+        cell_id, digest = _cell_id(cell), cell_digest(cell)
+        keep[cell_id] = digest
+        if held.get(cell_id) == digest and cell.family not in row.refresh:
+            # The row holds this value already: the clock records what the last
+            # applied swap left, and every write of this item's cells here goes
+            # through a swap of this clock. The cell keeps the timestamp it was
+            # written at, older than this change, so no newer write hides behind it.
+            continue
         # prune=True: the column's older versions go, so it holds one version
         # (docs/design.md §5.1); safe because nothing of this item is newer here.
         muts.extend(write_cell(cell, ts, True))
-    owned_before = stored.cells if stored is not None else row.old_cells
     for family, qualifier, version in owned_before:
         if (family, qualifier, version) not in keep:
             muts.append(delete_cell(_Cell(family, qualifier, version), ts))
-    muts.extend(clock_mutations(row, tuple(sorted(keep, key=_sort_id))))
+    cells = tuple(sorted(keep, key=_sort_id))
+    muts.extend(clock_mutations(row, cells, tuple(keep[c] for c in cells)))
     return tuple(muts)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) local set-up: a virtualenv in .venv with ddb2bt and its
-# test tools, and a check that the Bigtable emulator is installed.
+# test tools, ministack (the default local AWS emulator) in .venv-ministack, and a
+# check that the Bigtable emulator is installed.
 #   deploy/local/setup.sh && .venv/bin/ddb2bt demo
 #   deploy/local/setup.sh && .venv/bin/python -m pytest
 set -euo pipefail
@@ -14,6 +15,23 @@ fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 echo "setup: installing ddb2bt and its dependencies (first time: ~1-2 min)"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,dataflow]"
+
+# ministack, the default local AWS emulator, pins one botocore release exactly: in
+# .venv it would hold ddb2bt's boto3 back, so it gets a virtualenv of its own, which
+# the local stack finds next to .venv (docs/development.md, "Two AWS emulators").
+MINISTACK_REQUIREMENT="$(.venv/bin/python -c 'from ddb2bt.pipeline.local.local_stack import MINISTACK_REQUIREMENT as r; print(r)')"
+if [ ! -x .venv-ministack/bin/python ]; then
+  echo "setup: creating .venv-ministack for ministack (the default local AWS emulator)"
+  "$PYTHON" -m venv .venv-ministack
+fi
+.venv-ministack/bin/python -m pip install --quiet --disable-pip-version-check "$MINISTACK_REQUIREMENT"
+if .venv/bin/python -m pip show --quiet ministack >/dev/null 2>&1; then
+  # an earlier set-up put ministack in .venv: take it out and let boto3 move on again
+  .venv/bin/python -m pip uninstall --quiet --yes ministack
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade boto3 botocore
+fi
+echo "setup: ministack $(.venv-ministack/bin/python -m pip show ministack | sed -n 's/^Version: //p') in .venv-ministack;" \
+  "boto3 $(.venv/bin/python -m pip show boto3 | sed -n 's/^Version: //p') in .venv"
 
 # The Bigtable emulator ships with the Google Cloud CLI. Find it the way the
 # product does; if it is missing, try the Debian package, else explain.

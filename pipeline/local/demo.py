@@ -6,7 +6,7 @@ the FnApiRunner (in a thread, until the stream has been idle) → summary: chang
 replicated, lag, a comparison of every row against DynamoDB, one row read back.
 
 ``--kinesis``: the same, read from a Kinesis data stream (docs/kinesis.md). moto
-cannot link a table to Kinesis, so the writer thread also plays DynamoDB's part:
+cannot link a table to Kinesis (ministack can, not used here), so the writer thread also plays DynamoDB's part:
 after each batch of writes it publishes the table's new changes into a stream of
 several shards in the published document shape, shuffled, some twice
 (``kinesis_cdc``); the pipeline writes through the ordering
@@ -26,6 +26,9 @@ log = logging.getLogger("ddb2bt.demo")
 DEMO_EXAMPLE = "product_catalog"
 DEMO_IDLE_S = 4.0  # the writer never pauses this long; the pipeline ends this long after it stops
 PROGRESS_TICK_S = 0.25
+# Why the records read differ from the changes written, by AWS emulator.
+RECORDS_NOTE = {"moto": "moto emits extra records for some updates",
+                "ministack": "as on AWS, a write that changes nothing makes no record"}
 # --kinesis: how DynamoDB's Kinesis delivery is played (docs/kinesis.md: records of
 # one item may come out of order and more than once).
 # Several shards, none split: moto keeps routing puts to a split's closed parent
@@ -80,7 +83,7 @@ def run_demo(args) -> int:
     with local_stack.LocalStack(log_dir=local_stack.state_dir() / "logs") as stack:
         stack.apply_env()
         print(f"local stack: Bigtable emulator {os.environ['BIGTABLE_EMULATOR_HOST']}, "
-              f"DynamoDB (moto) {os.environ['AWS_ENDPOINT_URL_DYNAMODB']}")
+              f"DynamoDB ({stack.dynamodb}) {os.environ['AWS_ENDPOINT_URL_DYNAMODB']}")
         metrics = default_metrics()
         url = start_metrics_server(None if args.metrics_port < 0 else args.metrics_port, args.metrics_host)
         if url:
@@ -180,11 +183,12 @@ def run_demo(args) -> int:
         print("summary")
         print(f"  changes written to DynamoDB   {written[0]}" + (f"  (writer stopped: {writer_error[0]})" if writer_error else ""))
         if pump is not None:
-            print(f"  Kinesis records published     {pump.published}   (shuffled within {KINESIS_SHUFFLE_WINDOW}, "
-                  f"about {KINESIS_DUPLICATE_SHARE:.0%} twice, over {pump.shards()} shards)")
+            print(f"  Kinesis records published     {pump.published}   (the table's {pump.records} stream records, "
+                  f"shuffled within {KINESIS_SHUFFLE_WINDOW}, about {KINESIS_DUPLICATE_SHARE:.0%} twice, over "
+                  f"{pump.shards()} shards)")
             print(f"  ordering guard                {_guard_outcomes(metrics)}")
         print(f"  stream records read           {read}   "
-              + ("(the duplicates included)" if pump is not None else "(moto emits extra records for some updates)"))
+              + ("(the duplicates included)" if pump is not None else f"({RECORDS_NOTE[stack.dynamodb]})"))
         print(f"  changes applied to Bigtable   {applied}   dead letters {dead}")
         print(f"  elapsed                       {elapsed:.1f}s (including {DEMO_IDLE_S:.0f}s idle wait at the end)")
         print(f"  end-to-end lag p50 ≤ {_histogram_quantile(metrics.end_to_end_lag, 0.5)}s, "
@@ -243,6 +247,7 @@ class _KinesisPump:
         self._after: dict = {}
         self._last_us: dict = {}
         self._round = 0
+        self.records = 0  # the table's stream records: what AWS would deliver once each
         self.published = 0
 
     def publish(self) -> None:
@@ -251,6 +256,7 @@ class _KinesisPump:
         records = read_table_changes(self.streams, self.stream_arn, self._after)
         docs = [change_document(r, self.mapping.source.table, KINESIS_PRECISION, self._last_us) for r in records]
         self._round += 1
+        self.records += len(docs)
         self.published += publish_changes(self.kinesis, self.stream, docs, Disorder(
             window=KINESIS_SHUFFLE_WINDOW, duplicate=KINESIS_DUPLICATE_SHARE, seed=self._round))
 

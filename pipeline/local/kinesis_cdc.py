@@ -57,16 +57,21 @@ def read_table_changes(streams, stream_arn: str, after: Optional[dict] = None) -
 
 def change_document(record: dict, table: str, precision: str, last_us: dict) -> dict:
     """A DynamoDB Streams record → the document DynamoDB writes to Kinesis.
-    MICROSECOND precision: the change's millisecond plus the item's change count
-    in it (strictly increasing per item, as real microsecond times are)."""
+
+    A stream record's time is whole seconds (on AWS, and on ministack; moto adds a
+    millisecond fraction), a Kinesis record's is the change's own millisecond or
+    microsecond. So an item's changes within one stream time get successive units
+    from it (strictly increasing per item, as the real times of one item's
+    changes are): MICROSECOND, the millisecond plus the item's change count in it;
+    MILLISECOND, likewise in milliseconds. Without that, every change of an item
+    in one second would share a timestamp, which real deliveries do not
+    (docs/design.md §10.3 says what equal timestamps can and cannot order)."""
     ddb = record["dynamodb"]
     ms = datetime_to_ms(ddb["ApproximateCreationDateTime"])
     key = json.dumps(item_to_dynamodb_json(ddb["Keys"]), sort_keys=True)
-    if precision == "microsecond":
-        created = max(ms * 1000, last_us.get(key, -1) + 1)
-        last_us[key] = created
-    else:
-        created = ms
+    unit = ms * 1000 if precision == "microsecond" else ms
+    created = max(unit, last_us.get(key, -1) + 1)
+    last_us[key] = created
     body: dict = {"ApproximateCreationDateTime": created, "Keys": item_to_dynamodb_json(ddb["Keys"]),
                   "SizeBytes": ddb.get("SizeBytes", 0)}
     for name in ("NewImage", "OldImage"):

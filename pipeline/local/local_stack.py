@@ -1,7 +1,10 @@
-"""The local stack: cbtemulator (Bigtable) and moto's server (DynamoDB + Streams +
-S3) on free 127.0.0.1 ports, for `ddb2bt local`, `ddb2bt demo` and the tests.
+"""The local stack: cbtemulator (Bigtable) and one of two AWS emulators (DynamoDB +
+Streams + S3 + Kinesis + STS), moto's server or ministack, on free 127.0.0.1 ports,
+for `ddb2bt local`, `ddb2bt demo` and the tests.
 
-Both servers bind to loopback only. ``LocalStack.env()`` gives the standard
+The two AWS emulators are independent implementations; which is closer to AWS on
+what is in docs/development.md ("Two AWS emulators"). Both servers bind to loopback
+only. ``LocalStack.env()`` gives the standard
 variables every client here honours: ``BIGTABLE_EMULATOR_HOST``,
 ``AWS_ENDPOINT_URL_DYNAMODB``, ``AWS_ENDPOINT_URL_DYNAMODBSTREAMS`` (and
 ``AWS_ENDPOINT_URL_DYNAMODB_STREAMS``, the spelling botocore reads),
@@ -9,6 +12,7 @@ variables every client here honours: ``BIGTABLE_EMULATOR_HOST``,
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ddb2bt.pipeline.local.ministack_server import MINISTACK_RETENTION_ENV  # noqa: F401 (its one definition)
 from ddb2bt.transforms.errors import PermanentError
 
 log = logging.getLogger(__name__)
@@ -32,6 +37,24 @@ READY_TIMEOUT_S = 30.0
 READY_POLL_S = 0.05
 STOP_GRACE_S = 5.0
 DEFAULT_REGION = "us-east-1"
+MOTO, MINISTACK = "moto", "ministack"
+DYNAMODB_EMULATORS = (MOTO, MINISTACK)
+# The default AWS emulator: the closer to AWS and the faster, measured
+# (bench/emulators.py, docs/benchmarks.md "The two AWS emulators").
+DEFAULT_DYNAMODB = MINISTACK
+# Chooses the emulator where no --dynamodb is given (`ddb2bt demo`, the test suite's
+# `stack` fixture, `local up`), e.g. DDB2BT_LOCAL_DYNAMODB=ministack.
+DYNAMODB_ENV = "DDB2BT_LOCAL_DYNAMODB"
+# The AWS services ddb2bt talks to; ministack serves only these (SERVICES), which
+# keeps its start-up small and its listeners to the one HTTP port.
+MINISTACK_SERVICES = "dynamodb,dynamodbstreams,s3,kinesis,sts,iam"
+# ministack pins one botocore release exactly (1.5.33: botocore==1.43.106), which
+# would hold the project's boto3 back; so it runs from a virtualenv of its own,
+# which deploy/local/setup.sh makes next to .venv with this requirement.
+MINISTACK_REQUIREMENT = "ministack>=1.5.33,<1.6"
+MINISTACK_VENV = ".venv-ministack"
+MINISTACK_PYTHON_ENV = "DDB2BT_MINISTACK_PYTHON"  # another ministack's Python, e.g. /opt/ministack/bin/python
+MINISTACK_LAUNCHER = Path(__file__).with_name("ministack_server.py")
 # Dummy credentials: moto accepts anything; real ones must never be needed locally.
 DUMMY_KEY_ID = "testing"
 DUMMY_SECRET = "testing"
@@ -64,8 +87,46 @@ Looked on PATH, in $CBTEMULATOR, and under the Google Cloud CLI's SDK root
 or point CBTEMULATOR at the binary."""
 
 
+MINISTACK_HELP = f"""\
+ministack (the default local AWS emulator) was not found.
+Looked at ${MINISTACK_PYTHON_ENV}, for {MINISTACK_VENV}/bin/python next to this
+virtualenv and in the source tree, and in this Python. It runs from a virtualenv of
+its own (it pins one botocore release, which would hold ddb2bt's boto3 back).
+Install it with one of:
+  deploy/local/setup.sh                       # in a clone: makes {MINISTACK_VENV}
+  python3 -m venv DIR && DIR/bin/pip install '{MINISTACK_REQUIREMENT}' && export {MINISTACK_PYTHON_ENV}=DIR/bin/python
+or use moto instead: --dynamodb moto (or {DYNAMODB_ENV}=moto)."""
+
+
 class StackError(PermanentError):
     """The local stack could not be started."""
+
+
+def default_dynamodb() -> str:
+    """The AWS emulator to start: $DDB2BT_LOCAL_DYNAMODB, else the measured default."""
+    chosen = os.environ.get(DYNAMODB_ENV) or DEFAULT_DYNAMODB
+    if chosen not in DYNAMODB_EMULATORS:
+        raise StackError(f"{DYNAMODB_ENV}={chosen!r} is not an AWS emulator ddb2bt can start; "
+                         f"choose one of: {', '.join(DYNAMODB_EMULATORS)}")
+    return chosen
+
+
+def find_ministack_python() -> str:
+    """The Python that runs ministack, or StackError with install instructions."""
+    explicit = os.environ.get(MINISTACK_PYTHON_ENV)
+    if explicit:
+        if os.access(explicit, os.X_OK):
+            return explicit
+        raise StackError(f"{MINISTACK_PYTHON_ENV}={explicit} is not an executable file.\n{MINISTACK_HELP}")
+    # next to the running virtualenv (setup.sh's layout), or in the source tree of an
+    # editable install (pipeline/local/ is two levels below its root)
+    for root in dict.fromkeys((Path(sys.prefix).parent, Path(__file__).resolve().parents[2])):
+        python = root / MINISTACK_VENV / "bin" / "python"
+        if python.is_file() and os.access(python, os.X_OK):
+            return str(python)
+    if importlib.util.find_spec("ministack") is not None:
+        return sys.executable
+    raise StackError(MINISTACK_HELP)
 
 
 def _sdk_roots() -> list:
@@ -136,8 +197,8 @@ def _wait_http(url: str, proc: subprocess.Popen, name: str, deadline: float) -> 
     raise StackError(f"{name} did not answer {url} within {READY_TIMEOUT_S:.0f}s")
 
 
-def stack_env(bigtable_port: int, moto_port: int, region: str = DEFAULT_REGION) -> dict:
-    aws = f"http://{LOOPBACK}:{moto_port}"
+def stack_env(bigtable_port: int, aws_port: int, region: str = DEFAULT_REGION) -> dict:
+    aws = f"http://{LOOPBACK}:{aws_port}"
     return {
         "BIGTABLE_EMULATOR_HOST": f"{LOOPBACK}:{bigtable_port}",
         "AWS_ENDPOINT_URL_DYNAMODB": aws,
@@ -155,34 +216,69 @@ def stack_env(bigtable_port: int, moto_port: int, region: str = DEFAULT_REGION) 
 
 @dataclass
 class LocalStack:
-    """cbtemulator + moto server. Use as a context manager, or start()/stop()."""
+    """cbtemulator + an AWS emulator (``dynamodb``: moto or ministack). Use as a
+    context manager, or start()/stop().
+
+    ``stream_retention_s`` (ministack only) shortens its streams' 24-hour retention,
+    so a test or a rehearsal sees records trimmed; moto never trims."""
 
     region: str = DEFAULT_REGION
     log_dir: Optional[Path] = None
     bigtable_port: int = 0
-    moto_port: int = 0
+    aws_port: int = 0
+    dynamodb: str = field(default_factory=default_dynamodb)
+    stream_retention_s: Optional[float] = None
     _procs: dict = field(default_factory=dict)
     _logs: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.dynamodb not in DYNAMODB_EMULATORS:
+            raise StackError(f"unknown AWS emulator {self.dynamodb!r}; choose one of: {', '.join(DYNAMODB_EMULATORS)}")
+        if self.stream_retention_s is not None and self.dynamodb != MINISTACK:
+            raise StackError(f"{self.dynamodb} never trims its streams; a stream retention needs ministack")
+
+    @property
+    def moto_port(self) -> int:
+        """The AWS emulator's port, whichever it is (the name older callers use)."""
+        return self.aws_port
 
     def start(self) -> "LocalStack":
         binary = find_cbtemulator()
         self.bigtable_port = self.bigtable_port or free_port()
-        self.moto_port = self.moto_port or free_port()
+        self.aws_port = self.aws_port or free_port()
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
             self._procs["bigtable"] = self._spawn(
                 "cbtemulator", [binary, "-host", LOOPBACK, "-port", str(self.bigtable_port)]
             )
-            self._procs["moto"] = self._spawn_moto()
+            self._procs[self.dynamodb] = self._spawn_aws()
             _wait_tcp(self.bigtable_port, self._procs["bigtable"], "cbtemulator", deadline)
-            _wait_http(f"http://{LOOPBACK}:{self.moto_port}/moto-api/", self._procs["moto"], "moto server", deadline)
+            _wait_http(self._ready_url(), self._procs[self.dynamodb], f"{self.dynamodb} server", deadline)
         except BaseException:
             self.stop()
             raise
-        log.info("local stack up: bigtable %s:%d, moto %s:%d", LOOPBACK, self.bigtable_port, LOOPBACK, self.moto_port)
+        log.info("local stack up: bigtable %s:%d, %s %s:%d", LOOPBACK, self.bigtable_port, self.dynamodb,
+                 LOOPBACK, self.aws_port)
         return self
 
-    def _spawn(self, name: str, argv: list) -> subprocess.Popen:
+    def _spawn_aws(self) -> subprocess.Popen:
+        if self.dynamodb == MOTO:
+            return self._spawn(MOTO, [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.aws_port)])
+        # ministack binds 0.0.0.0 unless told otherwise, and by default also opens
+        # an MQTT listener (IoT) and may talk to Docker: loopback, one port, no Docker.
+        extra = {"BIND_HOST": LOOPBACK, "GATEWAY_PORT": str(self.aws_port), "SERVICES": MINISTACK_SERVICES,
+                 "IOT_MTLS_ENABLED": "0", "SFTP_ENABLED": "0", "PERSIST_STATE": "0",
+                 "MINISTACK_REGION": self.region, "LOG_LEVEL": "WARNING"}
+        if self.stream_retention_s is not None:
+            extra[MINISTACK_RETENTION_ENV] = repr(float(self.stream_retention_s))
+        # -I: ministack's Python sees neither PYTHONPATH nor the launcher's directory
+        return self._spawn(MINISTACK, [find_ministack_python(), "-I", str(MINISTACK_LAUNCHER)], extra)
+
+    def _ready_url(self) -> str:
+        path = "/moto-api/" if self.dynamodb == MOTO else "/_ministack/ready"
+        return f"http://{LOOPBACK}:{self.aws_port}{path}"
+
+    def _spawn(self, name: str, argv: list, extra_env: Optional[dict] = None) -> subprocess.Popen:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
@@ -190,25 +286,23 @@ class LocalStack:
         else:
             out = subprocess.DEVNULL
         env = dict(os.environ)
-        env.update(stack_env(self.bigtable_port, self.moto_port, self.region))
+        env.update(stack_env(self.bigtable_port, self.aws_port, self.region))
+        env.update(extra_env or {})
         # start_new_session: Ctrl-C in the terminal reaches us, and we stop the
         # servers in order, instead of them dying half-way through a write.
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def _spawn_moto(self) -> subprocess.Popen:
-        return self._spawn("moto", [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self.moto_port)])
-
-    def restart_moto(self) -> None:
-        """Start moto again on its port (a new, empty server)."""
-        proc = self._procs.pop("moto", None)
+    def restart_aws(self) -> None:
+        """Start the AWS emulator again on its port (a new, empty server)."""
+        proc = self._procs.pop(self.dynamodb, None)
         if proc:
             _terminate(proc)
-        self._procs["moto"] = self._spawn_moto()
-        _wait_http(f"http://{LOOPBACK}:{self.moto_port}/moto-api/", self._procs["moto"], "moto server",
+        self._procs[self.dynamodb] = self._spawn_aws()
+        _wait_http(self._ready_url(), self._procs[self.dynamodb], f"{self.dynamodb} server",
                    time.monotonic() + READY_TIMEOUT_S)
 
     def env(self) -> dict:
-        return stack_env(self.bigtable_port, self.moto_port, self.region)
+        return stack_env(self.bigtable_port, self.aws_port, self.region)
 
     def apply_env(self) -> dict:
         """Set the variables in this process; returns the previous values."""
@@ -231,7 +325,8 @@ class LocalStack:
         return {name: p.pid for name, p in self._procs.items()}
 
     def stop(self) -> None:
-        for name in ("moto", "bigtable"):
+        # The AWS emulator first, then Bigtable (the order a writer would stop in).
+        for name in (*DYNAMODB_EMULATORS, "bigtable"):
             proc = self._procs.pop(name, None)
             if proc is not None:
                 _terminate(proc)
@@ -292,8 +387,13 @@ def save_state(stack: LocalStack, path: Optional[Path] = None) -> None:
     # A record is dropped only once nothing of it runs: a stack with one server
     # left stays recorded, so `local down` still stops that one (never leaked).
     stacks = [s for s in _read(path) if _any_alive(s)]
-    stacks.append({"pids": stack.pids, "env": stack.env()})
+    stacks.append({"pids": stack.pids, "env": stack.env(), "dynamodb": stack.dynamodb})
     path.write_text(json.dumps({"stacks": stacks}, indent=2))
+
+
+def recorded_dynamodb(stack: dict) -> str:
+    """The AWS emulator of a recorded stack (records from before ministack: moto)."""
+    return stack.get("dynamodb", MOTO)
 
 
 def half_down(path: Optional[Path] = None) -> Optional[dict]:
@@ -317,12 +417,16 @@ def revive(stack: dict, path: Optional[Path] = None) -> list:
     port taken meanwhile): the record is left as it was, so `local down` stops
     the live half."""
     path = path or state_file()
-    bigtable_port, moto_port = _ports(stack)
-    revived = LocalStack(log_dir=state_dir() / "logs", bigtable_port=bigtable_port, moto_port=moto_port)
+    bigtable_port, aws_port = _ports(stack)
+    revived = LocalStack(log_dir=state_dir() / "logs", bigtable_port=bigtable_port, aws_port=aws_port,
+                         dynamodb=recorded_dynamodb(stack))
     dead = dead_servers(stack)
+    unknown = [name for name in dead if name not in ("bigtable", revived.dynamodb)]
+    if unknown:  # e.g. `local trim`'s proxy: not a server this can start again
+        raise StackError(f"{', '.join(unknown)} cannot be started again here")
     try:
         for name in dead:
-            revived.restart_bigtable() if name == "bigtable" else revived.restart_moto()
+            revived.restart_bigtable() if name == "bigtable" else revived.restart_aws()
     except BaseException:
         revived.stop()
         raise

@@ -1,18 +1,18 @@
 """A DynamoDB Streams endpoint that has trimmed, for rehearsing `ddb2bt recover`
 on the local stack (`ddb2bt local trim`, docs/recover.md "Rehearse it locally").
 
-moto keeps every stream record for ever, so a job stopped for a minute can never
-find its checkpoint trimmed there. This proxy stands in front of the emulator's
-DynamoDB Streams API and answers as AWS does once records have aged out of the
-24-hour retention: per shard, every record up to a trim point (a sequence number,
-from ``trims.json``) is gone —
+The local AWS emulators keep every stream record 24 hours (ministack) or for ever
+(moto), so a job stopped for a minute can never find its checkpoint trimmed there.
+This proxy stands in front of the emulator's DynamoDB Streams API and answers as
+AWS does once records have aged out of the 24-hour retention: per shard, every
+record up to a trim point (a sequence number, from ``trims.json``) is gone —
 
 * ``GetShardIterator`` at or after a gone record raises
   ``TrimmedDataAccessException`` (what the reader and `recover` look for);
 * ``TRIM_HORIZON`` starts after the trim point (the oldest record held).
 
-Everything else is forwarded unchanged (moto does not check request signatures,
-so a rewritten body needs none). It binds to 127.0.0.1 only. Never used against
+Everything else is forwarded unchanged (neither moto nor ministack checks request
+signatures, so a rewritten body needs none). It binds to 127.0.0.1 only. Never used against
 AWS: only `ddb2bt local trim` starts it, in front of the local stack.
 """
 from __future__ import annotations

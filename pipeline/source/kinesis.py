@@ -19,7 +19,9 @@ What differs, and where it is handled:
 * several tables can share one stream: each table's job reads it as a stream of
   its own, ``kinesis_stream_arn(...)`` — a DynamoDB-stream-shaped name carrying
   the table, so routing, checkpoints, metrics and leases stay per table — and
-  keeps only the records whose ``tableName`` is its table;
+  keeps only the records whose ``tableName`` is its table. Every reader of a
+  shard spends the shard's one read budget, so each table is paced to its
+  *share* of it, wherever it runs (``kinesis_share.py``, docs/design.md §10.8);
 * Kinesis does not say "trimmed" when a checkpoint's record has expired (it
   silently starts later): on resume the reader asks for the checkpointed record
   itself (AT_SEQUENCE_NUMBER) and, if another record comes back, reports
@@ -47,7 +49,8 @@ __all__ = ["KinesisClientFactory", "KinesisSource", "KinesisStreamsClient", "Sha
 
 # Kinesis's per-shard read limits for shared-throughput consumers (AWS: "Quotas
 # and limits", GetRecords): 5 calls per second per shard and 2 MB per second per
-# shard. The pacer keeps every shard read by this process under both.
+# shard, shared by every consumer of the stream. The pacer keeps each consumer
+# of a shard under its share of both (docs/design.md §10.8).
 GET_RECORDS_PER_SECOND = 5
 READ_BYTES_PER_SECOND = 2 * 1024 * 1024
 # GetRecords returns up to 10,000 records / 10 MB per call; the reader asks for
@@ -159,34 +162,38 @@ def _to_micros(value: int, precision: str) -> int:
 
 
 class ShardPacer:
-    """Keeps GetRecords on each shard within Kinesis's per-shard limits: at most
-    GET_RECORDS_PER_SECOND calls, and on average READ_BYTES_PER_SECOND (a page of
-    B bytes makes the next call on that shard wait B / rate). Shared by every
-    reader in the process (several tables reading one stream share its budget)."""
+    """Keeps GetRecords on each shard within a consumer's share of Kinesis's
+    per-shard limits: at most ``share`` × GET_RECORDS_PER_SECOND calls per second,
+    and on average ``share`` × READ_BYTES_PER_SECOND (a page of B bytes makes the
+    consumer's next call on that shard wait B / its byte rate). Paced per
+    (consumer, shard): a consumer is one table of one job, and the shares of all
+    the consumers of a stream add up to at most 1, so the stream's budget holds
+    however the consumers are spread over processes and workers (docs/design.md
+    §10.8). One pacer per process (``PROCESS_PACER``)."""
 
     def __init__(self, calls_per_s: float = GET_RECORDS_PER_SECOND, bytes_per_s: float = READ_BYTES_PER_SECOND,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-        self._interval = 1.0 / calls_per_s
+        self._calls_per_s = calls_per_s
         self._bytes_per_s = bytes_per_s
         self._clock = clock
         self._sleep = sleep
-        self._next: dict = {}  # (stream, shard) -> earliest time of the next call
+        self._next: dict = {}  # (consumer, shard) -> earliest time of the next call
         self._lock = threading.Lock()
         self.waited_s = 0.0
 
-    def before_call(self, stream: str, shard: str) -> None:
+    def before_call(self, consumer: str, shard: str, share: float = 1.0) -> None:
         with self._lock:
             now = self._clock()
-            at = max(now, self._next.get((stream, shard), now))
-            self._next[(stream, shard)] = at + self._interval
+            at = max(now, self._next.get((consumer, shard), now))
+            self._next[(consumer, shard)] = at + 1.0 / (self._calls_per_s * share)
         if at > now:
             self.waited_s += at - now
             self._sleep(at - now)
 
-    def after_call(self, stream: str, shard: str, nbytes: int) -> None:
+    def after_call(self, consumer: str, shard: str, nbytes: int, share: float = 1.0) -> None:
         with self._lock:
-            key = (stream, shard)
-            self._next[key] = max(self._next.get(key, 0.0), self._clock() + nbytes / self._bytes_per_s)
+            key = (consumer, shard)
+            self._next[key] = max(self._next.get(key, 0.0), self._clock() + nbytes / (self._bytes_per_s * share))
 
 
 PROCESS_PACER = ShardPacer()
@@ -199,7 +206,9 @@ class KinesisStreamsClient:
 
     def __init__(self, kinesis, stream: str, table: Optional[str], precision: str = "auto",
                  pacer: Optional[ShardPacer] = None, start_timestamp: Optional[_dt.datetime] = None,
-                 now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+                 now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000, share: float = 1.0) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"a share of a Kinesis stream's read budget is in (0, 1], got {share}")
         self._k = kinesis
         self._now_ms = now_ms
         self._stream = {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
@@ -207,6 +216,11 @@ class KinesisStreamsClient:
         self._table = table
         self._precision = precision
         self._pacer = pacer or PROCESS_PACER
+        # This table's share of every shard's read budget (docs/design.md §10.8),
+        # paced per (stream and table, shard): the tables of one process no
+        # longer pool a budget another process's readers of the stream also spend.
+        self._share = share
+        self._consumer = f"{stream}#{table}"
         # AT_TIMESTAMP: shards started fresh start at this time instead of the
         # start mode (migrate: the tail from the handoff time).
         self._start_timestamp = start_timestamp
@@ -215,6 +229,12 @@ class KinesisStreamsClient:
         self._retention_s: Optional[float] = None
         self._ending: dict = {}  # closed shard -> (starting, ending sequence number)
         self._last_seen: dict = {}  # shard -> last sequence number read or resumed after
+
+    @property
+    def calls_per_s(self) -> float:
+        """GetRecords per second per shard this client may make (its share of
+        Kinesis's 5): the reader paces its rounds to it (stream_source.PartitionReader)."""
+        return GET_RECORDS_PER_SECOND * self._share
 
     @property
     def retention_s(self) -> Optional[float]:
@@ -279,7 +299,7 @@ class KinesisStreamsClient:
             it = self._k.get_shard_iterator(**self._stream, ShardId=shard_id, ShardIteratorType="AT_SEQUENCE_NUMBER",
                                             StartingSequenceNumber=sequence_number)["ShardIterator"]
             for _ in range(MAX_EMPTY_PAGES_AT_CHECKPOINT):
-                self._pacer.before_call(self._name, shard_id)
+                self._pacer.before_call(self._consumer, shard_id, self._share)
                 page = self._k.get_records(ShardIterator=it, Limit=1)
                 records = page.get("Records") or []
                 it = page.get("NextShardIterator")
@@ -303,10 +323,10 @@ class KinesisStreamsClient:
 
     def get_records(self, ShardIterator: str, Limit: int = 1000) -> dict:
         shard = self._iterators.pop(ShardIterator, "?")
-        self._pacer.before_call(self._name, shard)
+        self._pacer.before_call(self._consumer, shard, self._share)
         page = self._k.get_records(ShardIterator=ShardIterator, Limit=min(Limit, KINESIS_MAX_RECORDS))
         raw = page.get("Records") or []
-        self._pacer.after_call(self._name, shard, sum(len(r.get("Data") or b"") for r in raw))
+        self._pacer.after_call(self._consumer, shard, sum(len(r.get("Data") or b"") for r in raw), self._share)
         records = [d for d in (decode_kinesis_record(r, self._table, self._precision) for r in raw) if d is not None]
         self._check_times(shard, records)
         if raw:
@@ -380,6 +400,8 @@ class KinesisClientFactory:
     region: Optional[str] = None
     precision: str = "auto"
     start_timestamp_ms: Optional[int] = None
+    # The table's share of each shard's read budget (kinesis_share.table_shares).
+    share: float = 1.0
 
     def __call__(self) -> KinesisStreamsClient:
         from botocore.config import Config
@@ -390,7 +412,8 @@ class KinesisClientFactory:
         client = aws_client("kinesis", region_name=self.region, config=config)
         start = (_dt.datetime.fromtimestamp(self.start_timestamp_ms / 1000, _dt.timezone.utc)
                  if self.start_timestamp_ms is not None else None)
-        return KinesisStreamsClient(client, self.stream, self.table, self.precision, start_timestamp=start)
+        return KinesisStreamsClient(client, self.stream, self.table, self.precision, start_timestamp=start,
+                                    share=self.share)
 
 
 @dataclass(frozen=True)
@@ -402,6 +425,9 @@ class KinesisSource:
     table: str
     stream: str
     retention_hours: int
+    # The Kinesis stream's own ARN: what the tables and jobs sharing its read
+    # budget are registered under (kinesis_share.py).
+    kinesis_arn: str = ""
 
 
 def resolve_kinesis(mapping, kinesis=None) -> KinesisSource:
@@ -433,4 +459,5 @@ def resolve_kinesis(mapping, kinesis=None) -> KinesisSource:
     region = parts[3] if len(parts) > 4 else (mapping.source.region or "local")
     account = parts[4] if len(parts) > 4 else "000000000000"
     return KinesisSource(kinesis_stream_arn(mapping.source.table, summary["StreamName"], region, account),
-                         mapping.source.table, config.stream, int(summary.get("RetentionPeriodHours", 24)))
+                         mapping.source.table, config.stream, int(summary.get("RetentionPeriodHours", 24)),
+                         arn or config.stream)

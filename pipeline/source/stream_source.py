@@ -38,6 +38,7 @@ from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.cutover.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
                                       StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
+                                      fast_records_decoding,
                                       table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
@@ -325,6 +326,7 @@ class PartitionReader:
                  pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False,
                  load_heads: Optional[Callable[[str], dict]] = None) -> None:
         self._client = client
+        fast_records_decoding(client)  # GetRecords pages through the C JSON parser
         # {shard id: when a reader of this job last saw it at its head}, as the
         # readers recorded it in the state table (StateStore.load_shard_heads):
         # what proves that a trimmed checkpoint lost nothing (docs/design.md §8.2).
@@ -338,7 +340,13 @@ class PartitionReader:
         # once per process for all its partitions (the SDF passes the process's
         # ShardDirectory; alone, a reader has its own); GetRecords is paced per shard.
         self._directory = directory if directory is not None else ShardDirectory()
-        self._pacer = pacer if pacer is not None else ShardPacer(sleep=sleep)
+        # A client with a rate of its own (a Kinesis table's share of the shard's
+        # budget, docs/design.md §10.8) paces the rounds at it: the hand-back then
+        # waits for it instead of the client sleeping in GetRecords.
+        rate = getattr(client, "calls_per_s", None)
+        if pacer is None:
+            pacer = ShardPacer(rate, sleep=sleep) if isinstance(rate, (int, float)) else ShardPacer(sleep=sleep)
+        self._pacer = pacer
         # The splittable DoFn's readers: a round that would wait for the pacer ends
         # and returns the wait to the runner (RoundResult.paced_s).
         self._hand_back_pacing = hand_back_pacing

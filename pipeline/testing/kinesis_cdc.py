@@ -10,7 +10,7 @@ import json
 from ddb2bt.pipeline.local.kinesis_cdc import (Disorder, change_document, publish_changes,  # noqa: F401 (re-export)
                                                read_table_changes, split_first_open_shard)
 
-__all__ = ["Disorder", "FakeKinesis", "change_document", "publish_changes", "read_table_changes"]
+__all__ = ["Disorder", "FakeKinesis", "MeteredKinesis", "change_document", "publish_changes", "read_table_changes"]
 
 
 class FakeKinesis:
@@ -74,3 +74,44 @@ class FakeKinesis:
         end = int(index) + len(page)
         nxt = None if shard in self.closed and end >= len(kept) else f"{shard}|{end}|0"
         return {"Records": page, "NextShardIterator": nxt, "MillisBehindLatest": 0}
+
+
+class MeteredKinesis:
+    """A Kinesis client (``FakeKinesis`` or boto3's) that records every
+    GetRecords call — (time by ``clock``, shard, bytes returned) — to check
+    Kinesis's per-shard read budget across readers: wrap the one client every
+    reader's calls reach (several readers, with pacers of their own as in
+    several processes, share one ``MeteredKinesis``)."""
+
+    def __init__(self, inner, clock) -> None:
+        self._inner = inner
+        self._clock = clock
+        self._shard_of: dict = {}  # iterator -> shard id (kept: two readers may be handed equal iterators)
+        self.calls: list = []  # (time, shard, bytes)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def get_shard_iterator(self, **kw):
+        out = self._inner.get_shard_iterator(**kw)
+        self._shard_of[out["ShardIterator"]] = kw["ShardId"]
+        return out
+
+    def get_records(self, ShardIterator, Limit):
+        shard = self._shard_of.get(ShardIterator, "?")
+        page = self._inner.get_records(ShardIterator=ShardIterator, Limit=Limit)
+        self.calls.append((self._clock(), shard, sum(len(r.get("Data") or b"") for r in page.get("Records") or [])))
+        if page.get("NextShardIterator"):
+            self._shard_of[page["NextShardIterator"]] = shard
+        return page
+
+    def busiest(self, shard: str, window_s: float) -> tuple:
+        """(calls, bytes): the most GetRecords calls and the most bytes on
+        ``shard`` in any window of ``window_s`` seconds (half-open, starting at
+        a call)."""
+        times = sorted((t, n) for t, s, n in self.calls if s == shard)
+        most_calls = most_bytes = 0
+        for i, (start, _) in enumerate(times):
+            inside = [n for t, n in times[i:] if t < start + window_s]
+            most_calls, most_bytes = max(most_calls, len(inside)), max(most_bytes, sum(inside))
+        return most_calls, most_bytes

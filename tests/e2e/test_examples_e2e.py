@@ -1,4 +1,4 @@
-"""Every shipped example end to end: DynamoDB (moto) → stream → pipeline →
+"""Every shipped example end to end: DynamoDB (the local emulator) → stream → pipeline →
 Bigtable (emulator), including updates and deletes, compared cell by cell with
 the mapping of the final table, plus the seed documents' layouts."""
 from __future__ import annotations

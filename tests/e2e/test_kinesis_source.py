@@ -109,8 +109,23 @@ class KinesisWorld:
         return read(self.mapping.target.table)
 
 
+@pytest.fixture
+def moto_stack(stacks, monkeypatch):
+    """moto, whatever the default emulator: neither emulator splits a Kinesis shard
+    as AWS does. ministack deletes the parent shard, with its records, from
+    ListShards (AWS keeps it, closed and readable, for the retention), so a reader
+    cannot see them; moto keeps writing to the parent after closing it and leaves
+    the children empty, so the reader reads a closed parent, then empty children.
+    Only moto's loses nothing. Children holding records after their parent:
+    tests/unit/test_kinesis_reader.py (FakeKinesis)."""
+    s = stacks("moto")
+    for k, v in s.env().items():
+        monkeypatch.setenv(k, v)
+    return s
+
+
 @pytest.mark.parametrize("base", ["product_catalog.yaml", "videos.yaml"])
-def test_out_of_order_and_duplicated_delivery_across_a_split_converges(stack, tmp_path, unique, base):
+def test_out_of_order_and_duplicated_delivery_across_a_split_converges(moto_stack, tmp_path, unique, base):
     world = KinesisWorld(tmp_path, unique, base)
     ops = catalog_ops(21, 200) if base == "product_catalog.yaml" else list(video_ops(21, 150))
     apply_ops(world.ddb, world.source, ops, world.mapping.source.key_attributes)
@@ -139,7 +154,9 @@ def test_several_tables_in_one_stream_route_by_table_name(stack, tmp_path, uniqu
     apply_ops(a.ddb, b_mapping.source.table, catalog_ops(4, 120), ("pk", "sk"))
     a.pump(Disorder(window=10, duplicate=0.1, seed=1))
     streams = StreamsClientFactory()()
-    docs = [change_document(r, b_mapping.source.table, "millisecond", {}) for r in read_table_changes(streams, b_stream)]
+    last: dict = {}  # one per table, as KinesisWorld keeps: an item's times only increase
+    docs = [change_document(r, b_mapping.source.table, "millisecond", last)
+            for r in read_table_changes(streams, b_stream)]
     publish_changes(a.kinesis, a.stream, docs, Disorder(window=10, duplicate=0.1, seed=2))
     # One job of both tables: each reads its own records of the one stream.
     assert ddb2bt(["run", "--mapping", str(a.path), "--mapping", str(b_path), "--until-idle", IDLE,

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import urllib.request
 
+import boto3
+import psutil
 import pytest
 
 from ddb2bt.pipeline.local.local_stack import StackError, find_cbtemulator
@@ -14,15 +16,63 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.e2e
 
 
-def test_servers_bind_to_loopback_and_answer(stack):
+def test_servers_bind_to_loopback_and_answer(emulator_stack):
+    stack = emulator_stack
     env = stack.env()
     host, port = env["BIGTABLE_EMULATOR_HOST"].split(":")
     assert host == "127.0.0.1"
     socket.create_connection((host, int(port)), timeout=2).close()
     assert env["AWS_ENDPOINT_URL_DYNAMODB"].startswith("http://127.0.0.1:")
     assert env["AWS_ENDPOINT_URL_DYNAMODB_STREAMS"] == env["AWS_ENDPOINT_URL_DYNAMODB"]
-    with urllib.request.urlopen(env["AWS_ENDPOINT_URL_DYNAMODB"] + "/moto-api/") as resp:
+    ready = {"moto": "/moto-api/", "ministack": "/_ministack/ready"}[stack.dynamodb]
+    with urllib.request.urlopen(env["AWS_ENDPOINT_URL_DYNAMODB"] + ready) as resp:
         assert resp.status == 200
+    # every socket either server listens on is on loopback (ministack binds 0.0.0.0,
+    # and opens an MQTT listener, unless told otherwise)
+    for name, pid in stack.pids.items():
+        listening = [c.laddr for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        assert listening, f"{name} listens nowhere"
+        assert {addr.ip for addr in listening} == {"127.0.0.1"}, (name, listening)
+    # the emulator serves what ddb2bt uses, answering as DynamoDB does
+    ddb = boto3.client("dynamodb", endpoint_url=env["AWS_ENDPOINT_URL_DYNAMODB"], region_name=env["AWS_REGION"],
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    assert "TableNames" in ddb.list_tables()
+
+
+# How long after PITR is turned on the test looks again: more than a second, so an
+# emulator that answers "now" (ministack did) shows a later time than the switch.
+PITR_LOOK_AGAIN_AFTER_S = 1.5
+
+
+def test_pitr_earliest_restorable_time_is_when_it_was_turned_on(emulator_stack, unique):
+    """As on AWS, on both emulators: `ddb2bt recover` refuses a change older than
+    the earliest restorable time, so an emulator answering "now" on every call
+    (ministack did) made every change unrecoverable and the recovery rehearsal
+    of docs/recover.md fail."""
+    env = emulator_stack.env()
+    ddb = boto3.client("dynamodb", endpoint_url=env["AWS_ENDPOINT_URL_DYNAMODB"], region_name=env["AWS_REGION"],
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    table = f"Pitr{unique}"
+    ddb.create_table(TableName=table, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                     AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+                     BillingMode="PAY_PER_REQUEST")
+    before = time.time()
+    ddb.update_continuous_backups(TableName=table,
+                                  PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True})
+    after = time.time()
+    while time.time() < after + PITR_LOOK_AGAIN_AFTER_S:  # the wall clock itself is the condition
+        time.sleep(after + PITR_LOOK_AGAIN_AFTER_S - time.time())
+    pitr = ddb.describe_continuous_backups(TableName=table)["ContinuousBackupsDescription"][
+        "PointInTimeRecoveryDescription"]
+    assert pitr["PointInTimeRecoveryStatus"] == "ENABLED"
+    # whole seconds on moto: the second it was turned on
+    assert int(before) <= pitr["EarliestRestorableDateTime"].timestamp() <= after, pitr
+    ddb.update_continuous_backups(TableName=table,  # turning it on again keeps the time
+                                  PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True})
+    again = ddb.describe_continuous_backups(TableName=table)["ContinuousBackupsDescription"][
+        "PointInTimeRecoveryDescription"]
+    assert again["EarliestRestorableDateTime"] == pitr["EarliestRestorableDateTime"]
+    ddb.delete_table(TableName=table)
 
 
 def test_missing_emulator_gives_install_instructions(monkeypatch, tmp_path):
@@ -78,6 +128,31 @@ def test_detached_stack_up_env_down(tmp_path):
         raise AssertionError("the emulator still accepts connections after `local down`")
 
 
+def test_detached_stack_with_ministack_and_no_silent_switch(tmp_path):
+    """`local up --detach --dynamodb ministack` starts ministack (recorded, so `env`
+    and a second `up` know which); asking for moto while it runs is refused, naming
+    the running one, instead of handing back the other emulator."""
+    env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path / "state"))
+    env.pop("PYTHONPATH", None)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a],
+                                    capture_output=True, text=True, cwd=tmp_path, env=env)
+    started = run("up", "--detach", "--dynamodb=ministack")
+    assert started.returncode == 0, started.stderr
+    try:
+        state = json.loads((tmp_path / "state" / "local-stack.json").read_text())
+        (record,) = state["stacks"]
+        assert record["dynamodb"] == "ministack" and set(record["pids"]) == {"bigtable", "ministack"}
+        exports = dict(line.removeprefix("export ").split("=", 1) for line in run("env").stdout.splitlines())
+        with urllib.request.urlopen(exports["AWS_ENDPOINT_URL_DYNAMODB"] + "/_ministack/ready") as resp:
+            assert resp.status == 200
+        other = run("up", "--detach", "--dynamodb", "moto")
+        assert other.returncode == 2
+        assert "ministack is already running" in other.stderr and "--dynamodb" in other.stderr
+        assert "already running" in run("up", "--detach", "--dynamodb", "ministack").stdout
+    finally:
+        assert "stopped (1)" in run("down").stdout
+
+
 def _gone(pid: int, deadline_s: float = 10.0) -> bool:
     """Wait (on the condition, with a deadline) until ``pid`` has exited."""
     end = time.monotonic() + deadline_s
@@ -91,9 +166,10 @@ def _gone(pid: int, deadline_s: float = 10.0) -> bool:
 
 
 def test_up_over_a_half_down_stack_restarts_the_dead_half_and_down_stops_everything(tmp_path):
-    """Before: `local up --detach` over a stack whose moto had died started a
-    second stack and forgot the first (its cbtemulator leaked; `local down`
-    stopped only the new one), and `local env` said no stack was running."""
+    """Before: `local up --detach` over a stack whose AWS emulator had died
+    started a second stack and forgot the first (its cbtemulator leaked; `local
+    down` stopped only the new one), and `local env` said no stack was running.
+    On the default emulator (ministack), which the revived one must be too."""
     import signal
 
     env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path / "state"))
@@ -106,16 +182,22 @@ def test_up_over_a_half_down_stack_restarts_the_dead_half_and_down_stops_everyth
     try:
         (first,) = json.loads(state_path.read_text())["stacks"]
         pids += first["pids"].values()
-        os.killpg(first["pids"]["moto"], signal.SIGTERM)
-        assert _gone(first["pids"]["moto"])
+        aws = first["dynamodb"]
+        os.killpg(first["pids"][aws], signal.SIGTERM)
+        assert _gone(first["pids"][aws])
         printed = run("env")
-        assert printed.returncode == 1 and "half down (moto stopped)" in printed.stderr
+        assert printed.returncode == 1 and f"half down ({aws} stopped)" in printed.stderr
+        other = {"moto": "ministack", "ministack": "moto"}[aws]
+        refused = run("up", "--detach", "--dynamodb", other)  # not the other emulator in the dead one's place
+        assert refused.returncode == 2 and f"{aws} is half down" in refused.stderr
         again = run("up", "--detach")
-        assert again.returncode == 0 and "moto started again on the same port" in again.stdout, again.stderr
+        assert again.returncode == 0 and f"{aws} started again on the same port" in again.stdout, again.stderr
         (now,) = json.loads(state_path.read_text())["stacks"]  # one stack, not two
         pids += now["pids"].values()
         assert now["pids"]["bigtable"] == first["pids"]["bigtable"] and now["env"] == first["env"]
-        with urllib.request.urlopen(now["env"]["AWS_ENDPOINT_URL_DYNAMODB"] + "/moto-api/") as resp:
+        assert now["dynamodb"] == aws
+        ready = {"moto": "/moto-api/", "ministack": "/_ministack/ready"}[aws]
+        with urllib.request.urlopen(now["env"]["AWS_ENDPOINT_URL_DYNAMODB"] + ready) as resp:
             assert resp.status == 200
         assert run("env").returncode == 0
     finally:

@@ -30,8 +30,9 @@ def test_demo_kinesis_replicates_a_shuffled_duplicated_stream_of_several_shards(
     out = done.stdout
     assert "IDENTICAL" in out, out
     published = int(re.search(r"Kinesis records published\s+(\d+)", out).group(1))
-    written = int(re.search(r"changes written to DynamoDB\s+(\d+)", out).group(1))
-    assert published > written, out  # some delivered twice
+    records = int(re.search(r"the table's (\d+) stream records", out).group(1))
+    assert published > records, out  # some delivered twice (compared with the stream records: on ministack, as
+    # on AWS, a write that changes nothing has none, so there can be fewer records than writes)
     assert "over 3 shards" in out, out
     stale = int(re.search(r"ordering guard\s+.*stale (\d+)", out).group(1))
     assert stale > 0, out  # duplicates and older changes reached the guard and wrote nothing

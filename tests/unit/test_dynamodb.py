@@ -215,7 +215,7 @@ def test_scan_decoder_leaves_errors_alone():
 
 
 def test_scan_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
-    """Through moto's server: every type, several pages, the same items and keys
+    """Through the AWS emulator's server: every type, several pages, the same items and keys
     with and without the decoder."""
     import boto3
 
@@ -240,6 +240,123 @@ def test_scan_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
     fast = [(p.items, p.last_key) for p in scan_pages(client, table, page_limit=7, retry=FAST)]
     assert fast == plain and sum(len(items) for items, _ in fast) == 30
     assert fast[0][0][0]["b"] == {"B": b"\x00\x01\x02\xff"}
+
+
+# --- the GetRecords page decoder (the same hook, for stream pages) ------------------------
+
+
+def _parse_records_both(body: dict, status: int = 200) -> tuple:
+    """(what botocore alone returns for a GetRecords body, what it returns after
+    decode_stream_records, what the hook decoded itself)."""
+    import json
+
+    import botocore.session
+    from botocore.parsers import create_parser
+
+    shape = botocore.session.get_session().get_service_model(
+        "dynamodbstreams").operation_model("GetRecords").output_shape
+    parser = create_parser("json")
+    raw = json.dumps(body).encode()
+    plain = parser.parse({"status_code": status, "headers": {}, "body": raw}, shape)
+    response = {"status_code": status, "headers": {}, "body": raw}
+    custom: dict = {}
+    dynamodb.decode_stream_records(response_dict=response, customized_response_dict=custom)
+    fast = parser.parse(response, shape)
+    fast.update(custom)
+    return plain, fast, custom
+
+
+def _wire_record(i: int, event: str = "MODIFY", created=1764045600) -> dict:
+    record = {"eventID": f"e{i}", "eventName": event, "eventVersion": "1.1", "eventSource": "aws:dynamodb",
+              "awsRegion": "us-east-1",
+              "dynamodb": {"ApproximateCreationDateTime": created, "Keys": {"pk": {"S": f"k{i}"}},
+                           "SequenceNumber": f"{100 + i:021d}", "SizeBytes": 57 + i,
+                           "StreamViewType": "NEW_AND_OLD_IMAGES"}}
+    if event != "INSERT":
+        record["dynamodb"]["OldImage"] = {**WIRE_ITEM, "pk": {"S": f"k{i}"}}
+    if event != "REMOVE":
+        record["dynamodb"]["NewImage"] = {**WIRE_ITEM, "pk": {"S": f"k{i}"}, "v": {"N": str(i)}}
+    else:
+        record["userIdentity"] = {"PrincipalId": "dynamodb.amazonaws.com", "Type": "Service"}
+    return record
+
+
+def test_records_decoder_gives_exactly_what_botocore_gives():
+    body = {"Records": [_wire_record(0, "INSERT"), _wire_record(1), _wire_record(2, "REMOVE"),
+                        _wire_record(3, created=1764045600.123456)],
+            "NextShardIterator": "it-2"}
+    plain, fast, custom = _parse_records_both(body)
+    assert fast == plain
+    assert set(custom) == {"Records"}  # the records decoded here, not by botocore
+    assert fast["NextShardIterator"] == "it-2"  # the rest is still botocore's
+    created = fast["Records"][0]["dynamodb"]["ApproximateCreationDateTime"]
+    assert created == plain["Records"][0]["dynamodb"]["ApproximateCreationDateTime"] and created.tzinfo
+    assert fast["Records"][1]["dynamodb"]["OldImage"]["b"] == {"B": b"\x00\x01\x02\xff"}
+    # An empty page (and a closed shard's last one, without an iterator) too.
+    for body in ({"Records": [], "NextShardIterator": "it-3"}, {"Records": []}):
+        plain, fast, custom = _parse_records_both(body)
+        assert fast == plain and custom == {"Records": []}
+
+
+@pytest.mark.parametrize("change", [
+    lambda r: r.update(newField="x"),  # a field the model lacks: botocore would drop it
+    lambda r: r["dynamodb"].update(Extra=1),
+    lambda r: r["dynamodb"].update(SizeBytes="57"),  # not the type the model says
+    lambda r: r["dynamodb"].update(ApproximateCreationDateTime="2026-11-25T04:00:00Z"),
+    lambda r: r.update(eventName=None),  # null: botocore leaves the member out
+    lambda r: r["dynamodb"]["NewImage"].update(x={"UNKNOWN": "v"}),
+    lambda r: r.update(userIdentity={"PrincipalId": "p", "Type": "Service", "Other": "o"}),
+])
+def test_records_decoder_leaves_what_it_does_not_know_to_botocore(change):
+    import json
+
+    record = _wire_record(1)
+    change(record)
+    raw = json.dumps({"Records": [_wire_record(0), record], "NextShardIterator": "it"}).encode()
+    response = {"status_code": 200, "headers": {}, "body": raw}
+    custom: dict = {}
+    dynamodb.decode_stream_records(response_dict=response, customized_response_dict=custom)
+    assert custom == {} and response["body"] == raw
+
+
+def test_records_decoder_leaves_errors_alone():
+    body = {"__type": "com.amazonaws.dynamodb.v20120810#TrimmedDataAccessException", "message": "trimmed",
+            "Records": []}
+    response = {"status_code": 400, "headers": {}, "body": __import__("json").dumps(body).encode()}
+    before = dict(response)
+    custom: dict = {}
+    dynamodb.decode_stream_records(response_dict=response, customized_response_dict=custom)
+    assert custom == {} and response == before
+
+
+def test_stream_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
+    """Through the AWS emulator's server: a reader's client decodes GetRecords pages with the
+    hook, and every record equals what a plain client gets for the same iterator."""
+    import boto3
+
+    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.local import workload
+
+    item = {k: v for k, v in _parse_both({"Items": [WIRE_ITEM]})[0]["Items"][0].items() if k != "pk"}
+    client = dynamodb_client()
+    table = f"FastRec{unique}"
+    workload.create_table(client, table)
+    for i in range(12):
+        client.put_item(TableName=table, Item={**item, "pk": {"S": f"k{i:03d}"}, "sk": {"S": "s"}})
+    client.delete_item(TableName=table, Key={"pk": {"S": "k000"}, "sk": {"S": "s"}})
+    arn = client.describe_table(TableName=table)["Table"]["LatestStreamArn"]
+    streams = StreamsClientFactory()()
+    dynamodb.fast_records_decoding(streams)
+    plain_client = boto3.client("dynamodbstreams")  # no decoder: botocore parses everything
+    shard = streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"][0]["ShardId"]
+
+    def page(c):
+        it = c.get_shard_iterator(StreamArn=arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
+        return c.get_records(ShardIterator=it["ShardIterator"])["Records"]
+
+    fast, plain = page(streams), page(plain_client)
+    assert len(fast) == 13 and fast == plain
+    assert fast[3]["dynamodb"]["NewImage"]["b"] == {"B": b"\x00\x01\x02\xff"}
 
 
 class _Item(dict):

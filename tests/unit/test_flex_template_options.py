@@ -124,6 +124,8 @@ def _sample(action: argparse.Action):
         return str(value), value
     if action.dest == "mapping":
         return "gs://bkt/m.yaml", ["gs://bkt/m.yaml"]
+    if action.dest == "kinesis_share":  # a fraction of 1
+        return "1/2", action.type("1/2")
     if action.type is None:
         return "s3://bkt/x" if action.dest == "from_export" else "x7", "s3://bkt/x" if action.dest == "from_export" else "x7"
     raw = "7.5" if isinstance(action.default, float) else "7"

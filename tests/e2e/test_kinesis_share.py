@@ -1,0 +1,189 @@
+"""Tables sharing one Kinesis stream share its read budget (5 GetRecords calls
+and 2 MB per second per shard, for every reader of the stream): moto (DynamoDB,
+Kinesis) and cbtemulator, jobs built by the CLI (docs/design.md §10.8).
+
+* One job of two tables: each table's reader, as the job builds it, on a worker
+  of its own (a pacer of its own), reads every record of its table and together
+  they stay within each shard's budget. Time is simulated (the pacers' clock),
+  the calls are real calls to moto, counted per shard.
+* Two jobs: a second job beyond the budget is refused while the first runs,
+  starts with a share that fits, and takes the whole budget once the first has
+  stopped.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+
+import ddb2bt.pipeline.cli as cli
+import ddb2bt.pipeline.connections as connections
+import ddb2bt.pipeline.source.kinesis as kinesis_source
+from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
+from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.jobs import build_live_jobs, load_all
+from ddb2bt.pipeline.lease import TAIL, LeaseState, wall_ms
+from ddb2bt.pipeline.local import workload
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
+from ddb2bt.pipeline.source.kinesis import GET_RECORDS_PER_SECOND, ShardPacer, resolve_kinesis
+from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain
+from ddb2bt.pipeline.testing.kinesis_cdc import (Disorder, MeteredKinesis, change_document, publish_changes,
+                                                 read_table_changes)
+from ddb2bt.transforms.config import load_mapping
+from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.transforms.model import ShardClosed
+from tests.conftest import ROOT, write_mapping
+from tests.e2e.test_kinesis_source import IDLE, KinesisWorld, apply_ops, catalog_ops
+
+pytestmark = pytest.mark.e2e
+# Simulated seconds the two workers read: the backlog, then polls at the head.
+SIMULATED_S = 20.0
+# The budget is an average: checked over windows of this many seconds, where
+# each reader may be one call ahead (its first call is not paced).
+WINDOW_S = 5.0
+# How long a job started in the background may take to record its share.
+START_DEADLINE_S = 120.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+class SecondTable:
+    """Another DynamoDB table whose changes go into the first world's Kinesis stream."""
+
+    def __init__(self, world: KinesisWorld, tmp_path, unique: str, **mapping) -> None:
+        self.world = world
+        self.path = write_mapping(tmp_path, "product_catalog.yaml", source__table=f"SrcB_{unique}",
+                                  target__table=f"tb_{unique}", name=f"kb_{unique}",
+                                  source__kinesis={"stream": world.stream, "precision": world.precision}, **mapping)
+        self.mapping = load_mapping(self.path)
+        self.stream_arn = workload.create_table(world.ddb, self.mapping.source.table)
+        self._after: dict = {}
+        # Kept across pumps: an item's Kinesis times strictly increase over all
+        # of them (change_document), as real deliveries' do.
+        self._last_us: dict = {}
+        assert ddb2bt(["create-table", "--mapping", str(self.path)]) == 0
+
+    def pump(self, seed: int) -> int:
+        records = read_table_changes(StreamsClientFactory()(), self.stream_arn, self._after)
+        docs = [change_document(r, self.mapping.source.table, self.world.precision, self._last_us) for r in records]
+        return publish_changes(self.world.kinesis, self.world.stream, docs, Disorder(window=10, duplicate=0.1,
+                                                                                     seed=seed))
+
+    def assert_converged(self) -> None:
+        items = workload.scan_all(self.world.ddb, self.mapping.source.table)
+        read = lambda table: read_table(self.mapping.target.project, self.mapping.target.instance, table)  # noqa: E731
+        for table, diff in compare_mapping(self.mapping, items, read).items():
+            assert diff.identical, f"{table}: {diff.summary()}"
+
+
+def test_one_job_of_two_tables_on_two_workers_keeps_each_shard_within_its_budget(stack, tmp_path, unique,
+                                                                                  monkeypatch):
+    a = KinesisWorld(tmp_path, unique + "a", "product_catalog.yaml", precision="millisecond", shards=2)
+    b = SecondTable(a, tmp_path, unique)
+    apply_ops(a.ddb, a.source, catalog_ops(3, 150), ("pk", "sk"))
+    apply_ops(a.ddb, b.mapping.source.table, catalog_ops(4, 150), ("pk", "sk"))
+    published = {a.mapping.source.table: a.pump(Disorder(window=10, duplicate=0.1, seed=1)),
+                 b.mapping.source.table: b.pump(seed=2)}
+
+    # The job as `ddb2bt run --mapping a --mapping b` builds it (leases, shares
+    # in the state table), stopped before its pipeline runs.
+    built: dict = {}
+
+    def build_and_stop(args, mappings):
+        built["jobs"] = real_build(args, mappings)
+        raise ConfigError("built; not run")
+
+    real_build = cli.build_live_jobs
+    monkeypatch.setattr(cli, "build_live_jobs", build_and_stop)
+    assert ddb2bt(["run", "--mapping", str(a.path), "--mapping", str(b.path)]) == 2
+    assert len(built["jobs"]) == 2
+
+    clock = Clock()
+    metered = MeteredKinesis(boto3.client("kinesis"), clock)
+    monkeypatch.setattr(connections, "aws_client", lambda service, **kw: metered)
+    readers = []
+    for job in built["jobs"]:
+        # Each table on a worker of its own: a process pacer of its own.
+        monkeypatch.setattr(kinesis_source, "PROCESS_PACER", ShardPacer(clock=clock, sleep=clock.sleep))
+        reader = PartitionReader(job.client_factory(), StreamPartition(job.stream_arn, 0, 1), ReaderOptions(),
+                                 lambda _: {}, sleep=lambda s: None)
+        readers.append((job.mapping.source.table, reader, LocalTracker()))
+    read = dict.fromkeys(published, 0)
+    while clock.now < SIMULATED_S:
+        for table, reader, tracker in readers:
+            out, _ = drain(reader.read_round(tracker))
+            read[table] += sum(1 for r in out if not isinstance(r, ShardClosed))
+    assert read == published  # every record of its own table (duplicates included), none of the other's
+
+    shards = [s["ShardId"] for s in a.kinesis.list_shards(StreamName=a.stream)["Shards"]]
+    assert len(shards) == 2
+    for shard in shards:
+        calls, _ = metered.busiest(shard, WINDOW_S)
+        assert calls <= GET_RECORDS_PER_SECOND * WINDOW_S + len(readers), (shard, calls)
+
+
+def test_a_second_job_on_the_stream_needs_a_share_that_fits(stack, tmp_path, unique, capsys):
+    a = KinesisWorld(tmp_path, unique + "a", "product_catalog.yaml", precision="millisecond", shards=1)
+    b = SecondTable(a, tmp_path, unique)
+    apply_ops(a.ddb, a.source, catalog_ops(5, 60), ("pk", "sk"))
+    apply_ops(a.ddb, b.mapping.source.table, catalog_ops(6, 60), ("pk", "sk"))
+    a.pump(Disorder(window=10, duplicate=0.1, seed=1))
+    b.pump(seed=2)
+    stream = resolve_kinesis(a.mapping, a.kinesis).kinesis_arn
+    store = StateSpec(BigtableSpec(a.mapping.target.project, a.mapping.target.instance), job=a.mapping.name).store()
+
+    # Job 1 runs in the background with half the budget.
+    cmd = [sys.executable, "-m", "ddb2bt.pipeline.cli", "run", "--mapping", str(a.path), "--poll-interval", "0.2",
+           "--kinesis-share", "1/2"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while time.monotonic() < deadline and a.mapping.name not in (store.load_stream_shares(stream) or ""):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.1)
+        assert a.mapping.name in (store.load_stream_shares(stream) or ""), "job 1 never recorded its share"
+
+        # Job 2 asking the whole budget (the default) is refused, naming job 1.
+        capsys.readouterr()
+        run_b = ["run", "--mapping", str(b.path), "--until-idle", IDLE, "--poll-interval", "0.2"]
+        assert ddb2bt(run_b) == 2
+        err = capsys.readouterr().err
+        assert "--kinesis-share: Kinesis stream " + stream in err
+        assert f"({a.mapping.name} 1/2)" in err and f"asks {b.mapping.name} 1:" in err and "together 3/2" in err
+        # A refused start holds nothing, even where nothing releases leases at
+        # exit (a Dataflow launch): a corrected rerun is not blocked by its lease.
+        args, _ = cli.build_parser().parse_known_args(run_b)
+        args.beam_args, args.bigtable_interceptors, args.dry = [], (), False
+        with pytest.raises(ConfigError, match="together 3/2"):
+            build_live_jobs(args, load_all(args))
+        b_lease = LeaseState.parse(StateSpec(BigtableSpec(b.mapping.target.project, b.mapping.target.instance),
+                                             job=b.mapping.name).store().load_lease(TAIL))
+        assert b_lease is not None and not b_lease.live(wall_ms())
+        # With the half that is left it runs.
+        assert ddb2bt(run_b + ["--kinesis-share", "1/2"]) == 0
+        b.assert_converged()
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # a graceful stop releases job 1's lease
+        proc.wait(timeout=60)
+    a.assert_converged()
+    # Job 1 stopped: its share is free, and job 2 may take the whole budget.
+    apply_ops(a.ddb, b.mapping.source.table, catalog_ops(7, 30), ("pk", "sk"))
+    b.pump(seed=3)
+    assert ddb2bt(run_b) == 0
+    b.assert_converged()
