@@ -63,7 +63,7 @@ def test_every_template_parameter_reaches_the_cli(command):
                      "--project=p-123456", "--region=us-central1", "--temp_location=gs://bkt/t"]
     samples = {"dlq_include_values": "false", "consistent_read": "true", "restart": "true", "start": "latest",
                "on_trimmed": "restart", "from_export": "s3://b/x", "metrics_pushgateway": "http://g:9091",
-               "log_level": "DEBUG", "log_format": "json"}
+               "log_level": "DEBUG", "log_format": "json", "kinesis_share": "1/2"}
     for name in PARAMETERS:
         if name != "mapping":
             launcher_args.append(f"--{name}={samples.get(name, '7')}")
