@@ -78,6 +78,21 @@ def write_mapping(tmp_path: Path, base: str = "product_catalog.yaml", **changes)
     return path
 
 
+# xdist workers per core for `-n logical` (pyproject addopts). The end-to-end tests
+# mostly wait (the tail's polls, verify's re-check waits, leases, Beam's start):
+# measured, one worker with its emulators used about a fifth of a core, so one
+# worker per core left the machine mostly idle. Each worker has its own emulators
+# and every test its own tables, so more workers share nothing.
+WORKERS_PER_CORE = 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # an explicit count: xdist's own hook reads it
+    return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
+
+
 def pytest_collection_modifyitems(config, items):
     """Start the `slow` tests first. With one test handed out at a time
     (`--maxschedchunk 1`), longest-first keeps every worker busy to the end instead

@@ -53,6 +53,14 @@ DIVERGENT = "divergent"  # CompareRows' output of rows to re-check
 RECHECK_BATCH_ROWS = 1000
 
 
+def batch_divergent_rows() -> beam.PTransform:
+    """The divergent rows of a bundle in batches of RECHECK_BATCH_ROWS (the last
+    one smaller). Fixed, not Beam's adaptive sizing from 1 up: every batch waits
+    for the tail for seconds whatever its size, so batches of 1, 2, 4 ... made
+    one verify of a busy table wait for the tail dozens of times in a row."""
+    return beam.BatchElements(min_batch_size=RECHECK_BATCH_ROWS, max_batch_size=RECHECK_BATCH_ROWS)
+
+
 @dataclass(frozen=True)
 class VerifyTable:
     """One mapping to verify and where its source is read from."""
@@ -292,8 +300,7 @@ class VerifyMappings(beam.PTransform):
                     | "CompareRows" >> beam.ParDo(_CompareRowFn(show, show_keys, t.rechecks)).with_outputs(
                         DIVERGENT, main="findings"))
         rechecked = (compared[DIVERGENT]
-                     | "BatchDivergentRows" >> beam.BatchElements(min_batch_size=1,
-                                                                  max_batch_size=RECHECK_BATCH_ROWS)
+                     | "BatchDivergentRows" >> batch_divergent_rows()
                      | "RecheckRows" >> beam.ParDo(_RecheckRowsFn(t)).with_output_types(Any)) if t.rechecks else None
         unmappable = (rows[_ExpectRowsFn.UNMAPPABLE]
                       | "UnmappableItems" >> beam.Map(_unmappable_partial, show).with_output_types(Any))

@@ -3,6 +3,7 @@ report success with data missing."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -10,9 +11,13 @@ from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import dynamodb_client
 from ddb2bt.pipeline.local.local_stack import LocalStack
+from ddb2bt.pipeline.sink.bigtable_io import read_table
+from ddb2bt.transforms.config import load_mapping
 from tests.conftest import write_mapping
 
 pytestmark = pytest.mark.e2e
+RUN_WRITES_WITHIN_S = 120  # generous: a run's first write on a loaded machine (typically seconds)
+POLL_S = 0.1
 
 
 @pytest.mark.slow
@@ -35,9 +40,17 @@ def test_emulator_restart_mid_run_fails_the_job_loudly(tmp_path, monkeypatch, ca
         t.start()
         started.wait()
         ops = workload.operations(3, 400, 50)
+        target = load_mapping(path).target
         for i, op in enumerate(ops):
             workload.apply_quietly(ddb, "ProductCatalog", op)
             if i == 150:
+                # Mid-run: once the run has written to its target (its thread's start
+                # is not enough: on a loaded machine the restart came before its
+                # preflight, which then refused the missing table with exit 2).
+                deadline = time.monotonic() + RUN_WRITES_WITHIN_S
+                while not read_table(target.project, target.instance, target.table):
+                    assert time.monotonic() < deadline and t.is_alive(), (result, "the run never wrote")
+                    time.sleep(POLL_S)
                 own.restart_bigtable()  # all tables gone, including the state table
         t.join(180)
         assert not t.is_alive()

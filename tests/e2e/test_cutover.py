@@ -224,8 +224,11 @@ def test_crash_during_backfill_and_during_tail_still_converges(stack, tmp_path, 
                    "--poll-interval", "0.2"])
     _wait(lambda: Migration(store).phase in ("CATCHING_UP", "LIVE"), what="the end of the backfill")
     assert Migration(store).handoff_ms == handoff
+    arn = ddb.describe_table(TableName=mapping.source.table)["Table"]["LatestStreamArn"]
+    before = store.load_checkpoints(arn)
     random_changes(ddb, mapping.source.table, items, 200, seed=5)
-    time.sleep(1.0)
+    # killed once the tail has checkpointed some of these changes (a condition, not a fixed wait)
+    _wait(lambda: store.load_checkpoints(arn) != before, what="the tail to checkpoint the new changes")
     _kill(proc)
     # 3. restarted once more: tail only, until idle
     assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "4", "--max-rcu", "4", "--page-size", "40",
@@ -391,7 +394,6 @@ def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp
     """`ddb2bt backfill` next to a running `ddb2bt run` (not `migrate`): the tail
     sees the phase and marks the items it writes, so the backfill's guards work."""
     from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-    from ddb2bt.pipeline.cutover.phases import PHASE_CACHE_S
     from ddb2bt.transforms.mapping import MARKER_FAMILY
 
     path, mapping, ddb = setup(tmp_path, unique)
@@ -412,7 +414,17 @@ def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp
         Migration(store_of(mapping), sleep=lambda s: None).begin_backfill(
             {"kind": "scan", "segments": 1}, Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
             mapping.tables)
-        time.sleep(PHASE_CACHE_S + 1)  # the tail re-reads the phase this often
+        # The tail re-reads the phase every PHASE_CACHE_S: probes until one is written
+        # marked (a condition with a deadline, not a fixed wait for the tail process).
+        probes = iter(range(10**6))
+
+        def a_probe_is_marked():
+            sk = f"probe-{next(probes)}"
+            put(sk)
+            _wait(lambda: row(sk) is not None, what="the tail to replicate a probe")
+            return any(f == MARKER_FAMILY for f, _ in row(sk))
+
+        _wait(a_probe_is_marked, what="the tail to see the backfill's phase")
         put("during")
         _wait(lambda: row("during") is not None, what="the tail to replicate")
         assert any(f == MARKER_FAMILY for f, _ in row("during")), "the tail must mark while a backfill runs"

@@ -400,3 +400,18 @@ class FakeDynamo2(FakeDynamo):
 
     def get_item(self, keys):
         return self.items.get((keys["PK"]["S"], keys["SK"]["S"]))
+
+
+def test_the_beam_verify_rechecks_a_bundles_divergent_rows_in_one_batch():
+    """One wait for the tail per batch (RECHECK_BATCH_ROWS), not Beam's adaptive
+    batches of 1, 2, 4 ...: each waited seconds, one after another, and a Beam
+    verify of a busy table took minutes."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from ddb2bt.pipeline.cutover.beam_verify import RECHECK_BATCH_ROWS, batch_divergent_rows
+
+    rows = 2 * RECHECK_BATCH_ROWS + 7
+    with beam.Pipeline() as p:  # the local runner: one bundle
+        sizes = p | beam.Create(range(rows), reshuffle=False) | batch_divergent_rows() | beam.Map(len)
+        assert_that(sizes, equal_to([RECHECK_BATCH_ROWS, RECHECK_BATCH_ROWS, 7]))
