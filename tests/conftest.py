@@ -86,7 +86,7 @@ def write_mapping(tmp_path: Path, base: str = "product_catalog.yaml", **changes)
 WORKERS_PER_CORE = 2
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a run with -p no:xdist has no such hook
 def pytest_xdist_auto_num_workers(config):
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # an explicit count: xdist's own hook reads it
