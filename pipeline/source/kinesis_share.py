@@ -36,7 +36,7 @@ from ddb2bt.transforms.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["check_shares", "parse_share", "record_stream", "share_text", "table_shares", "take_shares"]
+__all__ = ["check_shares", "held_shares", "parse_share", "record_stream", "share_text", "table_shares", "take_shares"]
 
 OPTION = "--kinesis-share"
 # A share finer than this would pace a table to one call in 200 s per shard: a
@@ -106,15 +106,26 @@ def _holds(store, job: str, stream: str, now_ms: int) -> bool:
     return reads is None or reads == stream
 
 
+def _read_row(store, stream: str) -> tuple:
+    """(the shares row of ``stream`` as stored, {job: share} recorded in it)."""
+    raw = store.load_stream_shares(stream)
+    try:
+        return raw, ({job: Fraction(v) for job, v in json.loads(raw).items()} if raw else {})
+    except (ValueError, TypeError, ZeroDivisionError, AttributeError):
+        log.warning("the shares row of Kinesis stream %s is unreadable; taken as empty", stream)
+        return raw, {}
+
+
+def held_shares(store, stream: str, now_ms: int) -> dict:
+    """{job: share} of the jobs whose share of ``stream`` counts now (for
+    ``status``): recorded, lease live, still reading the stream."""
+    return {job: share for job, share in _read_row(store, stream)[1].items() if _holds(store, job, stream, now_ms)}
+
+
 def _decide(store, stream: str, consumers: dict, now_ms: Callable[[], int]):
     """(the shares row as read, {job: share} of the other jobs holding one), or
     ConfigError if ``consumers`` would take the total above 1."""
-    raw = store.load_stream_shares(stream)
-    try:
-        recorded = {job: Fraction(v) for job, v in json.loads(raw).items()} if raw else {}
-    except (ValueError, TypeError, ZeroDivisionError, AttributeError):
-        log.warning("the shares row of Kinesis stream %s is unreadable; taken as empty", stream)
-        recorded = {}
+    raw, recorded = _read_row(store, stream)
     now = now_ms()
     others = {job: share for job, share in recorded.items()
               if job not in consumers and _holds(store, job, stream, now)}

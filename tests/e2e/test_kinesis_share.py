@@ -10,7 +10,8 @@ Kinesis) and cbtemulator, jobs built by the CLI (docs/design.md §10.8).
   starts with a share that fits, and takes the whole budget once the first has
   stopped.
 * A restart with --take-over refused for its share is refused before it takes
-  the lease: the running job it would replace keeps running.
+  the lease: the running job it would replace keeps running; status shows the
+  shares held. A job moved back to its DynamoDB stream frees its share.
 """
 from __future__ import annotations
 
@@ -218,6 +219,10 @@ def test_a_take_over_refused_for_its_share_leaves_the_running_job_running(stack,
         assert held is not None and held.holder == running_lease.holder and held.live(wall_ms())
         assert json.loads(running_spec.store().load_stream_shares(stream)) == {a.mapping.name: "1/2",
                                                                               f"rival_{unique}": "1/2"}
+        # status names who holds the stream's budget.
+        ddb2bt(["status", "--mapping", str(a.path)])
+        assert (f"read budget of the Kinesis stream: {a.mapping.name} 1/2, rival_{unique} 1/2 (held 1 of 1)"
+                in capsys.readouterr().out)
     finally:
         running.release()
         rival.release()
