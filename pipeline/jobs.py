@@ -325,6 +325,10 @@ def build_live_jobs(args, mappings: list) -> list:
         check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, accept_new_stream)
     states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
     claim_target_tables(args, mappings, states)
+    # Before the leases: with --take-over, acquiring them displaces the running
+    # job at once, and a start then refused for its share would leave nothing
+    # replicating (docs/design.md §10.8). The compare-and-set below decides.
+    take_kinesis_shares(args, mappings, sources, states, check_only=True)
     held: list = []
     leases = acquire_leases(args, states, TAIL, held)
     try:
@@ -370,16 +374,17 @@ def build_live_jobs(args, mappings: list) -> list:
     return jobs
 
 
-def take_kinesis_shares(args, mappings: list, sources: list, states: list) -> list:
+def take_kinesis_shares(args, mappings: list, sources: list, states: list, check_only: bool = False) -> list:
     """Each table's share of its Kinesis stream's read budget (None: a DynamoDB
     stream): the job's ``--kinesis-share`` split between its tables on the
-    stream, recorded in the state table while the tail leases are held, so a
-    start that would overspend the budget with other jobs is refused
-    (docs/design.md §10.8)."""
+    stream, recorded in the state table while the tail leases are held, with
+    the stream each table now reads, so a start that would overspend the budget
+    with other jobs is refused (docs/design.md §10.8). ``check_only``: refuse
+    such a start, writing nothing (before the leases are taken)."""
     from fractions import Fraction
 
     from ddb2bt.pipeline.connections import wall_ms
-    from ddb2bt.pipeline.source.kinesis_share import table_shares, take_shares
+    from ddb2bt.pipeline.source.kinesis_share import check_shares, record_stream, table_shares, take_shares
 
     arns = [source.kinesis_arn or source.stream_arn if mapping.source.kinesis is not None else None
             for mapping, source in zip(mappings, sources)]
@@ -391,10 +396,18 @@ def take_kinesis_shares(args, mappings: list, sources: list, states: list) -> li
         if arn is not None:
             where = (state.bigtable.project, state.bigtable.instance, state.table, arn)
             groups.setdefault(where, (state, {}))[1][state.job] = share
+        if not check_only:
+            # Every table, a DynamoDB stream's too: its share of a stream it
+            # read before stops counting there (kinesis_share.READS_META).
+            store = state.store()
+            try:
+                record_stream(store, arn)
+            finally:
+                store.close()
     for (_, _, _, arn), (state, consumers) in groups.items():
         store = state.store()
         try:
-            take_shares(store, arn, consumers, wall_ms)
+            (check_shares if check_only else take_shares)(store, arn, consumers, wall_ms)
         finally:
             store.close()
     return shares

@@ -278,6 +278,13 @@ class StateStore:
         cells = self._backend.read_prefix(key).get(key)
         return cells.get((META, b"lease")) if cells else None
 
+    def load_job_meta(self, job: str, name: str) -> Optional[str]:
+        """Another job's meta cell ``name`` (``load_meta`` of that job)."""
+        key = f"{job}#meta#{name}".encode()
+        cells = self._backend.read_prefix(key).get(key)
+        value = cells.get((META, b"value")) if cells else None
+        return value.decode() if value is not None else None
+
     def swap_meta(self, name: str, expected: Optional[str], value: str) -> bool:
         """Compare-and-set of a meta value (CheckAndMutateRow): write ``value`` iff
         the stored one is exactly ``expected`` (None: absent). True when written."""

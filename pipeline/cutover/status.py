@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from botocore.exceptions import ClientError
@@ -78,6 +78,9 @@ class Facts:
     running_mapping: Optional[dict] = None
     given_mapping: Optional[str] = None
     given_changes: tuple = ()
+    # A Kinesis source: the stream's read-budget shares held now ({job: share},
+    # kinesis_share.held_shares; docs/kinesis.md "Several tables on one stream").
+    kinesis_shares: Optional[dict] = None
 
 
 def assess(f: Facts, flags: str = "") -> tuple:
@@ -261,6 +264,12 @@ def render(f: Facts, flags: str = "") -> list:
     lines.append(f"backfill: {f.backfill_done_parts}/{f.backfill_parts} parts done, {f.backfill_items} items"
                  f"{expected}; finished {when(f.backfill_done_ms)}")
     lines.append(f"stream: {f.stream_arn or '-'}")
+    if f.kinesis_shares is not None:
+        from ddb2bt.pipeline.source.kinesis_share import share_text
+
+        lines.append("read budget of the Kinesis stream: " + (", ".join(
+            f"{job} {share_text(share)}" for job, share in sorted(f.kinesis_shares.items())) or "no job holds a share")
+            + f" (held {share_text(sum(f.kinesis_shares.values(), 0))} of 1)")
     for s in f.shards:
         state = "finished" if s.finished else "TRIMMED (changes lost from the stream)" if s.trimmed else (
             "not read yet" if s.reported_ago_ms is None else
@@ -293,7 +302,7 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
 
-    arn = None
+    arn = kinesis_arn = None
     kinesis = mapping.source.kinesis
     streams_factory = StreamsClientFactory(mapping.source.region)
     try:
@@ -302,7 +311,8 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
         if kinesis is not None:  # the tail reads the Kinesis stream (docs/kinesis.md)
             from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
 
-            arn = resolve_kinesis(mapping).stream_arn
+            source = resolve_kinesis(mapping)
+            arn, kinesis_arn = source.stream_arn, source.kinesis_arn or source.stream_arn
             streams_factory = KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region,
                                                    kinesis.precision)
         else:
@@ -312,9 +322,14 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
         raise
     except Exception as exc:  # status must work even when the source is unreachable
         logging.getLogger(__name__).warning("cannot describe %s: %s", mapping.source.table, exc)
-    return gather(store, streams_factory(), arn,
-                  bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
-                  tables=mapping.tables, mapping=mapping)
+    facts = gather(store, streams_factory(), arn,
+                   bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
+                   tables=mapping.tables, mapping=mapping)
+    if kinesis is not None and kinesis_arn is not None:
+        from ddb2bt.pipeline.source.kinesis_share import held_shares
+
+        facts = replace(facts, kinesis_shares=held_shares(store, kinesis_arn, facts.now_ms))
+    return facts
 
 
 def render_tables(named: list, flags: Callable[[str], str] = lambda name: "") -> list:

@@ -9,14 +9,19 @@ Kinesis) and cbtemulator, jobs built by the CLI (docs/design.md §10.8).
 * Two jobs: a second job beyond the budget is refused while the first runs,
   starts with a share that fits, and takes the whole budget once the first has
   stopped.
+* A restart with --take-over refused for its share is refused before it takes
+  the lease: the running job it would replace keeps running; status shows the
+  shares held. A job moved back to its DynamoDB stream frees its share.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from fractions import Fraction
 
 import boto3
 import pytest
@@ -24,6 +29,7 @@ import pytest
 import ddb2bt.pipeline.cli as cli
 import ddb2bt.pipeline.connections as connections
 import ddb2bt.pipeline.source.kinesis as kinesis_source
+from ddb2bt.pipeline import lease
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.cutover.compare import compare_mapping
@@ -32,6 +38,7 @@ from ddb2bt.pipeline.lease import TAIL, LeaseState, wall_ms
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.source.kinesis import GET_RECORDS_PER_SECOND, ShardPacer, resolve_kinesis
+from ddb2bt.pipeline.source.kinesis_share import record_stream, take_shares
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain
 from ddb2bt.pipeline.testing.kinesis_cdc import (Disorder, MeteredKinesis, change_document, publish_changes,
                                                  read_table_changes)
@@ -167,14 +174,15 @@ def test_a_second_job_on_the_stream_needs_a_share_that_fits(stack, tmp_path, uni
         assert "--kinesis-share: Kinesis stream " + stream in err
         assert f"({a.mapping.name} 1/2)" in err and f"asks {b.mapping.name} 1:" in err and "together 3/2" in err
         # A refused start holds nothing, even where nothing releases leases at
-        # exit (a Dataflow launch): a corrected rerun is not blocked by its lease.
+        # exit (a Dataflow launch): a corrected rerun is not blocked by its lease
+        # (refused before it takes the lease: docs/design.md §10.8).
         args, _ = cli.build_parser().parse_known_args(run_b)
         args.beam_args, args.bigtable_interceptors, args.dry = [], (), False
         with pytest.raises(ConfigError, match="together 3/2"):
             build_live_jobs(args, load_all(args))
         b_lease = LeaseState.parse(StateSpec(BigtableSpec(b.mapping.target.project, b.mapping.target.instance),
                                              job=b.mapping.name).store().load_lease(TAIL))
-        assert b_lease is not None and not b_lease.live(wall_ms())
+        assert b_lease is None or not b_lease.live(wall_ms())
         # With the half that is left it runs.
         assert ddb2bt(run_b + ["--kinesis-share", "1/2"]) == 0
         b.assert_converged()
@@ -187,3 +195,61 @@ def test_a_second_job_on_the_stream_needs_a_share_that_fits(stack, tmp_path, uni
     b.pump(seed=3)
     assert ddb2bt(run_b) == 0
     b.assert_converged()
+
+
+def test_a_take_over_refused_for_its_share_leaves_the_running_job_running(stack, tmp_path, unique, capsys):
+    """Job 1 runs with 1/2 beside another job with 1/2; restarted with --take-over
+    and the default share (the whole budget) it is refused for its share before
+    it takes the lease: the running job 1 keeps replicating."""
+    a = KinesisWorld(tmp_path, unique + "a", "product_catalog.yaml", precision="millisecond", shards=1)
+    stream = resolve_kinesis(a.mapping, a.kinesis).kinesis_arn
+    bigtable = BigtableSpec(a.mapping.target.project, a.mapping.target.instance)
+    running_spec, rival_spec = StateSpec(bigtable, job=a.mapping.name), StateSpec(bigtable, job=f"rival_{unique}")
+    running, running_lease = lease.hold(running_spec, TAIL, lease.LeaseOptions(), command="run")
+    rival, _ = lease.hold(rival_spec, TAIL, lease.LeaseOptions(), command="run")
+    try:
+        for spec in (running_spec, rival_spec):
+            record_stream(spec.store(), stream)
+            take_shares(spec.store(), stream, {spec.job: Fraction(1, 2)}, wall_ms)
+        capsys.readouterr()
+        assert ddb2bt(["run", "--mapping", str(a.path), "--take-over", "--until-idle", IDLE]) == 2
+        err = capsys.readouterr().err
+        assert f"(rival_{unique} 1/2) while this job asks {a.mapping.name} 1: together 3/2" in err
+        held = LeaseState.parse(running_spec.store().load_lease(TAIL))
+        assert held is not None and held.holder == running_lease.holder and held.live(wall_ms())
+        assert json.loads(running_spec.store().load_stream_shares(stream)) == {a.mapping.name: "1/2",
+                                                                              f"rival_{unique}": "1/2"}
+        # status names who holds the stream's budget.
+        ddb2bt(["status", "--mapping", str(a.path)])
+        assert (f"read budget of the Kinesis stream: {a.mapping.name} 1/2, rival_{unique} 1/2 (held 1 of 1)"
+                in capsys.readouterr().out)
+    finally:
+        running.release()
+        rival.release()
+
+
+def test_a_job_moved_back_to_its_dynamodb_stream_frees_its_share_of_the_kinesis_stream(stack, tmp_path, unique):
+    """Job 1 read the Kinesis stream with the whole budget; restarted on its
+    table's DynamoDB stream it keeps running (its lease live) but no longer
+    reads the Kinesis stream: a job on that stream may take the whole budget."""
+    a = KinesisWorld(tmp_path, unique + "a", "product_catalog.yaml", precision="millisecond", shards=1)
+    b = SecondTable(a, tmp_path, unique)
+    apply_ops(a.ddb, a.source, catalog_ops(8, 30), ("pk", "sk"))
+    apply_ops(a.ddb, b.mapping.source.table, catalog_ops(9, 30), ("pk", "sk"))
+    b.pump(seed=4)
+    stream = resolve_kinesis(a.mapping, a.kinesis).kinesis_arn
+    state = StateSpec(BigtableSpec(a.mapping.target.project, a.mapping.target.instance), job=a.mapping.name)
+    assert ddb2bt(["run", "--mapping", str(a.path), "--until-idle", IDLE, "--poll-interval", "0.2"]) == 0
+    assert json.loads(state.store().load_stream_shares(stream)) == {a.mapping.name: "1"}
+    # The same job (name, table, target) on the table's DynamoDB stream.
+    on_ddb = write_mapping(tmp_path, "product_catalog.yaml", source__table=a.source,
+                           target__table=a.mapping.target.table, name=a.mapping.name)
+    assert ddb2bt(["run", "--mapping", str(on_ddb), "--until-idle", IDLE, "--poll-interval", "0.2"]) == 0
+    # Still running there (its lease live, as a job without --until-idle holds it).
+    running, _ = lease.hold(state, TAIL, lease.LeaseOptions(), command="run")
+    try:
+        assert ddb2bt(["run", "--mapping", str(b.path), "--until-idle", IDLE, "--poll-interval", "0.2"]) == 0
+        assert json.loads(state.store().load_stream_shares(stream)) == {b.mapping.name: "1"}
+        b.assert_converged()
+    finally:
+        running.release()

@@ -15,7 +15,7 @@ import pytest
 from ddb2bt.pipeline.lease import TAIL, LeaseState
 from ddb2bt.pipeline.source.kinesis import (GET_RECORDS_PER_SECOND, READ_BYTES_PER_SECOND, KinesisStreamsClient,
                                             ShardPacer, kinesis_stream_arn)
-from ddb2bt.pipeline.source.kinesis_share import parse_share, table_shares, take_shares
+from ddb2bt.pipeline.source.kinesis_share import check_shares, parse_share, record_stream, table_shares, take_shares
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain
 from ddb2bt.pipeline.state import META, StateStore, _set_latest
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
@@ -203,3 +203,40 @@ def test_a_job_of_several_tables_records_each_table_and_two_jobs_starting_at_onc
     with pytest.raises(ConfigError, match="rival 1"):
         take_shares(store, STREAM, {"catalog": Fraction(1, 2), "orders": Fraction(1, 2)}, lambda: NOW_MS)
     assert json.loads(store.load_stream_shares(STREAM)) == {"rival": "1"}
+
+
+def test_a_job_moved_to_another_stream_no_longer_holds_a_share_of_the_old_one():
+    """A running job counts only on the stream it reads now: after a restart on
+    a new stream (--new-stream) or back on its DynamoDB stream, its entry in the
+    old stream's row no longer refuses the jobs reading that stream."""
+    new_stream = "arn:aws:kinesis:us-east-1:000000000000:stream/cdc-2"
+    state = StateWithLeases()
+    for job in ("catalog", "audit"):
+        state.lease(job, live=True)
+        record_stream(state.store(job), STREAM)
+        take_shares(state.store(job), STREAM, {job: Fraction(1, 2)}, lambda: state.now_ms)
+    # catalog restarted on another Kinesis stream, audit on its DynamoDB stream:
+    # both still running (their leases live), neither reads STREAM any more.
+    record_stream(state.store("catalog"), new_stream)
+    take_shares(state.store("catalog"), new_stream, {"catalog": Fraction(1)}, lambda: state.now_ms)
+    record_stream(state.store("audit"), None)
+    state.lease("orders", live=True)
+    record_stream(state.store("orders"), STREAM)
+    assert take_shares(state.store("orders"), STREAM, {"orders": Fraction(1)}, lambda: state.now_ms) == \
+        {"orders": Fraction(1)}
+    assert json.loads(state.store("x").load_stream_shares(STREAM)) == {"orders": "1"}
+    # While the new stream's row still counts catalog, which reads it.
+    with pytest.raises(ConfigError, match=r"\(catalog 1\)"):
+        check_shares(state.store("orders"), new_stream, {"orders": Fraction(1, 2)}, lambda: state.now_ms)
+
+
+def test_the_check_before_the_leases_refuses_as_the_compare_and_set_does_and_writes_nothing():
+    state = StateWithLeases()
+    state.take("catalog", Fraction(1, 2))
+    state.take("orders", Fraction(1, 2))
+    row = state.store("x").load_stream_shares(STREAM)
+    # catalog restarted with the default share beside orders: refused, naming orders.
+    with pytest.raises(ConfigError, match=r"\(orders 1/2\) while this job asks catalog 1: together 3/2"):
+        check_shares(state.store("catalog"), STREAM, {"catalog": Fraction(1)}, lambda: state.now_ms)
+    check_shares(state.store("catalog"), STREAM, {"catalog": Fraction(1, 2)}, lambda: state.now_ms)
+    assert state.store("x").load_stream_shares(STREAM) == row
