@@ -10,15 +10,16 @@ the source again (after the backfill, so after the handoff T), and deletes a
 column that no scanned item owns in its row only when its newest cell is older
 than the backfill's cells (``floor_to_second(T) − 1 ms``): such a cell was
 written by a change before T, whose effect, or a later one, every Scan after T
-sees. A change after T writes at or after T's second, so the tail's cells are
-never taken: from an ordered source it writes every cell it owns; through the
-ordering guard (a Kinesis source) it skips a cell whose value the item's clock
-records, which then keeps its older time. So before deleting a column that a
-clock in the row lists with a value digest, the sweep clears those digests, a
-swap on the clock's token (docs/design.md §10.2): the next change of that item
-writes the cell again whatever it held, and a clock that moved since the read
-means the item changed, so the column is kept. Each such delete is one CheckAndMutateRow of exactly the cells
-read, applied only if the column still has nothing newer, so a tail write
+sees. A cell a change after T writes carries T's second or later, so the
+tail's cells are never taken. From an ordered source such a change writes every
+cell its item owns; through the ordering guard (a Kinesis source) it skips a
+cell whose value the item's clock records, which keeps its time before T. So
+before deleting a column that a clock in the row lists with a value digest, the
+sweep clears those digests by a swap on the clock's token (docs/design.md
+§7.7, §10.2): the item's next change writes the cell again whatever it held,
+and a clock that moved since the read (the item changed) keeps the column. Each
+such delete is one CheckAndMutateRow of exactly the cells read, applied only if
+the column still has nothing newer, so a tail write
 landing between the read and the delete wins. In a versioned column items still
 own, a version no scanned item holds goes when its owner record says a change
 before T claimed it (one after T is the tail's), and is released.

@@ -164,7 +164,8 @@ def test_a_column_a_clock_records_is_written_again_by_the_tail_after_the_sweep_d
     apply_guarded(bt, guarded_rows(mapping, record(INSERT, s0, None, handoff_ms - 50_000)))
     have = {row: {col: sorted(v.items()) for col, v in cols.items()} for row, cols in bt.versions(table).items()}
     (row_key,) = have
-    want = {row_key: {(c.family, c.qualifier): Expect(SINGLE, c.value) for c in owned_cells(mapping, keys, s1).values()}}
+    want = {row_key: {(c.family, c.qualifier): Expect(SINGLE, c.value)
+                      for c in owned_cells(mapping, keys, s1).values()}}
     stale = stale_columns(table, want, have, BACKFILL_MS)
     assert [(c.family, c.qualifier) for c in stale] == [("SKU", b"A")]
     assert deleter(bt, None, BACKFILL_MS)(stale[0]) is True

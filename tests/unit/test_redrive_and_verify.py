@@ -239,7 +239,8 @@ def _shared_cell_lost():
     from ddb2bt.transforms.ordering import guarded_rows
 
     mapping = load_mapping("examples/videos.yaml")
-    mapping = dataclasses.replace(mapping, source=dataclasses.replace(mapping.source, kinesis=KinesisSourceConfig("cdc")))
+    mapping = dataclasses.replace(mapping,
+                                  source=dataclasses.replace(mapping.source, kinesis=KinesisSourceConfig("cdc")))
     legacy_keys = {"pk": from_plain("v1"), "sk": from_plain("VideoStats")}
     views_keys = {"pk": from_plain("v1"), "sk": from_plain("VideoStatsViews")}
     legacy = {**legacy_keys, "ViewCount": from_plain(5)}
