@@ -33,9 +33,9 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
-from ddb2bt.transforms.model import DeleteCells, SetCell
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, Clock, decode_clock, encode_clock, swap_expectation
+from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
+from ddb2bt.transforms.model import DeleteCells
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,8 @@ def forget_digests(column: StaleColumn) -> list:
     """[(item, expected, prefix, mutations)]: for each clock that records a value
     digest of a cell of ``column``, the swap that rewrites it, at its own
     timestamp, with those digests unknown (docs/design.md §10.2)."""
+    from ddb2bt.transforms.model import SetCell
+
     out = []
     for item, ts, raw in column.clocks:
         clock = decode_clock(raw)
