@@ -779,7 +779,9 @@ def cmd_sweep_tombstones(args) -> int:
     retention plus a margin (docs/design.md §10.7)."""
     from ddb2bt.pipeline.sink.tombstones import (DEFAULT_MARGIN_HOURS, US_PER_HOUR, SweepStats, clock_scanner,
                                                  keep_us, sweep_tombstones)
-    from ddb2bt.pipeline.source.kinesis import resolve_kinesis
+    from ddb2bt.pipeline.source.kinesis import RECORD_AGE_MARGIN_S, resolve_kinesis
+
+    SECONDS_PER_HOUR = 3600  # the reader's margin is in seconds, --keep-hours in hours
 
     mappings = load_all(args)
     for mapping in mappings:
@@ -790,11 +792,16 @@ def cmd_sweep_tombstones(args) -> int:
     now_us = time.time_ns() // 1000
     for mapping in mappings:
         retention_hours = resolve_kinesis(mapping).retention_hours
-        if args.keep_hours is not None and args.keep_hours < retention_hours:
+        # The reader accepts a record up to the retention plus its margin (Kinesis
+        # trims lazily): a tombstone must outlive every record it may still meet.
+        margin_hours = RECORD_AGE_MARGIN_S / SECONDS_PER_HOUR
+        oldest_read_hours = retention_hours + margin_hours
+        if args.keep_hours is not None and args.keep_hours < oldest_read_hours:
             raise ConfigError(f"{args.keep_hours:g} h is shorter than the retention of Kinesis stream "
-                              f"{mapping.source.kinesis.stream!r} ({retention_hours} h): an older change of a "
-                              "deleted item may still arrive, and without its tombstone it would bring the item "
-                              "back", "--keep-hours")
+                              f"{mapping.source.kinesis.stream!r} ({retention_hours} h) plus the "
+                              f"{margin_hours:g} h the reader still accepts a record: an older "
+                              "change of a deleted item may still arrive, and without its tombstone it would bring "
+                              "the item back", "--keep-hours")
         keep = keep_us(retention_hours) if args.keep_hours is None else int(args.keep_hours * US_PER_HOUR)
         spec = state_spec(args, mapping)
         t = mapping.target
@@ -1336,7 +1343,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_state_args(p)
     p.add_argument("--keep-hours", type=number(float, above=0), metavar="HOURS",
                    help="keep tombstones this long after their delete (default: the Kinesis stream's retention "
-                        "+ 24 h); refused below the stream's retention")
+                        "+ 24 h); refused below the stream's retention + 1 h (the oldest "
+                        "record the reader accepts)")
     p.add_argument("--dry-run", action="store_true", help="only count the tombstones that would be removed")
     p.set_defaults(func=cmd_sweep_tombstones)
 

@@ -189,7 +189,10 @@ class GuardedRow:
     source before). ``refresh``: families whose cells are written on every
     applied change even when unchanged (a max-age GC rule ages cells by their
     timestamp: skipping an unchanged cell would let a live item's cell expire,
-    where an ordered source rewrites it with every change)."""
+    where an ordered source rewrites it with every change). ``whole``: write
+    every owned cell whatever the clock's digests say (``converge_rows``: a
+    repair exists to fix what went around the clock, e.g. a shared cell another
+    item's REMOVE deleted, so it cannot trust the digests; docs/design.md §10.2)."""
 
     table: str
     row_key: bytes
@@ -199,6 +202,7 @@ class GuardedRow:
     new_cells: tuple  # OwnedCell, sorted by key
     old_cells: tuple  # (family, qualifier, version_ms or None), sorted
     refresh: frozenset = frozenset()
+    whole: bool = False
 
 
 def _cell_id(cell) -> tuple:
@@ -231,17 +235,20 @@ def converge_rows(mapping: MappingConfig, keys, current, seen: tuple, ts_ms: int
     it), and, the item gone, leaves the clock as the tombstone that keeps a late
     older change out. ``old_cells`` (used only where a row has no clock yet)
     unite what the seen images owned; an image that cannot be mapped any more
-    owned nothing; ``current`` that cannot be mapped raises MappingError."""
+    owned nothing; ``current`` that cannot be mapped raises MappingError. Every
+    owned cell is written, not only those whose value differs from the clock's
+    digest (``GuardedRow.whole``): the row may not hold what the clock records."""
     new, old = owned_now_and_before(mapping, keys, current, seen)
     order = OrderKey(ts_ms * US_PER_MS + US_PER_MS - 1, image_hash(seen[-1] if seen else None), image_hash(current))
-    return _guarded_rows(new, old, keys, ts_ms, order, _aging_families(mapping))
+    return _guarded_rows(new, old, keys, ts_ms, order, _aging_families(mapping), whole=True)
 
 
 def _aging_families(mapping: MappingConfig) -> frozenset:
     return frozenset(f.name for f in mapping.families if f.max_age_seconds)
 
 
-def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order, refresh: frozenset = frozenset()) -> tuple:
+def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order, refresh: frozenset = frozenset(),
+                  whole: bool = False) -> tuple:
     """One GuardedRow per row the new or the old cells are in: what the change
     owns there now, and the ids of what it owned before."""
     rows: dict = {}
@@ -252,7 +259,8 @@ def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order, refresh: frozen
         cell = old[key]
         rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
     item = canonical_typed_json({"M": dict(keys)}).encode("utf-8")
-    return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)), refresh)
+    return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)), refresh,
+                            whole)
                  for (t, k), (n, o) in rows.items())
 
 
@@ -307,7 +315,7 @@ def _move(row: GuardedRow, owned_before, held: dict) -> tuple:
     for cell in row.new_cells:
         cell_id, digest = _cell_id(cell), cell_digest(cell)
         keep[cell_id] = digest
-        if held.get(cell_id) == digest and cell.family not in row.refresh:
+        if held.get(cell_id) == digest and cell.family not in row.refresh and not row.whole:
             # The row holds this value already: the clock records what the last
             # applied swap left, and every write of this item's cells here goes
             # through a swap of this clock. The cell keeps the timestamp it was

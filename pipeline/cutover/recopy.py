@@ -10,9 +10,16 @@ the source again (after the backfill, so after the handoff T), and deletes a
 column that no scanned item owns in its row only when its newest cell is older
 than the backfill's cells (``floor_to_second(T) − 1 ms``): such a cell was
 written by a change before T, whose effect, or a later one, every Scan after T
-sees. A change after T writes at or after T's second, so the tail's cells are
-never taken. Each such delete is one CheckAndMutateRow of exactly the cells
-read, applied only if the column still has nothing newer, so a tail write
+sees. A cell a change after T writes carries T's second or later, so the
+tail's cells are never taken. From an ordered source such a change writes every
+cell its item owns; through the ordering guard (a Kinesis source) it skips a
+cell whose value the item's clock records, which keeps its time before T. So
+before deleting a column that a clock in the row lists with a value digest, the
+sweep clears those digests by a swap on the clock's token (docs/design.md
+§7.7, §10.2): the item's next change writes the cell again whatever it held,
+and a clock that moved since the read (the item changed) keeps the column. Each
+such delete is one CheckAndMutateRow of exactly the cells read, applied only if
+the column still has nothing newer, so a tail write
 landing between the read and the delete wins. In a versioned column items still
 own, a version no scanned item holds goes when its owner record says a change
 before T claimed it (one after T is the tail's), and is released.
@@ -26,6 +33,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
+from ddb2bt.transforms.ordering import CLOCK_FAMILY, Clock, decode_clock, encode_clock, swap_expectation
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
 from ddb2bt.transforms.model import DeleteCells
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
@@ -54,6 +62,10 @@ class StaleColumn:
     newest_ms: int
     versions: tuple  # the cells' timestamps as read
     owned: bool = False
+    # (item qualifier, timestamp, value) of each clock in the row, as read, that
+    # records a value digest for a cell of this column (the ordering guard):
+    # cleared before the delete, so the item's next change writes the cell again.
+    clocks: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ def stale_columns(table: str, want: dict, have: dict, backfill_ms: int) -> list:
     out = []
     for row_key in sorted(have):
         owned = want.get(row_key, {})
+        digested = _digested_columns(have[row_key])
         for (family, qualifier), cells in sorted(have[row_key].items()):
             if family.startswith(OWN_FAMILY_PREFIX) or not cells:
                 continue
@@ -94,11 +107,49 @@ def stale_columns(table: str, want: dict, have: dict, backfill_ms: int) -> list:
             expect = owned.get((family, qualifier))
             if expect is None:
                 if stamps[-1] < backfill_ms:
-                    out.append(StaleColumn(table, row_key, family, qualifier, stamps[-1], stamps))
+                    out.append(StaleColumn(table, row_key, family, qualifier, stamps[-1], stamps,
+                                           clocks=digested.get((family, qualifier), ())))
             elif expect.kind == VERSIONS:
                 extra = tuple(v for v in stamps if v not in expect.value)
                 if extra:
-                    out.append(StaleColumn(table, row_key, family, qualifier, stamps[-1], extra, owned=True))
+                    out.append(StaleColumn(table, row_key, family, qualifier, stamps[-1], extra, owned=True,
+                                           clocks=digested.get((family, qualifier), ())))
+    return out
+
+
+def _digested_columns(columns: dict) -> dict:
+    """{(family, qualifier): ((item, ts, clock value), ...)}: the clocks of a row
+    (its newest cell each, as read) that record a value digest for a cell of the
+    column. A clock that cannot be read is left to the guard, which refuses it."""
+    out: dict = {}
+    for (family, item), cells in sorted(columns.items()):
+        if family != CLOCK_FAMILY or not cells:
+            continue
+        ts, raw = max(cells, key=lambda c: c[0])
+        try:
+            clock = decode_clock(raw)
+        except ValueError:
+            continue
+        for (f, q, _), digest in zip(clock.cells, clock.digests):
+            if digest is not None and (item, ts, raw) not in out.get((f, q), ()):
+                out[(f, q)] = out.get((f, q), ()) + ((item, ts, raw),)
+    return out
+
+
+def forget_digests(column: StaleColumn) -> list:
+    """[(item, expected, prefix, mutations)]: for each clock that records a value
+    digest of a cell of ``column``, the swap that rewrites it, at its own
+    timestamp, with those digests unknown (docs/design.md §10.2)."""
+    from ddb2bt.transforms.model import SetCell
+
+    out = []
+    for item, ts, raw in column.clocks:
+        clock = decode_clock(raw)
+        digests = tuple(None if (f, q) == (column.family, column.qualifier) else d
+                        for (f, q, _), d in zip(clock.cells, clock.digests))
+        value = encode_clock(Clock(clock.us, clock.new_hash, clock.cells, digests))
+        expected, prefix = swap_expectation(raw)
+        out.append((item, expected, prefix, [SetCell(CLOCK_FAMILY, item, value, ts)]))
     return out
 
 
@@ -158,7 +209,19 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
     def exact(column: StaleColumn, versions) -> list:
         return [DeleteCells(column.family, column.qualifier, v, v + 1) for v in versions]
 
+    def forget(column: StaleColumn) -> bool:
+        """Clear the clocks' digests of the column first: a delete around the
+        clock must leave it describing what the row holds. False: a clock
+        moved since the read (its item changed; the column is the tail's)."""
+        for item, expected, prefix, mutations in forget_digests(column):
+            if not writer.swap_row(column.table, column.row_key, CLOCK_FAMILY, item, expected, mutations,
+                                   prefix=prefix):
+                return False
+        return True
+
     def delete(column: StaleColumn) -> bool:
+        if not forget(column):
+            return False
         if not column.owned:
             applied = writer.check_and_mutate(column.table, column.row_key,
                                               _Unless(column.family, column.qualifier, column.newest_ms + 1),

@@ -25,7 +25,7 @@ from ddb2bt.transforms.config import TtlConfig, load_mapping
 from ddb2bt.transforms.mapping import delete_cell, write_cell
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell
 from ddb2bt.transforms.ordering import (CLOCK_FAMILY, Clock, GuardedRow, clock_mutations, decode_clock,
-                                        guarded_rows, is_newer, row_mutations)
+                                        converge_rows, guarded_rows, is_newer, row_mutations)
 from tests.unit.test_recover_model import CASES
 
 START_US = 1_700_000_000_000_000
@@ -283,3 +283,28 @@ def test_a_slot_over_a_limit_together_is_applied_one_change_at_a_time():
     assert stats.applied == 1 and [r.order.us for r, _ in stats.rejected] == [START_US + 1_000_000]
     (row,) = bt.latest(CATALOG.target.table).values()
     assert row[("SKU", b"Attr007")] == b"changed 1"
+
+
+VIDEOS = load_mapping("examples/videos.yaml")
+
+
+def test_a_repair_writes_the_whole_state_where_the_row_misses_what_the_clock_records():
+    """videos.yaml's rules `views` and `views_legacy` share cell stats:Views of
+    row {pk}. VideoStatsViews' REMOVE deletes it around VideoStats' clock, which
+    still records the value 5 there (a shared cell: not promised for the live
+    path, docs/design.md §1.5). A repair (converge_rows) must not trust the
+    clock's digests: it writes the item's whole state, so the cell is back."""
+    legacy_keys = {"pk": from_plain("v1"), "sk": from_plain("VideoStats")}
+    views_keys = {"pk": from_plain("v1"), "sk": from_plain("VideoStatsViews")}
+    legacy = {**legacy_keys, "ViewCount": from_plain(5)}
+    views = {**views_keys, "Count": from_plain(10)}
+    bt = InMemoryBigtable()
+    for n, (event, keys, new, old) in enumerate([(INSERT, legacy_keys, legacy, None),
+                                                 (INSERT, views_keys, views, None),
+                                                 (REMOVE, views_keys, None, views)]):
+        us = START_US + n * 1_000_000
+        apply_guarded(bt, guarded_rows(VIDEOS, ChangeRecord(event, keys, new, old, us // 1000, change_us=us)))
+    assert ("stats", b"Views") not in bt.latest("videos").get(b"v1", {})
+    repair_ms = (START_US + 10_000_000) // 1000
+    assert apply_guarded(bt, converge_rows(VIDEOS, legacy_keys, legacy, (legacy,), repair_ms)).applied == 1
+    assert bt.latest("videos")[b"v1"][("stats", b"Views")] == (5).to_bytes(8, "big", signed=True)

@@ -133,3 +133,67 @@ def test_a_backfill_over_an_earlier_migration_owes_the_sweep_until_it_ran():
     assert m.phase == "BACKFILLING" and m.recopy_pending
     m.recopy_done()
     assert not m.recopy_pending
+
+
+def test_a_column_a_clock_records_is_written_again_by_the_tail_after_the_sweep_deletes_it():
+    """Through the ordering guard (docs/design.md §10.2) a tail change skips a
+    cell whose value the item's clock records. Before T the item has A=1; after
+    T it drops A (c1) and gets A=1 back (c2), one swap in one tail batch; the
+    sweep's scan saw the item between them and deletes A. The delete clears
+    the clock's digest of A first, so the tail's swap writes A again."""
+    from ddb2bt.pipeline.sink.guarded import apply_guarded
+    from ddb2bt.pipeline.cutover.compare import SINGLE
+    from ddb2bt.transforms.attrs import from_plain
+    from ddb2bt.transforms.config import load_mapping
+    from ddb2bt.transforms.mapping import owned_cells
+    from ddb2bt.transforms.model import INSERT, MODIFY, ChangeRecord
+    from ddb2bt.transforms.ordering import CLOCK_FAMILY, guarded_rows
+
+    mapping = load_mapping("examples/product_catalog.yaml")
+    keys = {"pk": from_plain("hats"), "sk": from_plain("b")}
+    s0 = {**keys, "Attr001": from_plain("x"), "A": from_plain("1")}
+    s1 = {**keys, "Attr001": from_plain("x")}
+    s2 = {**keys, "Attr001": from_plain("y"), "A": from_plain("1")}
+    handoff_ms = BACKFILL_MS + 1
+
+    def record(event, new, old, ms):
+        return ChangeRecord(event, keys, new, old, ms, change_us=ms * 1000)
+
+    bt = InMemoryBigtable()
+    table = mapping.target.table
+    apply_guarded(bt, guarded_rows(mapping, record(INSERT, s0, None, handoff_ms - 50_000)))
+    have = {row: {col: sorted(v.items()) for col, v in cols.items()} for row, cols in bt.versions(table).items()}
+    (row_key,) = have
+    want = {row_key: {(c.family, c.qualifier): Expect(SINGLE, c.value)
+                      for c in owned_cells(mapping, keys, s1).values()}}
+    stale = stale_columns(table, want, have, BACKFILL_MS)
+    assert [(c.family, c.qualifier) for c in stale] == [("SKU", b"A")]
+    assert deleter(bt, None, BACKFILL_MS)(stale[0]) is True
+    assert ("SKU", b"A") not in bt.latest(table)[row_key]
+    apply_guarded(bt, [r for change in (record(MODIFY, s1, s0, handoff_ms + 1000),
+                                        record(MODIFY, s2, s1, handoff_ms + 2000))
+                       for r in guarded_rows(mapping, change)])
+    row = bt.latest(table)[row_key]
+    assert row[("SKU", b"A")] == b"1" and row[("SKU", b"Attr001")] == b"y"
+    assert any(f == CLOCK_FAMILY for f, _ in row)
+
+
+def test_a_column_whose_clock_moved_since_the_read_is_kept():
+    """The clock's digest is cleared by a swap on the token read: a clock that
+    moved meanwhile (the item changed after the scan) keeps the column."""
+    from ddb2bt.transforms.ordering import CLOCK_FAMILY, Clock, cell_digest, encode_clock
+
+    class _V:  # what cell_digest reads of a cell
+        values = None
+        value = b"1"
+
+    bt = InMemoryBigtable()
+    read = encode_clock(Clock(10_000, b"\0" * 8, (("f", b"q", None),), (cell_digest(_V()),)))
+    bt.mutate_rows("t", [(b"r", [SetCell("f", b"q", b"1", 10), SetCell(CLOCK_FAMILY, b"item", read, 10)])])
+    moved = encode_clock(Clock(20_000, b"\1" * 8, (("f", b"q", None),), (cell_digest(_V()),)))
+    bt.mutate_rows("t", [(b"r", [SetCell(CLOCK_FAMILY, b"item", moved, 20)])])
+    have = {b"r": {("f", b"q"): [(10, b"1")], (CLOCK_FAMILY, b"item"): [(10, read)]}}
+    (stale,) = stale_columns("t", {}, have, BACKFILL_MS)
+    assert stale.clocks == ((b"item", 10, read),)
+    assert deleter(bt, None, BACKFILL_MS)(stale) is False
+    assert bt.latest("t")[b"r"][("f", b"q")] == b"1"
