@@ -1,4 +1,4 @@
-"""Touch markers on the sink's side (docs/design.md §9): a row whose write failed
+"""Touch markers on the sink's side (docs/design.md §7.3): a row whose write failed
 because the marker family is missing is retried with its markers while a
 backfill may run, and written without them once the backfill has finished."""
 from __future__ import annotations

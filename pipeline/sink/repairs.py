@@ -1,6 +1,7 @@
-"""Guarded backfill writes on the sink's side (ddb2bt.pipeline.cutover.guards):
-repair intents recorded before a batch is written, backfill rows the tail
-touched repaired after it, and conditional (CheckAndMutateRow) writes."""
+"""Guarded backfill writes on the sink's side (ddb2bt.pipeline.cutover.guards,
+docs/design.md §7.4): repair intents recorded before a batch is written,
+backfill rows the tail touched repaired after it, and conditional
+(CheckAndMutateRow) writes."""
 from __future__ import annotations
 
 import logging
