@@ -11,7 +11,7 @@ from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import dynamodb_client
 from ddb2bt.pipeline.local.local_stack import LocalStack
-from ddb2bt.pipeline.sink.bigtable_io import read_table
+from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.transforms.config import load_mapping
 from tests.conftest import write_mapping
 

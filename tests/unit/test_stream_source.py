@@ -227,7 +227,7 @@ def _quiet_shard_seen_at_head(options=None):
     tracker = LocalTracker()
     out, _ = drain_round(reader, tracker)
     assert seqs(out) == s
-    # The sink applies and checkpoints them (sink.py: checkpoint, then on_applied).
+    # The sink applies and checkpoints them (sink/batching.py: checkpoint, then on_applied).
     state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[-1])])
     metrics.lag.on_applied(client.stream_arn, "s", None, 3)
     for _ in range(5):  # empty pages, 1.5 s apart: at the head after 3 s

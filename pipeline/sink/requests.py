@@ -1,0 +1,151 @@
+"""The sink's MutateRows requests: a batch's rows split into requests within
+Bigtable's limits, each written with retries of only the entries that failed
+retryably (jittered backoff, a total deadline), and a coalesced entry that failed
+for good isolated change by change so only the bad change is dead-lettered."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Optional
+
+from ddb2bt.transforms.model import mutations_size
+from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
+from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
+from ddb2bt.pipeline.clients.bigtable.errors import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent,
+                                                     BigtableRetryable, EntryStatus, code_name)
+from ddb2bt.pipeline.cutover.bookkeeping import has_markers
+from ddb2bt.pipeline.clients.retry import retrying
+from ddb2bt.pipeline.sink.batch import Row
+from ddb2bt.pipeline.sink.config import SinkConfig
+
+__all__ = ["RequestWriter", "StillFailing"]
+
+
+class StillFailing(BigtableRetryable):
+    """Entries of a request still failed retryably: the attempt is retried."""
+
+
+class RequestWriter:
+    """Writes rows of one table as MutateRows requests; returns those that failed
+    for good. Holds no batch state, so it may run on the sink thread."""
+
+    def __init__(self, writer: MutationWriter, config: SinkConfig, metrics, sleep: Callable[[float], None],
+                 dead_letter: Callable) -> None:
+        self._writer = writer
+        self.routes_transactional = bool(getattr(writer, "routes_transactional", False))
+        self._config = config
+        self._metrics = metrics
+        self._sleep = sleep
+        self._dead_letter = dead_letter
+
+    def requests(self, rows: list) -> Iterable:
+        """Split rows into requests within the entry/byte/mutation limits; a row is
+        never split across requests."""
+        batch: list = []
+        size = mutations = 0
+        for row in rows:
+            row_size = row.size or mutations_size(row.row_key, row.mutations)
+            if batch and (len(batch) >= self._config.max_batch_rows
+                          or size + row_size > self._config.max_batch_bytes
+                          or mutations + len(row.mutations) > self._config.max_batch_mutations):
+                yield batch
+                batch, size, mutations = [], 0, 0
+            batch.append(row)
+            size += row_size
+            mutations += len(row.mutations)
+        if batch:
+            yield batch
+
+    def write_split(self, table: str, rows: list) -> list:
+        """Like _write_all; with a separate state app profile (a replicated
+        instance), the rows a conditional check must see — the tail's touch
+        markers, the backfill's guarded rows — go through that profile's single
+        cluster, the rest through the data profile (docs/operations.md#ha-instances-app-profiles)."""
+        if not self.routes_transactional:
+            return self.write_all(table, rows)
+        pinned: list = []
+        plain: list = []
+        for r in rows:
+            must_see = has_markers(r.mutations) or any(c.guard is not None for _, c in r.parts)
+            (pinned if must_see else plain).append(r)
+        return self.write_all(table, plain) + self.write_all(table, pinned, transactional=True)
+
+    def write_all(self, table: str, rows: list, transactional: bool = False) -> list:
+        """[(row, permanent EntryStatus)] for rows that failed for good."""
+        failed: list = []
+        for batch in self.requests(rows):
+            failed.extend(self.write_with_retry(table, batch, transactional))
+        return failed
+
+    def write_with_retry(self, table: str, rows: list, transactional: bool = False) -> list:
+        pending = list(rows)
+        permanent: list = []
+
+        def attempt() -> None:
+            nonlocal pending
+            started = time.perf_counter()
+            sent = len(pending)
+            try:
+                entries = [(r.row_key, r.mutations) for r in pending]
+                statuses = self._writer.mutate_rows(table, entries, transactional=True) if transactional \
+                    else self._writer.mutate_rows(table, entries)
+            except BigtablePermanent as exc:
+                if getattr(exc, "code", "") in FATAL_CODES:
+                    raise  # table missing or no permission: nothing can succeed, stop loudly
+                rejected, pending = pending, []
+                if len(rejected) == 1:
+                    permanent.append((rejected[0], EntryStatus(INVALID_ARGUMENT, exc.message)))
+                    return
+                # The request as a whole was rejected: find the culprit row by row.
+                for row in rejected:
+                    permanent.extend(self.write_with_retry(table, [row], transactional))
+                return
+            finally:
+                if self._metrics:
+                    self._metrics.mutate_latency.observe(time.perf_counter() - started)
+                    self._metrics.batch_rows.observe(sent)
+            retry = []
+            first: Optional[EntryStatus] = None
+            for row, status in zip(pending, statuses):
+                if status.ok:
+                    continue
+                if status.retryable:
+                    retry.append(row)
+                    first = first or status
+                    if self._metrics:
+                        self._metrics.bigtable_retries.labels(code_name(status.code)).inc()
+                else:
+                    permanent.append((row, status))
+            pending = retry
+            if pending:
+                raise StillFailing(f"{len(pending)} of {sent} entries failed: {code_name(first.code)}: "
+                                    f"{first.message}", code=code_name(first.code))
+
+        def count_rpc_retry(exc: BaseException) -> None:
+            if self._metrics and not isinstance(exc, StillFailing):
+                self._metrics.bigtable_retries.labels(getattr(exc, "code", "RPC")).inc(len(pending))
+
+        where = f"Bigtable ({bigtable_endpoint()})"
+        try:
+            retrying(self._config.retry, f"MutateRows on {table}", count_rpc_retry, self._sleep,
+                     where=where)(attempt)
+        except BigtableRetryable as exc:
+            cause = exc.__cause__ or exc
+            raise BigtableRetryable(
+                f"gave up writing to {table} after {self._config.retry.deadline_s:.0f}s (--bigtable-deadline): "
+                f"{where} kept failing: {cause}", code=getattr(cause, "code", "")) from exc
+        return permanent
+
+    def isolate(self, row: Row, status: EntryStatus) -> list:
+        """A coalesced entry failed for good: apply its changes one by one, in
+        order, and dead-letter only those that fail."""
+        reason = status.permanent_reason or "write_failed"
+        if len(row.parts) == 1:
+            element, _ = row.parts[0]
+            return [self._dead_letter(element, reason, status.message or reason, "BigtableWriteError")]
+        dead = []
+        for element, change in row.parts:
+            single = Row(row.table, row.row_key, list(change.mutations), [(element, change)])
+            for failed_row, failed_status in self.write_split(row.table, [single]):
+                dead.append(self._dead_letter(element, failed_status.permanent_reason or "write_failed",
+                                              failed_status.message, "BigtableWriteError"))
+        return dead
