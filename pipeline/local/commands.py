@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-
 from pathlib import Path
 
 from ddb2bt.pipeline.jobs import load, state_spec

@@ -5,7 +5,6 @@ these; what they print and return is the command's output and exit code.
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 from ddb2bt.pipeline.jobs import load_all, state_spec, submitted
