@@ -185,10 +185,8 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 
 # --- commands --------------------------------------------------------------------
-
-
-# --- backfill, migrate, verify, status, dead letters ----------------------------------
-# The services live in ddb2bt.pipeline.cutover: here, options in, result out.
+# Each command's service is imported above (pipeline/services/, pipeline/local/commands.py):
+# options in, its output and exit code out. status and sweep-tombstones are still here.
 
 
 def cmd_status(args) -> int:
