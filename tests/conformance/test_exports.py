@@ -75,6 +75,7 @@ def test_an_ion_export_gives_the_very_cells_of_the_same_dynamodb_json_export():
 def test_backfill_refuses_the_export_before_touching_bigtable(name, message, monkeypatch, capsys):
     """The check runs first: no state table, no handoff, no tail, no cell."""
     import ddb2bt.pipeline.cli as cli
+    from ddb2bt.pipeline.services import replicate
     import ddb2bt.pipeline.preflight as preflight
 
     def forbidden(*a, **k):
@@ -82,7 +83,7 @@ def test_backfill_refuses_the_export_before_touching_bigtable(name, message, mon
 
     monkeypatch.setattr(preflight, "ensure_state_table", forbidden)
     monkeypatch.setattr(preflight, "check_target", forbidden)
-    monkeypatch.setattr(cli, "build_live_jobs", forbidden)
+    monkeypatch.setattr(replicate, "build_live_jobs", forbidden)  # migrate's service
     for command in ("backfill", "migrate"):
         argv = [command, "-m", str(HERE / "mappings" / "catalog.yaml"), "--from-export", str(export_dir(name))]
         assert cli.main(argv) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddb2bt.pipeline import cli
+from ddb2bt.pipeline.services import replicate, verify
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.connections import dynamodb_client
 from ddb2bt.pipeline.dataflow import graph_facts, validate_options
@@ -24,7 +25,9 @@ def launched(monkeypatch):
     def capture(result, args):
         results.append(result)
         return 0
-    monkeypatch.setattr(cli, "submitted", capture)
+    # The services of run, backfill, migrate (replicate) and verify each report the launch.
+    monkeypatch.setattr(replicate, "submitted", capture)
+    monkeypatch.setattr(verify, "submitted", capture)
     return results
 
 

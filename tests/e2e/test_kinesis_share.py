@@ -29,6 +29,7 @@ import pytest
 import ddb2bt.pipeline.cli as cli
 import ddb2bt.pipeline.connections as connections
 import ddb2bt.pipeline.source.kinesis as kinesis_source
+import ddb2bt.pipeline.services.replicate as replicate
 from ddb2bt.pipeline import lease
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
@@ -115,8 +116,8 @@ def test_one_job_of_two_tables_on_two_workers_keeps_each_shard_within_its_budget
         built["jobs"] = real_build(args, mappings)
         raise ConfigError("built; not run")
 
-    real_build = cli.build_live_jobs
-    monkeypatch.setattr(cli, "build_live_jobs", build_and_stop)
+    real_build = replicate.build_live_jobs
+    monkeypatch.setattr(replicate, "build_live_jobs", build_and_stop)  # run's service
     assert ddb2bt(["run", "--mapping", str(a.path), "--mapping", str(b.path)]) == 2
     assert len(built["jobs"]) == 2
 

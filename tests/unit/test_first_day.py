@@ -128,10 +128,10 @@ def test_the_summary_counts_per_table_and_the_total_comes_first_with_each_tables
 
 
 def test_dlq_redrive_ends_with_the_same_summary_and_hints_with_the_state_options(monkeypatch, capsys):
-    import ddb2bt.pipeline.cli as cli
     import ddb2bt.pipeline.cutover.redrive as redrive
+    import ddb2bt.pipeline.services.dead_letters as dead_letters  # the dlq commands' service
 
-    monkeypatch.setattr(cli, "state_spec", lambda args, mapping, *a: SimpleNamespace(job=args.job_name))
+    monkeypatch.setattr(dead_letters, "state_spec", lambda args, mapping, *a: SimpleNamespace(job=args.job_name))
     monkeypatch.setattr(redrive, "redrive_job", lambda *a: redrive.RedriveResult(items=3, resolved=2,
                                                                                   still_failing=1))
     assert main(["dlq", "redrive", "-m", "example:product_catalog", "--job-name", "shpo"]) == 1

@@ -208,12 +208,12 @@ def _letter(keys, reason="unknown_family"):
 ])
 def test_dlq_list_shows_each_letters_key_and_how_to_inspect_or_redrive_it(monkeypatch, capsys, include_values,
                                                                          show_keys, key_line):
-    import ddb2bt.pipeline.cli as cli
+    import ddb2bt.pipeline.services.dead_letters as dead_letters  # the dlq commands' service
 
     store = StateStore(InMemoryBigtable(), "job", lambda: 5, include_values)
     store.save_dead_letters([_letter({"pk": {"S": "hats"}, "sk": {"S": "fedoras#brandA"}})])
-    monkeypatch.setattr(cli, "state_spec", lambda *a, **k: SimpleNamespace(store=lambda: store))
-    monkeypatch.setattr(cli, "check_reachable", lambda *a, **k: None)  # the state is the fake above
+    monkeypatch.setattr(dead_letters, "state_spec", lambda *a, **k: SimpleNamespace(store=lambda: store))
+    monkeypatch.setattr(dead_letters, "check_reachable", lambda *a, **k: None)  # the state is the fake above
     assert main(["dlq", "list", "-m", CATALOG, "--job-name", "shpo", "--state-table", "st2"]
                 + (["--show-keys"] if show_keys else [])) == 0
     out = capsys.readouterr().out

@@ -119,6 +119,7 @@ def test_a_migrate_whose_tail_ends_says_the_tail_stopped(monkeypatch, capsys, tm
     anyway, its last line says the tail is not running and how to resume."""
     import ddb2bt.pipeline.cli as cli
     from ddb2bt.pipeline.cutover import controller
+    from ddb2bt.pipeline.services import replicate  # migrate's service
 
     seen = {}
 
@@ -128,11 +129,11 @@ def test_a_migrate_whose_tail_ends_says_the_tail_stopped(monkeypatch, capsys, tm
         return controller.Outcome()
 
     monkeypatch.setattr(controller, "migrate", fake_migrate)
-    monkeypatch.setattr(cli, "build_live_jobs", lambda args, mappings: [])
-    monkeypatch.setattr(cli, "with_backfill_leases", lambda args, options, states: [])
-    monkeypatch.setattr(cli, "start_metrics_server", lambda port, host: None)
-    monkeypatch.setattr(cli, "summary_at_end", _nothing)
-    monkeypatch.setattr(cli, "continuous_checks", _nothing)
+    monkeypatch.setattr(replicate, "build_live_jobs", lambda args, mappings: [])
+    monkeypatch.setattr(replicate, "with_backfill_leases", lambda args, options, states: [])
+    monkeypatch.setattr(replicate, "start_metrics_server", lambda port, host: None)
+    monkeypatch.setattr(replicate, "summary_at_end", _nothing)
+    monkeypatch.setattr(replicate, "continuous_checks", _nothing)
     assert cli.main(["migrate", "--mapping", "example:product_catalog"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert seen["until_idle"] is None

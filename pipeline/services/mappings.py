@@ -1,0 +1,177 @@
+"""The commands about a mapping and its tables: ``validate``, ``explain``, ``lint``,
+``create-table`` and ``draft``. The CLI (``pipeline/cli.py``) only parses and calls
+these; what they print and return is the command's output and exit code.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ddb2bt.pipeline.jobs import load, load_all
+from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.transforms.errors import ConfigProblems
+
+# `draft`: the target written into a draft when none is given (the header says to decide it).
+DRAFT_PROJECT, DRAFT_INSTANCE = "my-project", "my-instance"
+# `explain`: the item (or a record) would be a dead letter. Not 1 (a failure of the
+# command) nor 2 (a configuration error): scripts can tell "the mapping refuses it".
+EXIT_DEAD_LETTER = 3
+EXIT_CONFIG_ERROR = 2  # a bad mapping or option, as main() returns for a ConfigError
+
+
+def cmd_validate(args) -> int:
+    """Every mapping file named, each read to its end: all of a file's problems
+    are printed in one run, and every file is checked even after a bad one."""
+    from ddb2bt.pipeline.cutover.recover import inexact_features
+    from ddb2bt.pipeline.jobs import load_sources
+    from ddb2bt.transforms.lint import WARN, placeholder_findings
+
+    loaded, bad = load_sources(args)
+    failed = 0
+    for source, problem in bad:  # each names its file once (a ConfigProblems names it in its first line)
+        where = "" if isinstance(problem, ConfigProblems) or str(problem).startswith(source) else f"{source}: "
+        print(f"ddb2bt: configuration error: {where}{problem}", file=sys.stderr)
+    for mapping in loaded:
+        findings = placeholder_findings(mapping)
+        for finding in findings:
+            print(finding)
+        warnings = [f for f in findings if f.level == WARN]  # notes (INFO) never fail --strict
+        if warnings and args.strict:
+            print(f"{mapping.origin}: {len(warnings)} warning(s); --strict makes them errors", file=sys.stderr)
+            failed += 1
+            continue
+        rules = ", ".join(r.name for r in mapping.rules)
+        print(f"OK: {mapping.origin}: {mapping.source.table} → {mapping.target.project}/{mapping.target.instance}/"
+              f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
+        for why in inexact_features(mapping):  # said before a recovery writes anything (docs/recover.md)
+            print(f"note: ddb2bt recover (incremental exports) cannot restore this exactly: {why}")
+    if bad:
+        return EXIT_CONFIG_ERROR
+    return 1 if failed else 0
+
+
+def cmd_explain(args) -> int:
+    from ddb2bt.pipeline.source.records import from_stream_record
+    from ddb2bt.transforms.errors import MappingError
+    from ddb2bt.transforms.inputs import ITEM, parse_user_input
+    from ddb2bt.transforms.mapping import map_change
+    from ddb2bt.transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
+
+    mapping = load(args)
+    # Parsed exactly (numbers keep their digits) and strictly: what DynamoDB would
+    # refuse is an error here, with the reason (transforms/inputs.py).
+    given = parse_user_input(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
+    print(f"# {given.shape}")
+    if given.kind == ITEM:
+        item = given.item
+        keys = {k: item[k] for k in mapping.source.key_attributes if k in item}
+        ts = args.timestamp_ms
+        changes = [(f"{INSERT} at {ts} ms", ChangeRecord(INSERT, keys, item, None, ts)),
+                   (f"{REMOVE} at {ts} ms", ChangeRecord(REMOVE, keys, None, item, ts))]
+    else:
+        changes = []
+        for i, raw in enumerate(given.records):
+            record = from_stream_record(raw, "explain", "-")
+            when = f"{record.change_ms} ms" if record.change_ms >= 0 else "no time"
+            changes.append((f"record {i + 1}: {record.event_name or '?'} at {when}"
+                            + (" (TTL deletion)" if record.is_ttl_delete else ""), record))
+    dead = 0
+    for title, record in changes:
+        print(f"== {title}")
+        try:
+            mapped = map_change(mapping, record)
+        except MappingError as exc:
+            print(f"  dead letter [{exc.reason}]: {exc.message}")
+            dead += 1
+            continue
+        if not mapped:
+            print("  (skipped by the mapping)")
+        for ch in mapped:
+            print(f"  table {ch.table} row {ch.row_key!r}")
+            for m in ch.mutations:
+                if isinstance(m, SetCell):
+                    print(f"    set    {m.family}:{m.qualifier.decode('utf-8', 'replace')} = {m.value[:80]!r} @{m.timestamp_ms}")
+                else:
+                    print(f"    delete {m.family}:{m.qualifier.decode('utf-8', 'replace')} in [{m.start_ms}, {m.end_ms}) ms")
+    return EXIT_DEAD_LETTER if dead else 0
+
+
+def cmd_lint(args) -> int:
+    """Every mapping named (a file, a directory, --mapping repeated), each
+    reviewed on its own and, with several, under a heading naming its file."""
+    from ddb2bt.transforms.lint import WARN, lint
+
+    mappings = load_all(args)
+    warnings = 0
+    for mapping in mappings:
+        items = None
+        if args.sample:
+            from ddb2bt.pipeline.connections import dynamodb_client
+
+            from ddb2bt.pipeline.clients.dynamodb import scan_items
+
+            items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
+                                    consistent_read=False, metrics_table=mapping.name))
+        findings = lint(mapping, items)
+        if len(mappings) > 1:
+            print(f"== {mapping.origin} ({mapping.name})")
+        for f in findings:
+            print(f)
+        found = sum(1 for f in findings if f.level == WARN)
+        warnings += found
+        print(f"{found} warning(s), {len(findings) - found} note(s)")
+    return 1 if warnings and args.strict else 0
+
+
+def cmd_create_table(args) -> int:
+    from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
+    from ddb2bt.pipeline.preflight import ensure_state_table
+
+    mappings = load_all(args)
+    check_reachable(mappings, dynamodb="skip")  # within ~30 s, naming the endpoint, like the read-only commands
+    for mapping in mappings:
+        splits: tuple = ()
+        if args.split_from_sample:
+            from ddb2bt.pipeline.connections import dynamodb_client
+            from ddb2bt.pipeline.draft import SampleBounds, sampled_split_points
+
+            splits, sample = sampled_split_points(dynamodb_client(mapping.source.region), mapping,
+                                                  SampleBounds(items=args.sample, max_rcu=args.max_rcu))
+            print(f"{mapping.name}: {len(splits)} split point(s) from {sample.items} sampled item(s) of "
+                  f"{mapping.source.table}")
+        changes = ensure_mapping_table(mapping, splits)
+        changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
+                                                                args.state_table)]
+        prefix = f"{mapping.name}: " if len(mappings) > 1 else ""
+        for line in changes or ["nothing to do: tables and families already match the mapping"]:
+            print(prefix + line)
+    return 0
+
+
+def cmd_draft(args) -> int:
+    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.draft import SampleBounds, draft_table
+
+    result = draft_table(dynamodb_client(args.region), args.source_table,
+                         SampleBounds(items=args.sample, max_rcu=args.max_rcu),
+                         project=args.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or DRAFT_PROJECT,
+                         instance=args.instance or DRAFT_INSTANCE, target_table=args.table, region=args.region)
+    report = result.assessment.render()
+    if args.out:
+        Path(args.out).write_text(result.draft.text, encoding="utf-8")
+        print(f"wrote {args.out}: {len(result.draft.data['rules'])} rule(s); next: ddb2bt validate -m {args.out} "
+              f"&& ddb2bt lint -m {args.out} --sample {args.sample}")
+        print(report, end="")
+    else:  # the mapping on stdout (ddb2bt draft … > m.yaml), the report beside it
+        print(result.draft.text, end="")
+        print(report, end="", file=sys.stderr)
+    if args.report:
+        Path(args.report).write_text(report, encoding="utf-8")
+    if result.facts.stream_view_type != "NEW_AND_OLD_IMAGES":
+        print(f"ddb2bt: error: {args.source_table} has {'a ' + result.facts.stream_view_type if result.facts.stream_view_type else 'no'} "
+              "stream: run and migrate need a NEW_AND_OLD_IMAGES stream (aws dynamodb update-table --table-name "
+              f"{args.source_table} --stream-specification StreamEnabled=true,StreamViewType=NEW_AND_OLD_IMAGES); "
+              "the draft is written", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,67 @@
+"""The ``ddb2bt recover`` command (docs/recover.md): holds the tail's lease while it
+writes, shows progress, releases the lease at the end. The CLI (``pipeline/cli.py``)
+only parses and calls these; what they print and return is the command's output and
+exit code.
+"""
+from __future__ import annotations
+
+import sys
+
+from ddb2bt.pipeline.jobs import acquire_lease, load, start_metrics_server, state_spec
+
+
+def cmd_recover(args) -> int:
+    """Say what a trimmed checkpoint lost and how to export it; with --from-export,
+    apply the exports and set the trimmed shards to resume (docs/recover.md)."""
+    from tqdm import tqdm
+
+    from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job, refuse_kinesis
+    from ddb2bt.pipeline.metrics import default_metrics
+
+    mapping = load(args)
+    refuse_kinesis(mapping)  # before any lease or state is touched
+    spec = state_spec(args, mapping)
+    options = RecoverOptions(exports=tuple(args.from_export or ()), s3_bucket=args.s3_bucket or "<bucket>",
+                             s3_prefix=args.s3_prefix or "", accept_inexact=args.accept_inexact)
+    fence, held = (lambda: None), None  # a read-only run writes nothing
+    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
+
+    if not BigtableAdmin(spec.bigtable.project, spec.bigtable.instance).exists(spec.table):
+        # No state table: this job never ran against this instance, so it has no
+        # checkpoint to be trimmed (and nothing to hold a lease in).
+        print(f"no state of job {spec.job!r} in {spec.bigtable.project}/{spec.bigtable.instance}/{spec.table}: "
+              "it never ran here, so nothing is trimmed and there is nothing to recover (check --state-table, "
+              "--bigtable-instance and --job-name)", file=sys.stderr)
+        return 1
+    if options.exports:  # writing: hold the tail's lease, so no `run` applies changes meanwhile
+        from ddb2bt.pipeline import lease
+
+        start_metrics_server(args.metrics_port, args.metrics_host)
+        held = lease.join(acquire_lease(args, spec, "tail"))
+        fence = held.check if held is not None else fence
+    bars: dict = {}
+
+    def progress(done: int, total: int) -> None:
+        if "files" not in bars:
+            bars["files"] = tqdm(total=total, unit="file", desc="recover", dynamic_ncols=True, file=sys.stderr)
+        bars["files"].n = done
+        bars["files"].update(0)
+
+    def sweep_progress(rows: int) -> None:  # the boundary sweep's scan (docs/recover.md): no total known
+        if "sweep" not in bars:
+            bars["sweep"] = tqdm(unit="row", desc="boundary sweep", dynamic_ncols=True, file=sys.stderr)
+        bars["sweep"].n = rows
+        bars["sweep"].update(0)
+
+    try:
+        outcome = recover_job(mapping, spec, options, progress=progress,
+                              fence=fence, sweep_progress=sweep_progress,
+                              metrics=default_metrics().for_table(spec.job))
+    finally:
+        for bar in bars.values():
+            bar.close()
+        if held is not None:  # released at once: the tail (`ddb2bt run`) starts next
+            held.release()
+    for line in outcome.lines():
+        print(line.replace("<mapping>", args.mapping[0] if isinstance(args.mapping, list) else str(args.mapping)))
+    return 0
