@@ -272,16 +272,21 @@ def decode_scan_items(response_dict: dict, customized_response_dict: dict, **_) 
     customized_response_dict.update(decoded)
 
 
-def fast_scan_decoding(client) -> None:
-    """Let ``client``'s Scan pages be decoded by ``decode_scan_items`` (once per
-    client; a client without botocore's event system, a test fake, is left alone)."""
+def _register_before_parse(client, event: str, handler: Callable, unique_id: str) -> None:
+    """Register ``handler`` on ``client``'s ``event`` once (a client without
+    botocore's event system, a test fake, is left alone)."""
     events = getattr(getattr(client, "meta", None), "events", None)
     register = getattr(events, "register", None)
     if register is not None:
         # The segments' threads share a client; botocore's registration is not
         # atomic (two threads could both add the handler), so one at a time.
         with _REGISTER_LOCK:
-            register(FAST_SCAN_EVENT, decode_scan_items, unique_id=_SCAN_FAST_ID)
+            register(event, handler, unique_id=unique_id)
+
+
+def fast_scan_decoding(client) -> None:
+    """Let ``client``'s Scan pages be decoded by ``decode_scan_items``."""
+    _register_before_parse(client, FAST_SCAN_EVENT, decode_scan_items, _SCAN_FAST_ID)
 
 
 # The same for GetRecords pages: botocore's parser walks every image of every
@@ -376,13 +381,8 @@ def decode_stream_records(response_dict: dict, customized_response_dict: dict, *
 
 
 def fast_records_decoding(client) -> None:
-    """Let ``client``'s GetRecords pages be decoded by ``decode_stream_records``
-    (once per client; a fake without botocore's event system is left alone)."""
-    events = getattr(getattr(client, "meta", None), "events", None)
-    register = getattr(events, "register", None)
-    if register is not None:
-        with _REGISTER_LOCK:  # as in fast_scan_decoding: registration is not atomic
-            register(FAST_RECORDS_EVENT, decode_stream_records, unique_id=_RECORDS_FAST_ID)
+    """Let ``client``'s GetRecords pages be decoded by ``decode_stream_records``."""
+    _register_before_parse(client, FAST_RECORDS_EVENT, decode_stream_records, _RECORDS_FAST_ID)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.transforms.model import ShardClosed
 from tests.conftest import ROOT, write_mapping
+from tests.unit.test_kinesis_share import Clock
 from tests.e2e.test_kinesis_source import IDLE, KinesisWorld, apply_ops, catalog_ops
 
 pytestmark = pytest.mark.e2e
@@ -57,17 +58,6 @@ SIMULATED_S = 20.0
 WINDOW_S = 5.0
 # How long a job started in the background may take to record its share.
 START_DEADLINE_S = 120.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
 
 
 class SecondTable:

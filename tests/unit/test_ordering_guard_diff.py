@@ -27,6 +27,7 @@ from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCel
 from ddb2bt.transforms.ordering import (CLOCK_FAMILY, Clock, GuardedRow, clock_mutations, decode_clock,
                                         converge_rows, guarded_rows, is_newer, row_mutations)
 from tests.unit.test_recover_model import CASES
+from tests.unit.test_ordering_guard_model import shuffled_deliveries
 
 START_US = 1_700_000_000_000_000
 
@@ -89,21 +90,7 @@ def history(rng: random.Random, make, key_names, pks, sks, precision_us: int, tt
 
 
 def deliveries(rng: random.Random, records: list) -> list:
-    order = list(records)
-    window = rng.randint(1, 8)
-    for start in range(0, len(order), window):
-        part = order[start:start + window]
-        rng.shuffle(part)
-        order[start:start + window] = part
-    out = []
-    for r in order:
-        out.append(r)
-        if rng.random() < 0.2:
-            out.insert(rng.randrange(len(out) + 1), r)  # a duplicate, before or after
-    if out and rng.random() < 0.3:
-        a = rng.randrange(len(out))
-        out.extend(out[a:a + rng.randrange(1, 6)])  # a replay from an older checkpoint
-    return out
+    return shuffled_deliveries(rng, records, rng.randint(1, 8))
 
 
 def rows_as_read(bt: InMemoryBigtable, tables) -> dict:

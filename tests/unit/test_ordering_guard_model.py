@@ -85,7 +85,12 @@ def deliveries(data, records):
     """A delivery order: shuffled within a window, some records twice, sometimes
     a replay of an earlier stretch (a restart from an old checkpoint)."""
     rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
-    window = data.draw(st.integers(1, 8), label="window")
+    return shuffled_deliveries(rng, records, data.draw(st.integers(1, 8), label="window"))
+
+
+def shuffled_deliveries(rng: random.Random, records: list, window: int) -> list:
+    """``records`` shuffled within windows of ``window``, some twice, sometimes a
+    replay of an earlier stretch; the difference model draws from it too."""
     order = list(records)
     for start in range(0, len(order), window):
         part = order[start:start + window]
