@@ -690,9 +690,9 @@ class FencedWriter:
         self._check()
         return self._writer.swap_row(table_id, row_key, family, qualifier, expected, mutations, **kwargs)
 
-    def write_rows(self, rows):  # a writer that is also a StateBackend (the in-memory fake)
+    def write_rows(self, rows, before_retry=None):  # a writer that is also a StateBackend (the in-memory fake)
         self._check()
-        return self._writer.write_rows(rows)
+        return self._writer.write_rows(rows, before_retry)
 
     def __getattr__(self, name):  # reads and close pass through
         return getattr(self._writer, name)

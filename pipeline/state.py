@@ -45,8 +45,9 @@ DLQ_QUALIFIERS = (b"reason", b"error_class", b"message", b"stage", b"failed_at_m
 class StateBackend(Protocol):
     """Rows in and out of the state table; Bigtable in production, a dict in tests."""
 
-    def write_rows(self, rows: Sequence) -> None:
-        """rows: (row_key, [SetCell|DeleteCells...]); durable when this returns."""
+    def write_rows(self, rows: Sequence, before_retry: Optional[Callable[[], None]] = None) -> None:
+        """rows: (row_key, [SetCell|DeleteCells...]); durable when this returns.
+        ``before_retry()`` runs before each retry of the write and may raise to stop it."""
 
     def read_prefix(self, prefix: bytes) -> dict:
         """{row_key: {(family, qualifier): value}} latest versions only."""
@@ -102,7 +103,12 @@ class StateStore:
     def _ckpt_prefix(self, stream_arn: str) -> bytes:
         return f"{self._job}#ckpt#{stream_label(stream_arn)}#".encode()
 
-    def save_checkpoints(self, checkpoints: Iterable[ShardCheckpoint]) -> None:
+    def save_checkpoints(self, checkpoints: Iterable[ShardCheckpoint],
+                         still_owner: Optional[Callable[[], None]] = None) -> None:
+        """``still_owner()`` raises LeaseLost once the shards' partition moved to
+        another worker: run before every retry of the write, so a worker that
+        lost its partition (paused, partitioned) does not checkpoint after the
+        new owner (docs/design.md §6.5)."""
         now = self._now_ms()
         rows = []
         for c in checkpoints:
@@ -115,7 +121,7 @@ class StateStore:
                 cells[b"finished"] = b"1"
             rows.append((self._ckpt_prefix(c.stream_arn) + c.shard_id.encode(), _set_latest(CKPT, cells, now)))
         if rows:
-            self._backend.write_rows(rows)
+            self._backend.write_rows(rows, still_owner)
 
     def known_stream_labels(self) -> set:
         """Labels of every stream this job has checkpoints for."""
@@ -388,7 +394,7 @@ class BigtableStateBackend:
         self._deadline_s = DEFAULT_DEADLINE_S if deadline_s is None else deadline_s
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
 
-    def write_rows(self, rows: Sequence) -> None:
+    def write_rows(self, rows: Sequence, before_retry: Optional[Callable[[], None]] = None) -> None:
         def attempt():
             statuses = self._writer.mutate_rows(self._table_id, rows)
             bad = [s for s in statuses if not s.ok]
@@ -397,8 +403,10 @@ class BigtableStateBackend:
             if bad:
                 raise BigtableRetryable(f"state table write failed: {bad[0].message}")
 
+        on_retry = None if before_retry is None else (lambda exc: before_retry())
         retry_call(attempt, what=f"MutateRows on state table {self._table_id}",
-                   policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
+                   policy=RetryPolicy(deadline_s=self._deadline_s), on_retry=on_retry,
+                   where=f"Bigtable ({bigtable_endpoint()})")
 
     def _data_client(self):
         if self._client is None:

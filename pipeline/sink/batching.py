@@ -315,7 +315,10 @@ class BatchingWriter:
                 ShardCheckpoint(c.stream_arn, c.shard_id, c.last_sequence_number, finished=True)
                 for c in batch.closed
             ]
-            self._state.save_checkpoints(merge_checkpoints(checkpoints))
+            # Re-proven before each retry too: a worker paused mid-write (or cut
+            # off) may wake after its partition moved, and must not checkpoint.
+            self._state.save_checkpoints(merge_checkpoints(checkpoints),
+                                         still_owner=lambda: self._fence_partitions(batch))
             if batch.backfill:
                 self._state.save_backfill_progress(list(batch.backfill.values()))
             if intents:  # repaired and checkpointed: a crash before this only repeats a repair

@@ -167,7 +167,7 @@ class InMemoryBigtable:
         pass
 
     # StateBackend
-    def write_rows(self, rows: Sequence) -> None:
+    def write_rows(self, rows: Sequence, before_retry=None) -> None:  # never retried here
         statuses = self.mutate_rows("__state__", rows)
         if not all(s.ok for s in statuses):
             raise BigtableRetryable("state write failed")
