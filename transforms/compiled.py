@@ -36,6 +36,10 @@ from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN
 from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, DeleteCells, Guard,
                                      RowChange, SetCell)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
+from ddb2bt.transforms.wire import (COLUMN_FIELDS, DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN,
+                                    MUT_SET_CELL, ONE_BYTE_VARINT, RANGE_END, SET_TIMESTAMP, SET_VALUE, US_PER_MS,
+                                    VARINT_TABLE_SIZE, VARINTS, column_fields, delete_cells, range_field, set_cell,
+                                    timestamp_field, timestamp_varint)
 
 # A row whose request bytes are at most this cannot break any of Bigtable's
 # per-row limits (limits.checked_size): every part a limit bounds — row key,
@@ -517,6 +521,18 @@ class CompiledMapping:
         self._ttl_ignore = mapping.ttl is not None and mapping.ttl.deletions == "ignore"
         self._rules = [_CompiledRule(mapping, rule) for rule in mapping.rules]
         self._select = _selector(mapping.rules, self._rules)
+        self._stamp = (None,)  # _stamp() and _ranges() of the last change's time
+        self._ranges = (None,)
+        # (family, qualifier) -> (their wire fields, its length, the size model's
+        # bytes of a mutation of it): what every mutation of a column needs.
+        self._column_fields: dict = {}
+
+    def _column(self, family: str, qualifier: bytes) -> tuple:
+        fields, n = column_fields((family, qualifier))
+        column = (fields, n, len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES)
+        if len(self._column_fields) < MAX_PLANNED_ATTRIBUTES:  # bounded, like the attribute plans
+            self._column_fields[(family, qualifier)] = column
+        return column
 
     def __call__(self, record, mark_touched: bool = False) -> tuple:
         try:
@@ -581,46 +597,88 @@ class CompiledMapping:
         old = _EMPTY if old_image is None else self._old_cells(keys, old_image, new_image, new_rule, new_row)
         since = record.backfill_since_ms
         prune = event != INSERT or since is not None or self._ttl_ignore
-        rows: dict = {}  # (table, row) -> [mutations, request bytes]
+        # (table, row) -> [mutations, request bytes, their wire bytes (transforms.wire)]
+        rows: dict = {}
         versions: dict = {}  # (table, row) -> [(family, qualifier, version, is_write)]
         row_key = entry = None
         size = 0
+        # A change's cells share its timestamp (and AWS's changes their second):
+        # its fields are encoded once, the delete ranges only for changes that delete.
+        stamp = self._stamp
+        if stamp[0] != ts:
+            stamp = self._stamp = _stamp(ts)
+        ts_field = stamp[1]
+        ts_len = len(ts_field)
+        prune_range = old_range = None
+        range_len = 0
+        if prune or old:
+            ranges = self._ranges
+            if ranges[0] != ts:
+                ranges = self._ranges = _ranges(ts)
+            prune_range, old_range = ranges[1], ranges[2]
+            range_len = len(prune_range)
+        columns, varints = self._column_fields, VARINTS
         for key in (sorted(new) if len(new) > 1 else new):
             table, row, family, qualifier, version, is_list = key
             if row_key is None or row != row_key[1] or table != row_key[0]:
                 if entry is not None:
                     entry[1] = size
                 row_key = (table, row)  # cells are sorted: a row's cells are consecutive
-                entry = rows[row_key] = [[], 0]
+                entry = rows[row_key] = [[], 0, []]
                 append = entry[0].append
+                wire = entry[2].append  # a mutation's bytes, or (put) its pieces
+                put = entry[2].extend
                 size = len(row)
             payload = new[key]
-            fixed = len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES
+            column = columns.get((family, qualifier)) or self._column(family, qualifier)
+            fixed = column[2]
             if version is not None:
                 append(_new(SetCell, (family, qualifier, payload, version)))
+                wire(set_cell(family, qualifier, payload, timestamp_field(version)))
                 size += fixed + len(payload)
                 versions.setdefault(row_key, []).append((family, qualifier, version, True))
             elif is_list:
                 n = len(payload)
                 if n == 0:
                     append(_new(DeleteCells, (family, qualifier, 0, ts + INCLUSIVE_END_MS)))
+                    wire(delete_cells(family, qualifier, range_field(0, ts + INCLUSIVE_END_MS)))
                     size += fixed
                     continue
                 first = ts - n + 1
                 if first < 1:
                     raise _Fallback
                 append(_new(DeleteCells, (family, qualifier, 0, first)))
+                wire(delete_cells(family, qualifier, range_field(0, first)))
                 size += fixed
                 for i, element in enumerate(payload):
                     append(_new(SetCell, (family, qualifier, element, first + i)))
+                    wire(set_cell(family, qualifier, element, timestamp_field(first + i)))
                     size += fixed + len(element)
-            elif prune and ts:  # an end of 0 would mean "no end" on the wire
-                append(_new(SetCell, (family, qualifier, payload, ts)))
-                append(_new(DeleteCells, (family, qualifier, 0, ts)))
-                size += fixed + fixed + len(payload)
             else:
+                # The common cells, written inline (transforms.wire.set_cell and
+                # delete_cells, the reference, write the same bytes; this runs for
+                # most mutations): the lengths are added up, and looked up while
+                # every one is below the varint table's end.
                 append(_new(SetCell, (family, qualifier, payload, ts)))
-                size += fixed + len(payload)
+                column, n, _ = column
+                value_len = len(payload)
+                body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
+                if 0 < value_len and body < _LOOKED_UP:
+                    put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_SET_CELL,
+                         varints[body], column, ts_field, SET_VALUE, varints[value_len], payload))
+                else:
+                    wire(set_cell(family, qualifier, payload, ts_field))
+                if prune and ts:  # an end of 0 would mean "no end" on the wire
+                    append(_new(DeleteCells, (family, qualifier, 0, ts)))
+                    body = n + range_len
+                    if body < _LOOKED_UP:
+                        put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_DELETE_FROM_COLUMN,
+                             varints[body], column, prune_range))
+                    else:
+                        wire(delete_cells(family, qualifier, prune_range))
+                    size += fixed + fixed + value_len
+                else:
+                    size += fixed + value_len
         if entry is not None:
             entry[1] = size
         versioned_rows = set(versions) if since is not None else None
@@ -632,12 +690,16 @@ class CompiledMapping:
                 rk = (table, row)
                 entry = rows.get(rk)
                 if entry is None:
-                    entry = rows[rk] = [[], len(row)]
+                    entry = rows[rk] = [[], len(row), []]
                 if version is not None:
                     entry[0].append(DeleteCells(family, qualifier, version, version + INCLUSIVE_END_MS))
+                    entry[2].append(delete_cells(family, qualifier, range_field(version, version + INCLUSIVE_END_MS)))
                     versions.setdefault(rk, []).append((family, qualifier, version, False))
                 else:
+                    if old_range is None:
+                        raise _Fallback
                     entry[0].append(DeleteCells(family, qualifier, 0, ts + INCLUSIVE_END_MS))
+                    entry[2].append(delete_cells(family, qualifier, old_range))
                 entry[1] += len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES
         key_json = None
         marker = b""
@@ -646,14 +708,16 @@ class CompiledMapping:
             marker = MARKER_PREFIX + key_json
             if mark_touched and since is None:
                 fixed = len(MARKER_FAMILY) + len(marker) + MUTATION_OVERHEAD_BYTES
+                marker_wire = set_cell(MARKER_FAMILY, marker, b"", ts_field)
                 for entry in rows.values():
                     entry[0].append(SetCell(MARKER_FAMILY, marker, b"", ts))
+                    entry[2].append(marker_wire)
                     entry[1] += fixed
         owner = b""
         if versions:
             owner = key_json if key_json is not None else _key_json(keys)
         changes = []
-        for rk, (muts, size) in rows.items():
+        for rk, (muts, size, wire_parts) in rows.items():
             table, row = rk
             mutations = tuple(muts)
             if size > _UNCHECKED_ROW_BYTES or not row or len(row) > MAX_ROW_KEY_BYTES:
@@ -662,14 +726,47 @@ class CompiledMapping:
             if since is not None:
                 guard = Guard(MARKER_FAMILY, marker, since, conditional=rk in versioned_rows, backfill_ms=ts)
             entries = versions.get(rk)
-            changes.append(RowChange(table, row, mutations, guard, size,
-                                     tuple(sorted(entries)) if entries else (), owner))
+            change = RowChange(table, row, mutations, guard, size, tuple(sorted(entries)) if entries else (), owner)
+            _setattr(change, "wire", b"".join(wire_parts))
+            changes.append(change)
         return tuple(changes)
+
+
+def _stamp(ts: int) -> tuple:
+    """(ts, a SetCell's timestamp field at ts): timestamp_field, the usual case
+    with the varint's high part reused from the previous change."""
+    if not _SHORT_MS < ts < MAX_TIMESTAMP_MS:
+        return ts, timestamp_field(ts)
+    return ts, SET_TIMESTAMP + timestamp_varint(ts * US_PER_MS)
+
+
+def _ranges(ts: int) -> tuple:
+    """(ts, the time range [0, ts) a written column prunes, the range [0, ts + 1)
+    a removed one is deleted over, or None past the largest timestamp: its
+    deletes go to the general engine): range_field's, the usual case as above."""
+    end = ts + INCLUSIVE_END_MS
+    if not _SHORT_MS < ts < MAX_TIMESTAMP_MS:
+        return ts, range_field(0, ts), range_field(0, end) if end <= MAX_TIMESTAMP_MS else None
+    micros = timestamp_varint(ts * US_PER_MS)
+    end_micros = timestamp_varint(end * US_PER_MS)
+    return (ts, DELETE_TIME_RANGE + VARINTS[len(micros) + 1] + RANGE_END + micros,
+            DELETE_TIME_RANGE + VARINTS[len(end_micros) + 1] + RANGE_END + end_micros)
+
+
+# Timestamps (ms) whose microseconds need more than the varint table: timestamp_varint's.
+_SHORT_MS = VARINT_TABLE_SIZE // US_PER_MS
+# The inline encoding looks a body's length and its mutation's (at most 3 bytes
+# more: tag and a 2-byte length) up in VARINTS: bodies below this are.
+_LOOKED_UP = VARINT_TABLE_SIZE - 3
+_ONE_BYTE = ONE_BYTE_VARINT  # a length below this is a 1-byte varint, else (below the table's end) 2
 
 
 _SIMPLE = (PLAN_PLAIN, PLAN_SKIP)
 # Mutations are built as their NamedTuple's __new__ builds them, without its frame.
 _new = tuple.__new__
+# RowChange.wire is not an __init__ argument (so dataclasses.replace drops it: see
+# model.RowChange); the compiled mapping sets it on the change it has just built.
+_setattr = object.__setattr__
 
 
 def compile_mapping(mapping: MappingConfig) -> CompiledMapping:

@@ -13,7 +13,7 @@ and its replay.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Optional, Union
 
 AttributeValue = Mapping[str, Any]  # boto3 low-level form: {"S": "x"}, {"N": "1"}, {"B": b"..."}
@@ -183,6 +183,13 @@ class RowChange:
     # item's delete remove another's version.
     versioned: tuple = ()
     owner: bytes = b""
+    # ``mutations`` already in Bigtable's wire format (transforms.wire.encode_mutations:
+    # the Entry.mutations fields), when whoever built the change encoded them (the
+    # compiled mapping does); None: the sink encodes the tuples.
+    # Not an __init__ argument, so ``dataclasses.replace(change, mutations=...)``
+    # cannot carry bytes that no longer match: the copy has None. Not compared: two
+    # changes with the same mutations are equal whether or not one was encoded.
+    wire: Optional[bytes] = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.size_bytes < 0:

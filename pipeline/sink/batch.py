@@ -3,6 +3,7 @@ changes coalesced in stream order, and the ``Batch`` written and checkpointed as
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ddb2bt.pipeline.state import ShardCheckpoint
 
@@ -16,6 +17,10 @@ class Row:
     mutations: list = field(default_factory=list)
     parts: list = field(default_factory=list)  # [(MappedChange, RowChange)] in stream order
     size: int = 0  # bytes, summed as changes are added (not recomputed per request)
+    # ``mutations`` in the wire format, one piece per change (RowChange.wire), while
+    # every change added came encoded; None: the request encodes ``mutations``.
+    # Whoever replaces ``mutations`` sets it to None.
+    wire: Optional[list] = None
 
 
 @dataclass

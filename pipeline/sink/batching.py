@@ -159,11 +159,17 @@ class BatchingWriter:
                     buf.guard_parts.setdefault((pos.source, pos.part), []).append(row)
             key = (row.table, row.row_key)
             pending = buf.rows.get(key)
+            wire = row.wire
             if pending is None:
-                pending = buf.rows[key] = Row(row.table, row.row_key)
+                pending = buf.rows[key] = Row(row.table, row.row_key, wire=None if wire is None else [])
             elif self._metrics:
                 self._metrics.coalesced(self._metrics.table)
             pending.mutations.extend(row.mutations)
+            if pending.wire is not None:  # coalescing: the entry's bytes are its changes' bytes, in order
+                if wire is None:
+                    pending.wire = None
+                else:
+                    pending.wire.append(wire)
             pending.parts.append((element, row))
             pending.size += row.size_bytes
         buf.bytes += size

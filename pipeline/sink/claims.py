@@ -48,6 +48,7 @@ class VersionClaims:
                 continue
             row.parts = parts
             row.mutations = [m for _, c in parts for m in c.mutations]
+            row.wire = None  # encoded again from the mutations kept
             row.size = sum(c.size_bytes for _, c in parts)
         batch.conditional = [(e, c) for e, c in ((e, replaced.get(id(c), c)) for e, c in batch.conditional
                                                  if id(e) not in dead_ids) if c.mutations]

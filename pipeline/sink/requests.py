@@ -8,6 +8,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from ddb2bt.transforms.model import mutations_size
+from ddb2bt.pipeline.clients.bigtable.wire import WireEntry
 from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.errors import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent,
@@ -85,7 +86,8 @@ class RequestWriter:
             started = time.perf_counter()
             sent = len(pending)
             try:
-                entries = [(r.row_key, r.mutations) for r in pending]
+                entries = [(r.row_key, r.mutations) if r.wire is None
+                           else WireEntry(r.row_key, r.mutations, b"".join(r.wire)) for r in pending]
                 statuses = self._writer.mutate_rows(table, entries, transactional=True) if transactional \
                     else self._writer.mutate_rows(table, entries)
             except BigtablePermanent as exc:
@@ -144,7 +146,8 @@ class RequestWriter:
             return [self._dead_letter(element, reason, status.message or reason, "BigtableWriteError")]
         dead = []
         for element, change in row.parts:
-            single = Row(row.table, row.row_key, list(change.mutations), [(element, change)])
+            single = Row(row.table, row.row_key, list(change.mutations), [(element, change)],
+                         wire=None if change.wire is None else [change.wire])
             for failed_row, failed_status in self.write_split(row.table, [single]):
                 dead.append(self._dead_letter(element, failed_status.permanent_reason or "write_failed",
                                               failed_status.message, "BigtableWriteError"))

@@ -18,8 +18,17 @@ from botocore.exceptions import ClientError
 
 from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
 from ddb2bt.transforms.model import DeleteCells, SetCell
+from ddb2bt.transforms.wire import encode_mutations
 
 # --- Bigtable -------------------------------------------------------------------
+
+
+def _check_wire(entry) -> None:
+    """An entry that carries its bytes (WireEntry: what the gRPC writer sends) must
+    say exactly what its mutation tuples (what this fake applies) say."""
+    wire = getattr(entry, "wire", None)
+    if wire is not None and wire != encode_mutations(entry[1]):
+        raise AssertionError(f"entry for row {entry[0]!r}: its wire bytes are not its mutations")
 
 
 class InMemoryBigtable:
@@ -47,6 +56,7 @@ class InMemoryBigtable:
             injected = self.fault(table_id, entries, call_no) if self.fault else None
             out = []
             for i, (row_key, mutations) in enumerate(entries):
+                _check_wire(entries[i])
                 if injected is not None and injected[i] is not None:
                     out.append(injected[i])
                     continue

@@ -6,7 +6,8 @@ with every example mapping, and a mapping using the rest of the language.
 
 Two properties: whatever the compiled path returns by itself is exactly the
 general engine's result (RowChanges, mutations and their types in order, sizes,
-guards, versions), and ``map_change`` as a whole (the compiled path plus its hand-
+guards, versions) and carries, as each change's ``wire``, exactly the bytes the
+protobuf library serializes for the general engine's mutations; and ``map_change`` as a whole (the compiled path plus its hand-
 over to the general engine) gives the same results and the same dead letters
 (reason, class and message). Random values include malformed and oversized ones
 and missing key attributes, so the dead-letter paths are covered too.
@@ -25,11 +26,13 @@ from ddb2bt.transforms.config import load_mapping, mapping_from_text, parse_mapp
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
 from ddb2bt.transforms.mapping import backfill_record, general_map_change, map_change, select_rule
-from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord
+from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
+from ddb2bt.pipeline.clients.bigtable.wire import build_mutations, mutate_rows_types
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ("product_catalog", "videos", "invoices", "hr_orders")
 START_MS = 1_700_000_000_000
+REQUEST_CLS = mutate_rows_types()[0]
 
 LANGUAGE = mapping_from_text("""
 source: {table: Things, key: {partition: pk, sort: sk}}
@@ -191,6 +194,21 @@ def images(draw, mapping, keys):
     return item
 
 
+def protobuf_mutations(mutations) -> bytes:
+    """The Entry.mutations fields of ``mutations`` as the protobuf library writes
+    them: an Entry without a row key serializes as exactly those fields."""
+    request = REQUEST_CLS()
+    build_mutations(request.entries.add().mutations, mutations)
+    return request.entries[0].SerializeToString()
+
+
+def _mutations_of(reference):
+    """(table, row key, mutations) of a canonical 'ok' outcome, as model tuples."""
+    kinds = {"SetCell": SetCell, "DeleteCells": DeleteCells}
+    return [(table, row, tuple(kinds[kind](*fields) for kind, fields in muts))
+            for table, row, muts, *_ in reference[1]]
+
+
 def canon(result):
     return [(c.table, c.row_key, tuple((type(m).__name__, tuple(m)) for m in c.mutations), c.guard, c.size_bytes,
              c.versioned, c.owner) for c in result]
@@ -216,6 +234,9 @@ def check(mapping, record, mark_touched):
         alone = None
     if alone is not None:
         assert ("ok", canon(alone)) == reference, record
+        # What goes on the wire: the compiled bytes are the protobuf library's
+        # serialization of the general engine's mutations (reference[1]: its changes).
+        assert [c.wire for c in alone] == [protobuf_mutations(m) for *_, m in _mutations_of(reference)], record
     assert outcome(map_change, mapping, record, mark_touched) == reference, record
     return alone is not None
 

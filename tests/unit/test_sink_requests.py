@@ -1,7 +1,8 @@
-"""The sink's MutateRows requests are encoded directly (``encode_mutate_rows``):
-they must be byte for byte what building the protobuf message and serializing it
-gives (``build_request(...).SerializeToString()``), for any entries the mapping
-can produce — and for edge cases it does not (empty fields, negative and huge
+"""The sink's MutateRows requests are encoded directly (``encode_mutate_rows``,
+and the mutations the compiled mapping encodes where it makes them,
+``transforms.wire``): they must be byte for byte what building the protobuf
+message and serializing it gives (``build_request(...).SerializeToString()``),
+for any entries the mapping can produce — and for edge cases it does not (empty fields, negative and huge
 timestamps, values and rows past the varint lookup table)."""
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import random
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ddb2bt.pipeline.clients.bigtable.wire import mutate_rows_types, build_request, encode_mutate_rows
+from ddb2bt.pipeline.clients.bigtable.wire import (WireEntry, build_mutations, build_request, encode_mutate_rows,
+                                                   mutate_rows_types)
+from ddb2bt.transforms.wire import encode_mutations
 from ddb2bt.transforms.model import DeleteCells, RowChange, SetCell
 
 REQUEST_CLS = mutate_rows_types()[0]
@@ -78,3 +81,89 @@ def test_a_timestamp_out_of_int64_range_is_refused_like_the_message_refuses_it()
         reference(TABLE, None, entries)
     with pytest.raises(ValueError):
         encode_mutate_rows(TABLE, None, entries)
+
+
+def protobuf_mutations(mutations) -> bytes:
+    """Entry.mutations as the protobuf library writes them (an Entry without a row key)."""
+    request = REQUEST_CLS()
+    build_mutations(request.entries.add().mutations, mutations)
+    return request.entries[0].SerializeToString()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(SET_CELLS, DELETES), max_size=12))
+def test_mutations_encoded_where_they_are_made_are_the_messages_bytes(mutations):
+    """transforms.wire.encode_mutations, the form the compiled mapping emits."""
+    assert encode_mutations(mutations) == protobuf_mutations(mutations)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(ROW_CHANGES, st.booleans()), max_size=8), st.one_of(st.none(), st.text(max_size=10)))
+def test_entries_carrying_their_wire_bytes_encode_to_the_same_request(changes, app_profile):
+    """A request mixing entries that carry their mutations' bytes (WireEntry, as
+    the sink sends the compiled mapping's changes) and entries of tuples is byte
+    for byte the message the protobuf library builds; a coalesced entry's bytes
+    are its changes' bytes concatenated."""
+    entries = []
+    for change, encoded in changes:
+        if encoded:
+            half = len(change.mutations) // 2  # two changes coalesced into one entry
+            pieces = [encode_mutations(change.mutations[:half]), encode_mutations(change.mutations[half:])]
+            entries.append(WireEntry(change.row_key, change.mutations, b"".join(pieces)))
+        else:
+            entries.append((change.row_key, change.mutations))
+    assert encode_mutate_rows(TABLE, app_profile, entries) == reference(TABLE, app_profile, entries)
+
+
+def test_the_sink_sends_the_compiled_mappings_bytes_for_coalesced_rows():
+    """Through BatchingWriter: changes mapped by the compiled mapping reach the
+    writer as entries carrying their bytes — several changes to one row coalesced
+    into one entry — and the request they make is byte for byte the protobuf
+    library's for the same rows' mutation tuples (the sink's reference)."""
+    from pathlib import Path
+
+    from prometheus_client import CollectorRegistry
+
+    from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK
+    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+    from ddb2bt.transforms.config import load_mapping
+    from ddb2bt.transforms.dofns import map_record
+    from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedBatch, StreamPosition
+
+    mapping = load_mapping(Path(__file__).resolve().parents[2] / "examples" / "product_catalog.yaml")
+    sent = []
+
+    class RecordingWriter:
+        def mutate_rows(self, table, entries):
+            sent.append(list(entries))
+            return [ENTRY_OK] * len(entries)
+
+    rng = random.Random(36)
+    items: dict = {}
+    changes = []
+    for seq in range(300):
+        k = rng.randrange(20)  # 20 items, 300 changes: most rows are written several times per batch
+        keys = {"pk": {"S": f"cat{k % 3}"}, "sk": {"S": f"item#{k:03d}"}}
+        old = items.get(k)
+        if old is not None and rng.random() < 0.15:
+            event, new = REMOVE, None
+            del items[k]
+        else:
+            new = dict(keys, Name={"S": rng.choice(["hat", "cap", ""])}, Price={"N": str(rng.randrange(10**6))},
+                       **({"Colour": {"S": "red"}} if rng.random() < 0.5 else {}))
+            event = MODIFY if old is not None else INSERT
+            items[k] = new
+        record = ChangeRecord(event, keys, new, old, 1_700_000_000_000 + seq // 7,
+                              position=StreamPosition("arn:s", "shard-1", str(10**20 + seq)))
+        changes.append(map_record(mapping, record, lambda: 0))
+    assert not any(c.dead_letter for c in changes)
+    writer = BatchingWriter(RecordingWriter(), None, SinkConfig(), PipelineMetrics(CollectorRegistry()))
+    writer.add(MappedBatch(tuple(changes)))
+    writer.flush()
+    entries = [e for request in sent for e in request]
+    assert len(entries) == len({e[0] for e in entries}) <= 20 < len(changes)  # coalesced
+    assert all(type(e) is WireEntry for e in entries)
+    for request in sent:
+        plain = [(row_key, tuple(mutations)) for row_key, mutations in request]
+        assert encode_mutate_rows(TABLE, None, request) == reference(TABLE, None, plain)

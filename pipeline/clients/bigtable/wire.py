@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ddb2bt.transforms.model import DeleteCells, SetCell
-
-
-US_PER_MS = 1000
+from ddb2bt.transforms.wire import (COLUMN_FIELDS, DELETE_TIME_RANGE, ENTRY_MUTATION, ENTRY_ROW_KEY,
+                                    MUT_DELETE_FROM_COLUMN, MUT_SET_CELL, ONE_BYTE_VARINT, RANGE_END, RANGE_START,
+                                    REQ_APP_PROFILE, REQ_ENTRY, REQ_TABLE_NAME, SET_TIMESTAMP, SET_VALUE, US_PER_MS,
+                                    VARINT_TABLE_SIZE, VARINTS, column_fields, int64, length_delimited, varint)
 
 
 Entry = tuple  # (row_key: bytes, mutations: Sequence[SetCell | DeleteCells])
@@ -59,79 +60,30 @@ def build_request(request_cls, table_name: str, app_profile: Optional[str], entr
 # (row key, SetCell/DeleteCells) tuples: setting message fields one by one cost
 # ~2 us per mutation, a third of the live path's CPU outside the mapping. The
 # bytes are identical to ``build_request(...).SerializeToString()`` (a unit test
-# compares them on random entries); the writer sends them as they are.
-#
-# Field numbers (google/bigtable/v2/bigtable.proto, data.proto) as wire tags,
-# (number << 3) | wire type (0 varint, 2 length-delimited):
-_REQ_TABLE_NAME = b"\x0a"  # MutateRowsRequest.table_name = 1
-_REQ_ENTRY = b"\x12"  # MutateRowsRequest.entries = 2
-_REQ_APP_PROFILE = b"\x1a"  # MutateRowsRequest.app_profile_id = 3
-_ENTRY_ROW_KEY = b"\x0a"  # Entry.row_key = 1
-_ENTRY_MUTATION = b"\x12"  # Entry.mutations = 2
-_MUT_SET_CELL = b"\x0a"  # Mutation.set_cell = 1
-_MUT_DELETE_FROM_COLUMN = b"\x12"  # Mutation.delete_from_column = 2
-_CELL_FAMILY = b"\x0a"  # SetCell/DeleteFromColumn.family_name = 1
-_CELL_QUALIFIER = b"\x12"  # SetCell/DeleteFromColumn.column_qualifier = 2
-_SET_TIMESTAMP = b"\x18"  # SetCell.timestamp_micros = 3 (varint)
-_SET_VALUE = b"\x22"  # SetCell.value = 4
-_DELETE_TIME_RANGE = b"\x1a"  # DeleteFromColumn.time_range = 3
-_RANGE_START = b"\x08"  # TimestampRange.start_timestamp_micros = 1 (varint)
-_RANGE_END = b"\x10"  # TimestampRange.end_timestamp_micros = 2 (varint)
-_UINT64 = 1 << 64  # negative int64 varints are their two's complement in 64 bits
-# Varints of 0..16383 looked up, not computed: every length up to 16 KiB (values
-# longer than that are computed, and rare).
-_VARINT_TABLE_SIZE = 1 << 14
-# (family, qualifier) → their encoded fields: a table has few distinct columns.
-# Bounded so a mapping with unbounded column names cannot grow it for ever.
-_MAX_CACHED_COLUMNS = 100_000
-_COLUMN_FIELDS: dict = {}
+# compares them on random entries); the writer sends them as they are. An entry
+# whose mutations arrive already encoded (``WireEntry``: the compiled mapping
+# writes them, transforms.wire) costs a join instead of a walk of its mutations.
+# The field tags and varint tables are transforms.wire's.
+_REQ_TABLE_NAME, _REQ_ENTRY, _REQ_APP_PROFILE = REQ_TABLE_NAME, REQ_ENTRY, REQ_APP_PROFILE
+_ENTRY_ROW_KEY, _ENTRY_MUTATION = ENTRY_ROW_KEY, ENTRY_MUTATION
+_MUT_SET_CELL, _MUT_DELETE_FROM_COLUMN = MUT_SET_CELL, MUT_DELETE_FROM_COLUMN
+_SET_TIMESTAMP, _SET_VALUE, _DELETE_TIME_RANGE = SET_TIMESTAMP, SET_VALUE, DELETE_TIME_RANGE
+_RANGE_START, _RANGE_END = RANGE_START, RANGE_END
+_VARINT_TABLE_SIZE, _VARINTS, _ONE_BYTE_VARINT = VARINT_TABLE_SIZE, VARINTS, ONE_BYTE_VARINT
+_COLUMN_FIELDS = COLUMN_FIELDS
+_varint, _int64, _length_delimited, _column_fields = varint, int64, length_delimited, column_fields
 
 
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+class WireEntry(tuple):
+    """A MutateRows entry ``(row_key, mutations)`` — a plain Entry to whoever
+    unpacks it (fakes, wrappers) — that also carries ``wire``: ``mutations`` in
+    the wire format (transforms.wire.encode_mutations), which the encoder uses
+    instead of walking the tuples."""
 
-
-def _int64(micros: int) -> bytes:
-    """A timestamp's varint; out of int64 range is refused, as the message would."""
-    if not _INT64_MIN <= micros <= _INT64_MAX:
-        raise ValueError(f"timestamp {micros} us is out of range for int64")
-    return _varint(micros)
-
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value += _UINT64
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_VARINTS = tuple(_varint(i) for i in range(_VARINT_TABLE_SIZE))
-
-
-def _length_delimited(tag: bytes, data: bytes) -> bytes:
-    n = len(data)
-    return tag + (_VARINTS[n] if n < _VARINT_TABLE_SIZE else _varint(n)) + data
-
-
-def _column_fields(key: tuple) -> tuple:
-    """(encoded family and qualifier fields, their length)."""
-    family, qualifier = key
-    family_bytes = family.encode()
-    # proto3: a field holding its default (empty) is not written.
-    fields = ((_length_delimited(_CELL_FAMILY, family_bytes) if family_bytes else b"")
-              + (_length_delimited(_CELL_QUALIFIER, qualifier) if qualifier else b""))
-    if len(_COLUMN_FIELDS) < _MAX_CACHED_COLUMNS:
-        _COLUMN_FIELDS[key] = (fields, len(fields))
-    return fields, len(fields)
-
-
-# Bytes of a varint below 2**14 (the lookup table's range): 1 below 128, else 2.
-# So a length-delimited field of n < 2**14 bytes takes n + 2 (tag, 1-byte length)
-# or n + 3 (tag, 2-byte length) bytes: the "2 if ... else 3" below.
-_ONE_BYTE_VARINT = 1 << 7
+    def __new__(cls, row_key: bytes, mutations, wire: bytes) -> "WireEntry":
+        entry = tuple.__new__(cls, (row_key, mutations))
+        entry.wire = wire
+        return entry
 
 
 def encode_mutate_rows(table_name: str, app_profile: Optional[str], entries: Sequence[Entry]) -> bytes:
@@ -151,7 +103,8 @@ def encode_mutate_rows(table_name: str, app_profile: Optional[str], entries: Seq
     last_ts = last_range = None
     ts_field = range_field = b""
     ts_len = range_len = 0
-    for row_key, mutations in entries:
+    for entry in entries:
+        row_key, mutations = entry
         slot = len(out)
         append(b"")  # the entry's tag and length, known once its mutations are encoded
         size = 0
@@ -159,6 +112,12 @@ def encode_mutate_rows(table_name: str, app_profile: Optional[str], entries: Seq
             key_field = _length_delimited(_ENTRY_ROW_KEY, row_key)
             append(key_field)
             size = len(key_field)
+        if type(entry) is WireEntry:
+            wire = entry.wire
+            append(wire)
+            size += len(wire)
+            out[slot] = _REQ_ENTRY + (varints[size] if size < table_size else varint(size))
+            continue
         for m in mutations:
             if type(m) is SetCell:
                 family, qualifier, value, ts_ms = m

@@ -1,0 +1,179 @@
+"""Bigtable's mutation messages in the protobuf wire format, written directly: pure
+(bytes in, bytes out; no protobuf library, no I/O).
+
+A MutateRows ``Entry`` is its row key field followed by one ``mutations`` field
+per mutation, and protobuf concatenates repeated fields: the bytes of a row's
+mutations (``encode_mutations``) can be produced once, where the mutations are
+made — the compiled mapping does (``transforms/compiled.py``) — and a row that
+several changes touch is then the concatenation of their bytes, in stream order.
+The request encoder (``pipeline/clients/bigtable/wire.py``) puts the row key and
+the entry's length around them. What these functions write is byte for byte what
+the protobuf library serializes for the same message (property-tested:
+``tests/unit/test_sink_requests.py``, ``tests/unit/test_compiled_mapping.py``).
+
+Field numbers (google/bigtable/v2/bigtable.proto, data.proto) as wire tags,
+(number << 3) | wire type (0 varint, 2 length-delimited).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ddb2bt.transforms.model import DeleteCells, SetCell
+
+US_PER_MS = 1000  # the model's timestamps are milliseconds, the wire's microseconds
+
+REQ_TABLE_NAME = b"\x0a"  # MutateRowsRequest.table_name = 1
+REQ_ENTRY = b"\x12"  # MutateRowsRequest.entries = 2
+REQ_APP_PROFILE = b"\x1a"  # MutateRowsRequest.app_profile_id = 3
+ENTRY_ROW_KEY = b"\x0a"  # Entry.row_key = 1
+ENTRY_MUTATION = b"\x12"  # Entry.mutations = 2
+MUT_SET_CELL = b"\x0a"  # Mutation.set_cell = 1
+MUT_DELETE_FROM_COLUMN = b"\x12"  # Mutation.delete_from_column = 2
+CELL_FAMILY = b"\x0a"  # SetCell/DeleteFromColumn.family_name = 1
+CELL_QUALIFIER = b"\x12"  # SetCell/DeleteFromColumn.column_qualifier = 2
+SET_TIMESTAMP = b"\x18"  # SetCell.timestamp_micros = 3 (varint)
+SET_VALUE = b"\x22"  # SetCell.value = 4
+DELETE_TIME_RANGE = b"\x1a"  # DeleteFromColumn.time_range = 3
+RANGE_START = b"\x08"  # TimestampRange.start_timestamp_micros = 1 (varint)
+RANGE_END = b"\x10"  # TimestampRange.end_timestamp_micros = 2 (varint)
+
+_UINT64 = 1 << 64  # negative int64 varints are their two's complement in 64 bits
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Varints of 0..16383 looked up, not computed: every length up to 16 KiB (values
+# longer than that are computed, and rare).
+VARINT_TABLE_SIZE = 1 << 14
+# Bytes of a varint below 2**14 (the lookup table's range): 1 below 128, else 2.
+# So a length-delimited field of n < 2**14 bytes takes n + 2 (tag, 1-byte length)
+# or n + 3 (tag, 2-byte length) bytes.
+ONE_BYTE_VARINT = 1 << 7
+# (family, qualifier) → their encoded fields: a table has few distinct columns.
+# Bounded so a mapping with unbounded column names cannot grow it for ever.
+_MAX_CACHED_COLUMNS = 100_000
+COLUMN_FIELDS: dict = {}
+
+
+def _varint_bitwise(value: int) -> bytes:
+    """A varint seven bits at a time (builds the tables below)."""
+    if value < 0:
+        value += _UINT64
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+VARINTS = tuple(_varint_bitwise(i) for i in range(VARINT_TABLE_SIZE))
+# 14 bits that more bits follow: both of their bytes have the continuation bit.
+_TABLE_BITS = VARINT_TABLE_SIZE.bit_length() - 1
+_CONTINUED = tuple(bytes(((i & 0x7F) | 0x80, (i >> 7) | 0x80)) for i in range(VARINT_TABLE_SIZE))
+
+
+def varint(value: int) -> bytes:
+    """A varint, fourteen bits per lookup: a timestamp's (~51 bits of microseconds)
+    is four lookups instead of eight rounds of bit arithmetic."""
+    if value < 0:
+        value += _UINT64
+    if value < VARINT_TABLE_SIZE:
+        return VARINTS[value]
+    out = []
+    while value >= VARINT_TABLE_SIZE:
+        out.append(_CONTINUED[value & (VARINT_TABLE_SIZE - 1)])
+        value >>= _TABLE_BITS
+    out.append(VARINTS[value])
+    return b"".join(out)
+
+
+# The last high part timestamp_varint encoded, and its bytes: consecutive changes'
+# timestamps differ only in their low bits (one tuple, swapped whole: thread-safe).
+_last_high: tuple = (-1, b"")
+
+
+def timestamp_varint(micros: int) -> bytes:
+    """varint(micros) for 2**14 <= micros < 2**63 (a timestamp after 1970-01-01
+    00:00:00.016384): the low fourteen bits looked up, the rest reused from the
+    previous call when it is the same — one change after another, it is."""
+    global _last_high
+    high = micros >> _TABLE_BITS
+    last = _last_high
+    if last[0] != high:
+        last = _last_high = (high, varint(high))
+    return _CONTINUED[micros & (VARINT_TABLE_SIZE - 1)] + last[1]
+
+
+def int64(micros: int) -> bytes:
+    """A timestamp's varint; out of int64 range is refused, as the message would."""
+    if not INT64_MIN <= micros <= INT64_MAX:
+        raise ValueError(f"timestamp {micros} us is out of range for int64")
+    return varint(micros)
+
+
+def length_delimited(tag: bytes, data: bytes) -> bytes:
+    n = len(data)
+    return tag + (VARINTS[n] if n < VARINT_TABLE_SIZE else varint(n)) + data
+
+
+def column_fields(key: tuple) -> tuple:
+    """(the encoded family and qualifier fields of ``key`` = (family, qualifier),
+    their length); cached."""
+    family, qualifier = key
+    family_bytes = family.encode()
+    # proto3: a field holding its default (empty) is not written.
+    fields = ((length_delimited(CELL_FAMILY, family_bytes) if family_bytes else b"")
+              + (length_delimited(CELL_QUALIFIER, qualifier) if qualifier else b""))
+    if len(COLUMN_FIELDS) < _MAX_CACHED_COLUMNS:
+        COLUMN_FIELDS[key] = (fields, len(fields))
+    return fields, len(fields)
+
+
+def timestamp_field(ts_ms: int) -> bytes:
+    """SetCell.timestamp_micros for ``ts_ms`` (absent when 0, as proto3 omits it)."""
+    micros = ts_ms * US_PER_MS
+    return SET_TIMESTAMP + int64(micros) if micros else b""
+
+
+def range_field(start_ms: int, end_ms: int) -> bytes:
+    """DeleteFromColumn.time_range for [start_ms, end_ms): present even when empty
+    (a set message field is written even with every field at its default)."""
+    start, end = start_ms * US_PER_MS, end_ms * US_PER_MS
+    return length_delimited(DELETE_TIME_RANGE, (RANGE_START + int64(start) if start else b"")
+                            + (RANGE_END + int64(end) if end else b""))
+
+
+def mutation_field(kind: bytes, body_len: int, *body: bytes) -> bytes:
+    """One Entry.mutations field: ``kind`` (MUT_SET_CELL or MUT_DELETE_FROM_COLUMN)
+    around the message whose pieces are ``body``, ``body_len`` bytes in all."""
+    inner = kind + (VARINTS[body_len] if body_len < VARINT_TABLE_SIZE else varint(body_len))
+    n = len(inner) + body_len
+    return b"".join((ENTRY_MUTATION, VARINTS[n] if n < VARINT_TABLE_SIZE else varint(n), inner) + body)
+
+
+def set_cell(family: str, qualifier: bytes, value: bytes, ts_field: bytes) -> bytes:
+    """SetCell(family, qualifier, value) at the timestamp of ``ts_field``
+    (``timestamp_field``), as one Entry.mutations field."""
+    column, n = COLUMN_FIELDS.get((family, qualifier)) or column_fields((family, qualifier))
+    if value:
+        value_field = length_delimited(SET_VALUE, value)
+        return mutation_field(MUT_SET_CELL, n + len(ts_field) + len(value_field), column, ts_field, value_field)
+    return mutation_field(MUT_SET_CELL, n + len(ts_field), column, ts_field)
+
+
+def delete_cells(family: str, qualifier: bytes, time_range: bytes) -> bytes:
+    """DeleteFromColumn(family, qualifier) over ``time_range`` (``range_field``),
+    as one Entry.mutations field."""
+    column, n = COLUMN_FIELDS.get((family, qualifier)) or column_fields((family, qualifier))
+    return mutation_field(MUT_DELETE_FROM_COLUMN, n + len(time_range), column, time_range)
+
+
+def encode_mutations(mutations: Sequence) -> bytes:
+    """The Entry.mutations fields of ``mutations`` (SetCell / DeleteCells), in order."""
+    out = []
+    for m in mutations:
+        if type(m) is SetCell:
+            out.append(set_cell(m.family, m.qualifier, m.value, timestamp_field(m.timestamp_ms)))
+        elif type(m) is DeleteCells:
+            out.append(delete_cells(m.family, m.qualifier, range_field(m.start_ms, m.end_ms)))
+        else:
+            raise TypeError(f"unknown mutation {type(m).__name__}")
+    return b"".join(out)
