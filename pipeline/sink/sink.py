@@ -14,6 +14,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from ddb2bt.transforms.dofns import PerStreamFn
 from ddb2bt.pipeline.clients.bigtable.admin import process_families
+from ddb2bt.pipeline.collector import tune_collector
 from ddb2bt.pipeline.sink.batching import BatchingWriter
 from ddb2bt.pipeline.sink.config import SinkConfig
 
@@ -69,6 +70,7 @@ class _WriteToBigtableFn(beam.DoFn):
     def setup(self) -> None:
         from ddb2bt.pipeline.metrics import default_metrics, start_pusher
 
+        tune_collector()  # pages of changes in flight: collector.py says why
         if self._pushgateway:  # Dataflow workers cannot be scraped: they push
             start_pusher(self._pushgateway, job=f"ddb2bt-{self._state_spec.job if self._state_spec else 'job'}")
 
