@@ -6,7 +6,9 @@ with ``map_change``'s contract — ``(record, mark_touched) -> tuple[RowChange, 
 generated Python functions (the mapping's text only ever enters them as bound
 constants, never as source), each attribute's placement is decided once per
 attribute name and keeps its encoder bound, literal qualifiers and their sizes are
-precomputed, and mutations, sizes and versions are produced in one pass.
+precomputed, and mutations, sizes and versions are produced in one pass — the
+mutations both as the model's tuples and, in ``RowChange.wire``, as the bytes the
+sink sends (``transforms.wire``; the tests hold them to the protobuf library's).
 
 The general engine (``mapping.general_map_change``) stays the reference and the
 specification: the compiled path produces exactly its RowChanges (docs/design.md §3,
@@ -36,10 +38,10 @@ from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN
 from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, DeleteCells, Guard,
                                      RowChange, SetCell)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
-from ddb2bt.transforms.wire import (COLUMN_FIELDS, DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN,
-                                    MUT_SET_CELL, ONE_BYTE_VARINT, RANGE_END, SET_TIMESTAMP, SET_VALUE, US_PER_MS,
-                                    VARINT_TABLE_SIZE, VARINTS, column_fields, delete_cells, range_field, set_cell,
-                                    timestamp_field, timestamp_varint)
+from ddb2bt.transforms.wire import (DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN, MUT_SET_CELL,
+                                    ONE_BYTE_VARINT, RANGE_END, SET_TIMESTAMP, SET_VALUE, US_PER_MS, VARINT_TABLE_SIZE,
+                                    VARINTS, column_fields, delete_cells, range_field, set_cell, timestamp_field,
+                                    timestamp_varint)
 
 # A row whose request bytes are at most this cannot break any of Bigtable's
 # per-row limits (limits.checked_size): every part a limit bounds — row key,

@@ -167,3 +167,23 @@ def test_the_sink_sends_the_compiled_mappings_bytes_for_coalesced_rows():
     for request in sent:
         plain = [(row_key, tuple(mutations)) for row_key, mutations in request]
         assert encode_mutate_rows(TABLE, None, request) == reference(TABLE, None, plain)
+
+
+def test_a_change_rebuilt_with_other_mutations_carries_no_stale_bytes():
+    """RowChange.wire is not an __init__ field: dataclasses.replace (how version
+    claims, marker stripping and redrive rebuild a change) leaves the copy without
+    bytes, so the sink encodes the copy's own tuples; equality ignores the bytes."""
+    import dataclasses
+
+    from ddb2bt.transforms.config import load_mapping
+    from ddb2bt.transforms.mapping import map_change
+    from ddb2bt.transforms.model import INSERT, ChangeRecord
+    from pathlib import Path
+
+    mapping = load_mapping(Path(__file__).resolve().parents[2] / "examples" / "product_catalog.yaml")
+    keys = {"pk": {"S": "hats"}, "sk": {"S": "item#1"}}
+    change, = map_change(mapping, ChangeRecord(INSERT, keys, dict(keys, Name={"S": "cap"}), None, 1_700_000_000_000))
+    assert change.wire == protobuf_mutations(change.mutations)
+    fewer = dataclasses.replace(change, mutations=change.mutations[:-1], size_bytes=-1)
+    assert fewer.wire is None
+    assert dataclasses.replace(change) == change
