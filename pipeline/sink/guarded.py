@@ -251,12 +251,15 @@ class GuardedBatchingWriter(BatchingWriter):
     guard (``apply_guarded``); dead letters are stored and checkpoints advanced
     exactly as by ``BatchingWriter`` (the same ``_commit``), only after every
     guarded write of the batch is acknowledged. Rows are independent under the
-    guard, so there is no per-row ordering to keep and no overlap to manage."""
+    guard, so there is no per-row ordering to keep. With ``overlap`` (the sink
+    passes ``SinkConfig.overlap_writes``) a full batch is written on the sink
+    thread while the next is mapped and buffered; the next one's clocks are read
+    only once it is acknowledged, so no swap of it races one of the batch before."""
 
     ordering_guard = True  # what redrive checks it writes through
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs["overlap"] = False
+        kwargs.setdefault("overlap", False)  # a flush without a thread unless asked (tests, redrive)
         kwargs["versions"] = None  # the clock's owned cells replace the version registry (docs/design.md §10.5)
         super().__init__(*args, **kwargs)
         self.stats = GuardStats()
