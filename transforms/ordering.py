@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from ddb2bt.transforms.attrs import canonical_typed_json
+from ddb2bt.transforms.attrs import canonical_typed_json, dump_str
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import delete_cell, owned_cells, owned_now_and_before, validate_record, write_cell
@@ -68,9 +68,56 @@ _NO_IMAGE = b"null"
 
 def image_hash(image) -> bytes:
     """A short digest of an item image, the same however its attributes and set
-    members are ordered (canonical typed JSON)."""
-    body = _NO_IMAGE if image is None else canonical_typed_json({"M": dict(image)}).encode("utf-8")
-    return hashlib.blake2b(body, digest_size=HASH_BYTES).digest()
+    members are ordered (canonical typed JSON). Stored in clocks and compared
+    with later changes' hashes (§10.3), so its input never changes: the fast
+    path writes exactly ``canonical_typed_json``'s text, and leaves any other
+    shape to it (which raises where the image is not valid)."""
+    if image is None:
+        return hashlib.blake2b(_NO_IMAGE, digest_size=HASH_BYTES).digest()
+    text = _typed_json({"M": image}) if type(image) is dict else None
+    if text is None:
+        text = canonical_typed_json({"M": dict(image)})
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=HASH_BYTES).digest()
+
+
+def _typed_json(value) -> Optional[str]:
+    """``attrs.canonical_typed_json(value)`` for the shapes of a decoded image
+    (plain dicts and lists; S, N, BOOL, NULL, SS, M, L), without its per-value
+    path strings, which only name a bad value in an error; None for anything
+    else (B, NS, BS, another Mapping, a malformed value): the reference decides.
+    ``tests/unit/test_ordering_guard_hash.py`` holds the two equal."""
+    if type(value) is not dict or len(value) != 1:
+        return None
+    for tag, inner in value.items():
+        if tag == "S" or tag == "N":
+            return '{"' + tag + '":' + dump_str(inner) + "}" if type(inner) is str else None
+        if tag == "M":
+            if type(inner) is not dict:
+                return None
+            parts = []
+            for key in inner:
+                if type(key) is not str:
+                    return None
+            for key in sorted(inner):
+                body = _typed_json(inner[key])
+                if body is None:
+                    return None
+                parts.append(dump_str(key) + ":" + body)
+            return '{"M":{' + ",".join(parts) + "}}"
+        if tag == "BOOL":
+            return ('{"BOOL":true}' if inner else '{"BOOL":false}') if type(inner) is bool else None
+        if tag == "NULL":
+            return '{"NULL":true}' if inner is True else None
+        if tag == "SS":
+            if type(inner) is not list or any(type(member) is not str for member in inner):
+                return None
+            return '{"SS":[' + ",".join(dump_str(member) for member in sorted(inner)) + "]}"
+        if tag == "L":
+            if type(inner) is not list:
+                return None
+            parts = [_typed_json(member) for member in inner]
+            return None if None in parts else '{"L":[' + ",".join(parts) + "]}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
