@@ -64,6 +64,9 @@ DIGEST_BYTES = 8
 US_PER_MS = 1000
 # Hash of "no image" (before an INSERT, after a REMOVE).
 _NO_IMAGE = b"null"
+# json.dumps(value, separators=(",", ":")), byte for byte: json.dumps builds a
+# new encoder on every call with non-default separators (once per clock written).
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def image_hash(image) -> bytes:
@@ -156,15 +159,13 @@ class Clock:
 def cell_digest(cell) -> str:
     """A digest (hex) of what an owned cell holds: its value, or a list column's
     values in order (each length-prefixed, so element boundaries count)."""
+    if cell.values is None:  # one call: the digest of b"V" then the value, as below
+        return hashlib.blake2b(b"V" + (cell.value or b""), digest_size=DIGEST_BYTES).hexdigest()
     h = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    if cell.values is not None:
-        h.update(b"L")
-        for v in cell.values:
-            h.update(len(v).to_bytes(8, "big"))
-            h.update(v)
-    else:
-        h.update(b"V")
-        h.update(cell.value or b"")
+    h.update(b"L")
+    for v in cell.values:
+        h.update(len(v).to_bytes(8, "big"))
+        h.update(v)
     return h.hexdigest()
 
 
@@ -174,7 +175,7 @@ def encode_clock(clock: Clock) -> bytes:
     value filter, where only ASCII bytes match themselves (``swap_expectation``)."""
     digests = clock.digests or (None,) * len(clock.cells)
     cells = [[f, q.hex(), v, d] for (f, q, v), d in zip(clock.cells, digests)]
-    body = f"{clock.us}:{clock.new_hash.hex()}:{json.dumps(cells, separators=(',', ':'))}"
+    body = f"{clock.us}:{clock.new_hash.hex()}:{_COMPACT_JSON(cells)}"
     token = hashlib.blake2b(body.encode("ascii"), digest_size=TOKEN_BYTES).hexdigest()
     return f"{CLOCK_FORMAT}:{token}:{body}".encode("ascii")
 

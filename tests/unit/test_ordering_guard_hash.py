@@ -64,3 +64,25 @@ def test_the_fast_path_takes_a_decoded_image_whole():
              "Colors": {"SS": ["red", "blue"]}, "Formats": {"M": {"480": {"S": "u"}, "1080": {"L": [{"N": "1"}]}}}}
     assert _typed_json({"M": image}) == canonical_typed_json({"M": image})
     assert image_hash(image) == reference_hash(image)
+
+
+def test_a_clock_is_written_byte_for_byte_as_before():
+    """Clocks already in Bigtable hold image hashes, cell digests and a token
+    this version must reproduce: a different digest would rewrite every cell
+    once, a different image hash would misorder two changes of one timestamp.
+    The value below was written by the guard before its fast paths."""
+    from ddb2bt.transforms.attrs import from_plain
+    from ddb2bt.transforms.config import load_mapping
+    from ddb2bt.transforms.model import INSERT, ChangeRecord
+    from ddb2bt.transforms.ordering import CLOCK_FAMILY, guarded_rows, row_mutations
+
+    catalog = load_mapping("examples/product_catalog.yaml")
+    keys = {"pk": from_plain("hats"), "sk": from_plain("b")}
+    image = {**keys, "Price": from_plain(12), "Description": from_plain('a "quoted" d\u00e9scription'),
+             "Color": {"SS": ["red", "blue"]}}
+    (row,) = guarded_rows(catalog, ChangeRecord(INSERT, keys, image, None, 1_700_000_000_123,
+                                                change_us=1_700_000_000_123_456))
+    (clock,) = [m.value for m in row_mutations(row, None) if m.family == CLOCK_FAMILY and hasattr(m, "value")]
+    assert clock == (b'3:2358b7af33c7bc2758a8bf781cc3ce10:1700000000123456:d9d1c04552558ee1:'
+                     b'[["SKU","436f6c6f72",null,"476a1dabb57ca383"],["SKU","4465736372697074696f6e",null,'
+                     b'"27e9b96c36a2c03c"],["SKU","5072696365",null,"86ebd9802be6a521"]]')
