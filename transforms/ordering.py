@@ -102,7 +102,17 @@ def _typed_json(value) -> Optional[str]:
                 if type(key) is not str:
                     return None
             for key in sorted(inner):
-                body = _typed_json(inner[key])
+                member = inner[key]
+                if type(member) is dict and len(member) == 1:  # a string or number: most attributes, inline
+                    text = member.get("S")
+                    if type(text) is str:
+                        parts.append(dump_str(key) + ':{"S":' + dump_str(text) + "}")
+                        continue
+                    text = member.get("N")
+                    if type(text) is str:
+                        parts.append(dump_str(key) + ':{"N":' + dump_str(text) + "}")
+                        continue
+                body = _typed_json(member)
                 if body is None:
                     return None
                 parts.append(dump_str(key) + ":" + body)
@@ -306,7 +316,9 @@ def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order, refresh: frozen
     for key in sorted(old):
         cell = old[key]
         rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
-    item = canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+    # The clock's qualifier: canonical_typed_json's text, as image_hash takes it.
+    item = (_typed_json({"M": keys}) if type(keys) is dict else None) or canonical_typed_json({"M": dict(keys)})
+    item = item.encode("utf-8")
     return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)), refresh,
                             whole)
                  for (t, k), (n, o) in rows.items())
