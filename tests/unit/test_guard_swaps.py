@@ -229,3 +229,15 @@ def test_the_guarded_sink_buffers_the_next_batch_while_one_is_written_and_sends_
     assert bt.latest(CATALOG.target.table)[b"hats#a"][("SKU", b"Price")] == (1).to_bytes(8, "big")
     assert store.load_checkpoints(arn)["s"].sequence_number == "3"
     writer.close()
+
+
+def test_the_swap_predicate_escapes_every_byte_of_the_clock_it_compares():
+    from ddb2bt.pipeline.clients.bigtable.writer import _exact_regex
+
+    value = bytes(range(256))
+    assert _exact_regex(value) == b"".join(b"\\x%02x" % b for b in value)
+    channel = _Channel({b"a": True})
+    writer = GrpcMutationWriter("p", "i", channel=channel)
+    request = writer._cam_request("projects/p/instances/i/tables/t", "t", b"a", CLOCK_FAMILY, b"item", b"3:ab:",
+                                  [SetCell(CLOCK_FAMILY, b"item", b"v", 1)], True)
+    assert request.predicate_filter.chain.filters[-1].value_regex_filter == b"\\x33\\x3a\\x61\\x62\\x3a(?s).*"
