@@ -41,8 +41,9 @@ MAX_SWAP_ATTEMPTS = 20
 # round trip per row and cannot be batched, so a batch's swaps go out together as
 # gRPC futures on the writer's one channel (no thread per call). 64 stays under
 # the 100 concurrent streams a server commonly allows on one HTTP/2 connection,
-# so none wait in the channel's queue; past 16 the emulator gained little more
-# (docs/benchmarks.md).
+# so none wait in the channel's queue. On the emulator 16 and 64 cost the same CPU
+# per swap; the service's round trips (milliseconds, not the emulator's
+# microseconds) are what more in flight overlaps.
 GUARD_CONCURRENCY = 64
 
 

@@ -241,3 +241,28 @@ def test_the_swap_predicate_escapes_every_byte_of_the_clock_it_compares():
     request = writer._cam_request("projects/p/instances/i/tables/t", "t", b"a", CLOCK_FAMILY, b"item", b"3:ab:",
                                   [SetCell(CLOCK_FAMILY, b"item", b"v", 1)], True)
     assert request.predicate_filter.chain.filters[-1].value_regex_filter == b"\\x33\\x3a\\x61\\x62\\x3a(?s).*"
+
+
+def test_a_lost_lease_stops_the_swaps_and_leaves_none_of_those_sent_running():
+    """The fence is checked before each swap: once it says the lease is lost,
+    nothing more is sent, and the swaps already on the wire are waited for
+    before the failure goes up (none outlives the batch that sent it)."""
+
+    class LeaseLost(Exception):
+        pass
+
+    checks = []
+
+    def fence() -> float:
+        checks.append(1)
+        if len(checks) > 3:
+            raise LeaseLost("the job's lease moved to another holder")
+        return 60.0
+
+    keys = [b"r%02d" % i for i in range(8)]
+    channel = _Channel({k: False for k in keys})
+    writer = GrpcMutationWriter("p", "i", channel=channel)
+    writer.set_fence(fence)
+    with pytest.raises(LeaseLost):
+        writer.swap_rows("t", [swap(k) for k in keys], in_flight=8)
+    assert channel.sent == keys[:3] and channel.open == 0

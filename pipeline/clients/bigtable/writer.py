@@ -332,26 +332,29 @@ class GrpcMutationWriter:
                 if failure is None:
                     failure = classify_rpc_error(exc, "CheckAndMutateRow")
 
-        for index, (row_key, family, qualifier, expected, mutations, prefix) in enumerate(swaps):
-            if failure is not None:
-                break  # the batch fails (and is retried whole): send nothing more
-            try:
-                request = self._cam_request(table_name, table_id, row_key, family, qualifier, expected, mutations,
-                                            prefix)
-            except MappingError as exc:
-                outcomes[index] = exc
-                continue
-            if len(sent) >= in_flight:
-                settle(*sent.pop(0))
+        try:
+            for index, (row_key, family, qualifier, expected, mutations, prefix) in enumerate(swaps):
                 if failure is not None:
-                    break
-            try:
-                sent.append((index, expected is not None,
-                             self._cam.future(request, timeout=self._write_timeout(), metadata=metadata)))
-            except grpc.RpcError as exc:  # an interceptor may fail the call as it is made
-                failure = failure or classify_rpc_error(exc, "CheckAndMutateRow")
-        for call in sent:
-            settle(*call)
+                    break  # the batch fails (and is retried whole): send nothing more
+                try:
+                    request = self._cam_request(table_name, table_id, row_key, family, qualifier, expected,
+                                                mutations, prefix)
+                except MappingError as exc:
+                    outcomes[index] = exc
+                    continue
+                if len(sent) >= in_flight:
+                    settle(*sent.pop(0))
+                    if failure is not None:
+                        break
+                timeout = self._write_timeout()  # the fence, right before the call (raises once the lease is lost)
+                try:
+                    sent.append((index, expected is not None,
+                                 self._cam.future(request, timeout=timeout, metadata=metadata)))
+                except grpc.RpcError as exc:  # an interceptor may fail the call as it is made
+                    failure = failure or classify_rpc_error(exc, "CheckAndMutateRow")
+        finally:  # whatever stops the loop (the fence too), no call sent is left running
+            for call in sent:
+                settle(*call)
         if failure is not None:
             raise failure
         return outcomes
