@@ -85,7 +85,7 @@ class _WriteToBigtableFn(beam.DoFn):
             from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
 
             self._batcher = GuardedBatchingWriter(self._writer, self._state, self._config, default_metrics(),
-                                                  self._families)
+                                                  self._families, overlap=self._config.overlap_writes)
             return
         from ddb2bt.pipeline.lease import OWNERS
 
