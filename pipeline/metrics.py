@@ -480,7 +480,7 @@ class TableMetrics:
         self.metrics.verify_pass_finished(self.table, at_s)
 
     def set_phase(self, phase: str) -> None:
-        from ddb2bt.pipeline.cutover.phases import PHASES
+        from ddb2bt.pipeline.control.phases import PHASES
 
         for p in PHASES:
             self.migration_phase.labels(p).set(1 if p == phase else 0)

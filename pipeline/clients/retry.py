@@ -31,7 +31,7 @@ READ_ONLY_DEADLINE_S = 25.0
 MAX_LOG_GAP_S = 30.0
 # Called between attempts; raising stops the retrying. The job lease registers
 # its fence here: a process that lost its lease must not sit in a retry loop for
-# minutes (ddb2bt.pipeline.lease).
+# minutes (ddb2bt.pipeline.control.lease).
 BETWEEN_ATTEMPTS: list = []
 
 

@@ -34,7 +34,7 @@ def cmd_recover(args) -> int:
               "--bigtable-instance and --job-name)", file=sys.stderr)
         return 1
     if options.exports:  # writing: hold the tail's lease, so no `run` applies changes meanwhile
-        from ddb2bt.pipeline import lease
+        from ddb2bt.pipeline.control import lease
 
         start_metrics_server(args.metrics_port, args.metrics_host)
         held = lease.join(acquire_lease(args, spec, "tail"))

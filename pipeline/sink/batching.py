@@ -35,10 +35,10 @@ from ddb2bt.transforms.model import BackfillPosition, DeadLetter, MappedBatch, M
 from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
 from ddb2bt.pipeline.clients.retry import retrying
-from ddb2bt.pipeline.cutover.bookkeeping import has_markers
+from ddb2bt.pipeline.control.markers import has_markers
 from ddb2bt.pipeline.metrics import UNNAMED_TABLE, PipelineMetrics
-from ddb2bt.pipeline.versions import VersionOwners
-from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
+from ddb2bt.pipeline.control.versions import VersionOwners
+from ddb2bt.pipeline.control.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 from ddb2bt.pipeline.sink.batch import Batch, Row, merge_checkpoints
 from ddb2bt.pipeline.sink.claims import VersionClaims
 from ddb2bt.pipeline.sink.config import SinkConfig
@@ -91,7 +91,7 @@ class BatchingWriter:
         # Who owns each versioned cell (versions.py); None: not tracked.
         self._claims = VersionClaims(versions, self._metrics, self._dead_letter) if versions is not None else None
         # A shared (Dataflow) job: this process must own the partitions of the
-        # changes it writes (ddb2bt.pipeline.lease.PartitionOwners.check).
+        # changes it writes (ddb2bt.pipeline.control.lease.PartitionOwners.check).
         self._partition_fence = partition_fence
         self._reset()
         # overlap: a full batch is written on this one thread while add() goes on;
@@ -183,7 +183,7 @@ class BatchingWriter:
             families = self._known_families(row.table)
             if families is None:
                 continue
-            # The marker family comes and goes with a backfill (cutover.bookkeeping);
+            # The marker family comes and goes with a backfill (control.markers);
             # a cached family list may be stale, so only the write itself decides
             # (a marker write that fails is stripped and retried, see _commit).
             if not isinstance(families, (set, frozenset)):

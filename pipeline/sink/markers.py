@@ -8,11 +8,11 @@ from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.retry import retrying
-from ddb2bt.pipeline.cutover.bookkeeping import strip_markers
+from ddb2bt.pipeline.control.markers import strip_markers
 from ddb2bt.pipeline.sink.batch import Row
 from ddb2bt.pipeline.sink.config import SinkConfig
 from ddb2bt.pipeline.sink.requests import RequestWriter, StillFailing
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 
 __all__ = ["MarkedWrites"]
 
@@ -34,7 +34,7 @@ class MarkedWrites:
         item earlier could land after this change and bring back what it removed."""
         if self._state is None:
             return False
-        from ddb2bt.pipeline.cutover.phases import BACKFILLING, parse_phase
+        from ddb2bt.pipeline.control.phases import BACKFILLING, parse_phase
 
         try:
             return parse_phase(self._state.load_meta("phase")) == BACKFILLING

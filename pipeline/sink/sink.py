@@ -72,7 +72,7 @@ class _WriteToBigtableFn(beam.DoFn):
         if self._pushgateway:  # Dataflow workers cannot be scraped: they push
             start_pusher(self._pushgateway, job=f"ddb2bt-{self._state_spec.job if self._state_spec else 'job'}")
 
-        from ddb2bt.pipeline.lease import fence, join
+        from ddb2bt.pipeline.control.lease import fence, join
 
         # The fence goes on the writer, so data writes, dead letters and
         # checkpoints are all checked right before their RPC.
@@ -87,7 +87,7 @@ class _WriteToBigtableFn(beam.DoFn):
             self._batcher = GuardedBatchingWriter(self._writer, self._state, self._config, default_metrics(),
                                                   self._families)
             return
-        from ddb2bt.pipeline.lease import OWNERS
+        from ddb2bt.pipeline.control.lease import OWNERS
 
         shared = self._config.lease is not None and self._config.lease.shared
         self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families,

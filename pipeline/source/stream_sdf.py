@@ -15,7 +15,7 @@ from ddb2bt.pipeline.clients.dynamodb import shard_directory, table_of_stream
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import batch_records
-from ddb2bt.pipeline.state import stream_label
+from ddb2bt.pipeline.control.state import stream_label
 from ddb2bt.pipeline.source.stream_source import (
     ClaimEnd,
     PartitionReader,
@@ -96,7 +96,7 @@ class _StreamContext:
     its state store, one PartitionReader per partition, its migration tick."""
 
     def __init__(self, source: StreamSource, metrics) -> None:
-        from ddb2bt.pipeline.lease import join
+        from ddb2bt.pipeline.control.lease import join
 
         self.source = source
         self.options = source.options
@@ -136,7 +136,7 @@ class _StreamContext:
 
     def close(self) -> None:
         if self.keeper:
-            from ddb2bt.pipeline.cutover.keeper import release_keeper
+            from ddb2bt.pipeline.control.keeper import release_keeper
 
             release_keeper(self.keeper)
             self.keeper = None
@@ -180,7 +180,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         ctx = self._contexts[partition.stream_arn]
         options = ctx.options
         if ctx.lease is not None:
-            from ddb2bt.pipeline.lease import OWNERS, LeaseUnproven
+            from ddb2bt.pipeline.control.lease import OWNERS, LeaseUnproven
 
             if ctx.lease.spec.shared:
                 OWNERS.touch(partition.stream_arn, partition.index)
@@ -202,7 +202,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return
         reader = ctx.reader(partition)
         if ctx.lease is not None and ctx.lease.spec.shared:
-            from ddb2bt.pipeline.lease import OWNERS
+            from ddb2bt.pipeline.control.lease import OWNERS
 
             # While the round runs (it may back off on throttling for minutes)
             # the partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S).
@@ -259,9 +259,9 @@ class _ReadStreamPartitionsFn(beam.DoFn):
     @staticmethod
     def _own_partition(ctx: _StreamContext, partition: StreamPartition) -> bool:
         """A worker of a shared (Dataflow) job reads a partition only while it
-        owns it (ddb2bt.pipeline.lease.PartitionOwners): another worker may hold
+        owns it (ddb2bt.pipeline.control.lease.PartitionOwners): another worker may hold
         it (Dataflow moved the work, or this worker was paused meanwhile)."""
-        from ddb2bt.pipeline.lease import OWNERS, LeaseLost, LeaseUnproven
+        from ddb2bt.pipeline.control.lease import OWNERS, LeaseLost, LeaseUnproven
 
         owner = OWNERS.claim(ctx.lease.spec, partition.stream_arn, partition.index, partition.count)
         if owner is None:
@@ -277,17 +277,17 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         """Tell the cutover keeper where this partition is: its shards' lag and
         applied position in time (cutover/catchup.py), not whether this round
         found something new. The keeper — not this reader — moves the migration
-        on (phase, finish) on a thread of its own (ddb2bt.pipeline.cutover.keeper):
+        on (phase, finish) on a thread of its own (ddb2bt.pipeline.control.keeper):
         on Dataflow, or next to a separate batch backfill, no controller does."""
         from ddb2bt.pipeline.cutover.catchup import CatchUpReport, summarize
-        from ddb2bt.pipeline.cutover.keeper import keeper_for
+        from ddb2bt.pipeline.control.keeper import keeper_for
 
         if ctx.keeper is None:
             ctx.keeper = keeper_for(ctx.source.state_factory, ctx.options.promote_live) or False
         if ctx.keeper:
             fence = None
             if ctx.lease is not None:
-                from ddb2bt.pipeline.lease import OWNERS
+                from ddb2bt.pipeline.control.lease import OWNERS
 
                 fence = (lambda: OWNERS.check_partition(partition.stream_arn, partition.index)) \
                     if ctx.lease.spec.shared else ctx.lease.check

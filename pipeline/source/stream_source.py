@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Optional
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.cutover.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
                                       StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
@@ -45,7 +45,7 @@ from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
-from ddb2bt.pipeline.state import ShardCheckpoint
+from ddb2bt.pipeline.control.state import ShardCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class ReaderOptions:
     # Readers that have caught up (cutover/catchup.py) move a finished migration CATCHING_UP → LIVE
     # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
     promote_live: bool = True
-    # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): every round checks it, so
+    # The job's lease (ddb2bt.pipeline.control.lease.LeaseSpec): every round checks it, so
     # a process that lost it stops even while it has nothing to write.
     lease: Optional[object] = None
     retry: RetryPolicy = RetryPolicy(initial_s=0.2, max_backoff_s=20.0, deadline_s=300.0)

@@ -2,7 +2,7 @@
 lease is the job's shared one (holder ``dataflow:<JOB>``, as on Dataflow) instead
 of a process's own, so several such processes of one job share the job lease and
 split the stream partitions between them by partition ownership
-(``ddb2bt.pipeline.lease.PartitionOwners``). Test-only.
+(``ddb2bt.pipeline.control.lease.PartitionOwners``). Test-only.
 
     python -m ddb2bt.pipeline.testing.dataflow_worker JOB [faults options] -- <ddb2bt run arguments>
 
@@ -16,7 +16,7 @@ from typing import Optional
 
 
 def main(argv: Optional[list] = None) -> int:
-    from ddb2bt.pipeline import lease
+    from ddb2bt.pipeline.control import lease
     from ddb2bt.pipeline.testing import faults
 
     argv = list(sys.argv[1:] if argv is None else argv)

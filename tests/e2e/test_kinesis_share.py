@@ -30,12 +30,12 @@ import ddb2bt.pipeline.cli as cli
 import ddb2bt.pipeline.connections as connections
 import ddb2bt.pipeline.source.kinesis as kinesis_source
 import ddb2bt.pipeline.services.replicate as replicate
-from ddb2bt.pipeline import lease
+from ddb2bt.pipeline.control import lease
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.jobs import build_live_jobs, load_all
-from ddb2bt.pipeline.lease import TAIL, LeaseState, wall_ms
+from ddb2bt.pipeline.control.lease import TAIL, LeaseState, wall_ms
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.source.kinesis import GET_RECORDS_PER_SECOND, ShardPacer, resolve_kinesis

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
+from ddb2bt.pipeline.control.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
                                    LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, PARTITION_IDLE_RELEASE_S,
                                    PARTITION_ROUND_MAX_S, PartitionOwners, check_held, fence, margin_s, partition_index, register)
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import ChangeRecord, MappedChange, RowChange, SetCell, StreamPosition
 
@@ -296,7 +296,7 @@ def test_a_blip_shorter_than_the_deadline_is_ridden_through_without_a_restart(sh
             down["on"] = False
             assert not a.renew(), "given up is final: a restart re-acquires"
     finally:
-        from ddb2bt.pipeline.lease import _REGISTRY
+        from ddb2bt.pipeline.control.lease import _REGISTRY
         _REGISTRY.pop(a.spec.key, None)
 
 
@@ -383,7 +383,7 @@ def test_the_sink_writes_nothing_and_checkpoints_nothing_once_the_lease_is_lost(
 def test_a_dataflow_launch_holds_the_lease_for_the_job_and_its_workers_join(monkeypatch):
     import argparse
 
-    from ddb2bt.pipeline import lease as lease_mod
+    from ddb2bt.pipeline.control import lease as lease_mod
     from ddb2bt.pipeline.cli import acquire_lease
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
 
@@ -521,7 +521,7 @@ def test_a_lost_dataflow_lease_is_joined_again_by_the_next_dofn(monkeypatch):
     """A worker's job lease lost (here: another job took it over, then ended)
     is not kept in the process for good: the next DoFn set up joins again, and
     holds only while its job may."""
-    from ddb2bt.pipeline import lease as lease_module
+    from ddb2bt.pipeline.control import lease as lease_module
 
     world, bt = World(), InMemoryBigtable()
     monkeypatch.setattr(lease_module, "lease_cell", lambda spec: LeaseCell(bt, "state", spec.row_key))

@@ -758,7 +758,7 @@ class PartitionOwners:
         self._lock = threading.Lock()
 
     def spec_for(self, job: LeaseSpec, stream_arn: str, index: int) -> LeaseSpec:
-        from ddb2bt.pipeline.state import stream_label
+        from ddb2bt.pipeline.control.state import stream_label
 
         return LeaseSpec(job.bigtable, job.table, job.job, f"{job.role}#p#{stream_label(stream_arn)}#{index}",
                          self._worker, job.ttl_s, job.renew_s, shared=False, give_up_s=job.give_up_s)

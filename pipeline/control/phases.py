@@ -311,9 +311,9 @@ class Migration:
         self.store.save_meta("finished_ms", "")
         self.store.save_meta("marker_tables", json.dumps(sorted(set(tables) | set(self.marker_tables()))))
         bookkeeping.ensure(tables)
-        from ddb2bt.pipeline.cutover.clock import CLOCK_SKEW_MARGIN_S
+        from ddb2bt.pipeline.control.clock import CLOCK_SKEW_MARGIN_S
 
-        # T is set back by the clock margin (cutover/clock.py: this clock may run
+        # T is set back by the clock margin (control/clock.py: this clock may run
         # that much ahead of AWS's), so the wait covers the margin too: every
         # tail marks from T on.
         self._sleep(MARKING_WAIT_S + (CLOCK_SKEW_MARGIN_S if handoff_ms is None else 0.0))

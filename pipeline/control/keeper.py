@@ -75,7 +75,7 @@ class CutoverKeeper:
         """One step: record the reports, then let the phase machine move. Returns
         the phase (None when it could not be read; it is tried again next step)."""
         from ddb2bt.pipeline.cutover.catchup import caught_up
-        from ddb2bt.pipeline.cutover.phases import CATCHING_UP, Migration, advance
+        from ddb2bt.pipeline.control.phases import CATCHING_UP, Migration, advance
 
         make_migration = self._migration_factory or Migration
 
@@ -138,7 +138,7 @@ def keeper_for(state_spec, promote_live: bool) -> Optional[CutoverKeeper]:
     with _KEEPERS_LOCK:
         keeper = _KEEPERS.get(key)
         if keeper is None:
-            from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+            from ddb2bt.pipeline.control.markers import Bookkeeping
 
             keeper = _KEEPERS[key] = CutoverKeeper(
                 state_spec, lambda: Bookkeeping.for_target(bigtable.project, bigtable.instance), promote_live)
