@@ -1,7 +1,7 @@
 """The control floor: who may write, and in which phase.
 
 Everything that decides ownership lives here, above the clients and below the
-stages that read and write: the job and partition leases (``lease.py``), one job
+stages that read and write: the job lease (``lease.py``) and partition ownership (``partitions.py``), one job
 per target table (``ownership.py``), the state store of checkpoints, dead letters
 and the migration's facts (``state.py``), version claims (``versions.py``), the
 migration's phases and marking policy (``phases.py``), the clock check

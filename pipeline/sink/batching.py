@@ -91,7 +91,7 @@ class BatchingWriter:
         # Who owns each versioned cell (versions.py); None: not tracked.
         self._claims = VersionClaims(versions, self._metrics, self._dead_letter) if versions is not None else None
         # A shared (Dataflow) job: this process must own the partitions of the
-        # changes it writes (ddb2bt.pipeline.control.lease.PartitionOwners.check).
+        # changes it writes (ddb2bt.pipeline.control.partitions.PartitionOwners.check).
         self._partition_fence = partition_fence
         self._reset()
         # overlap: a full batch is written on this one thread while add() goes on;

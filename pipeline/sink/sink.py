@@ -87,7 +87,7 @@ class _WriteToBigtableFn(beam.DoFn):
             self._batcher = GuardedBatchingWriter(self._writer, self._state, self._config, default_metrics(),
                                                   self._families)
             return
-        from ddb2bt.pipeline.control.lease import OWNERS
+        from ddb2bt.pipeline.control.partitions import OWNERS
 
         shared = self._config.lease is not None and self._config.lease.shared
         self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families,

@@ -180,7 +180,8 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         ctx = self._contexts[partition.stream_arn]
         options = ctx.options
         if ctx.lease is not None:
-            from ddb2bt.pipeline.control.lease import OWNERS, LeaseUnproven
+            from ddb2bt.pipeline.control.lease import LeaseUnproven
+            from ddb2bt.pipeline.control.partitions import OWNERS
 
             if ctx.lease.spec.shared:
                 OWNERS.touch(partition.stream_arn, partition.index)
@@ -202,7 +203,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return
         reader = ctx.reader(partition)
         if ctx.lease is not None and ctx.lease.spec.shared:
-            from ddb2bt.pipeline.control.lease import OWNERS
+            from ddb2bt.pipeline.control.partitions import OWNERS
 
             # While the round runs (it may back off on throttling for minutes)
             # the partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S).
@@ -259,9 +260,10 @@ class _ReadStreamPartitionsFn(beam.DoFn):
     @staticmethod
     def _own_partition(ctx: _StreamContext, partition: StreamPartition) -> bool:
         """A worker of a shared (Dataflow) job reads a partition only while it
-        owns it (ddb2bt.pipeline.control.lease.PartitionOwners): another worker may hold
+        owns it (ddb2bt.pipeline.control.partitions.PartitionOwners): another worker may hold
         it (Dataflow moved the work, or this worker was paused meanwhile)."""
-        from ddb2bt.pipeline.control.lease import OWNERS, LeaseLost, LeaseUnproven
+        from ddb2bt.pipeline.control.lease import LeaseLost, LeaseUnproven
+        from ddb2bt.pipeline.control.partitions import OWNERS
 
         owner = OWNERS.claim(ctx.lease.spec, partition.stream_arn, partition.index, partition.count)
         if owner is None:
@@ -287,7 +289,7 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         if ctx.keeper:
             fence = None
             if ctx.lease is not None:
-                from ddb2bt.pipeline.control.lease import OWNERS
+                from ddb2bt.pipeline.control.partitions import OWNERS
 
                 fence = (lambda: OWNERS.check_partition(partition.stream_arn, partition.index)) \
                     if ctx.lease.spec.shared else ctx.lease.check

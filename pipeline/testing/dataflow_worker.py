@@ -2,7 +2,7 @@
 lease is the job's shared one (holder ``dataflow:<JOB>``, as on Dataflow) instead
 of a process's own, so several such processes of one job share the job lease and
 split the stream partitions between them by partition ownership
-(``ddb2bt.pipeline.control.lease.PartitionOwners``). Test-only.
+(``ddb2bt.pipeline.control.partitions.PartitionOwners``). Test-only.
 
     python -m ddb2bt.pipeline.testing.dataflow_worker JOB [faults options] -- <ddb2bt run arguments>
 

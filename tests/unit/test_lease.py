@@ -8,8 +8,10 @@ from dataclasses import dataclass
 import pytest
 
 from ddb2bt.pipeline.control.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
-                                   LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, PARTITION_IDLE_RELEASE_S,
-                                   PARTITION_ROUND_MAX_S, PartitionOwners, check_held, fence, margin_s, partition_index, register)
+                                           LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, check_held, fence,
+                                           margin_s, register)
+from ddb2bt.pipeline.control.partitions import (PARTITION_IDLE_RELEASE_S, PARTITION_ROUND_MAX_S, PartitionOwners,
+                                                partition_index)
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.clients.retry import RetryPolicy
