@@ -46,7 +46,7 @@ def acquire_lease(args, state, role: str, taken: Optional[list] = None):
     the holder; released when the command ends. Returns the LeaseSpec the
     DoFns fence their writes with (None for a dry run)."""
     from ddb2bt.pipeline import signals
-    from ddb2bt.pipeline.control import lease
+    from ddb2bt.pipeline.control import coordinator, lease
     from ddb2bt.pipeline.dataflow import option_value
     from ddb2bt.pipeline.graph import is_local
 
@@ -69,7 +69,7 @@ def acquire_lease(args, state, role: str, taken: Optional[list] = None):
             base = re.sub(r"[^a-z0-9-]+", "-", f"ddb2bt-{state.job}".lower()).strip("-")[:40]
             dataflow_job = f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
             args.beam_args.append(f"--job_name={dataflow_job}")
-    held, spec = lease.hold(state, role, options, command=args.command, dataflow_job=dataflow_job)
+    held, spec = coordinator.hold(state, role, options, command=args.command, dataflow_job=dataflow_job)
     if taken is not None:
         taken.append(held)
     if dataflow_job is None:

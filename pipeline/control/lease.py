@@ -52,13 +52,12 @@ import os
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
-from ddb2bt.pipeline.clients.retry import BETWEEN_ATTEMPTS, DEFAULT_DEADLINE_S, RetryPolicy, retrying
+from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S, retrying
 from ddb2bt.transforms.errors import PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -293,7 +292,8 @@ class Lease:
                  host: Optional[str] = None, pid: Optional[int] = None, node: Optional[str] = None,
                  alive: Callable[[int], bool] = pid_alive, own_holders: Optional[Callable[[], set]] = None) -> None:
         self.spec = spec
-        self._own_holders = own_holders or registered_holders
+        self._own_holders = own_holders or set
+        self.on_release: Callable[["Lease"], None] = lambda lease: None  # its coordinator forgets it
         self._cell = cell
         self._command = command
         self._wall, self._clock, self._sleep = wall, clock, sleep
@@ -360,14 +360,15 @@ class Lease:
         return cur
 
     def acquire(self, mode: str = FAIL, ttl_s: Optional[float] = None, heartbeat: bool = True,
-                retry=None) -> None:
+                retry=None, between_attempts: Optional[Callable[[], None]] = None) -> None:
         """Hold the lease or raise LeaseHeld (mode fail); standby: wait for it.
         ``retry``: a RetryPolicy for the lease calls (failures logged, bounded)."""
         def attempt():
             return self.try_acquire(take_over=mode == TAKE_OVER, ttl_s=ttl_s)
 
         call = (retrying(retry, f"the {self.spec.role} lease of job {self.spec.job}", where=self._cell.where,
-                         sleep=self._sleep) if retry is not None else (lambda fn: fn()))
+                         sleep=self._sleep, between_attempts=between_attempts) if retry is not None
+                else (lambda fn: fn()))
         waiting_since = None
         while True:
             other = call(attempt)
@@ -559,7 +560,7 @@ class Lease:
             raw, self._raw = self._raw, None
             lost = self._lost
             self._lost = self._lost or f"job {self.spec.job}: the {self.spec.role} lease was released"
-        _REGISTRY.pop(self.spec.key, None)
+        self.on_release(self)
         try:
             if raw is None or lost is not None:
                 return
@@ -577,7 +578,7 @@ class Lease:
         renew it from now on)."""
         self._stop.set()
         self.active = False
-        _REGISTRY.pop(self.spec.key, None)
+        self.on_release(self)
         self._cell.close()
 
 
@@ -613,64 +614,12 @@ class Heartbeat:
             delay = lease.spec.renew_s if ok else min(1.0, lease.spec.renew_s)
 
 
-# --- per process: the leases held, found again by the DoFns ----------------------
-
-_REGISTRY: dict = {}
-_REGISTRY_LOCK = threading.Lock()
-
-
-def registered_holders() -> set:
-    """The holders of the leases this process holds."""
-    return {lease.spec.holder for lease in list(_REGISTRY.values())}
-
-
-def register(lease: Lease) -> Lease:
-    _REGISTRY[lease.spec.key] = lease
-    return lease
-
-
-def check_held() -> None:
-    """Every lease this process holds must still be valid (raises LeaseLost):
-    run between retry attempts, so no retry loop outlives a lost lease."""
-    for lease in list(_REGISTRY.values()):
-        if lease.active:
-            try:
-                lease.check()
-            except LeaseUnproven:
-                pass  # the retry loop goes on waiting; its own write re-checks
-
-
-if check_held not in BETWEEN_ATTEMPTS:
-    BETWEEN_ATTEMPTS.append(check_held)
-
-
 def lease_cell(spec: LeaseSpec) -> LeaseCell:
     b = spec.bigtable
     # The lease is a CheckAndMutateRow cell: through the state (single-cluster) profile.
     writer = GrpcMutationWriter(b.project, b.instance, getattr(b, "state_profile", b.app_profile),
                                 timeout_s=LEASE_RPC_TIMEOUT_S)
     return LeaseCell(writer, spec.table, spec.row_key, f"Bigtable ({bigtable_endpoint()})")
-
-
-def join(spec: Optional[LeaseSpec]) -> Optional[Lease]:
-    """The lease a DoFn fences with: the one this process holds (local runs: the
-    command took it), else joined as a worker of the job (Dataflow)."""
-    if spec is None:
-        return None
-    with _REGISTRY_LOCK:
-        lease = _REGISTRY.get(spec.key)
-        if lease is not None and spec.shared and lease._lost is not None:
-            # A Dataflow worker's lease that was lost (taken over, or the cell
-            # gone) is joined again by the next DoFn set up after the failed
-            # bundles, as a new worker would: it holds again only if its job
-            # still does (else LeaseLost, naming the holder).
-            lease.release()  # gives nothing up (it holds nothing): leaves the registry, closes its channel
-            lease = None
-        if lease is None:
-            lease = Lease(spec, lease_cell(spec), command="worker")
-            lease.join()
-            register(lease)
-        return lease
 
 
 def fence(writer, lease: Optional[Lease]):
@@ -712,32 +661,3 @@ class FencedWriter:
 
 def dataflow_holder(job_name: str) -> str:
     return f"dataflow:{job_name}"
-
-
-def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
-         dataflow_job: Optional[str] = None) -> tuple:
-    """Take the job's ``role`` lease for a command: (Lease, LeaseSpec for the
-    DoFns). Locally the lease is renewed by this process until ``release()``; for
-    a Dataflow launch (``dataflow_job``) it is taken for the job with a start-up
-    grace and handed over to the workers."""
-    holder = dataflow_holder(dataflow_job) if dataflow_job else f"{command}:{uuid.uuid4().hex[:12]}"
-    deadline = state_spec.bigtable.deadline_s
-    spec = LeaseSpec(state_spec.bigtable, state_spec.table, state_spec.job, role, holder, options.ttl_s,
-                     options.renew_s, shared=dataflow_job is not None,
-                     give_up_s=deadline if deadline is not None else DEFAULT_DEADLINE_S)
-
-    lease = Lease(spec, lease_cell(spec), command=command)
-    retry = RetryPolicy(initial_s=0.2, max_backoff_s=5.0, **(
-        {"deadline_s": state_spec.bigtable.deadline_s} if state_spec.bigtable.deadline_s is not None else {}))
-    if dataflow_job:
-        lease.acquire(options.mode, ttl_s=options.ttl_s + DATAFLOW_START_GRACE_S, heartbeat=False, retry=retry)
-        lease.detach()
-        return lease, spec
-    register(lease)
-    try:
-        lease.acquire(options.mode, retry=retry)
-    except BaseException:
-        _REGISTRY.pop(spec.key, None)
-        lease.release()  # closes its channel (it holds nothing to give up)
-        raise
-    return lease, spec

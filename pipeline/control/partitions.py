@@ -180,5 +180,3 @@ class PartitionOwners:
                 lease.release()
             self._leases.clear()
 
-
-OWNERS = PartitionOwners()  # per process, shared by its readers and sinks

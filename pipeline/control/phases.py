@@ -159,6 +159,17 @@ class MarkingPolicy:
 PhaseMarking = MarkingPolicy  # the former name
 
 
+def backfill_may_run(store) -> bool:
+    """Whether a backfill may be running now (phase BACKFILLING, or unknown): then
+    touch markers must never be stripped: a backfill batch that scanned the item
+    earlier could land after a change and bring back what it removed. Read afresh
+    each time (the sink asks only when a marker write failed for good)."""
+    try:
+        return parse_phase(store.load_meta("phase")) == BACKFILLING
+    except Exception:  # unreadable: fail safe
+        return True
+
+
 class Migration:
     """The migration's durable facts, read from and written to the state table.
     ``now_ms`` and ``sleep`` are injected for tests."""

@@ -324,8 +324,10 @@ class PartitionReader:
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
                  sleep: Callable[[float], None] = time.sleep, directory: Optional[ShardDirectory] = None,
                  pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False,
-                 load_heads: Optional[Callable[[str], dict]] = None) -> None:
+                 load_heads: Optional[Callable[[str], dict]] = None,
+                 between_attempts: Optional[Callable[[], None]] = None) -> None:
         self._client = client
+        self._between_attempts = between_attempts  # its coordinator's lease check: no retry outlives the lease
         fast_records_decoding(client)  # GetRecords pages through the C JSON parser
         # {shard id: when a reader of this job last saw it at its head}, as the
         # readers recorded it in the state table (StateStore.load_shard_heads):
@@ -390,7 +392,8 @@ class PartitionReader:
         policy = self._options.retry
         # The table in the label: a job of several tables logs which one is failing.
         return retrying(policy, f"{operation} of {self._table}", count, self._sleep,
-                        retry_on=(StreamThrottled,), where=self._where)(attempt)
+                        retry_on=(StreamThrottled,), where=self._where,
+                        between_attempts=self._between_attempts)(attempt)
 
     # -- discovery
     def discover(self, tracker) -> bool:

@@ -329,7 +329,7 @@ def test_the_keeper_records_no_report_of_a_partition_this_process_no_longer_owns
 def test_the_last_stream_context_done_with_a_keeper_stops_it():
     from dataclasses import dataclass
 
-    from ddb2bt.pipeline.control.keeper import _KEEPERS, keeper_for, release_keeper
+    from ddb2bt.pipeline.control.coordinator import coordinator_for
 
     @dataclass(frozen=True)
     class Spec:  # a StateSpec stand-in: where the state lives
@@ -341,9 +341,11 @@ def test_the_last_stream_context_done_with_a_keeper_stops_it():
         project, instance = "p", "i"
 
     spec = Spec(Bt())
-    first, second = keeper_for(spec, True), keeper_for(spec, True)
-    assert first is second and first.users == 2
-    release_keeper(first)
-    assert not first._stop.is_set()
-    release_keeper(second)
-    assert first._stop.is_set() and first not in _KEEPERS.values()
+    coordinator = coordinator_for(spec)
+    assert coordinator_for(spec) is coordinator  # one per job in the process, found again by each DoFn
+    assert coordinator.use_keeper(True) and coordinator.use_keeper(True)  # two stream contexts
+    keeper = coordinator._keeper
+    coordinator.release_keeper()
+    assert not keeper._stop.is_set() and coordinator._keeper is keeper
+    coordinator.release_keeper()
+    assert keeper._stop.is_set() and coordinator._keeper is None
