@@ -81,6 +81,8 @@ class Coordinator:
         self.key = key
         self._state_spec = state_spec
         self._lock = threading.Lock()
+        # DoFns of one worker set up at once: one of them joins, the others find it.
+        self._join_lock = threading.Lock()
         self._leases: dict = {}  # (role, holder) -> Lease held or joined by this process
         self._readers_lease: Optional[Lease] = None  # the lease the stream readers joined (the tail's)
         self.partitions = partitions or PartitionOwners()  # a shared job's partition leases
@@ -91,7 +93,7 @@ class Coordinator:
 
     # -- the leases --------------------------------------------------------------
     def holders(self) -> set:
-        return {holder for _, holder in self._leases}
+        return {holder for _, holder in list(self._leases)}
 
     def register(self, lease: Lease) -> Lease:
         """A lease this process holds: found again by ``join`` and checked by ``check_held``."""
@@ -114,8 +116,11 @@ class Coordinator:
         the command took it), else joined as a worker of the job (Dataflow)."""
         if spec is None:
             return None
-        with self._lock:
-            lease = self._leases.get((spec.role, spec.holder))
+        with self._join_lock:
+            return self._join(spec)
+
+    def _join(self, spec: LeaseSpec) -> Lease:
+        lease = self._leases.get((spec.role, spec.holder))
         if lease is not None and spec.shared and lease.lost:
             # A Dataflow worker's lease that was lost (taken over, or the cell
             # gone) is joined again by the next DoFn set up after the failed
@@ -275,12 +280,13 @@ _LOCK = threading.Lock()
 
 def coordinator_for(spec, state_spec=None) -> Coordinator:
     """This process's coordinator of the job ``spec`` (a StateSpec or LeaseSpec)
-    names; made on first use. ``state_spec`` defaults to ``spec``."""
+    names; made on first use. ``state_spec`` (the job's StateSpec) tells it where
+    the job's state lives, for its keeper and ``marking``."""
     key = JobKey.of(spec)
     with _LOCK:
         coordinator = _COORDINATORS.get(key)
         if coordinator is None:
-            coordinator = _COORDINATORS[key] = Coordinator(key, state_spec if state_spec is not None else spec)
+            coordinator = _COORDINATORS[key] = Coordinator(key, state_spec)
         elif state_spec is not None:
             coordinator._state_spec = state_spec  # the same job's: the latest names where its state lives
         return coordinator
@@ -318,7 +324,7 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
         lease.acquire(options.mode, ttl_s=options.ttl_s + DATAFLOW_START_GRACE_S, heartbeat=False, retry=retry)
         lease.detach()
         return lease, spec
-    coordinator = coordinator_for(state_spec)
+    coordinator = coordinator_for(state_spec, state_spec)
     coordinator.register(lease)
     try:
         lease.acquire(options.mode, retry=retry, between_attempts=coordinator.check_held)

@@ -341,7 +341,7 @@ def test_the_last_stream_context_done_with_a_keeper_stops_it():
         project, instance = "p", "i"
 
     spec = Spec(Bt())
-    coordinator = coordinator_for(spec)
+    coordinator = coordinator_for(spec, spec)
     assert coordinator_for(spec) is coordinator  # one per job in the process, found again by each DoFn
     assert coordinator.use_keeper(True) and coordinator.use_keeper(True)  # two stream contexts
     keeper = coordinator._keeper
