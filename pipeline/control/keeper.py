@@ -17,6 +17,9 @@ import logging
 import threading
 from typing import Callable, Optional
 
+from ddb2bt.pipeline.control.catchup import caught_up, worst
+from ddb2bt.pipeline.control.phases import CATCHING_UP, Migration, advance
+
 log = logging.getLogger(__name__)
 
 # How often the keeper steps (the phase cache and LIVE's freshness are sized to it).
@@ -52,8 +55,6 @@ class CutoverKeeper:
         recorded (a worker woken after its partition moved writes nothing).
         ``ended_idle``: the reader ended after --until-idle without a record, so
         it was caught up for all of that time: it counts as settled."""
-        from ddb2bt.pipeline.cutover.catchup import worst
-
         with self._lock:
             _, heads = self._reports.get(stream, (count, {}))
             previous = heads.get(index)
@@ -74,9 +75,6 @@ class CutoverKeeper:
     def step(self):
         """One step: record the reports, then let the phase machine move. Returns
         the phase (None when it could not be read; it is tried again next step)."""
-        from ddb2bt.pipeline.cutover.catchup import caught_up
-        from ddb2bt.pipeline.control.phases import CATCHING_UP, Migration, advance
-
         make_migration = self._migration_factory or Migration
 
         with self._lock:

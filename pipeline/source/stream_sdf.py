@@ -12,6 +12,7 @@ from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorP
 from apache_beam.utils.timestamp import Duration
 
 from ddb2bt.pipeline.clients.dynamodb import shard_directory, table_of_stream
+from ddb2bt.pipeline.control.catchup import CatchUpReport, summarize
 from ddb2bt.pipeline.control.coordinator import coordinator_for
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
@@ -245,13 +246,11 @@ class _ReadStreamPartitionsFn(beam.DoFn):
     def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, reader: PartitionReader,
                       ended_idle: bool = False) -> None:
         """Tell the cutover keeper where this partition is: its shards' lag and
-        applied position in time (cutover/catchup.py), not whether this round
+        applied position in time (control/catchup.py), not whether this round
         found something new. The keeper — not this reader — moves the migration
         on (phase, finish) on a thread of its own (ddb2bt.pipeline.control.keeper),
         told through the job's coordinator (ddb2bt.pipeline.control.coordinator):
         on Dataflow, or next to a separate batch backfill, no controller does."""
-        from ddb2bt.pipeline.cutover.catchup import CatchUpReport, summarize
-
         if ctx.keeper is None:
             ctx.keeper = ctx.coordinator.use_keeper(ctx.options.promote_live)
         if ctx.keeper:

@@ -35,7 +35,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
-from ddb2bt.pipeline.cutover.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
+from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
                                       StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
                                       fast_records_decoding,
@@ -110,7 +110,7 @@ class ReaderOptions:
     # In-process stop requests (local runs): `request_stop(token)` ends the reading
     # cleanly at the next round, everything read so far written and checkpointed.
     stop_token: Optional[str] = None
-    # Readers that have caught up (cutover/catchup.py) move a finished migration CATCHING_UP → LIVE
+    # Readers that have caught up (control/catchup.py) move a finished migration CATCHING_UP → LIVE
     # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
     promote_live: bool = True
     # The job's lease (ddb2bt.pipeline.control.lease.LeaseSpec): every round checks it, so
@@ -605,7 +605,7 @@ class PartitionReader:
                 if self._metrics and "MillisBehindLatest" in page:  # the service's own lag, where it gives one
                     self._metrics.lag.on_behind(self._partition.stream_arn, shard_id, page["MillisBehindLatest"])
                 if not records and self._metrics:
-                    # An empty page, not yet the head (cutover/catchup.py).
+                    # An empty page, not yet the head (control/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
                 self._on_page(shard_id, empty=not records)
                 if len(records) >= GET_RECORDS_LIMIT:

@@ -24,7 +24,7 @@ from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record
 from ddb2bt.transforms.model import INSERT, REMOVE, BackfillPosition, ChangeRecord, DeadLetter
 
-from ddb2bt.pipeline.cutover.catchup import LIVE_SETTLE_S, CatchUpReport
+from ddb2bt.pipeline.control.catchup import LIVE_SETTLE_S, CatchUpReport
 from tests.unit.cutover_common import CATALOG, FAST, T, item
 
 # A partition caught up (applied up to now, no lag) and one far behind.

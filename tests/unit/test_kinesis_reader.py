@@ -80,7 +80,7 @@ def test_reads_parents_before_children_keeps_its_table_and_ends_closed_shards():
 
 def test_the_services_behind_latest_reaches_the_readers_catch_up_rule():
     """Kinesis says how far behind the tip a page is (MillisBehindLatest): the
-    adapter passes it on, and the reader's lag tracker keeps it (cutover/catchup.py)."""
+    adapter passes it on, and the reader's lag tracker keeps it (control/catchup.py)."""
     from prometheus_client import CollectorRegistry
 
     from ddb2bt.pipeline.metrics import PipelineMetrics
