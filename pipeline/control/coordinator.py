@@ -40,7 +40,7 @@ from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.control.keeper import CutoverKeeper
-from ddb2bt.pipeline.control.lease import (DATAFLOW_START_GRACE_S, TAIL, Lease, LeaseLost, LeaseOptions, LeaseSpec,
+from ddb2bt.pipeline.control.lease import (DATAFLOW_START_GRACE_S, Lease, LeaseLost, LeaseOptions, LeaseSpec,
                                            LeaseUnproven, dataflow_holder, fence as fence_writer, lease_cell)
 from ddb2bt.pipeline.control.partitions import PartitionOwners
 from ddb2bt.pipeline.control.phases import backfill_may_run
@@ -334,4 +334,4 @@ def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
     return lease, spec
 
 
-__all__ = ["Coordinator", "JobKey", "coordinator_for", "hold", "join", "process_holders", "TAIL"]
+__all__ = ["Coordinator", "JobKey", "coordinator_for", "hold", "join", "process_holders"]

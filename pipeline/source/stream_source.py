@@ -111,9 +111,9 @@ class ReaderOptions:
     # cleanly at the next round, everything read so far written and checkpointed.
     stop_token: Optional[str] = None
     # Readers that have caught up (control/catchup.py) move a finished migration CATCHING_UP → LIVE
-    # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
+    # (control.phases.advance): Dataflow's migrate, or `run` next to a backfill.
     promote_live: bool = True
-    # The job's lease (ddb2bt.pipeline.control.lease.LeaseSpec): every round checks it, so
+    # The job's lease (ddb2bt.pipeline.control.lease.LeaseSpec): every round asks its coordinator, so
     # a process that lost it stops even while it has nothing to write.
     lease: Optional[object] = None
     retry: RetryPolicy = RetryPolicy(initial_s=0.2, max_backoff_s=20.0, deadline_s=300.0)
