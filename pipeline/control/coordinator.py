@@ -134,6 +134,14 @@ class Coordinator:
             self.register(lease)
         return lease
 
+    def guard(self, store):
+        """``store`` (a job's StateStore) with this coordinator's lease check run
+        between the attempts of its retried calls."""
+        check = getattr(store, "check_between_attempts", None)
+        if check is not None:
+            check(self.check_held)
+        return store
+
     def check_held(self) -> None:
         """Every lease of this job this process holds must still be valid (raises
         LeaseLost): passed to retry loops as their between-attempts check."""
@@ -239,8 +247,9 @@ class Coordinator:
             return None
         from ddb2bt.pipeline.control.markers import Bookkeeping  # the admin client: only where a keeper runs
 
-        return CutoverKeeper(self._state_spec, lambda: Bookkeeping.for_target(bigtable.project, bigtable.instance),
-                             promote_live)
+        state_spec = self._state_spec
+        return CutoverKeeper(lambda: self.guard(state_spec()),
+                             lambda: Bookkeeping.for_target(bigtable.project, bigtable.instance), promote_live)
 
     # -- the sink ----------------------------------------------------------------
     def fence(self, writer, spec: Optional[LeaseSpec]):
@@ -260,8 +269,9 @@ class Coordinator:
         if self._state_spec is None:
             return False
         try:
-            if self._phase_store is None:
-                self._phase_store = self._state_spec.store()
+            with self._lock:
+                if self._phase_store is None:
+                    self._phase_store = self.guard(self._state_spec.store())
         except Exception:  # unreadable: fail safe
             return True
         return backfill_may_run(self._phase_store)

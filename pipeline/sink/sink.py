@@ -82,6 +82,8 @@ class _WriteToBigtableFn(beam.DoFn):
         writer = self._bigtable.writer()
         self._writer = self._coordinator.fence(writer, lease) if self._coordinator is not None else writer
         self._state = self._state_spec.store(self._writer) if self._state_spec else None
+        if self._coordinator is not None and self._state is not None:
+            self._coordinator.guard(self._state)  # no retry of a state call outlives the lease
         self._families = _FamilyCache(self._bigtable) if self._check_families else None
         coordinator = self._coordinator
         marking = coordinator.marking if coordinator and self._state else None

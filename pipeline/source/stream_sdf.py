@@ -105,7 +105,7 @@ class _StreamContext:
         self.coordinator = coordinator_for(lease or source.state_factory, source.state_factory)
         self.coordinator.join_readers(lease)
         self.client = source.client_factory()
-        self.state = source.state_factory()
+        self.state = self.coordinator.guard(source.state_factory())
         # Series labelled by the table's name in the job (its state key).
         self.metrics = metrics.for_table(getattr(source.state_factory, "job", None)
                                          or table_of_stream(source.stream_arn))

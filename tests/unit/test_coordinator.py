@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from ddb2bt.pipeline.clients.bigtable.errors import EntryStatus
 from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.control.coordinator import Coordinator, JobKey, coordinator_for
 from ddb2bt.pipeline.control.lease import Lease, LeaseCell, LeaseLost, LeaseSpec
 from ddb2bt.pipeline.control.partitions import PartitionOwners
+from ddb2bt.pipeline.control.state import BigtableStateBackend, StateStore
 from ddb2bt.pipeline.source.stream_source import StreamPartition
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.errors import RetryableError
@@ -131,6 +133,21 @@ class Keeper:  # a CutoverKeeper stand-in: what release_keeper does to it
 
     def stop(self):
         self.stopped = True
+
+
+def test_a_state_store_a_coordinator_guards_stops_retrying_once_the_lease_is_lost():
+    """The readers' and the sink's state calls are retried for up to the
+    deadline; once the job's lease is lost they stop at the next retry (a `run`
+    whose Bigtable died stops when its lease lapses, not a deadline later)."""
+    world, bt = World(), InMemoryBigtable()
+    a, lease = job(world, bt, "a")
+    unavailable = InMemoryBigtable(fault=lambda table, entries, n: [EntryStatus(14, "unavailable")] * len(entries))
+    store = a.guard(StateStore(BigtableStateBackend(unavailable, "p", "i", "state", deadline_s=3600.0), "a",
+                               world.wall))
+    take_over(world, bt, lease)
+    with pytest.raises(LeaseLost):
+        store.save_meta("phase", "LIVE")
+    assert unavailable.calls and len(unavailable.calls) == 1  # one attempt, then told
 
 
 def test_a_process_finds_each_jobs_coordinator_again_by_its_key():
