@@ -85,7 +85,7 @@ def add_mapping_args(p: argparse.ArgumentParser, required: bool = True, several:
 
 
 def add_state_args(p: argparse.ArgumentParser) -> None:
-    from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE
+    from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
 
     p.add_argument("--state-table", default=DEFAULT_STATE_TABLE,
                    help="Bigtable table for checkpoints and dead letters, created on first use (default %(default)s)")
@@ -140,7 +140,7 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
 
 def add_ops_args(p: argparse.ArgumentParser) -> None:
     """One holder per job and give-up deadlines (run, migrate, backfill); see docs/operations.md."""
-    from ddb2bt.pipeline.lease import DEFAULT_RENEW_S, DEFAULT_TTL_S
+    from ddb2bt.pipeline.control.lease import DEFAULT_RENEW_S, DEFAULT_TTL_S
     from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S
 
     g = p.add_argument_group("one running process per job, and deadlines")

@@ -48,7 +48,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from ddb2bt.pipeline.cutover.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms,
                                              manifest_data_files)
 from ddb2bt.pipeline.cutover.straddle import SweepResult
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S
 
@@ -531,7 +531,7 @@ class Recovery:
         deletes, and the windows run to the end in order)."""
         import hashlib
 
-        from ddb2bt.pipeline.cutover.phases import RECOVERING
+        from ddb2bt.pipeline.control.phases import RECOVERING
 
         spec = json.dumps({"first_ms": gap.first_ms, "last_ms": gap.last_ms, "end_ms": gap.end_ms,
                            "applied_ms": gap.applied_ms,
@@ -640,8 +640,8 @@ class Recovery:
         """The trimmed shards resume after their oldest held record (inside the last
         window), or at TRIM_HORIZON when they held none; then the phase goes back
         to LIVE (the tail, started next, replays from there)."""
-        from ddb2bt.pipeline.cutover.phases import LIVE
-        from ddb2bt.pipeline.state import ShardCheckpoint
+        from ddb2bt.pipeline.control.phases import LIVE
+        from ddb2bt.pipeline.control.state import ShardCheckpoint
 
         self.fence()
         after = dict(gap.resume_after)
@@ -727,7 +727,7 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
     """`ddb2bt recover` against the real services (clients injectable for tests)."""
     refuse_kinesis(mapping)
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.cutover.phases import Migration
+    from ddb2bt.pipeline.control.phases import Migration
     from ddb2bt.pipeline.preflight import resolve_stream
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 

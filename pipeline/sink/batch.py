@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddb2bt.pipeline.state import ShardCheckpoint
+from ddb2bt.pipeline.control.state import ShardCheckpoint
 
 __all__ = ["Batch", "Row", "merge_checkpoints"]
 

@@ -16,13 +16,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ddb2bt.pipeline.cutover.compare import expected_layout
-from ddb2bt.pipeline.cutover.phases import LIVE, RECOVERING, Migration
+from ddb2bt.pipeline.control.phases import LIVE, RECOVERING, Migration
 from ddb2bt.pipeline.cutover.recover import (Gap, Recovery, RecoveryRefused, check_coverage, check_pitr,
                                              inexact_features, open_export, read_changes)
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, StateStore
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.attrs import item_from_dynamodb_json
 from ddb2bt.transforms.errors import ConfigError

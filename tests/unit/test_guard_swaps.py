@@ -189,7 +189,7 @@ def test_the_guarded_sink_buffers_the_next_batch_while_one_is_written_and_sends_
     from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
     from ddb2bt.pipeline.sink.sink import SinkConfig
     from ddb2bt.pipeline.source.kinesis import kinesis_stream_arn
-    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.control.state import StateStore
     from ddb2bt.transforms.dofns import map_record_guarded
     from ddb2bt.transforms.model import StreamPosition
 

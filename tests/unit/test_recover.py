@@ -6,7 +6,7 @@ import pytest
 
 from ddb2bt.pipeline.cutover.recover import (END_OVERLAP_S, LATEST_RESTORABLE_LAG_S, MAX_WINDOW_S, MIN_WINDOW_S,
                                              Gap, export_commands, find_gap, plan_windows)
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
 
 HOUR_MS = 3_600_000

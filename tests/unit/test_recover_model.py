@@ -18,12 +18,12 @@ import itertools
 from hypothesis import given, settings, strategies as st
 
 from ddb2bt.pipeline.cutover.exports import ExportManifest
-from ddb2bt.pipeline.cutover.phases import LIVE, Migration
+from ddb2bt.pipeline.control.phases import LIVE, Migration
 from ddb2bt.pipeline.cutover.recover import (RECORD_CLOCK_MARGIN_S, ExportChange, Gap, IncrementalExport, Recovery,
                                              RecoveryRefused, check_coverage)
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint, StateStore
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping, parse_mapping
 from ddb2bt.transforms.mapping import handoff_second_ms, map_change

@@ -7,7 +7,7 @@ from ddb2bt.pipeline.cutover.recover import ExportChange, IncrementalExport, ine
 from ddb2bt.pipeline.cutover.straddle import BoundarySweep, sweep_inexact_features, swept_windows
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping, parse_mapping
 from ddb2bt.transforms.mapping import backfill_cell_ms, backfill_record, map_change

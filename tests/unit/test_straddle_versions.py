@@ -3,12 +3,12 @@ independent review found, kept as tests."""
 from __future__ import annotations
 
 from ddb2bt.pipeline.cutover.exports import ExportManifest
-from ddb2bt.pipeline.cutover.phases import Migration
+from ddb2bt.pipeline.control.phases import Migration
 from ddb2bt.pipeline.cutover.recover import (ExportChange, Gap, IncrementalExport, Recovery, Window,
                                              _backfill_inside_the_sweep, check_coverage, plan_windows)
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import map_change
