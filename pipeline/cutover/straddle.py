@@ -35,6 +35,14 @@ deleted inside a window. Either way it is deleted exactly and released.
 A column is judged on its newest cell: the scan reads from the window's start
 on, and a column whose newest cell is after the window belongs to a later change
 (the lower elements of a list column are stamped below their change's time).
+
+Under skew (docs/design.md §8.1.1): a cell carries its change's stream record
+time, which can be up to recover.SWEEP_LOOKBACK_MS before PITR's write time, by
+which the windows are cut. So the first swept window is read from that much
+before its start (an item created there and deleted by a lost change is in no
+line, with its cells before the window), and a cell found before the start is
+judged by the item's state at the start as well (its last line in the windows
+before, written since then): an unchanged item's cell is not stale.
 """
 from __future__ import annotations
 
@@ -147,13 +155,24 @@ class BoundarySweep:
     def _tables(self) -> list:
         return sorted({table for table, _ in _templates(self.mapping)} | {self.mapping.target.table})
 
-    def run(self, window_files: Sequence, lo_ms: int, hi_ms: int) -> SweepResult:
+    def run(self, window_files: Sequence, lo_ms: int, hi_ms: int, lookback_files: Sequence = (),
+            read_from_ms: Optional[int] = None) -> SweepResult:
         """The ordinary cells of one window [lo_ms, hi_ms), ``window_files`` its
-        [(export, data file)], once the windows up to it are applied."""
+        [(export, data file)], once the windows up to it are applied.
+
+        ``read_from_ms`` (at most ``lo_ms``): read from there instead. A change
+        inside the window may carry a record time before ``lo_ms`` (the stream's
+        clock is behind PITR's, recover.SWEEP_LOOKBACK_MS), and an item created
+        and deleted inside it is in no line: its cell is stale. A cell stamped
+        there may also be an unchanged item's, written by a change just before
+        ``lo_ms``: ``lookback_files`` (the data files of the windows before,
+        reaching back to ``read_from_ms``, in time order) hold that item's state
+        at ``lo_ms`` — its last line there whose write is at or after
+        ``read_from_ms`` — and what that state owns is kept."""
         from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
-        from ddb2bt.transforms.mapping import owned_cells
 
         result = SweepResult()
+        read_from = lo_ms if read_from_ms is None else min(read_from_ms, lo_ms)
         if lo_ms < hi_ms:
             estimate = sum(count or 0 for export, rel in window_files
                            for name, count in export.files if name == rel)
@@ -167,7 +186,7 @@ class BoundarySweep:
                     # cell. One written after the window belongs to a later change (a
                     # list's lower elements fall inside the window: its own write), and
                     # a read never sees what lies below it.
-                    for row, family, qualifier, ts in self.writer.cells_between(table, lo_ms):
+                    for row, family, qualifier, ts in self.writer.cells_between(table, read_from):
                         if family.startswith(RESERVED_FAMILY_PREFIX) or self._versioned(family, qualifier):
                             continue
                         if row != last:
@@ -178,6 +197,9 @@ class BoundarySweep:
                         newest[(family, qualifier)] = max(ts, newest.get((family, qualifier), ts))
                     self._hold(held, table, last, newest, hi_ms)
                 for change in self._lines(window_files):
+                    for table, row, column in self._owned_columns(change):
+                        owned.add(table, row, column)
+                for change in self._states_before(lookback_files, read_from):
                     for table, row, column in self._owned_columns(change):
                         owned.add(table, row, column)
                 self.progress(rows_read)
@@ -195,6 +217,22 @@ class BoundarySweep:
         self.fence()
         self._check(self.batcher.flush())
         return SweepResult(1, result.rows_read, result.cells_deleted)
+
+    def _states_before(self, files: Sequence, since_ms: int) -> list:
+        """The last line of each item written at or after ``since_ms`` in
+        ``files`` (time order): its state at their end. Only these items can own a
+        cell stamped there (a cell's time is at or before its change's write
+        time); they are the items written in SWEEP_LOOKBACK_MS, so few. Owned
+        together with the window's new images: an item the window lists too had
+        what its state here owns and its new image does not deleted by the
+        window's own line (its old image is this state), so keeping it is moot."""
+        last: dict = {}
+        for change in self._lines(files):
+            if change.write_us >= since_ms * 1000:
+                last[item_owner(change.keys)] = change
+            else:  # written before: its state here owns no cell stamped since
+                last.pop(item_owner(change.keys), None)
+        return list(last.values())
 
     def _hold(self, held, table: str, row, newest: dict, hi_ms: int) -> None:
         """A scanned row's columns whose newest cell is a change's inside the window."""
