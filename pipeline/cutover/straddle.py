@@ -40,9 +40,10 @@ Under skew (docs/design.md §8.1.1): a cell carries its change's stream record
 time, which can be up to recover.SWEEP_LOOKBACK_MS before PITR's write time, by
 which the windows are cut. So the first swept window is read from that much
 before its start (an item created there and deleted by a lost change is in no
-line, with its cells before the window), and a cell found before the start is
-judged by the item's state at the start as well (its last line in the windows
-before, written since then): an unchanged item's cell is not stale.
+line, with its cells before the window), and every cell is judged by its item's
+state at the window's end: its line's new image or, for an item the window does
+not list, its state at the start (its last line in the windows before, written
+since then): an unchanged item's cell is not stale.
 """
 from __future__ import annotations
 
@@ -168,7 +169,8 @@ class BoundarySweep:
         ``lo_ms``: ``lookback_files`` (the data files of the windows before,
         reaching back to ``read_from_ms``, in time order) hold that item's state
         at ``lo_ms`` — its last line there whose write is at or after
-        ``read_from_ms`` — and what that state owns is kept."""
+        ``read_from_ms`` — and, if the window does not list the item, what that
+        state owns is kept."""
         from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
 
         result = SweepResult()
@@ -196,10 +198,15 @@ class BoundarySweep:
                                 self.progress(rows_read)
                         newest[(family, qualifier)] = max(ts, newest.get((family, qualifier), ts))
                     self._hold(held, table, last, newest, hi_ms)
+                # An item's state at the window's end: its line's new image, or, if
+                # the window does not list it, its state at the start (few: only items
+                # written since read_from, _states_before).
+                states = self._states_before(lookback_files, read_from)
                 for change in self._lines(window_files):
+                    states.pop(item_owner(change.keys), None)
                     for table, row, column in self._owned_columns(change):
                         owned.add(table, row, column)
-                for change in self._states_before(lookback_files, read_from):
+                for change in states.values():
                     for table, row, column in self._owned_columns(change):
                         owned.add(table, row, column)
                 self.progress(rows_read)
@@ -218,21 +225,21 @@ class BoundarySweep:
         self._check(self.batcher.flush())
         return SweepResult(1, result.rows_read, result.cells_deleted)
 
-    def _states_before(self, files: Sequence, since_ms: int) -> list:
-        """The last line of each item written at or after ``since_ms`` in
-        ``files`` (time order): its state at their end. Only these items can own a
-        cell stamped there (a cell's time is at or before its change's write
-        time); they are the items written in SWEEP_LOOKBACK_MS, so few. Owned
-        together with the window's new images: an item the window lists too had
-        what its state here owns and its new image does not deleted by the
-        window's own line (its old image is this state), so keeping it is moot."""
+    def _states_before(self, files: Sequence, since_ms: int) -> dict:
+        """{item: its last line} of the items written at or after ``since_ms`` in
+        ``files`` (time order): their state at the files' end. Only these items
+        can own a cell stamped since (a cell's time is at or before its change's
+        write time); they are the items written in SWEEP_LOOKBACK_MS, so few.
+        An item the swept window lists is judged by its line there instead: a
+        cell stamped inside the window by a change after it (PITR's clock ahead)
+        that its new image does not own is stale although this state owned it."""
         last: dict = {}
         for change in self._lines(files):
             if change.write_us >= since_ms * 1000:
                 last[item_owner(change.keys)] = change
             else:  # written before: its state here owns no cell stamped since
                 last.pop(item_owner(change.keys), None)
-        return list(last.values())
+        return last
 
     def _hold(self, held, table: str, row, newest: dict, hi_ms: int) -> None:
         """A scanned row's columns whose newest cell is a change's inside the window."""

@@ -114,6 +114,23 @@ def test_a_change_in_the_first_swept_window_stamped_before_it_is_swept(lost):
         skew_max_ms=RECORD_CLOCK_MARGIN_S * 1000, replayed=False)
 
 
+def test_a_cell_stamped_in_the_window_by_a_change_after_it_is_judged_by_the_windows_line():
+    """Found by the skew test once the sweep read before the first swept window
+    [1 s, 3 s): HR-EMPLOYEE#1 is n0 in the window before (its last line there,
+    written at 400 ms), n1 in the swept window, and n0 again at 3.2 s by PITR's
+    clock (applied, stamped 2 s: inside the swept window) before a lost change
+    makes it n1. The n0 index rows stamped 2 s are not owned by the swept
+    window's line (n1): the state at its start (n0) must not keep them, or the
+    row comes back (docs/design.md §8.1.1)."""
+    e1, e2 = ("HR-EMPLOYEE#1", "EMPLOYEE", "put", 0, 0), ("HR-EMPLOYEE#2", "EMPLOYEE", "put", 0, 400)
+    assert converges("hr_orders", Scripted({
+        "ops": [e1, e1, e1, e1[:4] + (400,), e1[:4] + (1000,), ("HR-EMPLOYEE#1", "EMPLOYEE", "put", 1, 0), e2, e2,
+                e1[:4] + (1000,), ("HR-EMPLOYEE#1", "EMPLOYEE", "put", 1, 0)],
+        "PITR ahead of the stream, ms": 201, "changes s0 applied": 7, "changes s1 applied": 1,
+        "start margin": 0, "look-back margin": 0, "end overlap": 0, "cuts": [], "crash after n writes": []}),
+        skew_max_ms=RECORD_CLOCK_MARGIN_S * 1000, replayed=False)
+
+
 def converges(case, data, skew_max_ms: int, replayed: bool) -> bool:
     """True once the target is shown equal to the final table; False when the
     history drawn has nothing to recover or recover refuses its exports."""
