@@ -43,7 +43,7 @@ def _reader(client, clock, index, count, directory):
     from ddb2bt.pipeline.metrics import PipelineMetrics
     from ddb2bt.pipeline.clients.retry import RetryPolicy
     from ddb2bt.pipeline.source.stream_source import PartitionReader, ReaderOptions, StreamPartition
-    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.control.state import StateStore
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 
     state = StateStore(InMemoryBigtable(), "job", clock.ms)
@@ -99,7 +99,7 @@ def max_get_records_per_second(records: int = 12_000) -> int:
 
 def status_calls() -> list:
     from ddb2bt.pipeline.cutover.status import gather
-    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.control.state import StateStore
     from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
 
     client = FakeStreamsClient()

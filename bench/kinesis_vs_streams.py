@@ -1,34 +1,62 @@
-"""Changes/s through the Kinesis source (ordering guard: one CheckAndMutateRow
-per row, docs/design.md §10.5) against the DynamoDB Streams source (ordered,
-batched MutateRows), in the same run, on the same emulator, same changes.
+"""Changes/s and CPU per change through the Kinesis source (ordering guard:
+a clock read per batch and one CheckAndMutateRow per row, docs/design.md §10.5)
+against the DynamoDB Streams source (ordered, batched MutateRows), under the
+same pacing, in the same run, on the same emulator, same changes.
 
-    .venv/bin/python bench/kinesis_vs_streams.py              # 5,000 changes, 1 partition
-    .venv/bin/python bench/kinesis_vs_streams.py --changes 20000 --shuffle 50
+    .venv/bin/python bench/kinesis_vs_streams.py                  # 5,000 changes, 1 shard, 3 rounds
+    .venv/bin/python bench/kinesis_vs_streams.py --changes 20000 --shuffle 50 --rounds 5
+
+Each row says its pacing:
+
+  paced     both sources read as in production: DynamoDB Streams 5 GetRecords/s
+            per shard (the reader's pacer), Kinesis 5 GetRecords/s and 2 MB/s
+            per shard (the reader's pacer and the client's, a share of 1). What
+            a one-shard job does on AWS, where the sink is fast enough.
+  unpaced   both pacers off (the fake streams are not AWS): what the source's
+            decoding and the sink cost, each as fast as this process goes.
 
 Both read in-memory sources (bench/run.py's fake DynamoDB stream; a fake Kinesis
 stream of the same changes in the published JSON shape, optionally shuffled
-within a window and with duplicates), so what differs is the source's decoding
-and the sink. Kinesis's own per-shard read limit (5 GetRecords/s, 2 MB/s per
-shard) is not applied here (pacing off): it caps one shard at ~5,000 changes/s
-of 1 KB items on AWS whatever the sink does. Wall time until every change was
-applied; the box is shared, so numbers are noisy: compare the two lines of one
-run, not runs.
+within a window and with duplicates), so what differs is the source's decoding,
+its pacing and the sink. A round runs each pacing's two sides one after the
+other, the side that goes first alternating between rounds; each side reports
+wall time until every change was applied or skipped, this process's CPU per
+change and the emulator's. The box is shared: compare the two sides of one
+round, and read the spread over rounds, not one figure.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import statistics
 import sys
+import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import MAPPING, fresh_table, run_ddb2bt, run_live, settle, stream_records  # noqa: E402
+from bench.run import MAPPING, Meter, fresh_table, run_ddb2bt, run_live, settle, stream_records  # noqa: E402
+from bench.shards import _NoPacer  # noqa: E402
 from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
+
+PACINGS = ("paced", "unpaced")
+US_PER_S = 1_000_000
+# Changes of the unreported first run of each side: enough to import and start
+# every stage once, few enough to add a second or two.
+WARM_UP_CHANGES = 500
+
+
+def recent(records: list) -> list:
+    """bench/run.py's records moved to end now: the Kinesis reader refuses a
+    record older than the stream's retention (a wrong precision setting would
+    look like that), and both sides get the same times."""
+    shift = time.time_ns() // 1_000_000 - max(r[4] for r in records)
+    return [(event, keys, new, old, ts + shift) for event, keys, new, old, ts in records]
 
 
 def kinesis_documents(records: list, table: str) -> list:
@@ -47,7 +75,36 @@ def kinesis_documents(records: list, table: str) -> list:
     return docs
 
 
-def run_kinesis(records: list, project: str, instance: str, table: str, shuffle: int, duplicate: float) -> float:
+def disordered(records: list, shuffle: int, duplicate: float) -> list:
+    """The Kinesis records: shuffled within windows of ``shuffle``, and a share
+    ``duplicate`` of them delivered twice (at the end)."""
+    docs = kinesis_documents(records, MAPPING.source.table)
+    rng = random.Random(3)
+    for start in range(0, len(docs), max(1, shuffle)):
+        part = docs[start:start + shuffle]
+        rng.shuffle(part)
+        docs[start:start + shuffle] = part
+    return docs + [d for d in docs if rng.random() < duplicate]
+
+
+@contextmanager
+def reader_pacing(paced: bool):
+    """The readers' pacer (5 GetRecords/s per shard, as on AWS) left on, or
+    taken away for the run."""
+    from ddb2bt.pipeline.source import stream_source
+
+    if paced:
+        yield
+        return
+    kept = stream_source.ShardPacer
+    stream_source.ShardPacer = _NoPacer
+    try:
+        yield
+    finally:
+        stream_source.ShardPacer = kept
+
+
+def run_kinesis(docs: list, project: str, instance: str, table: str, paced: bool) -> float:
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.graph import LiveJob
     from ddb2bt.pipeline.preflight import ensure_state_table
@@ -60,18 +117,13 @@ def run_kinesis(records: list, project: str, instance: str, table: str, shuffle:
     from ddb2bt.transforms.config import FamilyConfig, KinesisSourceConfig
     from ddb2bt.transforms.ordering import CLOCK_FAMILY
 
-    docs = kinesis_documents(records, MAPPING.source.table)
-    rng = random.Random(3)
-    for start in range(0, len(docs), max(1, shuffle)):
-        part = docs[start:start + shuffle]
-        rng.shuffle(part)
-        docs[start:start + shuffle] = part
-    extra = [d for d in docs if rng.random() < duplicate]
     fake = FakeKinesis()
-    fake.add("shardId-000000000000", docs + extra)
-    no_pacing = ShardPacer(calls_per_s=1e9, bytes_per_s=1e15)
+    fake.add("shardId-000000000000", docs)
+    # Paced: a fresh pacer of production's limits (5 calls/s, 2 MB/s per shard), so
+    # that no earlier run's budget carries over; unpaced: limits no run reaches.
+    pacer = ShardPacer() if paced else ShardPacer(calls_per_s=1e9, bytes_per_s=1e15)
     name = f"K{uuid.uuid4().hex[:6]}"
-    FAKE_CLIENTS[name] = KinesisStreamsClient(fake, "bench", MAPPING.source.table, pacer=no_pacing)
+    FAKE_CLIENTS[name] = KinesisStreamsClient(fake, "bench", MAPPING.source.table, pacer=pacer)
     BigtableAdmin(project, instance).add_family(table, FamilyConfig(CLOCK_FAMILY, max_versions=1))
     settle()
     ensure_state_table(project, instance, "ddb2bt_state")
@@ -81,7 +133,36 @@ def run_kinesis(records: list, project: str, instance: str, table: str, shuffle:
                   reader=ReaderOptions(until_idle_s=0.5, poll_interval_s=0.05, discovery_interval_s=60),
                   state=StateSpec(BigtableSpec(project, instance), job=f"bench_{table}"),
                   client_factory=RegisteredClient(name), sink=SinkConfig(ordering_guard=True))
-    return run_live(job, len(docs) + len(extra))
+    with reader_pacing(paced):
+        return run_live(job, len(docs))
+
+
+def run_streams(records: list, project: str, instance: str, table: str, paced: bool) -> float:
+    with reader_pacing(paced):
+        return run_ddb2bt(records, project, instance, table)
+
+
+def measure(stack, fn, changes: int) -> dict:
+    """One side's figures: changes/s (wall time until every change was applied or
+    skipped), this process's and the emulator's CPU per change."""
+    settle()
+    with Meter(stack.pids["bigtable"]) as m:
+        wall = fn()
+    return {"changes_per_s": round(changes / wall), "client_cpu_us_per_change": round(m.cpu / changes * US_PER_S, 1),
+            "emulator_cpu_us_per_change": round(m.emu / changes * US_PER_S, 1)}
+
+
+def kinesis_read_cap(docs: list) -> int:
+    """Changes/s one shard's 2 MB/s read limit allows for these records (the
+    Kinesis side's ceiling when paced, whatever the sink does)."""
+    from ddb2bt.pipeline.source.kinesis import READ_BYTES_PER_SECOND
+
+    size = sum(len(json.dumps(d).encode()) for d in docs)
+    return round(len(docs) / (size / READ_BYTES_PER_SECOND))
+
+
+def spread(values: list) -> dict:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
 
 
 def main(argv=None) -> int:
@@ -89,18 +170,58 @@ def main(argv=None) -> int:
     parser.add_argument("--changes", type=int, default=5000)
     parser.add_argument("--shuffle", type=int, default=1, help="Kinesis records shuffled within windows of this size")
     parser.add_argument("--duplicate", type=float, default=0.0, help="share of Kinesis records delivered twice")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every row (the spread is reported)")
+    parser.add_argument("--pacing", choices=PACINGS + ("both",), default="both",
+                        help="paced: AWS's per-shard read limits on both sides; unpaced: none on either")
     args = parser.parse_args(argv)
-    records = stream_records(args.changes)
+    records = recent(stream_records(args.changes))
+    docs = disordered(records, args.shuffle, args.duplicate)
+    pacings = PACINGS if args.pacing == "both" else (args.pacing,)
+    rows: dict = {p: [] for p in pacings}
     with LocalStack() as stack:
         stack.apply_env()
         project, instance = "bench-project", "bench-instance"
-        t_streams = run_ddb2bt(records, project, instance, fresh_table(project, instance))
-        t_kinesis = run_kinesis(records, project, instance, fresh_table(project, instance), args.shuffle,
-                                args.duplicate)
-    out = {"changes": args.changes, "shuffle": args.shuffle, "duplicate": args.duplicate,
-           "dynamodb_streams_changes_per_s": round(args.changes / t_streams),
-           "kinesis_guarded_changes_per_s": round(args.changes / t_kinesis),
-           "guard_cost_ratio": round(t_kinesis / t_streams, 2)}
+        # Not reported: the first run of each side pays for imports and the runner's start-up.
+        warm = min(WARM_UP_CHANGES, args.changes)
+        run_streams(records[:warm], project, instance, fresh_table(project, instance), False)
+        run_kinesis(kinesis_documents(records[:warm], MAPPING.source.table), project, instance,
+                    fresh_table(project, instance), False)
+        for r in range(args.rounds):
+            for pacing in pacings:
+                paced = pacing == "paced"
+                sides = {
+                    "dynamodb_streams": lambda: measure(stack, lambda: run_streams(
+                        records, project, instance, fresh_table(project, instance), paced), args.changes),
+                    # Every delivered record counts as a change (duplicates included): what the reader
+                    # and the guard handle.
+                    "kinesis_guarded": lambda: measure(stack, lambda: run_kinesis(
+                        docs, project, instance, fresh_table(project, instance), paced), len(docs)),
+                }
+                order = list(sides) if r % 2 == 0 else list(reversed(sides))
+                row = {"round": r + 1, "pacing": pacing, "first": order[0]}
+                for side in order:
+                    row[side] = sides[side]()
+                row["kinesis_over_streams"] = round(row["kinesis_guarded"]["changes_per_s"]
+                                                    / row["dynamodb_streams"]["changes_per_s"], 2)
+                rows[pacing].append(row)
+                print(json.dumps(row), flush=True)
+    out = {"changes": args.changes, "kinesis_records": len(docs), "shuffle": args.shuffle,
+           "duplicate": args.duplicate, "rounds": args.rounds,
+           "kinesis_2mb_per_s_cap_changes_per_s": kinesis_read_cap(docs)}
+    for pacing, runs in rows.items():
+        out[pacing] = {
+            "dynamodb_streams_changes_per_s": spread([x["dynamodb_streams"]["changes_per_s"] for x in runs]),
+            "kinesis_guarded_changes_per_s": spread([x["kinesis_guarded"]["changes_per_s"] for x in runs]),
+            "kinesis_over_streams": spread([x["kinesis_over_streams"] for x in runs]),
+            "dynamodb_streams_client_cpu_us_per_change": spread(
+                [x["dynamodb_streams"]["client_cpu_us_per_change"] for x in runs]),
+            "kinesis_guarded_client_cpu_us_per_change": spread(
+                [x["kinesis_guarded"]["client_cpu_us_per_change"] for x in runs]),
+            "dynamodb_streams_emulator_cpu_us_per_change": spread(
+                [x["dynamodb_streams"]["emulator_cpu_us_per_change"] for x in runs]),
+            "kinesis_guarded_emulator_cpu_us_per_change": spread(
+                [x["kinesis_guarded"]["emulator_cpu_us_per_change"] for x in runs]),
+        }
     print(json.dumps(out))
     return 0
 

@@ -59,7 +59,7 @@ def _load(mapping, n: int) -> None:
 def _sweep(mapping_path: str, n: int, out) -> None:
     """In a fresh process: the sweep over the loaded table; reports to ``out``."""
     from ddb2bt.pipeline.cutover.exports import ExportManifest
-    from ddb2bt.pipeline.cutover.recover import ExportChange, IncrementalExport
+    from ddb2bt.pipeline.cutover.recover import SWEEP_LOOKBACK_MS, ExportChange, IncrementalExport
     from ddb2bt.pipeline.cutover.straddle import BoundarySweep
     from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
@@ -79,10 +79,16 @@ def _sweep(mapping_path: str, n: int, out) -> None:
                               n // 2)
     window = IncrementalExport("mem://w", manifest, WINDOW_S * 1000, (WINDOW_S + WINDOW_LEN_S) * 1000,
                                "NEW_AND_OLD_IMAGES", (("data/a.json.gz", n // 2),))
-    sweep = BoundarySweep(mapping, writer, batcher, None, lines)
+    # The window before it, nothing changed in it: the first swept window is read
+    # from SWEEP_LOOKBACK_MS before its start and judged with it, as recover does.
+    before = IncrementalExport("mem://before", manifest, window.from_ms - WINDOW_LEN_S * 1000, window.from_ms,
+                               "NEW_AND_OLD_IMAGES", (("data/b.json.gz", 0),))
+    sweep = BoundarySweep(mapping, writer, batcher, None, lambda export, rel: lines(export, rel)
+                          if export is window else iter(()))
     base = _vm("VmRSS")
     start = time.perf_counter()
-    result = sweep.run([(window, "data/a.json.gz")], window.from_ms, window.to_ms)
+    result = sweep.run([(window, "data/a.json.gz")], window.from_ms, window.to_ms,
+                       lookback_files=[(before, "data/b.json.gz")], read_from_ms=window.from_ms - SWEEP_LOOKBACK_MS)
     wall = time.perf_counter() - start
     batcher.close()
     writer.close()

@@ -11,12 +11,10 @@ if __name__ == "__main__":  # `python -m ddb2bt.pipeline.cli`: interrupts handle
 
 import argparse
 import difflib
-import json
 import logging
 import os
 import re
 import sys
-import time
 from typing import Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
@@ -38,6 +36,8 @@ from ddb2bt.pipeline.services.dead_letters import (  # noqa: F401
     cmd_dlq_list, cmd_dlq_redrive, cmd_dlq_show, cmd_release_target, cmd_repair, dead_letter_lines,
 )
 from ddb2bt.pipeline.services.verify import cmd_verify
+from ddb2bt.pipeline.services.status import STATUS_DEADLINE_S, cmd_status  # noqa: F401
+from ddb2bt.pipeline.services.tombstones import cmd_sweep_tombstones
 from ddb2bt.pipeline.services.recover import cmd_recover
 from ddb2bt.pipeline.services.replicate import cmd_backfill, cmd_migrate, cmd_run
 from ddb2bt.pipeline.services.mappings import (
@@ -85,7 +85,7 @@ def add_mapping_args(p: argparse.ArgumentParser, required: bool = True, several:
 
 
 def add_state_args(p: argparse.ArgumentParser) -> None:
-    from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE
+    from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
 
     p.add_argument("--state-table", default=DEFAULT_STATE_TABLE,
                    help="Bigtable table for checkpoints and dead letters, created on first use (default %(default)s)")
@@ -140,7 +140,7 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
 
 def add_ops_args(p: argparse.ArgumentParser) -> None:
     """One holder per job and give-up deadlines (run, migrate, backfill); see docs/operations.md."""
-    from ddb2bt.pipeline.lease import DEFAULT_RENEW_S, DEFAULT_TTL_S
+    from ddb2bt.pipeline.control.lease import DEFAULT_RENEW_S, DEFAULT_TTL_S
     from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S
 
     g = p.add_argument_group("one running process per job, and deadlines")
@@ -186,83 +186,7 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 # --- commands --------------------------------------------------------------------
 # Each command's service is imported above (pipeline/services/, pipeline/local/commands.py):
-# options in, its output and exit code out. status and sweep-tombstones are still here.
-
-
-def cmd_status(args) -> int:
-    from ddb2bt.pipeline.cutover.status import assess, facts_json, render, render_tables, table_facts
-    from ddb2bt.pipeline.clients.retry import RetryPolicy
-
-    # status is read-only and often run when something is wrong: answer fast.
-    read_retry = RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=STATUS_DEADLINE_S)
-    mappings = load_all(args)
-    # Both services probed at once under one budget; without DynamoDB status still
-    # answers (no stream lag), without Bigtable (the state) it cannot.
-    reach = check_reachable(mappings, dynamodb="optional")
-    for name, why in reach.problems.items():
-        log.warning("%s: %s; status without stream facts", name, why)
-    named = [(m.name, table_facts(m, state_spec(args, m).store(), read_retry, describe=reach.dynamodb_ok))
-             for m in mappings]
-    ready = all(assess(f)[0] for _, f in named)
-    origins = {m.name: m.origin for m in mappings}
-    flags = lambda name: mapping_flags(args, None if len(mappings) == 1 else [origins[name]])  # noqa: E731
-    if args.json:
-        body = facts_json(named[0][1], flags(named[0][0])) if len(named) == 1 else {
-            "ready": ready, "tables": {name: facts_json(f, flags(name)) for name, f in named}}
-        print(json.dumps(body, indent=2))
-    else:
-        for line in render(named[0][1], flags(named[0][0])) if len(named) == 1 else render_tables(named, flags):
-            print(line)
-    return 0 if ready else 1
-
-
-def cmd_sweep_tombstones(args) -> int:
-    """Remove the ordering guard's tombstones older than the Kinesis stream's
-    retention plus a margin (docs/design.md §10.7)."""
-    from ddb2bt.pipeline.sink.tombstones import (DEFAULT_MARGIN_HOURS, US_PER_HOUR, SweepStats, clock_scanner,
-                                                 keep_us, sweep_tombstones)
-    from ddb2bt.pipeline.source.kinesis import RECORD_AGE_MARGIN_S, resolve_kinesis
-
-    SECONDS_PER_HOUR = 3600  # the reader's margin is in seconds, --keep-hours in hours
-
-    mappings = load_all(args)
-    for mapping in mappings:
-        if mapping.source.kinesis is None:
-            raise ConfigError(f"mapping {mapping.name!r} reads a DynamoDB stream: its writes are in stream order, "
-                              "without the ordering guard, so it leaves no tombstones to sweep", "source.kinesis")
-    check_reachable(mappings, dynamodb="skip")
-    now_us = time.time_ns() // 1000
-    for mapping in mappings:
-        retention_hours = resolve_kinesis(mapping).retention_hours
-        # The reader accepts a record up to the retention plus its margin (Kinesis
-        # trims lazily): a tombstone must outlive every record it may still meet.
-        margin_hours = RECORD_AGE_MARGIN_S / SECONDS_PER_HOUR
-        oldest_read_hours = retention_hours + margin_hours
-        if args.keep_hours is not None and args.keep_hours < oldest_read_hours:
-            raise ConfigError(f"{args.keep_hours:g} h is shorter than the retention of Kinesis stream "
-                              f"{mapping.source.kinesis.stream!r} ({retention_hours} h) plus the "
-                              f"{margin_hours:g} h the reader still accepts a record: an older "
-                              "change of a deleted item may still arrive, and without its tombstone it would bring "
-                              "the item back", "--keep-hours")
-        keep = keep_us(retention_hours) if args.keep_hours is None else int(args.keep_hours * US_PER_HOUR)
-        spec = state_spec(args, mapping)
-        t = mapping.target
-        scan = clock_scanner(t.project, t.instance, spec.bigtable.state_profile)
-        writer = spec.bigtable.writer()
-        stats = SweepStats()
-        try:
-            for table in mapping.tables:
-                sweep_tombstones(writer, scan(table, now_us - keep), now_us, keep, args.dry_run, stats)
-        finally:
-            writer.close()
-        kept = f"kept {keep / US_PER_HOUR:g} h" + (
-            f" (the stream's retention {retention_hours} h + {DEFAULT_MARGIN_HOURS} h)" if args.keep_hours is None
-            else "")
-        done = (f"{stats.expired} would be removed (dry run)" if args.dry_run else
-                f"{stats.removed} removed, {stats.moved} kept (the item changed since they were read)")
-        print(f"{mapping.name}: tombstones older than {kept}: {done}"
-              + (f"; {stats.unreadable} clock(s) unreadable, kept" if stats.unreadable else ""))
-    return 0
+# options in, its output and exit code out.
 
 
 # --- parser ----------------------------------------------------------------------
@@ -702,7 +626,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-STATUS_DEADLINE_S = 20.0  # read-only commands give up on an unreachable service within ~30 s
 RESUME_HINT = " (nothing after the last checkpoint was acknowledged; rerun to resume)"
 
 

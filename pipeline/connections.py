@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
-from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE, BigtableStateBackend, StateStore
+from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE, BigtableStateBackend, StateStore
 from ddb2bt.pipeline.clients.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S
 
 

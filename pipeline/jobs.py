@@ -45,7 +45,8 @@ def acquire_lease(args, state, role: str, taken: Optional[list] = None):
     """Hold the job's ``role`` lease for this command, or raise LeaseHeld naming
     the holder; released when the command ends. Returns the LeaseSpec the
     DoFns fence their writes with (None for a dry run)."""
-    from ddb2bt.pipeline import lease, signals
+    from ddb2bt.pipeline import signals
+    from ddb2bt.pipeline.control import coordinator, lease
     from ddb2bt.pipeline.dataflow import option_value
     from ddb2bt.pipeline.graph import is_local
 
@@ -68,7 +69,7 @@ def acquire_lease(args, state, role: str, taken: Optional[list] = None):
             base = re.sub(r"[^a-z0-9-]+", "-", f"ddb2bt-{state.job}".lower()).strip("-")[:40]
             dataflow_job = f"{base}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
             args.beam_args.append(f"--job_name={dataflow_job}")
-    held, spec = lease.hold(state, role, options, command=args.command, dataflow_job=dataflow_job)
+    held, spec = coordinator.hold(state, role, options, command=args.command, dataflow_job=dataflow_job)
     if taken is not None:
         taken.append(held)
     if dataflow_job is None:
@@ -80,8 +81,8 @@ def acquire_lease(args, state, role: str, taken: Optional[list] = None):
 def claim_target_tables(args, mappings: list, states: list) -> None:
     """Before anything is written: each table the mappings write belongs to
     this job, or the command is refused naming the job that owns it
-    (ddb2bt.pipeline.ownership; --adopt-target takes it over). Not for a dry run."""
-    from ddb2bt.pipeline.ownership import claim_targets
+    (ddb2bt.pipeline.control.ownership; --adopt-target takes it over). Not for a dry run."""
+    from ddb2bt.pipeline.control.ownership import claim_targets
 
     if getattr(args, "dry", False):
         return
@@ -205,7 +206,7 @@ def mapping_flags(args, mappings: Optional[list] = None) -> str:
     ``mappings`` replaces the --mapping values (a hint about one table of several)."""
     from shlex import quote
 
-    from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE
+    from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
 
     values = mappings if mappings is not None else \
         args.mapping if isinstance(args.mapping, (list, tuple)) else [args.mapping]
@@ -293,9 +294,9 @@ def build_live_jobs(args, mappings: list) -> list:
     table's lease is taken (per table: another process replicating one of them
     is refused, naming it)."""
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.cutover.phases import PhaseMarking
+    from ddb2bt.pipeline.control.phases import PhaseMarking
     from ddb2bt.pipeline.graph import LiveJob, is_local
-    from ddb2bt.pipeline.lease import TAIL
+    from ddb2bt.pipeline.control.lease import TAIL
     from ddb2bt.pipeline.connections import wall_ms
     from ddb2bt.pipeline.preflight import (check_stream_continuity, check_target, ensure_state_table, resolve_stream,
                                            settle_start)
@@ -532,6 +533,6 @@ def with_backfill_leases(args, options, states: list) -> list:
     run next to the job's tail), all or none."""
     from dataclasses import replace
 
-    from ddb2bt.pipeline.lease import BACKFILL
+    from ddb2bt.pipeline.control.lease import BACKFILL
 
     return [replace(options, sink=sink_config(args, lease)) for lease in acquire_leases(args, states, BACKFILL)]

@@ -13,7 +13,7 @@ STAGES = (("ddb2bt.pipeline.source", "source"), ("ddb2bt.pipeline.sink", "sink")
           ("ddb2bt.pipeline.clients.bigtable", "sink"),  # the Bigtable client logged as the sink before its move
           ("ddb2bt.pipeline.cutover.backfill", "backfill"), ("ddb2bt.pipeline.cutover.verify", "verify"),
           ("ddb2bt.pipeline.cutover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
-          ("ddb2bt.transforms", "mapping"), ("ddb2bt.pipeline.lease", "lease"),
+          ("ddb2bt.transforms", "mapping"), ("ddb2bt.pipeline.control.lease", "lease"),
           ("ddb2bt.pipeline.clients.retry", "retry"),
           ("ddb2bt.pipeline.local", "local"), ("ddb2bt.pipeline.metrics", "metrics"))
 

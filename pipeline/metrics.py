@@ -60,7 +60,7 @@ class _ShardLag:
     head_seen_s: float = 0.0  # wall time of the last at-head report
     read_count: int = 0
     applied_count: int = 0
-    # The run of empty pages so far (cutover/catchup.py: an empty page alone is
+    # The run of empty pages so far (control/catchup.py: an empty page alone is
     # not the head): this host's wall ms at its first page, and its length.
     empty_since_ms: Optional[int] = None
     empty_pages: int = 0
@@ -129,8 +129,8 @@ class LagTracker:
             self._get(stream, shard).behind_ms = behind_ms
 
     def view(self, stream: str, shard: str):
-        """The shard as the cutover's catch-up rule sees it (cutover.catchup.ShardView)."""
-        from ddb2bt.pipeline.cutover.catchup import ShardView
+        """The shard as the cutover's catch-up rule sees it (control.catchup.ShardView)."""
+        from ddb2bt.pipeline.control.catchup import ShardView
 
         with self._lock:
             s = self._shards.get((stream, shard))
@@ -480,7 +480,7 @@ class TableMetrics:
         self.metrics.verify_pass_finished(self.table, at_s)
 
     def set_phase(self, phase: str) -> None:
-        from ddb2bt.pipeline.cutover.phases import PHASES
+        from ddb2bt.pipeline.control.phases import PHASES
 
         for p in PHASES:
             self.migration_phase.labels(p).set(1 if p == phase else 0)

@@ -11,7 +11,7 @@ from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.pipeline.clients.bigtable.admin import (AppProfileUnknown, BigtableAdmin, MULTI_CLUSTER,
                                                     forget_process_families, process_admin)
-from ddb2bt.pipeline.state import STATE_FAMILIES
+from ddb2bt.pipeline.control.state import STATE_FAMILIES
 
 REQUIRED_VIEW = "NEW_AND_OLD_IMAGES"
 
@@ -86,7 +86,7 @@ FOLLOWED_STREAM_META = "followed_stream"
 def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> None:
     """A disabled-and-re-enabled stream has a new ARN and starts empty: changes made
     while it was off are lost. Refuse to carry on silently."""
-    from ddb2bt.pipeline.state import stream_label
+    from ddb2bt.pipeline.control.state import stream_label
 
     known = store.known_stream_labels()
     current = stream_label(stream_arn)
@@ -136,7 +136,7 @@ def settle_start(store, stream_arn: str, mode: str, now_ms: int, kinesis: bool =
     out) would skip every change written while the job was down."""
     import json
 
-    from ddb2bt.pipeline.state import stream_label
+    from ddb2bt.pipeline.control.state import stream_label
 
     name = f"{START_META}#{stream_label(stream_arn)}"
     recorded = store.load_meta(name)

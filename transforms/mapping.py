@@ -492,7 +492,7 @@ def delete_cell(cell: OwnedCell, ts: int) -> DeleteCells:
 
 def item_owner(keys: Item) -> bytes:
     """An item as the owner of its versioned cells (RowChange.owner, the version
-    owner records of pipeline/versions.py): its key as canonical typed JSON."""
+    owner records of pipeline/control/versions.py): its key as canonical typed JSON."""
     return canonical_typed_json({"M": dict(keys)}).encode("utf-8")
 
 

@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-from ddb2bt.transforms.attrs import canonical_typed_json
+from ddb2bt.transforms.attrs import canonical_typed_json, dump_str
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import delete_cell, owned_cells, owned_now_and_before, validate_record, write_cell
@@ -64,13 +64,73 @@ DIGEST_BYTES = 8
 US_PER_MS = 1000
 # Hash of "no image" (before an INSERT, after a REMOVE).
 _NO_IMAGE = b"null"
+# json.dumps(value, separators=(",", ":")), byte for byte: json.dumps builds a
+# new encoder on every call with non-default separators (once per clock written).
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def image_hash(image) -> bytes:
     """A short digest of an item image, the same however its attributes and set
-    members are ordered (canonical typed JSON)."""
-    body = _NO_IMAGE if image is None else canonical_typed_json({"M": dict(image)}).encode("utf-8")
-    return hashlib.blake2b(body, digest_size=HASH_BYTES).digest()
+    members are ordered (canonical typed JSON). Stored in clocks and compared
+    with later changes' hashes (§10.3), so its input never changes: the fast
+    path writes exactly ``canonical_typed_json``'s text, and leaves any other
+    shape to it (which raises where the image is not valid)."""
+    if image is None:
+        return hashlib.blake2b(_NO_IMAGE, digest_size=HASH_BYTES).digest()
+    text = _typed_json({"M": image}) if type(image) is dict else None
+    if text is None:
+        text = canonical_typed_json({"M": dict(image)})
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=HASH_BYTES).digest()
+
+
+def _typed_json(value) -> Optional[str]:
+    """``attrs.canonical_typed_json(value)`` for the shapes of a decoded image
+    (plain dicts and lists; S, N, BOOL, NULL, SS, M, L), without its per-value
+    path strings, which only name a bad value in an error; None for anything
+    else (B, NS, BS, another Mapping, a malformed value): the reference decides.
+    ``tests/unit/test_ordering_guard_hash.py`` holds the two equal."""
+    if type(value) is not dict or len(value) != 1:
+        return None
+    for tag, inner in value.items():
+        if tag == "S" or tag == "N":
+            return '{"' + tag + '":' + dump_str(inner) + "}" if type(inner) is str else None
+        if tag == "M":
+            if type(inner) is not dict:
+                return None
+            parts = []
+            for key in inner:
+                if type(key) is not str:
+                    return None
+            for key in sorted(inner):
+                member = inner[key]
+                if type(member) is dict and len(member) == 1:  # a string or number: most attributes, inline
+                    text = member.get("S")
+                    if type(text) is str:
+                        parts.append(dump_str(key) + ':{"S":' + dump_str(text) + "}")
+                        continue
+                    text = member.get("N")
+                    if type(text) is str:
+                        parts.append(dump_str(key) + ':{"N":' + dump_str(text) + "}")
+                        continue
+                body = _typed_json(member)
+                if body is None:
+                    return None
+                parts.append(dump_str(key) + ":" + body)
+            return '{"M":{' + ",".join(parts) + "}}"
+        if tag == "BOOL":
+            return ('{"BOOL":true}' if inner else '{"BOOL":false}') if type(inner) is bool else None
+        if tag == "NULL":
+            return '{"NULL":true}' if inner is True else None
+        if tag == "SS":
+            if type(inner) is not list or any(type(member) is not str for member in inner):
+                return None
+            return '{"SS":[' + ",".join(dump_str(member) for member in sorted(inner)) + "]}"
+        if tag == "L":
+            if type(inner) is not list:
+                return None
+            parts = [_typed_json(member) for member in inner]
+            return None if None in parts else '{"L":[' + ",".join(parts) + "]}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +169,13 @@ class Clock:
 def cell_digest(cell) -> str:
     """A digest (hex) of what an owned cell holds: its value, or a list column's
     values in order (each length-prefixed, so element boundaries count)."""
+    if cell.values is None:  # one call: the digest of b"V" then the value, as below
+        return hashlib.blake2b(b"V" + (cell.value or b""), digest_size=DIGEST_BYTES).hexdigest()
     h = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    if cell.values is not None:
-        h.update(b"L")
-        for v in cell.values:
-            h.update(len(v).to_bytes(8, "big"))
-            h.update(v)
-    else:
-        h.update(b"V")
-        h.update(cell.value or b"")
+    h.update(b"L")
+    for v in cell.values:
+        h.update(len(v).to_bytes(8, "big"))
+        h.update(v)
     return h.hexdigest()
 
 
@@ -127,7 +185,7 @@ def encode_clock(clock: Clock) -> bytes:
     value filter, where only ASCII bytes match themselves (``swap_expectation``)."""
     digests = clock.digests or (None,) * len(clock.cells)
     cells = [[f, q.hex(), v, d] for (f, q, v), d in zip(clock.cells, digests)]
-    body = f"{clock.us}:{clock.new_hash.hex()}:{json.dumps(cells, separators=(',', ':'))}"
+    body = f"{clock.us}:{clock.new_hash.hex()}:{_COMPACT_JSON(cells)}"
     token = hashlib.blake2b(body.encode("ascii"), digest_size=TOKEN_BYTES).hexdigest()
     return f"{CLOCK_FORMAT}:{token}:{body}".encode("ascii")
 
@@ -258,7 +316,9 @@ def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order, refresh: frozen
     for key in sorted(old):
         cell = old[key]
         rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
-    item = canonical_typed_json({"M": dict(keys)}).encode("utf-8")
+    # The clock's qualifier: canonical_typed_json's text, as image_hash takes it.
+    item = (_typed_json({"M": keys}) if type(keys) is dict else None) or canonical_typed_json({"M": dict(keys)})
+    item = item.encode("utf-8")
     return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)), refresh,
                             whole)
                  for (t, k), (n, o) in rows.items())

@@ -122,9 +122,11 @@ def count_api_call(api: str, metrics_table: Optional[str]) -> None:
 
 def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[str] = None,
              on_retry: Optional[Callable[[BaseException], None]] = None, table: Optional[str] = None,
-             where: str = "DynamoDB", metrics_table: Optional[str] = None):
+             where: str = "DynamoDB", metrics_table: Optional[str] = None,
+             between_attempts: Optional[Callable[[], None]] = None):
     """``table``: the DynamoDB table, for messages; ``metrics_table``: the
-    table's name in the job, for the call counter (count_api_call)."""
+    table's name in the job, for the call counter (count_api_call);
+    ``between_attempts``: run before each retry (a job's lease check)."""
     def attempt():
         count_api_call(operation, metrics_table)
         try:
@@ -134,7 +136,8 @@ def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[s
 
     # The table in the label: a job of several tables logs which one is failing.
     label = what or (f"{operation} of {table}" if table else operation)
-    return retrying(policy, label, on_retry, retry_on=(StreamThrottled,), where=where)(attempt)
+    return retrying(policy, label, on_retry, retry_on=(StreamThrottled,), where=where,
+                    between_attempts=between_attempts)(attempt)
 
 
 # --- ARNs ------------------------------------------------------------------------
@@ -397,10 +400,12 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
                start_key: Optional[dict] = None, consistent_read: bool = False,
                page_limit: Optional[int] = SCAN_PAGE_LIMIT, bucket: Optional[TokenBucket] = None,
                retry: RetryPolicy = DEFAULT_READ_RETRY, what: Optional[str] = None,
-               metrics_table: Optional[str] = None) -> Iterator[ScanPage]:
+               metrics_table: Optional[str] = None,
+               between_attempts: Optional[Callable[[], None]] = None) -> Iterator[ScanPage]:
     """Every page of a Scan (or of one segment), from ``start_key`` on.
     ``metrics_table`` (here and below): the table's name in the job, which
-    labels the calls counted (count_api_call)."""
+    labels the calls counted (count_api_call). ``between_attempts``: run before
+    each retry (the backfill's lease check)."""
     fast_scan_decoding(client)
     start = start_key
     while True:
@@ -412,7 +417,7 @@ def scan_pages(client, table: str, *, segment: Optional[int] = None, total_segme
         if start:
             kwargs["ExclusiveStartKey"] = start
         page = _retried("Scan", lambda: client.scan(**kwargs), retry, what, table=table, where=endpoint_of(client),
-                        metrics_table=metrics_table)
+                        metrics_table=metrics_table, between_attempts=between_attempts)
         consumed = float((page.get("ConsumedCapacity") or {}).get("CapacityUnits", 0.0))
         if bucket is not None:
             bucket.consume(consumed)

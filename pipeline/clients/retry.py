@@ -29,10 +29,10 @@ DEFAULT_DEADLINE_S = 300.0
 # someone is waiting at a terminal.
 READ_ONLY_DEADLINE_S = 25.0
 MAX_LOG_GAP_S = 30.0
-# Called between attempts; raising stops the retrying. The job lease registers
-# its fence here: a process that lost its lease must not sit in a retry loop for
-# minutes (ddb2bt.pipeline.lease).
-BETWEEN_ATTEMPTS: list = []
+
+
+def no_check() -> None:
+    """The between-attempts check of a call that no lease fences."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,17 @@ def _code(exc: BaseException) -> str:
 
 class Retrying:
     """Calls ``fn`` until it succeeds, raises something not retryable, or the
-    deadline passes. Clock and sleep are injected for tests."""
+    deadline passes. Clock and sleep are injected for tests. ``between_attempts``
+    runs before each retry; raising stops the retrying: a caller that works for a
+    job passes its coordinator's lease check (a process that lost its lease must
+    not sit in a retry loop for minutes, ddb2bt.pipeline.control.coordinator)."""
 
     def __init__(self, policy: RetryPolicy, what: str, on_retry: Optional[Callable[[BaseException], None]],
                  sleep: Callable[[float], None], retry_on: tuple, where: str,
-                 clock: Callable[[], float] = time.monotonic, rng: Optional[random.Random] = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, rng: Optional[random.Random] = None,
+                 between_attempts: Callable[[], None] = no_check) -> None:
         self._policy, self._what, self._on_retry = policy, what, on_retry
+        self._between_attempts = between_attempts
         self._sleep, self._retry_on, self._where = sleep, retry_on, where
         self._clock = clock
         self._rng = rng or random
@@ -88,8 +93,7 @@ class Retrying:
                                 exc, left)
                     logged = True
                     next_log = min(max(1.0, 2 * elapsed), elapsed + MAX_LOG_GAP_S)
-                for check in BETWEEN_ATTEMPTS:
-                    check()
+                self._between_attempts()
                 ceiling = min(policy.max_backoff_s, policy.initial_s * 2.0 ** min(attempt - 1, 60))
                 self._sleep(min(self._rng.uniform(0, ceiling), max(left, 0.0)))
                 continue
@@ -114,11 +118,14 @@ def retrying(policy: RetryPolicy = DEFAULT_POLICY, what: str = "call",
              on_retry: Optional[Callable[[BaseException], None]] = None,
              sleep: Callable[[float], None] = time.sleep,
              retry_on: tuple = (RetryableError,), where: str = "",
-             clock: Callable[[], float] = time.monotonic) -> Retrying:
-    return Retrying(policy, what, on_retry, sleep, retry_on, where, clock)
+             clock: Callable[[], float] = time.monotonic,
+             between_attempts: Optional[Callable[[], None]] = None) -> Retrying:
+    return Retrying(policy, what, on_retry, sleep, retry_on, where, clock,
+                    between_attempts=between_attempts or no_check)
 
 
 def retry_call(fn: Callable[[], T], what: str = "call", policy: RetryPolicy = DEFAULT_POLICY,
                on_retry: Optional[Callable[[BaseException], None]] = None,
-               sleep: Callable[[float], None] = time.sleep, where: str = "") -> T:
-    return retrying(policy, what, on_retry, sleep, where=where)(fn)
+               sleep: Callable[[float], None] = time.sleep, where: str = "",
+               between_attempts: Optional[Callable[[], None]] = None) -> T:
+    return retrying(policy, what, on_retry, sleep, where=where, between_attempts=between_attempts)(fn)

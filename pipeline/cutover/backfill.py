@@ -35,6 +35,7 @@ from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_pages
+from ddb2bt.pipeline.control.coordinator import coordinator_for
 from ddb2bt.pipeline.cutover.exports import (ION, ExportManifest, check_manifest, dynamodb_json_items, export_time_ms,
                                              ion_items, manifest_data_files, parse_summary)
 
@@ -219,8 +220,10 @@ class PartReaders:
 
     def __init__(self, source, key_attributes: tuple, handoff_ms: int, client=None,
                  bucket: Optional[TokenBucket] = None, retry: RetryPolicy = RetryPolicy(0.2, 20.0, 600.0),
-                 on_items: Callable[[int], None] = lambda n: None, metrics_table: Optional[str] = None) -> None:
+                 on_items: Callable[[int], None] = lambda n: None, metrics_table: Optional[str] = None,
+                 between_attempts: Optional[Callable[[], None]] = None) -> None:
         self._source = source
+        self._between_attempts = between_attempts  # the job coordinator's lease check, between Scan retries
         self._metrics_table = metrics_table  # the job's name: the table label of the calls counted
         self._keys = key_attributes
         self._handoff_ms = handoff_ms
@@ -252,7 +255,8 @@ class PartReaders:
         for page in scan_pages(self._client, src.table, segment=segment, total_segments=total,
                                start_key=_untoken(resume), consistent_read=src.consistent_read,
                                page_limit=src.page_limit, bucket=self._bucket, retry=self._retry,
-                               what=f"Scan {part}", metrics_table=self._metrics_table):
+                               what=f"Scan {part}", metrics_table=self._metrics_table,
+                               between_attempts=self._between_attempts):
             items = page.items
             self._on_items(len(items))
             keys = self._keys
@@ -328,7 +332,9 @@ class BackfillReaderFn(beam.DoFn):
         self._client_factory = client_factory
 
     def setup(self) -> None:
-        self._state = self._state_factory()
+        # The job's coordinator: a Scan's retries stop once the job's lease is lost.
+        self._coordinator = coordinator_for(self._state_factory, self._state_factory)
+        self._state = self._coordinator.guard(self._state_factory())
         self._metrics = default_metrics().for_table(self._state.job)
         self._client = self._client_factory() if self._client_factory else None
         src = self._job.source
@@ -355,7 +361,8 @@ class _ReadBackfillFn(BackfillReaderFn):
         counter = self._metrics.backfill_items.labels(kind)
         retry = {"retry": self._job.scan_retry} if self._job.scan_retry is not None else {}
         readers = PartReaders(self._job.source, self._job.key_attributes, self._job.handoff_ms, self._client,
-                              self._bucket, on_items=counter.inc, metrics_table=self._metrics.table, **retry)
+                              self._bucket, on_items=counter.inc, metrics_table=self._metrics.table,
+                              between_attempts=self._coordinator.check_held, **retry)
         out: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
         stop = threading.Event()
 

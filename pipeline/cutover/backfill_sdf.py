@@ -149,7 +149,8 @@ class _ReadBackfillPartsFn(BackfillReaderFn):
         retry = {"retry": self._job.scan_retry} if self._job.scan_retry is not None else {}
         counter = self._metrics.backfill_items.labels(part.kind)
         readers = PartReaders(self._job.source, self._job.key_attributes, self._job.handoff_ms, self._client,
-                              self._bucket, on_items=counter.inc, metrics_table=self._metrics.table, **retry)
+                              self._bucket, on_items=counter.inc, metrics_table=self._metrics.table,
+                              between_attempts=self._coordinator.check_held, **retry)
         started = self._clock()
         for chunk in readers.read_chunks(part.name, r.resume, r.count):
             for element in chunk:

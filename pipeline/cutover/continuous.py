@@ -208,7 +208,7 @@ class ContinuousCheck:
         return n, None
 
     def _live(self) -> bool:
-        from ddb2bt.pipeline.cutover.phases import LIVE, parse_phase
+        from ddb2bt.pipeline.control.phases import LIVE, parse_phase
 
         phase = parse_phase(self.store.load_meta("phase"))
         if phase is None or phase == LIVE:

@@ -26,8 +26,8 @@ from typing import Callable, Optional
 
 import apache_beam as beam
 
-from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-from ddb2bt.pipeline.cutover.phases import BACKFILLING, LIVE, Migration
+from ddb2bt.pipeline.control.markers import Bookkeeping
+from ddb2bt.pipeline.control.phases import BACKFILLING, LIVE, Migration
 from ddb2bt.pipeline.cutover.status import QUEUED_META
 from ddb2bt.pipeline.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
@@ -56,7 +56,7 @@ class BackfillOptions:
     from_export: Optional[str] = None
     restart: bool = False
     pushgateway: Optional[str] = None
-    # The backfill sink's settings: its lease (ddb2bt.pipeline.lease) and give-up
+    # The backfill sink's settings: its lease (ddb2bt.pipeline.control.lease) and give-up
     # deadline (None: SinkConfig's defaults).
     sink: Optional[object] = None
     # The Scan pages' retry policy (--dynamodb-deadline); None: the readers' default.
@@ -206,10 +206,10 @@ def _bookkeeping(mapping) -> Bookkeeping:
 
 
 def check_source_clock(mapping) -> None:
-    """Refuse a cutover on a clock too far from AWS's (cutover/clock.py), before
+    """Refuse a cutover on a clock too far from AWS's (control/clock.py), before
     anything is recorded or written."""
     from ddb2bt.pipeline.connections import dynamodb_client
-    from ddb2bt.pipeline.cutover.clock import check_clock
+    from ddb2bt.pipeline.control.clock import check_clock
 
     client = dynamodb_client(mapping.source.region)
     check_clock(lambda: client.describe_table(TableName=mapping.source.table),
@@ -372,7 +372,7 @@ def _one_pusher(options: BackfillOptions, index: int) -> BackfillOptions:
 def _overall(phases: list) -> Optional[str]:
     """A job's phase: a table's when all agree, else the earliest (a job of
     several tables is LIVE when every table is)."""
-    from ddb2bt.pipeline.cutover.phases import PHASES
+    from ddb2bt.pipeline.control.phases import PHASES
 
     known = [p for p in phases if p is not None]
     if len(known) < len(phases):

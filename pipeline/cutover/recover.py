@@ -48,7 +48,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from ddb2bt.pipeline.cutover.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms,
                                              manifest_data_files)
 from ddb2bt.pipeline.cutover.straddle import SweepResult
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S
 
@@ -73,6 +73,13 @@ END_OVERLAP_S = 5 * 60
 # change the job applied, by PITR's clock (docs/design.md §8.1). One second more
 # than the rounding: exports are whole seconds, and a longer one costs nothing.
 RECORD_CLOCK_MARGIN_S = 1
+# How far a cell the job wrote can be stamped before PITR's write time of its
+# change: the record's second (rounded down) plus the margin, as pitr_after_s
+# counts it. A change inside the first swept window can carry a time this far
+# before the window's start, so the boundary sweep reads from there, and judges
+# what it finds there against the window before it: the exports must begin at
+# least this far before the first swept window (docs/design.md §8.1.1).
+SWEEP_LOOKBACK_MS = (1 + RECORD_CLOCK_MARGIN_S) * 1000
 # PITR's LatestRestorableDateTime is "typically 5 minutes before the current
 # time": an export window cannot end later than that.
 LATEST_RESTORABLE_LAG_S = 5 * 60
@@ -233,13 +240,17 @@ def _split(start: int, end: int) -> list:
 def plan_windows(gap: Gap, now_ms: int) -> list:
     """The export windows: abutting, one boundary at ``gap.boundary_s``, from the
     second of the earliest lost change to END_OVERLAP_S past the oldest record
-    the stream holds (not after PITR's latest restorable time)."""
+    the stream holds (not after PITR's latest restorable time), and one shortest
+    window before them: the boundary sweep judges the cells stamped just before
+    the first swept window against it (SWEEP_LOOKBACK_MS, check_coverage)."""
     latest = now_ms // 1000 - LATEST_RESTORABLE_LAG_S
     end = min(math.ceil(gap.end_ms / 1000) + END_OVERLAP_S, latest)
     end = max(end, gap.boundary_s + MIN_WINDOW_S)  # a just-trimmed gap: wait until PITR reaches it
     end = max(end, pitr_after_s(gap.applied_ms))  # past every change the job applied (check_coverage)
     end = max(end, pitr_after_s(gap.end_ms))  # past the oldest held record's change, by PITR's clock too
-    return _split(min(gap.start_s, gap.boundary_s - MIN_WINDOW_S), gap.boundary_s) + _split(gap.boundary_s, end)
+    swept = _split(min(gap.start_s, gap.boundary_s - MIN_WINDOW_S), gap.boundary_s)
+    lookback = Window(swept[0].from_s - MIN_WINDOW_S, swept[0].from_s)
+    return [lookback] + swept + _split(gap.boundary_s, end)
 
 
 def check_pitr(describe_continuous_backups: Callable[[], dict], table: str, gap: Gap) -> None:
@@ -435,6 +446,17 @@ def check_coverage(exports: Sequence[IncrementalExport], gap: Gap) -> list:
             "the second after the job's last applied change. A window reaching across it would compact changes "
             "the job applied with changes it lost, and its old images would not be what Bigtable holds. Use "
             "the windows `ddb2bt recover` prints", OPTION)
+    from ddb2bt.pipeline.cutover.straddle import swept_windows
+
+    first_swept = swept_windows(ordered, gap.first_ms, boundary)[0]
+    if ordered[0].from_ms > first_swept.from_ms - SWEEP_LOOKBACK_MS:
+        raise RecoveryRefused(
+            f"the exports begin at {iso(ordered[0].from_ms)}, where the window holding the earliest trimmed shard's "
+            f"last applied change begins: a change inside it may carry a stream record time up to "
+            f"{SWEEP_LOOKBACK_MS // 1000} s before that, and the boundary sweep can tell such a cell from one of an "
+            "unchanged item only with the window before it (docs/design.md §8.1.1). Export "
+            f"ExportFromTime={first_swept.from_ms // 1000 - MIN_WINDOW_S}, ExportToTime={first_swept.from_ms // 1000} "
+            "too (`ddb2bt recover` prints that window)", OPTION)
     return ordered
 
 
@@ -461,7 +483,7 @@ def _backfill_inside_the_sweep(handoff_ms: Optional[int], gap: Gap, windows: Seq
         return []
     boundary = gap.boundary_s * 1000
     starts = [w.from_s * 1000 for w in windows if gap.first_ms < w.to_s * 1000 <= boundary]
-    if not starts or not min(starts) <= backfill_cell_ms(handoff_ms) < boundary:
+    if not starts or not min(starts) - SWEEP_LOOKBACK_MS <= backfill_cell_ms(handoff_ms) < boundary:
         return []
     return [f"the last backfill's handoff ({iso(handoff_ms)}) is inside the span the boundary sweep reads: an item "
             "the backfill copied, created before the handoff and deleted after it by a change the stream lost, "
@@ -531,7 +553,7 @@ class Recovery:
         deletes, and the windows run to the end in order)."""
         import hashlib
 
-        from ddb2bt.pipeline.cutover.phases import RECOVERING
+        from ddb2bt.pipeline.control.phases import RECOVERING
 
         spec = json.dumps({"first_ms": gap.first_ms, "last_ms": gap.last_ms, "end_ms": gap.end_ms,
                            "applied_ms": gap.applied_ms,
@@ -600,7 +622,10 @@ class Recovery:
         if self.store.load_meta(RELEASED_META) == "done":
             return
         windows = swept_windows(ordered, gap.first_ms, gap.boundary_s * 1000)
-        self.released = self._boundary_sweep(gap).release_versions(windows[0].from_ms, files) if windows else 0
+        # From SWEEP_LOOKBACK_MS before the first swept window: a claim is stamped
+        # with its change's record time, which may be that much earlier.
+        self.released = self._boundary_sweep(gap).release_versions(
+            windows[0].from_ms - SWEEP_LOOKBACK_MS, files) if windows else 0
         self.store.save_meta(RELEASED_META, "done")
 
     def _sweep(self, gap: Gap, ordered: Sequence[IncrementalExport], files: Sequence) -> None:
@@ -617,11 +642,19 @@ class Recovery:
         base = [0]  # rows of the windows swept before this one: the bar counts on
         sweep.progress = lambda rows: self.sweep_progress(base[0] + rows)
         total = SweepResult(versions_released=self.released or 0)  # None: released before a restart
-        for w in windows:
+        for i, w in enumerate(windows):
             log.info("recover: sweeping the target for cells written in %s that a lost change would have deleted",
                      w.window())
             mine = [(export, rel) for export, rel in files if export is w]
-            done = sweep.run(mine, w.from_ms, w.to_ms)
+            if i == 0:
+                # A change inside the first swept window may carry a record time up to
+                # SWEEP_LOOKBACK_MS before its start: read from there, and judge what is
+                # there with the windows before it too (the item's state at the start).
+                read_from = w.from_ms - SWEEP_LOOKBACK_MS
+                before = [(export, rel) for export, rel in files if read_from < export.to_ms <= w.from_ms]
+                done = sweep.run(mine, w.from_ms, w.to_ms, lookback_files=before, read_from_ms=read_from)
+            else:  # what is stamped before its start is the window before's, swept with it
+                done = sweep.run(mine, w.from_ms, w.to_ms)
             base[0] += done.rows_read
             total = SweepResult(total.windows + 1, total.rows_read + done.rows_read,
                                 total.cells_deleted + done.cells_deleted, total.versions_released)
@@ -640,8 +673,8 @@ class Recovery:
         """The trimmed shards resume after their oldest held record (inside the last
         window), or at TRIM_HORIZON when they held none; then the phase goes back
         to LIVE (the tail, started next, replays from there)."""
-        from ddb2bt.pipeline.cutover.phases import LIVE
-        from ddb2bt.pipeline.state import ShardCheckpoint
+        from ddb2bt.pipeline.control.phases import LIVE
+        from ddb2bt.pipeline.control.state import ShardCheckpoint
 
         self.fence()
         after = dict(gap.resume_after)
@@ -727,7 +760,7 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
     """`ddb2bt recover` against the real services (clients injectable for tests)."""
     refuse_kinesis(mapping)
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.cutover.phases import Migration
+    from ddb2bt.pipeline.control.phases import Migration
     from ddb2bt.pipeline.preflight import resolve_stream
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 

@@ -204,7 +204,7 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
     ``read_rows(table, keys)`` and ``delete_cells(table, row, mutations)`` check
     the rows afterwards and remove what the current mapping does not produce
     (without them, nothing is checked)."""
-    from ddb2bt.pipeline.cutover.phases import MarkingPolicy
+    from ddb2bt.pipeline.control.phases import MarkingPolicy
 
     policy = MarkingPolicy(lambda: store)
     policy.setup()

@@ -13,8 +13,8 @@ from typing import Callable, Optional
 from botocore.exceptions import ClientError
 
 from ddb2bt.pipeline.cutover.mapping_change import running_mapping
-from ddb2bt.pipeline.cutover.phases import BACKFILLING, CATCHING_UP, Migration
-from ddb2bt.pipeline.lease import BACKFILL, TAIL, LeaseState
+from ddb2bt.pipeline.control.phases import BACKFILLING, CATCHING_UP, Migration
+from ddb2bt.pipeline.control.lease import BACKFILL, TAIL, LeaseState
 from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_MS, STREAM_RETENTION_S, SourceTableMissing,
                                               describe_table, list_shards)
@@ -182,7 +182,7 @@ def reported_shards(store, stream_arn: str) -> dict:
 
 def _trimmed(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> bool:
     """The shard's checkpoint points at records the stream no longer holds."""
-    from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
+    from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
 
     if not after or after == RESUME_AT_TRIM_HORIZON:
         return False
@@ -196,7 +196,7 @@ def _trimmed(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> b
 
 def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = None,
            bookkeeping=None, tables: tuple = (), mapping=None) -> Facts:
-    """``bookkeeping`` (a ``cutover.bookkeeping.Bookkeeping``) is asked which of
+    """``bookkeeping`` (a ``control.markers.Bookkeeping``) is asked which of
     ``tables`` (and the tables the migration recorded) still hold markers;
     ``mapping`` (the one status was given) is compared with the one the job runs."""
     m = Migration(store)
@@ -300,7 +300,7 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     import logging
 
     from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+    from ddb2bt.pipeline.control.markers import Bookkeeping
 
     arn = kinesis_arn = None
     kinesis = mapping.source.kinesis

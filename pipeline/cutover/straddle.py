@@ -35,6 +35,15 @@ deleted inside a window. Either way it is deleted exactly and released.
 A column is judged on its newest cell: the scan reads from the window's start
 on, and a column whose newest cell is after the window belongs to a later change
 (the lower elements of a list column are stamped below their change's time).
+
+Under skew (docs/design.md §8.1.1): a cell carries its change's stream record
+time, which can be up to recover.SWEEP_LOOKBACK_MS before PITR's write time, by
+which the windows are cut. So the first swept window is read from that much
+before its start (an item created there and deleted by a lost change is in no
+line, with its cells before the window), and every cell is judged by its item's
+state at the window's end: its line's new image or, for an item the window does
+not list, its state at the start (its last line in the windows before, written
+since then): an unchanged item's cell is not stale.
 """
 from __future__ import annotations
 
@@ -147,13 +156,25 @@ class BoundarySweep:
     def _tables(self) -> list:
         return sorted({table for table, _ in _templates(self.mapping)} | {self.mapping.target.table})
 
-    def run(self, window_files: Sequence, lo_ms: int, hi_ms: int) -> SweepResult:
+    def run(self, window_files: Sequence, lo_ms: int, hi_ms: int, lookback_files: Sequence = (),
+            read_from_ms: Optional[int] = None) -> SweepResult:
         """The ordinary cells of one window [lo_ms, hi_ms), ``window_files`` its
-        [(export, data file)], once the windows up to it are applied."""
+        [(export, data file)], once the windows up to it are applied.
+
+        ``read_from_ms`` (at most ``lo_ms``): read from there instead. A change
+        inside the window may carry a record time before ``lo_ms`` (the stream's
+        clock is behind PITR's, recover.SWEEP_LOOKBACK_MS), and an item created
+        and deleted inside it is in no line: its cell is stale. A cell stamped
+        there may also be an unchanged item's, written by a change just before
+        ``lo_ms``: ``lookback_files`` (the data files of the windows before,
+        reaching back to ``read_from_ms``, in time order) hold that item's state
+        at ``lo_ms`` — its last line there whose write is at or after
+        ``read_from_ms`` — and, if the window does not list the item, what that
+        state owns is kept."""
         from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
-        from ddb2bt.transforms.mapping import owned_cells
 
         result = SweepResult()
+        read_from = lo_ms if read_from_ms is None else min(read_from_ms, lo_ms)
         if lo_ms < hi_ms:
             estimate = sum(count or 0 for export, rel in window_files
                            for name, count in export.files if name == rel)
@@ -167,7 +188,7 @@ class BoundarySweep:
                     # cell. One written after the window belongs to a later change (a
                     # list's lower elements fall inside the window: its own write), and
                     # a read never sees what lies below it.
-                    for row, family, qualifier, ts in self.writer.cells_between(table, lo_ms):
+                    for row, family, qualifier, ts in self.writer.cells_between(table, read_from):
                         if family.startswith(RESERVED_FAMILY_PREFIX) or self._versioned(family, qualifier):
                             continue
                         if row != last:
@@ -177,7 +198,15 @@ class BoundarySweep:
                                 self.progress(rows_read)
                         newest[(family, qualifier)] = max(ts, newest.get((family, qualifier), ts))
                     self._hold(held, table, last, newest, hi_ms)
+                # An item's state at the window's end: its line's new image, or, if
+                # the window does not list it, its state at the start (few: only items
+                # written since read_from, _states_before).
+                states = self._states_before(lookback_files, read_from)
                 for change in self._lines(window_files):
+                    states.pop(item_owner(change.keys), None)
+                    for table, row, column in self._owned_columns(change):
+                        owned.add(table, row, column)
+                for change in states.values():
                     for table, row, column in self._owned_columns(change):
                         owned.add(table, row, column)
                 self.progress(rows_read)
@@ -195,6 +224,22 @@ class BoundarySweep:
         self.fence()
         self._check(self.batcher.flush())
         return SweepResult(1, result.rows_read, result.cells_deleted)
+
+    def _states_before(self, files: Sequence, since_ms: int) -> dict:
+        """{item: its last line} of the items written at or after ``since_ms`` in
+        ``files`` (time order): their state at the files' end. Only these items
+        can own a cell stamped since (a cell's time is at or before its change's
+        write time); they are the items written in SWEEP_LOOKBACK_MS, so few.
+        An item the swept window lists is judged by its line there instead: a
+        cell stamped inside the window by a change after it (PITR's clock ahead)
+        that its new image does not own is stale although this state owned it."""
+        last: dict = {}
+        for change in self._lines(files):
+            if change.write_us >= since_ms * 1000:
+                last[item_owner(change.keys)] = change
+            else:  # written before: its state here owns no cell stamped since
+                last.pop(item_owner(change.keys), None)
+        return last
 
     def _hold(self, held, table: str, row, newest: dict, hi_ms: int) -> None:
         """A scanned row's columns whose newest cell is a change's inside the window."""

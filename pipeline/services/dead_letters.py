@@ -98,7 +98,7 @@ def cmd_dlq_redrive(args) -> int:
 
 
 def cmd_release_target(args) -> int:
-    from ddb2bt.pipeline.ownership import release_targets
+    from ddb2bt.pipeline.control.ownership import release_targets
 
     mappings = load_all(args)
     states = [state_spec(args, mapping) for mapping in mappings]

@@ -34,10 +34,10 @@ def cmd_recover(args) -> int:
               "--bigtable-instance and --job-name)", file=sys.stderr)
         return 1
     if options.exports:  # writing: hold the tail's lease, so no `run` applies changes meanwhile
-        from ddb2bt.pipeline import lease
+        from ddb2bt.pipeline.control.coordinator import join
 
         start_metrics_server(args.metrics_port, args.metrics_host)
-        held = lease.join(acquire_lease(args, spec, "tail"))
+        held = join(acquire_lease(args, spec, "tail"))
         fence = held.check if held is not None else fence
     bars: dict = {}
 

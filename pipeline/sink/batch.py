@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ddb2bt.pipeline.state import ShardCheckpoint
+from ddb2bt.pipeline.control.state import ShardCheckpoint
 
 __all__ = ["Batch", "Row", "merge_checkpoints"]
 

@@ -35,10 +35,11 @@ from ddb2bt.transforms.model import BackfillPosition, DeadLetter, MappedBatch, M
 from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
 from ddb2bt.pipeline.clients.retry import retrying
-from ddb2bt.pipeline.cutover.bookkeeping import has_markers
+from ddb2bt.pipeline.control.markers import has_markers
+from ddb2bt.pipeline.control.phases import backfill_may_run
 from ddb2bt.pipeline.metrics import UNNAMED_TABLE, PipelineMetrics
-from ddb2bt.pipeline.versions import VersionOwners
-from ddb2bt.pipeline.state import BackfillCheckpoint, ShardCheckpoint, StateStore
+from ddb2bt.pipeline.control.versions import VersionOwners
+from ddb2bt.pipeline.control.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 from ddb2bt.pipeline.sink.batch import Batch, Row, merge_checkpoints
 from ddb2bt.pipeline.sink.claims import VersionClaims
 from ddb2bt.pipeline.sink.config import SinkConfig
@@ -57,6 +58,14 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _marking_of(state: Optional[StateStore]) -> Callable[[], bool]:
+    """A writer without a coordinator (tests, tools): markers are needed while
+    its state's phase says a backfill may run; never without a state."""
+    if state is None:
+        return lambda: False
+    return lambda: backfill_may_run(state)
+
+
 class BatchingWriter:
     """Buffers mapped changes, writes them, and checkpoints. Not thread-safe: one
     per DoFn instance, as Beam uses them."""
@@ -73,6 +82,7 @@ class BatchingWriter:
         overlap: bool = False,
         versions: Optional[VersionOwners] = None,
         partition_fence: Optional[Callable] = None,
+        marking: Optional[Callable[[], bool]] = None,
     ) -> None:
         self._writer = writer
         self._state = state
@@ -86,12 +96,14 @@ class BatchingWriter:
         self._sleep = sleep
         # The jobs of a commit, each in its own class (see the module docstring).
         self._requests = RequestWriter(writer, config, self._metrics, sleep, self._dead_letter)
-        self._markers = MarkedWrites(self._requests, state, config, self._metrics, sleep)
+        # Whether a backfill may run: the job's coordinator tells (sink.py); alone,
+        # the state's phase, read through the control floor.
+        self._markers = MarkedWrites(self._requests, marking or _marking_of(state), config, self._metrics, sleep)
         self._guarded = GuardedWrites(writer, self._requests, state, config, self._metrics, sleep, self._dead_letter)
         # Who owns each versioned cell (versions.py); None: not tracked.
         self._claims = VersionClaims(versions, self._metrics, self._dead_letter) if versions is not None else None
         # A shared (Dataflow) job: this process must own the partitions of the
-        # changes it writes (ddb2bt.pipeline.lease.PartitionOwners.check).
+        # changes it writes (ddb2bt.pipeline.control.partitions.PartitionOwners.check).
         self._partition_fence = partition_fence
         self._reset()
         # overlap: a full batch is written on this one thread while add() goes on;
@@ -189,7 +201,7 @@ class BatchingWriter:
             families = self._known_families(row.table)
             if families is None:
                 continue
-            # The marker family comes and goes with a backfill (cutover.bookkeeping);
+            # The marker family comes and goes with a backfill (control.markers);
             # a cached family list may be stale, so only the write itself decides
             # (a marker write that fails is stripped and retried, see _commit).
             if not isinstance(families, (set, frozenset)):

@@ -1,4 +1,4 @@
-"""Version claims on the sink's side (ddb2bt.pipeline.versions): before a batch is
+"""Version claims on the sink's side (ddb2bt.pipeline.control.versions): before a batch is
 written, changes whose versioned cells another item owns are refused and
 deletes of other items' versions dropped; once it is written, the new
 ownership is recorded."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ddb2bt.pipeline.versions import VersionOwners, resolve
+from ddb2bt.pipeline.control.versions import VersionOwners, resolve
 from ddb2bt.pipeline.sink.batch import Batch
 
 __all__ = ["VersionClaims"]

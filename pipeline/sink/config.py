@@ -24,7 +24,7 @@ class SinkConfig:
     # Write a full batch on a background thread while the next one is mapped and
     # buffered (the wait for MutateRows was ~20 % of a worker's time).
     overlap_writes: bool = True
-    # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): when set, every write and
+    # The job's lease (ddb2bt.pipeline.control.lease.LeaseSpec): when set, every write and
     # checkpoint is fenced by it (a process that lost it writes nothing more).
     lease: Optional[object] = None
     # Writes go through the per-item ordering guard (a source that may deliver out

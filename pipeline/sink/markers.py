@@ -4,15 +4,14 @@ backfill may run, and written without them once the backfill has finished."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Callable
 
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.retry import retrying
-from ddb2bt.pipeline.cutover.bookkeeping import strip_markers
+from ddb2bt.pipeline.control.markers import strip_markers
 from ddb2bt.pipeline.sink.batch import Row
 from ddb2bt.pipeline.sink.config import SinkConfig
 from ddb2bt.pipeline.sink.requests import RequestWriter, StillFailing
-from ddb2bt.pipeline.state import StateStore
 
 __all__ = ["MarkedWrites"]
 
@@ -20,26 +19,20 @@ __all__ = ["MarkedWrites"]
 class MarkedWrites:
     """Writes of rows that carry touch markers and failed for good."""
 
-    def __init__(self, requests: RequestWriter, state: Optional[StateStore], config: SinkConfig, metrics,
+    def __init__(self, requests: RequestWriter, marking: Callable[[], bool], config: SinkConfig, metrics,
                  sleep: Callable[[float], None]) -> None:
         self._requests = requests
-        self._state = state
+        # Whether a backfill may be running (then touch markers are never
+        # stripped): asked of the job's coordinator, never read here.
+        self._marking = marking
         self._config = config
         self._metrics = metrics
         self._sleep = sleep
 
     def needed(self) -> bool:
-        """Whether a backfill may be running (phase BACKFILLING, or unknown): then
-        touch markers must never be stripped — a backfill batch that scanned the
-        item earlier could land after this change and bring back what it removed."""
-        if self._state is None:
-            return False
-        from ddb2bt.pipeline.cutover.phases import BACKFILLING, parse_phase
-
-        try:
-            return parse_phase(self._state.load_meta("phase")) == BACKFILLING
-        except Exception:  # unreadable: fail safe
-            return True
+        """Whether a backfill may be running: then touch markers must never be
+        stripped (control/phases.py, ``backfill_may_run``)."""
+        return self._marking()
 
     def write(self, table: str, row: Row) -> list:
         """A row with touch markers failed for good (the marker family is missing).

@@ -13,7 +13,7 @@ from ddb2bt.pipeline.cutover.guards import encode_intent, repair_intents, repair
 from ddb2bt.pipeline.sink.batch import Batch, Row
 from ddb2bt.pipeline.sink.config import SinkConfig
 from ddb2bt.pipeline.sink.requests import RequestWriter
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 
 __all__ = ["GuardedWrites"]
 

@@ -13,7 +13,7 @@ from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.errors import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent,
                                                      BigtableRetryable, EntryStatus, code_name)
-from ddb2bt.pipeline.cutover.bookkeeping import has_markers
+from ddb2bt.pipeline.control.markers import has_markers
 from ddb2bt.pipeline.clients.retry import retrying
 from ddb2bt.pipeline.sink.batch import Row
 from ddb2bt.pipeline.sink.config import SinkConfig

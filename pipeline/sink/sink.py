@@ -15,6 +15,7 @@ from apache_beam.transforms.window import GlobalWindows
 from ddb2bt.transforms.dofns import PerStreamFn
 from ddb2bt.pipeline.clients.bigtable.admin import process_families
 from ddb2bt.pipeline.collector import tune_collector
+from ddb2bt.pipeline.control.coordinator import coordinator_for
 from ddb2bt.pipeline.sink.batching import BatchingWriter
 from ddb2bt.pipeline.sink.config import SinkConfig
 
@@ -74,28 +75,34 @@ class _WriteToBigtableFn(beam.DoFn):
         if self._pushgateway:  # Dataflow workers cannot be scraped: they push
             start_pusher(self._pushgateway, job=f"ddb2bt-{self._state_spec.job if self._state_spec else 'job'}")
 
-        from ddb2bt.pipeline.lease import fence, join
-
-        # The fence goes on the writer, so data writes, dead letters and
+        # The job's coordinator (control/coordinator.py) decides what this sink may
+        # write: the fence goes on the writer, so data writes, dead letters and
         # checkpoints are all checked right before their RPC.
-        self._writer = fence(self._bigtable.writer(), join(self._config.lease))
+        lease = self._config.lease
+        owner = lease or self._state_spec
+        self._coordinator = coordinator_for(owner, self._state_spec) if owner is not None else None
+        writer = self._bigtable.writer()
+        self._writer = self._coordinator.fence(writer, lease) if self._coordinator is not None else writer
         self._state = self._state_spec.store(self._writer) if self._state_spec else None
+        if self._coordinator is not None and self._state is not None:
+            self._coordinator.guard(self._state)  # no retry of a state call outlives the lease
         self._families = _FamilyCache(self._bigtable) if self._check_families else None
+        coordinator = self._coordinator
+        marking = coordinator.marking if coordinator and self._state else None
         if self._config.ordering_guard:
             # No partition fence needed: every guarded write is a compare-and-set on
             # the item's clock, so a zombie's older change loses (docs/design.md §10).
             from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
 
             self._batcher = GuardedBatchingWriter(self._writer, self._state, self._config, default_metrics(),
-                                                  self._families)
+                                                  self._families, overlap=self._config.overlap_writes,
+                                                  marking=marking)
             return
-        from ddb2bt.pipeline.lease import OWNERS
-
-        shared = self._config.lease is not None and self._config.lease.shared
         self._batcher = BatchingWriter(self._writer, self._state, self._config, default_metrics(), self._families,
                                        overlap=self._config.overlap_writes,
                                        versions=self._state.versions() if self._state is not None else None,
-                                       partition_fence=OWNERS.check if shared else None)
+                                       partition_fence=coordinator.partition_fence(lease) if coordinator else None,
+                                       marking=marking)
 
     def process(self, element):
         yield from self._batcher.add(element)

@@ -12,10 +12,12 @@ from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorP
 from apache_beam.utils.timestamp import Duration
 
 from ddb2bt.pipeline.clients.dynamodb import shard_directory, table_of_stream
+from ddb2bt.pipeline.control.catchup import CatchUpReport, summarize
+from ddb2bt.pipeline.control.coordinator import coordinator_for
 from ddb2bt.pipeline.metrics import default_metrics
 from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import batch_records
-from ddb2bt.pipeline.state import stream_label
+from ddb2bt.pipeline.control.state import stream_label
 from ddb2bt.pipeline.source.stream_source import (
     ClaimEnd,
     PartitionReader,
@@ -92,22 +94,23 @@ class StreamSource:
 
 
 class _StreamContext:
-    """A worker's per-stream reading state: the lease it fences with, its client,
-    its state store, one PartitionReader per partition, its migration tick."""
+    """A worker's per-stream reading state: its job's coordinator (who may read,
+    where to report), its client, its state store, one PartitionReader per
+    partition, its migration tick."""
 
     def __init__(self, source: StreamSource, metrics) -> None:
-        from ddb2bt.pipeline.lease import join
-
         self.source = source
         self.options = source.options
-        self.lease = join(source.options.lease)
+        lease = source.options.lease
+        self.coordinator = coordinator_for(lease or source.state_factory, source.state_factory)
+        self.coordinator.join_readers(lease)
         self.client = source.client_factory()
-        self.state = source.state_factory()
+        self.state = self.coordinator.guard(source.state_factory())
         # Series labelled by the table's name in the job (its state key).
         self.metrics = metrics.for_table(getattr(source.state_factory, "job", None)
                                          or table_of_stream(source.stream_arn))
         self.readers: dict = {}
-        self.keeper = None  # the cutover keeper of this stream's job (False: none)
+        self.keeper = None  # whether this stream reports to its job's cutover keeper (None: not asked yet)
         self.reported: dict = {}  # partition -> monotonic time of its last reader report
 
     def report(self, partition: StreamPartition, reader: PartitionReader, force: bool = False) -> None:
@@ -131,14 +134,13 @@ class _StreamContext:
                 self.client, partition, self.options, self.state.load_checkpoints, self.metrics,
                 directory=shard_directory(),  # one shard listing per stream per process
                 hand_back_pacing=True,  # a paced shard's wait goes to the runner (RoundResult.paced_s)
-                load_heads=self.state.load_shard_heads)  # what proves a trimmed checkpoint harmless
+                load_heads=self.state.load_shard_heads,  # what proves a trimmed checkpoint harmless
+                between_attempts=self.coordinator.check_held)  # no retry loop outlives a lost lease
         return reader
 
     def close(self) -> None:
         if self.keeper:
-            from ddb2bt.pipeline.cutover.keeper import release_keeper
-
-            release_keeper(self.keeper)
+            self.coordinator.release_keeper()
             self.keeper = None
         close = getattr(self.client, "close", None)
         if close:
@@ -179,36 +181,21 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return
         ctx = self._contexts[partition.stream_arn]
         options = ctx.options
-        if ctx.lease is not None:
-            from ddb2bt.pipeline.lease import OWNERS, LeaseUnproven
-
-            if ctx.lease.spec.shared:
-                OWNERS.touch(partition.stream_arn, partition.index)
-            try:
-                ctx.lease.check()  # raises LeaseLost once the table's lease is lost: this process stops
-            except LeaseUnproven:
-                # Ownership unproven (a Bigtable blip, or this worker was paused):
-                # read nothing until the heartbeat proves it again, then go on
-                # without a restart (docs/design.md, "Ownership").
-                time.sleep(UNPROVEN_WAIT_S)
-                tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
-                return
-            if ctx.lease.spec.shared and not self._own_partition(ctx, partition):
-                time.sleep(UNPROVEN_WAIT_S)
-                tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
-                return
+        # Told, not deciding: the coordinator raises LeaseLost once the job's lease
+        # is lost (this process stops), and says no while the lease is unproven
+        # (a blip, a pause) or another worker owns the partition.
+        if not ctx.coordinator.may_read(partition):
+            # FnApiRunner ignores deferral delays, so it also sleeps: no spinning core.
+            time.sleep(UNPROVEN_WAIT_S)
+            tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
+            return
         if stop_requested(options.stop_token):
             tracker.try_claim(ClaimEnd())
             return
         reader = ctx.reader(partition)
-        if ctx.lease is not None and ctx.lease.spec.shared:
-            from ddb2bt.pipeline.lease import OWNERS
-
-            # While the round runs (it may back off on throttling for minutes)
-            # the partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S).
-            with OWNERS.round(partition.stream_arn, partition.index):
-                result = yield from batch_records(reader.read_round(tracker))
-        else:
+        # While the round runs (it may back off on throttling for minutes) the
+        # partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S).
+        with ctx.coordinator.reading(partition):
             result = yield from batch_records(reader.read_round(tracker))
         if result.stopped:
             return
@@ -256,41 +243,17 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         self._idle_streak = 0
         tracker.defer_remainder(Duration.of(0))
 
-    @staticmethod
-    def _own_partition(ctx: _StreamContext, partition: StreamPartition) -> bool:
-        """A worker of a shared (Dataflow) job reads a partition only while it
-        owns it (ddb2bt.pipeline.lease.PartitionOwners): another worker may hold
-        it (Dataflow moved the work, or this worker was paused meanwhile)."""
-        from ddb2bt.pipeline.lease import OWNERS, LeaseLost, LeaseUnproven
-
-        owner = OWNERS.claim(ctx.lease.spec, partition.stream_arn, partition.index, partition.count)
-        if owner is None:
-            return False
-        try:
-            owner.check()
-        except (LeaseUnproven, LeaseLost):
-            return False
-        return True
-
     def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, reader: PartitionReader,
                       ended_idle: bool = False) -> None:
         """Tell the cutover keeper where this partition is: its shards' lag and
-        applied position in time (cutover/catchup.py), not whether this round
+        applied position in time (control/catchup.py), not whether this round
         found something new. The keeper — not this reader — moves the migration
-        on (phase, finish) on a thread of its own (ddb2bt.pipeline.cutover.keeper):
+        on (phase, finish) on a thread of its own (ddb2bt.pipeline.control.keeper),
+        told through the job's coordinator (ddb2bt.pipeline.control.coordinator):
         on Dataflow, or next to a separate batch backfill, no controller does."""
-        from ddb2bt.pipeline.cutover.catchup import CatchUpReport, summarize
-        from ddb2bt.pipeline.cutover.keeper import keeper_for
-
         if ctx.keeper is None:
-            ctx.keeper = keeper_for(ctx.source.state_factory, ctx.options.promote_live) or False
+            ctx.keeper = ctx.coordinator.use_keeper(ctx.options.promote_live)
         if ctx.keeper:
-            fence = None
-            if ctx.lease is not None:
-                from ddb2bt.pipeline.lease import OWNERS
-
-                fence = (lambda: OWNERS.check_partition(partition.stream_arn, partition.index)) \
-                    if ctx.lease.spec.shared else ctx.lease.check
             now_ms = time.time_ns() // 1_000_000
             shards = reader.shard_ids()
             if ended_idle:  # nothing new for all of --until-idle: at the head now
@@ -300,8 +263,8 @@ class _ReadStreamPartitionsFn(beam.DoFn):
                 report = summarize([lag.view(partition.stream_arn, s) for s in shards], now_ms)
             else:  # a partition that owns no shard (more partitions than shards) has nothing to catch up
                 report = CatchUpReport(None, None) if reader.waiting else CatchUpReport(0, now_ms)
-            ctx.keeper.report(stream_label(ctx.source.stream_arn), partition.index, partition.count, report,
-                              fence=fence, ended_idle=ended_idle)
+            # Recorded only while this process owns the partition (the coordinator's fence).
+            ctx.coordinator.report(stream_label(ctx.source.stream_arn), partition, report, ended_idle=ended_idle)
 
     def teardown(self) -> None:
         for ctx in getattr(self, "_contexts", {}).values():

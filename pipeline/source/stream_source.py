@@ -34,8 +34,8 @@ from typing import Callable, Iterator, Optional
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON
-from ddb2bt.pipeline.cutover.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
+from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
                                       StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
                                       fast_records_decoding,
@@ -45,7 +45,7 @@ from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
-from ddb2bt.pipeline.state import ShardCheckpoint
+from ddb2bt.pipeline.control.state import ShardCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +110,10 @@ class ReaderOptions:
     # In-process stop requests (local runs): `request_stop(token)` ends the reading
     # cleanly at the next round, everything read so far written and checkpointed.
     stop_token: Optional[str] = None
-    # Readers that have caught up (cutover/catchup.py) move a finished migration CATCHING_UP → LIVE
-    # (cutover.phases.advance): Dataflow's migrate, or `run` next to a backfill.
+    # Readers that have caught up (control/catchup.py) move a finished migration CATCHING_UP → LIVE
+    # (control.phases.advance): Dataflow's migrate, or `run` next to a backfill.
     promote_live: bool = True
-    # The job's lease (ddb2bt.pipeline.lease.LeaseSpec): every round checks it, so
+    # The job's lease (ddb2bt.pipeline.control.lease.LeaseSpec): every round asks its coordinator, so
     # a process that lost it stops even while it has nothing to write.
     lease: Optional[object] = None
     retry: RetryPolicy = RetryPolicy(initial_s=0.2, max_backoff_s=20.0, deadline_s=300.0)
@@ -324,8 +324,10 @@ class PartitionReader:
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
                  sleep: Callable[[float], None] = time.sleep, directory: Optional[ShardDirectory] = None,
                  pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False,
-                 load_heads: Optional[Callable[[str], dict]] = None) -> None:
+                 load_heads: Optional[Callable[[str], dict]] = None,
+                 between_attempts: Optional[Callable[[], None]] = None) -> None:
         self._client = client
+        self._between_attempts = between_attempts  # its coordinator's lease check: no retry outlives the lease
         fast_records_decoding(client)  # GetRecords pages through the C JSON parser
         # {shard id: when a reader of this job last saw it at its head}, as the
         # readers recorded it in the state table (StateStore.load_shard_heads):
@@ -390,7 +392,8 @@ class PartitionReader:
         policy = self._options.retry
         # The table in the label: a job of several tables logs which one is failing.
         return retrying(policy, f"{operation} of {self._table}", count, self._sleep,
-                        retry_on=(StreamThrottled,), where=self._where)(attempt)
+                        retry_on=(StreamThrottled,), where=self._where,
+                        between_attempts=self._between_attempts)(attempt)
 
     # -- discovery
     def discover(self, tracker) -> bool:
@@ -602,7 +605,7 @@ class PartitionReader:
                 if self._metrics and "MillisBehindLatest" in page:  # the service's own lag, where it gives one
                     self._metrics.lag.on_behind(self._partition.stream_arn, shard_id, page["MillisBehindLatest"])
                 if not records and self._metrics:
-                    # An empty page, not yet the head (cutover/catchup.py).
+                    # An empty page, not yet the head (control/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
                 self._on_page(shard_id, empty=not records)
                 if len(records) >= GET_RECORDS_LIMIT:

@@ -83,6 +83,11 @@ export("two_windows", "01699999300000-e1f2a3b4", "Catalog", "2023-11-14T20:00:00
        w1, start="2023-11-14T22:10:00.000Z", end="2023-11-14T22:16:00.000Z")
 export("two_windows", "01700006500000-f2a3b4c5", "Catalog", "2023-11-14T22:00:00.000Z", "2023-11-15T00:00:00.000Z",
        w2)
+# The window before window 1 (19:45 -> 20:00), nothing changed in it: window 1
+# holds the job's last applied change, so the boundary sweep reads a little
+# before 20:00 and judges what it finds there against this window's lines.
+export("lookback", "01699992100000-a1b2c3d4", "Catalog", "2023-11-14T19:45:00.000Z", "2023-11-14T20:00:00.000Z",
+       [("d1e2f3a4b5c6d7e8f9a0b1c2d3.json.gz", [])], start="2023-11-14T20:10:00.000Z", end="2023-11-14T20:16:00.000Z")
 # A hole: window 2 starts an hour after window 1 ends.
 export("hole", "01699999300000-a0a0a0a0", "Catalog", "2023-11-14T20:00:00.000Z", "2023-11-14T22:00:00.000Z", w1)
 export("hole", "01700006500000-b0b0b0b0", "Catalog", "2023-11-14T23:00:00.000Z", "2023-11-15T00:00:00.000Z", w2)

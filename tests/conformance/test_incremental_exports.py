@@ -16,13 +16,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ddb2bt.pipeline.cutover.compare import expected_layout
-from ddb2bt.pipeline.cutover.phases import LIVE, RECOVERING, Migration
+from ddb2bt.pipeline.control.phases import LIVE, RECOVERING, Migration
 from ddb2bt.pipeline.cutover.recover import (Gap, Recovery, RecoveryRefused, check_coverage, check_pitr,
                                              inexact_features, open_export, read_changes)
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, StateStore
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.attrs import item_from_dynamodb_json
 from ddb2bt.transforms.errors import ConfigError
@@ -43,6 +43,13 @@ GAP = Gap(first_ms=(BOUNDARY - 1) * 1000 + 250, last_ms=(BOUNDARY - 1) * 1000 + 
 
 def exports_of(name: str) -> list:
     return sorted((INCREMENTAL / name / "AWSDynamoDB").glob("0*"))
+
+
+def recovered_exports() -> list:
+    """The two windows and the empty one before them: window 1 holds the job's
+    last applied change, and the boundary sweep judges what is stamped just
+    before it against the window before (docs/design.md §8.1.1)."""
+    return [open_export(str(p), "Catalog", "us-east-1") for p in exports_of("lookback") + exports_of("two_windows")]
 
 
 def S(v):
@@ -92,7 +99,7 @@ def test_two_windows_recover_the_target_to_the_final_items():
         rec = ChangeRecord(INSERT, {k: item[k] for k in ("pk", "sk")}, item, None, (W1_FROM - 3600) * 1000)
         seed.add(MappedChange(rec, map_change(config, rec)))
     seed.flush()
-    exports = [open_export(str(p), "Catalog", "us-east-1") for p in exports_of("two_windows")]
+    exports = recovered_exports()
     migration = Migration(store, now_ms=lambda: NOW_MS, sleep=lambda s: None)
     seen = []
     registry = CollectorRegistry()
@@ -102,8 +109,8 @@ def test_two_windows_recover_the_target_to_the_final_items():
     result = recovery.run(GAP, exports)
     assert migration.phase == RECOVERING
     assert registry.get_sample_value("ddb2bt_recovered_items_total", {"table": config.name}) == 5
-    assert (result.files, result.items, result.dead_letters) == (3, 5, 0)
-    assert seen[-1] == (3, 3)
+    assert (result.files, result.items, result.dead_letters) == (4, 5, 0)
+    assert seen[-1] == (4, 4)
     recovery.resume_tail(GAP)
     assert migration.phase == LIVE
     assert store.load_checkpoints(STREAM)["shardId-1"].sequence_number == RESUME_AT_TRIM_HORIZON
@@ -123,13 +130,15 @@ def test_a_crash_resumes_after_the_last_finished_data_file():
     config = mapping("catalog_ttl_apply.yaml")
     bt = InMemoryBigtable(families={config.target.table: set(config.family_names)})
     store = StateStore(bt, config.name, lambda: NOW_MS)
-    exports = [open_export(str(p), "Catalog", "us-east-1") for p in exports_of("two_windows")]
+    exports = recovered_exports()
     migration = Migration(store, now_ms=lambda: NOW_MS, sleep=lambda s: None)
     writes = []
 
     def fence():
         writes.append(1)
-        if len(writes) == 5:  # the first data file (3 lines + its flush) is done; crash in the next
+        # the look-back window's empty file (its flush) and window 1's first data
+        # file (3 lines + its flush) are done; crash in the next
+        if len(writes) == 6:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -137,7 +146,7 @@ def test_a_crash_resumes_after_the_last_finished_data_file():
             GAP, exports)
     result = Recovery(config, store, BatchingWriter(bt, None, FAST, sleep=lambda s: None), migration).run(
         GAP, exports)
-    assert (result.files_skipped, result.files) == (1, 2)
+    assert (result.files_skipped, result.files) == (2, 2)
 
 
 @pytest.mark.parametrize("name, message", [

@@ -22,7 +22,7 @@ from ddb2bt.pipeline.clients.bigtable.reads import read_rows, read_table
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
-from ddb2bt.pipeline.cutover.phases import Migration
+from ddb2bt.pipeline.control.phases import Migration
 from tests.conftest import ROOT, write_mapping
 from ddb2bt.transforms.attrs import item_to_dynamodb_json
 from ddb2bt.transforms.config import load_mapping
@@ -153,7 +153,7 @@ def _planted_cells_are_differences(path, mapping, capsys):
     touch marker, as a migration that never finished would leave) and,
     separately, one planted foreign cell; status is NOT READY while the marker
     family exists."""
-    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+    from ddb2bt.pipeline.control.markers import Bookkeeping
     from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
     from ddb2bt.transforms.config import FamilyConfig
     from ddb2bt.transforms.mapping import MARKER_FAMILY
@@ -393,7 +393,7 @@ def test_versioned_columns_survive_the_overlap(stack, tmp_path, unique):
 def test_a_running_tail_marks_touches_once_a_separate_backfill_begins(stack, tmp_path, unique):
     """`ddb2bt backfill` next to a running `ddb2bt run` (not `migrate`): the tail
     sees the phase and marks the items it writes, so the backfill's guards work."""
-    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+    from ddb2bt.pipeline.control.markers import Bookkeeping
     from ddb2bt.transforms.mapping import MARKER_FAMILY
 
     path, mapping, ddb = setup(tmp_path, unique)

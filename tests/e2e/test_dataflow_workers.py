@@ -24,7 +24,7 @@ import pytest
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
-from ddb2bt.pipeline.state import DEFAULT_STATE_TABLE
+from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
 from ddb2bt.pipeline.testing.proxy import PausableProxy
 from tests.conftest import ROOT
 from tests.e2e.test_live_replication import check_identical, setup_tables

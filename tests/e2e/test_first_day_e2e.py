@@ -67,4 +67,4 @@ def test_a_multi_table_migrate_ends_with_the_summary_and_names_its_tables_in_the
     assert f"ddb2bt dlq list --mapping {b_path}" in summary
     for mapping in (a, b):
         assert f"[{mapping.name}] migration phase: LIVE" in err
-    assert "] migration phase:" in err and "INFO ddb2bt.pipeline.cutover.phases: migration phase" not in err
+    assert "] migration phase:" in err and "INFO ddb2bt.pipeline.control.phases: migration phase" not in err

@@ -30,12 +30,12 @@ import ddb2bt.pipeline.cli as cli
 import ddb2bt.pipeline.connections as connections
 import ddb2bt.pipeline.source.kinesis as kinesis_source
 import ddb2bt.pipeline.services.replicate as replicate
-from ddb2bt.pipeline import lease
+from ddb2bt.pipeline.control import coordinator, lease
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.jobs import build_live_jobs, load_all
-from ddb2bt.pipeline.lease import TAIL, LeaseState, wall_ms
+from ddb2bt.pipeline.control.lease import TAIL, LeaseState, wall_ms
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.source.kinesis import GET_RECORDS_PER_SECOND, ShardPacer, resolve_kinesis
@@ -196,8 +196,8 @@ def test_a_take_over_refused_for_its_share_leaves_the_running_job_running(stack,
     stream = resolve_kinesis(a.mapping, a.kinesis).kinesis_arn
     bigtable = BigtableSpec(a.mapping.target.project, a.mapping.target.instance)
     running_spec, rival_spec = StateSpec(bigtable, job=a.mapping.name), StateSpec(bigtable, job=f"rival_{unique}")
-    running, running_lease = lease.hold(running_spec, TAIL, lease.LeaseOptions(), command="run")
-    rival, _ = lease.hold(rival_spec, TAIL, lease.LeaseOptions(), command="run")
+    running, running_lease = coordinator.hold(running_spec, TAIL, lease.LeaseOptions(), command="run")
+    rival, _ = coordinator.hold(rival_spec, TAIL, lease.LeaseOptions(), command="run")
     try:
         for spec in (running_spec, rival_spec):
             record_stream(spec.store(), stream)
@@ -237,7 +237,7 @@ def test_a_job_moved_back_to_its_dynamodb_stream_frees_its_share_of_the_kinesis_
                            target__table=a.mapping.target.table, name=a.mapping.name)
     assert ddb2bt(["run", "--mapping", str(on_ddb), "--until-idle", IDLE, "--poll-interval", "0.2"]) == 0
     # Still running there (its lease live, as a job without --until-idle holds it).
-    running, _ = lease.hold(state, TAIL, lease.LeaseOptions(), command="run")
+    running, _ = coordinator.hold(state, TAIL, lease.LeaseOptions(), command="run")
     try:
         assert ddb2bt(["run", "--mapping", str(b.path), "--until-idle", IDLE, "--poll-interval", "0.2"]) == 0
         assert json.loads(state.store().load_stream_shares(stream)) == {b.mapping.name: "1"}

@@ -17,7 +17,7 @@ from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
-from ddb2bt.pipeline.state import ShardCheckpoint
+from ddb2bt.pipeline.control.state import ShardCheckpoint
 from tests.conftest import ROOT, write_mapping
 from ddb2bt.transforms.config import load_mapping
 

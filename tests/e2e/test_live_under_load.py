@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.cutover.phases import Migration
+from ddb2bt.pipeline.control.phases import Migration
 from ddb2bt.pipeline.local import workload
 from tests.e2e.test_cutover import (_kill, _spawn, _wait, assert_target_is_exactly_the_mapping, identical, preload,
                                     setup, store_of)

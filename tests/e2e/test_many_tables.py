@@ -14,7 +14,7 @@ import pytest
 
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
-from ddb2bt.pipeline.cutover.phases import LIVE, Migration
+from ddb2bt.pipeline.control.phases import LIVE, Migration
 from ddb2bt.pipeline.local import workload
 from ddb2bt.transforms.attrs import from_plain
 from ddb2bt.transforms.config import load_mapping

@@ -10,10 +10,10 @@ import pytest
 from ddb2bt.pipeline.cli import main as ddb2bt
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.connections import StreamsClientFactory
-from ddb2bt.pipeline.cutover.phases import Migration
+from ddb2bt.pipeline.control.phases import Migration
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
-from ddb2bt.pipeline.state import ShardCheckpoint
+from ddb2bt.pipeline.control.state import ShardCheckpoint
 from ddb2bt.transforms.model import DeleteCells
 from tests.e2e.test_cutover import (assert_target_is_exactly_the_mapping, identical, preload, setup, store_of)
 

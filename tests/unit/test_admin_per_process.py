@@ -89,7 +89,7 @@ def test_several_sink_dofns_in_one_process_share_one_admin_client_and_one_family
 
 
 def test_bookkeeping_uses_the_process_admin(counting_admin):
-    from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
+    from ddb2bt.pipeline.control.markers import Bookkeeping
 
     a, b = Bookkeeping.for_target("p", "i"), Bookkeeping.for_target("p", "i")
     assert a._admin is b._admin and counting_admin["clients"] == 1

@@ -14,7 +14,7 @@ from ddb2bt.pipeline.preflight import check_app_profiles
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.admin import MULTI_CLUSTER, SINGLE_CLUSTER, AppProfileFacts, AppProfileUnknown
 from ddb2bt.pipeline.sink.sink import BatchingWriter
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.errors import ConfigError
@@ -166,7 +166,7 @@ def test_the_specs_route_state_and_lease_through_the_state_profile(monkeypatch):
     spec = BigtableSpec("p", "i", app_profile="ha", state_app_profile="state")
     assert spec.state_profile == "state"
     assert BigtableSpec("p", "i", app_profile="ha").state_profile == "ha"
-    from ddb2bt.pipeline.lease import LeaseSpec, lease_cell
+    from ddb2bt.pipeline.control.lease import LeaseSpec, lease_cell
 
     cell = lease_cell(LeaseSpec(spec, "ddb2bt_state", "job", "tail", "me", 30.0, 10.0))
     assert cell._writer._app_profile == "state"
@@ -239,8 +239,8 @@ def test_the_sweeps_scans_go_through_the_configured_profiles(monkeypatch):
     """cells_between reads the target through the data profile, the owner-record
     scan the state table through the state profile (replicated instances)."""
     from ddb2bt.pipeline.clients.bigtable import writer as bigtable_writer
-    from ddb2bt.pipeline import state as state_module
-    from ddb2bt.pipeline.state import BigtableStateBackend
+    from ddb2bt.pipeline.control import state as state_module
+    from ddb2bt.pipeline.control.state import BigtableStateBackend
 
     monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", "127.0.0.1:9")
     seen = []

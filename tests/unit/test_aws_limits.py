@@ -25,7 +25,7 @@ from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.source import stream_source
 from ddb2bt.pipeline.source.stream_source import (LocalTracker, PartitionReader, ReaderOptions, StreamPartition,
                                                   drain_round)
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
 
 FAST = RetryPolicy(initial_s=0.001, max_backoff_s=0.002, deadline_s=5.0)

@@ -158,7 +158,7 @@ def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, BackfillTask, _ReadBackfillFn
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
     from ddb2bt.pipeline.metrics import PipelineMetrics
-    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.control.state import StateStore
     from prometheus_client import CollectorRegistry
     from ddb2bt.transforms.model import RecordBatch
 
@@ -246,3 +246,22 @@ def test_the_handoff_scan_is_strongly_consistent_by_default():
     for command in ("backfill", "migrate"):
         assert parser.parse_args([command, "-m", "m.yaml"]).consistent_read is True
         assert parser.parse_args([command, "-m", "m.yaml", "--no-consistent-read"]).consistent_read is False
+
+
+def test_a_throttled_scan_stops_retrying_once_the_lease_is_lost():
+    """The backfill's Scan retries run its job coordinator's lease check between
+    attempts: a backfill whose lease was taken over is not left throttled in a
+    retry loop until its deadline."""
+    from ddb2bt.pipeline.control.lease import LeaseLost
+
+    client = FakeScan(5, 2)
+    client.faults = [client_error("ProvisionedThroughputExceededException", operation="Scan")] * 50
+
+    def lost():
+        raise LeaseLost("job j: the backfill lease was taken over")
+
+    reader = PartReaders(ScanSource("T", 1, page_limit=2), ("pk",), HANDOFF, client,
+                         retry=RetryPolicy(0.001, 0.001, 60.0), between_attempts=lost)
+    with pytest.raises(LeaseLost):
+        list(reader.read(segment_name(0, 1), None, 0))
+    assert len(client.calls) == 1

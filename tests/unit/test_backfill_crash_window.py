@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ddb2bt.pipeline.sink.sink import BatchingWriter
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record

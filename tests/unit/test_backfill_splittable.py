@@ -17,7 +17,7 @@ from ddb2bt.pipeline.cutover.backfill import BackfillJob, ExportSource, ScanSour
 from ddb2bt.pipeline.cutover.backfill_sdf import (BackfillPart, PartRestriction, PartTracker,
                                                   _ReadBackfillPartsFn)
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.state import BackfillCheckpoint, StateStore
+from ddb2bt.pipeline.control.state import BackfillCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, InMemoryBigtable, RegisteredClient
 from ddb2bt.transforms.model import BackfillPosition, PartDone, RecordBatch
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddb2bt.pipeline.lease import LeaseLost
-from ddb2bt.pipeline.state import BigtableStateBackend, ShardCheckpoint, StateStore
+from ddb2bt.pipeline.control.lease import LeaseLost
+from ddb2bt.pipeline.control.state import BigtableStateBackend, ShardCheckpoint, StateStore
 
 ARN = "arn:aws:dynamodb:us-east-1:1:table/T/stream/2026-11-25T00:00:00.000"
 FAILED = SimpleNamespace(ok=False, retryable=True, message="DEADLINE_EXCEEDED")  # the paused attempt

@@ -52,3 +52,15 @@ def test_the_face_checks_can_fail():
     assert forbidden_imports("from concurrent.futures import ThreadPoolExecutor\n") == ["concurrent.futures"]
     assert lines_outside_argparse(body + parser) == 3 + 2  # the command and the two blank lines between
     assert lines_outside_argparse(body * (MAX_LINES_OUTSIDE_ARGPARSE // 3 + 1)) > MAX_LINES_OUTSIDE_ARGPARSE
+
+
+def commands_defined_in(source: str) -> list:
+    """The ``cmd_*`` functions a module defines: in the face there are none (each
+    command's work, its state writes included, is in its service)."""
+    return [node.name for node in ast.parse(source).body
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("cmd_")]
+
+
+def test_every_command_is_a_service_the_cli_imports():
+    assert commands_defined_in(CLI.read_text()) == []
+    assert commands_defined_in("def cmd_status(args):\n    return 0\n") == ["cmd_status"]

@@ -18,7 +18,7 @@ from ddb2bt.pipeline.cutover.continuous_beam import _ContinuousCheckStepFn
 from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.sink import BatchingWriter
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell
 

@@ -10,13 +10,13 @@ import email.utils
 
 import pytest
 
-from ddb2bt.pipeline.cutover.clock import CLOCK_SKEW_MARGIN_S, ClockSkewError, check_clock, read_skew
-from ddb2bt.pipeline.cutover.phases import (BACKFILLING, CATCHING_UP, LIVE, MARKING_WAIT_S, Migration, PhaseMoved,
+from ddb2bt.pipeline.control.clock import CLOCK_SKEW_MARGIN_S, ClockSkewError, check_clock, read_skew
+from ddb2bt.pipeline.control.phases import (BACKFILLING, CATCHING_UP, LIVE, MARKING_WAIT_S, Migration, PhaseMoved,
                                             advance, parse_phase)
 from ddb2bt.pipeline.cutover.redrive import redrive
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable
 from ddb2bt.pipeline.sink.sink import BatchingWriter
-from ddb2bt.pipeline.state import BackfillCheckpoint, StateStore
+from ddb2bt.pipeline.control.state import BackfillCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.dofns import map_record
@@ -24,7 +24,7 @@ from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record
 from ddb2bt.transforms.model import INSERT, REMOVE, BackfillPosition, ChangeRecord, DeadLetter
 
-from ddb2bt.pipeline.cutover.catchup import LIVE_SETTLE_S, CatchUpReport
+from ddb2bt.pipeline.control.catchup import LIVE_SETTLE_S, CatchUpReport
 from tests.unit.cutover_common import CATALOG, FAST, T, item
 
 # A partition caught up (applied up to now, no lag) and one far behind.
@@ -241,7 +241,7 @@ def test_a_skewed_clock_refuses_the_backfill_before_anything_is_recorded(monkeyp
 # --- the keeper: the one component that moves the phase where no controller runs ---
 
 def test_the_keeper_moves_the_phase_and_waits_for_every_partition_at_the_head():
-    from ddb2bt.pipeline.cutover.keeper import CutoverKeeper
+    from ddb2bt.pipeline.control.keeper import CutoverKeeper
 
     clock, store, admin, bk, m = world()
     m.begin_backfill(SPEC, bk, TABLES)
@@ -273,7 +273,7 @@ def test_the_keeper_moves_the_phase_and_waits_for_every_partition_at_the_head():
 
 
 def test_the_keeper_wants_every_partition_past_the_handoff():
-    from ddb2bt.pipeline.cutover.keeper import CutoverKeeper
+    from ddb2bt.pipeline.control.keeper import CutoverKeeper
 
     clock, store, admin, bk, m = world()
     m.begin_backfill(SPEC, bk, TABLES)
@@ -291,7 +291,7 @@ def test_the_keeper_wants_every_partition_past_the_handoff():
 def test_a_reader_that_ended_idle_moves_a_caught_up_migration_live_on_the_last_step():
     """`run --until-idle 5` ends before a keeper step and before a settling
     period: its idle end is the proof, and the keeper's last step uses it."""
-    from ddb2bt.pipeline.cutover.keeper import CutoverKeeper
+    from ddb2bt.pipeline.control.keeper import CutoverKeeper
 
     clock, store, admin, bk, m = world()
     m.begin_backfill(SPEC, bk, TABLES)
@@ -307,8 +307,8 @@ def test_a_reader_that_ended_idle_moves_a_caught_up_migration_live_on_the_last_s
 
 
 def test_the_keeper_records_no_report_of_a_partition_this_process_no_longer_owns():
-    from ddb2bt.pipeline.cutover.keeper import CutoverKeeper
-    from ddb2bt.pipeline.lease import LeaseLost
+    from ddb2bt.pipeline.control.keeper import CutoverKeeper
+    from ddb2bt.pipeline.control.lease import LeaseLost
 
     clock, store, admin, bk, m = world()
     m.begin_backfill(SPEC, bk, TABLES)
@@ -329,7 +329,7 @@ def test_the_keeper_records_no_report_of_a_partition_this_process_no_longer_owns
 def test_the_last_stream_context_done_with_a_keeper_stops_it():
     from dataclasses import dataclass
 
-    from ddb2bt.pipeline.cutover.keeper import _KEEPERS, keeper_for, release_keeper
+    from ddb2bt.pipeline.control.coordinator import coordinator_for
 
     @dataclass(frozen=True)
     class Spec:  # a StateSpec stand-in: where the state lives
@@ -341,9 +341,11 @@ def test_the_last_stream_context_done_with_a_keeper_stops_it():
         project, instance = "p", "i"
 
     spec = Spec(Bt())
-    first, second = keeper_for(spec, True), keeper_for(spec, True)
-    assert first is second and first.users == 2
-    release_keeper(first)
-    assert not first._stop.is_set()
-    release_keeper(second)
-    assert first._stop.is_set() and first not in _KEEPERS.values()
+    coordinator = coordinator_for(spec, spec)
+    assert coordinator_for(spec) is coordinator  # one per job in the process, found again by each DoFn
+    assert coordinator.use_keeper(True) and coordinator.use_keeper(True)  # two stream contexts
+    keeper = coordinator._keeper
+    coordinator.release_keeper()
+    assert not keeper._stop.is_set() and coordinator._keeper is keeper
+    coordinator.release_keeper()
+    assert keeper._stop.is_set() and coordinator._keeper is None

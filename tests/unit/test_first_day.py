@@ -152,13 +152,13 @@ def test_hints_carry_every_state_selecting_option_quoted():
 
 
 def _ownership(fake):
-    from ddb2bt.pipeline.ownership import TargetOwnership
+    from ddb2bt.pipeline.control.ownership import TargetOwnership
 
     return TargetOwnership(fake, "ddb2bt_state", "p", "i", now_ms=lambda: 1_700_000_000_000)
 
 
 def test_a_target_table_is_owned_by_one_job_and_a_second_job_is_refused_naming_the_owner():
-    from ddb2bt.pipeline.ownership import TargetOwned
+    from ddb2bt.pipeline.control.ownership import TargetOwned
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 
     fake = InMemoryBigtable()
@@ -177,7 +177,7 @@ def test_a_target_table_is_owned_by_one_job_and_a_second_job_is_refused_naming_t
 
 
 def test_claims_of_a_multi_table_job_are_all_or_none():
-    from ddb2bt.pipeline.ownership import TargetOwned, claim_targets
+    from ddb2bt.pipeline.control.ownership import TargetOwned, claim_targets
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 
     fake = InMemoryBigtable()
@@ -195,9 +195,9 @@ def test_claims_of_a_multi_table_job_are_all_or_none():
 # --- 4. every log line of a table names it -------------------------------------------
 
 def test_phase_lines_name_their_table_in_text_and_json(caplog):
-    from ddb2bt.pipeline.cutover.phases import BACKFILLING, Migration
+    from ddb2bt.pipeline.control.phases import BACKFILLING, Migration
     from ddb2bt.pipeline.logs import JsonFormatter
-    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.control.state import StateStore
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 
     store = StateStore(InMemoryBigtable(), "orders", lambda: 5)

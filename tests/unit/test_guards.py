@@ -12,7 +12,7 @@ from ddb2bt.pipeline.cutover import guards
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent
 from ddb2bt.pipeline.sink.sink import BatchingWriter
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record, marker_qualifier

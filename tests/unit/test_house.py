@@ -78,3 +78,25 @@ def test_the_clients_floor_imports_only_the_engine_and_itself():
             if target.startswith("ddb2bt") and not target.startswith(CLIENTS_MAY_IMPORT):
                 above.add((str(path.relative_to(ROOT)), target))
     assert above == CLIENTS_KNOWN_ABOVE
+
+
+# What the control floor may import: the floors below it, itself, and the
+# process's observability (logs, metrics), which has no floor of its own yet.
+CONTROL_MAY_IMPORT = ("ddb2bt.transforms", "ddb2bt.pipeline.clients", "ddb2bt.pipeline.control",
+                      "ddb2bt.pipeline.logs", "ddb2bt.pipeline.metrics")
+# The one import above it left: the state store writes a dead letter's record as
+# the JSON the source module defines (ChangeRecord ⇄ JSON lives with the reader).
+CONTROL_KNOWN_ABOVE = {("pipeline/control/state.py", "ddb2bt.pipeline.source.records")}
+
+
+def test_the_control_floor_imports_only_the_floors_below_and_no_beam():
+    control = sorted((ROOT / "pipeline" / "control").rglob("*.py"))
+    assert len(control) >= 10  # coordinator, lease, partitions, ownership, state, versions, phases, ...
+    modules = {v: k for k, v in _modules().items()}
+    above = set()
+    for path in control:
+        for target, _ in _imported(ast.parse(path.read_text()), modules[path], path.name == "__init__.py"):
+            assert not target.startswith("apache_beam"), f"{path.name} imports Beam: the readers and sink ask control"
+            if target.startswith("ddb2bt") and not target.startswith(CONTROL_MAY_IMPORT):
+                above.add((str(path.relative_to(ROOT)), target))
+    assert above == CONTROL_KNOWN_ABOVE

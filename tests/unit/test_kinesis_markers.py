@@ -9,7 +9,7 @@ from dataclasses import replace
 from ddb2bt.pipeline.cutover import controller
 from ddb2bt.pipeline.cutover.redrive import redrive
 from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import MARKER_FAMILY
@@ -41,7 +41,7 @@ def kinesis_catalog(tmp_path):
 
 
 def test_a_kinesis_migration_creates_no_marker_family(tmp_path, monkeypatch):
-    from ddb2bt.pipeline.cutover import bookkeeping
+    from ddb2bt.pipeline.control import markers as bookkeeping
 
     admin = Admin(CATALOG.tables)
     monkeypatch.setattr(bookkeeping, "process_admin", lambda project, instance: admin)

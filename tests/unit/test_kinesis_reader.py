@@ -80,7 +80,7 @@ def test_reads_parents_before_children_keeps_its_table_and_ends_closed_shards():
 
 def test_the_services_behind_latest_reaches_the_readers_catch_up_rule():
     """Kinesis says how far behind the tip a page is (MillisBehindLatest): the
-    adapter passes it on, and the reader's lag tracker keeps it (cutover/catchup.py)."""
+    adapter passes it on, and the reader's lag tracker keeps it (control/catchup.py)."""
     from prometheus_client import CollectorRegistry
 
     from ddb2bt.pipeline.metrics import PipelineMetrics
@@ -101,7 +101,7 @@ def test_the_services_behind_latest_reaches_the_readers_catch_up_rule():
 
 
 def test_a_trimmed_checkpoint_stops_loudly():
-    from ddb2bt.pipeline.state import ShardCheckpoint
+    from ddb2bt.pipeline.control.state import ShardCheckpoint
 
     fake = FakeKinesis()
     fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
@@ -112,7 +112,7 @@ def test_a_trimmed_checkpoint_stops_loudly():
 
 
 def test_a_kept_checkpoint_resumes_right_after_it():
-    from ddb2bt.pipeline.state import ShardCheckpoint
+    from ddb2bt.pipeline.control.state import ShardCheckpoint
 
     fake = FakeKinesis()
     fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
@@ -126,7 +126,7 @@ def test_empty_pages_at_a_kept_checkpoint_are_followed_not_taken_for_trimming():
     """Kinesis may answer GetRecords with empty pages before the records at an
     iterator (MillisBehindLatest above 0): the check of the checkpointed record
     follows NextShardIterator, and the restart resumes right after it."""
-    from ddb2bt.pipeline.state import ShardCheckpoint
+    from ddb2bt.pipeline.control.state import ShardCheckpoint
 
     fake = FakeKinesis()
     fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
@@ -141,7 +141,7 @@ def test_empty_pages_at_a_kept_checkpoint_are_followed_not_taken_for_trimming():
 
 
 def test_a_checkpoint_trimmed_behind_empty_pages_still_stops_loudly():
-    from ddb2bt.pipeline.state import ShardCheckpoint
+    from ddb2bt.pipeline.control.state import ShardCheckpoint
 
     fake = FakeKinesis()
     fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
@@ -153,7 +153,7 @@ def test_a_checkpoint_trimmed_behind_empty_pages_still_stops_loudly():
 
 
 def test_trimmed_restart_continues_from_the_oldest_record():
-    from ddb2bt.pipeline.state import ShardCheckpoint
+    from ddb2bt.pipeline.control.state import ShardCheckpoint
 
     fake = FakeKinesis()
     fake.add("s", [doc("Catalog", "a", n) for n in range(1, 6)])
@@ -188,7 +188,7 @@ def test_the_guarded_sink_checkpoints_after_its_writes_and_counts_stale_changes(
     from ddb2bt.pipeline.metrics import PipelineMetrics
     from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
     from ddb2bt.pipeline.sink.sink import SinkConfig
-    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.control.state import StateStore
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
     from ddb2bt.transforms.config import load_mapping
     from ddb2bt.transforms.dofns import map_record_guarded

@@ -12,12 +12,12 @@ from fractions import Fraction
 
 import pytest
 
-from ddb2bt.pipeline.lease import TAIL, LeaseState
+from ddb2bt.pipeline.control.lease import TAIL, LeaseState
 from ddb2bt.pipeline.source.kinesis import (GET_RECORDS_PER_SECOND, READ_BYTES_PER_SECOND, KinesisStreamsClient,
                                             ShardPacer, kinesis_stream_arn)
 from ddb2bt.pipeline.source.kinesis_share import check_shares, parse_share, record_stream, table_shares, take_shares
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain
-from ddb2bt.pipeline.state import META, StateStore, _set_latest
+from ddb2bt.pipeline.control.state import META, StateStore, _set_latest
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.pipeline.testing.kinesis_cdc import FakeKinesis, MeteredKinesis
 from ddb2bt.transforms.errors import ConfigError

@@ -7,13 +7,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from ddb2bt.pipeline.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
-                                   LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, PARTITION_IDLE_RELEASE_S,
-                                   PARTITION_ROUND_MAX_S, PartitionOwners, check_held, fence, margin_s, partition_index, register)
+from ddb2bt.pipeline.control.lease import (FAIL, STANDBY, TAKE_OVER, FencedWriter, Lease, LeaseCell, LeaseHeld, LeaseLost,
+                                           LeaseOptions, LeaseSpec, LeaseState, LeaseUnproven, fence, margin_s)
+from ddb2bt.pipeline.control.coordinator import Coordinator, JobKey
+from ddb2bt.pipeline.control.partitions import (PARTITION_IDLE_RELEASE_S, PARTITION_ROUND_MAX_S, PartitionOwners,
+                                                partition_index)
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import ChangeRecord, MappedChange, RowChange, SetCell, StreamPosition
 
@@ -269,7 +271,8 @@ def test_a_blip_shorter_than_the_deadline_is_ridden_through_without_a_restart(sh
     else:
         a.acquire(heartbeat=False)
     a.active = True
-    register(a)
+    coordinator = Coordinator(JobKey.of(a.spec))
+    coordinator.register(a)
     try:
         down["on"] = True
         for _ in range(25):
@@ -277,7 +280,7 @@ def test_a_blip_shorter_than_the_deadline_is_ridden_through_without_a_restart(sh
             a.renew()
         with pytest.raises(LeaseUnproven):
             a.check()
-        check_held()  # between retry attempts: unproven is no reason to leave the retry loop
+        coordinator.check_held()  # between retry attempts: unproven is no reason to leave the retry loop
         down["on"] = False
         world.sleep(1.0)
         assert a.renew() and a.check() > 0 and a.holding
@@ -296,8 +299,7 @@ def test_a_blip_shorter_than_the_deadline_is_ridden_through_without_a_restart(sh
             down["on"] = False
             assert not a.renew(), "given up is final: a restart re-acquires"
     finally:
-        from ddb2bt.pipeline.lease import _REGISTRY
-        _REGISTRY.pop(a.spec.key, None)
+        a.release()
 
 
 def test_a_paused_dataflow_worker_resumes_only_if_nobody_took_the_job_over():
@@ -383,12 +385,12 @@ def test_the_sink_writes_nothing_and_checkpoints_nothing_once_the_lease_is_lost(
 def test_a_dataflow_launch_holds_the_lease_for_the_job_and_its_workers_join(monkeypatch):
     import argparse
 
-    from ddb2bt.pipeline import lease as lease_mod
+    from ddb2bt.pipeline.control import coordinator as coordinator_mod, lease as lease_mod
     from ddb2bt.pipeline.cli import acquire_lease
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
 
     bt = InMemoryBigtable()
-    monkeypatch.setattr(lease_mod, "lease_cell", lambda spec: LeaseCell(bt, spec.table, spec.row_key))
+    monkeypatch.setattr(coordinator_mod, "lease_cell", lambda spec: LeaseCell(bt, spec.table, spec.row_key))
     state = StateSpec(BigtableSpec("p", "i"), job="orders_v2")
     args = argparse.Namespace(dry=False, lease_ttl=20.0, lease_renew=5.0, take_over=False, standby=False,
                               command="run", beam_args=["--runner=DataflowRunner", "--project=proj-1"])
@@ -398,8 +400,8 @@ def test_a_dataflow_launch_holds_the_lease_for_the_job_and_its_workers_join(monk
     assert spec.shared and spec.holder == f"dataflow:{job_name}"
     cur = LeaseState.parse(bt.read_cell(state.table, spec.row_key, "meta", b"lease"))
     assert cur.holder == spec.holder and cur.expires_ms > lease_mod.wall_ms() + 800_000  # start-up grace
-    assert spec.key not in lease_mod._REGISTRY  # the launcher renews nothing: the workers do
-    worker = lease_mod.join(spec)  # a worker's DoFn.setup
+    assert coordinator_mod.coordinator_for(spec).held(spec) is None  # the launcher renews nothing: the workers do
+    worker = coordinator_mod.join(spec)  # a worker's DoFn.setup
     try:
         assert worker.check() > 0
         # Another Dataflow job (or process) for the same job name is refused.
@@ -521,7 +523,7 @@ def test_a_lost_dataflow_lease_is_joined_again_by_the_next_dofn(monkeypatch):
     """A worker's job lease lost (here: another job took it over, then ended)
     is not kept in the process for good: the next DoFn set up joins again, and
     holds only while its job may."""
-    from ddb2bt.pipeline import lease as lease_module
+    from ddb2bt.pipeline.control import coordinator as lease_module
 
     world, bt = World(), InMemoryBigtable()
     monkeypatch.setattr(lease_module, "lease_cell", lambda spec: LeaseCell(bt, "state", spec.row_key))
@@ -547,7 +549,6 @@ def test_a_lost_dataflow_lease_is_joined_again_by_the_next_dofn(monkeypatch):
         second.release()
     finally:
         first.release()
-        lease_module._REGISTRY.pop(spec.key, None)
 
 
 def test_a_partition_whose_round_is_backing_off_is_not_released_as_idle():

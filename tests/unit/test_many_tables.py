@@ -263,7 +263,7 @@ def test_only_the_first_table_pushes_metrics():
 def test_a_refused_lease_releases_the_ones_already_taken(monkeypatch):
     """All or none: table 2's lease is held elsewhere, so table 1's is given back."""
     import ddb2bt.pipeline.jobs as jobs
-    from ddb2bt.pipeline.lease import LeaseHeld
+    from ddb2bt.pipeline.control.lease import LeaseHeld
 
     released = []
 

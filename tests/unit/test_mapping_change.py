@@ -10,7 +10,7 @@ import yaml
 
 from ddb2bt.pipeline.cutover.mapping_change import change_notice, fingerprint_of, record_mapping, running_mapping
 from ddb2bt.pipeline.cutover.status import Facts, assess, gather
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint

@@ -17,7 +17,7 @@ from ddb2bt.pipeline.cli import JsonFormatter
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
 from ddb2bt.pipeline.metrics import HEAD_FRESH_S, PipelineMetrics, start_pusher
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain_round
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -188,7 +188,7 @@ def test_explain_a_stream_record_uses_its_event_and_time(tmp_path, capsys):
 
 from types import SimpleNamespace  # noqa: E402
 
-from ddb2bt.pipeline.state import StateStore  # noqa: E402
+from ddb2bt.pipeline.control.state import StateStore  # noqa: E402
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable  # noqa: E402
 from ddb2bt.transforms.model import DeadLetter, REMOVE, StreamPosition  # noqa: E402
 

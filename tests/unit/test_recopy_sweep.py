@@ -30,7 +30,7 @@ def test_only_unowned_columns_older_than_the_backfill_are_stale():
 
 def test_versions_no_scanned_item_holds_are_judged_by_their_owner_records():
     from ddb2bt.pipeline.cutover.compare import VERSIONS
-    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.control.state import StateStore
 
     bt = InMemoryBigtable()
     store = StateStore(bt, "job", lambda: BACKFILL_MS + 10_000)
@@ -71,7 +71,7 @@ def test_a_dataflow_recopy_of_a_migrated_table_is_refused_naming_the_command_tha
     from types import SimpleNamespace
 
     from ddb2bt.pipeline.cutover.controller import BackfillOptions, refuse_remote_recopy
-    from ddb2bt.pipeline.state import StateStore
+    from ddb2bt.pipeline.control.state import StateStore
     from ddb2bt.transforms.errors import ConfigError
 
     store = StateStore(InMemoryBigtable(), "job", lambda: 1)

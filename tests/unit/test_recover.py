@@ -6,7 +6,7 @@ import pytest
 
 from ddb2bt.pipeline.cutover.recover import (END_OVERLAP_S, LATEST_RESTORABLE_LAG_S, MAX_WINDOW_S, MIN_WINDOW_S,
                                              Gap, export_commands, find_gap, plan_windows)
-from ddb2bt.pipeline.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
 
 HOUR_MS = 3_600_000
@@ -100,6 +100,37 @@ def test_the_exports_reach_past_every_change_the_job_applied_or_are_refused():
     with pytest.raises(RecoveryRefused) as err:
         check_coverage([export(w) for w in short], gap)
     assert "the job applied changes until" in str(err.value) and "intact" in str(err.value)
+
+
+def test_the_exports_begin_a_window_before_the_first_swept_one_or_are_refused():
+    """A change inside the first swept window may carry a stream record time up to
+    SWEEP_LOOKBACK_MS before its start; the sweep judges such a cell against the
+    window before it (docs/design.md §8.1.1). The plan asks for a shortest window
+    there; exports that begin where the first swept window begins are refused,
+    naming the window to add."""
+    from ddb2bt.pipeline.cutover.exports import ExportManifest
+    from ddb2bt.pipeline.cutover.recover import SWEEP_LOOKBACK_MS, IncrementalExport, RecoveryRefused, check_coverage
+    from ddb2bt.pipeline.cutover.straddle import swept_windows
+
+    last = T0 + 123_456
+    gap = Gap(first_ms=last - 2 * HOUR_MS, last_ms=last, end_ms=last + HOUR_MS, trimmed_shards=("s",))
+    windows = plan_windows(gap, now_ms=last + 30 * HOUR_MS)
+
+    def export(w):
+        manifest = ExportManifest("INCREMENTAL_EXPORT", "DYNAMODB_JSON", "arn:aws:dynamodb:us-east-1:1:table/T", None, 0)
+        return IncrementalExport(f"mem://{w.from_s}", manifest, w.from_s * 1000, w.to_s * 1000, "NEW_AND_OLD_IMAGES", ())
+
+    exports = [export(w) for w in windows]
+    (first,) = swept_windows(exports, gap.first_ms, gap.boundary_s * 1000)
+    assert exports[0].to_ms == first.from_ms and exports[0].to_ms - exports[0].from_ms == MIN_WINDOW_S * 1000
+    assert exports[0].from_ms <= first.from_ms - SWEEP_LOOKBACK_MS
+    assert check_coverage(exports, gap) == exports
+    with pytest.raises(RecoveryRefused) as err:
+        check_coverage(exports[1:], gap)
+    message = str(err.value)
+    assert "the boundary sweep" in message and "record time" in message, message
+    assert (f"ExportFromTime={first.from_ms // 1000 - MIN_WINDOW_S}, ExportToTime={first.from_ms // 1000}"
+            in message), message
 
 
 def test_a_backfill_handoff_inside_the_swept_span_is_named_before_writing():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
 from ddb2bt.pipeline.sink.sink import BatchingWriter
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.mapping import MARKER_FAMILY, map_change
 from ddb2bt.transforms.model import INSERT, ChangeRecord, DeadLetter, SetCell

@@ -95,9 +95,8 @@ def test_a_check_between_attempts_ends_the_retrying(monkeypatch):
         if len(calls) >= 3:
             raise Lost()
 
-    monkeypatch.setattr(retry, "BETWEEN_ATTEMPTS", [check])
     with pytest.raises(Lost):
-        retrying(RetryPolicy(0.1, 1.0, 60.0), "x", sleep=clock.sleep, clock=clock)(fn)
+        retrying(RetryPolicy(0.1, 1.0, 60.0), "x", sleep=clock.sleep, clock=clock, between_attempts=check)(fn)
     assert len(calls) == 3
 
 

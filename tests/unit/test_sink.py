@@ -9,7 +9,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from prometheus_client import CollectorRegistry
 from ddb2bt.transforms.model import (DeadLetter, DeleteCells, MappedChange, RowChange, SetCell, ShardClosed,
                               StreamPosition, ChangeRecord)

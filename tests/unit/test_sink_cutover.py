@@ -4,7 +4,7 @@ mapping to one cell version are never silent (versions.py)."""
 from __future__ import annotations
 
 from ddb2bt.pipeline.sink.sink import BatchingWriter
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record
@@ -96,3 +96,18 @@ def test_without_a_registry_nothing_is_refused():
     assert apply(batcher, VIDEOS, ChangeRecord(INSERT, keys(a), a, None, T), ChangeRecord(INSERT, keys(b), b, None, T)) == []
     assert list(comments(bt).values()) == [b"second"], "the collapse the registry exists to prevent"
     assert MARKER_FAMILY not in {f for f, _ in bt.versions("videos")[b"0001"]}
+
+
+def test_the_sink_asks_whether_to_mark_and_never_reads_the_phase_itself():
+    """Whether a backfill may run is its job's coordinator's to say (marking):
+    the state here says BACKFILLING, yet the sink told "no backfill" strips the
+    markers of a write that failed for the missing family."""
+    bt = InMemoryBigtable(families={"product_catalog": {"SKU"}, "__state__": {"ckpt", "dlq", "meta"}})
+    store = StateStore(bt, "job", lambda: T)
+    store.save_meta("phase", "BACKFILLING")
+    asked = []
+    batcher = BatchingWriter(bt, store, FAST, sleep=lambda s: None, marking=lambda: asked.append(1) or False)
+    new = item(pk="hats", sk="a", Price=3)
+    dead = apply(batcher, CATALOG, ChangeRecord(INSERT, item(pk="hats", sk="a"), new, None, T), mark=True)
+    assert dead == [] and asked
+    assert bt.latest("product_catalog") == {b"hats#a": {("SKU", b"Price"): (3).to_bytes(8, "big", signed=True)}}

@@ -5,10 +5,10 @@ migrated", a backfill nobody runs is not "running", a shard never read is not
 and an interrupted or ended tail is not "still running"."""
 from __future__ import annotations
 
-from ddb2bt.pipeline.cutover.phases import BACKFILLING
+from ddb2bt.pipeline.control.phases import BACKFILLING
 from ddb2bt.pipeline.cutover.status import QUEUED_META, Facts, ShardStatus, assess, gather, render
-from ddb2bt.pipeline.lease import BACKFILL, LEASE_FAMILY, LEASE_QUALIFIER, TAIL, LeaseState
-from ddb2bt.pipeline.state import ShardCheckpoint, StateStore
+from ddb2bt.pipeline.control.lease import BACKFILL, LEASE_FAMILY, LEASE_QUALIFIER, TAIL, LeaseState
+from ddb2bt.pipeline.control.state import ShardCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
 from ddb2bt.transforms.model import SetCell
 

@@ -7,7 +7,7 @@ from ddb2bt.pipeline.cutover.recover import ExportChange, IncrementalExport, ine
 from ddb2bt.pipeline.cutover.straddle import BoundarySweep, sweep_inexact_features, swept_windows
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping, parse_mapping
 from ddb2bt.transforms.mapping import backfill_cell_ms, backfill_record, map_change
@@ -79,6 +79,53 @@ def test_a_backfills_cells_and_claims_are_never_taken_for_a_lost_changes():
     assert result.cells_deleted == 1
     assert versions.claimed_since(S * 1000) == [(table, b"x", "SKU", b"v", 5, b'{"M":{"pk":{"S":"b"}}}')]
     assert versions.claimed_since(S * 1000, skip_ms=stamp) == []
+
+
+def test_cells_stamped_just_before_the_first_swept_window_are_judged_by_the_state_at_its_start():
+    """A change inside the window may carry a record time before its start (the
+    stream's clock behind PITR's): the sweep reads from SWEEP_LOOKBACK_MS earlier.
+    A cell there of an item no line lists was created inside the window and
+    deleted by a lost change: deleted. One of an item the window before lists,
+    written there (its state at the window's start), is an unchanged item's: kept;
+    reading earlier without that window's lines would delete it. An item the
+    window lists is judged by its line there alone. What is stamped before the
+    look-back is not read."""
+    from ddb2bt.pipeline.cutover.recover import SWEEP_LOOKBACK_MS
+
+    mapping = load_mapping("examples/product_catalog.yaml")
+    table = mapping.target.table
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: (S + 5000) * 1000)
+    lo = S * 1000
+    bt.mutate_rows(table, [
+        (b"hats#lost", [SetCell("SKU", b"Price", b"1", lo - 1000)]),  # in no line: deleted
+        (b"hats#unchanged", [SetCell("SKU", b"Price", b"2", lo - 1000)]),  # the look-back's state owns it: kept
+        (b"hats#gone", [SetCell("SKU", b"Price", b"3", lo - 1000)]),  # the look-back's state: deleted, and so here
+        (b"hats#older", [SetCell("SKU", b"Price", b"4", lo - SWEEP_LOOKBACK_MS - 1000)]),  # not read: kept
+        # listed by the window too: its line there decides, not its state at the start
+        # (Description stamped inside the window by its change after it; the line's
+        # new image has none)
+        (b"hats#listed", [SetCell("SKU", b"Price", b"5", lo - 1000), SetCell("SKU", b"Description", b"d", lo + 500)]),
+    ])
+
+    def keys(sk):
+        return {"pk": {"S": "hats"}, "sk": {"S": sk}}
+
+    written = (lo - 500) * 1000  # by PITR's clock, inside the look-back
+    listed = {**keys("listed"), "Price": {"N": "5"}}
+    before = [ExportChange(keys("unchanged"), {**keys("unchanged"), "Price": {"N": "2"}}, None, written),
+              ExportChange(keys("gone"), None, {**keys("gone"), "Price": {"N": "3"}}, written),
+              ExportChange(keys("listed"), {**listed, "Description": {"S": "d"}}, None, written)]
+    inside = [ExportChange(keys("listed"), listed, {**listed, "Description": {"S": "d"}}, (lo + 100) * 1000)]
+    w0, w = export(S - 900, S, before), export(S, S + 900, inside)
+    lines = {w0.location: before, w.location: inside}
+    batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=store.versions())
+    sweep = BoundarySweep(mapping, bt, batcher, store.versions(), lambda e, rel: iter(lines[e.location]))
+    result = sweep.run([(w, "data/a.json.gz")], lo, (S + 900) * 1000, lookback_files=[(w0, "data/a.json.gz")],
+                       read_from_ms=lo - SWEEP_LOOKBACK_MS)
+    assert set(bt.latest(table)) == {b"hats#unchanged", b"hats#older", b"hats#listed"}
+    assert set(bt.latest(table)[b"hats#listed"]) == {("SKU", b"Price")}
+    assert result.cells_deleted == 3
 
 
 # List columns: elements are stamped below their change's time (design §3.2).

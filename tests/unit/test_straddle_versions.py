@@ -3,12 +3,12 @@ independent review found, kept as tests."""
 from __future__ import annotations
 
 from ddb2bt.pipeline.cutover.exports import ExportManifest
-from ddb2bt.pipeline.cutover.phases import Migration
+from ddb2bt.pipeline.control.phases import Migration
 from ddb2bt.pipeline.cutover.recover import (ExportChange, Gap, IncrementalExport, Recovery, Window,
                                              _backfill_inside_the_sweep, check_coverage, plan_windows)
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.state import StateStore
+from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import map_change
@@ -75,7 +75,8 @@ def test_a_version_freed_by_a_lost_delete_is_free_before_a_line_takes_it():
     w2 = (B, B + 900)
     # X inserted and deleted inside w1: AWS leaves it out. Y: created in w1.
     lines1 = [ExportChange(ky, y, None, t * 1000 + 5)]
-    exports, lines = recover(VIDEOS, store, [(w1, lines1), (w2, [])], gap)
+    lookback = (B - 1800, B - 900)  # the window before the swept one (check_coverage)
+    exports, lines = recover(VIDEOS, store, [(lookback, []), (w1, lines1), (w2, [])], gap)
     wall[0] = (B + 2000) * 1000
     batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=store.versions())
     migration = Migration(store, now_ms=lambda: wall[0], sleep=lambda s: None)
@@ -100,7 +101,7 @@ def test_a_dead_lettered_last_line_keeps_the_versions_a_running_job_keeps():
     broken = item(pk="0123", sk="VideoComment#1", Content="x2")  # no CreatedAt: MappingError (timestamp)
     lines1 = [ExportChange(kx, x, None, t1 * 1000 + 3)]
     lines2 = [ExportChange(kx, broken, x, (B + 10) * 1_000_000)]  # lost, after the boundary
-    exports, lines = recover(VIDEOS, store, [((S, B), lines1), ((B, B + 900), lines2)], gap)
+    exports, lines = recover(VIDEOS, store, [((S - 900, S), []), ((S, B), lines1), ((B, B + 900), lines2)], gap)
     wall[0] = (B + 2000) * 1000
     batcher = BatchingWriter(bt, None, FAST, sleep=lambda s: None, versions=store.versions())
     migration = Migration(store, now_ms=lambda: wall[0], sleep=lambda s: None)
@@ -116,7 +117,7 @@ def test_a_backfill_handoff_inside_wider_exports_than_planned_is_named():
     gap = Gap(first_ms=t1, last_ms=t1, end_ms=t1 + 1000, trimmed_shards=("s0",), stream_arn=STREAM, applied_ms=t1)
     b = gap.boundary_s
     handoff = (b - 7200) * 1000 + 300  # 2 h before the boundary: outside the planned 15 min window
-    given = [exp("a", b - 86_000, b, 0), exp("b", b, b + 3600, 0)]
+    given = [exp("l", b - 86_900, b - 86_000, 0), exp("a", b - 86_000, b, 0), exp("b", b, b + 3600, 0)]
     check_coverage(given, gap)
     assert _backfill_inside_the_sweep(handoff, gap, plan_windows(gap, (b + 10_000) * 1000)) == []
     (why,) = _backfill_inside_the_sweep(handoff, gap, [Window(e.from_ms // 1000, e.to_ms // 1000) for e in given])

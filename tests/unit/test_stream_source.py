@@ -5,7 +5,7 @@ from prometheus_client import CollectorRegistry
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable, client_error
 from ddb2bt.pipeline.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.state import ShardCheckpoint, StateStore
+from ddb2bt.pipeline.control.state import ShardCheckpoint, StateStore
 from ddb2bt.pipeline.source.stream_sdf import PartitionTracker
 from ddb2bt.pipeline.source.stream_source import (
     LocalTracker, PartitionReader, PartitionRestriction, ReaderOptions, StreamPartition,

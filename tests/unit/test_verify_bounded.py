@@ -290,7 +290,7 @@ def test_a_difference_gone_a_round_later_is_not_reported(tmp_path):
 
 
 def _watermark_world(created_ms):
-    from ddb2bt.pipeline.state import ShardCheckpoint, StateStore
+    from ddb2bt.pipeline.control.state import ShardCheckpoint, StateStore
     from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
 
     streams = FakeStreamsClient()

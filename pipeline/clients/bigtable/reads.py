@@ -5,7 +5,7 @@ are off), and the table's split points (SampleRowKeys)."""
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint, close_bounded
 from ddb2bt.pipeline.clients.bigtable.errors import classify_api_error
@@ -35,7 +35,7 @@ SMALL_ATTEMPT_TIMEOUT_S = 20.0
 
 def _read(project: str, instance: str, table_id: str, queries: Iterable, client=None,
           deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S,
-          app_profile: Optional[str] = None) -> dict:
+          app_profile: Optional[str] = None, between_attempts: Optional[Callable[[], None]] = None) -> dict:
     """Run ReadRows queries; with ``client`` given it is reused and left open (callers
     reading often keep one), otherwise a client lives for this call only.
 
@@ -60,8 +60,8 @@ def _read(project: str, instance: str, table_id: str, queries: Iterable, client=
                             raise classify_api_error(exc, "ReadRows") from exc
                         raise
 
-                for row in retrying(policy, f"ReadRows on {table_id}", where=f"Bigtable ({bigtable_endpoint()})")(
-                        attempt):
+                for row in retrying(policy, f"ReadRows on {table_id}", where=f"Bigtable ({bigtable_endpoint()})",
+                                    between_attempts=between_attempts)(attempt):
                     out[row.row_key] = _row_cells(row)
     finally:
         if own:
@@ -79,8 +79,10 @@ def ms_datetime(ms: int):
 
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
                latest_only: bool = False, client=None, deadline_s: Optional[float] = None,
-               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None) -> dict:
-    """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}."""
+               attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None,
+               between_attempts: Optional[Callable[[], None]] = None) -> dict:
+    """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}.
+    ``between_attempts`` runs before each retry (a job's lease check)."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import row_filters
 
@@ -89,19 +91,20 @@ def read_table(project: str, instance: str, table_id: str, prefix: Optional[byte
         query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=prefix_end(prefix)))
     if latest_only:
         query.filter = row_filters.CellsColumnLimitFilter(1)
-    return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s, app_profile)
+    return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s, app_profile,
+                 between_attempts)
 
 
 def read_rows(project: str, instance: str, table_id: str, row_keys: Sequence, client=None,
               deadline_s: Optional[float] = None, attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S,
-              app_profile: Optional[str] = None) -> dict:
+              app_profile: Optional[str] = None, between_attempts: Optional[Callable[[], None]] = None) -> dict:
     """Like read_table, for the given rows only (missing rows are absent)."""
     from google.cloud.bigtable.data import ReadRowsQuery
 
     keys = list(row_keys)
     queries = [ReadRowsQuery(row_keys=keys[i:i + READ_BATCH_ROWS]) for i in range(0, len(keys), READ_BATCH_ROWS)]
     return _read(project, instance, table_id, queries, client, deadline_s, attempt_timeout_s,
-                 app_profile) if queries else {}
+                 app_profile, between_attempts) if queries else {}
 
 
 READ_BATCH_ROWS = 1000  # rows per ReadRows call when reading a key set

@@ -18,6 +18,7 @@ from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK, OK, EntryStatus, c
 from ddb2bt.pipeline.clients.bigtable.reads import data_client, iter_table, ms_datetime, table_ranges
 from ddb2bt.pipeline.clients.bigtable.wire import (US_PER_MS, Entry, build_mutations, encode_mutate_rows,
                                                    mutate_rows_types)
+from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.model import DeleteCells, SetCell
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,15 @@ def _newest_of_column(chain, family: str, qualifier: bytes) -> None:
     chain.add().cells_per_column_limit_filter = 1
 
 
+# \xHH of every byte value, looked up: a guarded swap escapes its clock's token
+# prefix (~35 bytes) on every call.
+_HEX_ESCAPES = tuple(b"\\x%02x" % b for b in range(256))
+
+
 def _exact_regex(value: bytes) -> bytes:
     """An RE2 pattern matching exactly ``value`` (every byte escaped as \\xHH;
     the values compared are ASCII JSON, where byte and code point agree)."""
-    return b"".join(b"\\x%02x" % b for b in value)
+    return b"".join(map(_HEX_ESCAPES.__getitem__, value))
 
 
 class GrpcMutationWriter:
@@ -303,14 +309,60 @@ class GrpcMutationWriter:
         return self._check_and_mutate(table_id, row_key, family, qualifier, expected, mutations,
                                       self._write_timeout(), prefix)
 
-    def _check_and_mutate(self, table_id: str, row_key: bytes, family: str, qualifier: bytes,
-                          expected: Optional[bytes], mutations: Sequence, timeout: float,
-                          prefix: bool = False) -> bool:
-        """CheckAndMutateRow through the transactional profile: ``mutations`` iff
-        the newest value of family:qualifier is ``expected`` (None: iff absent;
-        ``prefix``: iff it starts with ``expected``, an ASCII value). The
-        predicate's size is checked before sending (MAX_ROW_FILTER_BYTES)."""
+    def swap_rows(self, table_id: str, swaps: Sequence, in_flight: int) -> list:
+        """Many ``swap_row`` calls on one table, up to ``in_flight`` of them on the
+        wire at once (gRPC futures on this writer's channel: no thread per call).
+        ``swaps``: (row_key, family, qualifier, expected, mutations, prefix) each.
+        Returns one outcome per swap, in order: True (applied), False (the cell
+        did not hold ``expected``) or the MappingError that refused it before
+        sending (a predicate over Bigtable's limit). Any other failure is raised,
+        classified, once every call sent has answered (none is left running).
+        Fenced like every write: the fence is checked before each call."""
         table_name = self._prefix + table_id
+        metadata = self._txn_params(table_name)
+        outcomes: list = [None] * len(swaps)
+        sent: list = []  # (index, expected is not None, future), oldest first
+        failure: Optional[Exception] = None
+
+        def settle(index: int, guarded: bool, future) -> None:
+            nonlocal failure
+            try:
+                outcomes[index] = future.result().predicate_matched == guarded
+            except grpc.RpcError as exc:
+                if failure is None:
+                    failure = classify_rpc_error(exc, "CheckAndMutateRow")
+
+        try:
+            for index, (row_key, family, qualifier, expected, mutations, prefix) in enumerate(swaps):
+                if failure is not None:
+                    break  # the batch fails (and is retried whole): send nothing more
+                try:
+                    request = self._cam_request(table_name, table_id, row_key, family, qualifier, expected,
+                                                mutations, prefix)
+                except MappingError as exc:
+                    outcomes[index] = exc
+                    continue
+                if len(sent) >= in_flight:
+                    settle(*sent.pop(0))
+                    if failure is not None:
+                        break
+                timeout = self._write_timeout()  # the fence, right before the call (raises once the lease is lost)
+                try:
+                    sent.append((index, expected is not None,
+                                 self._cam.future(request, timeout=timeout, metadata=metadata)))
+                except grpc.RpcError as exc:  # an interceptor may fail the call as it is made
+                    failure = failure or classify_rpc_error(exc, "CheckAndMutateRow")
+        finally:  # whatever stops the loop (the fence too), no call sent is left running
+            for call in sent:
+                settle(*call)
+        if failure is not None:
+            raise failure
+        return outcomes
+
+    def _cam_request(self, table_name: str, table_id: str, row_key: bytes, family: str, qualifier: bytes,
+                     expected: Optional[bytes], mutations: Sequence, prefix: bool):
+        """The CheckAndMutateRowRequest of ``_check_and_mutate``; MappingError
+        (RowFilterTooLarge) when its predicate is over Bigtable's limit."""
         request = self._cam_cls(table_name=table_name, row_key=row_key)
         if self._txn_profile:
             request.app_profile_id = self._txn_profile
@@ -322,6 +374,17 @@ class GrpcMutationWriter:
             chain.add().value_regex_filter = _exact_regex(expected) + (b"(?s).*" if prefix else b"")
         check_filter_size(request.predicate_filter, "CheckAndMutateRow", table_id, row_key)
         build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
+        return request
+
+    def _check_and_mutate(self, table_id: str, row_key: bytes, family: str, qualifier: bytes,
+                          expected: Optional[bytes], mutations: Sequence, timeout: float,
+                          prefix: bool = False) -> bool:
+        """CheckAndMutateRow through the transactional profile: ``mutations`` iff
+        the newest value of family:qualifier is ``expected`` (None: iff absent;
+        ``prefix``: iff it starts with ``expected``, an ASCII value). The
+        predicate's size is checked before sending (MAX_ROW_FILTER_BYTES)."""
+        table_name = self._prefix + table_id
+        request = self._cam_request(table_name, table_id, row_key, family, qualifier, expected, mutations, prefix)
         try:
             response = self._cam(request, timeout=timeout, metadata=self._txn_params(table_name))
         except grpc.RpcError as exc:

@@ -13,7 +13,7 @@ Phases (stored in the state table, ``{job}#meta#phase``)::
                has had time to stop marking, the *finish* drops the marker family
                (``bookkeeping.Bookkeeping``): the target then holds only cells the
                mapping owns
-  LIVE         finished and the tail caught up in time (cutover/catchup.py: past
+  LIVE         finished and the tail caught up in time (control/catchup.py: past
                the handoff, lag under a bound for a settling period): ready for
                `verify` and cutover
 
@@ -42,6 +42,8 @@ import uuid
 from typing import Callable, Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.pipeline.control.catchup import LIVE_SETTLE_S
+from ddb2bt.pipeline.control.clock import CLOCK_SKEW_MARGIN_S
 from ddb2bt.pipeline.logs import table_logger
 
 log = logging.getLogger(__name__)
@@ -159,6 +161,17 @@ class MarkingPolicy:
 PhaseMarking = MarkingPolicy  # the former name
 
 
+def backfill_may_run(store) -> bool:
+    """Whether a backfill may be running now (phase BACKFILLING, or unknown): then
+    touch markers must never be stripped: a backfill batch that scanned the item
+    earlier could land after a change and bring back what it removed. Read afresh
+    each time (the sink asks only when a marker write failed for good)."""
+    try:
+        return parse_phase(store.load_meta("phase")) == BACKFILLING
+    except Exception:  # unreadable: fail safe
+        return True
+
+
 class Migration:
     """The migration's durable facts, read from and written to the state table.
     ``now_ms`` and ``sleep`` are injected for tests."""
@@ -223,8 +236,6 @@ class Migration:
         keeping since when it has been without a break. A partition in
         ``settled`` (its reader ended idle: nothing new for all of --until-idle)
         counts as caught up for the whole settling period."""
-        from ddb2bt.pipeline.cutover.catchup import LIVE_SETTLE_S
-
         now = self._now_ms()
         for index, ok in heads.items():
             since = 0
@@ -240,8 +251,6 @@ class Migration:
         ``HEAD_FRESH_S``, and has been without a break for the settling period
         (``catchup.LIVE_SETTLE_S``): a partition that lags, or whose reader
         stopped reporting, holds LIVE back."""
-        from ddb2bt.pipeline.cutover.catchup import LIVE_SETTLE_S
-
         settle_ms = (LIVE_SETTLE_S if settle_s is None else settle_s) * 1000
         now = self._now_ms()
         for index in range(partitions):
@@ -311,9 +320,7 @@ class Migration:
         self.store.save_meta("finished_ms", "")
         self.store.save_meta("marker_tables", json.dumps(sorted(set(tables) | set(self.marker_tables()))))
         bookkeeping.ensure(tables)
-        from ddb2bt.pipeline.cutover.clock import CLOCK_SKEW_MARGIN_S
-
-        # T is set back by the clock margin (cutover/clock.py: this clock may run
+        # T is set back by the clock margin (control/clock.py: this clock may run
         # that much ahead of AWS's), so the wait covers the margin too: every
         # tail marks from T on.
         self._sleep(MARKING_WAIT_S + (CLOCK_SKEW_MARGIN_S if handoff_ms is None else 0.0))

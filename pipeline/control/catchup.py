@@ -26,7 +26,7 @@ from typing import Iterable, Optional
 # second, the reader polls about once a second, a batch is written in well
 # under a second: a few seconds in all).
 LIVE_LAG_BOUND_S = 30.0
-# ... and must stay under it this long: one keeper step (cutover/keeper.py), so
+# ... and must stay under it this long: one keeper step (control/keeper.py), so
 # a table that is still draining a backlog between two looks is not taken for
 # caught up on one good look.
 LIVE_SETTLE_S = 10.0

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence
 from ddb2bt.transforms.config import FamilyConfig
 from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells, StreamPosition
 from ddb2bt.pipeline.source.records import record_to_json
-from ddb2bt.pipeline.versions import VersionOwners
+from ddb2bt.pipeline.control.versions import VersionOwners
 from ddb2bt.pipeline.clients.bigtable.reads import (SMALL_ATTEMPT_TIMEOUT_S, data_client, iter_table, ms_datetime,
                                                     prefix_end, read_rows, read_table)
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
@@ -100,6 +100,15 @@ class StateStore:
     def job(self) -> str:
         """The name this job's state is kept under (its mapping's name)."""
         return self._job
+
+    def check_between_attempts(self, check: Callable[[], None]) -> "StateStore":
+        """Every retried call of this store runs ``check`` before its next attempt
+        (its job coordinator's lease check: a process that lost its lease does not
+        sit in a retry loop for minutes). A backend without retries ignores it."""
+        if hasattr(self._backend, "between_attempts"):
+            self._backend.between_attempts = check
+        return self
+
     def _ckpt_prefix(self, stream_arn: str) -> bytes:
         return f"{self._job}#ckpt#{stream_label(stream_arn)}#".encode()
 
@@ -393,6 +402,10 @@ class BigtableStateBackend:
         # --bigtable-deadline; read-only commands: ~25 s).
         self._deadline_s = DEFAULT_DEADLINE_S if deadline_s is None else deadline_s
         self._client = None  # one data client for all reads (phase and checkpoint reads are frequent)
+        # Run before every retry of a state call: the lease check of the job this
+        # store works for (StateStore.check_between_attempts), so no retry loop
+        # outlives a lost lease.
+        self.between_attempts: Optional[Callable[[], None]] = None
 
     def write_rows(self, rows: Sequence, before_retry: Optional[Callable[[], None]] = None) -> None:
         def attempt():
@@ -406,7 +419,7 @@ class BigtableStateBackend:
         on_retry = None if before_retry is None else (lambda exc: before_retry())
         retry_call(attempt, what=f"MutateRows on state table {self._table_id}",
                    policy=RetryPolicy(deadline_s=self._deadline_s), on_retry=on_retry,
-                   where=f"Bigtable ({bigtable_endpoint()})")
+                   where=f"Bigtable ({bigtable_endpoint()})", between_attempts=self.between_attempts)
 
     def _data_client(self):
         if self._client is None:
@@ -416,7 +429,8 @@ class BigtableStateBackend:
     def read_prefix(self, prefix: bytes) -> dict:
         rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
                           client=self._data_client(), deadline_s=self._deadline_s,
-                          attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S, app_profile=self._app_profile)
+                          attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S, app_profile=self._app_profile,
+                          between_attempts=self.between_attempts)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
 
     def keys_written_since(self, prefix: bytes, since_ms: int) -> dict:
@@ -440,7 +454,7 @@ class BigtableStateBackend:
         # (warnings, then the state deadline).
         rows = read_rows(self._project, self._instance, self._table_id, keys, client=self._data_client(),
                          deadline_s=self._deadline_s, attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S,
-                         app_profile=self._app_profile)
+                         app_profile=self._app_profile, between_attempts=self.between_attempts)
         return {k: {col: versions[0][1] for col, versions in cells.items()} for k, cells in rows.items()}
 
     def swap(self, key: bytes, family: str, qualifier: bytes, expected: Optional[bytes], value: bytes,
@@ -450,13 +464,15 @@ class BigtableStateBackend:
         return retry_call(lambda: self._writer.swap_cell(self._table_id, key, family, qualifier, expected, value,
                                                          ts_ms),
                           what=f"CheckAndMutateRow on state table {self._table_id}",
-                          policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
+                          policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})",
+                          between_attempts=self.between_attempts)
 
     def claim(self, key: bytes, unless, mutations: Sequence) -> bool:
         """CheckAndMutateRow on the state table: apply unless ``unless`` holds."""
         return retry_call(lambda: self._writer.check_and_mutate(self._table_id, key, unless, mutations),
                           what=f"CheckAndMutateRow on state table {self._table_id}",
-                          policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})")
+                          policy=RetryPolicy(deadline_s=self._deadline_s), where=f"Bigtable ({bigtable_endpoint()})",
+                          between_attempts=self.between_attempts)
 
     def close(self) -> None:
         if self._client is not None:

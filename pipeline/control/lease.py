@@ -41,34 +41,23 @@ removals, and the removed data comes back. Every ``run``, ``migrate`` and
 * On Dataflow the lease belongs to the job, not a process: the holder id is
   ``dataflow:<job name>``, the launcher takes it (with a start-up grace, since
   workers need minutes to start) and every worker renews it under that id.
-* Inside a shared (Dataflow) job, each stream partition has an owner of its own
-  (``PartitionOwners``): a lease per partition, held by one worker process
-  (holder ``worker:<host>:<pid>:<nonce>``), taken by compare-and-set, renewed by
-  that worker and checked before the reader reads and before the sink writes or
-  checkpoints anything of that partition. Each acquisition writes a new value, so
-  the cell works as the partition's epoch: a worker that was paused while Dataflow
-  moved the partition to another worker finds, when it wakes, that its own
-  monotonic clock has run past the lease (so it stops), and its renewal's
-  compare-and-set fails against the new owner's value (so it never resumes).
-  A worker that stops processing a partition (Dataflow moved it while the worker
-  was healthy) releases the partition's lease after ``PARTITION_IDLE_RELEASE_S``.
+* Inside a shared (Dataflow) job, each stream partition has an owner of its own,
+  a lease per partition held by one worker process (``partitions.py``).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
-from ddb2bt.pipeline.clients.retry import BETWEEN_ATTEMPTS, DEFAULT_DEADLINE_S, RetryPolicy, retrying
+from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S, retrying
 from ddb2bt.transforms.errors import PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -240,27 +229,71 @@ class LeaseCell:
             close()
 
 
-# A worker releases a partition's lease when it has not processed the partition
-# for this long (Dataflow moved it elsewhere): the new owner then waits at most
-# this, not a whole TTL. Readers come back every poll interval (~1 s).
-PARTITION_IDLE_RELEASE_S = 10.0
-# A reading round keeps its partition's lease from being idle (a round may wait
-# minutes in throttling back-off), but not for ever: a round whose generator the
-# runner dropped without closing it (it leaks the count) stops counting after
-# this long, past the readers' default give-up deadline (--dynamodb-deadline,
-# 300 s), so a partition Dataflow moved is still released in the end.
-PARTITION_ROUND_MAX_S = 900.0
+def is_free(cur: Optional[LeaseState], now_ms: int, holder: str, node: str, pid: int,
+            alive: Callable[[int], bool], own_holders: Callable[[], set]) -> bool:
+    """Whether ``holder`` (of process ``pid`` on ``node``) may take a lease whose
+    cell says ``cur``: nobody live holds it, it is ours, or its holder is a
+    process of this machine that no longer exists (or this very process, when
+    none of its own leases, ``own_holders()``, holds it)."""
+    if cur is None or not cur.live(now_ms) or cur.holder == holder:
+        return True
+    if cur.node and cur.node == node:
+        if cur.pid == pid:  # this process: free unless one of our own leases holds it
+            return cur.holder not in own_holders()
+        return not alive(cur.pid)  # a holder on this machine that died (killed, crashed)
+    return False
+
+
+def lapsed_message(spec: LeaseSpec, ago: float, last_error: Optional[str]) -> str:
+    """Why a holder gave up: no renewal for ``ago`` seconds, past ``give_up_s``."""
+    cause = (f"renewing it kept failing: {last_error}" if last_error else
+             "this process was paused, or could not reach Bigtable")
+    return (f"job {spec.job}: the {spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
+            f"no renewal succeeded for more than {spec.give_up_s:g}s (--bigtable-deadline): this "
+            "process stops before writing anything more")
+
+
+def unproven_message(spec: LeaseSpec, ago: float, last_error: Optional[str]) -> str:
+    """Why a holder's writes are paused: no renewal for ``ago`` seconds."""
+    cause = f"renewing it fails: {last_error}" if last_error else "this process was paused"
+    return (f"job {spec.job}: the {spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
+            "another process may hold it: writes are paused until a renewal proves nobody took over")
+
+
+def log_taken(spec: LeaseSpec, cur: Optional[LeaseState], free: bool, now_ms: int) -> None:
+    """Says whom a lease just taken was taken from, if anyone live held it."""
+    if not free:
+        log.warning("took over the %s lease of job %s from %s; it stops writing when it next renews, and "
+                    "this process starts writing at its expiry (in %.0fs)", spec.role, spec.job,
+                    cur.describe(), max(0, cur.expires_ms - now_ms) / 1000)
+    elif cur is not None and cur.live(now_ms) and cur.holder != spec.holder:
+        log.warning("the previous holder of the %s lease of job %s (%s) no longer exists: replaced it",
+                    spec.role, spec.job, cur.describe())
+
+
+def held_message(spec: LeaseSpec, other: LeaseState) -> str:
+    until = time.strftime("%H:%M:%S UTC", time.gmtime(other.expires_ms / 1000))
+    return (f"job {spec.job} is already running: its {spec.role} lease is held by {other.describe()} "
+            f"(renewed every few seconds; expires {until} if not renewed). Only one process may write a "
+            f"job's changes. Stop the other one, or rerun with --take-over to replace it (it stops before "
+            f"its next write, within {spec.ttl_s:g}s), or with --standby to wait and take over when it "
+            "ends.")
 
 
 class Lease:
     """One process's (or one Dataflow worker's) hold on a job's lease. Clocks and
-    the cell are injected for tests."""
+    the cell are injected for tests. ``own_holders`` names the holders of the
+    leases this very process holds (a holder of this pid is free otherwise)."""
+
+    idle_release_s: Optional[float] = None  # never released as idle (partition leases are: partitions.py)
 
     def __init__(self, spec: LeaseSpec, cell: LeaseCell, *, command: str = "", wall: Callable[[], int] = wall_ms,
                  clock: Callable[[], float] = boottime, sleep: Callable[[float], None] = time.sleep,
                  host: Optional[str] = None, pid: Optional[int] = None, node: Optional[str] = None,
-                 alive: Callable[[int], bool] = pid_alive) -> None:
+                 alive: Callable[[int], bool] = pid_alive, own_holders: Optional[Callable[[], set]] = None) -> None:
         self.spec = spec
+        self._own_holders = own_holders or set
+        self.on_release: Callable[["Lease"], None] = lambda lease: None  # its coordinator forgets it
         self._cell = cell
         self._command = command
         self._wall, self._clock, self._sleep = wall, clock, sleep
@@ -276,16 +309,10 @@ class Lease:
         self._lost: Optional[str] = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._heartbeat = Heartbeat(self, self._stop)
         self._last_warning = float("-inf")
         self._last_error: Optional[str] = None  # of the last failed renewal, for the final message
         self.active = False  # holding, with its heartbeat running
-        # Partition leases: released by the heartbeat when not used for this long
-        # and no reading round of the partition is running (``rounds``).
-        self.idle_release_s: Optional[float] = None
-        self.last_used = clock()
-        self.rounds = 0
-        self.round_started = float("-inf")  # the latest round's start (own clock)
 
     # -- state -------------------------------------------------------------------
     def _state(self, now_ms: int, ttl_s: Optional[float] = None, released: bool = False) -> LeaseState:
@@ -294,13 +321,11 @@ class Lease:
                           self._command, released)
 
     def _free(self, cur: Optional[LeaseState], now_ms: int) -> bool:
-        if cur is None or not cur.live(now_ms) or cur.holder == self.spec.holder:
-            return True
-        if cur.node and cur.node == self._node:
-            if cur.pid == self._pid:  # this process: free unless one of our own leases holds it
-                return not any(l.spec.holder == cur.holder for l in _REGISTRY.values())
-            return not self._alive(cur.pid)  # a holder on this machine that died (killed, crashed)
-        return False
+        return is_free(cur, now_ms, self.spec.holder, self._node, self._pid, self._alive, self._own_holders)
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
 
     @property
     def holding(self) -> bool:
@@ -327,12 +352,7 @@ class Lease:
                 self._lost = None
             if not free:
                 self._not_before_ms = cur.expires_ms
-                log.warning("took over the %s lease of job %s from %s; it stops writing when it next renews, and "
-                            "this process starts writing at its expiry (in %.0fs)", self.spec.role, self.spec.job,
-                            cur.describe(), max(0, cur.expires_ms - now) / 1000)
-            elif cur is not None and cur.live(now) and cur.holder != self.spec.holder:
-                log.warning("the previous holder of the %s lease of job %s (%s) no longer exists: replaced it",
-                            self.spec.role, self.spec.job, cur.describe())
+            log_taken(self.spec, cur, free, now)
             return None
         cur = LeaseState.parse(self._cell.read())
         if cur is None:
@@ -340,21 +360,22 @@ class Lease:
         return cur
 
     def acquire(self, mode: str = FAIL, ttl_s: Optional[float] = None, heartbeat: bool = True,
-                retry=None) -> None:
+                retry=None, between_attempts: Optional[Callable[[], None]] = None) -> None:
         """Hold the lease or raise LeaseHeld (mode fail); standby: wait for it.
         ``retry``: a RetryPolicy for the lease calls (failures logged, bounded)."""
         def attempt():
             return self.try_acquire(take_over=mode == TAKE_OVER, ttl_s=ttl_s)
 
         call = (retrying(retry, f"the {self.spec.role} lease of job {self.spec.job}", where=self._cell.where,
-                         sleep=self._sleep) if retry is not None else (lambda fn: fn()))
+                         sleep=self._sleep, between_attempts=between_attempts) if retry is not None
+                else (lambda fn: fn()))
         waiting_since = None
         while True:
             other = call(attempt)
             if other is None:
                 break
             if mode != STANDBY:
-                raise LeaseHeld(self.held_message(other))
+                raise LeaseHeld(held_message(self.spec, other))
             now = self._clock()
             if waiting_since is None or now - self._last_warning >= 60:
                 log.warning("standby: the %s lease of job %s is held by %s; applying nothing until it is free "
@@ -369,14 +390,6 @@ class Lease:
             self.start_heartbeat()
         while self._wall() < self._not_before_ms:  # take-over: let the old holder's lease run out
             self._sleep(min(1.0, (self._not_before_ms - self._wall()) / 1000 + 0.01))
-
-    def held_message(self, other: LeaseState) -> str:
-        until = time.strftime("%H:%M:%S UTC", time.gmtime(other.expires_ms / 1000))
-        return (f"job {self.spec.job} is already running: its {self.spec.role} lease is held by {other.describe()} "
-                f"(renewed every few seconds; expires {until} if not renewed). Only one process may write a "
-                f"job's changes. Stop the other one, or rerun with --take-over to replace it (it stops before "
-                f"its next write, within {self.spec.ttl_s:g}s), or with --standby to wait and take over when it "
-                "ends.")
 
     def join(self) -> None:
         """A worker of a job whose launcher took the lease: adopt it (shared, or
@@ -412,7 +425,7 @@ class Lease:
             return False
         sent = self._clock()
         if self._gave_up(sent):
-            self._lose(self._lapsed_message(sent))
+            self._lose(lapsed_message(self.spec, self._since_renewal(sent), self._last_error))
             return False
         now = self._wall()
         new = self._state(now).to_bytes()
@@ -510,20 +523,6 @@ class Lease:
         """Seconds since the last successful renewal was sent (own clock)."""
         return now - self._valid_until + self.spec.ttl_s - self._margin
 
-    def _lapsed_message(self, now: float) -> str:
-        ago = self._since_renewal(now)
-        cause = (f"renewing it kept failing: {self._last_error}" if self._last_error else
-                 "this process was paused, or could not reach Bigtable")
-        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
-                f"no renewal succeeded for more than {self.spec.give_up_s:g}s (--bigtable-deadline): this "
-                "process stops before writing anything more")
-
-    def _unproven_message(self, now: float) -> str:
-        ago = now - self._valid_until + self.spec.ttl_s - self._margin
-        cause = f"renewing it fails: {self._last_error}" if self._last_error else "this process was paused"
-        return (f"job {self.spec.job}: the {self.spec.role} lease was last renewed {ago:.0f}s ago ({cause}); "
-                "another process may hold it: writes are paused until a renewal proves nobody took over")
-
     def check(self) -> float:
         """The fence: seconds this process may still write. Raises LeaseUnproven
         (retryable) while no renewal succeeded for ttl - margin by its own clock,
@@ -537,43 +536,20 @@ class Lease:
         if remaining > 0:
             return remaining
         if self._gave_up(now):
-            self._lose(self._lapsed_message(now))
+            self._lose(lapsed_message(self.spec, self._since_renewal(now), self._last_error))
             raise LeaseLost(self._lost or "lease lost")
         # Unproven: the heartbeat keeps renewing (no RPC here, so a write path
         # never blocks on the lease); the caller's retry loop waits for it.
-        raise LeaseUnproven(self._unproven_message(now))
+        raise LeaseUnproven(unproven_message(self.spec, self._since_renewal(now), self._last_error))
 
     # -- heartbeat, release ------------------------------------------------------
     def start_heartbeat(self) -> None:
-        if self._thread is not None:
-            return
-        self.active = True
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.spec.role}", daemon=True)
-        self._thread.start()
-
-    def _beat(self) -> None:
-        delay = self.spec.renew_s
-        while not self._stop.wait(delay):
-            if self.idle():
-                log.info("released the %s lease of job %s: not used for %gs (the work moved)", self.spec.role,
-                         self.spec.job, self.idle_release_s)
-                self.release()
-                return
-            ok = self.renew()
-            if self._lost is not None:
-                return
-            # After a failure, try again soon: the lease must not lapse for a blip.
-            delay = self.spec.renew_s if ok else min(1.0, self.spec.renew_s)
+        if self._heartbeat.start():
+            self.active = True
 
     def idle(self) -> bool:
-        """A partition lease nobody uses: no reading round of it running (a round
-        may wait minutes in throttling back-off without claiming anything) and
-        not used for ``idle_release_s``. Unproven (a blip, a pause): not idle,
-        nothing to release yet."""
-        now = self._clock()
-        running = self.rounds > 0 and now - self.round_started < PARTITION_ROUND_MAX_S
-        return (self.idle_release_s is not None and not running and now - self.last_used > self.idle_release_s
-                and self._valid_until > now)
+        """Whether the heartbeat gives the lease up as unused: never a job's lease."""
+        return False
 
     def release(self) -> None:
         """Give the lease up (the next process takes it at once). Best effort: an
@@ -584,7 +560,7 @@ class Lease:
             raw, self._raw = self._raw, None
             lost = self._lost
             self._lost = self._lost or f"job {self.spec.job}: the {self.spec.role} lease was released"
-        _REGISTRY.pop(self.spec.key, None)
+        self.on_release(self)
         try:
             if raw is None or lost is not None:
                 return
@@ -602,34 +578,40 @@ class Lease:
         renew it from now on)."""
         self._stop.set()
         self.active = False
-        _REGISTRY.pop(self.spec.key, None)
+        self.on_release(self)
         self._cell.close()
 
 
-# --- per process: the leases held, found again by the DoFns ----------------------
+class Heartbeat:
+    """The thread that renews a lease every ``renew_s`` (sooner after a failed
+    renewal: the lease must not lapse for a blip) until ``stop`` is set, the
+    lease is lost, or it is not used any more (``Lease.idle``: released)."""
 
-_REGISTRY: dict = {}
-_REGISTRY_LOCK = threading.Lock()
+    def __init__(self, lease: "Lease", stop: threading.Event) -> None:
+        self._lease, self._stop = lease, stop
+        self._thread: Optional[threading.Thread] = None
 
+    def start(self) -> bool:
+        """Starts the thread; False when it was started before."""
+        if self._thread is not None:
+            return False
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{self._lease.spec.role}", daemon=True)
+        self._thread.start()
+        return True
 
-def register(lease: Lease) -> Lease:
-    _REGISTRY[lease.spec.key] = lease
-    return lease
-
-
-def check_held() -> None:
-    """Every lease this process holds must still be valid (raises LeaseLost):
-    run between retry attempts, so no retry loop outlives a lost lease."""
-    for lease in list(_REGISTRY.values()):
-        if lease.active:
-            try:
-                lease.check()
-            except LeaseUnproven:
-                pass  # the retry loop goes on waiting; its own write re-checks
-
-
-if check_held not in BETWEEN_ATTEMPTS:
-    BETWEEN_ATTEMPTS.append(check_held)
+    def _beat(self) -> None:
+        lease = self._lease
+        delay = lease.spec.renew_s
+        while not self._stop.wait(delay):
+            if lease.idle():
+                log.info("released the %s lease of job %s: not used for %gs (the work moved)", lease.spec.role,
+                         lease.spec.job, lease.idle_release_s)
+                lease.release()
+                return
+            ok = lease.renew()
+            if lease.lost:
+                return
+            delay = lease.spec.renew_s if ok else min(1.0, lease.spec.renew_s)
 
 
 def lease_cell(spec: LeaseSpec) -> LeaseCell:
@@ -638,27 +620,6 @@ def lease_cell(spec: LeaseSpec) -> LeaseCell:
     writer = GrpcMutationWriter(b.project, b.instance, getattr(b, "state_profile", b.app_profile),
                                 timeout_s=LEASE_RPC_TIMEOUT_S)
     return LeaseCell(writer, spec.table, spec.row_key, f"Bigtable ({bigtable_endpoint()})")
-
-
-def join(spec: Optional[LeaseSpec]) -> Optional[Lease]:
-    """The lease a DoFn fences with: the one this process holds (local runs: the
-    command took it), else joined as a worker of the job (Dataflow)."""
-    if spec is None:
-        return None
-    with _REGISTRY_LOCK:
-        lease = _REGISTRY.get(spec.key)
-        if lease is not None and spec.shared and lease._lost is not None:
-            # A Dataflow worker's lease that was lost (taken over, or the cell
-            # gone) is joined again by the next DoFn set up after the failed
-            # bundles, as a new worker would: it holds again only if its job
-            # still does (else LeaseLost, naming the holder).
-            lease.release()  # gives nothing up (it holds nothing): leaves the registry, closes its channel
-            lease = None
-        if lease is None:
-            lease = Lease(spec, lease_cell(spec), command="worker")
-            lease.join()
-            register(lease)
-        return lease
 
 
 def fence(writer, lease: Optional[Lease]):
@@ -700,151 +661,3 @@ class FencedWriter:
 
 def dataflow_holder(job_name: str) -> str:
     return f"dataflow:{job_name}"
-
-
-def hold(state_spec, role: str, options: LeaseOptions, *, command: str,
-         dataflow_job: Optional[str] = None) -> tuple:
-    """Take the job's ``role`` lease for a command: (Lease, LeaseSpec for the
-    DoFns). Locally the lease is renewed by this process until ``release()``; for
-    a Dataflow launch (``dataflow_job``) it is taken for the job with a start-up
-    grace and handed over to the workers."""
-    holder = dataflow_holder(dataflow_job) if dataflow_job else f"{command}:{uuid.uuid4().hex[:12]}"
-    deadline = state_spec.bigtable.deadline_s
-    spec = LeaseSpec(state_spec.bigtable, state_spec.table, state_spec.job, role, holder, options.ttl_s,
-                     options.renew_s, shared=dataflow_job is not None,
-                     give_up_s=deadline if deadline is not None else DEFAULT_DEADLINE_S)
-
-    lease = Lease(spec, lease_cell(spec), command=command)
-    retry = RetryPolicy(initial_s=0.2, max_backoff_s=5.0, **(
-        {"deadline_s": state_spec.bigtable.deadline_s} if state_spec.bigtable.deadline_s is not None else {}))
-    if dataflow_job:
-        lease.acquire(options.mode, ttl_s=options.ttl_s + DATAFLOW_START_GRACE_S, heartbeat=False, retry=retry)
-        lease.detach()
-        return lease, spec
-    register(lease)
-    try:
-        lease.acquire(options.mode, retry=retry)
-    except BaseException:
-        _REGISTRY.pop(spec.key, None)
-        lease.release()  # closes its channel (it holds nothing to give up)
-        raise
-    return lease, spec
-
-
-# --- per partition: which worker process of a shared job may write it -------------
-
-WORKER_ID = f"worker:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def partition_index(shard_id: str, count: int) -> int:
-    """The partition a shard belongs to (the readers' own rule, StreamPartition.owns)."""
-    import zlib
-
-    return zlib.crc32(shard_id.encode()) % count
-
-
-class PartitionOwners:
-    """This process's partition leases in a shared (Dataflow) job; see the module
-    docstring. ``cell_for`` builds a LeaseCell for a spec (injected in tests)."""
-
-    def __init__(self, cell_for: Callable[[LeaseSpec], LeaseCell] = None, worker: str = None,
-                 heartbeat: bool = True, **lease_kw) -> None:
-        self._cell_for = cell_for or lease_cell
-        self._heartbeat = heartbeat  # tests renew by hand on an injected clock
-        self._worker = worker or WORKER_ID
-        self._lease_kw = lease_kw
-        self._leases: dict = {}  # (stream_arn, index) -> Lease
-        self._counts: dict = {}  # stream_arn -> partition count
-        self._lock = threading.Lock()
-
-    def spec_for(self, job: LeaseSpec, stream_arn: str, index: int) -> LeaseSpec:
-        from ddb2bt.pipeline.state import stream_label
-
-        return LeaseSpec(job.bigtable, job.table, job.job, f"{job.role}#p#{stream_label(stream_arn)}#{index}",
-                         self._worker, job.ttl_s, job.renew_s, shared=False, give_up_s=job.give_up_s)
-
-    def claim(self, job: LeaseSpec, stream_arn: str, index: int, count: int) -> Optional[Lease]:
-        """The partition's lease held by this process, taking it if it is free;
-        None while another worker holds it (the caller reads nothing meanwhile)."""
-        with self._lock:
-            self._counts[stream_arn] = count
-            key = (stream_arn, index)
-            lease = self._leases.get(key)
-            if lease is not None and lease._lost is None:
-                lease.last_used = lease._clock()
-                return lease
-            spec = self.spec_for(job, stream_arn, index)
-            lease = Lease(spec, self._cell_for(spec), command="worker", **self._lease_kw)
-            try:
-                other = lease.try_acquire()
-            except (RetryableError, PermanentError):
-                other = True  # Bigtable unreachable: not taken now, tried again next round
-            if other is not None:
-                lease._cell.close()
-                self._leases.pop(key, None)
-                return None
-            lease.idle_release_s = PARTITION_IDLE_RELEASE_S
-            if self._heartbeat:
-                lease.start_heartbeat()
-            self._leases[key] = lease
-            return lease
-
-    def check(self, positions) -> None:
-        """Before writing or checkpointing changes of ``positions`` ((stream_arn,
-        shard_id) pairs): this process must own each one's partition now. Raises
-        LeaseUnproven (retryable: wait) or LeaseLost (the partition moved: stop)."""
-        for stream_arn, shard_id in positions:
-            count = self._counts.get(stream_arn)
-            if count is None:
-                continue  # no partition ownership for this stream in this process (not a shared job)
-            lease = self._leases.get((stream_arn, partition_index(shard_id, count)))
-            if lease is None:
-                raise LeaseLost(f"this worker does not own the partition of shard {shard_id}: it moved to another "
-                                "worker; its changes are written by that one")
-            lease.last_used = lease._clock()
-            lease.check()
-
-    def touch(self, stream_arn: str, index: int) -> None:
-        """The reader is still given this partition (even while it cannot read:
-        a blip), so its lease is not released as idle."""
-        lease = self._leases.get((stream_arn, index))
-        if lease is not None:
-            lease.last_used = lease._clock()
-
-    @contextlib.contextmanager
-    def round(self, stream_arn: str, index: int):
-        """A reading round of the partition runs: its lease is not idle until the
-        round ends, however long it waits (throttling back-off), so the sink's
-        writes of what it read still find the partition owned."""
-        lease = self._leases.get((stream_arn, index))
-        if lease is None:
-            yield
-            return
-        with self._lock:
-            lease.rounds += 1
-            lease.round_started = lease._clock()
-        try:
-            yield
-        finally:
-            with self._lock:
-                lease.rounds -= 1
-                lease.last_used = lease._clock()
-
-    def check_partition(self, stream_arn: str, index: int) -> float:
-        """This process owns the partition now (else LeaseUnproven / LeaseLost)."""
-        lease = self._leases.get((stream_arn, index))
-        if lease is None:
-            raise LeaseLost(f"this worker does not own partition {index} of {stream_arn}")
-        return lease.check()
-
-    def held(self, stream_arn: str, index: int) -> Optional[Lease]:
-        return self._leases.get((stream_arn, index))
-
-    def release_all(self) -> None:
-        with self._lock:
-            for lease in self._leases.values():
-                lease.release()
-            self._leases.clear()
-
-
-OWNERS = PartitionOwners()  # per process, shared by its readers and sinks

@@ -1,6 +1,6 @@
 """One job per target table: an ownership record in the state table.
 
-The job lease (ddb2bt.pipeline.lease) keeps two processes of ONE job from
+The job lease (ddb2bt.pipeline.control.lease) keeps two processes of ONE job from
 writing at once. It cannot see a second job — another ``--job-name``, or
 another mapping name — writing the same target table: each has its own
 checkpoints and lease, and the two replay the same items' changes in no common
@@ -41,7 +41,7 @@ __all__ = ["OWNER_FAMILY", "OWNER_QUALIFIER", "OwnerRecord", "TargetOwned", "Tar
 
 log = logging.getLogger(__name__)
 
-OWNER_FAMILY = "meta"  # a family every state table has (ddb2bt.pipeline.state)
+OWNER_FAMILY = "meta"  # a family every state table has (ddb2bt.pipeline.control.state)
 OWNER_QUALIFIER = b"owner"
 ROW_PREFIX = "_owner#"
 # A lost compare-and-set means another job changed the record meanwhile: read it

@@ -6,15 +6,19 @@ memory); the keeper, on a thread of its own, records those reports, moves the
 phase (``phases.advance``: every move a compare-and-set) and runs the finish,
 the one schema change of the target (dropping the marker family). So no record
 reader writes the phase or changes a table's schema, and a slow admin call never
-holds up reading. One keeper per process and state job; keepers of several
-processes are safe side by side because every step is a compare-and-set or
-idempotent (docs/design.md §7.4.2).
+holds up reading. One keeper per process and state job, held by the job's
+coordinator (coordinator.py); keepers of several processes are safe side by
+side because every step is a compare-and-set or idempotent (docs/design.md
+§7.4.2).
 """
 from __future__ import annotations
 
 import logging
 import threading
 from typing import Callable, Optional
+
+from ddb2bt.pipeline.control.catchup import caught_up, worst
+from ddb2bt.pipeline.control.phases import CATCHING_UP, Migration, advance
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,6 @@ class CutoverKeeper:
         self._thread: Optional[threading.Thread] = None
         self._store = None
         self._bookkeeping = None
-        self.users = 0  # stream contexts using it (keeper_for / release_keeper)
 
     def report(self, stream: str, index: int, count: int, report, start: bool = True,
                fence: Optional[Callable[[], object]] = None, ended_idle: bool = False) -> None:
@@ -52,8 +55,6 @@ class CutoverKeeper:
         recorded (a worker woken after its partition moved writes nothing).
         ``ended_idle``: the reader ended after --until-idle without a record, so
         it was caught up for all of that time: it counts as settled."""
-        from ddb2bt.pipeline.cutover.catchup import worst
-
         with self._lock:
             _, heads = self._reports.get(stream, (count, {}))
             previous = heads.get(index)
@@ -74,9 +75,6 @@ class CutoverKeeper:
     def step(self):
         """One step: record the reports, then let the phase machine move. Returns
         the phase (None when it could not be read; it is tried again next step)."""
-        from ddb2bt.pipeline.cutover.catchup import caught_up
-        from ddb2bt.pipeline.cutover.phases import CATCHING_UP, Migration, advance
-
         make_migration = self._migration_factory or Migration
 
         with self._lock:
@@ -122,41 +120,3 @@ def _owned(fence: Optional[Callable[[], object]]) -> bool:
         return True
     except Exception:  # lost or unproven: not this process's to report
         return False
-
-
-_KEEPERS: dict = {}
-_KEEPERS_LOCK = threading.Lock()
-
-
-def keeper_for(state_spec, promote_live: bool) -> Optional[CutoverKeeper]:
-    """This process's keeper of the job whose state ``state_spec`` (a StateSpec)
-    names; None for a state store without a Bigtable target (tests)."""
-    bigtable = getattr(state_spec, "bigtable", None)
-    if bigtable is None:
-        return None
-    key = (bigtable.project, bigtable.instance, getattr(state_spec, "table", ""), getattr(state_spec, "job", ""))
-    with _KEEPERS_LOCK:
-        keeper = _KEEPERS.get(key)
-        if keeper is None:
-            from ddb2bt.pipeline.cutover.bookkeeping import Bookkeeping
-
-            keeper = _KEEPERS[key] = CutoverKeeper(
-                state_spec, lambda: Bookkeeping.for_target(bigtable.project, bigtable.instance), promote_live)
-        keeper.users += 1
-        return keeper
-
-
-def release_keeper(keeper: CutoverKeeper) -> None:
-    """A stream context is done with its keeper (DoFn teardown): the last one
-    stops it, so a pipeline that ended leaves no thread behind."""
-    with _KEEPERS_LOCK:
-        keeper.users -= 1
-        if keeper.users > 0:
-            return
-        for key, value in list(_KEEPERS.items()):
-            if value is keeper:
-                del _KEEPERS[key]
-    # One last step with the readers' last reports: a tail that ends sooner than
-    # a keeper step (`run --until-idle 5`) still moves a caught-up migration on.
-    keeper.step()
-    keeper.stop()
