@@ -3,6 +3,7 @@ code as `ddb2bt local`; if cbtemulator or moto is missing the fixture raises and
 every test that needs it FAILS (it never skips)."""
 from __future__ import annotations
 
+import json
 import os
 import uuid
 import warnings
@@ -93,8 +94,74 @@ def pytest_xdist_auto_num_workers(config):
     return WORKERS_PER_CORE * len(os.sched_getaffinity(0))
 
 
+# Each test's measured duration (setup + call + teardown, seconds), by node id:
+# the order the tests are handed out in. Refreshed with `--store-durations`.
+DURATIONS = ROOT / "tests" / "durations.json"
+# A test not in DURATIONS yet (a new one): an end-to-end test is assumed to take
+# this long (about the median of the stored e2e tests), a `slow` one a minute (its
+# marker's meaning), any other a fraction of a second, until the file is refreshed.
+UNKNOWN_E2E_S = 18.0
+UNKNOWN_SLOW_S = 60.0
+UNKNOWN_UNIT_S = 0.1
+# Tests expected to take at least this long are each followed by a short test
+# (see pytest_collection_modifyitems); below it, queueing behind another test
+# costs the run less than a few seconds.
+LONG_TEST_S = 5.0
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help=f"write each test's duration to {DURATIONS.relative_to(ROOT)} (the order of the next runs)")
+
+
+def _expected_s(item, durations: dict) -> float:
+    if item.nodeid in durations:
+        return durations[item.nodeid]
+    if item.get_closest_marker("slow") is not None:
+        return UNKNOWN_SLOW_S
+    return UNKNOWN_E2E_S if item.get_closest_marker("e2e") is not None else UNKNOWN_UNIT_S
+
+
 def pytest_collection_modifyitems(config, items):
-    """Start the `slow` tests first. With one test handed out at a time
-    (`--maxschedchunk 1`), longest-first keeps every worker busy to the end instead
-    of one worker starting a several-minute test when the others are done."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Longest first, each long test followed by a short one. xdist hands a worker
+    the next test while it runs one (a worker only starts a test once it knows the
+    one after it), so the test queued behind a long one waits for it: a second
+    long test there would run only when the first ends, while other workers sit
+    idle at the end of the run. Queued behind a short test, it starts within a
+    second. With every long test started early (longest first) no worker is left
+    starting a several-minute test when the others are done."""
+    durations = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    ranked = sorted(items, key=lambda item: -_expected_s(item, durations))  # stable: ties keep file order
+    long_ = [item for item in ranked if _expected_s(item, durations) >= LONG_TEST_S]
+    short = ranked[len(long_):]
+    ordered = []
+    for item in long_:
+        ordered.append(item)
+        if short:
+            ordered.append(short.pop())  # the shortest left
+    items[:] = ordered + short
+
+
+class _DurationRecorder:
+    """Sums each test's phases as the reports arrive (in the controller under
+    xdist) and writes them, rounded, when the session ends."""
+
+    def __init__(self) -> None:
+        self.durations: dict = {}
+
+    def pytest_runtest_logreport(self, report):
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session):
+        stored = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        # a test of a file that is gone is forgotten (a stale entry only moves a test in the order)
+        stored = {k: v for k, v in stored.items() if (ROOT / k.split("::")[0]).exists()}
+        stored.update({k: round(v, 1) for k, v in self.durations.items()})
+        DURATIONS.write_text(json.dumps(dict(sorted(stored.items())), indent=0) + "\n")
+
+
+def pytest_configure(config):
+    # In the controller or a run without workers, never in an xdist worker (whose
+    # reports the controller receives too).
+    if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_DurationRecorder(), "ddb2bt-durations")

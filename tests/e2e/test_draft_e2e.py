@@ -54,52 +54,54 @@ def put_table(ddb, source, name: str) -> None:
         ddb.put_item(TableName=name, Item=it)
 
 
+# One test per table, each its own tables, on any worker: as one test of them all
+# it was the suite's longest (two and a half minutes on a loaded machine).
+@pytest.mark.parametrize("source", all_tables(), ids=lambda source: source.label)
 def test_draft_then_the_whole_cutover_of_every_example_and_a_single_table_design_ends_identical(
-        stack, tmp_path, unique, capsys, create_requests):
+        stack, tmp_path, unique, capsys, create_requests, source):
     ddb = dynamodb_client()
-    for source in all_tables():
-        name = f"{source.label}_{unique}"
-        put_table(ddb, source, name)
-        path = tmp_path / f"{source.label}.yaml"
-        report = tmp_path / f"{source.label}-report.txt"
-        assert ddb2bt(["draft", "--table", name, "--out", str(path), "--report", str(report), *TARGET,
-                       "--bigtable-table", name.lower()]) == 0, capsys.readouterr()
-        out = capsys.readouterr().out
-        assert "Assessment of DynamoDB table" in out and report.read_text() in out
-        assert ddb2bt(["validate", "-m", str(path), "--strict"]) == 0, capsys.readouterr()
-        assert ddb2bt(["lint", "-m", str(path), "--sample", "1000", "--strict"]) == 0, capsys.readouterr().out
-        capsys.readouterr()
-        create_requests.clear()
-        assert ddb2bt(["create-table", "-m", str(path), "--split-from-sample"]) == 0
-        created = [r for r in create_requests if r["table_id"] == name.lower()]
-        splits = [s.key for s in created[0]["initial_splits"]]
-        assert splits and splits == sorted(splits), source.label  # a fresh table starts on several tablets
-        assert f"{len(splits)} split point(s)" in capsys.readouterr().out
-        # a change after the handoff reaches the target through the tail
-        ddb.delete_item(TableName=name, Key={k: source.items[0][k] for k in (source.partition, source.sort)})
-        assert ddb2bt(["migrate", "-m", str(path), "--segments", "2", "--until-idle", "1", *TAIL]) == 0
-        assert ddb2bt(["verify", "-m", str(path), "--recheck-wait", "0"]) == 0, capsys.readouterr().out
-        assert "IDENTICAL" in capsys.readouterr().out
-        drafted = yaml.safe_load(path.read_text())
-        rules = drafted["rules"]
-        if source.label == "ProductCatalog":  # example 1: pk#sk and one family with the item's columns
-            assert [r["row_key"] for r in rules] == ["{pk}#{sk}"] and len(drafted["families"]) == 1
-            assert sorted(rules[0]["columns"]) == ["Description", "Price", "Thumbnail"]
-            assert rules[0]["columns"]["Price"]["encoding"] == "int64"
-        if source.label == "HROrders":  # example 4: entities by prefix, a family each, index rows per GSI
-            assert {r["row_key"] for r in rules} == {"{PK}:{SK}"}  # PK values hold '#': another delimiter
-            families = {r["other_attributes"]["family"] for r in rules}
-            assert {"hr_employee", "hr_employee_jh", "oe_order", "oe_order_item", "oe_product",
-                    "oe_product_warehouse", "oe_customer", "hr_region"} <= families
-            indexes = {i["name"]: i["row_key"] for i in rules[0]["indexes"]}
-            assert indexes == {"gsi1": "idx:gsi1:{GSI1PK}:{GSI1SK}:{PK}:{SK}",
-                               "gsi2": "idx:gsi2:{GSI2PK}:{GSI2SK}:{PK}:{SK}"}
-        if source.label == "SingleTable":
-            assert drafted["ttl"] == {"attribute": "ExpiresAt", "deletions": "apply"}
-            assert all(f["max_age_seconds"] > 0 for f in drafted["families"].values())
-            columns = rules[0]["columns"]
-            assert columns["Tags"]["as"] == "set" and columns["Address"]["as"] == "map"
-            assert columns["Balance"]["encoding"] == "decimal"
+    name = f"{source.label}_{unique}"
+    put_table(ddb, source, name)
+    path = tmp_path / f"{source.label}.yaml"
+    report = tmp_path / f"{source.label}-report.txt"
+    assert ddb2bt(["draft", "--table", name, "--out", str(path), "--report", str(report), *TARGET,
+                   "--bigtable-table", name.lower()]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "Assessment of DynamoDB table" in out and report.read_text() in out
+    assert ddb2bt(["validate", "-m", str(path), "--strict"]) == 0, capsys.readouterr()
+    assert ddb2bt(["lint", "-m", str(path), "--sample", "1000", "--strict"]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    create_requests.clear()
+    assert ddb2bt(["create-table", "-m", str(path), "--split-from-sample"]) == 0
+    created = [r for r in create_requests if r["table_id"] == name.lower()]
+    splits = [s.key for s in created[0]["initial_splits"]]
+    assert splits and splits == sorted(splits), source.label  # a fresh table starts on several tablets
+    assert f"{len(splits)} split point(s)" in capsys.readouterr().out
+    # a change after the handoff reaches the target through the tail
+    ddb.delete_item(TableName=name, Key={k: source.items[0][k] for k in (source.partition, source.sort)})
+    assert ddb2bt(["migrate", "-m", str(path), "--segments", "2", "--until-idle", "1", *TAIL]) == 0
+    assert ddb2bt(["verify", "-m", str(path), "--recheck-wait", "0"]) == 0, capsys.readouterr().out
+    assert "IDENTICAL" in capsys.readouterr().out
+    drafted = yaml.safe_load(path.read_text())
+    rules = drafted["rules"]
+    if source.label == "ProductCatalog":  # example 1: pk#sk and one family with the item's columns
+        assert [r["row_key"] for r in rules] == ["{pk}#{sk}"] and len(drafted["families"]) == 1
+        assert sorted(rules[0]["columns"]) == ["Description", "Price", "Thumbnail"]
+        assert rules[0]["columns"]["Price"]["encoding"] == "int64"
+    if source.label == "HROrders":  # example 4: entities by prefix, a family each, index rows per GSI
+        assert {r["row_key"] for r in rules} == {"{PK}:{SK}"}  # PK values hold '#': another delimiter
+        families = {r["other_attributes"]["family"] for r in rules}
+        assert {"hr_employee", "hr_employee_jh", "oe_order", "oe_order_item", "oe_product",
+                "oe_product_warehouse", "oe_customer", "hr_region"} <= families
+        indexes = {i["name"]: i["row_key"] for i in rules[0]["indexes"]}
+        assert indexes == {"gsi1": "idx:gsi1:{GSI1PK}:{GSI1SK}:{PK}:{SK}",
+                           "gsi2": "idx:gsi2:{GSI2PK}:{GSI2SK}:{PK}:{SK}"}
+    if source.label == "SingleTable":
+        assert drafted["ttl"] == {"attribute": "ExpiresAt", "deletions": "apply"}
+        assert all(f["max_age_seconds"] > 0 for f in drafted["families"].values())
+        columns = rules[0]["columns"]
+        assert columns["Tags"]["as"] == "set" and columns["Address"]["as"] == "map"
+        assert columns["Balance"]["encoding"] == "decimal"
 
 
 def test_nothing_to_draft_is_a_clear_error(stack, tmp_path, unique, capsys):

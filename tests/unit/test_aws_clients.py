@@ -54,3 +54,20 @@ def test_clients_made_at_once_on_many_threads_all_succeed(no_default_session):
     for t in threads:
         t.join()
     assert not failed and len(made) == len(threads)
+
+
+def test_a_client_made_after_another_parses_no_data_file_again(no_default_session, monkeypatch):
+    """Each Session parsing botocore's data files afresh cost ~80 ms of CPU per
+    client (thousands of clients in the test suite; one per DoFn setup on a
+    worker): the parsed files are shared by every Session of the process."""
+    import botocore.loaders
+
+    for factory in FACTORIES.values():
+        factory()
+
+    def parse(*args, **kwargs):
+        raise AssertionError("a data file was parsed again")
+
+    monkeypatch.setattr(botocore.loaders.JSONFileLoader, "load_file", parse)
+    for name, factory in FACTORIES.items():
+        assert factory().meta.region_name == REGION, name
