@@ -251,7 +251,7 @@ def run_live(jobs, total: int) -> float:
     local runner; wall seconds until ``total`` changes were applied or skipped
     (the idle wait at the end, which only exists to stop a local run, excluded)."""
     from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
 
     metrics = default_metrics()
     done_at = []
@@ -273,7 +273,7 @@ def run_live(jobs, total: int) -> float:
 
 
 def _total(counter) -> float:
-    from ddb2bt.pipeline.metrics import counter_total
+    from ddb2bt.pipeline.observe.metrics import counter_total
 
     return counter_total(counter)
 

@@ -43,7 +43,7 @@ from ddb2bt.pipeline.services.replicate import cmd_backfill, cmd_migrate, cmd_ru
 from ddb2bt.pipeline.services.mappings import (
     EXIT_DEAD_LETTER, cmd_create_table, cmd_draft, cmd_explain, cmd_lint, cmd_validate,
 )
-from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
+from ddb2bt.pipeline.observe.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, option_strings, check_beam_args,
                                      describe_failure, joined_beam_args, number, options_by_command, partitions_arg)
 

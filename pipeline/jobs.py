@@ -268,7 +268,7 @@ def state_spec(args, mapping, include_values: bool = True):
 
 
 def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
-    from ddb2bt.pipeline.metrics import serve_metrics
+    from ddb2bt.pipeline.observe.metrics import serve_metrics
 
     return serve_metrics(port, host)
 
@@ -437,7 +437,7 @@ def outcome_snapshot(metrics=None) -> dict:
     """{job (state key, the metrics' table label): {applied, dead_lettered,
     skipped}}: this process's totals so far, per table. Take one before a
     command writes and ``outcome_since`` after it."""
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
 
     metrics = metrics or default_metrics()
     out: dict = {}

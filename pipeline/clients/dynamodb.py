@@ -115,7 +115,7 @@ def count_api_call(api: str, metrics_table: Optional[str]) -> None:
     ``table`` means what it means on every series: the table's name in the job
     (its mapping's name or --job-name, what status and dlq print), never the
     DynamoDB table's name and never a key (docs/operations.md, Metrics)."""
-    from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
+    from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, default_metrics
 
     default_metrics().aws_api_calls.labels(metrics_table or UNNAMED_TABLE, api).inc()
 

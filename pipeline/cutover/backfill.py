@@ -31,7 +31,7 @@ from ddb2bt.transforms.config import memo
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.mapping import backfill_record
 from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement
-from ddb2bt.pipeline.metrics import default_metrics
+from ddb2bt.pipeline.observe.metrics import default_metrics
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_pages

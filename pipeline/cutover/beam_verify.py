@@ -68,7 +68,7 @@ class VerifyTable:
     mapping: MappingConfig
     source: Union[ScanSource, ExportSource]
     show_values: bool = False
-    show_keys: bool = False  # the one key-redaction policy (ddb2bt.pipeline.redaction)
+    show_keys: bool = False  # the one key-redaction policy (ddb2bt.pipeline.observe.redaction)
     state: Any = None  # a StateSpec: the tail's checkpoints, for re-checks; None: no re-checks
     recheck: Any = None  # RecheckOptions; None or disabled: differences are reported as found
 

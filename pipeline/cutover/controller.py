@@ -29,7 +29,7 @@ import apache_beam as beam
 from ddb2bt.pipeline.control.markers import Bookkeeping
 from ddb2bt.pipeline.control.phases import BACKFILLING, LIVE, Migration
 from ddb2bt.pipeline.cutover.status import QUEUED_META
-from ddb2bt.pipeline.logs import table_logger
+from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.pipeline.clients.dynamodb import describe_table
 
@@ -218,7 +218,7 @@ def check_source_clock(mapping) -> None:
 
 def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
     """Resume or begin the backfill: (source, handoff ms)."""
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
 
     source, source_spec, export_time, expected = backfill_source(options, mapping)
     if export_time is None:  # T comes from this host's clock (an export's from AWS's): check it first
@@ -265,7 +265,7 @@ def run_backfill(mapping, state_spec, options: BackfillOptions, beam_args: list,
     CATCHING_UP); on Dataflow, a batch job is launched (the tail's readers move
     the phase on once every part is done, see ``phases.advance``)."""
     from ddb2bt.pipeline.graph import is_local, make_pipeline
-    from ddb2bt.pipeline.metrics import counter_total, default_metrics
+    from ddb2bt.pipeline.observe.metrics import counter_total, default_metrics
 
     migration = migration or Migration(state_spec.store())
     source, handoff, expected = _begin(mapping, migration, options)

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.logs import table_logger
+from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.pipeline.cutover.continuous import DIVERGENT
 from ddb2bt.pipeline.cutover.recheck import owner_candidates
 from ddb2bt.pipeline.source.records import from_stream_record, keys_redacted, record_from_json, values_omitted

@@ -68,7 +68,7 @@ def run_demo(args) -> int:
     from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout, without_clocks
     from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from ddb2bt.pipeline.metrics import counter_total as _counter_total, default_metrics
+    from ddb2bt.pipeline.observe.metrics import counter_total as _counter_total, default_metrics
     from ddb2bt.pipeline.preflight import ensure_state_table
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
     from ddb2bt.pipeline.local import workload

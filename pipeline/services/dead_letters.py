@@ -37,7 +37,7 @@ def cmd_dlq_list(args) -> int:
 
 def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> list:
     """``dlq list``: per letter its time, reason, message, the item's key (redacted
-    unless --show-keys, like verify's: ddb2bt.pipeline.redaction; ``<redacted>``
+    unless --show-keys, like verify's: ddb2bt.pipeline.observe.redaction; ``<redacted>``
     where the letter was stored without values) and id; then how to act on them."""
     from ddb2bt.pipeline.source.records import REDACTED, key_text
 

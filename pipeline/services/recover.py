@@ -16,7 +16,7 @@ def cmd_recover(args) -> int:
     from tqdm import tqdm
 
     from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job, refuse_kinesis
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
 
     mapping = load(args)
     refuse_kinesis(mapping)  # before any lease or state is touched

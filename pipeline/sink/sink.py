@@ -68,7 +68,7 @@ class _WriteToBigtableFn(beam.DoFn):
         self._pushgateway = pushgateway
 
     def setup(self) -> None:
-        from ddb2bt.pipeline.metrics import default_metrics, start_pusher
+        from ddb2bt.pipeline.observe.metrics import default_metrics, start_pusher
 
         if self._pushgateway:  # Dataflow workers cannot be scraped: they push
             start_pusher(self._pushgateway, job=f"ddb2bt-{self._state_spec.job if self._state_spec else 'job'}")

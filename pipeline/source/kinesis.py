@@ -266,7 +266,7 @@ class KinesisStreamsClient:
             hours = self._k.describe_stream_summary(**self._stream)["StreamDescriptionSummary"].get(
                 "RetentionPeriodHours", 24)
             self._retention_s = hours * 3600
-            from ddb2bt.pipeline.metrics import default_metrics
+            from ddb2bt.pipeline.observe.metrics import default_metrics
 
             default_metrics().lag.set_retention(StreamArn, self._retention_s)  # the headroom gauge's window
         return {"StreamDescription": {"StreamArn": StreamArn, "Shards": shards, "StreamStatus": "ENABLED",

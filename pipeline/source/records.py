@@ -109,9 +109,9 @@ def key_text(record_json: str, show: bool = True) -> str:
     """The item key of a stored dead letter, for a listing: ``pk="hats" sk="x#1"``
     (strings quoted, numbers as digits, binary as base64, anything else as its
     DynamoDB JSON); ``pk=<redacted>`` where the letter was stored without values.
-    ``show=False`` (the CLI's key policy, ddb2bt.pipeline.redaction) redacts a
+    ``show=False`` (the CLI's key policy, ddb2bt.pipeline.observe.redaction) redacts a
     stored key as ``pk=<redacted: --show-keys>``."""
-    from ddb2bt.pipeline.redaction import KEY_REDACTED
+    from ddb2bt.pipeline.observe.redaction import KEY_REDACTED
 
     try:
         keys = json.loads(record_json).get("keys") or {}

@@ -42,7 +42,7 @@ from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpire
                                       table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.control.state import ShardCheckpoint

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from ddb2bt.pipeline.cutover.status import assess, gather, render
 from ddb2bt.pipeline.clients.dynamodb import (GET_RECORDS_PER_SHARD_PER_S, STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S,
                                       ShardDirectory, ShardPacer)
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.source import stream_source
 from ddb2bt.pipeline.source.stream_source import (LocalTracker, PartitionReader, ReaderOptions, StreamPartition,

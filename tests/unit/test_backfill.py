@@ -157,7 +157,7 @@ def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp
     import ddb2bt.pipeline.cutover.backfill as backfill
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, BackfillTask, _ReadBackfillFn
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.control.state import StateStore
     from prometheus_client import CollectorRegistry
     from ddb2bt.transforms.model import RecordBatch

@@ -112,7 +112,7 @@ def test_lint_takes_a_directory_like_validate_and_recover_says_it_takes_one_tabl
 
 
 def test_metrics_port_minus_one_is_off_for_every_command_that_serves_metrics(monkeypatch):
-    from ddb2bt.pipeline import metrics
+    from ddb2bt.pipeline.observe import metrics
     from ddb2bt.pipeline.cli import build_parser
     from ddb2bt.pipeline.jobs import start_metrics_server
     from ddb2bt.pipeline.options import options_by_command

@@ -372,7 +372,7 @@ def test_scan_pages_let_go_of_a_page_before_fetching_the_next():
     # The metrics module is imported by the first AWS call; importing it keeps
     # the frames of whoever called first (through Beam's import), with their
     # locals: imported here, the first Scan is not that caller.
-    from ddb2bt.pipeline import metrics  # noqa: F401
+    from ddb2bt.pipeline.observe import metrics  # noqa: F401
 
     handed_out: list = []
     alive_at_fetch: list = []

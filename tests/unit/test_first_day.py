@@ -104,7 +104,7 @@ rules:
 
 def test_the_summary_counts_per_table_and_the_total_comes_first_with_each_tables_hints():
     from ddb2bt.pipeline.jobs import outcome_since, outcome_snapshot, write_summary
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 
     metrics = PipelineMetrics(CollectorRegistry())
     metrics.changes_applied.labels("orders", "INSERT").inc(3)
@@ -196,7 +196,7 @@ def test_claims_of_a_multi_table_job_are_all_or_none():
 
 def test_phase_lines_name_their_table_in_text_and_json(caplog):
     from ddb2bt.pipeline.control.phases import BACKFILLING, Migration
-    from ddb2bt.pipeline.logs import JsonFormatter
+    from ddb2bt.pipeline.observe.logs import JsonFormatter
     from ddb2bt.pipeline.control.state import StateStore
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 
@@ -307,7 +307,7 @@ def test_explain_exits_3_when_the_item_would_be_a_dead_letter(monkeypatch, capsy
 def test_verify_redacts_keys_and_row_keys_like_dlq_list_unless_show_keys():
     from ddb2bt.pipeline.cutover.compare import LayoutDiff
     from ddb2bt.pipeline.cutover.verify import Findings
-    from ddb2bt.pipeline.redaction import KEY_REDACTED
+    from ddb2bt.pipeline.observe.redaction import KEY_REDACTED
     from ddb2bt.transforms.errors import MappingError
 
     def findings(show_keys: bool) -> Findings:

@@ -185,7 +185,7 @@ def test_the_guarded_sink_buffers_the_next_batch_while_one_is_written_and_sends_
     from prometheus_client import CollectorRegistry
 
     from ddb2bt.pipeline.clients.retry import RetryPolicy
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
     from ddb2bt.pipeline.sink.sink import SinkConfig
     from ddb2bt.pipeline.source.kinesis import kinesis_stream_arn

@@ -13,7 +13,7 @@ CLIENTS_MAY_IMPORT = ("ddb2bt.transforms", "ddb2bt.pipeline.clients")
 # The one import above the floor left, until the call counter is handed in by
 # the control floor (issue 32, step 2): dynamodb.count_api_call counts every AWS
 # call on the process's metrics.
-CLIENTS_KNOWN_ABOVE = {("pipeline/clients/dynamodb.py", "ddb2bt.pipeline.metrics")}
+CLIENTS_KNOWN_ABOVE = {("pipeline/clients/dynamodb.py", "ddb2bt.pipeline.observe.metrics")}
 
 
 def _modules() -> dict:
@@ -83,7 +83,7 @@ def test_the_clients_floor_imports_only_the_engine_and_itself():
 # What the control floor may import: the floors below it, itself, and the
 # process's observability (logs, metrics), which has no floor of its own yet.
 CONTROL_MAY_IMPORT = ("ddb2bt.transforms", "ddb2bt.pipeline.clients", "ddb2bt.pipeline.control",
-                      "ddb2bt.pipeline.logs", "ddb2bt.pipeline.metrics")
+                      "ddb2bt.pipeline.observe.logs", "ddb2bt.pipeline.observe.metrics")
 # The one import above it left: the state store writes a dead letter's record as
 # the JSON the source module defines (ChangeRecord ⇄ JSON lives with the reader).
 CONTROL_KNOWN_ABOVE = {("pipeline/control/state.py", "ddb2bt.pipeline.source.records")}

@@ -3,7 +3,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable, client_error
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.control.state import ShardCheckpoint, StateStore
 from ddb2bt.pipeline.source.stream_sdf import PartitionTracker
