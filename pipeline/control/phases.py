@@ -300,7 +300,7 @@ class Migration:
             raise PhaseMoved(f"the migration phase changed (another process moved it) before it could move to "
                              f"{target}")
         self.store.save_meta("phase_changed_ms", str(self._now_ms()))
-        default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE).set_phase(str(target))
+        default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE).set_phase(str(target), PHASES)
         self.log.info("migration phase: %s", target)
 
     def begin_backfill(self, source_spec: dict, bookkeeping, tables: Sequence[str],
