@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from ddb2bt.transforms.config import FamilyConfig
 from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells, StreamPosition
-from ddb2bt.pipeline.source.records import record_to_json
+from ddb2bt.pipeline.control.letters import record_to_json
 from ddb2bt.pipeline.control.versions import VersionOwners
 from ddb2bt.pipeline.clients.bigtable.reads import (SMALL_ATTEMPT_TIMEOUT_S, data_client, iter_table, ms_datetime,
                                                     prefix_end, read_rows, read_table)

@@ -61,7 +61,8 @@ from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.pipeline.cutover.continuous import DIVERGENT
 from ddb2bt.pipeline.cutover.recheck import owner_candidates
-from ddb2bt.pipeline.source.records import from_stream_record, keys_redacted, record_from_json, values_omitted
+from ddb2bt.pipeline.control.letters import keys_redacted, record_from_json, values_omitted
+from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import (MARKER_FAMILY, converge_change, expected_cells, handoff_second_ms,

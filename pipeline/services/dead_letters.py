@@ -39,7 +39,7 @@ def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> lis
     """``dlq list``: per letter its time, reason, message, the item's key (redacted
     unless --show-keys, like verify's: ddb2bt.pipeline.observe.redaction; ``<redacted>``
     where the letter was stored without values) and id; then how to act on them."""
-    from ddb2bt.pipeline.source.records import REDACTED, key_text
+    from ddb2bt.pipeline.control.letters import REDACTED, key_text
 
     out = []
     for entry in letters:
