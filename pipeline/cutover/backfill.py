@@ -97,7 +97,7 @@ class ExportSource:
         return self.location.startswith("s3://")
 
     def _s3(self):
-        from ddb2bt.pipeline.connections import aws_client
+        from ddb2bt.pipeline.connect.connections import aws_client
 
         return aws_client("s3", region_name=self.region)  # a session of its own: read on the workers
 

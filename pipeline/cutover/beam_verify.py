@@ -87,7 +87,7 @@ class _ReadSourceItemsFn(beam.DoFn):
     def setup(self) -> None:
         self._client = None
         if isinstance(self._source, ScanSource):
-            from ddb2bt.pipeline.connections import DynamoDBClientFactory
+            from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
 
             self._client = DynamoDBClientFactory(self._source.region)()
 
@@ -196,7 +196,7 @@ class _RecheckRowsFn(beam.DoFn):
         self._table = table
 
     def setup(self) -> None:
-        from ddb2bt.pipeline.connections import DynamoDBClientFactory, StreamsClientFactory
+        from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory
         from ddb2bt.pipeline.cutover.recheck import stream_watermark
 
         m = self._table.mapping

@@ -167,7 +167,7 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
     """(source, spec dict, handoff ms or None, expected items). The retention rule:
     an export older than the stream keeps (24 h, less a margin) is refused, since
     changes made since it may already be trimmed."""
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
 
     if options.from_export:
@@ -208,7 +208,7 @@ def _bookkeeping(mapping) -> Bookkeeping:
 def check_source_clock(mapping) -> None:
     """Refuse a cutover on a clock too far from AWS's (control/clock.py), before
     anything is recorded or written."""
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.control.clock import check_clock
 
     client = dynamodb_client(mapping.source.region)
@@ -246,7 +246,7 @@ class _Backfill(beam.PTransform):
 
 def _add_backfill(p, mapping, state_spec, source, handoff: int, options: BackfillOptions, reshuffle: bool,
                   label: str = ""):
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.sink.sink import SinkConfig
 

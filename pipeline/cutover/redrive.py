@@ -400,10 +400,10 @@ def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions())
     """`ddb2bt dlq redrive` against the real services: the sink's writer (the same
     limits, retries and version ownership as the pipeline, but no checkpoints: a
     redrive must not move the stream's) and a consistent GetItem reader."""
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 
-    from ddb2bt.pipeline.connections import StreamsClientFactory
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory
 
     writer = state_spec.bigtable.writer()
     store = state_spec.store(writer)

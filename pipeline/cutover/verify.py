@@ -444,7 +444,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
                   show_keys: bool = False) -> VerifyReport:
     """`ddb2bt verify`: compare, with a progress bar, and record the summary in the
     state table (``status`` reads it)."""
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.controller import run_in_thread
     from ddb2bt.pipeline.cutover.recheck import stream_watermark
     from ddb2bt.transforms.errors import ConfigError

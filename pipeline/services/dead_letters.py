@@ -1,6 +1,6 @@
 """The ``ddb2bt dlq`` commands (list, show, redrive), ``repair`` (a redrive of the
 continuous check's divergent rows) and ``release-target``. The CLI
-(``pipeline/cli.py``) only parses and calls these; what they print and return
+(``pipeline/app/cli.py``) only parses and calls these; what they print and return
 is the command's output and exit code.
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import sys
 import time
 
-from ddb2bt.pipeline.jobs import load_all, mapping_flags, state_spec, write_summary
-from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.services.jobs import load_all, mapping_flags, state_spec, write_summary
+from ddb2bt.pipeline.connect.reachability import check_reachable
 
 
 def cmd_dlq_list(args) -> int:

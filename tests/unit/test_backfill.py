@@ -234,7 +234,7 @@ def test_the_handoff_scan_is_strongly_consistent_by_default():
     handoff and write the item back at T - 1 ms (docs/design.md §6.6): the
     backfill's Scan, the controller's options and the CLI default to a
     strongly consistent one; --no-consistent-read is the explicit opt-out."""
-    from ddb2bt.pipeline.cli import build_parser
+    from ddb2bt.pipeline.app.cli import build_parser
     from ddb2bt.pipeline.cutover.controller import BackfillOptions
 
     client = FakeScan(3, 10)

@@ -1,6 +1,6 @@
 """The CLI is the face (issue 32, step 4): it parses, calls one service per
 command and prints. What a command does (orchestration, threads, state writes)
-lives in its service (``pipeline/services/``, ``pipeline/local/commands.py``)."""
+lives in its service (``pipeline/services/``, ``pipeline/app/local_commands.py``)."""
 from __future__ import annotations
 
 import ast

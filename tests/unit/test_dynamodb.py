@@ -219,7 +219,7 @@ def test_scan_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
     with and without the decoder."""
     import boto3
 
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.local import workload
 
     item = {k: v for k, v in _parse_both({"Items": [WIRE_ITEM]})[0]["Items"][0].items() if k != "pk"}
@@ -334,7 +334,7 @@ def test_stream_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
     hook, and every record equals what a plain client gets for the same iterator."""
     import boto3
 
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.local import workload
 
     item = {k: v for k, v in _parse_both({"Items": [WIRE_ITEM]})[0]["Items"][0].items() if k != "pk"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ddb2bt.pipeline.cli import JsonFormatter
+from ddb2bt.pipeline.app.cli import JsonFormatter
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
 from ddb2bt.pipeline.observe.metrics import HEAD_FRESH_S, PipelineMetrics, start_pusher
 from ddb2bt.pipeline.clients.retry import RetryPolicy
@@ -363,8 +363,8 @@ class _CatalogTable:
 def test_aws_api_calls_are_labelled_with_the_tables_name_in_the_job_like_every_series(monkeypatch, capsys):
     # Before: DescribeTable and Scan were labelled with the DynamoDB table's name
     # (ProductCatalog) and the stream's calls with the job's (product_catalog).
-    from ddb2bt.pipeline import connections, reachability
-    from ddb2bt.pipeline.cli import main
+    from ddb2bt.pipeline.connect import connections, reachability
+    from ddb2bt.pipeline.app.cli import main
     from ddb2bt.pipeline.local.examples import resolve_mapping_path
     from ddb2bt.pipeline.observe.metrics import default_metrics
     from ddb2bt.transforms.config import load_mapping

@@ -97,7 +97,7 @@ rules:
 
 # --- explain: every shape a user has at hand ---------------------------------------
 
-from ddb2bt.pipeline.cli import main  # noqa: E402
+from ddb2bt.pipeline.app.cli import main  # noqa: E402
 from ddb2bt.transforms.inputs import ITEM, STREAM_RECORDS, parse_user_input  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
