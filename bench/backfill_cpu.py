@@ -162,7 +162,7 @@ def main() -> int:
     from ddb2bt.pipeline.connect.preflight import ensure_state_table
 
     project, instance = bench.MAPPING.target.project, bench.MAPPING.target.instance
-    from ddb2bt.pipeline.cutover import guards
+    from ddb2bt.pipeline.sink import guards
 
     if args.conditional_concurrency:
         guards.CONDITIONAL_CONCURRENCY = args.conditional_concurrency

@@ -185,7 +185,7 @@ class StateStore:
         if deletes:
             self._backend.write_rows(deletes)
 
-    # -- the backfill's repair journal (cutover/guards.py): guarded rows are
+    # -- the backfill's repair journal (pipeline/sink/guards.py): guarded rows are
     # recorded here before they are written, so a crash between their write and
     # their repair is repaired on resume even if the Scan no longer returns them.
     def _repair_prefix(self, source: str, part: str) -> bytes:
