@@ -115,3 +115,91 @@ def test_the_observe_floor_imports_only_the_engine_and_itself():
             if target.startswith("ddb2bt") and not target.startswith(OBSERVE_MAY_IMPORT):
                 above.add((str(path.relative_to(ROOT)), target))
     assert above == set()
+
+
+# No class over this many lines (issue 32): a class that long does several jobs.
+MAX_CLASS_LINES = 300
+
+
+def _package_of(module: str, modules: dict) -> str:
+    """The package a module counts in: its subpackage of ``ddb2bt.pipeline``
+    (``ddb2bt.pipeline.(root)`` for the root's own modules) or ``ddb2bt.transforms``."""
+    parts = module.split(".")
+    if parts[1] != "pipeline":
+        return "ddb2bt.transforms"
+    if len(parts) > 3 or (module in modules and modules[module].name == "__init__.py" and len(parts) == 3):
+        return ".".join(parts[:3])
+    return "ddb2bt.pipeline.(root)"
+
+
+def package_cycles(edges: dict) -> list:
+    """The strongly connected components (of more than one package) of ``edges``
+    ({package: {packages it imports}}), each sorted."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _package_edges(modules: dict) -> dict:
+    edges: dict = {}
+    for module, path in modules.items():
+        for target, _ in _imported(ast.parse(path.read_text()), module, path.name == "__init__.py"):
+            if target.startswith("ddb2bt.pipeline") or target.startswith("ddb2bt.transforms"):
+                a, b = _package_of(module, modules), _package_of(target, modules)
+                if a != b:
+                    edges.setdefault(a, set()).add(b)
+    return edges
+
+
+def test_no_import_cycle_between_packages_counting_imports_inside_functions():
+    modules = _modules()
+    edges = _package_edges(modules)
+    assert "ddb2bt.pipeline.app" in edges and "ddb2bt.pipeline.observe" in edges
+    assert package_cycles(edges) == []
+
+
+def test_the_cycle_check_can_fail():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert package_cycles(edges) == [["a", "b", "c"]]
+    assert package_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def long_classes(source: str) -> list:
+    """[(name, lines)] of the classes over MAX_CLASS_LINES in ``source``."""
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
+
+
+def test_no_class_is_over_300_lines():
+    found = {str(path.relative_to(ROOT)): long_classes(path.read_text()) for path in _modules().values()}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_class_size_check_can_fail():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_CLASS_LINES))
+    assert long_classes(f"class Big:\n{body}") == [("Big", MAX_CLASS_LINES + 1)]
+    assert long_classes("class Small:\n    pass\n") == []
