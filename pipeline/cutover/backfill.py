@@ -38,10 +38,6 @@ from ddb2bt.pipeline.clients.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_
 from ddb2bt.pipeline.control.coordinator import coordinator_for
 from ddb2bt.pipeline.cutover.exports import (ION, ExportManifest, check_manifest, dynamodb_json_items, export_time_ms,
                                              ion_items, manifest_data_files, parse_summary)
-from ddb2bt.pipeline.connect.connections import aws_client
-from ddb2bt.pipeline.sink.sink import write_to_bigtable
-from ddb2bt.transforms.dofns import map_changes
-import ddb2bt.pipeline.source.coders
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +97,8 @@ class ExportSource:
         return self.location.startswith("s3://")
 
     def _s3(self):
+        from ddb2bt.pipeline.connect.connections import aws_client
+
         return aws_client("s3", region_name=self.region)  # a session of its own: read on the workers
 
     def _split(self, key: str) -> tuple:
@@ -425,6 +423,10 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
     ``splittable`` (default: with ``reshuffle``, i.e. on Dataflow): read with the
     splittable reader (``backfill_sdf``: checkpoints, drain, update), else with
     the threaded one (parts of a task in parallel on the local runner)."""
+    from ddb2bt.pipeline.sink.sink import write_to_bigtable
+    from ddb2bt.transforms.dofns import map_changes
+    import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
+
     if mapping.source.kinesis is not None and not sink_config.ordering_guard:
         # An out-of-order tail: backfilled items go through the ordering guard too
         # (docs/design.md §10.6), never around it.
@@ -432,7 +434,6 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
 
         sink_config = replace(sink_config, ordering_guard=True)
     if reshuffle if splittable is None else splittable:
-        # inside: backfill_sdf.py imports this module at its top (a module cycle)
         from ddb2bt.pipeline.cutover.backfill_sdf import ReadBackfillParts
 
         read = p | "ReadBackfill" >> ReadBackfillParts(job, state, client_factory, reshuffle=reshuffle)

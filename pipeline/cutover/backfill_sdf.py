@@ -38,7 +38,6 @@ from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, BackfillJob, PartRead
 from ddb2bt.pipeline.source.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.transforms.model import BackfillPosition, PartDone
-from ddb2bt.transforms.model import StreamElement
 
 __all__ = ["BackfillPart", "PartRestriction", "PartTracker", "ReadBackfillParts", "CHECKPOINT_S"]
 
@@ -178,6 +177,8 @@ class ReadBackfillParts(beam.PTransform):
         self._reshuffle, self._checkpoint_s = reshuffle, checkpoint_s
 
     def expand(self, pbegin):
+        from ddb2bt.transforms.model import StreamElement
+
         kind = SCAN if isinstance(self._job.source, ScanSource) else EXPORT
         parts = [BackfillPart(kind, name) for name in self._job.source.parts()]
         pcoll = pbegin | "BackfillParts" >> beam.Create(parts)

@@ -32,16 +32,6 @@ from ddb2bt.pipeline.cutover.status import QUEUED_META
 from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.pipeline.clients.dynamodb import describe_table
-from ddb2bt.pipeline.connect.connections import dynamodb_client, DynamoDBClientFactory
-from ddb2bt.pipeline.control.clock import check_clock
-from ddb2bt.pipeline.control.phases import PHASES
-from ddb2bt.pipeline.cutover.backfill import add_backfill, BackfillJob, ExportSource, ScanSource
-from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
-from ddb2bt.pipeline.cutover.recopy import sweep_target
-from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
-from ddb2bt.pipeline.observe.metrics import counter_total, default_metrics
-from ddb2bt.pipeline.sink.sink import SinkConfig
-from ddb2bt.pipeline.source.stream_source import request_stop
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +167,9 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
     """(source, spec dict, handoff ms or None, expected items). The retention rule:
     an export older than the stream keeps (24 h, less a margin) is refused, since
     changes made since it may already be trimmed."""
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
+    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
+
     if options.from_export:
         source = ExportSource(options.from_export, mapping.source.region)
         # Before anything is recorded or written: a full export, in a format we
@@ -203,6 +196,8 @@ def check_export_first(options: BackfillOptions, mapping) -> None:
     """--from-export: refuse an export the backfill cannot use (incremental, an unknown
     format, another table, still running) before anything is created or written."""
     if options.from_export:
+        from ddb2bt.pipeline.cutover.backfill import ExportSource
+
         ExportSource(options.from_export, mapping.source.region).check(mapping.source.table, mapping.source.region)
 
 
@@ -213,6 +208,9 @@ def _bookkeeping(mapping) -> Bookkeeping:
 def check_source_clock(mapping) -> None:
     """Refuse a cutover on a clock too far from AWS's (control/clock.py), before
     anything is recorded or written."""
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
+    from ddb2bt.pipeline.control.clock import check_clock
+
     client = dynamodb_client(mapping.source.region)
     check_clock(lambda: client.describe_table(TableName=mapping.source.table),
                 f"DynamoDB ({mapping.source.region or 'default region'})")
@@ -220,6 +218,8 @@ def check_source_clock(mapping) -> None:
 
 def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
     """Resume or begin the backfill: (source, handoff ms)."""
+    from ddb2bt.pipeline.observe.metrics import default_metrics
+
     source, source_spec, export_time, expected = backfill_source(options, mapping)
     if export_time is None:  # T comes from this host's clock (an export's from AWS's): check it first
         check_source_clock(mapping)
@@ -246,6 +246,10 @@ class _Backfill(beam.PTransform):
 
 def _add_backfill(p, mapping, state_spec, source, handoff: int, options: BackfillOptions, reshuffle: bool,
                   label: str = ""):
+    from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
+    from ddb2bt.pipeline.sink.sink import SinkConfig
+
     def add(root):
         return add_backfill(root, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=options.tasks,
                                               scan_retry=options.scan_retry), mapping,
@@ -260,6 +264,9 @@ def run_backfill(mapping, state_spec, options: BackfillOptions, beam_args: list,
     """The backfill pipeline: on the local runner, to its end (then the phase is
     CATCHING_UP); on Dataflow, a batch job is launched (the tail's readers move
     the phase on once every part is done, see ``phases.advance``)."""
+    from ddb2bt.pipeline.graph import is_local, make_pipeline
+    from ddb2bt.pipeline.observe.metrics import counter_total, default_metrics
+
     migration = migration or Migration(state_spec.store())
     source, handoff, expected = _begin(mapping, migration, options)
     local = is_local(beam_args)
@@ -290,6 +297,8 @@ def recopy_sweep(mapping, state_spec, migration: Migration, handoff: int, option
     remove what no item owns any more. Recorded done only once it ran to the end,
     so a rerun after a crash sweeps again (deleting what no item owns is the same
     again)."""
+    from ddb2bt.pipeline.cutover.recopy import sweep_target
+
     logger = table_logger(log, mapping.name)
     logger.info("re-copy sweep of %s: removing what no item owns any more", ", ".join(mapping.tables))
     result = run_in_thread(f"re-copy sweep {mapping.name}",
@@ -333,6 +342,8 @@ def backfill(tables, beam_args: list) -> Outcome:
     finishes: once the tails had time to stop marking, its marker family is
     dropped, so the target holds only the mapping's cells. On Dataflow one batch
     job back-fills them all."""
+    from ddb2bt.pipeline.graph import is_local, make_pipeline
+
     tables = list(tables)
     if not is_local(beam_args):
         refuse_remote_recopy(tables, [t.options for t in tables])
@@ -361,6 +372,8 @@ def _one_pusher(options: BackfillOptions, index: int) -> BackfillOptions:
 def _overall(phases: list) -> Optional[str]:
     """A job's phase: a table's when all agree, else the earliest (a job of
     several tables is LIVE when every table is)."""
+    from ddb2bt.pipeline.control.phases import PHASES
+
     known = [p for p in phases if p is not None]
     if len(known) < len(phases):
         return None
@@ -378,6 +391,9 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
     phase and handoff time. On Dataflow: one streaming job launched, with the
     continuous check of every table (``check``, ContinuousOptions) as a branch
     of its own when given (locally the CLI runs its threads next to this)."""
+    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
+    from ddb2bt.pipeline.source.stream_source import request_stop
+
     jobs, options = list(jobs), list(options)
     if len(options) != len(jobs):
         raise ValueError("one BackfillOptions per job")
@@ -471,6 +487,8 @@ def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = F
     backfill side by side. Each table's handoff is fixed here, before launch; the
     readers then move each table's phase on (``phases.advance``): CATCHING_UP
     when its parts are done, the finish, LIVE once caught up (catchup.py)."""
+    from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
+
     p = make_pipeline(beam_args, streaming=True)
     jobs = [replace(job, reader=replace(job.reader, promote_live=True)) for job in jobs]
     add_live_replication(p, jobs)
@@ -486,6 +504,7 @@ def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = F
         _add_backfill(p, job.mapping, job.state, source, handoff, opts, reshuffle=True,
                       label=f"Backfill[{job.mapping.name}]" if len(jobs) > 1 else "")
     if check is not None:  # a branch of its own; each table's steps wait for it to be LIVE
+        from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
 
         p | "CheckContinuously" >> CheckContinuously(jobs, check)
     return p.run()

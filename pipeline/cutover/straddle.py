@@ -43,9 +43,6 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import item_owner
-from ddb2bt.pipeline.cutover.spill import bucket_count, paired_groups, Spill, SpillDir
-from ddb2bt.transforms.mapping import owned_cells
-from ddb2bt.transforms.model import ChangeRecord, DeleteCells, MappedChange, REMOVE, RowChange
 
 __all__ = ["SweepResult", "BoundarySweep", "sweep_inexact_features", "swept_windows"]
 
@@ -153,6 +150,9 @@ class BoundarySweep:
     def run(self, window_files: Sequence, lo_ms: int, hi_ms: int) -> SweepResult:
         """The ordinary cells of one window [lo_ms, hi_ms), ``window_files`` its
         [(export, data file)], once the windows up to it are applied."""
+        from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
+        from ddb2bt.transforms.mapping import owned_cells
+
         result = SweepResult()
         if lo_ms < hi_ms:
             estimate = sum(count or 0 for export, rel in window_files
@@ -207,6 +207,8 @@ class BoundarySweep:
         whose new image cannot be mapped was dead-lettered, not applied: a job that
         never stopped would have kept what the item held, so its rows (those of its
         old image) are kept whole."""
+        from ddb2bt.transforms.mapping import owned_cells
+
         if change.new_image is None:
             return []
         try:
@@ -221,6 +223,8 @@ class BoundarySweep:
         return [(c.table, c.row_key, (c.family, c.qualifier)) for c in cells.values()]
 
     def _delete_stale(self, stale: dict, at_ms: int) -> int:
+        from ddb2bt.transforms.model import DeleteCells, MappedChange, RowChange
+
         count = 0
         for (table, row), cols in sorted(stale.items()):
             muts = tuple(DeleteCells(f, q, 0, ts + INCLUSIVE_END_MS) for (f, q), ts in sorted(cols.items()))
@@ -242,6 +246,9 @@ class BoundarySweep:
         return count
 
     def _release_versions(self, since_ms: int, files: Sequence) -> int:
+        from ddb2bt.transforms.mapping import owned_cells
+        from ddb2bt.transforms.model import DeleteCells, MappedChange, RowChange
+
         if self.owners is None or not (self._fixed or self._templated):
             return 0
         claims = self.owners.claimed_since(since_ms, skip_ms=self.backfill_ms)
@@ -291,4 +298,6 @@ def _record(at_ms: int):
     """The ChangeRecord a sweep's delete travels with: at the time of the state it
     restores (the sink's lag and counts see it like the recovery's own changes;
     nothing is checkpointed: recovery writes carry no position)."""
+    from ddb2bt.transforms.model import REMOVE, ChangeRecord
+
     return ChangeRecord(REMOVE, {}, None, None, at_ms)

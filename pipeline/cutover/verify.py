@@ -32,9 +32,6 @@ from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_
 from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, describe_table, get_item, scan_pages
 from ddb2bt.pipeline.observe.redaction import Redaction
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table, read_rows
-from ddb2bt.pipeline.connect.connections import dynamodb_client, StreamsClientFactory
-from ddb2bt.pipeline.cutover.recheck import stream_watermark
-from ddb2bt.transforms.errors import ConfigError
 
 EXAMPLES_PER_KIND = 5
 REDACTED = "<redacted: use --show-values>"
@@ -447,8 +444,10 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
                   show_keys: bool = False) -> VerifyReport:
     """`ddb2bt verify`: compare, with a progress bar, and record the summary in the
     state table (``status`` reads it)."""
-    # inside: the controller imports verify (via recopy, the continuous check) at its top (a module cycle)
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.controller import run_in_thread
+    from ddb2bt.pipeline.cutover.recheck import stream_watermark
+    from ddb2bt.transforms.errors import ConfigError
 
     if not 0 < sample_rate <= 1:
         raise ConfigError("must be in (0, 1]", "--sample-rate")

@@ -11,10 +11,6 @@ import time
 
 from ddb2bt.pipeline.services.jobs import load_all, mapping_flags, state_spec, write_summary
 from ddb2bt.pipeline.connect.reachability import check_reachable
-from ddb2bt.pipeline.control.letters import key_text, REDACTED
-from ddb2bt.pipeline.control.ownership import release_targets
-from ddb2bt.pipeline.cutover.continuous import DIVERGENT
-from ddb2bt.pipeline.cutover.redrive import redrive_job, RedriveOptions
 
 
 def cmd_dlq_list(args) -> int:
@@ -43,6 +39,8 @@ def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> lis
     """``dlq list``: per letter its time, reason, message, the item's key (redacted
     unless --show-keys, like verify's: ddb2bt.pipeline.observe.redaction; ``<redacted>``
     where the letter was stored without values) and id; then how to act on them."""
+    from ddb2bt.pipeline.control.letters import REDACTED, key_text
+
     out = []
     for entry in letters:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
@@ -72,6 +70,8 @@ def cmd_dlq_show(args) -> int:
 
 
 def cmd_dlq_redrive(args) -> int:
+    from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive_job
+
     mappings = load_all(args)
     options = RedriveOptions(reason=args.reason, since_ms=int(args.since * 1000) if args.since is not None else None,
                              dry_run=args.dry_run)
@@ -98,6 +98,8 @@ def cmd_dlq_redrive(args) -> int:
 
 
 def cmd_release_target(args) -> int:
+    from ddb2bt.pipeline.control.ownership import release_targets
+
     mappings = load_all(args)
     states = [state_spec(args, mapping) for mapping in mappings]
     for (table, released), job in zip(release_targets(mappings, states),
@@ -107,5 +109,7 @@ def cmd_release_target(args) -> int:
 
 
 def cmd_repair(args) -> int:
+    from ddb2bt.pipeline.cutover.continuous import DIVERGENT
+
     args.reason, args.since = DIVERGENT, None
     return cmd_dlq_redrive(args)

@@ -11,19 +11,6 @@ from pathlib import Path
 from ddb2bt.pipeline.services.jobs import load, load_all
 from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.transforms.errors import ConfigProblems
-from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
-from ddb2bt.pipeline.clients.dynamodb import scan_items
-from ddb2bt.pipeline.connect.connections import dynamodb_client
-from ddb2bt.pipeline.connect.preflight import ensure_state_table
-from ddb2bt.pipeline.cutover.recover import inexact_features
-from ddb2bt.pipeline.services.draft import draft_table, SampleBounds, sampled_split_points
-from ddb2bt.pipeline.services.jobs import load_sources
-from ddb2bt.pipeline.source.records import from_stream_record
-from ddb2bt.transforms.errors import MappingError
-from ddb2bt.transforms.inputs import ITEM, parse_user_input
-from ddb2bt.transforms.lint import lint, placeholder_findings, WARN
-from ddb2bt.transforms.mapping import map_change
-from ddb2bt.transforms.model import ChangeRecord, INSERT, REMOVE, SetCell
 
 # `draft`: the target written into a draft when none is given (the header says to decide it).
 DRAFT_PROJECT, DRAFT_INSTANCE = "my-project", "my-instance"
@@ -36,6 +23,10 @@ EXIT_CONFIG_ERROR = 2  # a bad mapping or option, as main() returns for a Config
 def cmd_validate(args) -> int:
     """Every mapping file named, each read to its end: all of a file's problems
     are printed in one run, and every file is checked even after a bad one."""
+    from ddb2bt.pipeline.cutover.recover import inexact_features
+    from ddb2bt.pipeline.services.jobs import load_sources
+    from ddb2bt.transforms.lint import WARN, placeholder_findings
+
     loaded, bad = load_sources(args)
     failed = 0
     for source, problem in bad:  # each names its file once (a ConfigProblems names it in its first line)
@@ -61,6 +52,12 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
+    from ddb2bt.pipeline.source.records import from_stream_record
+    from ddb2bt.transforms.errors import MappingError
+    from ddb2bt.transforms.inputs import ITEM, parse_user_input
+    from ddb2bt.transforms.mapping import map_change
+    from ddb2bt.transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
+
     mapping = load(args)
     # Parsed exactly (numbers keep their digits) and strictly: what DynamoDB would
     # refuse is an error here, with the reason (transforms/inputs.py).
@@ -103,11 +100,17 @@ def cmd_explain(args) -> int:
 def cmd_lint(args) -> int:
     """Every mapping named (a file, a directory, --mapping repeated), each
     reviewed on its own and, with several, under a heading naming its file."""
+    from ddb2bt.transforms.lint import WARN, lint
+
     mappings = load_all(args)
     warnings = 0
     for mapping in mappings:
         items = None
         if args.sample:
+            from ddb2bt.pipeline.connect.connections import dynamodb_client
+
+            from ddb2bt.pipeline.clients.dynamodb import scan_items
+
             items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
                                     consistent_read=False, metrics_table=mapping.name))
         findings = lint(mapping, items)
@@ -122,11 +125,17 @@ def cmd_lint(args) -> int:
 
 
 def cmd_create_table(args) -> int:
+    from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
+
     mappings = load_all(args)
     check_reachable(mappings, dynamodb="skip")  # within ~30 s, naming the endpoint, like the read-only commands
     for mapping in mappings:
         splits: tuple = ()
         if args.split_from_sample:
+            from ddb2bt.pipeline.connect.connections import dynamodb_client
+            from ddb2bt.pipeline.services.draft import SampleBounds, sampled_split_points
+
             splits, sample = sampled_split_points(dynamodb_client(mapping.source.region), mapping,
                                                   SampleBounds(items=args.sample, max_rcu=args.max_rcu))
             print(f"{mapping.name}: {len(splits)} split point(s) from {sample.items} sampled item(s) of "
@@ -141,6 +150,9 @@ def cmd_create_table(args) -> int:
 
 
 def cmd_draft(args) -> int:
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
+    from ddb2bt.pipeline.services.draft import SampleBounds, draft_table
+
     result = draft_table(dynamodb_client(args.region), args.source_table,
                          SampleBounds(items=args.sample, max_rcu=args.max_rcu),
                          project=args.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or DRAFT_PROJECT,

@@ -13,17 +13,14 @@ from ddb2bt.pipeline.services.jobs import (
     outcome_since, outcome_snapshot, start_metrics_server, state_spec, submitted, with_backfill_leases,
     write_summary,
 )
-from ddb2bt.pipeline.connect.preflight import check_target, ensure_state_table
-from ddb2bt.pipeline.cutover.continuous import ContinuousOptions, start_continuous_check
-from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
-from ddb2bt.pipeline.cutover.controller import backfill, check_export_first, migrate, TableBackfill
-from ddb2bt.pipeline.graph import is_local, make_pipeline
-from ddb2bt.pipeline.io import ReplicateToBigtable
 
 log = logging.getLogger("ddb2bt")
 
 
 def cmd_run(args) -> int:
+    from ddb2bt.pipeline.graph import is_local, make_pipeline
+    from ddb2bt.pipeline.io import ReplicateToBigtable
+
     jobs = build_live_jobs(args, load_all(args))
     start_metrics_server(args.metrics_port, args.metrics_host)
     for job in jobs:
@@ -35,6 +32,8 @@ def cmd_run(args) -> int:
     p = make_pipeline(args.beam_args)
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
     if getattr(args, "continuous_check", None) and not is_local(args.beam_args):
+        from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
+
         # On a remote runner the check is a branch of the job: its workers run it.
         p | "CheckContinuously" >> CheckContinuously(jobs, continuous_options(args))
     args.job_started = True
@@ -73,6 +72,8 @@ def summary_at_end(args, mappings: list, states: list, local: bool = True):
 
 
 def continuous_options(args):
+    from ddb2bt.pipeline.cutover.continuous import ContinuousOptions
+
     return ContinuousOptions(items_per_s=args.continuous_check, segments=args.continuous_check_segments)
 
 
@@ -94,6 +95,8 @@ def start_continuous_checks(args, jobs: list):
 
     stop = threading.Event()
     if getattr(args, "continuous_check", None):
+        from ddb2bt.pipeline.cutover.continuous import start_continuous_check
+
         for job in jobs:
             start_continuous_check(job.mapping, state_spec(args, job.mapping).store(), continuous_options(args),
                                    stop, job.stream_arn, job.client_factory)
@@ -101,6 +104,10 @@ def start_continuous_checks(args, jobs: list):
 
 
 def cmd_backfill(args) -> int:
+    from ddb2bt.pipeline.cutover.controller import TableBackfill, backfill, check_export_first
+    from ddb2bt.pipeline.graph import is_local
+    from ddb2bt.pipeline.connect.preflight import check_target, ensure_state_table
+
     mappings = load_all(args)
     options = backfill_options(args, len(mappings))
     for mapping in mappings:
@@ -127,6 +134,9 @@ def cmd_backfill(args) -> int:
 
 
 def cmd_migrate(args) -> int:
+    from ddb2bt.pipeline.cutover.controller import check_export_first, migrate
+    from ddb2bt.pipeline.graph import is_local
+
     mappings = load_all(args)
     options = backfill_options(args, len(mappings))
     for mapping in mappings:

@@ -10,16 +10,14 @@ from pathlib import Path
 from ddb2bt.pipeline.services.jobs import load_all, state_spec, submitted
 from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.transforms.errors import ConfigError
-from ddb2bt.pipeline.connect.preflight import ensure_state_table
-from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
-from ddb2bt.pipeline.cutover.beam_verify import run_verify_job, VerifyTable
-from ddb2bt.pipeline.cutover.recheck import RecheckOptions
-from ddb2bt.pipeline.cutover.verify import print_report, verify_target, VerifyReport
-from ddb2bt.pipeline.graph import is_local
-from ddb2bt.pipeline.options import runner_of
 
 
 def cmd_verify(args) -> int:
+    from ddb2bt.pipeline.cutover.recheck import RecheckOptions
+    from ddb2bt.pipeline.cutover.verify import print_report, verify_target
+    from ddb2bt.pipeline.options import runner_of
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
+
     mappings = load_all(args)
     if runner_of(args.beam_args) or args.from_export:
         return cmd_verify_beam(args, mappings)
@@ -48,6 +46,12 @@ def cmd_verify(args) -> int:
 def cmd_verify_beam(args, mappings: list) -> int:
     """verify as a Beam job (beam_verify.py): the same report, to --report."""
     import tempfile
+
+    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
+    from ddb2bt.pipeline.cutover.beam_verify import VerifyTable, run_verify_job
+    from ddb2bt.pipeline.cutover.recheck import RecheckOptions
+    from ddb2bt.pipeline.cutover.verify import VerifyReport, print_report
+    from ddb2bt.pipeline.graph import is_local
 
     if args.sample_rate < 1:
         raise ConfigError("the Beam verify checks every item; drop it or run the local verify", "--sample-rate")
