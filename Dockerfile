@@ -36,9 +36,9 @@ ENV AWS_CONFIG_FILE=/etc/ddb2bt/aws/config \
     DDB2BT_AWS_AUDIENCE=${AWS_AUDIENCE}
 
 # The Flex Template launcher runs this file with the template's parameters; the
-# file only calls the installed ddb2bt.pipeline.cli, so no PYTHONPATH is needed
+# file only calls the installed ddb2bt.pipeline.app.cli, so no PYTHONPATH is needed
 # (and none is set: the source folders must not shadow the installed package).
-ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/flex_main.py \
+ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/app/flex_main.py \
     PYTHONUNBUFFERED=1
 
 # Root stays: the Beam SDK harness (/opt/apache/beam/boot) and the Flex Template

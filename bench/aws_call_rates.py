@@ -40,7 +40,7 @@ class SimClock:
 
 def _reader(client, clock, index, count, directory):
     from ddb2bt.pipeline.clients.dynamodb import ShardPacer
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.clients.retry import RetryPolicy
     from ddb2bt.pipeline.source.stream_source import PartitionReader, ReaderOptions, StreamPartition
     from ddb2bt.pipeline.control.state import StateStore

@@ -47,8 +47,8 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--idle", type=float, default=60.0)
     args = parser.parse_args()
-    from ddb2bt.pipeline import cli
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.app import cli
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.local.local_stack import LocalStack
     from tests.conftest import write_mapping

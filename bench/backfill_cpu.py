@@ -95,7 +95,7 @@ def _print_yappi(stats, key: str) -> None:
 def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks: int, mapping, rows_expected: int,
          profile: bool) -> dict:
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.graph import make_pipeline
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
     from ddb2bt.pipeline.sink.sink import SinkConfig
@@ -155,14 +155,14 @@ def main() -> int:
     parser.add_argument("--profiler", choices=("cprofile", "yappi"), default="cprofile",
                         help="cprofile: the main thread; yappi (pip install yappi): every thread")
     args = parser.parse_args()
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.local.local_stack import LocalStack
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
 
     project, instance = bench.MAPPING.target.project, bench.MAPPING.target.instance
-    from ddb2bt.pipeline.cutover import guards
+    from ddb2bt.pipeline.sink import guards
 
     if args.conditional_concurrency:
         guards.CONDITIONAL_CONCURRENCY = args.conditional_concurrency

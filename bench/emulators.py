@@ -71,7 +71,7 @@ def _code(fn) -> str:
 
 
 def measure(dynamodb: str, items: int) -> dict:
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.local.local_stack import MINISTACK, LocalStack
 
@@ -152,7 +152,7 @@ def _first_shard(streams, arn: str) -> str:
 def _trimming(dynamodb: str) -> dict:
     """Does a record older than the retention become TrimmedDataAccessException? On
     ministack with its retention set to seconds; moto has no retention to set."""
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.local.local_stack import MINISTACK, LocalStack
 
@@ -174,7 +174,7 @@ def _trimming(dynamodb: str) -> dict:
 
 def _ddb2bt_run(table: str, records: int) -> int:
     """A real `ddb2bt run --until-idle 1` over the stream (Beam start-up included)."""
-    from ddb2bt.pipeline.cli import main as ddb2bt
+    from ddb2bt.pipeline.app.cli import main as ddb2bt
     from tests.conftest import write_mapping
 
     path = write_mapping(Path(tempfile.mkdtemp()), source__table=table, target__table=f"bench_{table.lower()}",

@@ -105,9 +105,9 @@ def reader_pacing(paced: bool):
 
 
 def run_kinesis(docs: list, project: str, instance: str, table: str, paced: bool) -> float:
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.graph import LiveJob
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
     from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
     from ddb2bt.pipeline.sink.sink import SinkConfig
     from ddb2bt.pipeline.source.kinesis import KinesisStreamsClient, ShardPacer, kinesis_stream_arn

@@ -42,7 +42,7 @@ def encode_request(table_name: str, entries: list) -> bytes:
 def sink_case(n: int, map_too: bool = False):
     from prometheus_client import CollectorRegistry
 
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
     from ddb2bt.transforms.dofns import map_record
@@ -81,7 +81,7 @@ def read_case(n: int):
     from prometheus_client import CollectorRegistry
 
     from ddb2bt.pipeline.clients.dynamodb import ShardPacer
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.source.records import batch_records
     from ddb2bt.pipeline.source.stream_sdf import PartitionTracker
     from ddb2bt.pipeline.source.stream_source import (PartitionReader, PartitionRestriction, ReaderOptions,

@@ -222,10 +222,10 @@ def run_ddb2bt(records, project, instance, table, partitions: int = 1, shards: i
     end, which only exists to stop a local run, is excluded). ``shards``: the
     stream's shards (default: one per partition)."""
 
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
     from ddb2bt.pipeline.graph import LiveJob
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
     client = FakeStreamsClient(table=f"B{uuid.uuid4().hex[:6]}")
@@ -251,7 +251,7 @@ def run_live(jobs, total: int) -> float:
     local runner; wall seconds until ``total`` changes were applied or skipped
     (the idle wait at the end, which only exists to stop a local run, excluded)."""
     from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
 
     metrics = default_metrics()
     done_at = []
@@ -273,7 +273,7 @@ def run_live(jobs, total: int) -> float:
 
 
 def _total(counter) -> float:
-    from ddb2bt.pipeline.metrics import counter_total
+    from ddb2bt.pipeline.observe.metrics import counter_total
 
     return counter_total(counter)
 
@@ -375,10 +375,10 @@ class LazyRecords:
 
 def _drain(n: int, project: str, instance: str) -> None:
     """Drain an n-change backlog through the real pipeline (lazily generated)."""
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
     from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
 
     table = fresh_table(project, instance)
@@ -409,9 +409,9 @@ def lag(seconds: float, rate: float, stack, project: str, instance: str) -> dict
     import subprocess
 
     from ddb2bt.pipeline.local import workload
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
     from ddb2bt.pipeline.source.stream_source import ReaderOptions, request_stop
 
     name = f"Lag{uuid.uuid4().hex[:6]}"
@@ -450,7 +450,7 @@ def _lag_probe(seconds: float, rate: float, name: str, project: str, instance: s
     (its start-up is not replication lag). Prints the result as JSON."""
     from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery
 
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
 
     ddb = dynamodb_client()
     rng = random.Random(5)
@@ -510,9 +510,9 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
 
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, ExportSource, PartReaders, ScanSource, add_backfill
-    from ddb2bt.pipeline.connections import BigtableSpec, DynamoDBClientFactory, StateSpec, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, DynamoDBClientFactory, StateSpec, dynamodb_client
     from ddb2bt.pipeline.graph import make_pipeline
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
     from ddb2bt.pipeline.sink.sink import SinkConfig
     from ddb2bt.transforms.attrs import item_to_dynamodb_json
 

@@ -30,7 +30,7 @@ import yaml  # noqa: E402
 from ddb2bt.pipeline.local import workload  # noqa: E402
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.cutover.compare import compare_mapping  # noqa: E402
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client  # noqa: E402
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client  # noqa: E402
 from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
 from ddb2bt.transforms.config import load_mapping  # noqa: E402
 
@@ -41,7 +41,7 @@ def ddb2bt_argv(args: list, faults: str = "", fault_log: Path | None = None) -> 
     """The command line of a ddb2bt run, with Bigtable faults injected through the
     testing package's runner when ``faults`` is set."""
     if not faults:
-        return [sys.executable, "-m", "ddb2bt.pipeline.cli", *args]
+        return [sys.executable, "-m", "ddb2bt.pipeline.app.cli", *args]
     # --log before the spec: after it, the runner's catch-all argument would take it
     # as part of the ddb2bt command line.
     log = ["--log", str(fault_log)] if fault_log else []
@@ -65,7 +65,7 @@ def soak(mode: str, trials: int, faults: str, seed: int, workdir: Path) -> dict:
     ddb = dynamodb_client()
     workload.create_table(ddb, mapping.source.table)
     env = dict(os.environ)
-    subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "create-table", "--mapping", str(path)], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "create-table", "--mapping", str(path)], cwd=ROOT,
                    env=env, check=True, capture_output=True)
     if mode == "migrate":  # something to back-fill
         for op in workload.operations(seed, 1500, 400):
@@ -109,7 +109,7 @@ def soak(mode: str, trials: int, faults: str, seed: int, workdir: Path) -> dict:
     diffs = compare_mapping(mapping, items, lambda table: read_table(t.project, t.instance, table))
     divergent = sum(len(getattr(d, k)) for d in diffs.values()
                     for k in ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells"))
-    verify = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "verify", "--mapping", str(path)], cwd=ROOT,
+    verify = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "verify", "--mapping", str(path)], cwd=ROOT,
                             env=env, capture_output=True, text=True)
     store = StateSpec(BigtableSpec(t.project, t.instance), job=mapping.name).store()
     injected: dict = {}

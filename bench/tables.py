@@ -30,9 +30,9 @@ def _table_mapping(table: str, source: str, name: str):
 def run_tables(records_per_table: list, project: str, instance: str) -> float:
     """One job over len(records_per_table) tables; wall seconds until every
     change of every table was applied (the idle wait at the end excluded)."""
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.graph import LiveJob
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
     from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
 

@@ -47,7 +47,7 @@ def _load(n: int, project: str, instance: str, tmp: Path) -> tuple:
     export of it; returns (mapping path, export dir)."""
     import yaml
 
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
     from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
@@ -109,7 +109,7 @@ RUN_WITH_HWM = (
     "        out.write(kb)\n"
     "atexit.register(_hwm)\n"
     "sys.argv[0] = 'ddb2bt'\n"
-    "runpy.run_module('ddb2bt.pipeline.cli', run_name='__main__', alter_sys=True)\n"
+    "runpy.run_module('ddb2bt.pipeline.app.cli', run_name='__main__', alter_sys=True)\n"
 )
 
 
@@ -135,7 +135,7 @@ def _measure(python: str, cwd: Path, args: list) -> dict:
 
 def run_verify(sizes=SIZES, before: bool = True) -> dict:
     project, instance = MAPPING.target.project, MAPPING.target.instance
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
 
     ensure_state_table(project, instance, "ddb2bt_state")
     out: dict = {"item_bytes": ITEM_SIZE}

@@ -72,9 +72,9 @@ def build(p, mapping, stream_arn: str, state: StateSpec, reader: ReaderOptions):
 
 
 def main(argv: Optional[list] = None) -> int:
-    from ddb2bt.pipeline.connections import BigtableSpec, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, dynamodb_client
     from ddb2bt.pipeline.graph import make_pipeline
-    from ddb2bt.pipeline.preflight import resolve_stream
+    from ddb2bt.pipeline.connect.preflight import resolve_stream
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mapping", default="example:product_catalog",

@@ -35,13 +35,13 @@ __all__ = [
 ]
 
 _HOMES = {
-    "BigtableSpec": "ddb2bt.pipeline.connections", "StateSpec": "ddb2bt.pipeline.connections",
+    "BigtableSpec": "ddb2bt.pipeline.connect.connections", "StateSpec": "ddb2bt.pipeline.connect.connections",
     "ReaderOptions": "ddb2bt.pipeline.source.stream_source", "SinkConfig": "ddb2bt.pipeline.sink.sink",
 }
 
 
 def __getattr__(name: str):
-    # Lazy: `import ddb2bt.pipeline.cli` (and every submodule) must not pay for
+    # Lazy: `import ddb2bt.pipeline.app.cli` (and every submodule) must not pay for
     # importing Beam and the clients before they are needed.
     if name in __all__:
         import importlib

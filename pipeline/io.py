@@ -32,7 +32,7 @@ from typing import Callable, Optional, Sequence, Union
 import apache_beam as beam
 
 import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.clients.dynamodb import StreamArn
 from ddb2bt.pipeline.sink.sink import SinkConfig, write_to_bigtable, write_to_bigtable_per_stream
 from ddb2bt.pipeline.source.stream_sdf import StreamSource, read_stream_partitions
@@ -107,7 +107,7 @@ def prepare_target(mapping: MappingArg, state: Optional[StateSpec] = None) -> Ma
     """Create (or complete) the mapping's Bigtable tables and the state table,
     as ``ddb2bt create-table`` does; run it once before building the graph.
     Returns the loaded mapping."""
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
 
     config = load_mapping_arg(mapping)
     ensure_mapping_table(config)
@@ -377,8 +377,8 @@ class ReplicateToBigtable(beam.PTransform):
 
     @staticmethod
     def _resolve_stream(mapping: MappingConfig) -> str:
-        from ddb2bt.pipeline.connections import dynamodb_client
-        from ddb2bt.pipeline.preflight import resolve_stream
+        from ddb2bt.pipeline.connect.connections import dynamodb_client
+        from ddb2bt.pipeline.connect.preflight import resolve_stream
 
         return resolve_stream(mapping, dynamodb_client(mapping.source.region)).stream_arn
 

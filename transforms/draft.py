@@ -2,7 +2,7 @@
 
 Pure: DescribeTable (with DescribeTimeToLive and DescribeContinuousBackups) and
 a sample of items in, a commented mapping document, an assessment and split
-points out. No I/O, no Beam: the reads are ``ddb2bt.pipeline.draft``'s.
+points out. No I/O, no Beam: the reads are ``ddb2bt.pipeline.services.draft``'s.
 
 What it guesses, and why, is documented rule by rule in docs/mapping.md
 ("Drafting a mapping"); the seed patterns it follows are the Bigtable-for-DynamoDB
@@ -157,7 +157,7 @@ def table_facts(describe: dict, ttl: Optional[dict] = None, backups: Optional[di
 
 @dataclass(frozen=True)
 class SampleFacts:
-    """How the sample was taken (``ddb2bt.pipeline.draft.sample_table``)."""
+    """How the sample was taken (``ddb2bt.pipeline.services.draft.sample_table``)."""
 
     items: int
     scanned_pages: int

@@ -28,6 +28,8 @@ MAX_TIMESTAMP_MS = (2**63 - 1) // 1000
 # change then waits 125 ms on average.
 STREAM_GET_RECORDS_PER_SHARD_S = 5
 DEFAULT_POLL_INTERVAL_S = 1 / (STREAM_GET_RECORDS_PER_SHARD_S - 1)
+# DynamoDB Streams keeps records for 24 hours; anything older is trimmed.
+STREAM_RETENTION_S = 24 * 3600
 
 
 def checked_size(row_key: bytes, mutations: tuple) -> int:

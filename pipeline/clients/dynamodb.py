@@ -31,7 +31,9 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.parsers import DEFAULT_TIMESTAMP_PARSER
 
 from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
+from ddb2bt.transforms.arns import StreamArn, table_of_stream
 from ddb2bt.transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
+from ddb2bt.transforms.limits import STREAM_RETENTION_S
 
 __all__ = [
     "STREAM_RETENTION_S", "STREAM_RETENTION_MS", "EXPORT_RETENTION_MARGIN_MS", "DESCRIBE_LIMIT",
@@ -43,8 +45,6 @@ __all__ = [
     "STREAMS_CONNECT_TIMEOUT_S", "STREAMS_READ_TIMEOUT_S",
 ]
 
-# DynamoDB Streams keeps records for 24 hours; anything older is trimmed.
-STREAM_RETENTION_S = 24 * 3600
 STREAM_RETENTION_MS = STREAM_RETENTION_S * 1000
 # A back-fill from an export must leave the tail this much stream to spare: the
 # tail starts at the export time and has to reach records before they are trimmed.
@@ -115,7 +115,7 @@ def count_api_call(api: str, metrics_table: Optional[str]) -> None:
     ``table`` means what it means on every series: the table's name in the job
     (its mapping's name or --job-name, what status and dlq print), never the
     DynamoDB table's name and never a key (docs/operations.md, Metrics)."""
-    from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
+    from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, default_metrics
 
     default_metrics().aws_api_calls.labels(metrics_table or UNNAMED_TABLE, api).inc()
 
@@ -140,40 +140,7 @@ def _retried(operation: str, fn: Callable, policy: RetryPolicy, what: Optional[s
                     between_attempts=between_attempts)(attempt)
 
 
-# --- ARNs ------------------------------------------------------------------------
-
-_TABLE_MARK = ":table/"
-_STREAM_MARK = "/stream/"
-
-
-@dataclass(frozen=True)
-class StreamArn:
-    """``arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/stream/LABEL``."""
-
-    arn: str
-    region: str
-    account: str
-    table: str
-    label: str
-
-    @classmethod
-    def parse(cls, arn: str) -> "StreamArn":
-        head, sep, rest = arn.partition(_TABLE_MARK)
-        parts = head.split(":")
-        table, sep2, label = rest.partition(_STREAM_MARK)
-        if not sep or not sep2 or len(parts) != 5 or parts[0] != "arn" or parts[2] != "dynamodb" \
-                or not table or not label:
-            raise ValueError(f"{arn!r} is not a DynamoDB stream ARN "
-                             "(arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/stream/LABEL)")
-        return cls(arn, parts[3], parts[4], table, label)
-
-
-def table_of_stream(stream_arn: str) -> str:
-    """The table name in a stream ARN, for metric labels and logs (never a key or
-    a value); the ARN itself when it is not one."""
-    if _TABLE_MARK not in stream_arn:
-        return stream_arn
-    return stream_arn.split(_TABLE_MARK, 1)[1].split("/", 1)[0]
+# --- ARNs: StreamArn and table_of_stream live in transforms/arns.py (pure, shared with the metrics)
 
 
 # --- Scan ------------------------------------------------------------------------

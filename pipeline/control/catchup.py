@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from ddb2bt.pipeline.observe.metrics import ShardView  # the lag tracker's view of a shard, which the rule reads
+
 # LIVE gates the advice to verify and cut over, nothing else (no data is at
 # stake: docs/design.md §6.6). The bound is half of status's READY bound (60 s a
 # shard), so a table that goes LIVE is READY on lag too; it is far above what a
@@ -36,19 +38,6 @@ LIVE_SETTLE_S = 10.0
 # that stays empty over several polls has nothing new.
 HEAD_EMPTY_PAGES = 3
 HEAD_EMPTY_S = 3.0
-
-
-@dataclass(frozen=True)
-class ShardView:
-    """What the process knows of one shard (metrics.LagTracker.view): times are
-    source creation times in ms except ``empty_since_ms`` (this host's wall
-    clock at the first empty page of the current run of empty pages)."""
-
-    pending_oldest_ms: Optional[int] = None  # oldest change read, not yet applied
-    last_applied_ms: Optional[int] = None  # newest change applied
-    empty_since_ms: Optional[int] = None
-    empty_pages: int = 0
-    behind_ms: Optional[int] = None  # the service's own "behind latest" figure, when it gives one
 
 
 @dataclass(frozen=True)

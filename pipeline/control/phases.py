@@ -44,7 +44,7 @@ from typing import Callable, Optional, Sequence
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.pipeline.control.catchup import LIVE_SETTLE_S
 from ddb2bt.pipeline.control.clock import CLOCK_SKEW_MARGIN_S
-from ddb2bt.pipeline.logs import table_logger
+from ddb2bt.pipeline.observe.logs import table_logger
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ class Migration:
         is made only if the phase is still exactly ``expected`` (the value the
         caller's decision was based on), else PhaseMoved; without it the current
         value is read here (and re-read if another process moves it meanwhile)."""
-        from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
+        from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, default_metrics
 
         for _ in range(1 if based_on_read else CAS_ATTEMPTS):
             current = expected if based_on_read else self.phase_value()
@@ -300,7 +300,7 @@ class Migration:
             raise PhaseMoved(f"the migration phase changed (another process moved it) before it could move to "
                              f"{target}")
         self.store.save_meta("phase_changed_ms", str(self._now_ms()))
-        default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE).set_phase(str(target))
+        default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE).set_phase(str(target), PHASES)
         self.log.info("migration phase: %s", target)
 
     def begin_backfill(self, source_spec: dict, bookkeeping, tables: Sequence[str],

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from ddb2bt.transforms.config import FamilyConfig
 from ddb2bt.transforms.model import DeadLetter, SetCell, DeleteCells, StreamPosition
-from ddb2bt.pipeline.source.records import record_to_json
+from ddb2bt.pipeline.control.letters import record_to_json
 from ddb2bt.pipeline.control.versions import VersionOwners
 from ddb2bt.pipeline.clients.bigtable.reads import (SMALL_ATTEMPT_TIMEOUT_S, data_client, iter_table, ms_datetime,
                                                     prefix_end, read_rows, read_table)
@@ -185,7 +185,7 @@ class StateStore:
         if deletes:
             self._backend.write_rows(deletes)
 
-    # -- the backfill's repair journal (cutover/guards.py): guarded rows are
+    # -- the backfill's repair journal (pipeline/sink/guards.py): guarded rows are
     # recorded here before they are written, so a crash between their write and
     # their repair is repaired on resume even if the Scan no longer returns them.
     def _repair_prefix(self, source: str, part: str) -> bytes:

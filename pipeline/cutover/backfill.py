@@ -31,7 +31,7 @@ from ddb2bt.transforms.config import memo
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.mapping import backfill_record
 from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement
-from ddb2bt.pipeline.metrics import default_metrics
+from ddb2bt.pipeline.observe.metrics import default_metrics
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.dynamodb import SCAN_PAGE_LIMIT, TokenBucket, scan_pages
@@ -97,7 +97,7 @@ class ExportSource:
         return self.location.startswith("s3://")
 
     def _s3(self):
-        from ddb2bt.pipeline.connections import aws_client
+        from ddb2bt.pipeline.connect.connections import aws_client
 
         return aws_client("s3", region_name=self.region)  # a session of its own: read on the workers
 

@@ -68,7 +68,7 @@ class VerifyTable:
     mapping: MappingConfig
     source: Union[ScanSource, ExportSource]
     show_values: bool = False
-    show_keys: bool = False  # the one key-redaction policy (ddb2bt.pipeline.redaction)
+    show_keys: bool = False  # the one key-redaction policy (ddb2bt.pipeline.observe.redaction)
     state: Any = None  # a StateSpec: the tail's checkpoints, for re-checks; None: no re-checks
     recheck: Any = None  # RecheckOptions; None or disabled: differences are reported as found
 
@@ -87,7 +87,7 @@ class _ReadSourceItemsFn(beam.DoFn):
     def setup(self) -> None:
         self._client = None
         if isinstance(self._source, ScanSource):
-            from ddb2bt.pipeline.connections import DynamoDBClientFactory
+            from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
 
             self._client = DynamoDBClientFactory(self._source.region)()
 
@@ -196,7 +196,7 @@ class _RecheckRowsFn(beam.DoFn):
         self._table = table
 
     def setup(self) -> None:
-        from ddb2bt.pipeline.connections import DynamoDBClientFactory, StreamsClientFactory
+        from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory
         from ddb2bt.pipeline.cutover.recheck import stream_watermark
 
         m = self._table.mapping

@@ -324,9 +324,9 @@ def connect_check(mapping, store, options: ContinuousOptions, stream_arn: Option
     (the source's own: DynamoDB Streams or the Kinesis adapter) and ``store``.
     Its metrics carry the job's name (the state key) as ``table``, like the
     sink's. What the local thread and the Dataflow step (continuous_beam.py) run."""
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.recheck import stream_watermark
-    from ddb2bt.pipeline.metrics import UNNAMED_TABLE, default_metrics
+    from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, default_metrics
 
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target

@@ -60,7 +60,7 @@ class _ContinuousCheckStepFn(beam.DoFn):
 
     def setup(self) -> None:
         if self._pusher is not None:  # Dataflow workers cannot be scraped: they push
-            from ddb2bt.pipeline.metrics import start_pusher
+            from ddb2bt.pipeline.observe.metrics import start_pusher
 
             url, job = self._pusher
             start_pusher(url, job=job)

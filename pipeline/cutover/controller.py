@@ -29,7 +29,7 @@ import apache_beam as beam
 from ddb2bt.pipeline.control.markers import Bookkeeping
 from ddb2bt.pipeline.control.phases import BACKFILLING, LIVE, Migration
 from ddb2bt.pipeline.cutover.status import QUEUED_META
-from ddb2bt.pipeline.logs import table_logger
+from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.pipeline.clients.dynamodb import describe_table
 
@@ -167,7 +167,7 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
     """(source, spec dict, handoff ms or None, expected items). The retention rule:
     an export older than the stream keeps (24 h, less a margin) is refused, since
     changes made since it may already be trimmed."""
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
 
     if options.from_export:
@@ -208,7 +208,7 @@ def _bookkeeping(mapping) -> Bookkeeping:
 def check_source_clock(mapping) -> None:
     """Refuse a cutover on a clock too far from AWS's (control/clock.py), before
     anything is recorded or written."""
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.control.clock import check_clock
 
     client = dynamodb_client(mapping.source.region)
@@ -218,7 +218,7 @@ def check_source_clock(mapping) -> None:
 
 def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
     """Resume or begin the backfill: (source, handoff ms)."""
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
 
     source, source_spec, export_time, expected = backfill_source(options, mapping)
     if export_time is None:  # T comes from this host's clock (an export's from AWS's): check it first
@@ -246,7 +246,7 @@ class _Backfill(beam.PTransform):
 
 def _add_backfill(p, mapping, state_spec, source, handoff: int, options: BackfillOptions, reshuffle: bool,
                   label: str = ""):
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
@@ -265,7 +265,7 @@ def run_backfill(mapping, state_spec, options: BackfillOptions, beam_args: list,
     CATCHING_UP); on Dataflow, a batch job is launched (the tail's readers move
     the phase on once every part is done, see ``phases.advance``)."""
     from ddb2bt.pipeline.graph import is_local, make_pipeline
-    from ddb2bt.pipeline.metrics import counter_total, default_metrics
+    from ddb2bt.pipeline.observe.metrics import counter_total, default_metrics
 
     migration = migration or Migration(state_spec.store())
     source, handoff, expected = _begin(mapping, migration, options)

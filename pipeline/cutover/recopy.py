@@ -252,7 +252,7 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
 
 def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8) -> SweepResult:
     """The sweep against the mapping's source and target (``run_backfill`` calls it)."""
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
 
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target

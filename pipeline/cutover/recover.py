@@ -759,9 +759,9 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
                 metrics=None, sweep_progress=None) -> RecoverOutcome:
     """`ddb2bt recover` against the real services (clients injectable for tests)."""
     refuse_kinesis(mapping)
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.control.phases import Migration
-    from ddb2bt.pipeline.preflight import resolve_stream
+    from ddb2bt.pipeline.connect.preflight import resolve_stream
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 
     dynamodb = dynamodb or dynamodb_client(mapping.source.region)

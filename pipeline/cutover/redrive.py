@@ -58,10 +58,11 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.logs import table_logger
+from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.pipeline.cutover.continuous import DIVERGENT
 from ddb2bt.pipeline.cutover.recheck import owner_candidates
-from ddb2bt.pipeline.source.records import from_stream_record, keys_redacted, record_from_json, values_omitted
+from ddb2bt.pipeline.control.letters import keys_redacted, record_from_json, values_omitted
+from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import (MARKER_FAMILY, converge_change, expected_cells, handoff_second_ms,
@@ -399,10 +400,10 @@ def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions())
     """`ddb2bt dlq redrive` against the real services: the sink's writer (the same
     limits, retries and version ownership as the pipeline, but no checkpoints: a
     redrive must not move the stream's) and a consistent GetItem reader."""
-    from ddb2bt.pipeline.connections import DynamoDBClientFactory
+    from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 
-    from ddb2bt.pipeline.connections import StreamsClientFactory
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory
 
     writer = state_spec.bigtable.writer()
     store = state_spec.store(writer)

@@ -296,10 +296,10 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     without shard lag, when the source cannot be described), its state, its
     marker family. A missing source table is an error: with no stream, a
     retention headroom would be a made-up number. ``describe=False``: the source
-    is known to be unreachable (ddb2bt.pipeline.reachability): no stream facts."""
+    is known to be unreachable (ddb2bt.pipeline.connect.reachability): no stream facts."""
     import logging
 
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.control.markers import Bookkeeping
 
     arn = kinesis_arn = None

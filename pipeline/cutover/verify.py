@@ -30,7 +30,7 @@ from ddb2bt.pipeline.cutover.recheck import RecheckOptions, RecheckResult, reche
 from ddb2bt.pipeline.cutover.mapping_change import fingerprint_of
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
 from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, describe_table, get_item, scan_pages
-from ddb2bt.pipeline.redaction import Redaction
+from ddb2bt.pipeline.observe.redaction import Redaction
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table, read_rows
 
 EXAMPLES_PER_KIND = 5
@@ -91,7 +91,7 @@ def _show(value: bytes, show: bool) -> str:
 
 def _key(text, show_keys: bool) -> str:
     """An item key or a row key (built from keys) under the one key-redaction
-    policy of every command (ddb2bt.pipeline.redaction: --show-keys)."""
+    policy of every command (ddb2bt.pipeline.observe.redaction: --show-keys)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "backslashreplace")
     return Redaction(show_keys=show_keys).key(text)
@@ -444,7 +444,7 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
                   show_keys: bool = False) -> VerifyReport:
     """`ddb2bt verify`: compare, with a progress bar, and record the summary in the
     state table (``status`` reads it)."""
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.cutover.controller import run_in_thread
     from ddb2bt.pipeline.cutover.recheck import stream_watermark
     from ddb2bt.transforms.errors import ConfigError

@@ -1,6 +1,6 @@
 """The ``ddb2bt dlq`` commands (list, show, redrive), ``repair`` (a redrive of the
 continuous check's divergent rows) and ``release-target``. The CLI
-(``pipeline/cli.py``) only parses and calls these; what they print and return
+(``pipeline/app/cli.py``) only parses and calls these; what they print and return
 is the command's output and exit code.
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import sys
 import time
 
-from ddb2bt.pipeline.jobs import load_all, mapping_flags, state_spec, write_summary
-from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.services.jobs import load_all, mapping_flags, state_spec, write_summary
+from ddb2bt.pipeline.connect.reachability import check_reachable
 
 
 def cmd_dlq_list(args) -> int:
@@ -37,9 +37,9 @@ def cmd_dlq_list(args) -> int:
 
 def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> list:
     """``dlq list``: per letter its time, reason, message, the item's key (redacted
-    unless --show-keys, like verify's: ddb2bt.pipeline.redaction; ``<redacted>``
+    unless --show-keys, like verify's: ddb2bt.pipeline.observe.redaction; ``<redacted>``
     where the letter was stored without values) and id; then how to act on them."""
-    from ddb2bt.pipeline.source.records import REDACTED, key_text
+    from ddb2bt.pipeline.control.letters import REDACTED, key_text
 
     out = []
     for entry in letters:

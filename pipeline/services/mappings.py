@@ -1,5 +1,5 @@
 """The commands about a mapping and its tables: ``validate``, ``explain``, ``lint``,
-``create-table`` and ``draft``. The CLI (``pipeline/cli.py``) only parses and calls
+``create-table`` and ``draft``. The CLI (``pipeline/app/cli.py``) only parses and calls
 these; what they print and return is the command's output and exit code.
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from ddb2bt.pipeline.jobs import load, load_all
-from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.services.jobs import load, load_all
+from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.transforms.errors import ConfigProblems
 
 # `draft`: the target written into a draft when none is given (the header says to decide it).
@@ -24,7 +24,7 @@ def cmd_validate(args) -> int:
     """Every mapping file named, each read to its end: all of a file's problems
     are printed in one run, and every file is checked even after a bad one."""
     from ddb2bt.pipeline.cutover.recover import inexact_features
-    from ddb2bt.pipeline.jobs import load_sources
+    from ddb2bt.pipeline.services.jobs import load_sources
     from ddb2bt.transforms.lint import WARN, placeholder_findings
 
     loaded, bad = load_sources(args)
@@ -107,7 +107,7 @@ def cmd_lint(args) -> int:
     for mapping in mappings:
         items = None
         if args.sample:
-            from ddb2bt.pipeline.connections import dynamodb_client
+            from ddb2bt.pipeline.connect.connections import dynamodb_client
 
             from ddb2bt.pipeline.clients.dynamodb import scan_items
 
@@ -126,15 +126,15 @@ def cmd_lint(args) -> int:
 
 def cmd_create_table(args) -> int:
     from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
 
     mappings = load_all(args)
     check_reachable(mappings, dynamodb="skip")  # within ~30 s, naming the endpoint, like the read-only commands
     for mapping in mappings:
         splits: tuple = ()
         if args.split_from_sample:
-            from ddb2bt.pipeline.connections import dynamodb_client
-            from ddb2bt.pipeline.draft import SampleBounds, sampled_split_points
+            from ddb2bt.pipeline.connect.connections import dynamodb_client
+            from ddb2bt.pipeline.services.draft import SampleBounds, sampled_split_points
 
             splits, sample = sampled_split_points(dynamodb_client(mapping.source.region), mapping,
                                                   SampleBounds(items=args.sample, max_rcu=args.max_rcu))
@@ -150,8 +150,8 @@ def cmd_create_table(args) -> int:
 
 
 def cmd_draft(args) -> int:
-    from ddb2bt.pipeline.connections import dynamodb_client
-    from ddb2bt.pipeline.draft import SampleBounds, draft_table
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
+    from ddb2bt.pipeline.services.draft import SampleBounds, draft_table
 
     result = draft_table(dynamodb_client(args.region), args.source_table,
                          SampleBounds(items=args.sample, max_rcu=args.max_rcu),

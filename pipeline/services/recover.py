@@ -1,5 +1,5 @@
 """The ``ddb2bt recover`` command (docs/recover.md): holds the tail's lease while it
-writes, shows progress, releases the lease at the end. The CLI (``pipeline/cli.py``)
+writes, shows progress, releases the lease at the end. The CLI (``pipeline/app/cli.py``)
 only parses and calls these; what they print and return is the command's output and
 exit code.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from ddb2bt.pipeline.jobs import acquire_lease, load, start_metrics_server, state_spec
+from ddb2bt.pipeline.services.jobs import acquire_lease, load, start_metrics_server, state_spec
 
 
 def cmd_recover(args) -> int:
@@ -16,7 +16,7 @@ def cmd_recover(args) -> int:
     from tqdm import tqdm
 
     from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job, refuse_kinesis
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
 
     mapping = load(args)
     refuse_kinesis(mapping)  # before any lease or state is touched

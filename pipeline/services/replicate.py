@@ -1,6 +1,6 @@
 """The commands that replicate: ``ddb2bt run`` (the live tail), ``backfill`` and
 ``migrate``, with what they share: the summary at the end and the local continuous-
-check threads. The CLI (``pipeline/cli.py``) only parses and calls these; what they
+check threads. The CLI (``pipeline/app/cli.py``) only parses and calls these; what they
 print and return is the command's output and exit code.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from ddb2bt.pipeline.jobs import (
+from ddb2bt.pipeline.services.jobs import (
     backfill_options, build_live_jobs, check_profiles, claim_target_tables, dlq_values, load_all, mapping_flags,
     outcome_since, outcome_snapshot, start_metrics_server, state_spec, submitted, with_backfill_leases,
     write_summary,
@@ -106,7 +106,7 @@ def start_continuous_checks(args, jobs: list):
 def cmd_backfill(args) -> int:
     from ddb2bt.pipeline.cutover.controller import TableBackfill, backfill, check_export_first
     from ddb2bt.pipeline.graph import is_local
-    from ddb2bt.pipeline.preflight import check_target, ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import check_target, ensure_state_table
 
     mappings = load_all(args)
     options = backfill_options(args, len(mappings))

@@ -1,5 +1,5 @@
 """``ddb2bt status``: where each table's migration stands, from the state table
-and (when reachable) the stream's facts. Read-only. The CLI (``pipeline/cli.py``)
+and (when reachable) the stream's facts. Read-only. The CLI (``pipeline/app/cli.py``)
 only parses and calls this; what it prints and returns is the command's output
 and exit code.
 """
@@ -10,8 +10,8 @@ import logging
 
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.cutover.status import assess, facts_json, render, render_tables, table_facts
-from ddb2bt.pipeline.jobs import load_all, mapping_flags, state_spec
-from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.services.jobs import load_all, mapping_flags, state_spec
+from ddb2bt.pipeline.connect.reachability import check_reachable
 
 __all__ = ["STATUS_DEADLINE_S", "cmd_status"]
 

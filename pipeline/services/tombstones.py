@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 from ddb2bt.transforms.errors import ConfigError
-from ddb2bt.pipeline.jobs import load_all, state_spec
-from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.services.jobs import load_all, state_spec
+from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.pipeline.sink.tombstones import (DEFAULT_MARGIN_HOURS, US_PER_HOUR, SweepStats, clock_scanner,
                                              keep_us, sweep_tombstones)
 from ddb2bt.pipeline.source.kinesis import RECORD_AGE_MARGIN_S, resolve_kinesis

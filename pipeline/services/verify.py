@@ -1,5 +1,5 @@
 """The ``ddb2bt verify`` command: the local verify, or the same check as a Beam job
-(``cutover/beam_verify.py``). The CLI (``pipeline/cli.py``) only parses and calls
+(``cutover/beam_verify.py``). The CLI (``pipeline/app/cli.py``) only parses and calls
 these; what they print and return is the command's output and exit code.
 """
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddb2bt.pipeline.jobs import load_all, state_spec, submitted
-from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.services.jobs import load_all, state_spec, submitted
+from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.transforms.errors import ConfigError
 
 
@@ -16,7 +16,7 @@ def cmd_verify(args) -> int:
     from ddb2bt.pipeline.cutover.recheck import RecheckOptions
     from ddb2bt.pipeline.cutover.verify import print_report, verify_target
     from ddb2bt.pipeline.options import runner_of
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
 
     mappings = load_all(args)
     if runner_of(args.beam_args) or args.from_export:

@@ -37,7 +37,7 @@ from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
 from ddb2bt.pipeline.clients.retry import retrying
 from ddb2bt.pipeline.control.markers import has_markers
 from ddb2bt.pipeline.control.phases import backfill_may_run
-from ddb2bt.pipeline.metrics import UNNAMED_TABLE, PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, PipelineMetrics
 from ddb2bt.pipeline.control.versions import VersionOwners
 from ddb2bt.pipeline.control.state import BackfillCheckpoint, ShardCheckpoint, StateStore
 from ddb2bt.pipeline.sink.batch import Batch, Row, merge_checkpoints

@@ -1,4 +1,4 @@
-"""Guarded backfill writes on the sink's side (ddb2bt.pipeline.cutover.guards,
+"""Guarded backfill writes on the sink's side (ddb2bt.pipeline.sink.guards,
 docs/design.md §7.4): repair intents recorded before a batch is written,
 backfill rows the tail touched repaired after it, and conditional
 (CheckAndMutateRow) writes."""
@@ -9,7 +9,7 @@ import uuid
 from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
-from ddb2bt.pipeline.cutover.guards import encode_intent, repair_intents, repair_touched, write_conditional
+from ddb2bt.pipeline.sink.guards import encode_intent, repair_intents, repair_touched, write_conditional
 from ddb2bt.pipeline.sink.batch import Batch, Row
 from ddb2bt.pipeline.sink.config import SinkConfig
 from ddb2bt.pipeline.sink.requests import RequestWriter

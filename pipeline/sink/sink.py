@@ -69,7 +69,7 @@ class _WriteToBigtableFn(beam.DoFn):
         self._pushgateway = pushgateway
 
     def setup(self) -> None:
-        from ddb2bt.pipeline.metrics import default_metrics, start_pusher
+        from ddb2bt.pipeline.observe.metrics import default_metrics, start_pusher
 
         tune_collector()  # pages of changes in flight: collector.py says why
         if self._pushgateway:  # Dataflow workers cannot be scraped: they push

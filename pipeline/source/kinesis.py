@@ -266,7 +266,7 @@ class KinesisStreamsClient:
             hours = self._k.describe_stream_summary(**self._stream)["StreamDescriptionSummary"].get(
                 "RetentionPeriodHours", 24)
             self._retention_s = hours * 3600
-            from ddb2bt.pipeline.metrics import default_metrics
+            from ddb2bt.pipeline.observe.metrics import default_metrics
 
             default_metrics().lag.set_retention(StreamArn, self._retention_s)  # the headroom gauge's window
         return {"StreamDescription": {"StreamArn": StreamArn, "Shards": shards, "StreamStatus": "ENABLED",
@@ -406,7 +406,7 @@ class KinesisClientFactory:
     def __call__(self) -> KinesisStreamsClient:
         from botocore.config import Config
 
-        from ddb2bt.pipeline.connections import aws_client
+        from ddb2bt.pipeline.connect.connections import aws_client
 
         config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=10, read_timeout=30)
         client = aws_client("kinesis", region_name=self.region, config=config)
@@ -439,7 +439,7 @@ def resolve_kinesis(mapping, kinesis=None) -> KinesisSource:
 
     config = mapping.source.kinesis
     if kinesis is None:
-        from ddb2bt.pipeline.connections import aws_client
+        from ddb2bt.pipeline.connect.connections import aws_client
 
         kinesis = aws_client("kinesis", region_name=mapping.source.region)
     target = {"StreamARN": config.stream} if config.stream.startswith("arn:") else {"StreamName": config.stream}

@@ -14,8 +14,8 @@ from apache_beam.utils.timestamp import Duration
 from ddb2bt.pipeline.clients.dynamodb import shard_directory, table_of_stream
 from ddb2bt.pipeline.control.catchup import CatchUpReport, summarize
 from ddb2bt.pipeline.control.coordinator import coordinator_for
-from ddb2bt.pipeline.metrics import default_metrics
-from ddb2bt.pipeline.restriction import CheckpointOnlyTracker
+from ddb2bt.pipeline.observe.metrics import default_metrics
+from ddb2bt.pipeline.source.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import batch_records
 from ddb2bt.pipeline.control.state import stream_label
 from ddb2bt.pipeline.source.stream_source import (

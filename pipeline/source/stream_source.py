@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
@@ -35,14 +34,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
-from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
                                       StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
                                       fast_records_decoding,
                                       table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
+from ddb2bt.pipeline.source.heads import ShardHeads
 from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.control.state import ShardCheckpoint
@@ -329,15 +328,6 @@ class PartitionReader:
         self._client = client
         self._between_attempts = between_attempts  # its coordinator's lease check: no retry outlives the lease
         fast_records_decoding(client)  # GetRecords pages through the C JSON parser
-        # {shard id: when a reader of this job last saw it at its head}, as the
-        # readers recorded it in the state table (StateStore.load_shard_heads):
-        # what proves that a trimmed checkpoint lost nothing (docs/design.md §8.2).
-        self._load_heads = load_heads
-        # shard id -> this host's times of the current run of empty pages (the
-        # oldest dropped once the newer ones alone still make a head), and
-        # shard id -> the latest time it was proven at its head.
-        self._empty_run: dict = {}
-        self._heads: dict = {}
         # Within AWS's limits (docs/operations.md): the stream's shards are listed
         # once per process for all its partitions (the SDF passes the process's
         # ShardDirectory; alone, a reader has its own); GetRecords is paced per shard.
@@ -372,6 +362,9 @@ class PartitionReader:
         if self._metrics is not None:
             self._metrics.lag.label(partition.stream_arn, self._table)
         self._where = endpoint_of(client, "DynamoDB Streams")
+        # When each shard was last seen at its head: what proves that a trimmed
+        # checkpoint lost nothing (docs/design.md §8.2).
+        self._shard_heads = ShardHeads(partition.stream_arn, now_ms, self._metrics, load_heads)
 
     # -- remote calls with one retry policy
     def _call(self, operation: str, fn: Callable):
@@ -444,7 +437,7 @@ class PartitionReader:
             "or rerun with --on-trimmed=restart to continue from the oldest available record "
             "(the lost changes stay lost)."
         )
-        head_ms = self._last_head_ms(shard_id)
+        head_ms = self._shard_heads.last_head_ms(shard_id)
         retention_s = getattr(self._client, "retention_s", None) or STREAM_RETENTION_S
         now = self._now_ms()
         if nothing_lost_since_head(head_ms, now, retention_s):
@@ -472,40 +465,10 @@ class PartitionReader:
         return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
             StreamArn=self._partition.stream_arn, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
 
-    def _last_head_ms(self, shard_id: str) -> Optional[int]:
-        """The latest time this job is known to have seen the shard at its head:
-        this reader's own, or any reader's recorded in the state table."""
-        times = [self._heads.get(shard_id)]
-        if self._load_heads is not None:
-            times.append(self._load_heads(self._partition.stream_arn).get(shard_id))
-        times = [t for t in times if t is not None]
-        return max(times) if times else None
-
-    def _on_page(self, shard_id: str, empty: bool) -> None:
-        """Follow the shard's run of empty pages; at the head (docs/design.md
-        §7.8: HEAD_EMPTY_PAGES pages over HEAD_EMPTY_S, nothing read and not yet
-        applied) remember when: every record created before the run's first page
-        was read. Of a long run, the latest such window counts."""
-        if not empty:
-            self._empty_run.pop(shard_id, None)
-            return
-        run = self._empty_run.setdefault(shard_id, deque())
-        now = self._now_ms()
-        run.append(now)
-        window_ms = HEAD_EMPTY_S * 1000
-        while len(run) > HEAD_EMPTY_PAGES and now - run[1] >= window_ms:
-            run.popleft()
-        if len(run) < HEAD_EMPTY_PAGES or now - run[0] < window_ms:
-            return
-        if self._metrics is not None and self._metrics.lag.view(
-                self._partition.stream_arn, shard_id).pending_oldest_ms is not None:
-            return  # records read and not yet applied: not proven
-        self._heads[shard_id] = max(run[0], self._heads.get(shard_id, run[0]))
-
     def heads(self) -> dict:
         """{shard id: the latest time (ms, this host's clock) it was seen at its
         head} of the shards this partition reads, for the state table."""
-        return {shard_id: ms for shard_id, ms in self._heads.items() if shard_id in self._iterators}
+        return self._shard_heads.heads(self._iterators)
 
     def _get_records(self, shard_id: str, pos: ShardPos) -> dict:
         for _ in range(3):  # an iterator can expire between renewal and use; renew at most twice
@@ -607,7 +570,7 @@ class PartitionReader:
                 if not records and self._metrics:
                     # An empty page, not yet the head (control/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
-                self._on_page(shard_id, empty=not records)
+                self._shard_heads.on_page(shard_id, empty=not records)
                 if len(records) >= GET_RECORDS_LIMIT:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us

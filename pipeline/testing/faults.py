@@ -202,7 +202,7 @@ def main(argv: Optional[list] = None) -> int:
     import argparse
     import sys
 
-    from ddb2bt.pipeline.cli import main as cli_main
+    from ddb2bt.pipeline.app.cli import main as cli_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after "--" is the ddb2bt command line, untouched (argparse's

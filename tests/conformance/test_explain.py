@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ddb2bt.pipeline.cli import main
+from ddb2bt.pipeline.app.cli import main
 from tests.conformance.harness import fixtures
 from tests.conftest import ROOT
 
@@ -38,7 +38,7 @@ def test_the_command_line_of_the_issue_keeps_36_digits():
     """echo '{"Item": …}' | ddb2bt explain -m examples/product_catalog.yaml --item -"""
     digits = "123456789012345678901234567890123456"
     item = '{"Item": {"pk": {"S": "hats"}, "sk": {"S": "fedoras#brandA"}, "Weight": {"N": "%s"}}}' % digits
-    done = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "explain", "-m", "examples/product_catalog.yaml",
+    done = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "explain", "-m", "examples/product_catalog.yaml",
                            "--item", "-"], input=item, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "  table product_catalog row b'hats#fedoras#brandA'\n" in done.stdout

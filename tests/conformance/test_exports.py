@@ -74,9 +74,9 @@ def test_an_ion_export_gives_the_very_cells_of_the_same_dynamodb_json_export():
 ])
 def test_backfill_refuses_the_export_before_touching_bigtable(name, message, monkeypatch, capsys):
     """The check runs first: no state table, no handoff, no tail, no cell."""
-    import ddb2bt.pipeline.cli as cli
+    import ddb2bt.pipeline.app.cli as cli
     from ddb2bt.pipeline.services import replicate
-    import ddb2bt.pipeline.preflight as preflight
+    import ddb2bt.pipeline.connect.preflight as preflight
 
     def forbidden(*a, **k):
         raise AssertionError("touched Bigtable before the export was checked")

@@ -19,7 +19,7 @@ from ddb2bt.pipeline.cutover.compare import expected_layout
 from ddb2bt.pipeline.control.phases import LIVE, RECOVERING, Migration
 from ddb2bt.pipeline.cutover.recover import (Gap, Recovery, RecoveryRefused, check_coverage, check_pitr,
                                              inexact_features, open_export, read_changes)
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, StateStore

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.continuous import POSITION_META, CheckPosition
 from ddb2bt.pipeline.local.local_stack import free_port
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
@@ -55,7 +55,7 @@ def test_continuous_check_finds_a_corruption_repair_fixes_it_and_no_false_alarm(
                    "--poll-interval", "0.2", "--continuous-check", "100", "--continuous-check-segments", "2"]) == 0
     port = free_port()
     log = open(os.environ.get("DDB2BT_TEST_JOB_LOG", tmp_path / "job.log"), "wb")
-    job = subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.cli", "run", "--mapping", str(path),
+    job = subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "run", "--mapping", str(path),
                             "--poll-interval", "0.2", "--metrics-port", str(port), "--continuous-check", "100",
                             "--continuous-check-segments", "2"], cwd=ROOT, env=dict(os.environ), stdout=log,
                            stderr=subprocess.STDOUT, start_new_session=True)

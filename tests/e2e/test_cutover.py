@@ -19,9 +19,9 @@ import pytest
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.reads import read_rows, read_table
-from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import compare_mapping
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
 from ddb2bt.pipeline.control.phases import Migration
 from tests.conftest import ROOT, write_mapping
 from ddb2bt.transforms.attrs import item_to_dynamodb_json
@@ -193,7 +193,7 @@ def _wait(predicate, timeout=120, what="condition"):
 
 
 def _spawn(args):
-    return subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.cli", *args], cwd=ROOT, env=dict(os.environ),
+    return subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.app.cli", *args], cwd=ROOT, env=dict(os.environ),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ddb2bt.pipeline import cli
+from ddb2bt.pipeline.app import cli
 from ddb2bt.pipeline.services import replicate, verify
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.connections import dynamodb_client
+from ddb2bt.pipeline.connect.connections import dynamodb_client
 from ddb2bt.pipeline.dataflow import graph_facts, validate_options
 from tests.conftest import write_mapping
 from ddb2bt.transforms.errors import ConfigError

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
@@ -51,7 +51,7 @@ def worker(job: str, args: list, err, write_log, env) -> subprocess.Popen:
 
 
 def local_run(args: list, err, env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.app.cli", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=open(err, "wb"), start_new_session=True)
 
 

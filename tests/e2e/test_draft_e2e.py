@@ -11,8 +11,8 @@ import time
 import pytest
 import yaml
 
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import dynamodb_client
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import dynamodb_client
 from tests.unit.draft_tables import NOW_S, all_tables
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import StreamsClientFactory
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import StreamsClientFactory
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.local import local_stack
 from ddb2bt.pipeline.local.local_stack import DYNAMODB_EMULATORS, MINISTACK, LocalStack
@@ -98,7 +98,7 @@ def test_restart_after_a_kill_resumes_from_the_checkpoint(emulator_stack, tmp_pa
     path, mapping, ddb = setup(tmp_path, unique)
     for op in workload.operations(41, 400, HOT_ITEMS):
         workload.apply_quietly(ddb, mapping.source.table, op)
-    proc = subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.cli", "run", "--mapping", str(path), *RUN],
+    proc = subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "run", "--mapping", str(path), *RUN],
                             cwd=ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     store = store_of(mapping)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import dynamodb_client
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import dynamodb_client
 from ddb2bt.pipeline.local import workload
 from ddb2bt.transforms.config import load_mapping
 from tests.conftest import write_mapping

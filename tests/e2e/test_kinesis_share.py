@@ -26,15 +26,15 @@ from fractions import Fraction
 import boto3
 import pytest
 
-import ddb2bt.pipeline.cli as cli
-import ddb2bt.pipeline.connections as connections
+import ddb2bt.pipeline.app.cli as cli
+import ddb2bt.pipeline.connect.connections as connections
 import ddb2bt.pipeline.source.kinesis as kinesis_source
 import ddb2bt.pipeline.services.replicate as replicate
 from ddb2bt.pipeline.control import coordinator, lease
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory
 from ddb2bt.pipeline.cutover.compare import compare_mapping
-from ddb2bt.pipeline.jobs import build_live_jobs, load_all
+from ddb2bt.pipeline.services.jobs import build_live_jobs, load_all
 from ddb2bt.pipeline.control.lease import TAIL, LeaseState, wall_ms
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
@@ -146,7 +146,7 @@ def test_a_second_job_on_the_stream_needs_a_share_that_fits(stack, tmp_path, uni
     store = StateSpec(BigtableSpec(a.mapping.target.project, a.mapping.target.instance), job=a.mapping.name).store()
 
     # Job 1 runs in the background with half the budget.
-    cmd = [sys.executable, "-m", "ddb2bt.pipeline.cli", "run", "--mapping", str(a.path), "--poll-interval", "0.2",
+    cmd = [sys.executable, "-m", "ddb2bt.pipeline.app.cli", "run", "--mapping", str(a.path), "--poll-interval", "0.2",
            "--kinesis-share", "1/2"]
     proc = subprocess.Popen(cmd, env=dict(os.environ), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)

@@ -18,8 +18,8 @@ import time
 import boto3
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
@@ -172,7 +172,7 @@ def test_a_crash_mid_run_resumes_and_converges(stack, tmp_path, unique):
     world = KinesisWorld(tmp_path, unique, "product_catalog.yaml")
     apply_ops(world.ddb, world.source, catalog_ops(31, 600), ("pk", "sk"))
     world.pump(Disorder(window=30, duplicate=0.1, seed=3))
-    cmd = [sys.executable, "-m", "ddb2bt.pipeline.cli", "run", "--mapping", str(world.path), "--poll-interval", "0.2"]
+    cmd = [sys.executable, "-m", "ddb2bt.pipeline.app.cli", "run", "--mapping", str(world.path), "--poll-interval", "0.2"]
     proc = subprocess.Popen(cmd, env=dict(os.environ), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     store = StateSpec(BigtableSpec(world.mapping.target.project, world.mapping.target.instance),

@@ -14,9 +14,9 @@ import pytest
 
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
-from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
 from ddb2bt.pipeline.control.state import ShardCheckpoint
 from tests.conftest import ROOT, write_mapping
 from ddb2bt.transforms.config import load_mapping
@@ -80,7 +80,7 @@ def test_restart_after_kill_and_replay_from_an_older_checkpoint_converge(stack, 
     for op in workload.operations(5, 600, 120):
         workload.apply_quietly(ddb, mapping.source.table, op)
     env = dict(os.environ)
-    cmd = [sys.executable, "-m", "ddb2bt.pipeline.cli", "run", "--mapping", str(path), "--poll-interval", "0.2"]
+    cmd = [sys.executable, "-m", "ddb2bt.pipeline.app.cli", "run", "--mapping", str(path), "--poll-interval", "0.2"]
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     store = StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
@@ -99,7 +99,7 @@ def test_restart_after_kill_and_replay_from_an_older_checkpoint_converge(stack, 
     check_identical(mapping, ddb)
     # replay from an older checkpoint (the very first record): still identical
     (shard, ck), = store.load_checkpoints(stream_arn).items()
-    client = __import__("ddb2bt.pipeline.connections", fromlist=["x"]).StreamsClientFactory()()
+    client = __import__("ddb2bt.pipeline.connect.connections", fromlist=["x"]).StreamsClientFactory()()
     it = client.get_shard_iterator(StreamArn=stream_arn, ShardId=shard, ShardIteratorType="TRIM_HORIZON")
     first = client.get_records(ShardIterator=it["ShardIterator"], Limit=1)["Records"][0]["dynamodb"]["SequenceNumber"]
     store.save_checkpoints([ShardCheckpoint(stream_arn, shard, first)])

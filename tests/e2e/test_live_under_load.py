@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.control.phases import Migration
 from ddb2bt.pipeline.local import workload
 from tests.e2e.test_cutover import (_kill, _spawn, _wait, assert_target_is_exactly_the_mapping, identical, preload,

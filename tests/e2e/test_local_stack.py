@@ -85,7 +85,7 @@ def test_missing_emulator_gives_install_instructions(monkeypatch, tmp_path):
 
 def test_local_run_sets_the_variables_for_the_command(tmp_path):
     script = "import os; print(os.environ['BIGTABLE_EMULATOR_HOST'], os.environ['AWS_ENDPOINT_URL_DYNAMODBSTREAMS'])"
-    out = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", "run", "--", sys.executable, "-c", script],
+    out = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "local", "run", "--", sys.executable, "-c", script],
                          capture_output=True, text=True, cwd=tmp_path, check=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout
     bigtable, aws = out.split()
@@ -101,7 +101,7 @@ def test_detached_stack_up_env_down(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
-    run = lambda cwd, *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a],
+    run = lambda cwd, *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "local", *a],
                                          capture_output=True, text=True, cwd=cwd, env=env)
     assert run(one, "up", "--detach").returncode == 0
     try:
@@ -134,7 +134,7 @@ def test_detached_stack_with_ministack_and_no_silent_switch(tmp_path):
     the running one, instead of handing back the other emulator."""
     env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path / "state"))
     env.pop("PYTHONPATH", None)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a],
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "local", *a],
                                     capture_output=True, text=True, cwd=tmp_path, env=env)
     started = run("up", "--detach", "--dynamodb=ministack")
     assert started.returncode == 0, started.stderr
@@ -174,7 +174,7 @@ def test_up_over_a_half_down_stack_restarts_the_dead_half_and_down_stops_everyth
 
     env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path / "state"))
     env.pop("PYTHONPATH", None)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "local", *a],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "local", *a],  # noqa: E731
                                     capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     state_path = tmp_path / "state" / "local-stack.json"
     assert run("up", "--detach").returncode == 0

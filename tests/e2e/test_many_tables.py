@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
 from ddb2bt.pipeline.control.phases import LIVE, Migration
 from ddb2bt.pipeline.local import workload
 from ddb2bt.transforms.attrs import from_plain
@@ -177,7 +177,7 @@ def test_adding_a_table_to_a_job_resumes_the_others(stack, tmp_path, unique, cap
 @pytest.mark.parametrize("stream", [None, "KEYS_ONLY"])
 def test_a_table_without_a_usable_stream_is_refused_before_anything_starts(stack, tmp_path, unique, capsys,
                                                                           monkeypatch, stream):
-    import ddb2bt.pipeline.jobs as jobs
+    import ddb2bt.pipeline.services.jobs as jobs
 
     good_path, good = table_of(tmp_path, unique, "product_catalog.yaml", "Good", "good")
     bad_path = write_mapping(tmp_path, "invoices.yaml", source__table=f"Bad_{unique}", target__table=f"bad_{unique}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import yaml
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.transforms.config import load_mapping
 from tests.conftest import ROOT
 from tests.e2e.test_cutover import assert_target_is_exactly_the_mapping, preload, random_changes, setup

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import dynamodb_client
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import dynamodb_client
 from ddb2bt.pipeline.local import workload
 from tests.conftest import write_mapping
 

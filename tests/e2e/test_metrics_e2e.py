@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
 from tests.conftest import write_mapping
 from ddb2bt.transforms.config import load_mapping
 

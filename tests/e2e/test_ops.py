@@ -1,4 +1,4 @@
-"""Operability end to end (issue 17), with `python -m ddb2bt.pipeline.cli ...`
+"""Operability end to end (issue 17), with `python -m ddb2bt.pipeline.app.cli ...`
 subprocesses as a user runs them: one writer per job (lease, fencing, standby),
 failures that name Bigtable within seconds, and Ctrl-C that always ends."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
-from ddb2bt.pipeline.connections import dynamodb_client
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import dynamodb_client
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.local.local_stack import LocalStack
 from ddb2bt.pipeline.signals import INTERRUPTED
@@ -47,7 +47,7 @@ def spawn(args: list, err: Path, env: dict = None, write_log: Path = None) -> su
     if write_log is not None:
         argv = [sys.executable, "-m", "ddb2bt.pipeline.testing.faults", "--log-writes", str(write_log), "", "--", *args]
     else:
-        argv = [sys.executable, "-m", "ddb2bt.pipeline.cli", *args]
+        argv = [sys.executable, "-m", "ddb2bt.pipeline.app.cli", *args]
     return subprocess.Popen(argv, cwd=ROOT, env=env or dict(os.environ), stdout=subprocess.DEVNULL,
                             stderr=open(err, "wb"), start_new_session=True)
 
@@ -222,11 +222,11 @@ def test_read_only_commands_fail_within_30s_when_bigtable_is_unreachable(stack, 
         # interpreter's start and imports (Beam's: seconds on a loaded machine):
         # what the same imports take just before is not counted.
         started = time.monotonic()
-        subprocess.run([sys.executable, "-c", "import ddb2bt.pipeline.cli"], cwd=ROOT, env=env, check=True,
+        subprocess.run([sys.executable, "-c", "import ddb2bt.pipeline.app.cli"], cwd=ROOT, env=env, check=True,
                        timeout=60)
         imports = time.monotonic() - started
         started = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", *args], cwd=ROOT, env=env,
+        out = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", *args], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=90)
         took = time.monotonic() - started - imports
         assert took < 30, (args, took, imports)

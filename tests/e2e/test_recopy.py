@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.connections import StreamsClientFactory
+from ddb2bt.pipeline.connect.connections import StreamsClientFactory
 from ddb2bt.pipeline.control.phases import Migration
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.reads import read_table

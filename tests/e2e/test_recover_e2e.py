@@ -21,13 +21,13 @@ import random
 
 import pytest
 
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, dynamodb_client
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
 from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
 from ddb2bt.pipeline.cutover.recover import RecoverOptions, iso, recover_job
 from ddb2bt.pipeline.graph import LiveJob, make_pipeline
 from ddb2bt.pipeline.io import ReplicateToBigtable
 from ddb2bt.pipeline.local import workload
-from ddb2bt.pipeline.preflight import ensure_state_table
+from ddb2bt.pipeline.connect.preflight import ensure_state_table
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
@@ -246,8 +246,8 @@ def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tm
     assert "LOST" in str(err.value) and "ddb2bt recover" in str(err.value)
 
     # 4. through the CLI (first job): status says how to recover; recover prints the plan
-    from ddb2bt.pipeline import connections
-    from ddb2bt.pipeline.cli import main as ddb2bt
+    from ddb2bt.pipeline.connect import connections
+    from ddb2bt.pipeline.app.cli import main as ddb2bt
 
     first = sources[0]
     monkeypatch.setattr(connections, "dynamodb_client", lambda region=None: DescribeShim(first))
@@ -372,7 +372,7 @@ def test_what_the_sweep_reads_agrees_with_the_fake_on_the_emulator(stack, tmp_pa
 def test_recover_for_a_job_that_never_ran_here_says_so(stack, unique, capsys):
     """No state table: no checkpoint can be trimmed; said plainly, nothing taken
     or written (not a NOT_FOUND from the lease's first read)."""
-    from ddb2bt.pipeline.cli import main as ddb2bt
+    from ddb2bt.pipeline.app.cli import main as ddb2bt
 
     state = f"never_{unique}"
     assert ddb2bt(["recover", "-m", "example:product_catalog", "--state-table", state,

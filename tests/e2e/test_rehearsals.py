@@ -23,7 +23,7 @@ def test_demo_kinesis_replicates_a_shuffled_duplicated_stream_of_several_shards(
     delivered out of order and some twice over several shards, the ordering guard
     absorbing them, the target equal to the table."""
     env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path / "state"), PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "demo", "--kinesis", "--changes", "400",
+    done = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "demo", "--kinesis", "--changes", "400",
                            "--rate", "1000", "--metrics-port", "-1"], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=DEMO_DEADLINE_S)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -48,7 +48,7 @@ def test_trim_and_recover_rehearsal_with_the_commands_of_the_docs(stack, tmp_pat
     import shlex
     import signal
 
-    from ddb2bt.pipeline.cli import main as ddb2bt
+    from ddb2bt.pipeline.app.cli import main as ddb2bt
     from ddb2bt.pipeline.local import local_stack
     from tests.conftest import write_mapping
 

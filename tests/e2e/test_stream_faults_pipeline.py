@@ -7,10 +7,10 @@ import pytest
 from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
 from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
-from ddb2bt.pipeline.preflight import ensure_state_table
+from ddb2bt.pipeline.connect.preflight import ensure_state_table
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.source.stream_source import ReaderOptions
 from tests.conftest import write_mapping

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from ddb2bt.pipeline.cli import main as ddb2bt
+from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.transforms.model import SetCell

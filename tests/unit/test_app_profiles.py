@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
-from ddb2bt.pipeline.preflight import check_app_profiles
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
+from ddb2bt.pipeline.connect.preflight import check_app_profiles
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.admin import MULTI_CLUSTER, SINGLE_CLUSTER, AppProfileFacts, AppProfileUnknown
 from ddb2bt.pipeline.sink.sink import BatchingWriter

@@ -10,7 +10,7 @@ import threading
 import boto3
 import pytest
 
-from ddb2bt.pipeline.connections import DynamoDBClientFactory, StreamsClientFactory, dynamodb_client
+from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory, dynamodb_client
 from ddb2bt.pipeline.cutover.backfill import ExportSource
 from ddb2bt.pipeline.source.kinesis import KinesisClientFactory
 

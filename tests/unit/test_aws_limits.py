@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from ddb2bt.pipeline.cutover.status import assess, gather, render
 from ddb2bt.pipeline.clients.dynamodb import (GET_RECORDS_PER_SHARD_PER_S, STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S,
                                       ShardDirectory, ShardPacer)
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.source import stream_source
 from ddb2bt.pipeline.source.stream_source import (LocalTracker, PartitionReader, ReaderOptions, StreamPartition,
@@ -270,7 +270,7 @@ def test_a_full_page_is_reported_as_pending_since_its_last_record(monkeypatch):
 
 
 def test_streams_calls_are_sized_to_fail_well_within_15_seconds():
-    from ddb2bt.pipeline.connections import StreamsClientFactory
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory
 
     client = StreamsClientFactory(region="us-east-1")()
     config = client.meta.config
@@ -286,7 +286,7 @@ def test_a_silent_network_partition_is_named_at_the_first_timeout(monkeypatch, c
     """An endpoint that accepts connections and never answers (what a silent
     partition looks like): the first DescribeStream fails after the read timeout
     and is logged as a WARNING naming the call, the endpoint and the timeout."""
-    from ddb2bt.pipeline.connections import StreamsClientFactory
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -157,7 +157,7 @@ def test_the_backfill_reader_emits_batches_and_a_part_done_after_its_records(tmp
     import ddb2bt.pipeline.cutover.backfill as backfill
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, BackfillTask, _ReadBackfillFn
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.control.state import StateStore
     from prometheus_client import CollectorRegistry
     from ddb2bt.transforms.model import RecordBatch
@@ -234,7 +234,7 @@ def test_the_handoff_scan_is_strongly_consistent_by_default():
     handoff and write the item back at T - 1 ms (docs/design.md §6.6): the
     backfill's Scan, the controller's options and the CLI default to a
     strongly consistent one; --no-consistent-read is the explicit opt-out."""
-    from ddb2bt.pipeline.cli import build_parser
+    from ddb2bt.pipeline.app.cli import build_parser
     from ddb2bt.pipeline.cutover.controller import BackfillOptions
 
     client = FakeScan(3, 10)

@@ -1,4 +1,4 @@
-"""The backfill's write/repair crash window (pipeline/cutover/guards.py): a crash
+"""The backfill's write/repair crash window (pipeline/sink/guards.py): a crash
 after a batch's plain write and before its repair, with the tail's delete of an
 item landing before that write, must not leave the deleted item in the table once
 the backfill resumes (the Scan no longer returns the item) and finishes."""

@@ -43,7 +43,7 @@ def test_both_spellings_become_one():
 def test_the_cli_hands_beam_one_spelling(monkeypatch):
     """`ddb2bt run … --runner DirectRunner --job_name j` and the `=` spelling reach
     the command with the same Beam arguments."""
-    from ddb2bt.pipeline import cli
+    from ddb2bt.pipeline.app import cli
 
     seen: list = []
     monkeypatch.setattr(cli, "cmd_run", lambda args: seen.append(args.beam_args) or 0)

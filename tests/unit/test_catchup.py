@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from ddb2bt.pipeline.control.catchup import (HEAD_EMPTY_PAGES, HEAD_EMPTY_S, LIVE_LAG_BOUND_S, LIVE_SETTLE_S,
                                              CatchUpReport, Settling, ShardView, caught_up, summarize, worst)
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.source.stream_source import (LocalTracker, PartitionReader, ReaderOptions, StreamPartition,
                                                   drain_round)

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from ddb2bt.pipeline.cli import build_parser, main
+from ddb2bt.pipeline.app.cli import build_parser, main
 from ddb2bt.pipeline.graph import is_local
 from tests.conftest import ROOT
 
@@ -66,7 +66,7 @@ def test_local_runner_detection(args, local):
 
 
 def test_console_script_entry_point_runs():
-    out = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.cli", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "--help"], capture_output=True, text=True,
                          cwd=ROOT, check=True).stdout
     assert "Replicate a live DynamoDB table" in out
 
@@ -112,9 +112,9 @@ def test_lint_takes_a_directory_like_validate_and_recover_says_it_takes_one_tabl
 
 
 def test_metrics_port_minus_one_is_off_for_every_command_that_serves_metrics(monkeypatch):
-    from ddb2bt.pipeline import metrics
-    from ddb2bt.pipeline.cli import build_parser
-    from ddb2bt.pipeline.jobs import start_metrics_server
+    from ddb2bt.pipeline.observe import metrics
+    from ddb2bt.pipeline.app.cli import build_parser
+    from ddb2bt.pipeline.services.jobs import start_metrics_server
     from ddb2bt.pipeline.options import options_by_command
 
     commands = sorted(c for c in options_by_command(build_parser())["--metrics-port"])
@@ -132,7 +132,7 @@ def test_metrics_port_minus_one_is_off_for_every_command_that_serves_metrics(mon
 def test_beam_options_given_as_flag_value_or_flag_equals_value_work_alike(caplog, monkeypatch):
     import logging
 
-    import ddb2bt.pipeline.cli as cli
+    import ddb2bt.pipeline.app.cli as cli
     from ddb2bt.pipeline.graph import make_pipeline
     from ddb2bt.pipeline.options import joined_beam_args
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from ddb2bt.pipeline.cli import RESUME_HINT, main, report_outcome, start_metrics_server
+from ddb2bt.pipeline.app.cli import RESUME_HINT, main, report_outcome, start_metrics_server
 from ddb2bt.pipeline.options import check_beam_args, number
 from ddb2bt.transforms.errors import ConfigError
 from tests.conftest import ROOT
@@ -98,7 +98,7 @@ def test_run_outcome_names_dead_letters_and_how_to_inspect_them():
 def test_a_closed_pipe_is_quiet():
     script = textwrap.dedent("""
         import sys
-        from ddb2bt.pipeline import cli
+        from ddb2bt.pipeline.app import cli
         def flood(args):
             for i in range(200_000):
                 print("letter", i)
@@ -164,8 +164,8 @@ def test_validate_reports_every_mistake_of_a_mapping_in_one_run(tmp_path, capsys
 
 
 def test_the_backfill_scan_gives_up_after_the_dynamodb_deadline():
-    from ddb2bt.pipeline.cli import build_parser
-    from ddb2bt.pipeline.jobs import backfill_options
+    from ddb2bt.pipeline.app.cli import build_parser
+    from ddb2bt.pipeline.services.jobs import backfill_options
 
     args = build_parser().parse_args(["backfill", "--mapping", MAPPING, "--dynamodb-deadline", "42"])
     assert backfill_options(args).scan_retry.deadline_s == 42

@@ -16,7 +16,7 @@ from ddb2bt.pipeline.cutover.continuous import (DIVERGENT, POSITION_META, CheckP
                                                 ContinuousOptions)
 from ddb2bt.pipeline.cutover.continuous_beam import _ContinuousCheckStepFn
 from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable

@@ -195,7 +195,7 @@ def test_a_mapping_with_a_ddb2bt_family_is_refused(tmp_path, family):
 
 
 def test_the_cli_refuses_it_in_validate_and_lint(tmp_path, capsys):
-    from ddb2bt.pipeline.cli import main
+    from ddb2bt.pipeline.app.cli import main
 
     path = _mapping_with_family(tmp_path, "ddb2bt_touch")
     for command in ("validate", "lint"):

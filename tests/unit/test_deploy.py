@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddb2bt.pipeline.cli import build_parser
-from ddb2bt.pipeline.flex_main import COMMANDS, PARAMETERS, translate
+from ddb2bt.pipeline.app.cli import build_parser
+from ddb2bt.pipeline.app.flex_main import COMMANDS, PARAMETERS, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 META = json.loads((ROOT / "deploy/dataflow/metadata.json").read_text())
@@ -34,7 +34,7 @@ def test_dockerfile_matches_the_pinned_beam_and_runs_the_flex_entrypoint():
     text = (ROOT / "Dockerfile").read_text()
     pinned = re.search(r'"apache-beam>=([0-9.]+),', (ROOT / "pyproject.toml").read_text()).group(1)
     assert f"ARG BEAM_VERSION={pinned}.0" in text or f"ARG BEAM_VERSION={pinned}" in text
-    assert "FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/flex_main.py" in text
+    assert "FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/ddb2bt/pipeline/app/flex_main.py" in text
     assert (ROOT / ".dockerignore").read_text().count(".venv") == 1
 
 
@@ -90,7 +90,7 @@ def test_the_template_takes_a_list_of_mappings_or_a_folder(monkeypatch):
 
     from apache_beam.io.filesystems import FileSystems
 
-    from ddb2bt.pipeline.jobs import mapping_sources
+    from ddb2bt.pipeline.services.jobs import mapping_sources
 
     regex = PARAMS["mapping"]["regexes"][0]
     listed = {"gs://bkt/app/*.yaml": ["gs://bkt/app/orders.yaml", "gs://bkt/app/carts.yaml"], "gs://bkt/app/*.yml": []}

@@ -1,5 +1,5 @@
 """`ddb2bt draft`, the pure part (transforms/draft.py) and the bounded sample
-(pipeline/draft.py) against a large fake table: the delimiter, order-preserving
+(pipeline/services/draft.py) against a large fake table: the delimiter, order-preserving
 numeric sort keys, entity types, the sample's bounds (N items, --max-rcu), split
 points, and the refusals (no permission)."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import threading
 import pytest
 from botocore.exceptions import ClientError
 
-from ddb2bt.pipeline import draft as draft_io
-from ddb2bt.pipeline.cli import main
-from ddb2bt.pipeline.draft import DraftRefused, SampleBounds, read_table_facts, sample_table
+from ddb2bt.pipeline.services import draft as draft_io
+from ddb2bt.pipeline.app.cli import main
+from ddb2bt.pipeline.services.draft import DraftRefused, SampleBounds, read_table_facts, sample_table
 from ddb2bt.transforms.draft import (DELIMITER_CANDIDATES, SORT_KEY_PAD, draft_mapping, split_points, table_facts,
                                      type_prefix)
 from ddb2bt.transforms.lint import WARN, lint
@@ -185,7 +185,7 @@ class DeniedClient:
 def test_no_permission_is_a_clear_error_and_exit_1(monkeypatch, capsys):
     with pytest.raises(DraftRefused, match="dynamodb:DescribeTable and dynamodb:Scan"):
         read_table_facts(DeniedClient(), "Orders")
-    monkeypatch.setattr("ddb2bt.pipeline.connections.dynamodb_client", lambda region=None: DeniedClient())
+    monkeypatch.setattr("ddb2bt.pipeline.connect.connections.dynamodb_client", lambda region=None: DeniedClient())
     assert main(["draft", "--table", "Orders"]) == 1
     err = capsys.readouterr().err
     assert "DescribeTable on DynamoDB table 'Orders' was refused (no permission)" in err
@@ -210,7 +210,7 @@ def test_the_cli_passes_the_sample_bounds(monkeypatch, capsys, tmp_path):
         seen.append(bounds)
         return source.items, draft_io.SampleFacts(len(source.items), 1, 3.0, "end", 1, 0.1)
 
-    monkeypatch.setattr("ddb2bt.pipeline.connections.dynamodb_client", lambda region=None: Described())
+    monkeypatch.setattr("ddb2bt.pipeline.connect.connections.dynamodb_client", lambda region=None: Described())
     monkeypatch.setattr(draft_io, "sample_table", sample)
     out = tmp_path / "m.yaml"
     assert main(["draft", "--table", "ProductCatalog", "--sample", "300", "--max-rcu", "25", "--out", str(out)]) == 0

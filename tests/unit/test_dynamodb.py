@@ -219,7 +219,7 @@ def test_scan_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
     with and without the decoder."""
     import boto3
 
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.local import workload
 
     item = {k: v for k, v in _parse_both({"Items": [WIRE_ITEM]})[0]["Items"][0].items() if k != "pk"}
@@ -334,7 +334,7 @@ def test_stream_pages_decode_a_real_clients_pages_like_botocore(stack, unique):
     hook, and every record equals what a plain client gets for the same iterator."""
     import boto3
 
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.local import workload
 
     item = {k: v for k, v in _parse_both({"Items": [WIRE_ITEM]})[0]["Items"][0].items() if k != "pk"}
@@ -372,7 +372,7 @@ def test_scan_pages_let_go_of_a_page_before_fetching_the_next():
     # The metrics module is imported by the first AWS call; importing it keeps
     # the frames of whoever called first (through Beam's import), with their
     # locals: imported here, the first Scan is not that caller.
-    from ddb2bt.pipeline import metrics  # noqa: F401
+    from ddb2bt.pipeline.observe import metrics  # noqa: F401
 
     handed_out: list = []
     alive_at_fetch: list = []

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ddb2bt.pipeline.cli import main
+from ddb2bt.pipeline.app.cli import main
 from ddb2bt.transforms.attrs import from_plain
 from ddb2bt.transforms.config import mapping_from_text
 from ddb2bt.transforms.errors import ConfigError
@@ -103,8 +103,8 @@ rules:
 # --- 2. one summary for every writing command ---------------------------------------
 
 def test_the_summary_counts_per_table_and_the_total_comes_first_with_each_tables_hints():
-    from ddb2bt.pipeline.jobs import outcome_since, outcome_snapshot, write_summary
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.services.jobs import outcome_since, outcome_snapshot, write_summary
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 
     metrics = PipelineMetrics(CollectorRegistry())
     metrics.changes_applied.labels("orders", "INSERT").inc(3)
@@ -143,7 +143,7 @@ def test_dlq_redrive_ends_with_the_same_summary_and_hints_with_the_state_options
 # --- 3. hints keep the state; one job per target table -------------------------------
 
 def test_hints_carry_every_state_selecting_option_quoted():
-    from ddb2bt.pipeline.jobs import mapping_flags
+    from ddb2bt.pipeline.services.jobs import mapping_flags
 
     args = SimpleNamespace(mapping=["my shop.yaml"], project="proj", instance="inst", table="t2",
                            state_table="ddb2bt_state", job_name="shpo")
@@ -196,7 +196,7 @@ def test_claims_of_a_multi_table_job_are_all_or_none():
 
 def test_phase_lines_name_their_table_in_text_and_json(caplog):
     from ddb2bt.pipeline.control.phases import BACKFILLING, Migration
-    from ddb2bt.pipeline.logs import JsonFormatter
+    from ddb2bt.pipeline.observe.logs import JsonFormatter
     from ddb2bt.pipeline.control.state import StateStore
     from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 
@@ -211,7 +211,7 @@ def test_phase_lines_name_their_table_in_text_and_json(caplog):
 # --- 5. read-only commands are bounded ------------------------------------------------
 
 def test_probes_run_side_by_side_under_one_budget_and_name_what_did_not_answer():
-    from ddb2bt.pipeline.reachability import ServiceUnreachable, check_reachable
+    from ddb2bt.pipeline.connect.reachability import ServiceUnreachable, check_reachable
 
     release = threading.Event()
     try:
@@ -237,7 +237,7 @@ def _closed_port() -> int:
 def test_status_against_a_stopped_stack_fails_naming_both_services(monkeypatch, capsys):
     """Both endpoints point at closed ports (a stopped local stack). The budget is
     shortened for the test; the default (20 s) is what keeps status within ~30 s."""
-    import ddb2bt.pipeline.reachability as reachability
+    import ddb2bt.pipeline.connect.reachability as reachability
 
     monkeypatch.setenv("BIGTABLE_EMULATOR_HOST", f"127.0.0.1:{_closed_port()}")
     # A `stack` fixture earlier in this worker left per-service endpoints (they win
@@ -268,7 +268,7 @@ def test_a_misspelt_command_or_subcommand_gets_did_you_mean(capsys):
 
 
 def test_no_prefix_matching_of_options_anywhere(capsys):
-    from ddb2bt.pipeline.cli import build_parser
+    from ddb2bt.pipeline.app.cli import build_parser
 
     import argparse
 
@@ -295,7 +295,7 @@ def test_a_misspelt_nested_key_gets_did_you_mean():
 def test_explain_exits_3_when_the_item_would_be_a_dead_letter(monkeypatch, capsys):
     import io
 
-    from ddb2bt.pipeline.cli import EXIT_DEAD_LETTER
+    from ddb2bt.pipeline.app.cli import EXIT_DEAD_LETTER
 
     monkeypatch.setattr(sys, "stdin", io.StringIO('{"pk": "hats", "sk": "x", "Price": 2.5}'))
     assert main(["explain", "-m", "example:product_catalog", "--item", "-"]) == EXIT_DEAD_LETTER == 3
@@ -307,7 +307,7 @@ def test_explain_exits_3_when_the_item_would_be_a_dead_letter(monkeypatch, capsy
 def test_verify_redacts_keys_and_row_keys_like_dlq_list_unless_show_keys():
     from ddb2bt.pipeline.cutover.compare import LayoutDiff
     from ddb2bt.pipeline.cutover.verify import Findings
-    from ddb2bt.pipeline.redaction import KEY_REDACTED
+    from ddb2bt.pipeline.observe.redaction import KEY_REDACTED
     from ddb2bt.transforms.errors import MappingError
 
     def findings(show_keys: bool) -> Findings:
@@ -338,7 +338,7 @@ def test_examples_lists_a_description_per_example(capsys):
 
 
 def test_the_local_env_hint_works_before_the_venv_is_on_path(monkeypatch, tmp_path):
-    from ddb2bt.pipeline.cli import self_command
+    from ddb2bt.pipeline.app.cli import self_command
 
     program = tmp_path / "venv" / "bin" / "ddb2bt"
     program.parent.mkdir(parents=True)
@@ -348,7 +348,7 @@ def test_the_local_env_hint_works_before_the_venv_is_on_path(monkeypatch, tmp_pa
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     assert self_command() == str(program)  # absolute: works from anywhere, no PATH needed
     monkeypatch.setattr(sys, "argv", ["-c"])
-    assert self_command() == f"{sys.executable} -m ddb2bt.pipeline.cli"
+    assert self_command() == f"{sys.executable} -m ddb2bt.pipeline.app.cli"
 
 
 def test_hotspot_lint_for_low_cardinality_key_prefixes():
@@ -396,14 +396,14 @@ def test_eval_of_local_env_fails_when_no_stack_runs(tmp_path):
 
     env = dict(os.environ, DDB2BT_STATE_DIR=str(tmp_path))
     env.pop("PYTHONPATH", None)
-    shell = f'eval "$({sys.executable} -m ddb2bt.pipeline.cli local env)" && echo ran-on'
+    shell = f'eval "$({sys.executable} -m ddb2bt.pipeline.app.cli local env)" && echo ran-on'
     done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode != 0 and "ran-on" not in done.stdout  # `… && next` stops here
     assert "no local stack is running; start one with:" in done.stderr and "local up --detach" in done.stderr
 
 
 def test_aws_region_is_honoured_like_aws_default_region(monkeypatch):
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
 
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     monkeypatch.setenv("AWS_REGION", "eu-west-3")

@@ -2,7 +2,7 @@
 
 The CLI grows options (other engineers add them in parallel); the template must
 follow, or a Dataflow user silently cannot use them. These tests compare
-deploy/dataflow/metadata.json and ddb2bt.pipeline.flex_main with the CLI's
+deploy/dataflow/metadata.json and ddb2bt.pipeline.app.flex_main with the CLI's
 run/backfill/migrate parsers and, when they differ, say exactly what to add
 (the PARAMETERS line and the metadata entry), one line per option.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ddb2bt.pipeline.cli import build_parser
-from ddb2bt.pipeline.flex_main import COMMANDS, NOT_FOR, NOT_ON_DATAFLOW, PARAMETERS, translate
+from ddb2bt.pipeline.app.cli import build_parser
+from ddb2bt.pipeline.app.flex_main import COMMANDS, NOT_FOR, NOT_ON_DATAFLOW, PARAMETERS, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 META = {p["name"]: p for p in json.loads((ROOT / "deploy/dataflow/metadata.json").read_text())["parameters"]}
@@ -61,7 +61,7 @@ def what_to_add(name: str, action: argparse.Action) -> str:
     help_text = (action.help or "").replace("%(default)s", str(action.default)).replace('"', "'")
     entry = (f'{{"name": "{name}", "label": "…", "helpText": "{help_text}", "isOptional": true, '
              f'"paramType": "TEXT", "regexes": ["{rx}"]}}')
-    return (f"  pipeline/flex_main.py PARAMETERS: \"{name}\": (\"{action.option_strings[0]}\", \"{kind}\"),\n"
+    return (f"  pipeline/app/flex_main.py PARAMETERS: \"{name}\": (\"{action.option_strings[0]}\", \"{kind}\"),\n"
             f"  deploy/dataflow/metadata.json parameters: {entry}")
 
 
@@ -74,14 +74,14 @@ def test_the_template_offers_every_job_option_of_the_cli():
         for name in sorted(expected - offered):
             if name in PARAMETERS:
                 problems.append(f"{command}: {cli[name].option_strings[0]} exists, but NOT_FOR[{command!r}] in "
-                                f"pipeline/flex_main.py drops template parameter {name}: take it out of "
+                                f"pipeline/app/flex_main.py drops template parameter {name}: take it out of "
                                 "BACKFILL_ONLY/TAIL_ONLY")
             else:
                 unoffered.setdefault(name, {})[command] = cli[name]
         for name in sorted(offered - set(cli)):
             problems.append(f"{command}: template parameter {name} reaches `ddb2bt {command}`, which has no "
                             f"{PARAMETERS[name][0]}: add it to BACKFILL_ONLY/TAIL_ONLY (NOT_FOR[{command!r}]) in "
-                            "pipeline/flex_main.py, or remove it from PARAMETERS and metadata.json")
+                            "pipeline/app/flex_main.py, or remove it from PARAMETERS and metadata.json")
         for name in sorted(offered & set(cli)):
             if PARAMETERS[name][0] not in cli[name].option_strings:
                 problems.append(f"{command}: template parameter {name} passes {PARAMETERS[name][0]}, the CLI "
@@ -99,7 +99,7 @@ def test_the_template_offers_every_job_option_of_the_cli():
                         f"{scope}:\n" + what_to_add(name, action))
     missing_meta = sorted(set(PARAMETERS) - set(META))
     problems += [f"metadata.json has no entry for PARAMETERS[{n!r}]" for n in missing_meta]
-    problems += [f"metadata.json lists {n}, which PARAMETERS (pipeline/flex_main.py) does not translate"
+    problems += [f"metadata.json lists {n}, which PARAMETERS (pipeline/app/flex_main.py) does not translate"
                  for n in sorted(set(META) - set(PARAMETERS) - {"command"})]
     assert not problems, "the Flex Template and the CLI differ:\n" + "\n".join(problems)
 
@@ -107,7 +107,7 @@ def test_the_template_offers_every_job_option_of_the_cli():
 def test_the_options_left_out_of_the_template_still_exist_and_say_why():
     everywhere = set().union(*(cli_options(c) for c in COMMANDS))
     stale = sorted(set(NOT_ON_DATAFLOW) - everywhere)
-    assert not stale, f"NOT_ON_DATAFLOW in pipeline/flex_main.py names options the CLI no longer has: {stale}"
+    assert not stale, f"NOT_ON_DATAFLOW in pipeline/app/flex_main.py names options the CLI no longer has: {stale}"
     assert all(len(why) > 20 for why in NOT_ON_DATAFLOW.values())
     assert not set(NOT_ON_DATAFLOW) & set(PARAMETERS)
 

@@ -185,7 +185,7 @@ def test_the_guarded_sink_buffers_the_next_batch_while_one_is_written_and_sends_
     from prometheus_client import CollectorRegistry
 
     from ddb2bt.pipeline.clients.retry import RetryPolicy
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
     from ddb2bt.pipeline.sink.sink import SinkConfig
     from ddb2bt.pipeline.source.kinesis import kinesis_stream_arn
@@ -232,7 +232,7 @@ def test_the_guarded_sink_buffers_the_next_batch_while_one_is_written_and_sends_
 
 
 def test_the_swap_predicate_escapes_every_byte_of_the_clock_it_compares():
-    from ddb2bt.pipeline.clients.bigtable.writer import _exact_regex
+    from ddb2bt.pipeline.clients.bigtable.swaps import _exact_regex
 
     value = bytes(range(256))
     assert _exact_regex(value) == b"".join(b"\\x%02x" % b for b in value)

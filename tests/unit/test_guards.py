@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ddb2bt.pipeline.cutover import guards
+from ddb2bt.pipeline.sink import guards
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent
 from ddb2bt.pipeline.sink.sink import BatchingWriter

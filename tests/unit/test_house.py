@@ -13,7 +13,7 @@ CLIENTS_MAY_IMPORT = ("ddb2bt.transforms", "ddb2bt.pipeline.clients")
 # The one import above the floor left, until the call counter is handed in by
 # the control floor (issue 32, step 2): dynamodb.count_api_call counts every AWS
 # call on the process's metrics.
-CLIENTS_KNOWN_ABOVE = {("pipeline/clients/dynamodb.py", "ddb2bt.pipeline.metrics")}
+CLIENTS_KNOWN_ABOVE = {("pipeline/clients/dynamodb.py", "ddb2bt.pipeline.observe.metrics")}
 
 
 def _modules() -> dict:
@@ -80,13 +80,10 @@ def test_the_clients_floor_imports_only_the_engine_and_itself():
     assert above == CLIENTS_KNOWN_ABOVE
 
 
-# What the control floor may import: the floors below it, itself, and the
-# process's observability (logs, metrics), which has no floor of its own yet.
+# What the control floor may import: the floors below it (the engine, the
+# clients, observability) and itself.
 CONTROL_MAY_IMPORT = ("ddb2bt.transforms", "ddb2bt.pipeline.clients", "ddb2bt.pipeline.control",
-                      "ddb2bt.pipeline.logs", "ddb2bt.pipeline.metrics")
-# The one import above it left: the state store writes a dead letter's record as
-# the JSON the source module defines (ChangeRecord ⇄ JSON lives with the reader).
-CONTROL_KNOWN_ABOVE = {("pipeline/control/state.py", "ddb2bt.pipeline.source.records")}
+                      "ddb2bt.pipeline.observe")
 
 
 def test_the_control_floor_imports_only_the_floors_below_and_no_beam():
@@ -99,4 +96,110 @@ def test_the_control_floor_imports_only_the_floors_below_and_no_beam():
             assert not target.startswith("apache_beam"), f"{path.name} imports Beam: the readers and sink ask control"
             if target.startswith("ddb2bt") and not target.startswith(CONTROL_MAY_IMPORT):
                 above.add((str(path.relative_to(ROOT)), target))
-    assert above == CONTROL_KNOWN_ABOVE
+    assert above == set()
+
+
+# What the observability floor may import: the engine and itself (the clients'
+# and control's names it shows are handed in: phase names, stream ARNs parsed
+# in transforms/arns.py).
+OBSERVE_MAY_IMPORT = ("ddb2bt.transforms", "ddb2bt.pipeline.observe")
+
+
+def test_the_observe_floor_imports_only_the_engine_and_itself():
+    observe = sorted((ROOT / "pipeline" / "observe").rglob("*.py"))
+    assert len(observe) >= 4  # metrics, logs, redaction and the package
+    modules = {v: k for k, v in _modules().items()}
+    above = set()
+    for path in observe:
+        for target, _ in _imported(ast.parse(path.read_text()), modules[path], path.name == "__init__.py"):
+            if target.startswith("ddb2bt") and not target.startswith(OBSERVE_MAY_IMPORT):
+                above.add((str(path.relative_to(ROOT)), target))
+    assert above == set()
+
+
+# No class over this many lines (issue 32): a class that long does several jobs.
+MAX_CLASS_LINES = 300
+
+
+def _package_of(module: str, modules: dict) -> str:
+    """The package a module counts in: its subpackage of ``ddb2bt.pipeline``
+    (``ddb2bt.pipeline.(root)`` for the root's own modules) or ``ddb2bt.transforms``."""
+    parts = module.split(".")
+    if parts[1] != "pipeline":
+        return "ddb2bt.transforms"
+    if len(parts) > 3 or (module in modules and modules[module].name == "__init__.py" and len(parts) == 3):
+        return ".".join(parts[:3])
+    return "ddb2bt.pipeline.(root)"
+
+
+def package_cycles(edges: dict) -> list:
+    """The strongly connected components (of more than one package) of ``edges``
+    ({package: {packages it imports}}), each sorted."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _package_edges(modules: dict) -> dict:
+    edges: dict = {}
+    for module, path in modules.items():
+        for target, _ in _imported(ast.parse(path.read_text()), module, path.name == "__init__.py"):
+            if target.startswith("ddb2bt.pipeline") or target.startswith("ddb2bt.transforms"):
+                a, b = _package_of(module, modules), _package_of(target, modules)
+                if a != b:
+                    edges.setdefault(a, set()).add(b)
+    return edges
+
+
+def test_no_import_cycle_between_packages_counting_imports_inside_functions():
+    modules = _modules()
+    edges = _package_edges(modules)
+    assert "ddb2bt.pipeline.app" in edges and "ddb2bt.pipeline.observe" in edges
+    assert package_cycles(edges) == []
+
+
+def test_the_cycle_check_can_fail():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert package_cycles(edges) == [["a", "b", "c"]]
+    assert package_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def long_classes(source: str) -> list:
+    """[(name, lines)] of the classes over MAX_CLASS_LINES in ``source``."""
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
+
+
+def test_no_class_is_over_300_lines():
+    found = {str(path.relative_to(ROOT)): long_classes(path.read_text()) for path in _modules().values()}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_class_size_check_can_fail():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_CLASS_LINES))
+    assert long_classes(f"class Big:\n{body}") == [("Big", MAX_CLASS_LINES + 1)]
+    assert long_classes("class Small:\n    pass\n") == []

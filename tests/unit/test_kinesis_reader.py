@@ -83,7 +83,7 @@ def test_the_services_behind_latest_reaches_the_readers_catch_up_rule():
     adapter passes it on, and the reader's lag tracker keeps it (control/catchup.py)."""
     from prometheus_client import CollectorRegistry
 
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 
     fake = FakeKinesis()
     fake.add("a", [doc("Catalog", "a", 1)])
@@ -185,7 +185,7 @@ def test_the_guarded_sink_checkpoints_after_its_writes_and_counts_stale_changes(
     the older change is counted stale."""
     from prometheus_client import CollectorRegistry
 
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
     from ddb2bt.pipeline.sink.sink import SinkConfig
     from ddb2bt.pipeline.control.state import StateStore

@@ -386,8 +386,8 @@ def test_a_dataflow_launch_holds_the_lease_for_the_job_and_its_workers_join(monk
     import argparse
 
     from ddb2bt.pipeline.control import coordinator as coordinator_mod, lease as lease_mod
-    from ddb2bt.pipeline.cli import acquire_lease
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.app.cli import acquire_lease
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
 
     bt = InMemoryBigtable()
     monkeypatch.setattr(coordinator_mod, "lease_cell", lambda spec: LeaseCell(bt, spec.table, spec.row_key))

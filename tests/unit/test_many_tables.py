@@ -12,8 +12,8 @@ from ddb2bt.pipeline.cutover.controller import _overall
 from ddb2bt.pipeline.cutover.status import Facts, ShardStatus, render_tables
 from ddb2bt.pipeline.io import LiveJob, ReplicateToBigtable
 from ddb2bt.transforms.dofns import PerStreamFn
-from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
-from ddb2bt.pipeline.jobs import load_all, mapping_sources
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
+from ddb2bt.pipeline.services.jobs import load_all, mapping_sources
 from ddb2bt.pipeline.source.stream_source import ReaderOptions
 from ddb2bt.transforms.config import check_distinct_tables, load_mapping
 from ddb2bt.transforms.errors import ConfigError
@@ -262,7 +262,7 @@ def test_only_the_first_table_pushes_metrics():
 
 def test_a_refused_lease_releases_the_ones_already_taken(monkeypatch):
     """All or none: table 2's lease is held elsewhere, so table 1's is given back."""
-    import ddb2bt.pipeline.jobs as jobs
+    import ddb2bt.pipeline.services.jobs as jobs
     from ddb2bt.pipeline.control.lease import LeaseHeld
 
     released = []

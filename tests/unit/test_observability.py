@@ -13,9 +13,9 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ddb2bt.pipeline.cli import JsonFormatter
+from ddb2bt.pipeline.app.cli import JsonFormatter
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
-from ddb2bt.pipeline.metrics import HEAD_FRESH_S, PipelineMetrics, start_pusher
+from ddb2bt.pipeline.observe.metrics import HEAD_FRESH_S, PipelineMetrics, start_pusher
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain_round
@@ -226,7 +226,7 @@ def test_json_logs_carry_the_stage():
 
 
 def test_lags_observed_per_batch_give_the_same_histogram_as_one_observation_each():
-    from ddb2bt.pipeline.metrics import LAG_BUCKETS
+    from ddb2bt.pipeline.observe.metrics import LAG_BUCKETS
 
     lags_ms = [-5, 0, 49, 50, 51, 100, 999, 1000, 1001, 59_999, 3_600_000, 3_600_001, 10**9]
     one_each, batched = PipelineMetrics(CollectorRegistry()), PipelineMetrics(CollectorRegistry())
@@ -249,7 +249,7 @@ def test_lags_observed_per_batch_give_the_same_histogram_as_one_observation_each
 def test_every_series_carries_the_table_label():
     """One job of several tables is watched per table: every metric a
     component records through its table's view is labelled with the table."""
-    from ddb2bt.pipeline.metrics import TableMetrics
+    from ddb2bt.pipeline.observe.metrics import TableMetrics
 
     metrics = PipelineMetrics(CollectorRegistry())
     view = metrics.for_table("orders")
@@ -363,10 +363,10 @@ class _CatalogTable:
 def test_aws_api_calls_are_labelled_with_the_tables_name_in_the_job_like_every_series(monkeypatch, capsys):
     # Before: DescribeTable and Scan were labelled with the DynamoDB table's name
     # (ProductCatalog) and the stream's calls with the job's (product_catalog).
-    from ddb2bt.pipeline import connections, reachability
-    from ddb2bt.pipeline.cli import main
+    from ddb2bt.pipeline.connect import connections, reachability
+    from ddb2bt.pipeline.app.cli import main
     from ddb2bt.pipeline.local.examples import resolve_mapping_path
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
     from ddb2bt.transforms.config import load_mapping
 
     monkeypatch.setattr(connections, "dynamodb_client", lambda region=None: _CatalogTable())

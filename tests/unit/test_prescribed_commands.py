@@ -10,7 +10,7 @@ import argparse
 import re
 from pathlib import Path
 
-from ddb2bt.pipeline.cli import build_parser
+from ddb2bt.pipeline.app.cli import build_parser
 from tests.conftest import ROOT
 
 COMMAND = re.compile(r"\bddb2bt +([a-z][a-z-]*)((?:[ ]+[^\s`'\"|;()\\]+)*)")

@@ -97,7 +97,7 @@ rules:
 
 # --- explain: every shape a user has at hand ---------------------------------------
 
-from ddb2bt.pipeline.cli import main  # noqa: E402
+from ddb2bt.pipeline.app.cli import main  # noqa: E402
 from ddb2bt.transforms.inputs import ITEM, STREAM_RECORDS, parse_user_input  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
@@ -229,7 +229,7 @@ def test_dlq_list_shows_each_letters_key_and_how_to_inspect_or_redrive_it(monkey
 
 
 def test_numeric_and_binary_keys_are_shown_as_digits_and_base64():
-    from ddb2bt.pipeline.source.records import key_text, record_to_json
+    from ddb2bt.pipeline.control.letters import key_text, record_to_json
 
     record = ChangeRecord(REMOVE, {"id": {"N": "12345678901234567890"}, "b": {"B": b"\x00\x01"}}, None, {}, 1)
     assert key_text(record_to_json(record)) == "b=AAE= id=12345678901234567890"

@@ -87,7 +87,7 @@ def test_a_dataflow_recopy_of_a_migrated_table_is_refused_naming_the_command_tha
 def test_a_local_recopy_tail_follows_a_replaced_stream_and_passes_a_trimmed_checkpoint():
     from types import SimpleNamespace
 
-    from ddb2bt.pipeline.jobs import recopy_tail
+    from ddb2bt.pipeline.services.jobs import recopy_tail
 
     def args(**kw):
         base = dict(new_stream=False, on_trimmed="fail", beam_args=[])

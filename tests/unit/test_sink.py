@@ -6,7 +6,7 @@ import pytest
 
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.control.state import StateStore

@@ -117,7 +117,7 @@ def test_an_interrupted_command_does_not_claim_more_than_what_was_acknowledged()
 def test_a_migrate_whose_tail_ends_says_the_tail_stopped(monkeypatch, capsys, tmp_path):
     """Without --until-idle the tail runs until stopped; when migrate returns
     anyway, its last line says the tail is not running and how to resume."""
-    import ddb2bt.pipeline.cli as cli
+    import ddb2bt.pipeline.app.cli as cli
     from ddb2bt.pipeline.cutover import controller
     from ddb2bt.pipeline.services import replicate  # migrate's service
 

@@ -3,7 +3,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable, client_error
-from ddb2bt.pipeline.metrics import PipelineMetrics
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.control.state import ShardCheckpoint, StateStore
 from ddb2bt.pipeline.source.stream_sdf import PartitionTracker
@@ -375,7 +375,7 @@ def test_plan_starts_is_pure_lineage_planning():
 
 
 def test_a_replaced_stream_is_detected_and_reported():
-    from ddb2bt.pipeline.preflight import check_stream_continuity
+    from ddb2bt.pipeline.connect.preflight import check_stream_continuity
     from ddb2bt.transforms.errors import PermanentError
 
     client, state, _, _, _ = setup()
@@ -508,7 +508,7 @@ def test_a_restarted_job_starts_shards_it_never_checkpointed_at_trim_horizon():
 
 
 def test_the_start_is_recorded_once_and_latest_is_refused_on_a_job_with_state():
-    from ddb2bt.pipeline.preflight import START_MARGIN_MS, settle_start
+    from ddb2bt.pipeline.connect.preflight import START_MARGIN_MS, settle_start
     from ddb2bt.transforms.errors import ConfigError
 
     arn = "arn:aws:dynamodb:r:1:table/T/stream/2024"

@@ -14,7 +14,7 @@ from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.cutover.recheck import CONFIRMATIONS, STAMP_SLACK_MS, RecheckOptions, stream_watermark
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, paired_groups
 from ddb2bt.pipeline.cutover.verify import REDACTED, Rechecker, verify
-from ddb2bt.pipeline.redaction import KEY_REDACTED
+from ddb2bt.pipeline.observe.redaction import KEY_REDACTED
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.mapping import MARKER_FAMILY, map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell

@@ -109,7 +109,7 @@ def translate(argv: list) -> list:
 
 
 def main(argv: Optional[list] = None) -> int:
-    from ddb2bt.pipeline.cli import main as cli_main
+    from ddb2bt.pipeline.app.cli import main as cli_main
 
     return cli_main(translate(list(sys.argv[1:] if argv is None else argv)))
 

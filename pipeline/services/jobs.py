@@ -247,7 +247,7 @@ def partitions_following_shards(mapping, stream_arn: str, client_factory) -> int
 def check_profiles(args, mapping) -> None:
     """The app-profile preflight (``preflight.check_app_profiles``): refuses a
     state profile that cannot run CheckAndMutateRow, before anything is written."""
-    from ddb2bt.pipeline.preflight import check_app_profiles
+    from ddb2bt.pipeline.connect.preflight import check_app_profiles
 
     note = check_app_profiles(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
                               getattr(args, "state_app_profile", None))
@@ -256,7 +256,7 @@ def check_profiles(args, mapping) -> None:
 
 
 def state_spec(args, mapping, include_values: bool = True):
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
 
     # Jobs give up after --bigtable-deadline; read-only commands answer within ~30 s.
     deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
@@ -268,7 +268,7 @@ def state_spec(args, mapping, include_values: bool = True):
 
 
 def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
-    from ddb2bt.pipeline.metrics import serve_metrics
+    from ddb2bt.pipeline.observe.metrics import serve_metrics
 
     return serve_metrics(port, host)
 
@@ -293,12 +293,12 @@ def build_live_jobs(args, mappings: list) -> list:
     refused, named, before any lease is taken or anything is written; then each
     table's lease is taken (per table: another process replicating one of them
     is refused, naming it)."""
-    from ddb2bt.pipeline.connections import StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.control.phases import PhaseMarking
     from ddb2bt.pipeline.graph import LiveJob, is_local
     from ddb2bt.pipeline.control.lease import TAIL
-    from ddb2bt.pipeline.connections import wall_ms
-    from ddb2bt.pipeline.preflight import (check_stream_continuity, check_target, ensure_state_table, resolve_stream,
+    from ddb2bt.pipeline.connect.connections import wall_ms
+    from ddb2bt.pipeline.connect.preflight import (check_stream_continuity, check_target, ensure_state_table, resolve_stream,
                                            settle_start)
     from ddb2bt.pipeline.options import AUTO_PARTITIONS
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
@@ -384,7 +384,7 @@ def take_kinesis_shares(args, mappings: list, sources: list, states: list, check
     such a start, writing nothing (before the leases are taken)."""
     from fractions import Fraction
 
-    from ddb2bt.pipeline.connections import wall_ms
+    from ddb2bt.pipeline.connect.connections import wall_ms
     from ddb2bt.pipeline.source.kinesis_share import check_shares, record_stream, table_shares, take_shares
 
     arns = [source.kinesis_arn or source.stream_arn if mapping.source.kinesis is not None else None
@@ -437,7 +437,7 @@ def outcome_snapshot(metrics=None) -> dict:
     """{job (state key, the metrics' table label): {applied, dead_lettered,
     skipped}}: this process's totals so far, per table. Take one before a
     command writes and ``outcome_since`` after it."""
-    from ddb2bt.pipeline.metrics import default_metrics
+    from ddb2bt.pipeline.observe.metrics import default_metrics
 
     metrics = metrics or default_metrics()
     out: dict = {}

@@ -49,7 +49,7 @@ def _probe_bigtable(budget_s: float) -> None:
 
 
 def _probe_dynamodb(mapping, budget_s: float) -> None:
-    from ddb2bt.pipeline.connections import dynamodb_client
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
 
     describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
                    retry=RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=budget_s), metrics_table=mapping.name)

@@ -14,7 +14,7 @@ def main() -> int:
     from ddb2bt.pipeline.signals import exit_quietly_on_interrupt
 
     exit_quietly_on_interrupt()
-    from ddb2bt.pipeline.cli import main as cli_main
+    from ddb2bt.pipeline.app.cli import main as cli_main
 
     return cli_main()
 

@@ -4,7 +4,7 @@ Run ``ddb2bt <command> --help`` for each command's options and examples.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # `python -m ddb2bt.pipeline.cli`: interrupts handled before the imports below
+if __name__ == "__main__":  # `python -m ddb2bt.pipeline.app.cli`: interrupts handled before the imports below
     from ddb2bt.pipeline.signals import exit_quietly_on_interrupt
 
     exit_quietly_on_interrupt()
@@ -19,17 +19,17 @@ from typing import Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
-from ddb2bt.pipeline.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
+from ddb2bt.pipeline.services.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
     sink_config, acquire_lease, backfill_options, build_live_jobs, dlq_values, dynamodb_retry, check_profiles,
     load, load_all, mapping_flags, replace_deadline, report_outcome, start_metrics_server, state_spec, submitted, with_backfill_leases,
 )
-from ddb2bt.pipeline.reachability import check_reachable
+from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.pipeline.local.local_stack import (DEFAULT_DYNAMODB as LOCAL_DYNAMODB_DEFAULT,
                                                DYNAMODB_EMULATORS as LOCAL_DYNAMODB_EMULATORS,
                                                DYNAMODB_ENV as LOCAL_DYNAMODB_ENV)
 from ddb2bt.pipeline.signals import INTERRUPTED
 # The commands' services: the CLI parses and calls one per command (names kept here for embedders and tests).
-from ddb2bt.pipeline.local.commands import (  # noqa: F401
+from ddb2bt.pipeline.app.local_commands import (  # noqa: F401
     REHEARSAL_COMMANDS, cmd_demo, cmd_examples, cmd_local, cmd_local_rehearsal, env_hint, self_command,
 )
 from ddb2bt.pipeline.services.dead_letters import (  # noqa: F401
@@ -43,7 +43,7 @@ from ddb2bt.pipeline.services.replicate import cmd_backfill, cmd_migrate, cmd_ru
 from ddb2bt.pipeline.services.mappings import (
     EXIT_DEAD_LETTER, cmd_create_table, cmd_draft, cmd_explain, cmd_lint, cmd_validate,
 )
-from ddb2bt.pipeline.logs import JsonFormatter, setup_logging  # noqa: F401
+from ddb2bt.pipeline.observe.logs import JsonFormatter, setup_logging  # noqa: F401
 from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, option_strings, check_beam_args,
                                      describe_failure, joined_beam_args, number, options_by_command, partitions_arg)
 
@@ -185,7 +185,7 @@ def add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 
 # --- commands --------------------------------------------------------------------
-# Each command's service is imported above (pipeline/services/, pipeline/local/commands.py):
+# Each command's service is imported above (pipeline/services/, pipeline/app/local_commands.py):
 # options in, its output and exit code out.
 
 
@@ -657,7 +657,7 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
 
     args.dry = is_dry_run(unknown)
     setup_logging(args.log_level, args.log_format)
-    from ddb2bt.pipeline.connections import honour_aws_region
+    from ddb2bt.pipeline.connect.connections import honour_aws_region
 
     honour_aws_region()
     from ddb2bt.pipeline.signals import run_command

@@ -1,6 +1,6 @@
 """The ``ddb2bt local``, ``demo`` and ``examples`` commands: the local stack's
 life (up, down, env, run), the recovery rehearsals on it, the demo and the
-packaged example mappings. The CLI (``pipeline/cli.py``) only parses and calls
+packaged example mappings. The CLI (``pipeline/app/cli.py``) only parses and calls
 these; what they print and return is the command's output and exit code.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddb2bt.pipeline.jobs import load, state_spec
+from ddb2bt.pipeline.services.jobs import load, state_spec
 from ddb2bt.transforms.errors import ConfigError
 
 
@@ -30,7 +30,7 @@ def self_command() -> str:
         if on_path and Path(on_path).resolve() == program.resolve():
             return "ddb2bt"
         return quote(str(program.absolute()))
-    return f"{quote(sys.executable)} -m ddb2bt.pipeline.cli"
+    return f"{quote(sys.executable)} -m ddb2bt.pipeline.app.cli"
 
 
 def env_hint() -> str:
@@ -155,7 +155,7 @@ def cmd_local_rehearsal(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from ddb2bt.pipeline.local.demo import run_demo
+    from ddb2bt.pipeline.app.demo import run_demo
 
     return run_demo(args)
 

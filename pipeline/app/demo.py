@@ -64,12 +64,12 @@ def run_demo(args) -> int:
     from ddb2bt.pipeline.local import local_stack
     from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
-    from ddb2bt.pipeline.jobs import start_metrics_server
+    from ddb2bt.pipeline.services.jobs import start_metrics_server
     from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout, without_clocks
-    from ddb2bt.pipeline.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
+    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
-    from ddb2bt.pipeline.metrics import counter_total as _counter_total, default_metrics
-    from ddb2bt.pipeline.preflight import ensure_state_table
+    from ddb2bt.pipeline.observe.metrics import counter_total as _counter_total, default_metrics
+    from ddb2bt.pipeline.connect.preflight import ensure_state_table
     from ddb2bt.pipeline.source.stream_source import ReaderOptions
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.local.examples import example_path
@@ -237,7 +237,7 @@ class _KinesisPump:
     def __init__(self, mapping, stream_arn: str) -> None:
         import boto3
 
-        from ddb2bt.pipeline.connections import StreamsClientFactory
+        from ddb2bt.pipeline.connect.connections import StreamsClientFactory
 
         self.mapping, self.stream_arn, self.stream = mapping, stream_arn, mapping.source.kinesis.stream
         self.kinesis = boto3.client("kinesis")

@@ -15,7 +15,8 @@ STAGES = (("ddb2bt.pipeline.source", "source"), ("ddb2bt.pipeline.sink", "sink")
           ("ddb2bt.pipeline.cutover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
           ("ddb2bt.transforms", "mapping"), ("ddb2bt.pipeline.control.lease", "lease"),
           ("ddb2bt.pipeline.clients.retry", "retry"),
-          ("ddb2bt.pipeline.local", "local"), ("ddb2bt.pipeline.metrics", "metrics"))
+          ("ddb2bt.pipeline.local", "local"), ("ddb2bt.pipeline.app.demo", "local"),
+          ("ddb2bt.pipeline.app.local_commands", "local"), ("ddb2bt.pipeline.observe.metrics", "metrics"))
 
 
 def stage_of(logger: str) -> str:

@@ -29,8 +29,9 @@ from apache_beam.metrics import Metrics as BeamMetrics
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 
-from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S, table_of_stream
-from ddb2bt.pipeline.options import METRICS_OFF
+from ddb2bt.transforms.arns import table_of_stream
+from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.transforms.limits import STREAM_RETENTION_S
 
 NAMESPACE = "ddb2bt"
 # The table label of a component without a job name (a state store without one: tests, tools).
@@ -48,6 +49,19 @@ HEAD_FRESH_S = 30.0
 
 def _wall_s() -> float:
     return time.time()
+
+
+@dataclass(frozen=True)
+class ShardView:
+    """What the process knows of one shard (metrics.LagTracker.view): times are
+    source creation times in ms except ``empty_since_ms`` (this host's wall
+    clock at the first empty page of the current run of empty pages)."""
+
+    pending_oldest_ms: Optional[int] = None  # oldest change read, not yet applied
+    last_applied_ms: Optional[int] = None  # newest change applied
+    empty_since_ms: Optional[int] = None
+    empty_pages: int = 0
+    behind_ms: Optional[int] = None  # the service's own "behind latest" figure, when it gives one
 
 
 @dataclass
@@ -129,9 +143,7 @@ class LagTracker:
             self._get(stream, shard).behind_ms = behind_ms
 
     def view(self, stream: str, shard: str):
-        """The shard as the cutover's catch-up rule sees it (control.catchup.ShardView)."""
-        from ddb2bt.pipeline.control.catchup import ShardView
-
+        """The shard as the cutover's catch-up rule sees it (control/catchup.py)."""
         with self._lock:
             s = self._shards.get((stream, shard))
             if s is None:
@@ -479,10 +491,9 @@ class TableMetrics:
     def verify_pass_finished(self, at_s: float) -> None:
         self.metrics.verify_pass_finished(self.table, at_s)
 
-    def set_phase(self, phase: str) -> None:
-        from ddb2bt.pipeline.control.phases import PHASES
-
-        for p in PHASES:
+    def set_phase(self, phase: str, phases) -> None:
+        """``phase`` is 1 and every other of ``phases`` (the control floor's names) 0."""
+        for p in phases:
             self.migration_phase.labels(p).set(1 if p == phase else 0)
 
 
@@ -592,12 +603,11 @@ def default_metrics() -> PipelineMetrics:
 
 def serve_metrics(port: Optional[int], host: str = "127.0.0.1") -> Optional[str]:
     """Serve Prometheus /metrics on ``host:port`` (0: a free port) in a daemon
-    thread; returns the URL, or None when ``port`` is None or METRICS_OFF."""
-    if port is None or port == METRICS_OFF:
+    thread; returns the URL, or None when ``port`` is None or negative (the CLI's
+    ``options.METRICS_OFF``: the face's constant, which this floor does not import)."""
+    if port is None or port < 0:
         return None
     from prometheus_client import start_http_server
-
-    from ddb2bt.transforms.errors import ConfigError
 
     default_metrics()
     try:

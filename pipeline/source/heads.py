@@ -1,0 +1,67 @@
+"""When each shard of a partition was last seen at its head: the proof that a
+checkpoint which aged out of the stream lost nothing (docs/design.md §8.2). A
+part of the partition reader (stream_source.py), kept apart so the reader holds
+the reading and this the head proofs.
+
+A shard is at its head after a run of ``HEAD_EMPTY_PAGES`` empty pages over
+``HEAD_EMPTY_S`` with nothing read and not yet applied (docs/design.md §7.8):
+every record created before the run's first page was read then.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Optional
+
+from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
+
+
+class ShardHeads:
+    """The head proofs of one partition's shards. ``metrics``: the table's view
+    of the metrics (its lag tracker knows what was read and not yet applied), or
+    None; ``load_heads(stream_arn)``: {shard id: ms} every reader of the job
+    recorded in the state table (StateStore.load_shard_heads), or None."""
+
+    def __init__(self, stream_arn: str, now_ms: Callable[[], int], metrics=None,
+                 load_heads: Optional[Callable[[str], dict]] = None) -> None:
+        self._stream_arn = stream_arn
+        self._now_ms = now_ms
+        self._metrics = metrics
+        self._load_heads = load_heads
+        # shard id -> this host's times of the current run of empty pages (the
+        # oldest dropped once the newer ones alone still make a head), and
+        # shard id -> the latest time it was proven at its head.
+        self._empty_run: dict = {}
+        self._heads: dict = {}
+
+    def last_head_ms(self, shard_id: str) -> Optional[int]:
+        """The latest time this job is known to have seen the shard at its head:
+        this reader's own, or any reader's recorded in the state table."""
+        times = [self._heads.get(shard_id)]
+        if self._load_heads is not None:
+            times.append(self._load_heads(self._stream_arn).get(shard_id))
+        times = [t for t in times if t is not None]
+        return max(times) if times else None
+
+    def on_page(self, shard_id: str, empty: bool) -> None:
+        """Follow the shard's run of empty pages; at the head remember when. Of a
+        long run, the latest such window counts."""
+        if not empty:
+            self._empty_run.pop(shard_id, None)
+            return
+        run = self._empty_run.setdefault(shard_id, deque())
+        now = self._now_ms()
+        run.append(now)
+        window_ms = HEAD_EMPTY_S * 1000
+        while len(run) > HEAD_EMPTY_PAGES and now - run[1] >= window_ms:
+            run.popleft()
+        if len(run) < HEAD_EMPTY_PAGES or now - run[0] < window_ms:
+            return
+        if self._metrics is not None and self._metrics.lag.view(
+                self._stream_arn, shard_id).pending_oldest_ms is not None:
+            return  # records read and not yet applied: not proven
+        self._heads[shard_id] = max(run[0], self._heads.get(shard_id, run[0]))
+
+    def heads(self, shard_ids) -> dict:
+        """{shard id: the latest time (ms, this host's clock) it was seen at its
+        head} of the given shards (those the partition reads)."""
+        return {shard_id: ms for shard_id, ms in self._heads.items() if shard_id in shard_ids}
