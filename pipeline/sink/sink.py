@@ -14,7 +14,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from ddb2bt.transforms.dofns import PerStreamFn
 from ddb2bt.pipeline.clients.bigtable.admin import process_families
-from ddb2bt.pipeline.collector import tune_collector
+from ddb2bt.pipeline.sink.collector import tune_collector
 from ddb2bt.pipeline.control.coordinator import coordinator_for
 from ddb2bt.pipeline.sink.batching import BatchingWriter
 from ddb2bt.pipeline.sink.config import SinkConfig

@@ -1,5 +1,5 @@
 """The sink raises the cyclic garbage collector's thresholds once per process
-(pipeline/collector.py): a page of changes in flight was re-scanned by the young
+(pipeline/sink/collector.py): a page of changes in flight was re-scanned by the young
 generation's collections ~60 times, 5-6 µs of CPU per change."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from ddb2bt.pipeline.collector import OLDER_THRESHOLD, YOUNG_THRESHOLD, tune_collector
+from ddb2bt.pipeline.sink.collector import OLDER_THRESHOLD, YOUNG_THRESHOLD, tune_collector
 from ddb2bt.pipeline.sink.sink import SinkConfig, _WriteToBigtableFn
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 

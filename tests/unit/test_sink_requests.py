@@ -125,7 +125,7 @@ def test_the_sink_sends_the_compiled_mappings_bytes_for_coalesced_rows():
     from prometheus_client import CollectorRegistry
 
     from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK
-    from ddb2bt.pipeline.metrics import PipelineMetrics
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
     from ddb2bt.transforms.config import load_mapping
     from ddb2bt.transforms.dofns import map_record
