@@ -297,6 +297,17 @@ class BatchingWriter:
         """Write a batch, store its dead letters, then checkpoint: (dead, ack ms).
         Touches only the batch, the writer and the state store (and thread-safe
         Prometheus metrics), so it may run on the sink thread."""
+        # Re-proven before each retry of the batch's writes too, as for its
+        # checkpoint: a worker paused in a retry's back-off may wake after its
+        # partition moved, and a retry then would land old images after the new
+        # owner's changes (docs/design.md §6.5). One batch commits at a time.
+        self._requests.still_owner = lambda: self._fence_partitions(batch)
+        try:
+            return self._commit_owned(batch)
+        finally:
+            self._requests.still_owner = None
+
+    def _commit_owned(self, batch: Batch) -> tuple:
         self._fence_partitions(batch)
         dead = list(batch.dead)
         # Recorded before anything is written (guards.py: the repair's crash window).

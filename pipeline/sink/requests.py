@@ -37,6 +37,9 @@ class RequestWriter:
         self._metrics = metrics
         self._sleep = sleep
         self._dead_letter = dead_letter
+        # Called before every retry of a write (not the first attempt, which the
+        # caller fenced): raises once this process no longer owns what it writes.
+        self.still_owner: Optional[Callable[[], None]] = None
 
     def requests(self, rows: list) -> Iterable:
         """Split rows into requests within the entry/byte/mutation limits; a row is
@@ -80,9 +83,13 @@ class RequestWriter:
     def write_with_retry(self, table: str, rows: list, transactional: bool = False) -> list:
         pending = list(rows)
         permanent: list = []
+        attempts = 0
 
         def attempt() -> None:
-            nonlocal pending
+            nonlocal pending, attempts
+            attempts += 1
+            if attempts > 1 and self.still_owner is not None:
+                self.still_owner()
             started = time.perf_counter()
             sent = len(pending)
             try:

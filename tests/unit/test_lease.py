@@ -458,6 +458,36 @@ def test_a_paused_worker_whose_partition_moved_writes_nothing_when_woken():
     w2.check([(STREAM, shard)])
 
 
+def test_a_worker_paused_between_two_attempts_of_a_data_write_does_not_retry_it_when_woken():
+    """The first MutateRows of a batch fails retryably (entries applied but
+    reported failed: the e2e's injected fault) and the worker is SIGSTOPped in the
+    back-off; the partition moves to w2, which may apply later changes. Woken, w1
+    must not send the retry: it carries old images, and Bigtable keeps no
+    tombstone to stop one landing after w2's delete (docs/design.md §6.5)."""
+    world, bt = World(), InMemoryBigtable()
+    job = LeaseSpec(Bt(), "state", "job", "tail", "dataflow:job-1", TTL, RENEW, shared=True)
+    w1, w2 = owners(world, bt, "w1"), owners(world, bt, "w2")
+    assert w1.claim(job, STREAM, 0, 1) is not None
+
+    bt.fault = lambda table, entries, call_no: [EntryStatus(14, "unavailable") for _ in entries] \
+        if table == "t" and not [c for c in bt.calls[:call_no] if c[0] == "t"] else None
+
+    moved: list = []
+
+    def paused_in_the_back_off(seconds):
+        if not moved:
+            world.sleep(TTL + 1)  # SIGSTOPped; Dataflow gives the partition to w2
+            moved.append(w2.claim(job, STREAM, 0, 1))
+            assert moved[0] is not None
+
+    sink = BatchingWriter(bt, StateStore(bt, "job", world.wall), SinkConfig(retry=RetryPolicy(0.001, 0.001, 0.05)),
+                          partition_fence=w1.check, sleep=paused_in_the_back_off)
+    sink.add(_change("1"))
+    with pytest.raises((LeaseUnproven, LeaseLost)):
+        sink.flush()
+    assert [t for t, _ in bt.calls if t == "t"] == ["t"], "one attempt, no retry after the partition moved"
+
+
 def test_a_partition_a_worker_no_longer_processes_is_released_for_the_next_owner():
     world, bt = World(), InMemoryBigtable()
     job = LeaseSpec(Bt(), "state", "job", "tail", "dataflow:job-1", TTL, RENEW, shared=True)
