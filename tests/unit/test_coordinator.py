@@ -18,6 +18,7 @@ from ddb2bt.pipeline.control.state import BigtableStateBackend, StateStore
 from ddb2bt.pipeline.source.stream_source import StreamPartition
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.errors import RetryableError
+from tests.unit.test_lease import World  # one simulated time line for every lease test
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL, RENEW = 20.0, 5.0
@@ -37,22 +38,6 @@ class State:  # a StateSpec stand-in: which job, where its state lives
     job: str
     bigtable: Bt = Bt()
     table: str = "state"
-
-
-class World:
-    """One time line for every lease: wall clock (ms) and boot-time clock."""
-
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def wall(self) -> int:
-        return int(self.t * 1000)
-
-    def clock(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
 
 
 def job(world, bt, name: str, shared: bool = False):
