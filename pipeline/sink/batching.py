@@ -297,10 +297,8 @@ class BatchingWriter:
         """Write a batch, store its dead letters, then checkpoint: (dead, ack ms).
         Touches only the batch, the writer and the state store (and thread-safe
         Prometheus metrics), so it may run on the sink thread."""
-        # Re-proven before each retry of the batch's writes too, as for its
-        # checkpoint: a worker paused in a retry's back-off may wake after its
-        # partition moved, and a retry then would land old images after the new
-        # owner's changes (docs/design.md §6.5). One batch commits at a time.
+        # Ownership re-proven before each retry too: a worker woken in a back-off after its partition
+        # moved must not land old images (docs/design.md §6.5). One batch commits at a time.
         self._requests.still_owner = lambda: self._fence_partitions(batch)
         try:
             return self._commit_owned(batch)
