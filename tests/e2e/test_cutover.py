@@ -484,7 +484,13 @@ def test_redrive_converges_to_the_current_item_and_never_resurrects(stack, tmp_p
     store = store_of(mapping)
     assert sorted(e["reason"] for e in store.list_dead_letters()) == ["encoding", "encoding"]
     if values == "--no-dlq-include-values":
-        assert not any("old" in e["record"] or "1.5" in e["record"] for e in store.list_dead_letters())
+        # The item's values are nowhere in a letter. Its stream position is left out of the
+        # check: the stream ARN's label is a time (…T10:00:01.512), which can read "1.5".
+        for letter in store.list_dead_letters():
+            record = json.loads(letter["record"])
+            assert "newImage" not in record and "oldImage" not in record
+            record.pop("position")
+            assert "old" not in json.dumps(record) and "1.5" not in json.dumps(record)
     fixed = write_mapping(tmp_path, source__table=table, target__table=mapping.target.table, name=mapping.name,
                           rules__0__columns__Price__encoding="auto")
     capsys.readouterr()
