@@ -27,7 +27,9 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Callable, Iterator, Optional
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -53,6 +55,7 @@ LATEST = "latest"
 START_MODES = (TRIM_HORIZON, LATEST)
 ON_TRIMMED = ("fail", "restart")
 GET_RECORDS_LIMIT = 1000  # the service's maximum per call
+_EVENT_OF = attrgetter("event_name")  # a page's reads are counted per event type, in C
 # Full pages read from one shard in one round (bundle): up to 10,000 changes, so a
 # backlog is drained in large bundles while a bundle's unacknowledged work stays
 # small enough to redo quickly after a failure.
@@ -528,22 +531,15 @@ class PartitionReader:
                 if records:
                     decoded = [from_stream_record(raw, stream_arn, shard_id) for raw in records]
                     rec = decoded[-1]
-                    # The page is claimed as a whole, up to its last record, before
-                    # any of it is emitted: what is claimed is then all emitted (a
-                    # checkpoint split meanwhile only stops the next claim), so the
-                    # residual resumes right after the last record emitted, as with
-                    # a claim per record, for one claim per page instead of 1,000.
+                    # The page is claimed whole, up to its last record, before any of it is
+                    # emitted: all that is claimed is emitted (a split meanwhile stops the next
+                    # claim), so a residual resumes right after the last record emitted.
                     if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
                         result.stopped = True
                         return result
-                    if on_read is not None:
-                        # Counted once per page and event type; the lag tracker told
-                        # before any record of the page can reach the sink.
+                    if on_read is not None:  # per page and event type, before a record can reach the sink
                         on_read(stream_arn, shard_id, decoded[0].change_ms, len(decoded))
-                        read: dict = {}
-                        for r in decoded:
-                            read[r.event_name] = read.get(r.event_name, 0) + 1
-                        for event_name, count in read.items():
+                        for event_name, count in Counter(map(_EVENT_OF, decoded)).items():
                             metrics.read(self._table, event_name, count)
                     yield from decoded
                     result.records += len(decoded)
