@@ -267,16 +267,19 @@ class ShardClosed(StreamElement):
     last_sequence_number: Optional[str] = None
 
 
-def slot_builder(cls) -> Callable:
+def slot_builder(cls, computed_by_caller: bool = False) -> Callable:
     """A function ``build(*values)`` making a ``cls`` (a frozen dataclass with
     slots and no ``__post_init__``) from every field's value in declaration order
     (``init=False`` fields too), as ``cls(*values)`` would, by filling the slots
     directly. A frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``, about twice this; the live path builds a few such
     objects per change. The same fields, equality, hash and pickling as the
-    constructor's (``tests/unit/test_model_builders.py``)."""
-    if "__post_init__" in cls.__dict__ or "__slots__" not in cls.__dict__:
-        raise TypeError(f"{cls.__name__}: slot_builder needs slots and no __post_init__")
+    constructor's (``tests/unit/test_model_builders.py``). ``computed_by_caller``:
+    the class has a ``__post_init__`` that is not run, and every caller passes
+    the values it would compute (RowChange's size_bytes)."""
+    if ("__post_init__" in cls.__dict__) != computed_by_caller or "__slots__" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__}: slot_builder needs slots, and a __post_init__ only if the caller "
+                        "computes what it would")
     names = [f.name for f in fields(cls)]
     if sorted(names) != sorted(cls.__slots__):
         raise TypeError(f"{cls.__name__}: its slots are not its fields")
@@ -320,3 +323,6 @@ def _no_stream(element) -> str:
 build_change_record = slot_builder(ChangeRecord)
 build_stream_position = slot_builder(StreamPosition)
 build_mapped_change = slot_builder(MappedChange)
+# Only for a caller that passes size_bytes (>= 0: what __post_init__ would compute) and
+# the wire bytes of exactly these mutations, or None: the compiled mapping.
+build_row_change = slot_builder(RowChange, computed_by_caller=True)

@@ -11,9 +11,10 @@ from dataclasses import fields
 import pytest
 
 from ddb2bt.pipeline.source.records import from_stream_record
-from ddb2bt.transforms.model import (ChangeRecord, DeadLetter, MappedChange, RowChange, SetCell, StreamPosition,
-                                     build_change_record, build_mapped_change, build_stream_position,
-                                     datetime_to_ms, slot_builder)
+from ddb2bt.transforms.model import (ChangeRecord, DeadLetter, DeleteCells, Guard, MappedChange, RowChange, SetCell,
+                                     StreamPosition, build_change_record, build_mapped_change, build_row_change,
+                                     build_stream_position, datetime_to_ms, mutations_size, slot_builder)
+from ddb2bt.transforms.wire import encode_mutations
 
 
 def same(a, b) -> None:
@@ -43,9 +44,19 @@ def test_builders_make_what_the_constructors_make() -> None:
         built.change_ms = 6
 
 
-def test_a_builder_needs_slots_and_no_post_init() -> None:
+def test_a_builder_needs_slots_and_no_post_init_unless_the_caller_computes_it() -> None:
     with pytest.raises(TypeError, match="RowChange"):
         slot_builder(RowChange)  # its __post_init__ computes size_bytes
+    with pytest.raises(TypeError, match="MappedChange"):
+        slot_builder(MappedChange, computed_by_caller=True)  # nothing to compute: a mistake
+    mutations = (SetCell("f", b"q", b"v", 5), DeleteCells("f", b"q", 0, 5))
+    guard = Guard("m", b"k", 4, True, 3)
+    expected = RowChange("t", b"k", mutations, guard, -1, (("f", b"q", 5, True),), b"owner")
+    object.__setattr__(expected, "wire", encode_mutations(mutations))
+    built = build_row_change("t", b"k", mutations, guard, mutations_size(b"k", mutations),
+                             (("f", b"q", 5, True),), b"owner", encode_mutations(mutations))
+    same(expected, built)
+    assert built.wire == expected.wire and built.size_bytes == expected.size_bytes
 
 
 @pytest.mark.parametrize("raw", [
