@@ -721,7 +721,11 @@ def main() -> int:
     mem_n = args.memory_changes or (1_000_000 if args.full else 100_000)
     RESULTS.mkdir(parents=True, exist_ok=True)
     project, instance = MAPPING.target.project, MAPPING.target.instance
-    results: dict = {"machine": machine(), "sections": list(sections)}
+    import ddb2bt.pipeline as code
+
+    # Which code ran (another checkout's may be put first on PYTHONPATH, for A/B runs).
+    results: dict = {"machine": machine(), "sections": list(sections),
+                     "code_under_test": str(Path(next(iter(code.__path__))).resolve().parent)}
     with LocalStack() as stack:
         stack.apply_env()
         if "throughput" in sections:
