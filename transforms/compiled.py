@@ -36,7 +36,7 @@ from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN
                                        column_cells, condition_matches, CellOwner, general_map_change, parse_timestamp_ms,
                                        validate_record)
 from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, DeleteCells, Guard,
-                                     RowChange, SetCell)
+                                     SetCell, build_row_change)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
 from ddb2bt.transforms.wire import (DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN, MUT_SET_CELL,
                                     ONE_BYTE_VARINT, RANGE_END, SET_TIMESTAMP, SET_VALUE, US_PER_MS, VARINT_TABLE_SIZE,
@@ -728,9 +728,9 @@ class CompiledMapping:
             if since is not None:
                 guard = Guard(MARKER_FAMILY, marker, since, conditional=rk in versioned_rows, backfill_ms=ts)
             entries = versions.get(rk)
-            change = RowChange(table, row, mutations, guard, size, tuple(sorted(entries)) if entries else (), owner)
-            _setattr(change, "wire", b"".join(wire_parts))
-            changes.append(change)
+            # RowChange(table, row, mutations, guard, size, versioned, owner) and its wire, slots filled directly
+            changes.append(_row_change(table, row, mutations, guard, size, tuple(sorted(entries)) if entries else (),
+                                       owner, b"".join(wire_parts)))
         return tuple(changes)
 
 
@@ -767,8 +767,8 @@ _SIMPLE = (PLAN_PLAIN, PLAN_SKIP)
 # Mutations are built as their NamedTuple's __new__ builds them, without its frame.
 _new = tuple.__new__
 # RowChange.wire is not an __init__ argument (so dataclasses.replace drops it: see
-# model.RowChange); the compiled mapping sets it on the change it has just built.
-_setattr = object.__setattr__
+# model.RowChange); the compiled mapping fills it with the other slots (its size given).
+_row_change = build_row_change
 
 
 def compile_mapping(mapping: MappingConfig) -> CompiledMapping:

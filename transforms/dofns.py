@@ -10,7 +10,7 @@ from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import map_change
 from ddb2bt.transforms.model import (ChangeRecord, DeadLetter, MappedBatch, MappedChange, RecordBatch, StreamElement,
-                                     stream_of)
+                                     build_mapped_change, stream_of)
 
 __all__ = ["map_record", "map_record_guarded", "PerStreamFn", "map_changes", "map_changes_per_stream"]
 
@@ -20,7 +20,8 @@ def map_record(mapping: MappingConfig, record: ChangeRecord, now_ms: Callable[[]
     """ChangeRecord → MappedChange; a record that cannot be mapped becomes a dead
     letter (whole, so nothing is half-applied) instead of an exception."""
     try:
-        return MappedChange(record=record, rows=map_change(mapping, record, mark_touched))
+        # MappedChange(record, rows, dead_letter=None), its slots filled directly (once per change)
+        return _mapped_change(record, map_change(mapping, record, mark_touched), None)
     except MappingError as exc:
         return MappedChange(
             record=record,
@@ -47,6 +48,9 @@ def map_record_guarded(mapping: MappingConfig, record: ChangeRecord, now_ms: Cal
         return MappedChange(record=record, dead_letter=DeadLetter(
             reason=exc.reason, error_class=type(exc).__name__, message=exc.message, stage="map", record=record,
             failed_at_ms=now_ms()))
+
+
+_mapped_change = build_mapped_change
 
 
 def _wall_ms() -> int:

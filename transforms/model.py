@@ -13,8 +13,8 @@ and its replay.
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple, Optional, Union
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 AttributeValue = Mapping[str, Any]  # boto3 low-level form: {"S": "x"}, {"N": "1"}, {"B": b"..."}
 Item = Mapping[str, AttributeValue]
@@ -267,6 +267,34 @@ class ShardClosed(StreamElement):
     last_sequence_number: Optional[str] = None
 
 
+def slot_builder(cls, computed_by_caller: bool = False) -> Callable:
+    """A function ``build(*values)`` making a ``cls`` (a frozen dataclass with
+    slots and no ``__post_init__``) from every field's value in declaration order
+    (``init=False`` fields too), as ``cls(*values)`` would, by filling the slots
+    directly. A frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, about twice this; the live path builds a few such
+    objects per change. The same fields, equality, hash and pickling as the
+    constructor's (``tests/unit/test_model_builders.py``). ``computed_by_caller``:
+    the class has a ``__post_init__`` that is not run, and every caller passes
+    the values it would compute (RowChange's size_bytes)."""
+    if ("__post_init__" in cls.__dict__) != computed_by_caller or "__slots__" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__}: slot_builder needs slots, and a __post_init__ only if the caller "
+                        "computes what it would")
+    names = [f.name for f in fields(cls)]
+    if sorted(names) != sorted(cls.__slots__):
+        raise TypeError(f"{cls.__name__}: its slots are not its fields")
+    # Only generated identifiers enter the source; the class and its slots'
+    # setters are bound as constants.
+    scope = {"_new": object.__new__, "_cls": cls}
+    scope.update({f"_s{i}": getattr(cls, name).__set__ for i, name in enumerate(names)})
+    args = ", ".join(f"a{i}" for i in range(len(names)))
+    body = "".join(f"    _s{i}(o, a{i})\n" for i in range(len(names)))
+    exec(f"def build({args}):\n    o = _new(_cls)\n{body}    return o\n", scope)  # noqa: S102
+    build = scope["build"]
+    build.__qualname__ = build.__name__ = f"build_{cls.__name__}"
+    return build
+
+
 def stream_of(element) -> str:
     """The stream (ARN) a live-path element came from: what routes it to its
     table's mapping and sink in a multi-table job (docs/design.md §4.3)."""
@@ -289,3 +317,12 @@ def stream_of(element) -> str:
 def _no_stream(element) -> str:
     raise ValueError(f"{type(element).__name__} carries no stream position: a multi-table job cannot route it "
                      "(steps between the reader and the writer must keep every record's position)")
+
+
+# Built once per record or change on the live path (slot_builder says why).
+build_change_record = slot_builder(ChangeRecord)
+build_stream_position = slot_builder(StreamPosition)
+build_mapped_change = slot_builder(MappedChange)
+# Only for a caller that passes size_bytes (>= 0: what __post_init__ would compute) and
+# the wire bytes of exactly these mutations, or None: the compiled mapping.
+build_row_change = slot_builder(RowChange, computed_by_caller=True)

@@ -206,9 +206,9 @@ class BatchingWriter:
             # (a marker write that fails is stripped and retried, see _commit).
             if not isinstance(families, (set, frozenset)):
                 families = frozenset(families)
-            used = set(map(_FAMILY_OF, row.mutations))  # C-level: this runs for every row
-            if used <= families:
+            if families.issuperset(map(_FAMILY_OF, row.mutations)):  # C-level, no set built: runs for every row
                 continue
+            used = set(map(_FAMILY_OF, row.mutations))
             missing = sorted(f for f in used - families if f != MARKER_FAMILY)
             refresh = getattr(self._known_families, "refresh", None)
             if missing and refresh is not None:

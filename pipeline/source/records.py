@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ddb2bt.transforms.model import (NO_CHANGE_TIME, REMOVE, ChangeRecord, RecordBatch, StreamPosition,
-                                     datetime_to_ms)
+from ddb2bt.transforms.model import (NO_CHANGE_TIME, REMOVE, ChangeRecord, RecordBatch, build_change_record,
+                                     build_stream_position, datetime_to_ms)
 
 TTL_PRINCIPAL = "dynamodb.amazonaws.com"
 # Records per runner element: a full GetRecords page.
@@ -29,23 +29,26 @@ def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -
     if event_name == REMOVE:
         identity = raw.get("userIdentity") or _NO_FIELDS
         is_ttl_delete = identity.get("Type") == "Service" and identity.get("PrincipalId") == TTL_PRINCIPAL
-    return ChangeRecord(
-        event_name=event_name,
-        keys=ddb.get("Keys") or {},
-        new_image=ddb.get("NewImage"),
-        old_image=ddb.get("OldImage"),
-        change_ms=datetime_to_ms(created) if created is not None else NO_CHANGE_TIME,
-        position=StreamPosition(stream_arn, shard_id, ddb.get("SequenceNumber", "")),
-        event_id=raw.get("eventID", ""),
-        is_ttl_delete=is_ttl_delete,
-        size_bytes=size if type(size) is int else int(size or 0),
+    # ChangeRecord's fields in order, the slots filled directly (model.slot_builder).
+    return _change_record(
+        event_name,  # event_name
+        ddb.get("Keys") or {},  # keys
+        ddb.get("NewImage"),  # new_image
+        ddb.get("OldImage"),  # old_image
+        datetime_to_ms(created) if created is not None else NO_CHANGE_TIME,  # change_ms
+        _position(stream_arn, shard_id, ddb.get("SequenceNumber", "")),  # position
+        raw.get("eventID", ""),  # event_id
+        is_ttl_delete,  # is_ttl_delete
+        size if type(size) is int else int(size or 0),  # size_bytes
+        None,  # backfill_since_ms: a stream record is not a backfill's
         # Kinesis records carry the change time in µs where the destination says
         # MICROSECOND (source/kinesis.py): the ordering guard's finer clock.
-        change_us=raw.get("changeMicros", -1),
+        raw.get("changeMicros", -1),  # change_us
     )
 
 
 _NO_FIELDS: Mapping = {}  # read only: stands in for an absent field
+_change_record, _position = build_change_record, build_stream_position
 
 
 def batch_records(elements: Iterator, size: int = 0) -> Iterator:

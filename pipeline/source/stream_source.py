@@ -27,7 +27,9 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Callable, Iterator, Optional
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -53,6 +55,7 @@ LATEST = "latest"
 START_MODES = (TRIM_HORIZON, LATEST)
 ON_TRIMMED = ("fail", "restart")
 GET_RECORDS_LIMIT = 1000  # the service's maximum per call
+_EVENT_OF = attrgetter("event_name")  # a page's reads are counted per event type, in C
 # Full pages read from one shard in one round (bundle): up to 10,000 changes, so a
 # backlog is drained in large bundles while a bundle's unacknowledged work stays
 # small enough to redo quickly after a failure.
@@ -524,26 +527,23 @@ class PartitionReader:
                     continue
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
-                # The read counter is updated once per page and event type (in the
-                # finally: also for a round stopped part-way); the lag tracker per
-                # record, before the record can reach the sink.
-                read: dict = {}
                 rec = None
-                try:
-                    for raw in records:
-                        rec = from_stream_record(raw, stream_arn, shard_id)
-                        if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
-                            result.stopped = True
-                            return result
-                        if on_read is not None:
-                            read[rec.event_name] = read.get(rec.event_name, 0) + 1
-                            on_read(stream_arn, shard_id, rec.change_ms)
-                        yield rec
-                        result.records += 1
-                        result.at_head = False
-                finally:
-                    for event_name, count in read.items():
-                        metrics.read(self._table, event_name, count)
+                if records:
+                    decoded = [from_stream_record(raw, stream_arn, shard_id) for raw in records]
+                    rec = decoded[-1]
+                    # The page is claimed whole, up to its last record, before any of it is
+                    # emitted: all that is claimed is emitted (a split meanwhile stops the next
+                    # claim), so a residual resumes right after the last record emitted.
+                    if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
+                        result.stopped = True
+                        return result
+                    if on_read is not None:  # per page and event type, before a record can reach the sink
+                        on_read(stream_arn, shard_id, decoded[0].change_ms, len(decoded))
+                        for event_name, count in Counter(map(_EVENT_OF, decoded)).items():
+                            metrics.read(self._table, event_name, count)
+                    yield from decoded
+                    result.records += len(decoded)
+                    result.at_head = False
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
                 # A full page: more may follow, the next unread record is at least as

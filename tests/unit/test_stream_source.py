@@ -337,21 +337,43 @@ def test_until_idle_ends_only_after_the_idle_period_with_nothing_waiting():
 
 
 def test_checkpoint_split_resumes_right_after_the_last_claimed_record():
+    """A page is claimed whole, up to its last record, before any of it is
+    emitted: a split while the page is being emitted lets the rest of the claimed
+    page out, and stops the next page's claim; the residual resumes right after
+    the last record emitted, so nothing is lost or read twice."""
+    from ddb2bt.pipeline.source.stream_source import GET_RECORDS_LIMIT
+
     client, _, _, reader, _ = setup()
     client.add_shard("s")
-    s = put(client, "s", 6)
+    s = put(client, "s", GET_RECORDS_LIMIT + 6)  # a full page, then 6 more
     tracker = PartitionTracker(PartitionRestriction())
     gen = reader.read_round(tracker)
     emitted = [next(gen) for _ in range(2)]
     primary, residual = tracker.try_split(0)
     assert primary.done and not residual.done
-    assert dict(residual.positions)["s"].after == s[1]
-    with pytest.raises(StopIteration):
-        next(gen)  # the claim after the split fails: the round stops at once
+    assert dict(residual.positions)["s"].after == s[GET_RECORDS_LIMIT - 1]  # the claimed page's last record
+    emitted += list(gen)  # the rest of the claimed page; the next page's claim fails: the round stops
+    assert seqs(emitted) == s[:GET_RECORDS_LIMIT]
     tracker.check_done()
     reader2 = setup(client=client)[3]
     out, _ = drain_round(reader2, LocalTracker(residual))
     assert seqs(emitted) + seqs(out) == s
+
+
+def test_a_page_is_one_claim():
+    """One claim per GetRecords page, naming its last record (the tracker's lock
+    and the restriction's copy once per page, not once per record)."""
+    from ddb2bt.pipeline.source.stream_source import GET_RECORDS_LIMIT, ClaimRecord
+
+    client, _, metrics, reader, _ = setup()
+    client.add_shard("s")
+    s = put(client, "s", GET_RECORDS_LIMIT + 6)
+    tracker = LocalTracker()
+    out, _ = drain_round(reader, tracker)
+    assert seqs(out) == s
+    record_claims = [c for c in tracker.claims if isinstance(c, ClaimRecord)]
+    assert [c.sequence_number for c in record_claims] == [s[GET_RECORDS_LIMIT - 1], s[-1]]
+    assert sample(metrics, "ddb2bt_changes_read_total", table="Fake", event="INSERT") == len(s)
 
 
 def test_only_checkpoint_splits_are_allowed():
@@ -444,13 +466,14 @@ def test_a_split_mid_round_still_emits_the_claimed_records_as_a_batch():
 
     client, _, _, reader, _ = setup()
     client.add_shard("s")
+    client.page_size = 3  # pages of 3: the split falls inside the first
     s = put(client, "s", 6)
     tracker = PartitionTracker(PartitionRestriction())
     inner = reader.read_round(tracker)
     claimed = []
 
     def claims_then_split():
-        for element in inner:  # split after the second record was claimed and yielded
+        for element in inner:  # split after the first page was claimed and two of it yielded
             claimed.append(element)
             if len(claimed) == 2:
                 tracker.try_split(0)
@@ -459,7 +482,7 @@ def test_a_split_mid_round_still_emits_the_claimed_records_as_a_batch():
 
     batched, returned = drain(batch_records(claims_then_split(), size=1000))
     assert returned == "round result"
-    assert [r.position.sequence_number for b in batched for r in b.records] == s[:2]
+    assert [r.position.sequence_number for b in batched for r in b.records] == s[:3]  # the claimed page
 
 
 def test_flush_sends_the_records_so_far_and_is_not_an_element():

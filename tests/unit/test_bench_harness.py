@@ -1,0 +1,39 @@
+"""The benchmark harness says what it measures (issue 36): bench/run.py's
+``--sections`` runs the sections asked for, in the harness's order, and refuses
+a name it does not know; its ``unpaced`` block takes the live readers' pacer away
+and puts AWS's back afterwards, even when the block fails."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import run  # noqa: E402
+from ddb2bt.pipeline.clients.dynamodb import ShardPacer  # noqa: E402
+from ddb2bt.pipeline.source import stream_source  # noqa: E402
+
+
+def test_sections_run_in_the_harness_order() -> None:
+    assert run.parse_sections("lag, throughput,backfill") == ("throughput", "lag", "backfill")
+
+
+def test_an_unknown_section_is_named() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown section.*verfy.*choose from throughput"):
+        run.parse_sections("throughput,verfy")
+    with pytest.raises(argparse.ArgumentTypeError, match="none given"):
+        run.parse_sections(" , ")
+
+
+def test_unpaced_takes_the_pacer_away_and_puts_it_back() -> None:
+    assert stream_source.ShardPacer is ShardPacer
+    with pytest.raises(RuntimeError):
+        with run.unpaced():
+            pacer = stream_source.ShardPacer()
+            pacer.wait("shardId-0")
+            assert pacer.ready_in("shardId-0") == 0.0  # a second call may follow at once
+            raise RuntimeError("the measured run failed")
+    assert stream_source.ShardPacer is ShardPacer
