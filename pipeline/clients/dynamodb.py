@@ -34,6 +34,7 @@ from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.transforms.arns import StreamArn, table_of_stream
 from ddb2bt.transforms.errors import ChangesLostError, PermanentError, RetryableError, StreamGoneError
 from ddb2bt.transforms.limits import STREAM_RETENTION_S
+from ddb2bt.pipeline.observe.metrics import default_metrics, UNNAMED_TABLE
 
 __all__ = [
     "STREAM_RETENTION_S", "STREAM_RETENTION_MS", "EXPORT_RETENTION_MARGIN_MS", "DESCRIBE_LIMIT",
@@ -115,8 +116,6 @@ def count_api_call(api: str, metrics_table: Optional[str]) -> None:
     ``table`` means what it means on every series: the table's name in the job
     (its mapping's name or --job-name, what status and dlq print), never the
     DynamoDB table's name and never a key (docs/operations.md, Metrics)."""
-    from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, default_metrics
-
     default_metrics().aws_api_calls.labels(metrics_table or UNNAMED_TABLE, api).inc()
 
 

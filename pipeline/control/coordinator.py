@@ -44,6 +44,7 @@ from ddb2bt.pipeline.control.lease import (DATAFLOW_START_GRACE_S, Lease, LeaseL
                                            LeaseUnproven, dataflow_holder, fence as fence_writer, lease_cell)
 from ddb2bt.pipeline.control.partitions import PartitionOwners
 from ddb2bt.pipeline.control.phases import backfill_may_run
+from ddb2bt.pipeline.control.markers import Bookkeeping
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +246,6 @@ class Coordinator:
         bigtable = getattr(self._state_spec, "bigtable", None)
         if bigtable is None:
             return None
-        from ddb2bt.pipeline.control.markers import Bookkeeping  # the admin client: only where a keeper runs
 
         state_spec = self._state_spec
         return CutoverKeeper(lambda: self.guard(state_spec()),

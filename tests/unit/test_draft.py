@@ -185,7 +185,7 @@ class DeniedClient:
 def test_no_permission_is_a_clear_error_and_exit_1(monkeypatch, capsys):
     with pytest.raises(DraftRefused, match="dynamodb:DescribeTable and dynamodb:Scan"):
         read_table_facts(DeniedClient(), "Orders")
-    monkeypatch.setattr("ddb2bt.pipeline.connect.connections.dynamodb_client", lambda region=None: DeniedClient())
+    monkeypatch.setattr("ddb2bt.pipeline.services.mappings.dynamodb_client", lambda region=None: DeniedClient())
     assert main(["draft", "--table", "Orders"]) == 1
     err = capsys.readouterr().err
     assert "DescribeTable on DynamoDB table 'Orders' was refused (no permission)" in err
@@ -210,7 +210,7 @@ def test_the_cli_passes_the_sample_bounds(monkeypatch, capsys, tmp_path):
         seen.append(bounds)
         return source.items, draft_io.SampleFacts(len(source.items), 1, 3.0, "end", 1, 0.1)
 
-    monkeypatch.setattr("ddb2bt.pipeline.connect.connections.dynamodb_client", lambda region=None: Described())
+    monkeypatch.setattr("ddb2bt.pipeline.services.mappings.dynamodb_client", lambda region=None: Described())
     monkeypatch.setattr(draft_io, "sample_table", sample)
     out = tmp_path / "m.yaml"
     assert main(["draft", "--table", "ProductCatalog", "--sample", "300", "--max-rcu", "25", "--out", str(out)]) == 0
