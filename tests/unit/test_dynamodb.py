@@ -101,6 +101,26 @@ def test_scan_charges_the_read_budget():
     assert charged == [2.5, 2.5, 1.0]
 
 
+def test_each_attempt_is_counted_on_the_counter_handed_in(monkeypatch):
+    # The clients floor imports no metrics: the counter is handed in (the
+    # connections hand the process's in, observe.metrics.count_aws_call).
+    monkeypatch.setattr(dynamodb, "_COUNTER", list(dynamodb._COUNTER))  # restored after the test
+    counted: list = []
+    dynamodb.count_calls_with(lambda api, table: counted.append((api, table)))
+    table = FakeTable(3, fail_first=[client_error("ProvisionedThroughputExceededException")])
+    assert len(list(scan_items(table, "T", retry=FAST, metrics_table="orders"))) == 3
+    assert counted == [("Scan", "orders"), ("Scan", "orders")]  # the throttled attempt and its retry
+
+
+def test_the_connections_hand_the_process_counter_in_where_clients_are_made(monkeypatch):
+    from ddb2bt.pipeline.connect import connections
+    from ddb2bt.pipeline.observe.metrics import count_aws_call
+
+    monkeypatch.setattr(dynamodb, "_COUNTER", [lambda api, table: None])  # restored after the test
+    connections.dynamodb_client("eu-west-1")
+    assert dynamodb._COUNTER == [count_aws_call]
+
+
 def test_parallel_scan_reads_every_segment_once():
     seen = []
     items = parallel_scan(FakeTable(40), "T", 4, consistent_read=True, on_page=seen.append,

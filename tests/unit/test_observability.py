@@ -363,16 +363,17 @@ class _CatalogTable:
 def test_aws_api_calls_are_labelled_with_the_tables_name_in_the_job_like_every_series(monkeypatch, capsys):
     # Before: DescribeTable and Scan were labelled with the DynamoDB table's name
     # (ProductCatalog) and the stream's calls with the job's (product_catalog).
+    import boto3.session
+
     from ddb2bt.pipeline.connect import reachability
     from ddb2bt.pipeline.app.cli import main
-    from ddb2bt.pipeline.services import mappings
     from ddb2bt.pipeline.local.examples import resolve_mapping_path
     from ddb2bt.pipeline.observe.metrics import default_metrics
     from ddb2bt.transforms.config import load_mapping
 
-    # patched where it is looked up: lint (services/mappings.py) and the probe import it at their tops
-    for module in (mappings, reachability):
-        monkeypatch.setattr(module, "dynamodb_client", lambda region=None: _CatalogTable())
+    # Below the connections (they hand the process's call counter to the DynamoDB
+    # client module where they make a client): boto3 gives the fake table.
+    monkeypatch.setattr(boto3.session.Session, "client", lambda self, service, **kw: _CatalogTable())
     calls = default_metrics().aws_api_calls
     count = lambda table, api: calls.labels(table, api)._value.get()  # noqa: E731
     before = {(t, api): count(t, api) for t in ("product_catalog", "ProductCatalog") for api in ("Scan", "DescribeTable")}
