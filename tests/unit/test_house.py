@@ -200,3 +200,88 @@ def test_the_class_size_check_can_fail():
     body = "".join(f"    x{i} = {i}\n" for i in range(MAX_CLASS_LINES))
     assert long_classes(f"class Big:\n{body}") == [("Big", MAX_CLASS_LINES + 1)]
     assert long_classes("class Small:\n    pass\n") == []
+
+
+# At most this share of the internal imports outside the face (issue 32) may sit
+# inside functions: an import inside a function hides who depends on whom.
+MAX_INSIDE_SHARE = 0.15
+# The face (the CLI and what only it drives) may import lazily: it is not counted.
+FACE = ("ddb2bt.pipeline.app", "ddb2bt.pipeline.cli", "ddb2bt.pipeline.program", "ddb2bt.pipeline.local",
+        "ddb2bt.pipeline.testing")
+# What an import left inside a function says, on its line or the comment above it.
+INSIDE_REASON = "# inside:"
+# Inside imports without their reason yet: another branch's files, in flight
+# when the rest were lifted (issue 32); give them their reason when it lands.
+KNOWN_WITHOUT_REASON = {"pipeline/cutover/backfill.py", "pipeline/cutover/backfill_sdf.py"}
+
+
+def inside_imports(source: str, module: str, is_package: bool = False) -> tuple:
+    """(internal imports, [(line, has its reason)] of those inside functions) of
+    ``source``: an ``import a, b`` counts each module, as house-measure does."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    top = {id(node) for node in tree.body}
+    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    inside_lines = {i for n in nodes if id(n) not in top for i in range(n.lineno, n.end_lineno + 1)}
+    total, inside = 0, []
+    for node in nodes:
+        targets = [t for t, _ in _imported(ast.Module(body=[node], type_ignores=[]), module, is_package)]
+        internal = len({t for t in targets if t.startswith("ddb2bt")}) if isinstance(node, ast.ImportFrom) \
+            else sum(t.startswith("ddb2bt") for t in targets)
+        total += internal
+        if internal and id(node) not in top:
+            inside.append((node.lineno, _has_reason(lines, node.lineno, inside_lines)))
+    return total, inside
+
+
+def _has_reason(lines: list, lineno: int, inside_lines: set) -> bool:
+    """The reason is on the import's line or on a comment line above it, over
+    any other inside imports between (one comment may head a block of them)."""
+    if INSIDE_REASON in lines[lineno - 1]:
+        return True
+    i = lineno - 1
+    while i >= 1:
+        text = lines[i - 1].strip()
+        if text.startswith(INSIDE_REASON):
+            return True
+        if not (i in inside_lines or text.startswith("#")):
+            return False
+        i -= 1
+    return False
+
+
+def _inside_census() -> tuple:
+    total, inside, without = 0, 0, {}
+    for module, path in _modules().items():
+        if module.startswith(FACE):
+            continue
+        n, found = inside_imports(path.read_text(), module, path.name == "__init__.py")
+        total += n
+        inside += len(found)
+        missing = [line for line, reason in found if not reason]
+        if missing:
+            without[str(path.relative_to(ROOT))] = missing
+    return total, inside, without
+
+
+def test_at_most_15_percent_of_internal_imports_sit_inside_functions_each_with_its_reason():
+    total, inside, without = _inside_census()
+    assert total > 300  # the census saw the code
+    assert inside / total <= MAX_INSIDE_SHARE, f"{inside} of {total} internal imports inside functions"
+    assert set(without) == KNOWN_WITHOUT_REASON, without
+
+
+def test_the_inside_import_checks_can_fail():
+    source = ("from ddb2bt.transforms import model\n"
+              "def f():\n"
+              "    from ddb2bt.transforms.errors import ConfigError\n"
+              "    # inside: a module cycle\n"
+              "    from ddb2bt.transforms import mapping\n"
+              "    from ddb2bt.transforms import rowkey\n"
+              "    x = 1\n"
+              "    from ddb2bt.transforms import wire  # inside: a module cycle\n"
+              "    import ddb2bt.transforms.limits, json\n")
+    total, inside = inside_imports(source, "ddb2bt.pipeline.x")
+    assert total == 6
+    assert inside == [(3, False), (5, True), (6, True), (8, True), (9, False)]
+    assert inside_imports("import json\nfrom ddb2bt.transforms import model\n", "ddb2bt.pipeline.x") == (1, [])
