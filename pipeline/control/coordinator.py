@@ -27,7 +27,7 @@ partition leases of a shared job (``partitions.py``) and the cutover keeper
 job per table, each with its own stream), so one coordinator per job is one per
 (job, stream). The process's coordinators are found again by the DoFns through
 ``coordinator_for`` (a DoFn is pickled; its coordinator is not): this module's
-directory is the only per-process ownership state (tests/unit/test_house.py).
+directory is the only per-process ownership state (tests/unit/project/test_house.py).
 """
 from __future__ import annotations
 

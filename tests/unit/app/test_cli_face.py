@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CLI = ROOT / "pipeline" / "app" / "cli.py"
 # Issue 32's budget for the CLI outside its argparse declarations: room for the
 # dispatch (main), the parser's helpers and the commands still kept here, not for

@@ -18,7 +18,7 @@ import pytest
 from ddb2bt.pipeline.app.cli import build_parser
 from ddb2bt.pipeline.app.flex_main import COMMANDS, NOT_FOR, NOT_ON_DATAFLOW, PARAMETERS, translate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 META = {p["name"]: p for p in json.loads((ROOT / "deploy/dataflow/metadata.json").read_text())["parameters"]}
 FLOAT_RX, INT_RX, BOOL_RX = r"^[0-9]+(\\.[0-9]+)?$", "^[0-9]+$", "^(true|false)$"
 

@@ -20,7 +20,7 @@ from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, InMemoryBigtable
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.model import INSERT, ChangeRecord
 
-from tests.unit.cutover_common import CATALOG, FAST, T, item
+from tests.unit.cutover.cutover_common import CATALOG, FAST, T, item
 
 COUNTS: dict = {}
 LOCK = threading.Lock()

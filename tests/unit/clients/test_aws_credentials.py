@@ -23,7 +23,7 @@ from botocore.exceptions import ClientError
 
 from ddb2bt.pipeline.clients import aws_credentials as ac
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IDENTITY_PATH = "/computeMetadata/v1/instance/service-accounts/default/identity"
 SA_UNIQUE_ID = "112233445566778899001"
 ACCOUNT = "123456789012"  # moto's default account

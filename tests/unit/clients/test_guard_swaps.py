@@ -14,7 +14,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.model import INSERT, MODIFY, ChangeRecord, SetCell
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, guarded_rows
-from tests.unit.cutover_common import catalog_item, item
+from tests.unit.cutover.cutover_common import catalog_item, item
 
 CATALOG = load_mapping("examples/product_catalog.yaml")
 START_US = 1_700_000_000_000_000

@@ -21,7 +21,7 @@ from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.transforms.mapping import backfill_record
 from ddb2bt.transforms.model import INSERT, ChangeRecord, Guard, SetCell
 
-from tests.unit.cutover_common import CATALOG, FAST, T, item
+from tests.unit.cutover.cutover_common import CATALOG, FAST, T, item
 
 
 class FakeAdmin:

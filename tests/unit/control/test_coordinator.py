@@ -18,9 +18,9 @@ from ddb2bt.pipeline.control.state import BigtableStateBackend, StateStore
 from ddb2bt.pipeline.source.stream_source import StreamPartition
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.errors import RetryableError
-from tests.unit.test_lease import World  # one simulated time line for every lease test
+from tests.unit.control.test_lease import World  # one simulated time line for every lease test
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TTL, RENEW = 20.0, 5.0
 STREAM_A = "arn:aws:dynamodb:r:1:table/A/stream/x"
 STREAM_B = "arn:aws:dynamodb:r:1:table/B/stream/x"

@@ -25,12 +25,12 @@ from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record
 from ddb2bt.transforms.model import INSERT, REMOVE, BackfillPosition, ChangeRecord, DeadLetter
 
 from ddb2bt.pipeline.control.catchup import LIVE_SETTLE_S, CatchUpReport
-from tests.unit.cutover_common import CATALOG, FAST, T, item
+from tests.unit.cutover.cutover_common import CATALOG, FAST, T, item
 
 # A partition caught up (applied up to now, no lag) and one far behind.
 UP = CatchUpReport(0, 1 << 62)
 BEHIND = CatchUpReport(600_000, 0)
-from tests.unit.test_cutover_phases import world
+from tests.unit.control.test_cutover_phases import world
 
 SPEC = {"kind": "scan", "parts": 2}
 TABLES = ("t", "t_idx")

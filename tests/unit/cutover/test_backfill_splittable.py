@@ -21,7 +21,7 @@ from ddb2bt.pipeline.control.state import BackfillCheckpoint, StateStore
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, InMemoryBigtable, RegisteredClient
 from ddb2bt.transforms.model import BackfillPosition, PartDone, RecordBatch
 
-from tests.unit.test_backfill import HANDOFF, FakeScan, write_export
+from tests.unit.cutover.test_backfill import HANDOFF, FakeScan, write_export
 
 SEGMENT = segment_name(0, 1)
 FILE = "data/a.json.gz"

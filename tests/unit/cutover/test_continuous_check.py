@@ -22,8 +22,8 @@ from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell
 
-from tests.unit.cutover_common import CATALOG, FAST, T, item
-from tests.unit.test_verify_bounded import FakeDynamo, apply, reader
+from tests.unit.cutover.cutover_common import CATALOG, FAST, T, item
+from tests.unit.cutover.test_verify_bounded import FakeDynamo, apply, reader
 
 SEGMENTS = 4
 

@@ -28,7 +28,7 @@ from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record, handoff_second_ms, map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeadLetter, MappedChange
-from tests.unit.cutover_common import assert_target_is_the_mapping_of, catalog_item, item, video_item
+from tests.unit.cutover.cutover_common import assert_target_is_the_mapping_of, catalog_item, item, video_item
 
 VIDEOS = load_mapping("examples/videos.yaml")
 CATALOG = load_mapping("examples/product_catalog.yaml")

@@ -26,7 +26,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.mapping import map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell
 
-from tests.unit.cutover_common import CATALOG, T, item
+from tests.unit.cutover.cutover_common import CATALOG, T, item
 
 TABLE = CATALOG.target.table
 SECOND_MS = 1000

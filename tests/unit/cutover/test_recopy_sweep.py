@@ -108,7 +108,7 @@ def test_every_prescription_of_migrate_restart_names_a_command_that_recopies():
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     files = [*root.glob("docs/*.md"), root / "README.md", *root.glob("deploy/prometheus/*.yml"),
              *root.glob("pipeline/**/*.py")]
     prescriptions = [f for f in files if re.search(r"migrate[^`\n]{0,40}--restart", f.read_text())]
@@ -123,7 +123,7 @@ def test_every_prescription_of_migrate_restart_names_a_command_that_recopies():
 
 
 def test_a_backfill_over_an_earlier_migration_owes_the_sweep_until_it_ran():
-    from tests.unit.test_cutover_phases import world
+    from tests.unit.control.test_cutover_phases import world
 
     clock, store, admin, bk, m = world()
     m.begin_backfill({"kind": "scan", "parts": 1}, bk, ("t",))

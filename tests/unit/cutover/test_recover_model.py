@@ -29,7 +29,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping, parse_mapping
 from ddb2bt.transforms.mapping import handoff_second_ms, map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedChange
-from tests.unit.cutover_common import assert_target_is_the_mapping_of, catalog_item, hr_item, item, video_item
+from tests.unit.cutover.cutover_common import assert_target_is_the_mapping_of, catalog_item, hr_item, item, video_item
 
 
 def list_item(pk, sk, n):

@@ -10,7 +10,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.mapping import MARKER_FAMILY, map_change
 from ddb2bt.transforms.model import INSERT, ChangeRecord, DeadLetter, SetCell
 
-from tests.unit.cutover_common import CATALOG, FAST, T, VIDEOS, item  # noqa: E402
+from tests.unit.cutover.cutover_common import CATALOG, FAST, T, VIDEOS, item  # noqa: E402
 
 
 class Table:

@@ -13,7 +13,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import map_change
 from ddb2bt.transforms.model import INSERT, ChangeRecord, MappedChange
-from tests.unit.cutover_common import item
+from tests.unit.cutover.cutover_common import item
 
 FAST = SinkConfig(retry=RetryPolicy(0.001, 0.001, 1.0), overlap_writes=False)
 STREAM = "arn:aws:dynamodb:us-east-1:000000000000:table/T/stream/2024-01-01T00:00:00.000"

@@ -19,7 +19,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.mapping import MARKER_FAMILY, map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell
 
-from tests.unit.cutover_common import CATALOG, T, VIDEOS, item
+from tests.unit.cutover.cutover_common import CATALOG, T, VIDEOS, item
 
 KINDS = ("missing_rows", "extra_rows", "missing_cells", "extra_cells", "different_cells", "version_clashes")
 

@@ -20,7 +20,7 @@ from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.source.stream_source import LocalTracker, PartitionReader, ReaderOptions, StreamPartition, drain_round
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMTOOL_HELP = "promtool is missing: install the Debian package 'prometheus' (deploy/local/setup.sh does it)"
 
 

@@ -14,7 +14,7 @@ import pytest
 from ddb2bt.pipeline.app.cli import build_parser
 from ddb2bt.pipeline.app.flex_main import COMMANDS, PARAMETERS, translate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 META = json.loads((ROOT / "deploy/dataflow/metadata.json").read_text())
 PARAMS = {p["name"]: p for p in META["parameters"]}
 

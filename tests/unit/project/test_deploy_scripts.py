@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GUIDE = ROOT / "docs/deploy-dataflow.md"
 SCRIPTS = ["deploy/lib.sh", "deploy/dataflow/flex.sh", "deploy/gcp/setup.sh", "deploy/aws/setup.sh"]
 ENV = {"PROJECT": "my-project", "REGION": "us-central1", "BUCKET": "my-bucket", "TAG": "v1"}

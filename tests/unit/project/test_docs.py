@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 SCHEMA_PATH = ROOT / "transforms" / "mapping.schema.json"
 MAPPING_PAGE = DOCS / "mapping.md"

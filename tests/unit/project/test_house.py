@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = {"pipeline": "ddb2bt.pipeline", "transforms": "ddb2bt.transforms"}
 # What the clients floor may import: itself and the pure engine (the AWS call
 # counter is handed in: clients/dynamodb.count_calls_with).

@@ -10,7 +10,7 @@ import math
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 LATEST = json.loads((ROOT / "bench/results/latest.json").read_text())
 # docs/deploy-dataflow.md "Where the numbers come from": plan on about half the

@@ -13,7 +13,7 @@ from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record
 from ddb2bt.transforms.model import REMOVE, BackfillPosition, ChangeRecord, PartDone
 
-from tests.unit.cutover_common import CATALOG, FAST, T, item
+from tests.unit.cutover.cutover_common import CATALOG, FAST, T, item
 
 PART = "segment-0000-of-0001"
 TABLE = "product_catalog"

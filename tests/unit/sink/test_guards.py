@@ -18,7 +18,7 @@ from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record, marker_qualifier
 from ddb2bt.transforms.model import SetCell
 
-from tests.unit.cutover_common import FAST, T, VIDEOS, item
+from tests.unit.cutover.cutover_common import FAST, T, VIDEOS, item
 
 RETRY = RetryPolicy(0.001, 0.001, 1.0)
 HANDOFF = T + 5_000

@@ -21,7 +21,7 @@ from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, guarded_rows
-from tests.unit.cutover_common import catalog_item, item, video_item
+from tests.unit.cutover.cutover_common import catalog_item, item, video_item
 
 VIDEOS = load_mapping("examples/videos.yaml")
 CATALOG = load_mapping("examples/product_catalog.yaml")

@@ -10,7 +10,7 @@ from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY, backfill_record
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord
 
-from tests.unit.cutover_common import CATALOG, FAST, T, VIDEOS, item  # noqa: E402
+from tests.unit.cutover.cutover_common import CATALOG, FAST, T, VIDEOS, item  # noqa: E402
 
 
 def writer_for(bt, versions=True):

@@ -131,7 +131,7 @@ def test_the_sink_sends_the_compiled_mappings_bytes_for_coalesced_rows():
     from ddb2bt.transforms.dofns import map_record
     from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, MappedBatch, StreamPosition
 
-    mapping = load_mapping(Path(__file__).resolve().parents[2] / "examples" / "product_catalog.yaml")
+    mapping = load_mapping(Path(__file__).resolve().parents[3] / "examples" / "product_catalog.yaml")
     sent = []
 
     class RecordingWriter:
@@ -180,7 +180,7 @@ def test_a_change_rebuilt_with_other_mutations_carries_no_stale_bytes():
     from ddb2bt.transforms.model import INSERT, ChangeRecord
     from pathlib import Path
 
-    mapping = load_mapping(Path(__file__).resolve().parents[2] / "examples" / "product_catalog.yaml")
+    mapping = load_mapping(Path(__file__).resolve().parents[3] / "examples" / "product_catalog.yaml")
     keys = {"pk": {"S": "hats"}, "sk": {"S": "item#1"}}
     change, = map_change(mapping, ChangeRecord(INSERT, keys, dict(keys, Name={"S": "cap"}), None, 1_700_000_000_000))
     assert change.wire == protobuf_mutations(change.mutations)

@@ -16,7 +16,7 @@ from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.transforms.model import INSERT, ChangeRecord, DeadLetter
 from ddb2bt.transforms.ordering import CLOCK_FAMILY
 from tests.conftest import write_mapping
-from tests.unit.cutover_common import CATALOG, FAST, T, item
+from tests.unit.cutover.cutover_common import CATALOG, FAST, T, item
 
 
 class Admin:

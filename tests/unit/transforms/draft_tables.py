@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Optional
 
-from tests.unit.test_examples import INVOICE_SEED, VIDEO_SEED, item
+from tests.unit.transforms.test_examples import INVOICE_SEED, VIDEO_SEED, item
 
 NOW_S = 1_700_000_000  # the fixtures' clock (TTL values are relative to it)
 

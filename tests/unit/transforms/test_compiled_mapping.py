@@ -29,7 +29,7 @@ from ddb2bt.transforms.mapping import backfill_record, general_map_change, map_c
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
 from ddb2bt.pipeline.clients.bigtable.wire import build_mutations, mutate_rows_types
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ("product_catalog", "videos", "invoices", "hr_orders")
 START_MS = 1_700_000_000_000
 REQUEST_CLS = mutate_rows_types()[0]

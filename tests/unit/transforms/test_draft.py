@@ -16,8 +16,8 @@ from ddb2bt.transforms.draft import (DELIMITER_CANDIDATES, SORT_KEY_PAD, draft_m
                                      type_prefix)
 from ddb2bt.transforms.lint import WARN, lint
 from ddb2bt.transforms.mapping import expected_cells
-from tests.unit.draft_tables import NOW_S, SourceTable, all_tables, product_catalog
-from tests.unit.test_examples import item
+from tests.unit.transforms.draft_tables import NOW_S, SourceTable, all_tables, product_catalog
+from tests.unit.transforms.test_examples import item
 
 
 def drafted(source: SourceTable):

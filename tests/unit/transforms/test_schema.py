@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.unit.test_config import with_change
+from tests.unit.transforms.test_config import with_change
 
 SCHEMA = json.loads(resources.files("transforms").joinpath("mapping.schema.json").read_text())
 EXAMPLES = sorted(Path("examples").glob("*.yaml"))
