@@ -16,6 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from ddb2bt.pipeline.io import LiveJob, ReplicateToBigtable  # noqa: F401  (LiveJob: its old home)
 from ddb2bt.pipeline.options import LOCAL_RUNNER_NAMES, joined_beam_args, runner_of, without_runner
+from ddb2bt.pipeline.dataflow import validate_options
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:
         # stream's parallelism is the partitions, not the runner's threads.
         options = PipelineOptions(args + ["--direct_num_workers=1"], save_main_session=False)
         return beam.Pipeline(runner=local_runner(), options=options)
-    from ddb2bt.pipeline.dataflow import validate_options
 
     validate_options(beam_args)
     options = PipelineOptions(beam_args, streaming=streaming, save_main_session=False)

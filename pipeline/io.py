@@ -32,15 +32,17 @@ from typing import Callable, Optional, Sequence, Union
 import apache_beam as beam
 
 import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)
-from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
 from ddb2bt.pipeline.clients.dynamodb import StreamArn
 from ddb2bt.pipeline.sink.sink import SinkConfig, write_to_bigtable, write_to_bigtable_per_stream
 from ddb2bt.pipeline.source.stream_sdf import StreamSource, read_stream_partitions
 from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition
-from ddb2bt.transforms.config import MappingConfig
+from ddb2bt.transforms.config import MappingConfig, check_distinct_tables, load_mapping
 from ddb2bt.transforms.dofns import map_changes, map_changes_per_stream
 from ddb2bt.transforms.model import ChangeRecord, MappedBatch, MappedChange, RecordBatch, StreamElement
 from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
+from ddb2bt.pipeline.connect.preflight import ensure_state_table, resolve_stream
+from ddb2bt.pipeline.local.examples import resolve_mapping_path
 
 __all__ = [
     "ReadDynamoDBStream", "TransformChanges", "MapToBigtable", "FilterChanges", "WriteToBigtableOrdered",
@@ -79,8 +81,6 @@ class LiveJob:
 def _check_distinct(jobs: Sequence[LiveJob]) -> None:
     """A multi-table job refuses two tables sharing a stream, a state key or a
     target table (a ConfigError naming both)."""
-    from ddb2bt.transforms.config import check_distinct_tables
-
     streams = [j.stream_arn for j in jobs]
     for i, arn in enumerate(streams):
         if arn and arn in streams[:i]:
@@ -96,9 +96,6 @@ def load_mapping_arg(mapping: MappingArg) -> MappingConfig:
     if isinstance(mapping, MappingConfig):
         return mapping
     if isinstance(mapping, (str, Path)):
-        from ddb2bt.pipeline.local.examples import resolve_mapping_path
-        from ddb2bt.transforms.config import load_mapping
-
         return load_mapping(resolve_mapping_path(str(mapping)))
     raise TypeError(f"mapping must be a MappingConfig or a path to a mapping file, got {type(mapping).__name__}")
 
@@ -107,8 +104,6 @@ def prepare_target(mapping: MappingArg, state: Optional[StateSpec] = None) -> Ma
     """Create (or complete) the mapping's Bigtable tables and the state table,
     as ``ddb2bt create-table`` does; run it once before building the graph.
     Returns the loaded mapping."""
-    from ddb2bt.pipeline.connect.preflight import ensure_state_table
-
     config = load_mapping_arg(mapping)
     ensure_mapping_table(config)
     spec = state or _default_state(config)
@@ -377,9 +372,6 @@ class ReplicateToBigtable(beam.PTransform):
 
     @staticmethod
     def _resolve_stream(mapping: MappingConfig) -> str:
-        from ddb2bt.pipeline.connect.connections import dynamodb_client
-        from ddb2bt.pipeline.connect.preflight import resolve_stream
-
         return resolve_stream(mapping, dynamodb_client(mapping.source.region)).stream_arn
 
     def expand(self, pbegin):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 from typing import Callable, Iterable, Optional
+from ddb2bt.pipeline.local.local_stack import load_state
 
 __all__ = ["METRICS_OFF", "joined_beam_args", "number", "KNOWN_RUNNERS", "LOCAL_RUNNER_NAMES", "beam_option_strings", "check_beam_args",
            "runner_of", "partitions_arg", "auto_partitions", "AUTO_PARTITIONS"]
@@ -218,7 +219,6 @@ def local_hint() -> str:
 
     if all(os.environ.get(v) for v in LOCAL_STACK_VARIABLES):
         return ""
-    from ddb2bt.pipeline.local.local_stack import load_state
 
     if load_state() is not None:
         return ('. A local stack is running but this shell does not use it: eval "$(ddb2bt local env)"')

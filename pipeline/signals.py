@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 from typing import Callable, Optional
+from ddb2bt.pipeline.source.stream_source import clear_stop, request_stop, STOP_ALL
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +199,6 @@ def exit_quietly_on_interrupt() -> None:
 
 
 def _stop_readers() -> None:
-    from ddb2bt.pipeline.source.stream_source import STOP_ALL, request_stop
-
     request_stop(STOP_ALL)
 
 
@@ -213,7 +212,6 @@ def run_command(fn: Callable[[], int], *, enabled: bool = True, stop: Callable[[
     the interpreter's shutdown then waits seconds for gRPC's native threads."""
     if not enabled:
         return fn()
-    from ddb2bt.pipeline.source.stream_source import STOP_ALL, clear_stop
 
     clear_stop(STOP_ALL)  # a previous command in this process may have been interrupted
     scope = CommandScope(stop, grace_s)

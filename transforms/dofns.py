@@ -11,6 +11,7 @@ from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import map_change
 from ddb2bt.transforms.model import (ChangeRecord, DeadLetter, MappedBatch, MappedChange, RecordBatch, StreamElement,
                                      build_mapped_change, stream_of)
+from ddb2bt.transforms.ordering import guarded_rows
 
 __all__ = ["map_record", "map_record_guarded", "PerStreamFn", "map_changes", "map_changes_per_stream"]
 
@@ -40,8 +41,6 @@ def map_record_guarded(mapping: MappingConfig, record: ChangeRecord, now_ms: Cal
     """Like ``map_record``, for a source that may deliver out of order (Kinesis):
     the rows are ``ordering.GuardedRow`` states for the ordering guard
     (docs/design.md §10), not diffs."""
-    from ddb2bt.transforms.ordering import guarded_rows
-
     try:
         return MappedChange(record=record, rows=guarded_rows(mapping, record))
     except MappingError as exc:

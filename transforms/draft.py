@@ -23,6 +23,7 @@ import yaml
 from ddb2bt.transforms.config import MappingConfig, parse_mapping
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MIB
+from ddb2bt.transforms.mapping import expected_cells
 
 # Row-key delimiters tried in order: the seed's own three (`#`, `:`, `/`),
 # then characters rare in ids. The first that no sampled value of a leading key
@@ -613,7 +614,6 @@ def _render(data: dict, facts: TableFacts, guesses: list, decisions: list, rule_
 def sampled_row_keys(mapping: MappingConfig, items: Iterable) -> list:
     """The sorted distinct row keys (of the target table) the sampled items map to."""
     keys = set()
-    from ddb2bt.transforms.mapping import expected_cells
 
     for item in items:
         try:
@@ -660,8 +660,6 @@ def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: Mapping
            splits: int) -> Assessment:
     """The report printed beside the draft. ``findings``: lint's on the drafted
     mapping and the sample (``ddb2bt.transforms.lint.lint``)."""
-    from ddb2bt.transforms.mapping import expected_cells
-
     out = [f"Assessment of DynamoDB table {facts.name}", ""]
     out.append(f"table: {facts.item_count:,} items, {_mb(facts.size_bytes)} (DescribeTable; DynamoDB updates "
                "these about every six hours)")

@@ -20,7 +20,7 @@ auto           any                         S→utf8, N→decimal, B→bytes, BOO
                                            SS/NS/BS/M/L→json
 =============  ==========================  ===============================================
 
-What "reversible" means, exactly (``tests/unit/test_encoding_exact.py`` checks it
+What "reversible" means, exactly (``tests/unit/transforms/test_encoding_exact.py`` checks it
 with hypothesis over DynamoDB's whole number range, 38 digits, 1E-130..9.99E+125):
 
 * ``utf8``, ``bytes``, ``bool``, ``null``, ``decimal``, ``dynamodb_json``: the very

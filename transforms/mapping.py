@@ -583,7 +583,7 @@ def map_change(mapping: MappingConfig, record: ChangeRecord, mark_touched: bool 
     """
     compiled = mapping.__dict__.get("_compiled")  # compiled.COMPILED_ATTRIBUTE
     if compiled is None:
-        from ddb2bt.transforms.compiled import compile_mapping  # it imports this module
+        from ddb2bt.transforms.compiled import compile_mapping  # inside: compiled.py imports this module (a module cycle)
 
         compiled = compile_mapping(mapping)
     return compiled(record, mark_touched)

@@ -88,7 +88,7 @@ def _typed_json(value) -> Optional[str]:
     (plain dicts and lists; S, N, BOOL, NULL, SS, M, L), without its per-value
     path strings, which only name a bad value in an error; None for anything
     else (B, NS, BS, another Mapping, a malformed value): the reference decides.
-    ``tests/unit/test_ordering_guard_hash.py`` holds the two equal."""
+    ``tests/unit/transforms/test_ordering_guard_hash.py`` holds the two equal."""
     if type(value) is not dict or len(value) != 1:
         return None
     for tag, inner in value.items():

@@ -9,7 +9,7 @@ several changes touch is then the concatenation of their bytes, in stream order.
 The request encoder (``pipeline/clients/bigtable/wire.py``) puts the row key and
 the entry's length around them. What these functions write is byte for byte what
 the protobuf library serializes for the same message (property-tested:
-``tests/unit/test_sink_requests.py``, ``tests/unit/test_compiled_mapping.py``).
+``tests/unit/sink/test_sink_requests.py``, ``tests/unit/transforms/test_compiled_mapping.py``).
 
 Field numbers (google/bigtable/v2/bigtable.proto, data.proto) as wire tags,
 (number << 3) | wire type (0 varint, 2 length-delimited).

@@ -59,7 +59,7 @@ PARAMETERS = {
 }
 GLOBAL = {"log_level", "log_format"}
 # CLI options of run/backfill/migrate the template deliberately does not offer,
-# with why (tests/unit/test_deploy.py compares the template with the CLI).
+# with why (tests/unit/project/test_deploy.py compares the template with the CLI).
 NOT_ON_DATAFLOW = {
     "until_idle": "a Dataflow streaming job is stopped by drain, not by an idle stream (tests and local catch-up runs)",
     "metrics_port": "Dataflow workers cannot be scraped: use metrics_pushgateway",

@@ -11,7 +11,8 @@ from typing import Optional
 
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE, BigtableStateBackend, StateStore
-from ddb2bt.pipeline.clients.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S
+from ddb2bt.pipeline.clients.dynamodb import STREAMS_CONNECT_TIMEOUT_S, STREAMS_READ_TIMEOUT_S, count_calls_with
+from ddb2bt.pipeline.observe.metrics import count_aws_call
 
 
 def wall_ms() -> int:
@@ -83,7 +84,10 @@ def aws_client(service: str, **kwargs):
     several DoFn ``setup()``s of one worker process at once; a session per call
     shares nothing mutable between them, only the parsed data files
     (_PARSED_DATA). Credentials still come from the default AWS chain (each
-    session resolves it)."""
+    session resolves it). The DynamoDB client module is handed the process's
+    call counter here, where every AWS client is made: the clients floor
+    imports no metrics (``ddb2bt_aws_api_calls_total``)."""
+    count_calls_with(count_aws_call)
     import boto3
     import botocore.loaders
     import botocore.session

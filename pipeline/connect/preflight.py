@@ -11,7 +11,7 @@ from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.pipeline.clients.bigtable.admin import (AppProfileUnknown, BigtableAdmin, MULTI_CLUSTER,
                                                     forget_process_families, process_admin)
-from ddb2bt.pipeline.control.state import STATE_FAMILIES
+from ddb2bt.pipeline.control.state import STATE_FAMILIES, stream_label
 
 REQUIRED_VIEW = "NEW_AND_OLD_IMAGES"
 
@@ -86,8 +86,6 @@ FOLLOWED_STREAM_META = "followed_stream"
 def check_stream_continuity(store, stream_arn: str, accept_new_stream: bool) -> None:
     """A disabled-and-re-enabled stream has a new ARN and starts empty: changes made
     while it was off are lost. Refuse to carry on silently."""
-    from ddb2bt.pipeline.control.state import stream_label
-
     known = store.known_stream_labels()
     current = stream_label(stream_arn)
     followed = store.load_meta(FOLLOWED_STREAM_META)
@@ -135,8 +133,6 @@ def settle_start(store, stream_arn: str, mode: str, now_ms: int, kinesis: bool =
     tables' Kinesis records, one born while the job was down whose parent aged
     out) would skip every change written while the job was down."""
     import json
-
-    from ddb2bt.pipeline.control.state import stream_label
 
     name = f"{START_META}#{stream_label(stream_arn)}"
     recorded = store.load_meta(name)

@@ -13,11 +13,12 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ddb2bt.transforms.errors import PermanentError
+from ddb2bt.transforms.errors import PermanentError, RetryableError
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableUnreachable
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.clients.dynamodb import SourceTableMissing, describe_table
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint, probe_bigtable
+from ddb2bt.pipeline.connect.connections import dynamodb_client
 
 __all__ = ["READ_ONLY_BUDGET_S", "ServiceUnreachable", "Reachability", "check_reachable"]
 
@@ -49,8 +50,6 @@ def _probe_bigtable(budget_s: float) -> None:
 
 
 def _probe_dynamodb(mapping, budget_s: float) -> None:
-    from ddb2bt.pipeline.connect.connections import dynamodb_client
-
     describe_table(dynamodb_client(mapping.source.region), mapping.source.table,
                    retry=RetryPolicy(initial_s=0.2, max_backoff_s=2.0, deadline_s=budget_s), metrics_table=mapping.name)
 
@@ -71,8 +70,6 @@ def check_reachable(mappings: list, *, dynamodb: str = "required", budget_s: Opt
     answers with an error (a missing table, access denied) is reachable: the
     command reports that itself. ``probes`` ({name: fn()}) replaces the real
     probes (tests)."""
-    from ddb2bt.transforms.errors import RetryableError
-
     budget_s = READ_ONLY_BUDGET_S if budget_s is None else budget_s
     # The probes' own deadlines end a little before the budget, so what they
     # found (connection refused, …) is what the message says.

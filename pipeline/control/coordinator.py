@@ -27,7 +27,7 @@ partition leases of a shared job (``partitions.py``) and the cutover keeper
 job per table, each with its own stream), so one coordinator per job is one per
 (job, stream). The process's coordinators are found again by the DoFns through
 ``coordinator_for`` (a DoFn is pickled; its coordinator is not): this module's
-directory is the only per-process ownership state (tests/unit/test_house.py).
+directory is the only per-process ownership state (tests/unit/project/test_house.py).
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ from ddb2bt.pipeline.control.lease import (DATAFLOW_START_GRACE_S, Lease, LeaseL
                                            LeaseUnproven, dataflow_holder, fence as fence_writer, lease_cell)
 from ddb2bt.pipeline.control.partitions import PartitionOwners
 from ddb2bt.pipeline.control.phases import backfill_may_run
+from ddb2bt.pipeline.control.markers import Bookkeeping
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +246,6 @@ class Coordinator:
         bigtable = getattr(self._state_spec, "bigtable", None)
         if bigtable is None:
             return None
-        from ddb2bt.pipeline.control.markers import Bookkeeping  # the admin client: only where a keeper runs
 
         state_spec = self._state_spec
         return CutoverKeeper(lambda: self.guard(state_spec()),

@@ -45,6 +45,7 @@ from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.pipeline.control.catchup import LIVE_SETTLE_S
 from ddb2bt.pipeline.control.clock import CLOCK_SKEW_MARGIN_S
 from ddb2bt.pipeline.observe.logs import table_logger
+from ddb2bt.pipeline.observe.metrics import default_metrics, UNNAMED_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -288,8 +289,6 @@ class Migration:
         is made only if the phase is still exactly ``expected`` (the value the
         caller's decision was based on), else PhaseMoved; without it the current
         value is read here (and re-read if another process moves it meanwhile)."""
-        from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, default_metrics
-
         for _ in range(1 if based_on_read else CAS_ATTEMPTS):
             current = expected if based_on_read else self.phase_value()
             check_transition(parse_phase(current), target)

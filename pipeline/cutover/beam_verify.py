@@ -43,6 +43,10 @@ from ddb2bt.transforms.mapping import expected_cells
 from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
 from ddb2bt.pipeline.clients.bigtable.reads import data_client, iter_table, read_rows, table_ranges
 from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
+from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory
+from ddb2bt.pipeline.cutover.recheck import recheck, stream_watermark
+from ddb2bt.pipeline.cutover.verify import Findings, findings_of
+from ddb2bt.pipeline.graph import is_local, make_pipeline
 
 __all__ = ["VerifyTable", "VerifyMappings", "build_verify", "run_verify_job"]
 
@@ -87,8 +91,6 @@ class _ReadSourceItemsFn(beam.DoFn):
     def setup(self) -> None:
         self._client = None
         if isinstance(self._source, ScanSource):
-            from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
-
             self._client = DynamoDBClientFactory(self._source.region)()
 
     def process(self, part: str):
@@ -164,8 +166,6 @@ class _CompareRowFn(beam.DoFn):
         self._show, self._show_keys, self._recheck = show, show_keys, recheck
 
     def process(self, element):
-        from ddb2bt.pipeline.cutover.verify import findings_of
-
         (table, row_key), sides = element
         want: dict = {}
         owners: dict = {}
@@ -196,9 +196,6 @@ class _RecheckRowsFn(beam.DoFn):
         self._table = table
 
     def setup(self) -> None:
-        from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory
-        from ddb2bt.pipeline.cutover.recheck import stream_watermark
-
         m = self._table.mapping
         self._ddb = DynamoDBClientFactory(m.source.region)()
         arn = describe_table(self._ddb, m.source.table, metrics_table=self._table.state.job).get("LatestStreamArn")
@@ -211,9 +208,6 @@ class _RecheckRowsFn(beam.DoFn):
             store.close()  # its data client and the writer it made
 
     def process(self, batch):
-        from ddb2bt.pipeline.cutover.recheck import recheck
-        from ddb2bt.pipeline.cutover.verify import Findings
-
         t = self._table
         m = t.mapping
         suspects = {(table, row): owners for table, row, owners, _, _, _ in batch}
@@ -235,8 +229,6 @@ class _Summary(beam.CombineFn):
     order (the local verify keeps the same ones)."""
 
     def create_accumulator(self):
-        from ddb2bt.pipeline.cutover.verify import Findings
-
         return Findings.empty()
 
     def add_input(self, acc, partial):
@@ -255,8 +247,6 @@ class _Summary(beam.CombineFn):
 
 
 def _unmappable_partial(entry, show: bool):
-    from ddb2bt.pipeline.cutover.verify import Findings
-
     f = Findings.empty(show)
     canonical, keys, reason, message = entry
     f.add_unmappable(canonical, keys, reason, message)
@@ -264,8 +254,6 @@ def _unmappable_partial(entry, show: bool):
 
 
 def _items_partial(n: int, show: bool):
-    from ddb2bt.pipeline.cutover.verify import Findings
-
     f = Findings.empty(show)
     f.items = n
     return f
@@ -340,8 +328,6 @@ def run_verify_job(tables: list, beam_args: list, report_path: str) -> tuple:
     the report (the caller prints it and exits 0 only when identical); on a
     remote runner the report is None once launched (it appears at
     ``report_path`` when the job ends)."""
-    from ddb2bt.pipeline.graph import is_local, make_pipeline
-
     p = make_pipeline(beam_args, streaming=False)
     build_verify(p, tables, report_path)
     result = p.run()

@@ -9,6 +9,7 @@ from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
+from ddb2bt.transforms.ordering import CLOCK_FAMILY
 
 SINGLE, VERSIONS, LIST = "single", "versions", "list"
 
@@ -177,8 +178,6 @@ def without_clocks(actual_versions: dict) -> dict:
     """read_table() output without the ordering guard's clock cells (a Kinesis
     job's own bookkeeping, docs/design.md §10); a row holding only clocks (a
     deleted item's tombstone) is no row of the mapping's."""
-    from ddb2bt.transforms.ordering import CLOCK_FAMILY
-
     out = {}
     for row, cols in actual_versions.items():
         kept = {c: v for c, v in cols.items() if c[0] != CLOCK_FAMILY}

@@ -43,12 +43,17 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from ddb2bt.pipeline.cutover.recheck import RecheckOptions, recheck
+from ddb2bt.pipeline.cutover.recheck import RecheckOptions, recheck, stream_watermark
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
 from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, DeadLetter
 from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
+from ddb2bt.pipeline.connect.connections import dynamodb_client, StreamsClientFactory
+from ddb2bt.pipeline.control.phases import LIVE, parse_phase
+from ddb2bt.pipeline.cutover.verify import redact
+from ddb2bt.pipeline.observe.metrics import default_metrics, UNNAMED_TABLE
+from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
 
 __all__ = ["ContinuousCheck", "ContinuousOptions", "CheckPosition", "StoredPosition", "DIVERGENT"]
 
@@ -208,8 +213,6 @@ class ContinuousCheck:
         return n, None
 
     def _live(self) -> bool:
-        from ddb2bt.pipeline.control.phases import LIVE, parse_phase
-
         phase = parse_phase(self.store.load_meta("phase"))
         if phase is None or phase == LIVE:
             return True
@@ -249,8 +252,6 @@ class ContinuousCheck:
     def _record(self, suspects: dict, result) -> set:
         """Counts and records the items still different on their second check in a
         row; returns the ids of every item found different now."""
-        from ddb2bt.pipeline.cutover.verify import redact
-
         by_item: dict = {}  # key id -> (keys, {kinds})
         for table, (_, _, diff) in result.still.items():
             for kind in KINDS:
@@ -306,14 +307,10 @@ ITEM_ID_HEX = 24  # 96 bits: no two items of a table share an id in practice
 
 def _token(key: dict) -> Optional[str]:
     """An item's key (boto3 AttributeValue form) as a Scan resume token."""
-    from ddb2bt.transforms.attrs import item_to_dynamodb_json
-
     return json.dumps(item_to_dynamodb_json(key), sort_keys=True) if key else None
 
 
 def _untoken(token: Optional[str]) -> Optional[dict]:
-    from ddb2bt.transforms.attrs import item_from_dynamodb_json
-
     return item_from_dynamodb_json(json.loads(token)) if token else None
 
 
@@ -324,10 +321,6 @@ def connect_check(mapping, store, options: ContinuousOptions, stream_arn: Option
     (the source's own: DynamoDB Streams or the Kinesis adapter) and ``store``.
     Its metrics carry the job's name (the state key) as ``table``, like the
     sink's. What the local thread and the Dataflow step (continuous_beam.py) run."""
-    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.cutover.recheck import stream_watermark
-    from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, default_metrics
-
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
     job = getattr(store, "job", None) or UNNAMED_TABLE

@@ -28,6 +28,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from ddb2bt.pipeline.cutover.continuous import (STEP_INTERVAL_S, ContinuousCheck, ContinuousOptions, connect_check,
                                                 step_items)
+from ddb2bt.pipeline.observe.metrics import start_pusher
 
 __all__ = ["CheckContinuously"]
 
@@ -60,7 +61,6 @@ class _ContinuousCheckStepFn(beam.DoFn):
 
     def setup(self) -> None:
         if self._pusher is not None:  # Dataflow workers cannot be scraped: they push
-            from ddb2bt.pipeline.observe.metrics import start_pusher
 
             url, job = self._pusher
             start_pusher(url, job=job)

@@ -17,8 +17,6 @@ of these functions and prints what it returns.
 from __future__ import annotations
 
 import logging
-import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -27,20 +25,28 @@ from typing import Callable, Optional
 import apache_beam as beam
 
 from ddb2bt.pipeline.control.markers import Bookkeeping
-from ddb2bt.pipeline.control.phases import BACKFILLING, LIVE, Migration
+from ddb2bt.pipeline.control.phases import BACKFILLING, LIVE, Migration, PHASES
 from ddb2bt.pipeline.cutover.status import QUEUED_META
 from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.pipeline.clients.dynamodb import describe_table
+from ddb2bt.pipeline.connect.connections import dynamodb_client, DynamoDBClientFactory
+from ddb2bt.pipeline.control.clock import check_clock
+from ddb2bt.pipeline.cutover.backfill import add_backfill, BackfillJob, ExportSource, ScanSource
+from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
+from ddb2bt.pipeline.cutover.progress import (PLAIN_PROGRESS_EVERY_S, Worker,  # noqa: F401  (demo.py, tests)
+                                             run_in_thread, watch)
+from ddb2bt.pipeline.cutover.recopy import sweep_target
+from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
+from ddb2bt.pipeline.observe.metrics import counter_total, default_metrics
+from ddb2bt.pipeline.sink.sink import SinkConfig
+from ddb2bt.pipeline.source.stream_source import request_stop
 
 log = logging.getLogger(__name__)
 
 RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
 DAY_MS = 24 * 3600 * 1000
 TAIL_STOP_WAIT_S = 60.0
-# Progress without a terminal: one log line this often (a log, not an animation).
-PLAIN_PROGRESS_EVERY_S = 30.0
-WATCH_POLL_S = 0.5  # how often the progress is looked at
 # How often `migrate` looks whether the keeper moved every table LIVE: one
 # state-table read per table; LIVE itself is decided on the keeper's 10 s step.
 LIVE_POLL_S = 1.0
@@ -78,98 +84,10 @@ class Outcome:
     launched: object = None
 
 
-class Worker(threading.Thread):
-    """Runs a pipeline function in a thread and keeps its exception."""
-
-    def __init__(self, name: str, fn: Callable[[], None]) -> None:
-        super().__init__(name=name, daemon=True)
-        self._fn = fn
-        self.error: Optional[BaseException] = None
-
-    def run(self) -> None:
-        try:
-            self._fn()
-        except BaseException as exc:  # re-raised by the controller
-            self.error = exc
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-
-def watch(worker: Worker, total: Optional[int], desc: str, value: Callable[[], float],
-          tty: Optional[bool] = None, clock: Callable[[], float] = time.monotonic) -> None:
-    """Show a progress bar (items/s and ETA) while ``worker`` runs; when stderr is
-    not a terminal (a log file, CI, a container), a plain log line every
-    ``PLAIN_PROGRESS_EVERY_S`` instead: a bar's carriage returns would flood the
-    log. Re-raises the worker's failure."""
-    from tqdm import tqdm
-
-    tty = sys.stderr.isatty() if tty is None else tty
-    if not tty:
-        _watch_plain(worker, total, desc, value, clock)
-        return
-    with tqdm(total=total or None, unit="item", desc=desc, dynamic_ncols=True, file=sys.stderr,
-              mininterval=WATCH_POLL_S) as bar:
-        while worker.is_alive():
-            worker.join(WATCH_POLL_S)
-            bar.n = int(value())
-            bar.update(0)
-        bar.n = int(value())
-        if worker.error is None:
-            # The expected total is an estimate (DescribeTable's ItemCount, items
-            # deleted meanwhile): a finished run is 100 % of what it really read.
-            bar.total = bar.n
-        bar.refresh()
-    worker.check()
-
-
-def _watch_plain(worker: Worker, total: Optional[int], desc: str, value: Callable[[], float],
-                 clock: Callable[[], float]) -> None:
-    start = last = clock()
-    while worker.is_alive():
-        worker.join(WATCH_POLL_S)
-        now = clock()
-        if now - last >= PLAIN_PROGRESS_EVERY_S and worker.is_alive():
-            last = now
-            log.info("%s", progress_line(desc, int(value()), total, now - start))
-    if worker.error is None:
-        log.info("%s", progress_line(desc, int(value()), None, clock() - start) + " (done)")
-    worker.check()
-
-
-def progress_line(desc: str, done: int, total: Optional[int], elapsed_s: float) -> str:
-    """``verify: 1200/5000 items (24%), 400 items/s, about 10s left`` (total
-    and ETA when known: the total is an estimate, DescribeTable's ItemCount)."""
-    rate = done / elapsed_s if elapsed_s > 0 else 0.0
-    line = f"{desc}: {done}" + (f"/{total} items ({min(100, 100 * done // total)}%)" if total else " items")
-    line += f", {rate:.0f} items/s"
-    if total and rate > 0 and done < total:
-        line += f", about {(total - done) / rate:.0f}s left"
-    return line
-
-
-def run_in_thread(name: str, fn: Callable[[], object], total: Optional[int] = None,
-                  progress: Optional[Callable[[], float]] = None) -> object:
-    """``fn()`` in a worker thread, with a progress bar when ``progress`` is given."""
-    result: list = []
-    worker = Worker(name, lambda: result.append(fn()))
-    worker.start()
-    if progress is not None:
-        watch(worker, total, name, progress)
-    else:
-        worker.join()
-        worker.check()
-    return result[0] if result else None
-
-
 def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6):
     """(source, spec dict, handoff ms or None, expected items). The retention rule:
     an export older than the stream keeps (24 h, less a margin) is refused, since
     changes made since it may already be trimmed."""
-    from ddb2bt.pipeline.connect.connections import dynamodb_client
-    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
-
     if options.from_export:
         source = ExportSource(options.from_export, mapping.source.region)
         # Before anything is recorded or written: a full export, in a format we
@@ -196,8 +114,6 @@ def check_export_first(options: BackfillOptions, mapping) -> None:
     """--from-export: refuse an export the backfill cannot use (incremental, an unknown
     format, another table, still running) before anything is created or written."""
     if options.from_export:
-        from ddb2bt.pipeline.cutover.backfill import ExportSource
-
         ExportSource(options.from_export, mapping.source.region).check(mapping.source.table, mapping.source.region)
 
 
@@ -208,9 +124,6 @@ def _bookkeeping(mapping) -> Bookkeeping:
 def check_source_clock(mapping) -> None:
     """Refuse a cutover on a clock too far from AWS's (control/clock.py), before
     anything is recorded or written."""
-    from ddb2bt.pipeline.connect.connections import dynamodb_client
-    from ddb2bt.pipeline.control.clock import check_clock
-
     client = dynamodb_client(mapping.source.region)
     check_clock(lambda: client.describe_table(TableName=mapping.source.table),
                 f"DynamoDB ({mapping.source.region or 'default region'})")
@@ -218,8 +131,6 @@ def check_source_clock(mapping) -> None:
 
 def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
     """Resume or begin the backfill: (source, handoff ms)."""
-    from ddb2bt.pipeline.observe.metrics import default_metrics
-
     source, source_spec, export_time, expected = backfill_source(options, mapping)
     if export_time is None:  # T comes from this host's clock (an export's from AWS's): check it first
         check_source_clock(mapping)
@@ -246,10 +157,6 @@ class _Backfill(beam.PTransform):
 
 def _add_backfill(p, mapping, state_spec, source, handoff: int, options: BackfillOptions, reshuffle: bool,
                   label: str = ""):
-    from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
-    from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
-    from ddb2bt.pipeline.sink.sink import SinkConfig
-
     def add(root):
         return add_backfill(root, BackfillJob(source, mapping.source.key_attributes, handoff, tasks=options.tasks,
                                               scan_retry=options.scan_retry), mapping,
@@ -264,9 +171,6 @@ def run_backfill(mapping, state_spec, options: BackfillOptions, beam_args: list,
     """The backfill pipeline: on the local runner, to its end (then the phase is
     CATCHING_UP); on Dataflow, a batch job is launched (the tail's readers move
     the phase on once every part is done, see ``phases.advance``)."""
-    from ddb2bt.pipeline.graph import is_local, make_pipeline
-    from ddb2bt.pipeline.observe.metrics import counter_total, default_metrics
-
     migration = migration or Migration(state_spec.store())
     source, handoff, expected = _begin(mapping, migration, options)
     local = is_local(beam_args)
@@ -297,8 +201,6 @@ def recopy_sweep(mapping, state_spec, migration: Migration, handoff: int, option
     remove what no item owns any more. Recorded done only once it ran to the end,
     so a rerun after a crash sweeps again (deleting what no item owns is the same
     again)."""
-    from ddb2bt.pipeline.cutover.recopy import sweep_target
-
     logger = table_logger(log, mapping.name)
     logger.info("re-copy sweep of %s: removing what no item owns any more", ", ".join(mapping.tables))
     result = run_in_thread(f"re-copy sweep {mapping.name}",
@@ -342,8 +244,6 @@ def backfill(tables, beam_args: list) -> Outcome:
     finishes: once the tails had time to stop marking, its marker family is
     dropped, so the target holds only the mapping's cells. On Dataflow one batch
     job back-fills them all."""
-    from ddb2bt.pipeline.graph import is_local, make_pipeline
-
     tables = list(tables)
     if not is_local(beam_args):
         refuse_remote_recopy(tables, [t.options for t in tables])
@@ -372,8 +272,6 @@ def _one_pusher(options: BackfillOptions, index: int) -> BackfillOptions:
 def _overall(phases: list) -> Optional[str]:
     """A job's phase: a table's when all agree, else the earliest (a job of
     several tables is LIVE when every table is)."""
-    from ddb2bt.pipeline.control.phases import PHASES
-
     known = [p for p in phases if p is not None]
     if len(known) < len(phases):
         return None
@@ -391,9 +289,6 @@ def migrate(jobs, options, beam_args: list, until_idle: Optional[float], dry_run
     phase and handoff time. On Dataflow: one streaming job launched, with the
     continuous check of every table (``check``, ContinuousOptions) as a branch
     of its own when given (locally the CLI runs its threads next to this)."""
-    from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
-    from ddb2bt.pipeline.source.stream_source import request_stop
-
     jobs, options = list(jobs), list(options)
     if len(options) != len(jobs):
         raise ValueError("one BackfillOptions per job")
@@ -487,8 +382,6 @@ def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = F
     backfill side by side. Each table's handoff is fixed here, before launch; the
     readers then move each table's phase on (``phases.advance``): CATCHING_UP
     when its parts are done, the finish, LIVE once caught up (catchup.py)."""
-    from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
-
     p = make_pipeline(beam_args, streaming=True)
     jobs = [replace(job, reader=replace(job.reader, promote_live=True)) for job in jobs]
     add_live_replication(p, jobs)
@@ -504,7 +397,6 @@ def launch_migrate(jobs, options, beam_args: list, migrations, dry_run: bool = F
         _add_backfill(p, job.mapping, job.state, source, handoff, opts, reshuffle=True,
                       label=f"Backfill[{job.mapping.name}]" if len(jobs) > 1 else "")
     if check is not None:  # a branch of its own; each table's steps wait for it to be LIVE
-        from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
 
         p | "CheckContinuously" >> CheckContinuously(jobs, check)
     return p.run()

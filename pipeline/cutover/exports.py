@@ -22,7 +22,7 @@ from decimal import Decimal
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Optional
 
-from ddb2bt.transforms.attrs import canonical_number, check_dynamodb_number
+from ddb2bt.transforms.attrs import canonical_number, check_dynamodb_number, item_from_dynamodb_json
 from ddb2bt.transforms.errors import ConfigError, MappingError, PermanentError
 
 FULL_EXPORT, INCREMENTAL_EXPORT = "FULL_EXPORT", "INCREMENTAL_EXPORT"
@@ -117,8 +117,6 @@ def check_manifest(manifest: ExportManifest, table: Optional[str] = None, region
 
 def dynamodb_json_items(lines: Iterator[bytes], part: str) -> Iterator[dict]:
     """DYNAMODB_JSON data: each non-blank line {"Item": {...}} → the item in boto3 form."""
-    from ddb2bt.transforms.attrs import item_from_dynamodb_json
-
     n = 0
     for raw in lines:
         if not raw.strip():

@@ -37,6 +37,8 @@ from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
 from ddb2bt.pipeline.clients.dynamodb import list_shards
+from ddb2bt.transforms.model import datetime_to_ms
+from ddb2bt.transforms.rowkey import Placeholder, split_key
 
 __all__ = ["RecheckOptions", "RecheckResult", "recheck", "stream_watermark"]
 
@@ -210,8 +212,6 @@ def owner_candidates(mapping: MappingConfig, table: str, row_key: bytes) -> list
     placeholder without transforms; a part that reads as a number is tried as
     N too. Candidates are only looked up: an item counts as the row's owner
     only if it exists and maps to that row."""
-    from ddb2bt.transforms.rowkey import Placeholder, split_key
-
     key_attrs = mapping.source.key_attributes
     out: list = []
     templates = []
@@ -276,8 +276,6 @@ def _pending_since(streams, stream_arn: str, shard_id: str, after: Optional[str]
     5 calls/s that the tail shares (docs/operations.md, AWS's limits); `status`
     reads the readers' reports instead and makes no such call."""
     from botocore.exceptions import ClientError
-
-    from ddb2bt.transforms.model import datetime_to_ms
 
     args = {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": after} if after else \
         {"ShardIteratorType": "TRIM_HORIZON"}

@@ -35,10 +35,13 @@ from typing import Callable, Iterable, Optional
 
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, Clock, decode_clock, encode_clock, swap_expectation
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
-from ddb2bt.transforms.model import DeleteCells
+from ddb2bt.transforms.model import DeleteCells, SetCell
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table
 from ddb2bt.pipeline.clients.dynamodb import describe_table
+from ddb2bt.pipeline.connect.connections import dynamodb_client
+from ddb2bt.pipeline.cutover.compare import VERSIONS
+from ddb2bt.pipeline.cutover.verify import expected_of_records, Findings, scan_expected
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +97,6 @@ def stale_columns(table: str, want: dict, have: dict, backfill_ms: int) -> list:
     (``backfill_ms``): written by a change before the handoff. In a versioned
     column that scanned items own, the versions none of them holds are
     candidates (``owned``): their owner records decide (``deleter``)."""
-    from ddb2bt.pipeline.cutover.compare import VERSIONS
-
     out = []
     for row_key in sorted(have):
         owned = want.get(row_key, {})
@@ -140,8 +141,6 @@ def forget_digests(column: StaleColumn) -> list:
     """[(item, expected, prefix, mutations)]: for each clock that records a value
     digest of a cell of ``column``, the swap that rewrites it, at its own
     timestamp, with those digests unknown (docs/design.md §10.2)."""
-    from ddb2bt.transforms.model import SetCell
-
     out = []
     for item, ts, raw in column.clocks:
         clock = decode_clock(raw)
@@ -158,8 +157,6 @@ def sweep(mapping, ddb, scan_target: Callable[[str], Iterable], delete: Callable
           workdir: Optional[str] = None) -> SweepResult:
     """Read every target table, scan the source, delete the stale columns
     (``delete(column) -> False`` when the column got a newer cell meanwhile)."""
-    from ddb2bt.pipeline.cutover.verify import Findings, expected_of_records, scan_expected
-
     buckets = bucket_count(estimated_items)
     findings = Findings()
     rows_read = deleted = kept = 0
@@ -252,8 +249,6 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
 
 def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8) -> SweepResult:
     """The sweep against the mapping's source and target (``run_backfill`` calls it)."""
-    from ddb2bt.pipeline.connect.connections import dynamodb_client
-
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
     expected = describe_table(ddb, mapping.source.table).get("ItemCount", 0)

@@ -47,10 +47,21 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from ddb2bt.pipeline.cutover.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms,
                                              manifest_data_files)
-from ddb2bt.pipeline.cutover.straddle import SweepResult
-from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
-from ddb2bt.transforms.errors import ConfigError, PermanentError
+from ddb2bt.pipeline.cutover.straddle import SweepResult, BoundarySweep, sweep_inexact_features, swept_windows
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
+from ddb2bt.transforms.errors import ConfigError, PermanentError, MappingError
 from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S
+from ddb2bt.pipeline.connect.connections import dynamodb_client, StreamsClientFactory
+from ddb2bt.pipeline.connect.preflight import resolve_stream
+from ddb2bt.pipeline.control.phases import LIVE, Migration, RECOVERING
+from ddb2bt.pipeline.cutover.backfill import ExportSource
+from ddb2bt.pipeline.cutover.exports import parse_summary
+from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
+from ddb2bt.transforms.attrs import item_from_dynamodb_json
+from ddb2bt.transforms.dofns import map_record
+from ddb2bt.transforms.mapping import backfill_cell_ms, handoff_second_ms
+from ddb2bt.transforms.model import ChangeRecord, MODIFY, REMOVE
 
 __all__ = ["Gap", "Window", "ExportChange", "IncrementalExport", "Recovery", "RecoveryRefused", "RecoveryResult",
            "RecoverOptions", "RecoverOutcome", "find_gap", "plan_windows", "check_pitr", "export_commands",
@@ -177,7 +188,6 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int,
     trimmed (``heads``: StateStore.load_shard_heads; docs/design.md §8.2): its
     tail goes on from the oldest record, and its last change, perhaps hours
     older, must not pull the exports back."""
-    from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
     from botocore.exceptions import ClientError
 
     listed: dict = {}
@@ -324,9 +334,6 @@ def _write_us(meta) -> int:
 
 
 def parse_line(raw: bytes, part: str, n: int) -> ExportChange:
-    from ddb2bt.transforms.attrs import item_from_dynamodb_json
-    from ddb2bt.transforms.errors import MappingError
-
     try:
         data = json.loads(raw)
         keys = item_from_dynamodb_json(data["Keys"])
@@ -341,9 +348,6 @@ def open_export(location: str, table: str, region: Optional[str] = None) -> Incr
     """An incremental export's manifests, checked: refused (RecoveryRefused, naming
     --from-export) when it is still running, a full export, of another table, in
     another format, or without old images."""
-    from ddb2bt.pipeline.cutover.backfill import ExportSource
-    from ddb2bt.pipeline.cutover.exports import parse_summary
-
     source = ExportSource(location.rstrip("/"), region)
     summary = source.summary()  # refuses a running export (_started, no summary)
     manifest = parse_summary(summary)
@@ -385,8 +389,6 @@ def _parent(location: str) -> str:
 
 def read_changes(export: IncrementalExport, rel: str) -> Iterator[ExportChange]:
     """A data file's lines (resolved against the export's AWSDynamoDB folder)."""
-    from ddb2bt.pipeline.cutover.backfill import ExportSource
-
     folder = ExportSource(_parent(export.location), export.source.region if export.source else None)
     n = 0
     for raw in folder.open_lines(rel):
@@ -446,8 +448,6 @@ def check_coverage(exports: Sequence[IncrementalExport], gap: Gap) -> list:
             "the second after the job's last applied change. A window reaching across it would compact changes "
             "the job applied with changes it lost, and its old images would not be what Bigtable holds. Use "
             "the windows `ddb2bt recover` prints", OPTION)
-    from ddb2bt.pipeline.cutover.straddle import swept_windows
-
     first_swept = swept_windows(ordered, gap.first_ms, boundary)[0]
     if ordered[0].from_ms > first_swept.from_ms - SWEEP_LOOKBACK_MS:
         raise RecoveryRefused(
@@ -469,7 +469,6 @@ def inexact_features(mapping) -> list:
         out.append("ttl.deletions: ignore — an export shows a TTL expiry as a plain deletion (it has no "
                    "userIdentity), so items that expired during the gap would be deleted in Bigtable, where a "
                    "running job keeps them")
-    from ddb2bt.pipeline.cutover.straddle import sweep_inexact_features
 
     return out + sweep_inexact_features(mapping)
 
@@ -477,8 +476,6 @@ def inexact_features(mapping) -> list:
 def _backfill_inside_the_sweep(handoff_ms: Optional[int], gap: Gap, windows: Sequence[Window]) -> list:
     """The one case the boundary sweep cannot tell apart (docs/design.md §8.1.1):
     a backfill's cells, all at one timestamp, inside a window it reads."""
-    from ddb2bt.transforms.mapping import backfill_cell_ms
-
     if not handoff_ms:
         return []
     boundary = gap.boundary_s * 1000
@@ -499,9 +496,6 @@ def change_record(change: ExportChange):
     window's start (what the target holds: the windows abut) → its image at the end,
     written at the second of its last write (stream changes are whole seconds too:
     docs/design.md §3.1)."""
-    from ddb2bt.transforms.mapping import handoff_second_ms
-    from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord
-
     old = change.old_image
     ts = handoff_second_ms(change.write_us // 1000)
     if change.new_image is None:
@@ -553,8 +547,6 @@ class Recovery:
         deletes, and the windows run to the end in order)."""
         import hashlib
 
-        from ddb2bt.pipeline.control.phases import RECOVERING
-
         spec = json.dumps({"first_ms": gap.first_ms, "last_ms": gap.last_ms, "end_ms": gap.end_ms,
                            "applied_ms": gap.applied_ms,
                            "stream": gap.stream_arn, "shards": list(gap.trimmed_shards),
@@ -569,8 +561,6 @@ class Recovery:
         self.store.save_meta(RELEASED_META, "")
 
     def run(self, gap: Gap, exports: Sequence[IncrementalExport]) -> RecoveryResult:
-        from ddb2bt.transforms.dofns import map_record
-
         ordered = check_coverage(exports, gap)
         files = [(export, rel) for export in ordered for rel, _ in export.files]
         self.begin(gap, [f"{export.location}|{rel}" for export, rel in files])
@@ -607,9 +597,6 @@ class Recovery:
         return result
 
     def _boundary_sweep(self, gap: Gap):
-        from ddb2bt.pipeline.cutover.straddle import BoundarySweep
-        from ddb2bt.transforms.mapping import backfill_cell_ms
-
         handoff = self.migration.handoff_ms
         return BoundarySweep(self.mapping, self.target, self.batcher, self.store.versions(), self.read, self.fence,
                              backfill_ms=backfill_cell_ms(handoff) if handoff else None)
@@ -617,8 +604,6 @@ class Recovery:
     def _release_versions(self, gap: Gap, ordered: Sequence[IncrementalExport], files: Sequence) -> None:
         """Before any window is applied, once per recovery: the versions whose
         removal was lost (straddle.py, docs/design.md §8.1.1)."""
-        from ddb2bt.pipeline.cutover.straddle import swept_windows
-
         if self.store.load_meta(RELEASED_META) == "done":
             return
         windows = swept_windows(ordered, gap.first_ms, gap.boundary_s * 1000)
@@ -635,7 +620,6 @@ class Recovery:
         one timestamp is not swept."""
         if self.store.load_meta(SWEEP_META) == "done":
             return
-        from ddb2bt.pipeline.cutover.straddle import swept_windows
 
         windows = swept_windows(ordered, gap.first_ms, gap.boundary_s * 1000)
         sweep = self._boundary_sweep(gap)
@@ -673,9 +657,6 @@ class Recovery:
         """The trimmed shards resume after their oldest held record (inside the last
         window), or at TRIM_HORIZON when they held none; then the phase goes back
         to LIVE (the tail, started next, replays from there)."""
-        from ddb2bt.pipeline.control.phases import LIVE
-        from ddb2bt.pipeline.control.state import ShardCheckpoint
-
         self.fence()
         after = dict(gap.resume_after)
         self.store.save_checkpoints([ShardCheckpoint(gap.stream_arn, s, after.get(s, RESUME_AT_TRIM_HORIZON))
@@ -745,8 +726,6 @@ def refuse_kinesis(mapping) -> None:
     clocks, which a Kinesis job's later REMOVEs rely on (docs/design.md §10). So a
     Kinesis mapping is refused, before anything is read or written."""
     if mapping.source.kinesis is not None:
-        from ddb2bt.transforms.errors import ConfigError
-
         raise ConfigError(
             "recover applies DynamoDB incremental exports for a job whose DynamoDB stream was trimmed; this mapping "
             "reads a Kinesis stream, whose writes go through the ordering guard, which recover does not. A "
@@ -759,10 +738,6 @@ def recover_job(mapping, state_spec, options: RecoverOptions, *, streams_client=
                 metrics=None, sweep_progress=None) -> RecoverOutcome:
     """`ddb2bt recover` against the real services (clients injectable for tests)."""
     refuse_kinesis(mapping)
-    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.control.phases import Migration
-    from ddb2bt.pipeline.connect.preflight import resolve_stream
-    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 
     dynamodb = dynamodb or dynamodb_client(mapping.source.region)
     streams_client = streams_client or StreamsClientFactory(mapping.source.region)()

@@ -71,6 +71,11 @@ from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, DeleteCells, M
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, converge_rows
 from ddb2bt.pipeline.clients.dynamodb import get_item
 from ddb2bt.pipeline.clients.bigtable.reads import read_rows
+from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory
+from ddb2bt.pipeline.control.phases import MarkingPolicy
+from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
+from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.transforms.rowkey import Placeholder
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +210,6 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
     ``read_rows(table, keys)`` and ``delete_cells(table, row, mutations)`` check
     the rows afterwards and remove what the current mapping does not produce
     (without them, nothing is checked)."""
-    from ddb2bt.pipeline.control.phases import MarkingPolicy
-
     policy = MarkingPolicy(lambda: store)
     policy.setup()
     # A Kinesis job's backfill reads no markers (docs/design.md §10.6), and its
@@ -318,8 +321,6 @@ class _RowCheck:
         """Every row the mapping writes is keyed by key attributes alone (no
         index rows, no row key of other attributes): an item's earlier rows are
         its current ones, so no image is needed to find them."""
-        from ddb2bt.transforms.rowkey import Placeholder
-
         key_attrs = set(self.mapping.source.key_attributes)
         for rule in self.mapping.rules:
             if rule.indexes:
@@ -400,15 +401,9 @@ def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions())
     """`ddb2bt dlq redrive` against the real services: the sink's writer (the same
     limits, retries and version ownership as the pipeline, but no checkpoints: a
     redrive must not move the stream's) and a consistent GetItem reader."""
-    from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory
-    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-
-    from ddb2bt.pipeline.connect.connections import StreamsClientFactory
-
     writer = state_spec.bigtable.writer()
     store = state_spec.store(writer)
     if mapping.source.kinesis is not None:  # through the item's clock (docs/design.md §10, docs/kinesis.md)
-        from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
 
         batcher = GuardedBatchingWriter(writer, None, SinkConfig(overlap_writes=False, ordering_guard=True))
     else:

@@ -20,6 +20,11 @@ from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_MS, STREAM_RETENT
                                               describe_table, list_shards)
 from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
 from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint
+from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
+from ddb2bt.pipeline.control.markers import Bookkeeping
+from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
+from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
+from ddb2bt.pipeline.source.kinesis_share import share_text, held_shares
 
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
 LAG_READY_MS = 60 * 1000
@@ -182,8 +187,6 @@ def reported_shards(store, stream_arn: str) -> dict:
 
 def _trimmed(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> bool:
     """The shard's checkpoint points at records the stream no longer holds."""
-    from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
-
     if not after or after == RESUME_AT_TRIM_HORIZON:
         return False
     try:
@@ -265,8 +268,6 @@ def render(f: Facts, flags: str = "") -> list:
                  f"{expected}; finished {when(f.backfill_done_ms)}")
     lines.append(f"stream: {f.stream_arn or '-'}")
     if f.kinesis_shares is not None:
-        from ddb2bt.pipeline.source.kinesis_share import share_text
-
         lines.append("read budget of the Kinesis stream: " + (", ".join(
             f"{job} {share_text(share)}" for job, share in sorted(f.kinesis_shares.items())) or "no job holds a share")
             + f" (held {share_text(sum(f.kinesis_shares.values(), 0))} of 1)")
@@ -299,9 +300,6 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     is known to be unreachable (ddb2bt.pipeline.connect.reachability): no stream facts."""
     import logging
 
-    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.control.markers import Bookkeeping
-
     arn = kinesis_arn = None
     kinesis = mapping.source.kinesis
     streams_factory = StreamsClientFactory(mapping.source.region)
@@ -309,8 +307,6 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
         if not describe:
             raise ConnectionError("unreachable (see above)")
         if kinesis is not None:  # the tail reads the Kinesis stream (docs/kinesis.md)
-            from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
-
             source = resolve_kinesis(mapping)
             arn, kinesis_arn = source.stream_arn, source.kinesis_arn or source.stream_arn
             streams_factory = KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region,
@@ -326,8 +322,6 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
                    bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
                    tables=mapping.tables, mapping=mapping)
     if kinesis is not None and kinesis_arn is not None:
-        from ddb2bt.pipeline.source.kinesis_share import held_shares
-
         facts = replace(facts, kinesis_shares=held_shares(store, kinesis_arn, facts.now_ms))
     return facts
 

@@ -51,7 +51,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence
 
 from ddb2bt.transforms.errors import MappingError
-from ddb2bt.transforms.mapping import item_owner
+from ddb2bt.transforms.mapping import item_owner, owned_cells
+from ddb2bt.pipeline.cutover.spill import bucket_count, paired_groups, Spill, SpillDir
+from ddb2bt.transforms.model import ChangeRecord, DeleteCells, MappedChange, REMOVE, RowChange
 
 __all__ = ["SweepResult", "BoundarySweep", "sweep_inexact_features", "swept_windows"]
 
@@ -171,8 +173,6 @@ class BoundarySweep:
         at ``lo_ms`` — its last line there whose write is at or after
         ``read_from_ms`` — and, if the window does not list the item, what that
         state owns is kept."""
-        from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
-
         result = SweepResult()
         read_from = lo_ms if read_from_ms is None else min(read_from_ms, lo_ms)
         if lo_ms < hi_ms:
@@ -252,8 +252,6 @@ class BoundarySweep:
         whose new image cannot be mapped was dead-lettered, not applied: a job that
         never stopped would have kept what the item held, so its rows (those of its
         old image) are kept whole."""
-        from ddb2bt.transforms.mapping import owned_cells
-
         if change.new_image is None:
             return []
         try:
@@ -268,8 +266,6 @@ class BoundarySweep:
         return [(c.table, c.row_key, (c.family, c.qualifier)) for c in cells.values()]
 
     def _delete_stale(self, stale: dict, at_ms: int) -> int:
-        from ddb2bt.transforms.model import DeleteCells, MappedChange, RowChange
-
         count = 0
         for (table, row), cols in sorted(stale.items()):
             muts = tuple(DeleteCells(f, q, 0, ts + INCLUSIVE_END_MS) for (f, q), ts in sorted(cols.items()))
@@ -291,9 +287,6 @@ class BoundarySweep:
         return count
 
     def _release_versions(self, since_ms: int, files: Sequence) -> int:
-        from ddb2bt.transforms.mapping import owned_cells
-        from ddb2bt.transforms.model import DeleteCells, MappedChange, RowChange
-
         if self.owners is None or not (self._fixed or self._templated):
             return 0
         claims = self.owners.claimed_since(since_ms, skip_ms=self.backfill_ms)
@@ -343,6 +336,4 @@ def _record(at_ms: int):
     """The ChangeRecord a sweep's delete travels with: at the time of the state it
     restores (the sink's lag and counts see it like the recovery's own changes;
     nothing is checkpointed: recovery writes carry no position)."""
-    from ddb2bt.transforms.model import REMOVE, ChangeRecord
-
     return ChangeRecord(REMOVE, {}, None, None, at_ms)

@@ -23,15 +23,17 @@ from typing import Callable, Optional
 
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
-from ddb2bt.transforms.errors import MappingError
+from ddb2bt.transforms.errors import MappingError, ConfigError
 from ddb2bt.transforms.mapping import expected_cells
 from ddb2bt.pipeline.cutover.compare import DIFF_KINDS, LayoutDiff, add_cells, diff_layout, without_clocks
-from ddb2bt.pipeline.cutover.recheck import RecheckOptions, RecheckResult, recheck
+from ddb2bt.pipeline.cutover.recheck import RecheckOptions, RecheckResult, recheck, stream_watermark
 from ddb2bt.pipeline.cutover.mapping_change import fingerprint_of
 from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
+from ddb2bt.pipeline.cutover.progress import run_in_thread
 from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, describe_table, get_item, scan_pages
 from ddb2bt.pipeline.observe.redaction import Redaction
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table, read_rows
+from ddb2bt.pipeline.connect.connections import dynamodb_client, StreamsClientFactory
 
 EXAMPLES_PER_KIND = 5
 REDACTED = "<redacted: use --show-values>"
@@ -444,11 +446,6 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
                   show_keys: bool = False) -> VerifyReport:
     """`ddb2bt verify`: compare, with a progress bar, and record the summary in the
     state table (``status`` reads it)."""
-    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.cutover.controller import run_in_thread
-    from ddb2bt.pipeline.cutover.recheck import stream_watermark
-    from ddb2bt.transforms.errors import ConfigError
-
     if not 0 < sample_rate <= 1:
         raise ConfigError("must be in (0, 1]", "--sample-rate")
     ddb = dynamodb_client(mapping.source.region)

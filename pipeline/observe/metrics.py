@@ -601,6 +601,14 @@ def default_metrics() -> PipelineMetrics:
         return _DEFAULT
 
 
+def count_aws_call(api: str, table: Optional[str]) -> None:
+    """One attempt of an AWS call in ``ddb2bt_aws_api_calls_total{table, api}``
+    on the process's metrics: the counter the connections hand the DynamoDB
+    client module (clients/dynamodb.count_calls_with). ``table``: the table's
+    name in the job, never a key (docs/operations.md, Metrics)."""
+    default_metrics().aws_api_calls.labels(table or UNNAMED_TABLE, api).inc()
+
+
 def serve_metrics(port: Optional[int], host: str = "127.0.0.1") -> Optional[str]:
     """Serve Prometheus /metrics on ``host:port`` (0: a free port) in a daemon
     thread; returns the URL, or None when ``port`` is None or negative (the CLI's

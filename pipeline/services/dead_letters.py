@@ -11,6 +11,8 @@ import time
 
 from ddb2bt.pipeline.services.jobs import load_all, mapping_flags, state_spec, write_summary
 from ddb2bt.pipeline.connect.reachability import check_reachable
+from ddb2bt.pipeline.control.letters import REDACTED, key_text
+from ddb2bt.pipeline.control.ownership import release_targets
 
 
 def cmd_dlq_list(args) -> int:
@@ -39,8 +41,6 @@ def dead_letter_lines(letters: list, flags: str, show_keys: bool = False) -> lis
     """``dlq list``: per letter its time, reason, message, the item's key (redacted
     unless --show-keys, like verify's: ddb2bt.pipeline.observe.redaction; ``<redacted>``
     where the letter was stored without values) and id; then how to act on them."""
-    from ddb2bt.pipeline.control.letters import REDACTED, key_text
-
     out = []
     for entry in letters:
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("failed_at_ms", "0")) / 1000))
@@ -70,6 +70,7 @@ def cmd_dlq_show(args) -> int:
 
 
 def cmd_dlq_redrive(args) -> int:
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive_job
 
     mappings = load_all(args)
@@ -98,8 +99,6 @@ def cmd_dlq_redrive(args) -> int:
 
 
 def cmd_release_target(args) -> int:
-    from ddb2bt.pipeline.control.ownership import release_targets
-
     mappings = load_all(args)
     states = [state_spec(args, mapping) for mapping in mappings]
     for (table, released), job in zip(release_targets(mappings, states),
@@ -109,6 +108,7 @@ def cmd_release_target(args) -> int:
 
 
 def cmd_repair(args) -> int:
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.continuous import DIVERGENT
 
     args.reason, args.since = DIVERGENT, None

@@ -26,6 +26,7 @@ from ddb2bt.pipeline.clients.dynamodb import (DEFAULT_READ_RETRY, MAX_SCAN_THREA
 from ddb2bt.transforms.draft import (Assessment, Draft, SampleFacts, TableFacts, assess, draft_mapping,
                                      split_points, table_facts)
 from ddb2bt.transforms.errors import PermanentError
+from ddb2bt.transforms.lint import lint
 
 log = logging.getLogger("ddb2bt.draft")
 
@@ -144,8 +145,6 @@ def draft_table(client, table: str, bounds: SampleBounds, *, project: str, insta
                 now: Callable[[], float] = time.time) -> DraftResult:
     """Describe, sample, draft, lint, assess. ``DraftRefused`` when nothing useful
     can be drafted: no such table, no permission, no items."""
-    from ddb2bt.transforms.lint import lint
-
     facts = read_table_facts(client, table, region)
     items, sample = sample_table(client, table, bounds)
     if not items:

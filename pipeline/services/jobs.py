@@ -14,11 +14,29 @@ from typing import Optional
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.clients.dynamodb import DEFAULT_READ_RETRY, list_shards
+from ddb2bt.pipeline import signals
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client, wall_ms
+from ddb2bt.pipeline.connect.preflight import (check_app_profiles, check_stream_continuity, check_target,
+                                               ensure_state_table, resolve_stream, settle_start)
+from ddb2bt.pipeline.control.lease import TAIL, BACKFILL
+from ddb2bt.pipeline.control.ownership import claim_targets
+from ddb2bt.pipeline.control.phases import PhaseMarking
+from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
+from ddb2bt.pipeline.cutover.mapping_change import change_notice, record_mapping
+from ddb2bt.pipeline.dataflow import option_value, read_text
+from ddb2bt.pipeline.local.examples import resolve_mapping_path
+from ddb2bt.pipeline.observe.metrics import serve_metrics, default_metrics
+from ddb2bt.pipeline.options import auto_partitions, AUTO_PARTITIONS
+from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
+from ddb2bt.pipeline.source.kinesis_share import check_shares, record_stream, table_shares, take_shares
+from ddb2bt.pipeline.source.stream_source import ReaderOptions
+from ddb2bt.transforms.config import load_mapping, mapping_from_text, check_distinct_tables
 
 log = logging.getLogger("ddb2bt")
 
 
 def dlq_values(args) -> bool:
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.graph import is_local
 
     explicit = getattr(args, "dlq_include_values", None)
@@ -45,9 +63,9 @@ def acquire_lease(args, state, role: str, taken: Optional[list] = None):
     """Hold the job's ``role`` lease for this command, or raise LeaseHeld naming
     the holder; released when the command ends. Returns the LeaseSpec the
     DoFns fence their writes with (None for a dry run)."""
-    from ddb2bt.pipeline import signals
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.control import coordinator, lease
-    from ddb2bt.pipeline.dataflow import option_value
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.graph import is_local
 
     for option in ("bigtable_deadline", "dynamodb_deadline"):
@@ -82,8 +100,6 @@ def claim_target_tables(args, mappings: list, states: list) -> None:
     """Before anything is written: each table the mappings write belongs to
     this job, or the command is refused naming the job that owns it
     (ddb2bt.pipeline.control.ownership; --adopt-target takes it over). Not for a dry run."""
-    from ddb2bt.pipeline.control.ownership import claim_targets
-
     if getattr(args, "dry", False):
         return
     claim_targets(mappings, states, command=args.command, adopt=getattr(args, "adopt_target", False))
@@ -125,13 +141,8 @@ def mapping_sources(values) -> list:
 
 
 def _load_one(source: str):
-    from ddb2bt.transforms.config import load_mapping, mapping_from_text
-
     if source.startswith("gs://"):  # Flex Template launches read it from GCS
-        from ddb2bt.pipeline.dataflow import read_text
-
         return mapping_from_text(read_text(source), origin=source)
-    from ddb2bt.pipeline.local.examples import resolve_mapping_path
 
     return load_mapping(resolve_mapping_path(source))
 
@@ -141,8 +152,6 @@ def load_all(args) -> list:
     Several mappings make one job of several tables: each needs its own name (its
     state key), source table and target tables, and the per-table overrides
     (--bigtable-table, --job-name) are refused."""
-    from ddb2bt.transforms.config import check_distinct_tables
-
     sources = mapping_sources(args.mapping)
     if not sources:
         raise ConfigError("give at least one mapping file", "--mapping")
@@ -162,8 +171,6 @@ def load_sources(args) -> tuple:
     """For ``validate``: (mappings, [(file, ConfigError)]) — every file named
     is loaded, and a bad one does not stop the others from being checked; the
     good ones are then checked together like ``load_all``."""
-    from ddb2bt.transforms.config import check_distinct_tables
-
     sources = mapping_sources(args.mapping)
     loaded, labels, bad = [], [], []
     for source in sources:
@@ -206,8 +213,6 @@ def mapping_flags(args, mappings: Optional[list] = None) -> str:
     ``mappings`` replaces the --mapping values (a hint about one table of several)."""
     from shlex import quote
 
-    from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
-
     values = mappings if mappings is not None else \
         args.mapping if isinstance(args.mapping, (list, tuple)) else [args.mapping]
     flags = [f"--mapping {quote(str(m))}" for m in values]
@@ -234,8 +239,6 @@ def submitted(result, args) -> int:
 def partitions_following_shards(mapping, stream_arn: str, client_factory) -> int:
     """``--partitions auto``: from the stream's open shards now (one listing, through
     the source's own client: DynamoDB Streams or the Kinesis adapter)."""
-    from ddb2bt.pipeline.options import auto_partitions
-
     listing = list_shards(client_factory(), stream_arn)
     open_shards = len(listing.shards) - len(listing.closed_ids)
     partitions = auto_partitions(open_shards)
@@ -247,8 +250,6 @@ def partitions_following_shards(mapping, stream_arn: str, client_factory) -> int
 def check_profiles(args, mapping) -> None:
     """The app-profile preflight (``preflight.check_app_profiles``): refuses a
     state profile that cannot run CheckAndMutateRow, before anything is written."""
-    from ddb2bt.pipeline.connect.preflight import check_app_profiles
-
     note = check_app_profiles(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
                               getattr(args, "state_app_profile", None))
     if note:
@@ -256,8 +257,6 @@ def check_profiles(args, mapping) -> None:
 
 
 def state_spec(args, mapping, include_values: bool = True):
-    from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
-
     # Jobs give up after --bigtable-deadline; read-only commands answer within ~30 s.
     deadline = getattr(args, "bigtable_deadline", READ_ONLY_DEADLINE_S)
     return StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance, mapping.target.app_profile,
@@ -268,8 +267,6 @@ def state_spec(args, mapping, include_values: bool = True):
 
 
 def start_metrics_server(port: Optional[int], host: str) -> Optional[str]:
-    from ddb2bt.pipeline.observe.metrics import serve_metrics
-
     return serve_metrics(port, host)
 
 
@@ -280,6 +277,7 @@ def recopy_tail(args) -> tuple:
     stream lost is restored by its backfill: its tail follows the new stream, and
     a trimmed shard goes on from the oldest record (docs/design.md §7.7), where a
     plain tail stops loudly."""
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.graph import is_local
 
     recopy = bool(getattr(args, "restart", False)) and is_local(args.beam_args)
@@ -293,18 +291,8 @@ def build_live_jobs(args, mappings: list) -> list:
     refused, named, before any lease is taken or anything is written; then each
     table's lease is taken (per table: another process replicating one of them
     is refused, naming it)."""
-    from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
-    from ddb2bt.pipeline.control.phases import PhaseMarking
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.graph import LiveJob, is_local
-    from ddb2bt.pipeline.control.lease import TAIL
-    from ddb2bt.pipeline.connect.connections import wall_ms
-    from ddb2bt.pipeline.connect.preflight import (check_stream_continuity, check_target, ensure_state_table, resolve_stream,
-                                           settle_start)
-    from ddb2bt.pipeline.options import AUTO_PARTITIONS
-    from ddb2bt.pipeline.source.stream_source import ReaderOptions
-
-    from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
-
     # A mapping with source.kinesis reads its Kinesis stream (docs/kinesis.md).
     sources = [resolve_kinesis(m) if m.source.kinesis is not None else resolve_stream(m, dynamodb_client(m.source.region))
                for m in mappings]
@@ -384,9 +372,6 @@ def take_kinesis_shares(args, mappings: list, sources: list, states: list, check
     such a start, writing nothing (before the leases are taken)."""
     from fractions import Fraction
 
-    from ddb2bt.pipeline.connect.connections import wall_ms
-    from ddb2bt.pipeline.source.kinesis_share import check_shares, record_stream, table_shares, take_shares
-
     arns = [source.kinesis_arn or source.stream_arn if mapping.source.kinesis is not None else None
             for mapping, source in zip(mappings, sources)]
     shares = table_shares(arns, getattr(args, "kinesis_share", None) or Fraction(1))
@@ -419,8 +404,6 @@ def note_mapping_changes(args, jobs: list) -> None:
     job last ran (docs/cutover.md, "Changing the mapping")."""
     import sys
 
-    from ddb2bt.pipeline.cutover.mapping_change import change_notice, record_mapping
-
     if getattr(args, "dry", False):
         return
     for job in jobs:
@@ -437,8 +420,6 @@ def outcome_snapshot(metrics=None) -> dict:
     """{job (state key, the metrics' table label): {applied, dead_lettered,
     skipped}}: this process's totals so far, per table. Take one before a
     command writes and ``outcome_since`` after it."""
-    from ddb2bt.pipeline.observe.metrics import default_metrics
-
     metrics = metrics or default_metrics()
     out: dict = {}
     for key, counter in (("applied", metrics.changes_applied), ("dead_lettered", metrics.dead_letters),
@@ -486,6 +467,7 @@ def report_outcome(counts: dict, mapping_flags: str) -> str:
 
 
 def backfill_options(args, tables: int = 1):
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.controller import BackfillOptions
 
     if args.from_export and tables > 1:
@@ -506,6 +488,7 @@ def backfill_scan_retry(args):
 
 
 def sink_config(args=None, lease=None):
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
     if args is None or not hasattr(args, "bigtable_deadline"):
@@ -515,8 +498,6 @@ def sink_config(args=None, lease=None):
 
 
 def dynamodb_retry(args):
-    from ddb2bt.pipeline.source.stream_source import ReaderOptions
-
     return replace_deadline(ReaderOptions.retry, getattr(args, "dynamodb_deadline", None))
 
 
@@ -532,7 +513,5 @@ def with_backfill_leases(args, options, states: list) -> list:
     """Each table's backfill options with its own backfill lease (a backfill may
     run next to the job's tail), all or none."""
     from dataclasses import replace
-
-    from ddb2bt.pipeline.control.lease import BACKFILL
 
     return [replace(options, sink=sink_config(args, lease)) for lease in acquire_leases(args, states, BACKFILL)]

@@ -8,9 +8,16 @@ import os
 import sys
 from pathlib import Path
 
-from ddb2bt.pipeline.services.jobs import load, load_all
+from ddb2bt.pipeline.services.jobs import load, load_all, load_sources
 from ddb2bt.pipeline.connect.reachability import check_reachable
-from ddb2bt.transforms.errors import ConfigProblems
+from ddb2bt.transforms.errors import ConfigProblems, MappingError
+from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
+from ddb2bt.pipeline.clients.dynamodb import scan_items
+from ddb2bt.pipeline.connect.connections import dynamodb_client
+from ddb2bt.pipeline.connect.preflight import ensure_state_table
+from ddb2bt.pipeline.source.records import from_stream_record
+from ddb2bt.transforms.mapping import map_change
+from ddb2bt.transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
 
 # `draft`: the target written into a draft when none is given (the header says to decide it).
 DRAFT_PROJECT, DRAFT_INSTANCE = "my-project", "my-instance"
@@ -23,8 +30,9 @@ EXIT_CONFIG_ERROR = 2  # a bad mapping or option, as main() returns for a Config
 def cmd_validate(args) -> int:
     """Every mapping file named, each read to its end: all of a file's problems
     are printed in one run, and every file is checked even after a bad one."""
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.recover import inexact_features
-    from ddb2bt.pipeline.services.jobs import load_sources
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.transforms.lint import WARN, placeholder_findings
 
     loaded, bad = load_sources(args)
@@ -52,12 +60,8 @@ def cmd_validate(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from ddb2bt.pipeline.source.records import from_stream_record
-    from ddb2bt.transforms.errors import MappingError
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.transforms.inputs import ITEM, parse_user_input
-    from ddb2bt.transforms.mapping import map_change
-    from ddb2bt.transforms.model import INSERT, REMOVE, ChangeRecord, SetCell
-
     mapping = load(args)
     # Parsed exactly (numbers keep their digits) and strictly: what DynamoDB would
     # refuse is an error here, with the reason (transforms/inputs.py).
@@ -100,6 +104,7 @@ def cmd_explain(args) -> int:
 def cmd_lint(args) -> int:
     """Every mapping named (a file, a directory, --mapping repeated), each
     reviewed on its own and, with several, under a heading naming its file."""
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.transforms.lint import WARN, lint
 
     mappings = load_all(args)
@@ -107,10 +112,6 @@ def cmd_lint(args) -> int:
     for mapping in mappings:
         items = None
         if args.sample:
-            from ddb2bt.pipeline.connect.connections import dynamodb_client
-
-            from ddb2bt.pipeline.clients.dynamodb import scan_items
-
             items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
                                     consistent_read=False, metrics_table=mapping.name))
         findings = lint(mapping, items)
@@ -125,15 +126,12 @@ def cmd_lint(args) -> int:
 
 
 def cmd_create_table(args) -> int:
-    from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
-    from ddb2bt.pipeline.connect.preflight import ensure_state_table
-
     mappings = load_all(args)
     check_reachable(mappings, dynamodb="skip")  # within ~30 s, naming the endpoint, like the read-only commands
     for mapping in mappings:
         splits: tuple = ()
         if args.split_from_sample:
-            from ddb2bt.pipeline.connect.connections import dynamodb_client
+            # inside: loaded when the command runs, not by --help (the CLI imports every service)
             from ddb2bt.pipeline.services.draft import SampleBounds, sampled_split_points
 
             splits, sample = sampled_split_points(dynamodb_client(mapping.source.region), mapping,
@@ -150,7 +148,7 @@ def cmd_create_table(args) -> int:
 
 
 def cmd_draft(args) -> int:
-    from ddb2bt.pipeline.connect.connections import dynamodb_client
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.services.draft import SampleBounds, draft_table
 
     result = draft_table(dynamodb_client(args.region), args.source_table,

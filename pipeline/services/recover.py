@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 
 from ddb2bt.pipeline.services.jobs import acquire_lease, load, start_metrics_server, state_spec
+from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
+from ddb2bt.pipeline.observe.metrics import default_metrics
 
 
 def cmd_recover(args) -> int:
@@ -15,16 +17,14 @@ def cmd_recover(args) -> int:
     apply the exports and set the trimmed shards to resume (docs/recover.md)."""
     from tqdm import tqdm
 
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job, refuse_kinesis
-    from ddb2bt.pipeline.observe.metrics import default_metrics
-
     mapping = load(args)
     refuse_kinesis(mapping)  # before any lease or state is touched
     spec = state_spec(args, mapping)
     options = RecoverOptions(exports=tuple(args.from_export or ()), s3_bucket=args.s3_bucket or "<bucket>",
                              s3_prefix=args.s3_prefix or "", accept_inexact=args.accept_inexact)
     fence, held = (lambda: None), None  # a read-only run writes nothing
-    from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
 
     if not BigtableAdmin(spec.bigtable.project, spec.bigtable.instance).exists(spec.table):
         # No state table: this job never ran against this instance, so it has no
@@ -34,6 +34,7 @@ def cmd_recover(args) -> int:
               "--bigtable-instance and --job-name)", file=sys.stderr)
         return 1
     if options.exports:  # writing: hold the tail's lease, so no `run` applies changes meanwhile
+        # inside: loaded when the command runs, not by --help (the CLI imports every service)
         from ddb2bt.pipeline.control.coordinator import join
 
         start_metrics_server(args.metrics_port, args.metrics_host)

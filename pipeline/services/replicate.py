@@ -13,11 +13,13 @@ from ddb2bt.pipeline.services.jobs import (
     outcome_since, outcome_snapshot, start_metrics_server, state_spec, submitted, with_backfill_leases,
     write_summary,
 )
+from ddb2bt.pipeline.connect.preflight import check_target, ensure_state_table
 
 log = logging.getLogger("ddb2bt")
 
 
 def cmd_run(args) -> int:
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.graph import is_local, make_pipeline
     from ddb2bt.pipeline.io import ReplicateToBigtable
 
@@ -32,6 +34,7 @@ def cmd_run(args) -> int:
     p = make_pipeline(args.beam_args)
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
     if getattr(args, "continuous_check", None) and not is_local(args.beam_args):
+        # inside: loaded when the command runs, not by --help (the CLI imports every service)
         from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
 
         # On a remote runner the check is a branch of the job: its workers run it.
@@ -72,6 +75,7 @@ def summary_at_end(args, mappings: list, states: list, local: bool = True):
 
 
 def continuous_options(args):
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.continuous import ContinuousOptions
 
     return ContinuousOptions(items_per_s=args.continuous_check, segments=args.continuous_check_segments)
@@ -95,6 +99,7 @@ def start_continuous_checks(args, jobs: list):
 
     stop = threading.Event()
     if getattr(args, "continuous_check", None):
+        # inside: loaded when the command runs, not by --help (the CLI imports every service)
         from ddb2bt.pipeline.cutover.continuous import start_continuous_check
 
         for job in jobs:
@@ -104,10 +109,9 @@ def start_continuous_checks(args, jobs: list):
 
 
 def cmd_backfill(args) -> int:
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.controller import TableBackfill, backfill, check_export_first
     from ddb2bt.pipeline.graph import is_local
-    from ddb2bt.pipeline.connect.preflight import check_target, ensure_state_table
-
     mappings = load_all(args)
     options = backfill_options(args, len(mappings))
     for mapping in mappings:
@@ -134,6 +138,7 @@ def cmd_backfill(args) -> int:
 
 
 def cmd_migrate(args) -> int:
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.controller import check_export_first, migrate
     from ddb2bt.pipeline.graph import is_local
 

@@ -10,14 +10,14 @@ from pathlib import Path
 from ddb2bt.pipeline.services.jobs import load_all, state_spec, submitted
 from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.pipeline.connect.preflight import ensure_state_table
+from ddb2bt.pipeline.options import runner_of
 
 
 def cmd_verify(args) -> int:
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.recheck import RecheckOptions
     from ddb2bt.pipeline.cutover.verify import print_report, verify_target
-    from ddb2bt.pipeline.options import runner_of
-    from ddb2bt.pipeline.connect.preflight import ensure_state_table
-
     mappings = load_all(args)
     if runner_of(args.beam_args) or args.from_export:
         return cmd_verify_beam(args, mappings)
@@ -47,6 +47,7 @@ def cmd_verify_beam(args, mappings: list) -> int:
     """verify as a Beam job (beam_verify.py): the same report, to --report."""
     import tempfile
 
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
     from ddb2bt.pipeline.cutover.beam_verify import VerifyTable, run_verify_job
     from ddb2bt.pipeline.cutover.recheck import RecheckOptions

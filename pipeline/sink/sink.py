@@ -18,6 +18,7 @@ from ddb2bt.pipeline.sink.collector import tune_collector
 from ddb2bt.pipeline.control.coordinator import coordinator_for
 from ddb2bt.pipeline.sink.batching import BatchingWriter
 from ddb2bt.pipeline.sink.config import SinkConfig
+from ddb2bt.pipeline.observe.metrics import default_metrics, start_pusher
 
 __all__ = ["SinkConfig", "BatchingWriter", "write_to_bigtable", "write_to_bigtable_per_stream"]
 
@@ -69,8 +70,6 @@ class _WriteToBigtableFn(beam.DoFn):
         self._pushgateway = pushgateway
 
     def setup(self) -> None:
-        from ddb2bt.pipeline.observe.metrics import default_metrics, start_pusher
-
         tune_collector()  # pages of changes in flight: collector.py says why
         if self._pushgateway:  # Dataflow workers cannot be scraped: they push
             start_pusher(self._pushgateway, job=f"ddb2bt-{self._state_spec.job if self._state_spec else 'job'}")
@@ -92,6 +91,7 @@ class _WriteToBigtableFn(beam.DoFn):
         if self._config.ordering_guard:
             # No partition fence needed: every guarded write is a compare-and-set on
             # the item's clock, so a zombie's older change loses (docs/design.md §10).
+            # inside: guarded.py builds on this module at its top (a module cycle)
             from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
 
             self._batcher = GuardedBatchingWriter(self._writer, self._state, self._config, default_metrics(),

@@ -41,6 +41,10 @@ from typing import Callable, Optional
 from botocore.exceptions import ClientError
 
 from ddb2bt.transforms.attrs import item_from_dynamodb_json
+from ddb2bt.pipeline.clients.dynamodb import StreamThrottled
+from ddb2bt.pipeline.connect.connections import aws_client
+from ddb2bt.pipeline.observe.metrics import default_metrics
+from ddb2bt.transforms.errors import ConfigError, PermanentError
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +270,6 @@ class KinesisStreamsClient:
             hours = self._k.describe_stream_summary(**self._stream)["StreamDescriptionSummary"].get(
                 "RetentionPeriodHours", 24)
             self._retention_s = hours * 3600
-            from ddb2bt.pipeline.observe.metrics import default_metrics
 
             default_metrics().lag.set_retention(StreamArn, self._retention_s)  # the headroom gauge's window
         return {"StreamDescription": {"StreamArn": StreamArn, "Shards": shards, "StreamStatus": "ENABLED",
@@ -306,8 +309,6 @@ class KinesisStreamsClient:
                 if records or it is None or page.get("MillisBehindLatest", 1) == 0:
                     break
             else:
-                from ddb2bt.pipeline.clients.dynamodb import StreamThrottled
-
                 raise StreamThrottled(f"GetRecords on {shard_id}: {MAX_EMPTY_PAGES_AT_CHECKPOINT} empty pages at "
                                       f"the checkpoint (sequence number {sequence_number}) with records still "
                                       "ahead; looked again next round, not taken as trimmed")
@@ -361,7 +362,6 @@ class KinesisStreamsClient:
             us = record.get("changeMicros")
             if us is None or floor <= us // 1000 <= ceiling:
                 continue
-            from ddb2bt.transforms.errors import ConfigError
 
             at = _dt.datetime.fromtimestamp(us / 1_000_000, _dt.timezone.utc).isoformat(timespec="milliseconds")
             why = (f"more than {MAX_RECORD_AHEAD_S:g}s ahead of this host's clock" if us // 1000 > ceiling else
@@ -406,8 +406,6 @@ class KinesisClientFactory:
     def __call__(self) -> KinesisStreamsClient:
         from botocore.config import Config
 
-        from ddb2bt.pipeline.connect.connections import aws_client
-
         config = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=10, read_timeout=30)
         client = aws_client("kinesis", region_name=self.region, config=config)
         start = (_dt.datetime.fromtimestamp(self.start_timestamp_ms / 1000, _dt.timezone.utc)
@@ -435,12 +433,8 @@ def resolve_kinesis(mapping, kinesis=None) -> KinesisSource:
     a ConfigError naming ``source.kinesis.stream`` otherwise."""
     from botocore.exceptions import BotoCoreError
 
-    from ddb2bt.transforms.errors import ConfigError, PermanentError
-
     config = mapping.source.kinesis
     if kinesis is None:
-        from ddb2bt.pipeline.connect.connections import aws_client
-
         kinesis = aws_client("kinesis", region_name=mapping.source.region)
     target = {"StreamARN": config.stream} if config.stream.startswith("arn:") else {"StreamName": config.stream}
     try:

@@ -33,6 +33,7 @@ from fractions import Fraction
 from typing import Callable, Optional, Sequence
 
 from ddb2bt.transforms.errors import ConfigError
+from ddb2bt.pipeline.control.lease import LeaseState, TAIL
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,6 @@ def _holds(store, job: str, stream: str, now_ms: int) -> bool:
     """Whether ``job``'s recorded share of ``stream`` still counts: its tail
     lease is live and it still reads ``stream`` (a job that never recorded its
     stream, started before READS_META, counts while its lease is live)."""
-    from ddb2bt.pipeline.control.lease import TAIL, LeaseState
-
     state = LeaseState.parse(store.load_job_lease(job, TAIL))
     if state is None or not state.live(now_ms):
         return False

@@ -348,7 +348,7 @@ def test_an_export_older_than_the_stream_retention_is_refused(stack, tmp_path, u
 def test_versioned_columns_survive_the_overlap(stack, tmp_path, unique):
     """Comments (cells timestamped by CreatedAt) deleted or edited while the backfill
     runs are never resurrected by a late backfill write."""
-    from tests.unit.test_examples import item
+    from tests.unit.transforms.test_examples import item
 
     path = write_mapping(tmp_path, "videos.yaml", source__table=f"Vids_{unique}", target__table=f"vids_{unique}",
                          name=f"vids_{unique}")
@@ -512,7 +512,7 @@ def test_version_clashes_are_refused_loudly_and_never_delete_the_other_comment(s
     the later one is refused as a dead letter naming both keys (from the backfill
     and from the tail); verify reports the clash; deleting the refused comment
     keeps the other's text; redrive of the refused (now deleted) comments too."""
-    from tests.unit.test_examples import item
+    from tests.unit.transforms.test_examples import item
 
     path, mapping, ddb = setup(tmp_path, unique, "videos.yaml")
     table = mapping.source.table

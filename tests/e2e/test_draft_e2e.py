@@ -13,7 +13,7 @@ import yaml
 
 from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.connect.connections import dynamodb_client
-from tests.unit.draft_tables import NOW_S, all_tables
+from tests.unit.transforms.draft_tables import NOW_S, all_tables
 
 pytestmark = pytest.mark.e2e
 TAIL = ["--poll-interval", "0.2"]

@@ -13,7 +13,7 @@ from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.cutover.compare import compare_mapping
 from ddb2bt.pipeline.connect.connections import dynamodb_client
 from tests.conftest import write_mapping
-from tests.unit.test_examples import INVOICE_SEED, VIDEO_SEED, item, ms
+from tests.unit.transforms.test_examples import INVOICE_SEED, VIDEO_SEED, item, ms
 from ddb2bt.transforms.config import load_mapping
 
 pytestmark = pytest.mark.e2e

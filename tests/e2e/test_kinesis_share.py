@@ -47,7 +47,7 @@ from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.transforms.model import ShardClosed
 from tests.conftest import ROOT, write_mapping
-from tests.unit.test_kinesis_share import Clock
+from tests.unit.source.test_kinesis_share import Clock
 from tests.e2e.test_kinesis_source import IDLE, KinesisWorld, apply_ops, catalog_ops
 
 pytestmark = pytest.mark.e2e

@@ -117,7 +117,7 @@ def moto_stack(stacks, monkeypatch):
     cannot see them; moto keeps writing to the parent after closing it and leaves
     the children empty, so the reader reads a closed parent, then empty children.
     Only moto's loses nothing. Children holding records after their parent:
-    tests/unit/test_kinesis_reader.py (FakeKinesis)."""
+    tests/unit/source/test_kinesis_reader.py (FakeKinesis)."""
     s = stacks("moto")
     for k, v in s.env().items():
         monkeypatch.setenv(k, v)

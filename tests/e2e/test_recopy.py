@@ -143,7 +143,7 @@ def test_restart_removes_versioned_comments_and_videos_deleted_while_changes_wer
     """Versioned cells (comments timestamped by CreatedAt) of deleted comments in
     a column other comments still own, and whole videos, go; their version
     owners are released, so a new comment may take such a version again."""
-    from tests.unit.test_examples import item
+    from tests.unit.transforms.test_examples import item
 
     path, mapping, ddb = setup(tmp_path, unique, base="videos.yaml")
     table = mapping.source.table

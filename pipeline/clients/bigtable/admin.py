@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from ddb2bt.pipeline.clients.bigtable.channel import probe_bigtable
 from ddb2bt.transforms.config import FamilyConfig, MappingConfig
+from ddb2bt.transforms.ordering import CLOCK_FAMILY
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,6 @@ def ensure_mapping_table(mapping: MappingConfig, splits: Sequence[bytes] = ()) -
     changes = []
     for table, families in mapping.table_families().items():
         if mapping.source.kinesis is not None:  # the ordering guard's clock cells (docs/design.md §10)
-            from ddb2bt.transforms.ordering import CLOCK_FAMILY
 
             families = list(families) + [FamilyConfig(CLOCK_FAMILY, max_versions=1)]
         changes += admin.ensure_table(table, families, splits if table == mapping.target.table else ())

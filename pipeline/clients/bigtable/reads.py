@@ -11,6 +11,7 @@ from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint, close_bo
 from ddb2bt.pipeline.clients.bigtable.errors import classify_api_error
 from ddb2bt.pipeline.clients.bigtable.wire import US_PER_MS
 from ddb2bt.pipeline.clients.retry import DEFAULT_DEADLINE_S, RetryPolicy, gave_up, retrying
+from ddb2bt.transforms.errors import RetryableError
 
 
 def data_client(project: str):
@@ -127,8 +128,6 @@ def iter_table(project: str, instance: str, table_id: str, client=None, deadline
     import time as _time
 
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
-
-    from ddb2bt.transforms.errors import RetryableError
 
     sleep = sleep or _time.sleep
     own = client is None
