@@ -274,7 +274,7 @@ def slot_builder(cls, computed_by_caller: bool = False) -> Callable:
     directly. A frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``, about twice this; the live path builds a few such
     objects per change. The same fields, equality, hash and pickling as the
-    constructor's (``tests/unit/test_model_builders.py``). ``computed_by_caller``:
+    constructor's (``tests/unit/transforms/test_model_builders.py``). ``computed_by_caller``:
     the class has a ``__post_init__`` that is not run, and every caller passes
     the values it would compute (RowChange's size_bytes)."""
     if ("__post_init__" in cls.__dict__) != computed_by_caller or "__slots__" not in cls.__dict__:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from bench import run  # noqa: E402
 from ddb2bt.pipeline.clients.dynamodb import ShardPacer  # noqa: E402
