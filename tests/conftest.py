@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
 import warnings
 from pathlib import Path
@@ -63,6 +64,18 @@ def emulator_stack(request, stacks, monkeypatch):
 @pytest.fixture
 def unique():
     return uuid.uuid4().hex[:8]
+
+
+def patch_everywhere(monkeypatch, module, name: str, value) -> None:
+    """Replace ``module.name`` and every loaded ddb2bt module's binding of the same
+    object: a module that did ``from module import name`` holds its own reference,
+    which patching the defining module alone does not reach. Import the modules
+    that use it first (a module imported afterwards binds the real object and the
+    test fails loudly rather than passing on the real service)."""
+    original = getattr(module, name)
+    for loaded in list(sys.modules.values()):
+        if getattr(loaded, "__name__", "").startswith("ddb2bt.") and getattr(loaded, name, None) is original:
+            monkeypatch.setattr(loaded, name, value)
 
 
 def write_mapping(tmp_path: Path, base: str = "product_catalog.yaml", **changes) -> Path:

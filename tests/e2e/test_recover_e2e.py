@@ -35,7 +35,7 @@ from ddb2bt.pipeline.source.stream_source import ReaderOptions
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
 from ddb2bt.transforms.attrs import from_plain, item_to_dynamodb_json
 from ddb2bt.transforms.config import load_mapping
-from tests.conftest import write_mapping
+from tests.conftest import patch_everywhere, write_mapping
 
 pytestmark = pytest.mark.e2e
 HOUR_MS = 3_600_000
@@ -250,8 +250,9 @@ def test_recover_from_incremental_exports_converges_for_three_mappings(stack, tm
     from ddb2bt.pipeline.app.cli import main as ddb2bt
 
     first = sources[0]
-    monkeypatch.setattr(connections, "dynamodb_client", lambda region=None: DescribeShim(first))
-    monkeypatch.setattr(connections, "StreamsClientFactory", lambda region=None: lambda: first.stream)
+    # the CLI's modules bind these names at import (from-imports): patched where each is used
+    patch_everywhere(monkeypatch, connections, "dynamodb_client", lambda region=None: DescribeShim(first))
+    patch_everywhere(monkeypatch, connections, "StreamsClientFactory", lambda region=None: lambda: first.stream)
     capsys.readouterr()
     assert ddb2bt(["status", "-m", first.path]) == 1
     assert f"trimmed: recover with ddb2bt recover --mapping {first.path}" in capsys.readouterr().out
