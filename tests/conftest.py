@@ -69,9 +69,10 @@ def unique():
 def patch_everywhere(monkeypatch, module, name: str, value) -> None:
     """Replace ``module.name`` and every loaded ddb2bt module's binding of the same
     object: a module that did ``from module import name`` holds its own reference,
-    which patching the defining module alone does not reach. Import the modules
-    that use it first (a module imported afterwards binds the real object and the
-    test fails loudly rather than passing on the real service)."""
+    which patching the defining module alone does not reach. Only modules loaded
+    now are patched: import the modules that use the name first. (One first
+    imported while the patch is active would bind the fake and keep it after the
+    test: monkeypatch restores only what it set.)"""
     original = getattr(module, name)
     for loaded in list(sys.modules.values()):
         if getattr(loaded, "__name__", "").startswith("ddb2bt.") and getattr(loaded, name, None) is original:

@@ -14,6 +14,7 @@ from ddb2bt.pipeline.cutover.backfill import ExportSource, PartReaders
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.model import ChangeRecord, PartDone
 from tests.conformance.harness import HERE, mapping, outcome
+from tests.conftest import patch_everywhere
 
 EXPORTS = sorted(p for p in (HERE / "exports").iterdir() if p.is_dir())
 
@@ -81,8 +82,9 @@ def test_backfill_refuses_the_export_before_touching_bigtable(name, message, mon
     def forbidden(*a, **k):
         raise AssertionError("touched Bigtable before the export was checked")
 
-    monkeypatch.setattr(preflight, "ensure_state_table", forbidden)
-    monkeypatch.setattr(preflight, "check_target", forbidden)
+    # the services bind these at import: patched wherever they were bound
+    patch_everywhere(monkeypatch, preflight, "ensure_state_table", forbidden)
+    patch_everywhere(monkeypatch, preflight, "check_target", forbidden)
     monkeypatch.setattr(replicate, "build_live_jobs", forbidden)  # migrate's service
     for command in ("backfill", "migrate"):
         argv = [command, "-m", str(HERE / "mappings" / "catalog.yaml"), "--from-export", str(export_dir(name))]

@@ -46,7 +46,7 @@ from ddb2bt.pipeline.testing.kinesis_cdc import (Disorder, MeteredKinesis, chang
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.transforms.model import ShardClosed
-from tests.conftest import ROOT, write_mapping
+from tests.conftest import ROOT, patch_everywhere, write_mapping
 from tests.unit.source.test_kinesis_share import Clock
 from tests.e2e.test_kinesis_source import IDLE, KinesisWorld, apply_ops, catalog_ops
 
@@ -113,7 +113,8 @@ def test_one_job_of_two_tables_on_two_workers_keeps_each_shard_within_its_budget
 
     clock = Clock()
     metered = MeteredKinesis(boto3.client("kinesis"), clock)
-    monkeypatch.setattr(connections, "aws_client", lambda service, **kw: metered)
+    # every module that bound aws_client at import (the Kinesis source does) gets the meter
+    patch_everywhere(monkeypatch, connections, "aws_client", lambda service, **kw: metered)
     readers = []
     for job in built["jobs"]:
         # Each table on a worker of its own: a process pacer of its own.
@@ -130,6 +131,8 @@ def test_one_job_of_two_tables_on_two_workers_keeps_each_shard_within_its_budget
 
     shards = [s["ShardId"] for s in a.kinesis.list_shards(StreamName=a.stream)["Shards"]]
     assert len(shards) == 2
+    # the readers' calls went through the meter (a patch that missed would leave it empty)
+    assert {shard for _, shard, _ in metered.calls} == set(shards)
     for shard in shards:
         calls, _ = metered.busiest(shard, WINDOW_S)
         assert calls <= GET_RECORDS_PER_SECOND * WINDOW_S + len(readers), (shard, calls)
