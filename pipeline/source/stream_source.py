@@ -525,6 +525,9 @@ class PartitionReader:
                     # hand-back (a plain loop, tests) the pacer sleeps in _get_records.
                     paced.append((wait, shard_id, pos))
                     continue
+                if tracker.current_restriction().done:  # split: the rest is the residual's; a page read
+                    result.stopped = True  # now (1 of the shard's 5 calls/s) could not be claimed
+                    return result
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
                 rec = None

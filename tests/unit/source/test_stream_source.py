@@ -360,6 +360,26 @@ def test_checkpoint_split_resumes_right_after_the_last_claimed_record():
     assert seqs(emitted) + seqs(out) == s
 
 
+def test_a_split_while_a_page_goes_out_spends_no_get_records_on_the_next_page():
+    """After a split the rest belongs to the residual: the round stops before
+    another GetRecords, whose page could not be claimed and whose call would be
+    one of the shard's 5 per second spent for nothing."""
+    from ddb2bt.pipeline.source.stream_source import GET_RECORDS_LIMIT
+
+    client, _, _, reader, _ = setup()
+    client.add_shard("s")
+    put(client, "s", 2 * GET_RECORDS_LIMIT + 6)  # two full pages, then 6 more
+    calls = []
+    real = client.get_records
+    client.get_records = lambda **kw: calls.append(kw["ShardIterator"]) or real(**kw)
+    tracker = PartitionTracker(PartitionRestriction())
+    gen = reader.read_round(tracker)
+    [next(gen) for _ in range(2)]
+    assert tracker.try_split(0) is not None
+    list(gen)
+    assert len(calls) == 1
+
+
 def test_a_page_is_one_claim():
     """One claim per GetRecords page, naming its last record (the tracker's lock
     and the restriction's copy once per page, not once per record)."""
