@@ -8,7 +8,7 @@ import json
 
 import yaml
 
-from ddb2bt.pipeline.cutover.mapping_change import change_notice, fingerprint_of, record_mapping, running_mapping
+from ddb2bt.pipeline.control.mapping_change import change_notice, fingerprint_of, record_mapping, running_mapping
 from ddb2bt.pipeline.cutover.status import Facts, assess, gather
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable
