@@ -65,7 +65,7 @@ def world(tables=("t", "t_idx")):
 STATES = (None, BACKFILLING, CATCHING_UP, LIVE, Phase.RECOVERING)
 ALLOWED = {(None, BACKFILLING), (BACKFILLING, BACKFILLING), (BACKFILLING, CATCHING_UP), (CATCHING_UP, LIVE),
            (CATCHING_UP, BACKFILLING), (LIVE, BACKFILLING),
-           # recovery of a trimmed tail (cutover/recover.py): from a replicating job, resumed, back to LIVE
+           # recovery of a trimmed tail (recover/recover.py): from a replicating job, resumed, back to LIVE
            (None, Phase.RECOVERING), (CATCHING_UP, Phase.RECOVERING), (LIVE, Phase.RECOVERING),
            (Phase.RECOVERING, Phase.RECOVERING), (Phase.RECOVERING, LIVE),
            # a re-copy (migrate --restart) supersedes a recovery given up half-way

@@ -1,6 +1,6 @@
 """Changing a running job's mapping: the outline and fingerprint of what a
 mapping writes (transforms/fingerprint.py), the job's record of the mapping it
-runs (cutover/mapping_change.py), and status READY only after a verify of that
+runs (control/mapping_change.py), and status READY only after a verify of that
 mapping (docs/cutover.md, "Changing the mapping")."""
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ only the pure engine below it, and no private name crosses a module boundary
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -285,3 +286,26 @@ def test_the_inside_import_checks_can_fail():
     assert total == 6
     assert inside == [(3, False), (5, True), (6, True), (8, True), (9, False)]
     assert inside_imports("import json\nfrom ddb2bt.transforms import model\n", "ddb2bt.pipeline.x") == (1, [])
+
+
+# The walks and the floors' table of docs/how-it-works.md name the code by its
+# path: every such path must exist, so a move cannot leave the walks behind.
+HOW_IT_WORKS = ROOT / "docs" / "how-it-works.md"
+CODE_PATH = re.compile(r"(?<![\w/.-])((?:pipeline|transforms)/[\w/]*\w\.py)\b")
+
+
+def missing_code_paths(markdown: str) -> list:
+    """The ``pipeline/...py`` and ``transforms/...py`` paths ``markdown`` names that do not exist."""
+    return sorted({path for path in CODE_PATH.findall(markdown) if not (ROOT / path).is_file()})
+
+
+def test_every_code_path_named_in_how_it_works_exists():
+    text = HOW_IT_WORKS.read_text(encoding="utf-8")
+    assert len(set(CODE_PATH.findall(text))) >= 30  # the walks name the code they pass through
+    assert missing_code_paths(text) == []
+
+
+def test_the_code_path_check_can_fail():
+    text = "moved: `pipeline/cutover/verify.py` is now `pipeline/verify/verify.py`, beside transforms/nowhere.py"
+    assert missing_code_paths(text) == ["pipeline/cutover/verify.py", "transforms/nowhere.py"]
+    assert missing_code_paths("not a path: ddb2bt.pipeline.verify, tests/unit/pipeline/x.py") == []

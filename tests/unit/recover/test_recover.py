@@ -1,4 +1,4 @@
-"""The recovery's plan (cutover/recover.py): which shards are trimmed and what is
+"""The recovery's plan (recover/recover.py): which shards are trimmed and what is
 missing, read from the (fake) stream; the export windows that cover it."""
 from __future__ import annotations
 

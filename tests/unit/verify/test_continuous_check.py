@@ -1,4 +1,4 @@
-"""The continuous check (cutover/continuous.py) against in-memory fakes: a cell
+"""The continuous check (verify/continuous.py) against in-memory fakes: a cell
 corrupted behind the tail's back is counted by kind and recorded as a dead
 letter, `repair` (the redrive of those) fixes it and the count settles; a
 correct table under deletes and attribute removals stays at 0. Steps of a
