@@ -180,6 +180,38 @@ def test_no_import_cycle_between_packages_counting_imports_inside_functions():
     assert package_cycles(edges) == []
 
 
+
+# Verification and recovery have rooms of their own beside cutover/ (issue 32):
+# the migration uses the verify, the recovery uses both, and nothing below them
+# (the floors, the stages, the root's graph) imports any of the three.
+ROOMS = ("ddb2bt.pipeline.cutover", "ddb2bt.pipeline.verify", "ddb2bt.pipeline.recover")
+ROOMS_MAY_NOT_IMPORT = {"ddb2bt.pipeline.verify": {"ddb2bt.pipeline.cutover", "ddb2bt.pipeline.recover"},
+                        "ddb2bt.pipeline.cutover": {"ddb2bt.pipeline.recover"}}
+ABOVE_THE_ROOMS = ("ddb2bt.pipeline.services", "ddb2bt.pipeline.app", "ddb2bt.pipeline.testing", *ROOMS)
+
+
+def rooms_out_of_order(edges: dict) -> list:
+    """[(importer, imported)] of ``edges`` that go the wrong way between and below the three rooms."""
+    wrong = [(a, b) for a, forbidden in ROOMS_MAY_NOT_IMPORT.items() for b in sorted(edges.get(a, ()))
+             if b in forbidden]
+    wrong += [(a, b) for a in sorted(edges) if a not in ABOVE_THE_ROOMS for b in sorted(edges[a]) if b in ROOMS]
+    return wrong
+
+
+def test_cutover_uses_verify_recover_uses_both_and_nothing_below_imports_them():
+    edges = _package_edges(_modules())
+    assert "ddb2bt.pipeline.verify" in edges["ddb2bt.pipeline.cutover"]  # the continuous check, the re-copy
+    assert "ddb2bt.pipeline.verify" in edges["ddb2bt.pipeline.recover"]  # redrive's re-check
+    assert rooms_out_of_order(edges) == []
+
+
+def test_the_rooms_check_can_fail():
+    edges = {"ddb2bt.pipeline.verify": {"ddb2bt.pipeline.cutover"}, "ddb2bt.pipeline.sink": {"ddb2bt.pipeline.recover"},
+             "ddb2bt.pipeline.services": {"ddb2bt.pipeline.recover"}}
+    assert rooms_out_of_order(edges) == [("ddb2bt.pipeline.verify", "ddb2bt.pipeline.cutover"),
+                                         ("ddb2bt.pipeline.sink", "ddb2bt.pipeline.recover")]
+
+
 def test_the_cycle_check_can_fail():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert package_cycles(edges) == [["a", "b", "c"]]
