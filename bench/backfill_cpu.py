@@ -156,7 +156,7 @@ def main() -> int:
                         help="cprofile: the main thread; yappi (pip install yappi): every thread")
     args = parser.parse_args()
     from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, dynamodb_client
-    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
+    from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.local.local_stack import LocalStack
     from ddb2bt.pipeline.connect.preflight import ensure_state_table

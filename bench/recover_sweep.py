@@ -58,9 +58,9 @@ def _load(mapping, n: int) -> None:
 
 def _sweep(mapping_path: str, n: int, out) -> None:
     """In a fresh process: the sweep over the loaded table; reports to ``out``."""
-    from ddb2bt.pipeline.cutover.exports import ExportManifest
-    from ddb2bt.pipeline.cutover.recover import SWEEP_LOOKBACK_MS, ExportChange, IncrementalExport
-    from ddb2bt.pipeline.cutover.straddle import BoundarySweep
+    from ddb2bt.pipeline.source.exports import ExportManifest
+    from ddb2bt.pipeline.recover.recover import SWEEP_LOOKBACK_MS, ExportChange, IncrementalExport
+    from ddb2bt.pipeline.recover.straddle import BoundarySweep
     from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
     from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
     from ddb2bt.transforms.config import load_mapping

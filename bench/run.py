@@ -600,7 +600,8 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
     import gzip
 
     from ddb2bt.pipeline.local import workload
-    from ddb2bt.pipeline.cutover.backfill import BackfillJob, ExportSource, PartReaders, ScanSource, add_backfill
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, PartReaders, add_backfill
+    from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource
     from ddb2bt.pipeline.connect.connections import BigtableSpec, DynamoDBClientFactory, StateSpec, dynamodb_client
     from ddb2bt.pipeline.graph import make_pipeline
     from ddb2bt.pipeline.connect.preflight import ensure_state_table

@@ -29,7 +29,7 @@ import yaml  # noqa: E402
 
 from ddb2bt.pipeline.local import workload  # noqa: E402
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
-from ddb2bt.pipeline.cutover.compare import compare_mapping  # noqa: E402
+from ddb2bt.pipeline.verify.compare import compare_mapping  # noqa: E402
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client  # noqa: E402
 from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
 from ddb2bt.transforms.config import load_mapping  # noqa: E402

@@ -65,7 +65,7 @@ def run_demo(args) -> int:
     from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
     from ddb2bt.pipeline.services.jobs import start_metrics_server
-    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout, without_clocks
+    from ddb2bt.pipeline.verify.compare import diff_layout, expected_layout, without_clocks
     from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
     from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
     from ddb2bt.pipeline.observe.metrics import counter_total as _counter_total, default_metrics
@@ -146,7 +146,7 @@ def run_demo(args) -> int:
         runner.start()
         max_lag = 0.0
         # On a terminal the bar redraws; in logs (CI) a plain line now and then instead.
-        from ddb2bt.pipeline.cutover.controller import PLAIN_PROGRESS_EVERY_S
+        from ddb2bt.pipeline.observe.progress import PLAIN_PROGRESS_EVERY_S
 
         tty = sys.stderr.isatty()
         last_line = time.monotonic()

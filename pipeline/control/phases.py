@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 
 class Phase(enum.StrEnum):
-    # A trimmed tail being recovered from incremental exports (cutover/recover.py);
+    # A trimmed tail being recovered from incremental exports (recover/recover.py);
     # the tail is stopped (recover holds its lease), so nothing marks. First: a job
     # of several tables is as far as its least advanced table (controller._overall).
     RECOVERING = "RECOVERING"

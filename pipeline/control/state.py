@@ -53,7 +53,7 @@ class StateBackend(Protocol):
         """{row_key: {(family, qualifier): value}} latest versions only."""
 
 
-# A checkpoint's sequence number after `ddb2bt recover` (cutover/recover.py): the
+# A checkpoint's sequence number after `ddb2bt recover` (recover/recover.py): the
 # changes up to the shard's oldest record are applied, so it resumes at TRIM_HORIZON.
 RESUME_AT_TRIM_HORIZON = "TRIM_HORIZON"
 

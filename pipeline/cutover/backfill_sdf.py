@@ -34,7 +34,8 @@ from typing import Callable, Optional
 import apache_beam as beam
 from apache_beam.transforms.core import RestrictionProvider
 
-from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, BackfillJob, PartReaders, ScanSource, BackfillReaderFn
+from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, BackfillJob, PartReaders, BackfillReaderFn
+from ddb2bt.pipeline.source.snapshot import ScanSource
 from ddb2bt.pipeline.source.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.transforms.model import BackfillPosition, PartDone

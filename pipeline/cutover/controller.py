@@ -32,10 +32,10 @@ from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.pipeline.clients.dynamodb import describe_table
 from ddb2bt.pipeline.connect.connections import dynamodb_client, DynamoDBClientFactory
 from ddb2bt.pipeline.control.clock import check_clock
-from ddb2bt.pipeline.cutover.backfill import add_backfill, BackfillJob, ExportSource, ScanSource
-from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
-from ddb2bt.pipeline.cutover.progress import (PLAIN_PROGRESS_EVERY_S, Worker,  # noqa: F401  (demo.py, tests)
-                                             run_in_thread, watch)
+from ddb2bt.pipeline.cutover.backfill import add_backfill, BackfillJob
+from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource
+from ddb2bt.pipeline.verify.continuous_beam import CheckContinuously
+from ddb2bt.pipeline.observe.progress import Worker, run_in_thread
 from ddb2bt.pipeline.cutover.recopy import sweep_target
 from ddb2bt.pipeline.graph import add_live_replication, is_local, make_pipeline
 from ddb2bt.pipeline.observe.metrics import counter_total, default_metrics

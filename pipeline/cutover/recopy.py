@@ -34,14 +34,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, Clock, decode_clock, encode_clock, swap_expectation
-from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
+from ddb2bt.pipeline.verify.spill import Spill, SpillDir, bucket_count, paired_groups
 from ddb2bt.transforms.model import DeleteCells, SetCell
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table
 from ddb2bt.pipeline.clients.dynamodb import describe_table
 from ddb2bt.pipeline.connect.connections import dynamodb_client
-from ddb2bt.pipeline.cutover.compare import VERSIONS
-from ddb2bt.pipeline.cutover.verify import expected_of_records, Findings, scan_expected
+from ddb2bt.pipeline.verify.compare import VERSIONS
+from ddb2bt.pipeline.verify.verify import expected_of_records, Findings, scan_expected
 
 log = logging.getLogger(__name__)
 

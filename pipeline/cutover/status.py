@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 from botocore.exceptions import ClientError
 
-from ddb2bt.pipeline.cutover.mapping_change import running_mapping
+from ddb2bt.pipeline.control.mapping_change import running_mapping
 from ddb2bt.pipeline.control.phases import BACKFILLING, CATCHING_UP, Migration
 from ddb2bt.pipeline.control.lease import BACKFILL, TAIL, LeaseState
 from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S, RetryPolicy

@@ -11,8 +11,12 @@ log = logging.getLogger("ddb2bt")
 # Logger name prefixes → the stage named in JSON logs (most specific first).
 STAGES = (("ddb2bt.pipeline.source", "source"), ("ddb2bt.pipeline.sink", "sink"),
           ("ddb2bt.pipeline.clients.bigtable", "sink"),  # the Bigtable client logged as the sink before its move
-          ("ddb2bt.pipeline.cutover.backfill", "backfill"), ("ddb2bt.pipeline.cutover.verify", "verify"),
-          ("ddb2bt.pipeline.cutover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
+          ("ddb2bt.pipeline.cutover.backfill", "backfill"), ("ddb2bt.pipeline.verify.verify", "verify"),
+          ("ddb2bt.pipeline.recover.redrive", "redrive"), ("ddb2bt.pipeline.cutover", "migrate"),
+          # The modules that moved out of cutover/ (issue 32) log under the stage they had there.
+          ("ddb2bt.pipeline.verify", "migrate"), ("ddb2bt.pipeline.recover", "migrate"),
+          ("ddb2bt.pipeline.observe.progress", "migrate"), ("ddb2bt.pipeline.control.mapping_change", "migrate"),
+          ("ddb2bt.pipeline.source.exports", "migrate"), ("ddb2bt.pipeline.source.snapshot", "backfill"),
           ("ddb2bt.transforms", "mapping"), ("ddb2bt.pipeline.control.lease", "lease"),
           ("ddb2bt.pipeline.clients.retry", "retry"),
           ("ddb2bt.pipeline.local", "local"), ("ddb2bt.pipeline.app.demo", "local"),

@@ -353,7 +353,7 @@ class PipelineMetrics:
         self.checkpoint_time = Gauge(f"{NAMESPACE}_checkpoint_timestamp_seconds",
                                      "Wall time of the last durable checkpoint", ["table"], registry=r)
         self.shards = Gauge(f"{NAMESPACE}_shards", "Shards by state", ["table", "state"], registry=r)
-        # The continuous check (cutover/continuous.py): items compared, divergent
+        # The continuous check (verify/continuous.py): items compared, divergent
         # ones by kind (missing_rows, different_cells, ...), end of the last full pass.
         self.verify_checked = Counter(f"{NAMESPACE}_verify_checked", "Items the continuous check compared",
                                       ["table"], registry=r)
@@ -417,7 +417,7 @@ class PipelineMetrics:
         self._child(self.end_to_end_lag, table).observe(max(lag_ms, 0) / 1000)
         self._beam_lag.update(max(lag_ms, 0))
 
-    # The continuous check (cutover/continuous.py), mirrored as Beam metrics: on
+    # The continuous check (verify/continuous.py), mirrored as Beam metrics: on
     # Dataflow its steps run on workers (continuous_beam.py). Beam metrics have
     # no labels: the table (a mapping's name, never a key) is in the name.
     def verify_checked_items(self, table: str, count: int) -> None:

@@ -71,7 +71,7 @@ def cmd_dlq_show(args) -> int:
 
 def cmd_dlq_redrive(args) -> int:
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
-    from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive_job
+    from ddb2bt.pipeline.recover.redrive import RedriveOptions, redrive_job
 
     mappings = load_all(args)
     options = RedriveOptions(reason=args.reason, since_ms=int(args.since * 1000) if args.since is not None else None,
@@ -109,7 +109,7 @@ def cmd_release_target(args) -> int:
 
 def cmd_repair(args) -> int:
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
-    from ddb2bt.pipeline.cutover.continuous import DIVERGENT
+    from ddb2bt.pipeline.verify.continuous import DIVERGENT
 
     args.reason, args.since = DIVERGENT, None
     return cmd_dlq_redrive(args)

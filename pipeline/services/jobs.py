@@ -22,7 +22,7 @@ from ddb2bt.pipeline.control.lease import TAIL, BACKFILL
 from ddb2bt.pipeline.control.ownership import claim_targets
 from ddb2bt.pipeline.control.phases import PhaseMarking
 from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
-from ddb2bt.pipeline.cutover.mapping_change import change_notice, record_mapping
+from ddb2bt.pipeline.control.mapping_change import change_notice, record_mapping
 from ddb2bt.pipeline.dataflow import option_value, read_text
 from ddb2bt.pipeline.local.examples import resolve_mapping_path
 from ddb2bt.pipeline.observe.metrics import serve_metrics, default_metrics

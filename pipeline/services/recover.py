@@ -18,7 +18,7 @@ def cmd_recover(args) -> int:
     from tqdm import tqdm
 
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
-    from ddb2bt.pipeline.cutover.recover import RecoverOptions, recover_job, refuse_kinesis
+    from ddb2bt.pipeline.recover.recover import RecoverOptions, recover_job, refuse_kinesis
     mapping = load(args)
     refuse_kinesis(mapping)  # before any lease or state is touched
     spec = state_spec(args, mapping)

@@ -35,7 +35,7 @@ def cmd_run(args) -> int:
     p | "ReplicateToBigtable" >> ReplicateToBigtable.from_jobs(jobs)
     if getattr(args, "continuous_check", None) and not is_local(args.beam_args):
         # inside: loaded when the command runs, not by --help (the CLI imports every service)
-        from ddb2bt.pipeline.cutover.continuous_beam import CheckContinuously
+        from ddb2bt.pipeline.verify.continuous_beam import CheckContinuously
 
         # On a remote runner the check is a branch of the job: its workers run it.
         p | "CheckContinuously" >> CheckContinuously(jobs, continuous_options(args))
@@ -76,7 +76,7 @@ def summary_at_end(args, mappings: list, states: list, local: bool = True):
 
 def continuous_options(args):
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
-    from ddb2bt.pipeline.cutover.continuous import ContinuousOptions
+    from ddb2bt.pipeline.verify.continuous import ContinuousOptions
 
     return ContinuousOptions(items_per_s=args.continuous_check, segments=args.continuous_check_segments)
 
@@ -93,14 +93,14 @@ def continuous_checks(args, jobs: list):
 
 def start_continuous_checks(args, jobs: list):
     """--continuous-check RATE: one checking thread per table next to the local
-    job (cutover/continuous.py; on Dataflow a branch of the job instead,
+    job (verify/continuous.py; on Dataflow a branch of the job instead,
     continuous_beam.py); returns the Event that stops them."""
     import threading
 
     stop = threading.Event()
     if getattr(args, "continuous_check", None):
         # inside: loaded when the command runs, not by --help (the CLI imports every service)
-        from ddb2bt.pipeline.cutover.continuous import start_continuous_check
+        from ddb2bt.pipeline.verify.continuous import start_continuous_check
 
         for job in jobs:
             start_continuous_check(job.mapping, state_spec(args, job.mapping).store(), continuous_options(args),

@@ -1,5 +1,5 @@
 """The ``ddb2bt verify`` command: the local verify, or the same check as a Beam job
-(``cutover/beam_verify.py``). The CLI (``pipeline/app/cli.py``) only parses and calls
+(``verify/beam_verify.py``). The CLI (``pipeline/app/cli.py``) only parses and calls
 these; what they print and return is the command's output and exit code.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from ddb2bt.pipeline.options import runner_of
 
 def cmd_verify(args) -> int:
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
-    from ddb2bt.pipeline.cutover.recheck import RecheckOptions
-    from ddb2bt.pipeline.cutover.verify import print_report, verify_target
+    from ddb2bt.pipeline.verify.recheck import RecheckOptions
+    from ddb2bt.pipeline.verify.verify import print_report, verify_target
     mappings = load_all(args)
     if runner_of(args.beam_args) or args.from_export:
         return cmd_verify_beam(args, mappings)
@@ -48,10 +48,10 @@ def cmd_verify_beam(args, mappings: list) -> int:
     import tempfile
 
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
-    from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource
-    from ddb2bt.pipeline.cutover.beam_verify import VerifyTable, run_verify_job
-    from ddb2bt.pipeline.cutover.recheck import RecheckOptions
-    from ddb2bt.pipeline.cutover.verify import VerifyReport, print_report
+    from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource
+    from ddb2bt.pipeline.verify.beam_verify import VerifyTable, run_verify_job
+    from ddb2bt.pipeline.verify.recheck import RecheckOptions
+    from ddb2bt.pipeline.verify.verify import VerifyReport, print_report
     from ddb2bt.pipeline.graph import is_local
 
     if args.sample_rate < 1:

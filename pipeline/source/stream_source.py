@@ -287,7 +287,7 @@ def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestri
             waiting.append(shard_id)
             continue
         if ckpt is not None and ckpt.sequence_number == RESUME_AT_TRIM_HORIZON:
-            pos = ShardPos(mode=TRIM_HORIZON)  # recovered from incremental exports (cutover/recover.py)
+            pos = ShardPos(mode=TRIM_HORIZON)  # recovered from incremental exports (recover/recover.py)
         elif ckpt is not None and ckpt.sequence_number:
             pos = ShardPos(after=ckpt.sequence_number)
         elif fresh and not r.discovered_once and (parent is None or parent not in listing.shards):

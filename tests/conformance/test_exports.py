@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ddb2bt.pipeline.cutover.backfill import ExportSource, PartReaders
+from ddb2bt.pipeline.cutover.backfill import PartReaders
+from ddb2bt.pipeline.source.snapshot import ExportSource
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.model import ChangeRecord, PartDone
 from tests.conformance.harness import HERE, mapping, outcome

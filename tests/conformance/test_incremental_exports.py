@@ -15,9 +15,9 @@ import datetime as dt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ddb2bt.pipeline.cutover.compare import expected_layout
+from ddb2bt.pipeline.verify.compare import expected_layout
 from ddb2bt.pipeline.control.phases import LIVE, RECOVERING, Migration
-from ddb2bt.pipeline.cutover.recover import (Gap, Recovery, RecoveryRefused, check_coverage, check_pitr,
+from ddb2bt.pipeline.recover.recover import (Gap, Recovery, RecoveryRefused, check_coverage, check_pitr,
                                              inexact_features, open_export, read_changes)
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.clients.retry import RetryPolicy

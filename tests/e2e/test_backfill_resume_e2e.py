@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ddb2bt.pipeline.connect.connections import dynamodb_client
-from ddb2bt.pipeline.cutover.backfill import PartReaders, ScanSource, segment_name
+from ddb2bt.pipeline.cutover.backfill import PartReaders
+from ddb2bt.pipeline.source.snapshot import ScanSource, segment_name
 from ddb2bt.pipeline.local import workload
 from ddb2bt.transforms.model import ChangeRecord, PartDone
 

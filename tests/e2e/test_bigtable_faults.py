@@ -65,7 +65,7 @@ def test_replication_converges_under_injected_grpc_faults(stack, tmp_path, uniqu
     and added latency: every change still lands exactly once in effect."""
     from ddb2bt.pipeline.testing import faults
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
-    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+    from ddb2bt.pipeline.verify.compare import diff_layout, expected_layout
     from ddb2bt.transforms.config import load_mapping
 
     path = write_mapping(tmp_path, source__table=f"Faulty_{unique}", target__table=f"faulty_{unique}",

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ddb2bt.pipeline.app.cli import main as ddb2bt
-from ddb2bt.pipeline.cutover.continuous import POSITION_META, CheckPosition
+from ddb2bt.pipeline.verify.continuous import POSITION_META, CheckPosition
 from ddb2bt.pipeline.local.local_stack import free_port
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.reads import read_rows

@@ -20,7 +20,7 @@ from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.reads import read_rows, read_table
 from ddb2bt.pipeline.app.cli import main as ddb2bt
-from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.verify.compare import compare_mapping
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
 from ddb2bt.pipeline.control.phases import Migration
 from tests.conftest import ROOT, write_mapping
@@ -91,7 +91,7 @@ def assert_target_is_exactly_the_mapping(mapping, ddb):
     """A raw ReadRows of every target table (all families, all versions) equals
     the mapping applied to a Scan of the source, row for row and cell for cell:
     no family of ours or anyone else's, no row without an owned cell."""
-    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+    from ddb2bt.pipeline.verify.compare import diff_layout, expected_layout
 
     items = workload.scan_all(ddb, mapping.source.table)
     clashes: list = []
@@ -270,7 +270,7 @@ def test_verify_detects_each_kind_of_divergence(stack, tmp_path, unique, capsys)
     assert "the last verify found differences" in capsys.readouterr().out
     # a sampled verify checks the sampled rows (by row-key hash): it finds the
     # differences of exactly those (the extra row is not seen by a sample)
-    from ddb2bt.pipeline.cutover.verify import row_sampled
+    from ddb2bt.pipeline.verify.verify import row_sampled
 
     tampered = [k for k in keys[:4] if row_sampled(t.table, k, 0.5)]
     assert ddb2bt(["verify", "--mapping", str(path), "--sample-rate", "0.5"]) == (1 if tampered else 0)

@@ -10,7 +10,7 @@ import pytest
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.app.cli import main as ddb2bt
-from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.verify.compare import compare_mapping
 from ddb2bt.pipeline.connect.connections import dynamodb_client
 from tests.conftest import write_mapping
 from tests.unit.transforms.test_examples import INVOICE_SEED, VIDEO_SEED, item, ms

@@ -12,7 +12,7 @@ import pytest
 
 from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
-from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive_job
+from ddb2bt.pipeline.recover.redrive import RedriveOptions, redrive_job
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.writer import GrpcMutationWriter
 from ddb2bt.pipeline.clients.bigtable.reads import read_table

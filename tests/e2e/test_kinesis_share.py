@@ -33,7 +33,7 @@ import ddb2bt.pipeline.services.replicate as replicate
 from ddb2bt.pipeline.control import coordinator, lease
 from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory
-from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.verify.compare import compare_mapping
 from ddb2bt.pipeline.services.jobs import build_live_jobs, load_all
 from ddb2bt.pipeline.control.lease import TAIL, LeaseState, wall_ms
 from ddb2bt.pipeline.local import workload

@@ -20,7 +20,7 @@ import pytest
 
 from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, StreamsClientFactory, dynamodb_client
-from ddb2bt.pipeline.cutover.compare import compare_mapping
+from ddb2bt.pipeline.verify.compare import compare_mapping
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.source.kinesis import resolve_kinesis

@@ -15,7 +15,7 @@ import pytest
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.pipeline.app.cli import main as ddb2bt
-from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+from ddb2bt.pipeline.verify.compare import diff_layout, expected_layout
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
 from ddb2bt.pipeline.control.state import ShardCheckpoint
 from tests.conftest import ROOT, write_mapping

@@ -22,8 +22,8 @@ import random
 import pytest
 
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
-from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
-from ddb2bt.pipeline.cutover.recover import RecoverOptions, iso, recover_job
+from ddb2bt.pipeline.verify.compare import diff_layout, expected_layout
+from ddb2bt.pipeline.recover.recover import RecoverOptions, iso, recover_job
 from ddb2bt.pipeline.graph import LiveJob, make_pipeline
 from ddb2bt.pipeline.io import ReplicateToBigtable
 from ddb2bt.pipeline.local import workload

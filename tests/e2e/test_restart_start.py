@@ -7,7 +7,7 @@ import pytest
 
 from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.connect.connections import dynamodb_client
-from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+from ddb2bt.pipeline.verify.compare import diff_layout, expected_layout
 from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
 from ddb2bt.transforms.config import load_mapping

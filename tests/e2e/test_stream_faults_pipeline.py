@@ -6,7 +6,7 @@ import pytest
 
 from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 from ddb2bt.pipeline.clients.bigtable.reads import read_table
-from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+from ddb2bt.pipeline.verify.compare import diff_layout, expected_layout
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
 from ddb2bt.pipeline.testing.fakes import FAKE_CLIENTS, FakeStreamsClient, RegisteredClient
 from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline

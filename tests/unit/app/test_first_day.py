@@ -128,7 +128,7 @@ def test_the_summary_counts_per_table_and_the_total_comes_first_with_each_tables
 
 
 def test_dlq_redrive_ends_with_the_same_summary_and_hints_with_the_state_options(monkeypatch, capsys):
-    import ddb2bt.pipeline.cutover.redrive as redrive
+    import ddb2bt.pipeline.recover.redrive as redrive
     import ddb2bt.pipeline.services.dead_letters as dead_letters  # the dlq commands' service
 
     monkeypatch.setattr(dead_letters, "state_spec", lambda args, mapping, *a: SimpleNamespace(job=args.job_name))
@@ -305,8 +305,8 @@ def test_explain_exits_3_when_the_item_would_be_a_dead_letter(monkeypatch, capsy
 
 
 def test_verify_redacts_keys_and_row_keys_like_dlq_list_unless_show_keys():
-    from ddb2bt.pipeline.cutover.compare import LayoutDiff
-    from ddb2bt.pipeline.cutover.verify import Findings
+    from ddb2bt.pipeline.verify.compare import LayoutDiff
+    from ddb2bt.pipeline.verify.verify import Findings
     from ddb2bt.pipeline.observe.redaction import KEY_REDACTED
     from ddb2bt.transforms.errors import MappingError
 
@@ -374,15 +374,15 @@ rules:
 
 
 def test_progress_off_a_terminal_is_plain_log_lines(caplog, capsys):
-    from ddb2bt.pipeline.cutover import controller
+    from ddb2bt.pipeline.observe import progress
 
     ticks = iter(range(0, 10_000, 31))  # each look at the clock: 31 s later
     done = threading.Event()
-    worker = controller.Worker("verify", lambda: done.wait(5))
+    worker = progress.Worker("verify", lambda: done.wait(5))
     worker.start()
     with caplog.at_level(logging.INFO):
         threading.Timer(1.2, done.set).start()
-        controller.watch(worker, 100, "verify", lambda: 40, tty=False, clock=lambda: next(ticks))
+        progress.watch(worker, 100, "verify", lambda: 40, tty=False, clock=lambda: next(ticks))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verify:")]
     assert lines and lines[-1].endswith("(done)") and "verify: 40/100 items (40%)" in lines[0]
     assert "\r" not in capsys.readouterr().err  # no bar redraws in a log

@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory, dynamodb_client
-from ddb2bt.pipeline.cutover.backfill import ExportSource
+from ddb2bt.pipeline.source.snapshot import ExportSource
 from ddb2bt.pipeline.source.kinesis import KinesisClientFactory
 
 REGION = "us-east-1"

@@ -13,7 +13,7 @@ import pytest
 from ddb2bt.pipeline.control.clock import CLOCK_SKEW_MARGIN_S, ClockSkewError, check_clock, read_skew
 from ddb2bt.pipeline.control.phases import (BACKFILLING, CATCHING_UP, LIVE, MARKING_WAIT_S, Migration, PhaseMoved,
                                             advance, parse_phase)
-from ddb2bt.pipeline.cutover.redrive import redrive
+from ddb2bt.pipeline.recover.redrive import redrive
 from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.control.state import BackfillCheckpoint, StateStore

@@ -65,7 +65,7 @@ def world(tables=("t", "t_idx")):
 STATES = (None, BACKFILLING, CATCHING_UP, LIVE, Phase.RECOVERING)
 ALLOWED = {(None, BACKFILLING), (BACKFILLING, BACKFILLING), (BACKFILLING, CATCHING_UP), (CATCHING_UP, LIVE),
            (CATCHING_UP, BACKFILLING), (LIVE, BACKFILLING),
-           # recovery of a trimmed tail (cutover/recover.py): from a replicating job, resumed, back to LIVE
+           # recovery of a trimmed tail (recover/recover.py): from a replicating job, resumed, back to LIVE
            (None, Phase.RECOVERING), (CATCHING_UP, Phase.RECOVERING), (LIVE, Phase.RECOVERING),
            (Phase.RECOVERING, Phase.RECOVERING), (Phase.RECOVERING, LIVE),
            # a re-copy (migrate --restart) supersedes a recovery given up half-way
@@ -217,8 +217,9 @@ def test_marking_policy_marks_before_its_first_read_and_when_the_store_cannot_be
     assert policy.active() is True
 
 
-def test_only_the_cutover_package_writes_the_phase():
-    """No module outside pipeline/cutover/ and the phase machine itself
+def test_only_the_cutover_and_recover_packages_write_the_phase():
+    """No module outside pipeline/cutover/, pipeline/recover/ (a recovery moves
+    a LIVE table to RECOVERING and back) and the phase machine itself
     (control/phases.py, and control/keeper.py that moves it where no controller
     runs) writes the phase meta key or calls the machine's writers."""
     import pathlib
@@ -226,7 +227,7 @@ def test_only_the_cutover_package_writes_the_phase():
     root = pathlib.Path(phases.__file__).resolve().parents[2]
     offenders = []
     for path in list((root / "pipeline").rglob("*.py")) + list((root / "transforms").rglob("*.py")):
-        if "cutover" in path.parts or "testing" in path.parts:
+        if {"cutover", "recover", "testing"} & set(path.parts):
             continue
         if path.parent.name == "control" and path.name in ("phases.py", "keeper.py"):
             continue

@@ -48,7 +48,7 @@ def assert_target_is_the_mapping_of(bt, mapping, items) -> None:
     value (single-value columns: an older version a late write left below it is
     never read, and the family's max_versions GC removes it), exactly the
     versions (versioned columns) or the elements in order (list columns)."""
-    from ddb2bt.pipeline.cutover.compare import expected_layout
+    from ddb2bt.pipeline.verify.compare import expected_layout
 
     layout = expected_layout(mapping, items)
     for table in sorted(set(layout) | {mapping.target.table}):

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from ddb2bt.pipeline.clients.dynamodb import TokenBucket
-from ddb2bt.pipeline.cutover.backfill import (ExportSource, PartReaders, ScanSource, parse_segment, plan_tasks,
-                               segment_name)
+from ddb2bt.pipeline.cutover.backfill import PartReaders, plan_tasks
+from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource, parse_segment, segment_name
 from ddb2bt.pipeline.testing.fakes import client_error
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.cutover.status import Facts, ShardStatus, assess

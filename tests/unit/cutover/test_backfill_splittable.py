@@ -13,7 +13,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
-from ddb2bt.pipeline.cutover.backfill import BackfillJob, ExportSource, ScanSource, segment_name
+from ddb2bt.pipeline.cutover.backfill import BackfillJob
+from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource, segment_name
 from ddb2bt.pipeline.cutover.backfill_sdf import (BackfillPart, PartRestriction, PartTracker,
                                                   _ReadBackfillPartsFn)
 from ddb2bt.pipeline.clients.retry import RetryPolicy

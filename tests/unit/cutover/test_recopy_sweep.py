@@ -3,7 +3,7 @@ in-memory Bigtable: what no scanned item owns and is older than the backfill
 goes; the mapping's cells, the tail's newer cells and our own families stay."""
 from __future__ import annotations
 
-from ddb2bt.pipeline.cutover.compare import SINGLE, Expect
+from ddb2bt.pipeline.verify.compare import SINGLE, Expect
 from ddb2bt.pipeline.cutover.recopy import StaleColumn, deleter, stale_columns
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import SetCell
@@ -29,7 +29,7 @@ def test_only_unowned_columns_older_than_the_backfill_are_stale():
 
 
 def test_versions_no_scanned_item_holds_are_judged_by_their_owner_records():
-    from ddb2bt.pipeline.cutover.compare import VERSIONS
+    from ddb2bt.pipeline.verify.compare import VERSIONS
     from ddb2bt.pipeline.control.state import StateStore
 
     bt = InMemoryBigtable()
@@ -142,7 +142,7 @@ def test_a_column_a_clock_records_is_written_again_by_the_tail_after_the_sweep_d
     sweep's scan saw the item between them and deletes A. The delete clears
     the clock's digest of A first, so the tail's swap writes A again."""
     from ddb2bt.pipeline.sink.guarded import apply_guarded
-    from ddb2bt.pipeline.cutover.compare import SINGLE
+    from ddb2bt.pipeline.verify.compare import SINGLE
     from ddb2bt.transforms.attrs import from_plain
     from ddb2bt.transforms.config import load_mapping
     from ddb2bt.transforms.mapping import owned_cells

@@ -4,6 +4,7 @@ only the pure engine below it, and no private name crosses a module boundary
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -179,6 +180,38 @@ def test_no_import_cycle_between_packages_counting_imports_inside_functions():
     assert package_cycles(edges) == []
 
 
+
+# Verification and recovery have rooms of their own beside cutover/ (issue 32):
+# the migration uses the verify, the recovery uses both, and nothing below them
+# (the floors, the stages, the root's graph) imports any of the three.
+ROOMS = ("ddb2bt.pipeline.cutover", "ddb2bt.pipeline.verify", "ddb2bt.pipeline.recover")
+ROOMS_MAY_NOT_IMPORT = {"ddb2bt.pipeline.verify": {"ddb2bt.pipeline.cutover", "ddb2bt.pipeline.recover"},
+                        "ddb2bt.pipeline.cutover": {"ddb2bt.pipeline.recover"}}
+ABOVE_THE_ROOMS = ("ddb2bt.pipeline.services", "ddb2bt.pipeline.app", "ddb2bt.pipeline.testing", *ROOMS)
+
+
+def rooms_out_of_order(edges: dict) -> list:
+    """[(importer, imported)] of ``edges`` that go the wrong way between and below the three rooms."""
+    wrong = [(a, b) for a, forbidden in ROOMS_MAY_NOT_IMPORT.items() for b in sorted(edges.get(a, ()))
+             if b in forbidden]
+    wrong += [(a, b) for a in sorted(edges) if a not in ABOVE_THE_ROOMS for b in sorted(edges[a]) if b in ROOMS]
+    return wrong
+
+
+def test_cutover_uses_verify_recover_uses_both_and_nothing_below_imports_them():
+    edges = _package_edges(_modules())
+    assert "ddb2bt.pipeline.verify" in edges["ddb2bt.pipeline.cutover"]  # the continuous check, the re-copy
+    assert "ddb2bt.pipeline.verify" in edges["ddb2bt.pipeline.recover"]  # redrive's re-check
+    assert rooms_out_of_order(edges) == []
+
+
+def test_the_rooms_check_can_fail():
+    edges = {"ddb2bt.pipeline.verify": {"ddb2bt.pipeline.cutover"}, "ddb2bt.pipeline.sink": {"ddb2bt.pipeline.recover"},
+             "ddb2bt.pipeline.services": {"ddb2bt.pipeline.recover"}}
+    assert rooms_out_of_order(edges) == [("ddb2bt.pipeline.verify", "ddb2bt.pipeline.cutover"),
+                                         ("ddb2bt.pipeline.sink", "ddb2bt.pipeline.recover")]
+
+
 def test_the_cycle_check_can_fail():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert package_cycles(edges) == [["a", "b", "c"]]
@@ -285,3 +318,26 @@ def test_the_inside_import_checks_can_fail():
     assert total == 6
     assert inside == [(3, False), (5, True), (6, True), (8, True), (9, False)]
     assert inside_imports("import json\nfrom ddb2bt.transforms import model\n", "ddb2bt.pipeline.x") == (1, [])
+
+
+# The walks and the floors' table of docs/how-it-works.md name the code by its
+# path: every such path must exist, so a move cannot leave the walks behind.
+HOW_IT_WORKS = ROOT / "docs" / "how-it-works.md"
+CODE_PATH = re.compile(r"(?<![\w/.-])((?:pipeline|transforms)/[\w/]*\w\.py)\b")
+
+
+def missing_code_paths(markdown: str) -> list:
+    """The ``pipeline/...py`` and ``transforms/...py`` paths ``markdown`` names that do not exist."""
+    return sorted({path for path in CODE_PATH.findall(markdown) if not (ROOT / path).is_file()})
+
+
+def test_every_code_path_named_in_how_it_works_exists():
+    text = HOW_IT_WORKS.read_text(encoding="utf-8")
+    assert len(set(CODE_PATH.findall(text))) >= 30  # the walks name the code they pass through
+    assert missing_code_paths(text) == []
+
+
+def test_the_code_path_check_can_fail():
+    text = "moved: `pipeline/cutover/verify.py` is now `pipeline/verify/verify.py`, beside transforms/nowhere.py"
+    assert missing_code_paths(text) == ["pipeline/cutover/verify.py", "transforms/nowhere.py"]
+    assert missing_code_paths("not a path: ddb2bt.pipeline.verify, tests/unit/pipeline/x.py") == []

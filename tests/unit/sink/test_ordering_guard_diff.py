@@ -26,7 +26,7 @@ from ddb2bt.transforms.mapping import delete_cell, write_cell
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell
 from ddb2bt.transforms.ordering import (CLOCK_FAMILY, Clock, GuardedRow, clock_mutations, decode_clock,
                                         converge_rows, guarded_rows, is_newer, row_mutations)
-from tests.unit.cutover.test_recover_model import CASES
+from tests.unit.recover.test_recover_model import CASES
 from tests.unit.sink.test_ordering_guard_model import shuffled_deliveries
 
 START_US = 1_700_000_000_000_000

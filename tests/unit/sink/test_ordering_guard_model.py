@@ -14,7 +14,7 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from ddb2bt.pipeline.cutover.compare import expected_layout
+from ddb2bt.pipeline.verify.compare import expected_layout
 from ddb2bt.pipeline.sink.guarded import apply_guarded
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping

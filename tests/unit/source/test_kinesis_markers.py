@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ddb2bt.pipeline.cutover import controller
-from ddb2bt.pipeline.cutover.redrive import redrive
+from ddb2bt.pipeline.recover.redrive import redrive
 from ddb2bt.pipeline.sink.guarded import GuardedBatchingWriter
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable

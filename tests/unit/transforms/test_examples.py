@@ -5,7 +5,7 @@ import struct
 
 from hypothesis import given, settings, strategies as st
 
-from ddb2bt.pipeline.cutover.compare import expected_layout
+from ddb2bt.pipeline.verify.compare import expected_layout
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.attrs import from_plain
 from ddb2bt.transforms.compiled import compile_mapping

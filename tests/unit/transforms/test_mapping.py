@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ddb2bt.pipeline.cutover.compare import expected_layout
+from ddb2bt.pipeline.verify.compare import expected_layout
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import TtlConfig, load_mapping, mapping_from_text
 from ddb2bt.transforms.errors import MappingError

@@ -259,7 +259,7 @@ def test_a_repeated_mapping_is_an_error_naming_the_option(argv, message, capsys)
 def test_ion_values_dynamodb_never_writes_are_refused(ion, message):
     import io
 
-    from ddb2bt.pipeline.cutover.exports import ion_items
+    from ddb2bt.pipeline.source.exports import ion_items
     from ddb2bt.transforms.errors import PermanentError
 
     with pytest.raises(PermanentError) as err:

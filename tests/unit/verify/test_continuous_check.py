@@ -1,4 +1,4 @@
-"""The continuous check (cutover/continuous.py) against in-memory fakes: a cell
+"""The continuous check (verify/continuous.py) against in-memory fakes: a cell
 corrupted behind the tail's back is counted by kind and recorded as a dead
 letter, `repair` (the redrive of those) fixes it and the count settles; a
 correct table under deletes and attribute removals stays at 0. Steps of a
@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 
 from apache_beam.utils.timestamp import Timestamp
 
-from ddb2bt.pipeline.cutover.continuous import (DIVERGENT, POSITION_META, CheckPosition, ContinuousCheck,
+from ddb2bt.pipeline.verify.continuous import (DIVERGENT, POSITION_META, CheckPosition, ContinuousCheck,
                                                 ContinuousOptions)
-from ddb2bt.pipeline.cutover.continuous_beam import _ContinuousCheckStepFn
-from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
+from ddb2bt.pipeline.verify.continuous_beam import _ContinuousCheckStepFn
+from ddb2bt.pipeline.recover.redrive import RedriveOptions, redrive
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.control.state import StateStore
@@ -23,7 +23,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell
 
 from tests.unit.cutover.cutover_common import CATALOG, FAST, T, item
-from tests.unit.cutover.test_verify_bounded import FakeDynamo, apply, reader
+from tests.unit.verify.test_verify_bounded import FakeDynamo, apply, reader
 
 SEGMENTS = 4
 

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from ddb2bt.pipeline.cutover.recheck import RecheckOptions, recheck, stream_watermark
+from ddb2bt.pipeline.verify.recheck import RecheckOptions, recheck, stream_watermark
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
 from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, DeadLetter
@@ -51,7 +51,7 @@ from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
 from ddb2bt.pipeline.connect.connections import dynamodb_client, StreamsClientFactory
 from ddb2bt.pipeline.control.phases import LIVE, parse_phase
-from ddb2bt.pipeline.cutover.verify import redact
+from ddb2bt.pipeline.verify.verify import redact
 from ddb2bt.pipeline.observe.metrics import default_metrics, UNNAMED_TABLE
 from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
 

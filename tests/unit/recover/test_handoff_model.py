@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
+from ddb2bt.pipeline.recover.redrive import RedriveOptions, redrive
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.pipeline.clients.retry import RetryPolicy

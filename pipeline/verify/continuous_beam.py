@@ -26,7 +26,7 @@ import apache_beam as beam
 from apache_beam.transforms.periodicsequence import PeriodicImpulse, RebaseMode
 from apache_beam.utils.timestamp import Timestamp
 
-from ddb2bt.pipeline.cutover.continuous import (STEP_INTERVAL_S, ContinuousCheck, ContinuousOptions, connect_check,
+from ddb2bt.pipeline.verify.continuous import (STEP_INTERVAL_S, ContinuousCheck, ContinuousOptions, connect_check,
                                                 step_items)
 from ddb2bt.pipeline.observe.metrics import start_pusher
 
@@ -91,7 +91,7 @@ class CheckContinuously(beam.PTransform):
     """PBegin → PCollection of ints (items checked per step): every table of
     ``jobs`` (``LiveJob``s, as ``ReplicateToBigtable.from_jobs`` takes them)
     checked continuously, ``options.items_per_s`` items a second, one step
-    every ``interval_s`` seconds (``cutover/continuous.py``). Apply it to the
+    every ``interval_s`` seconds (``verify/continuous.py``). Apply it to the
     same pipeline as the replication of those jobs; it adds a branch of its own
     per table (``ContinuousCheck[name]``) and touches nothing of theirs."""
 

@@ -9,11 +9,11 @@ import gc
 import pickle
 import weakref
 
-from ddb2bt.pipeline.cutover import spill as spill_mod
-from ddb2bt.pipeline.cutover.compare import compare_mapping
-from ddb2bt.pipeline.cutover.recheck import CONFIRMATIONS, STAMP_SLACK_MS, RecheckOptions, stream_watermark
-from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, paired_groups
-from ddb2bt.pipeline.cutover.verify import REDACTED, Rechecker, verify
+from ddb2bt.pipeline.verify import spill as spill_mod
+from ddb2bt.pipeline.verify.compare import compare_mapping
+from ddb2bt.pipeline.verify.recheck import CONFIRMATIONS, STAMP_SLACK_MS, RecheckOptions, stream_watermark
+from ddb2bt.pipeline.verify.spill import Spill, SpillDir, paired_groups
+from ddb2bt.pipeline.verify.verify import REDACTED, Rechecker, verify
 from ddb2bt.pipeline.observe.redaction import KEY_REDACTED
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.mapping import MARKER_FAMILY, map_change
@@ -409,7 +409,7 @@ def test_the_beam_verify_rechecks_a_bundles_divergent_rows_in_one_batch():
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
 
-    from ddb2bt.pipeline.cutover.beam_verify import RECHECK_BATCH_ROWS, batch_divergent_rows
+    from ddb2bt.pipeline.verify.beam_verify import RECHECK_BATCH_ROWS, batch_divergent_rows
 
     rows = 2 * RECHECK_BATCH_ROWS + 7
     with beam.Pipeline() as p:  # the local runner: one bundle

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ddb2bt.pipeline.cutover.compare import LayoutDiff, add_cells, diff_layout
+from ddb2bt.pipeline.verify.compare import LayoutDiff, add_cells, diff_layout
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError

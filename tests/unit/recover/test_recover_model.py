@@ -18,9 +18,9 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ddb2bt.pipeline.cutover.exports import ExportManifest
+from ddb2bt.pipeline.source.exports import ExportManifest
 from ddb2bt.pipeline.control.phases import LIVE, Migration
-from ddb2bt.pipeline.cutover.recover import (RECORD_CLOCK_MARGIN_S, SWEEP_LOOKBACK_MS, ExportChange, Gap,
+from ddb2bt.pipeline.recover.recover import (RECORD_CLOCK_MARGIN_S, SWEEP_LOOKBACK_MS, ExportChange, Gap,
                                              IncrementalExport, Recovery, RecoveryRefused, check_coverage)
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig

@@ -52,7 +52,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import item_owner, owned_cells
-from ddb2bt.pipeline.cutover.spill import bucket_count, paired_groups, Spill, SpillDir
+from ddb2bt.pipeline.verify.spill import bucket_count, paired_groups, Spill, SpillDir
 from ddb2bt.transforms.model import ChangeRecord, DeleteCells, MappedChange, REMOVE, RowChange
 
 __all__ = ["SweepResult", "BoundarySweep", "sweep_inexact_features", "swept_windows"]

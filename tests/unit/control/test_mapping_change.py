@@ -1,6 +1,6 @@
 """Changing a running job's mapping: the outline and fingerprint of what a
 mapping writes (transforms/fingerprint.py), the job's record of the mapping it
-runs (cutover/mapping_change.py), and status READY only after a verify of that
+runs (control/mapping_change.py), and status READY only after a verify of that
 mapping (docs/cutover.md, "Changing the mapping")."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import yaml
 
-from ddb2bt.pipeline.cutover.mapping_change import change_notice, fingerprint_of, record_mapping, running_mapping
+from ddb2bt.pipeline.control.mapping_change import change_notice, fingerprint_of, record_mapping, running_mapping
 from ddb2bt.pipeline.cutover.status import Facts, assess, gather
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, InMemoryBigtable

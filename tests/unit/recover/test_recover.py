@@ -1,10 +1,10 @@
-"""The recovery's plan (cutover/recover.py): which shards are trimmed and what is
+"""The recovery's plan (recover/recover.py): which shards are trimmed and what is
 missing, read from the (fake) stream; the export windows that cover it."""
 from __future__ import annotations
 
 import pytest
 
-from ddb2bt.pipeline.cutover.recover import (END_OVERLAP_S, LATEST_RESTORABLE_LAG_S, MAX_WINDOW_S, MIN_WINDOW_S,
+from ddb2bt.pipeline.recover.recover import (END_OVERLAP_S, LATEST_RESTORABLE_LAG_S, MAX_WINDOW_S, MIN_WINDOW_S,
                                              Gap, export_commands, find_gap, plan_windows)
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
@@ -80,8 +80,8 @@ def test_the_exports_reach_past_every_change_the_job_applied_or_are_refused():
     """An intact shard far ahead of the trimmed ones: the boundary sweep takes an
     item's last image in the exports as its state after every change the job wrote
     (docs/design.md §8.1.1), so the windows end after that change."""
-    from ddb2bt.pipeline.cutover.exports import ExportManifest
-    from ddb2bt.pipeline.cutover.recover import (RECORD_CLOCK_MARGIN_S, IncrementalExport, RecoveryRefused,
+    from ddb2bt.pipeline.source.exports import ExportManifest
+    from ddb2bt.pipeline.recover.recover import (RECORD_CLOCK_MARGIN_S, IncrementalExport, RecoveryRefused,
                                                  check_coverage)
 
     last = T0 + 123_456
@@ -108,9 +108,9 @@ def test_the_exports_begin_a_window_before_the_first_swept_one_or_are_refused():
     window before it (docs/design.md §8.1.1). The plan asks for a shortest window
     there; exports that begin where the first swept window begins are refused,
     naming the window to add."""
-    from ddb2bt.pipeline.cutover.exports import ExportManifest
-    from ddb2bt.pipeline.cutover.recover import SWEEP_LOOKBACK_MS, IncrementalExport, RecoveryRefused, check_coverage
-    from ddb2bt.pipeline.cutover.straddle import swept_windows
+    from ddb2bt.pipeline.source.exports import ExportManifest
+    from ddb2bt.pipeline.recover.recover import SWEEP_LOOKBACK_MS, IncrementalExport, RecoveryRefused, check_coverage
+    from ddb2bt.pipeline.recover.straddle import swept_windows
 
     last = T0 + 123_456
     gap = Gap(first_ms=last - 2 * HOUR_MS, last_ms=last, end_ms=last + HOUR_MS, trimmed_shards=("s",))
@@ -134,7 +134,7 @@ def test_the_exports_begin_a_window_before_the_first_swept_one_or_are_refused():
 
 
 def test_a_backfill_handoff_inside_the_swept_span_is_named_before_writing():
-    from ddb2bt.pipeline.cutover.recover import _backfill_inside_the_sweep
+    from ddb2bt.pipeline.recover.recover import _backfill_inside_the_sweep
 
     last = T0 + 123_456
     gap = Gap(first_ms=last, last_ms=last, end_ms=last + HOUR_MS, trimmed_shards=("s",))

@@ -45,17 +45,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence
 
-from ddb2bt.pipeline.cutover.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms,
+from ddb2bt.pipeline.source.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms,
                                              manifest_data_files)
-from ddb2bt.pipeline.cutover.straddle import SweepResult, BoundarySweep, sweep_inexact_features, swept_windows
+from ddb2bt.pipeline.recover.straddle import SweepResult, BoundarySweep, sweep_inexact_features, swept_windows
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
 from ddb2bt.transforms.errors import ConfigError, PermanentError, MappingError
 from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S
 from ddb2bt.pipeline.connect.connections import dynamodb_client, StreamsClientFactory
 from ddb2bt.pipeline.connect.preflight import resolve_stream
 from ddb2bt.pipeline.control.phases import LIVE, Migration, RECOVERING
-from ddb2bt.pipeline.cutover.backfill import ExportSource
-from ddb2bt.pipeline.cutover.exports import parse_summary
+from ddb2bt.pipeline.source.snapshot import ExportSource
+from ddb2bt.pipeline.source.exports import parse_summary
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
 from ddb2bt.transforms.attrs import item_from_dynamodb_json

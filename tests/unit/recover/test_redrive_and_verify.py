@@ -2,8 +2,8 @@
 verify's view of cells the mapping does not own and of version clashes."""
 from __future__ import annotations
 
-from ddb2bt.pipeline.cutover.compare import compare_mapping
-from ddb2bt.pipeline.cutover.redrive import RedriveOptions, redrive
+from ddb2bt.pipeline.verify.compare import compare_mapping
+from ddb2bt.pipeline.recover.redrive import RedriveOptions, redrive
 from ddb2bt.pipeline.sink.sink import BatchingWriter
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
@@ -208,7 +208,7 @@ def test_verify_counts_foreign_cells_marker_rows_and_version_clashes():
 def test_an_empty_list_is_no_cell_so_verify_expects_none():
     """A list column of no elements is written as its old elements deleted and no
     cell (mapping._write): verify must not call the row missing a cell."""
-    from ddb2bt.pipeline.cutover.compare import diff_layout, expected_layout
+    from ddb2bt.pipeline.verify.compare import diff_layout, expected_layout
     from ddb2bt.transforms.config import parse_mapping
 
     lists = parse_mapping({

@@ -34,8 +34,8 @@ from typing import Optional, Union
 import apache_beam as beam
 from apache_beam.typehints import Any
 
-from ddb2bt.pipeline.cutover.backfill import ExportSource, ScanSource, parse_segment
-from ddb2bt.pipeline.cutover.compare import LayoutDiff, add_cells, diff_layout, without_clocks
+from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource, parse_segment
+from ddb2bt.pipeline.verify.compare import LayoutDiff, add_cells, diff_layout, without_clocks
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
@@ -44,8 +44,8 @@ from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
 from ddb2bt.pipeline.clients.bigtable.reads import data_client, iter_table, read_rows, table_ranges
 from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
 from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory
-from ddb2bt.pipeline.cutover.recheck import recheck, stream_watermark
-from ddb2bt.pipeline.cutover.verify import Findings, findings_of
+from ddb2bt.pipeline.verify.recheck import recheck, stream_watermark
+from ddb2bt.pipeline.verify.verify import Findings, findings_of
 from ddb2bt.pipeline.graph import is_local, make_pipeline
 
 __all__ = ["VerifyTable", "VerifyMappings", "build_verify", "run_verify_job"]

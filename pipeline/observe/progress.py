@@ -1,8 +1,8 @@
 """Long steps of a command in a worker thread, with their progress: a bar on a
 terminal, a plain log line every ``PLAIN_PROGRESS_EVERY_S`` elsewhere. Shared by
 the ``migrate`` controller (its backfill, the tail, the re-copy sweep) and the
-bounded verify; it sits below both (the controller imports verify through the
-re-copy and the continuous check)."""
+bounded verify: it sits on the observability floor, below both (the controller
+imports verify through the re-copy and the continuous check)."""
 from __future__ import annotations
 
 import logging

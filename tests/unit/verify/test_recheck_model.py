@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ddb2bt.pipeline.cutover.recheck import STAMP_SLACK_MS, STREAM_VISIBILITY_MS, RecheckOptions, recheck
+from ddb2bt.pipeline.verify.recheck import STAMP_SLACK_MS, STREAM_VISIBILITY_MS, RecheckOptions, recheck
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.mapping import map_change
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCell

@@ -2,9 +2,9 @@
 independent review found, kept as tests."""
 from __future__ import annotations
 
-from ddb2bt.pipeline.cutover.exports import ExportManifest
+from ddb2bt.pipeline.source.exports import ExportManifest
 from ddb2bt.pipeline.control.phases import Migration
-from ddb2bt.pipeline.cutover.recover import (ExportChange, Gap, IncrementalExport, Recovery, Window,
+from ddb2bt.pipeline.recover.recover import (ExportChange, Gap, IncrementalExport, Recovery, Window,
                                              _backfill_inside_the_sweep, check_coverage, plan_windows)
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig

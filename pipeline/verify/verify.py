@@ -25,11 +25,11 @@ from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError, ConfigError
 from ddb2bt.transforms.mapping import expected_cells
-from ddb2bt.pipeline.cutover.compare import DIFF_KINDS, LayoutDiff, add_cells, diff_layout, without_clocks
-from ddb2bt.pipeline.cutover.recheck import RecheckOptions, RecheckResult, recheck, stream_watermark
-from ddb2bt.pipeline.cutover.mapping_change import fingerprint_of
-from ddb2bt.pipeline.cutover.spill import Spill, SpillDir, bucket_count, paired_groups
-from ddb2bt.pipeline.cutover.progress import run_in_thread
+from ddb2bt.pipeline.verify.compare import DIFF_KINDS, LayoutDiff, add_cells, diff_layout, without_clocks
+from ddb2bt.pipeline.verify.recheck import RecheckOptions, RecheckResult, recheck, stream_watermark
+from ddb2bt.pipeline.control.mapping_change import fingerprint_of
+from ddb2bt.pipeline.verify.spill import Spill, SpillDir, bucket_count, paired_groups
+from ddb2bt.pipeline.observe.progress import run_in_thread
 from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, describe_table, get_item, scan_pages
 from ddb2bt.pipeline.observe.redaction import Redaction
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table, read_rows

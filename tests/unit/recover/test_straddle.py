@@ -1,10 +1,10 @@
-"""The recovery's boundary sweep (pipeline/cutover/straddle.py, docs/design.md
+"""The recovery's boundary sweep (pipeline/recover/straddle.py, docs/design.md
 §8.1.1), piece by piece; the model test (test_recover_model.py) drives it whole."""
 from __future__ import annotations
 
-from ddb2bt.pipeline.cutover.exports import ExportManifest
-from ddb2bt.pipeline.cutover.recover import ExportChange, IncrementalExport, inexact_features
-from ddb2bt.pipeline.cutover.straddle import BoundarySweep, sweep_inexact_features, swept_windows
+from ddb2bt.pipeline.source.exports import ExportManifest
+from ddb2bt.pipeline.recover.recover import ExportChange, IncrementalExport, inexact_features
+from ddb2bt.pipeline.recover.straddle import BoundarySweep, sweep_inexact_features, swept_windows
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.control.state import StateStore
@@ -90,7 +90,7 @@ def test_cells_stamped_just_before_the_first_swept_window_are_judged_by_the_stat
     reading earlier without that window's lines would delete it. An item the
     window lists is judged by its line there alone. What is stamped before the
     look-back is not read."""
-    from ddb2bt.pipeline.cutover.recover import SWEEP_LOOKBACK_MS
+    from ddb2bt.pipeline.recover.recover import SWEEP_LOOKBACK_MS
 
     mapping = load_mapping("examples/product_catalog.yaml")
     table = mapping.target.table

@@ -59,8 +59,8 @@ from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.observe.logs import table_logger
-from ddb2bt.pipeline.cutover.continuous import DIVERGENT
-from ddb2bt.pipeline.cutover.recheck import owner_candidates
+from ddb2bt.pipeline.verify.continuous import DIVERGENT
+from ddb2bt.pipeline.verify.recheck import owner_candidates
 from ddb2bt.pipeline.control.letters import keys_redacted, record_from_json, values_omitted
 from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.transforms.attrs import canonical_typed_json
