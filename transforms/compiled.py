@@ -7,8 +7,9 @@ generated Python functions (the mapping's text only ever enters them as bound
 constants, never as source), each attribute's placement is decided once per
 attribute name and keeps its encoder bound, literal qualifiers and their sizes are
 precomputed, and mutations, sizes and versions are produced in one pass — the
-mutations both as the model's tuples and, in ``RowChange.wire``, as the bytes the
-sink sends (``transforms.wire``; the tests hold them to the protobuf library's).
+mutations only as the bytes the sink sends, ``RowChange.wire`` (``transforms.wire``;
+the tests hold them to the protobuf library's), their tuples decoded from those
+bytes only if something reads ``RowChange.mutations`` (``model.EncodedMutations``).
 
 The general engine (``mapping.general_map_change``) stays the reference and the
 specification: the compiled path produces exactly its RowChanges (docs/design.md §3,
@@ -35,13 +36,13 @@ from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN
                                        MARKER_FAMILY, MARKER_PREFIX, MAX_PLANNED_ATTRIBUTES, attribute_plan,
                                        column_cells, condition_matches, CellOwner, general_map_change, parse_timestamp_ms,
                                        validate_record)
-from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, DeleteCells, Guard,
-                                     SetCell, build_row_change)
+from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, EncodedMutations, Guard,
+                                     build_row_change)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
 from ddb2bt.transforms.wire import (DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN, MUT_SET_CELL,
                                     ONE_BYTE_VARINT, RANGE_END, SET_TIMESTAMP, SET_VALUE, US_PER_MS, VARINT_TABLE_SIZE,
-                                    VARINTS, column_fields, delete_cells, range_field, set_cell, timestamp_field,
-                                    timestamp_varint)
+                                    VARINTS, column_fields, decode_mutations, delete_cells, range_field, set_cell,
+                                    timestamp_field, timestamp_varint)
 
 # A row whose request bytes are at most this cannot break any of Bigtable's
 # per-row limits (limits.checked_size): every part a limit bounds — row key,
@@ -599,11 +600,13 @@ class CompiledMapping:
         old = _EMPTY if old_image is None else self._old_cells(keys, old_image, new_image, new_rule, new_row)
         since = record.backfill_since_ms
         prune = event != INSERT or since is not None or self._ttl_ignore
-        # (table, row) -> [mutations, request bytes, their wire bytes (transforms.wire)]
+        # (table, row) -> [its mutations' count, request bytes, their wire bytes
+        # (transforms.wire), their families]: the mutations are never built as
+        # tuples here, RowChange.mutations decodes the bytes if anyone reads them.
         rows: dict = {}
         versions: dict = {}  # (table, row) -> [(family, qualifier, version, is_write)]
-        row_key = entry = None
-        size = 0
+        row_key = entry = family_seen = None
+        size = count = 0
         # A change's cells share its timestamp (and AWS's changes their second):
         # its fields are encoded once, the delete ranges only for changes that delete.
         stamp = self._stamp
@@ -624,36 +627,40 @@ class CompiledMapping:
             table, row, family, qualifier, version, is_list = key
             if row_key is None or row != row_key[1] or table != row_key[0]:
                 if entry is not None:
-                    entry[1] = size
+                    entry[0], entry[1] = count, size
                 row_key = (table, row)  # cells are sorted: a row's cells are consecutive
-                entry = rows[row_key] = [[], 0, []]
-                append = entry[0].append
+                entry = rows[row_key] = [0, 0, [], [family]]
                 wire = entry[2].append  # a mutation's bytes, or (put) its pieces
                 put = entry[2].extend
+                add_family = entry[3].append
+                family_seen = family
                 size = len(row)
+                count = 0
+            elif family != family_seen:  # sorted: a row's cells of one family are consecutive too
+                add_family(family)
+                family_seen = family
             payload = new[key]
             column = columns.get((family, qualifier)) or self._column(family, qualifier)
             fixed = column[2]
             if version is not None:
-                append(_new(SetCell, (family, qualifier, payload, version)))
+                count += 1
                 wire(set_cell(family, qualifier, payload, timestamp_field(version)))
                 size += fixed + len(payload)
                 versions.setdefault(row_key, []).append((family, qualifier, version, True))
             elif is_list:
                 n = len(payload)
                 if n == 0:
-                    append(_new(DeleteCells, (family, qualifier, 0, ts + INCLUSIVE_END_MS)))
+                    count += 1
                     wire(delete_cells(family, qualifier, range_field(0, ts + INCLUSIVE_END_MS)))
                     size += fixed
                     continue
                 first = ts - n + 1
                 if first < 1:
                     raise _Fallback
-                append(_new(DeleteCells, (family, qualifier, 0, first)))
+                count += 1 + n
                 wire(delete_cells(family, qualifier, range_field(0, first)))
                 size += fixed
                 for i, element in enumerate(payload):
-                    append(_new(SetCell, (family, qualifier, element, first + i)))
                     wire(set_cell(family, qualifier, element, timestamp_field(first + i)))
                     size += fixed + len(element)
             else:
@@ -661,7 +668,6 @@ class CompiledMapping:
                 # delete_cells, the reference, write the same bytes; this runs for
                 # most mutations): the lengths are added up, and looked up while
                 # every one is below the varint table's end.
-                append(_new(SetCell, (family, qualifier, payload, ts)))
                 column, n, _ = column
                 value_len = len(payload)
                 body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
@@ -671,7 +677,7 @@ class CompiledMapping:
                 else:
                     wire(set_cell(family, qualifier, payload, ts_field))
                 if prune and ts:  # an end of 0 would mean "no end" on the wire
-                    append(_new(DeleteCells, (family, qualifier, 0, ts)))
+                    count += 2
                     body = n + range_len
                     if body < _LOOKED_UP:
                         put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_DELETE_FROM_COLUMN,
@@ -680,9 +686,10 @@ class CompiledMapping:
                         wire(delete_cells(family, qualifier, prune_range))
                     size += fixed + fixed + value_len
                 else:
+                    count += 1
                     size += fixed + value_len
         if entry is not None:
-            entry[1] = size
+            entry[0], entry[1] = count, size
         versioned_rows = set(versions) if since is not None else None
         if old:
             for key in sorted(old):
@@ -692,16 +699,17 @@ class CompiledMapping:
                 rk = (table, row)
                 entry = rows.get(rk)
                 if entry is None:
-                    entry = rows[rk] = [[], len(row), []]
+                    entry = rows[rk] = [0, len(row), [], []]
+                if family not in entry[3]:
+                    entry[3].append(family)
                 if version is not None:
-                    entry[0].append(DeleteCells(family, qualifier, version, version + INCLUSIVE_END_MS))
                     entry[2].append(delete_cells(family, qualifier, range_field(version, version + INCLUSIVE_END_MS)))
                     versions.setdefault(rk, []).append((family, qualifier, version, False))
                 else:
                     if old_range is None:
                         raise _Fallback
-                    entry[0].append(DeleteCells(family, qualifier, 0, ts + INCLUSIVE_END_MS))
                     entry[2].append(delete_cells(family, qualifier, old_range))
+                entry[0] += 1
                 entry[1] += len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES
         key_json = None
         marker = b""
@@ -712,25 +720,28 @@ class CompiledMapping:
                 fixed = len(MARKER_FAMILY) + len(marker) + MUTATION_OVERHEAD_BYTES
                 marker_wire = set_cell(MARKER_FAMILY, marker, b"", ts_field)
                 for entry in rows.values():
-                    entry[0].append(SetCell(MARKER_FAMILY, marker, b"", ts))
                     entry[2].append(marker_wire)
+                    entry[0] += 1
                     entry[1] += fixed
+                    if MARKER_FAMILY not in entry[3]:
+                        entry[3].append(MARKER_FAMILY)
         owner = b""
         if versions:
             owner = key_json if key_json is not None else _key_json(keys)
         changes = []
-        for rk, (muts, size, wire_parts) in rows.items():
+        for rk, (count, size, wire_parts, families) in rows.items():
             table, row = rk
-            mutations = tuple(muts)
+            wire = b"".join(wire_parts)
             if size > _UNCHECKED_ROW_BYTES or not row or len(row) > MAX_ROW_KEY_BYTES:
-                size = checked_size(row, mutations)
+                size = checked_size(row, decode_mutations(wire))
             guard = None
             if since is not None:
                 guard = Guard(MARKER_FAMILY, marker, since, conditional=rk in versioned_rows, backfill_ms=ts)
             entries = versions.get(rk)
-            # RowChange(table, row, mutations, guard, size, versioned, owner) and its wire, slots filled directly
-            changes.append(_row_change(table, row, mutations, guard, size, tuple(sorted(entries)) if entries else (),
-                                       owner, b"".join(wire_parts)))
+            # RowChange(table, row, mutations, guard, size, versioned, owner) and its wire, slots filled
+            # directly; the mutations decoded from the wire when read
+            changes.append(_row_change(table, row, _new(EncodedMutations, (count, tuple(families))), guard, size,
+                                       tuple(sorted(entries)) if entries else (), owner, wire))
         return tuple(changes)
 
 
@@ -764,7 +775,7 @@ _ONE_BYTE = ONE_BYTE_VARINT  # a length below this is a 1-byte varint, else (bel
 
 
 _SIMPLE = (PLAN_PLAIN, PLAN_SKIP)
-# Mutations are built as their NamedTuple's __new__ builds them, without its frame.
+# EncodedMutations are built as their NamedTuple's __new__ builds them, without its frame.
 _new = tuple.__new__
 # RowChange.wire is not an __init__ argument (so dataclasses.replace drops it: see
 # model.RowChange); the compiled mapping fills it with the other slots (its size given).
