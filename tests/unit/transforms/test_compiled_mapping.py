@@ -233,7 +233,12 @@ def check(mapping, record, mark_touched):
     except Exception:  # noqa: BLE001 — handed to the general engine: covered by the second property
         alone = None
     if alone is not None:
+        # What the sink reads of every change without decoding its mutations
+        # (model.EncodedMutations): read first, before canon() decodes them.
+        facts = [(c.mutation_count, sorted(c.families), len(set(c.families))) for c in alone]
         assert ("ok", canon(alone)) == reference, record
+        assert facts == [(len(m), sorted({x.family for x in m}), len({x.family for x in m}))
+                         for *_, m in _mutations_of(reference)], record
         # What goes on the wire: the compiled bytes are the protobuf library's
         # serialization of the general engine's mutations (reference[1]: its changes).
         assert [c.wire for c in alone] == [protobuf_mutations(m) for *_, m in _mutations_of(reference)], record
