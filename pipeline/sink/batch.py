@@ -40,7 +40,7 @@ class Row:
         if mutations is not None:
             self.mutations = mutations
         else:
-            self.count = sum(change.mutation_count for _, change in self.parts)
+            self.count = sum(change.mutation_count for _, change in self.parts) if self.parts else 0
 
     def add(self, element, change) -> None:
         """Coalesce one more change (a MappedChange's RowChange for this row)."""
