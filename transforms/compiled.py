@@ -381,6 +381,11 @@ class _CompiledRule:
         self.table = mapping.target.table
         self.key_attrs = mapping.source.key_attributes
         self.row_key = _key_builder(rule.row_key, "row_key")
+        # The row key's attributes, when all are key attributes (no captures): a
+        # record's keys, when they hold them all, then give the row key alone, the
+        # same for both images of a MODIFY (the built key reads ``keys`` first).
+        sources = rule.row_key.sources
+        self.row_key_sources = sources if all(name in self.key_attrs for name in sources) else None
         # The general engine's shortcut for a MODIFY's old image applies (mapping._old_cells).
         self.single_row = rule.item_column is None and not rule.indexes
         self.plans: dict = {}
@@ -572,7 +577,7 @@ class CompiledMapping:
                     if plan is None or plan[0] not in _SIMPLE:
                         break
                 else:
-                    if crule.row_key(keys, old, captures) == new_row:
+                    if _keys_give_row(crule, keys) or crule.row_key(keys, old, captures) == new_row:
                         return _EMPTY
         return self._image_cells(keys, old, False)[2]
 
@@ -743,6 +748,18 @@ class CompiledMapping:
             changes.append(_row_change(table, row, _new(EncodedMutations, (count, tuple(families))), guard, size,
                                        tuple(sorted(entries)) if entries else (), owner, wire))
         return tuple(changes)
+
+
+def _keys_give_row(crule: _CompiledRule, keys) -> bool:
+    """Whether ``keys`` alone give the rule's row key (_CompiledRule.row_key_sources):
+    then both images of a change have the row key built for either."""
+    sources = crule.row_key_sources
+    if sources is None:
+        return False
+    for name in sources:
+        if keys.get(name) is None:
+            return False
+    return True
 
 
 def _stamp(ts: int) -> tuple:
