@@ -532,12 +532,21 @@ class CompiledMapping:
         self._stamp = (None,)  # _stamp() and _ranges() of the last change's time
         self._ranges = (None,)
         # (family, qualifier) -> (their wire fields, its length, the size model's
-        # bytes of a mutation of it): what every mutation of a column needs.
+        # bytes of a mutation of it, a time range's length, the bytes of a
+        # DeleteFromColumn of the column before a time range of that length or
+        # None): what every mutation of a column needs. A written column's
+        # pruning delete is that head and the change's range (their lengths, so
+        # the head, stay the same change after change).
         self._column_fields: dict = {}
 
-    def _column(self, family: str, qualifier: bytes) -> tuple:
+    def _column(self, family: str, qualifier: bytes, range_len: int = 0) -> tuple:
         fields, n = column_fields((family, qualifier))
-        column = (fields, n, len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES)
+        body = n + range_len
+        delete_head = None
+        if body < _LOOKED_UP:  # as transforms.wire.delete_cells writes it
+            delete_head = b"".join((ENTRY_MUTATION, VARINTS[body + (2 if body < _ONE_BYTE else 3)],
+                                    MUT_DELETE_FROM_COLUMN, VARINTS[body], fields))
+        column = (fields, n, len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES, range_len, delete_head)
         if len(self._column_fields) < MAX_PLANNED_ATTRIBUTES:  # bounded, like the attribute plans
             self._column_fields[(family, qualifier)] = column
         return column
@@ -645,7 +654,7 @@ class CompiledMapping:
                 add_family(family)
                 family_seen = family
             payload = new[key]
-            column = columns.get((family, qualifier)) or self._column(family, qualifier)
+            column = columns.get((family, qualifier)) or self._column(family, qualifier, range_len)
             fixed = column[2]
             if version is not None:
                 count += 1
@@ -673,7 +682,7 @@ class CompiledMapping:
                 # delete_cells, the reference, write the same bytes; this runs for
                 # most mutations): the lengths are added up, and looked up while
                 # every one is below the varint table's end.
-                column, n, _ = column
+                column, n, _, head_range_len, delete_head = column
                 value_len = len(payload)
                 body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
                 if 0 < value_len and body < _LOOKED_UP:
@@ -683,10 +692,10 @@ class CompiledMapping:
                     wire(set_cell(family, qualifier, payload, ts_field))
                 if prune and ts:  # an end of 0 would mean "no end" on the wire
                     count += 2
-                    body = n + range_len
-                    if body < _LOOKED_UP:
-                        put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_DELETE_FROM_COLUMN,
-                             varints[body], column, prune_range))
+                    if head_range_len != range_len:  # a column first seen by a change that did not prune
+                        delete_head = self._column(family, qualifier, range_len)[4]
+                    if delete_head is not None:
+                        put((delete_head, prune_range))
                     else:
                         wire(delete_cells(family, qualifier, prune_range))
                     size += fixed + fixed + value_len
