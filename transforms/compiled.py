@@ -389,6 +389,7 @@ class _CompiledRule:
         # The general engine's shortcut for a MODIFY's old image applies (mapping._old_cells).
         self.single_row = rule.item_column is None and not rule.indexes
         self.plans: dict = {}
+        self._shapes: dict = {}  # an image's attribute names, in order -> plain_order's answer
         self._columns: dict = {}
         self._indexes = tuple(self._index(mapping, index) for index in rule.indexes)
 
@@ -436,6 +437,37 @@ class _CompiledRule:
                         raise _Fallback
                     cells[key] = auto(image[name]) if with_values else None
         return cells_of
+
+    def plain_order(self, image) -> Optional[tuple]:
+        """The image's cells when the rule writes one row and each attribute of
+        the image is a plain column or not placed: ((attribute, encoder, family,
+        qualifier, (family, qualifier)), ...) in the order ``cells``' keys sort
+        in for one row, by (family, qualifier); else None (``cells`` makes them).
+        Kept per shape of image — its attribute names in order: the plans decide,
+        and they never change."""
+        shape = tuple(image)
+        order = self._shapes.get(shape, _UNKNOWN)
+        if order is _UNKNOWN:
+            order = self._plain_order(shape)
+            if len(self._shapes) < _MAX_SHAPES:
+                self._shapes[shape] = order
+        return order
+
+    def _plain_order(self, shape: tuple) -> Optional[tuple]:
+        if not self.single_row:
+            return None
+        cells = []
+        for name in shape:
+            plan = self.plans.get(name) or self.plan(name)
+            if plan[0] == PLAN_PLAIN:
+                cells.append((plan[1], plan[2], name, plan[3]))
+            elif plan[0] != PLAN_SKIP:
+                return None
+        cells.sort(key=lambda cell: cell[:2])
+        if not cells or any(a[:2] == b[:2] for a, b in zip(cells, cells[1:])):
+            return None  # no cells; or two attributes claim one cell, which cells() hands over
+        return tuple((name, encoder, family, qualifier, (family, qualifier))
+                     for family, qualifier, name, encoder in cells)
 
     def cells(self, keys, image, captures, with_values: bool) -> tuple:
         row = self.row_key(keys, image, captures)
@@ -558,19 +590,28 @@ class CompiledMapping:
             self.fallbacks += 1
             return general_map_change(self.mapping, record, mark_touched)
 
-    def _image_cells(self, keys, image, with_values: bool) -> tuple:
-        """(compiled rule or None, row, cells) of one image (mapping.owned_cells)."""
+    def _image_cells(self, keys, image, with_values: bool, plain_ok: bool = False) -> tuple:
+        """(compiled rule or None, row, cells, plain) of one image (mapping.owned_cells).
+        ``plain_ok``: the rule's plain_order instead of the cells when it has one
+        (``plain``; the cells then left empty), else None."""
         crule, captures = self._select(keys, image)
         if crule is None:
             if self._unmatched_skip:
-                return None, None, _EMPTY
+                return None, None, _EMPTY, None
             raise _Fallback  # no_matching_rule
         if crule.skip:
-            return None, None, _EMPTY
+            return None, None, _EMPTY, None
         if crule.hook:
             raise _Fallback
+        if plain_ok:
+            plain = crule.plain_order(image)
+            if plain is not None:
+                row = crule.row_key(keys, image, captures)
+                if row is None:
+                    raise _Fallback
+                return crule, row, _EMPTY, plain
         row, cells = crule.cells(keys, image, captures, with_values)
-        return crule, row, cells
+        return crule, row, cells, None
 
     def _old_cells(self, keys, old, new_image, new_rule, new_row) -> dict:
         """mapping._old_cells: a MODIFY's old image mapped to the same rule and row,
@@ -607,11 +648,13 @@ class CompiledMapping:
             raise _Fallback  # a change time too large for a cell: the general engine decides
         if record.is_ttl_delete and event == REMOVE and self._ttl_ignore:
             return ()
-        new_rule = new_row = None
+        new_rule = new_row = plain = None
         new = _EMPTY
         if event != REMOVE:
-            new_rule, new_row, new = self._image_cells(keys, new_image, True)
+            new_rule, new_row, new, plain = self._image_cells(keys, new_image, True, True)
         old = _EMPTY if old_image is None else self._old_cells(keys, old_image, new_image, new_rule, new_row)
+        if plain is not None and old:  # the old image's cells are told from the new one's cell keys
+            new, plain = self._image_cells(keys, new_image, True)[2], None
         since = record.backfill_since_ms
         prune = event != INSERT or since is not None or self._ttl_ignore
         # (table, row) -> [its mutations' count, request bytes, their wire bytes
@@ -637,6 +680,9 @@ class CompiledMapping:
             prune_range, old_range = ranges[1], ranges[2]
             range_len = len(prune_range)
         columns, varints = self._column_fields, VARINTS
+        if plain is not None:  # the common image: its one row written straight from its attributes
+            rows[(new_rule.table, new_row)] = _plain_row(plain, new_image, new_row, columns, self._column, ts_field,
+                                                         prune_range if prune and ts else None, range_len)
         for key in (sorted(new) if len(new) > 1 else new):
             table, row, family, qualifier, version, is_list = key
             if row_key is None or row != row_key[1] or table != row_key[0]:
@@ -759,6 +805,48 @@ class CompiledMapping:
         return tuple(changes)
 
 
+def _plain_row(plain: tuple, image, row: bytes, columns: dict, column_of: Callable, ts_field: bytes,
+               prune_range: Optional[bytes], range_len: int) -> list:
+    """The row entry of ``CompiledMapping._map`` ([count, request bytes, wire
+    pieces, families]) of an image whose cells are all plain
+    (_CompiledRule.plain_order): each cell written as ``_map`` writes its common
+    cells (the same bytes, sizes and counts; with its pruning delete unless
+    ``prune_range`` is None)."""
+    ts_len = len(ts_field)
+    pieces: list = []
+    put, wire = pieces.extend, pieces.append
+    families: list = []
+    family_seen = None
+    size, count, varints = len(row), 0, VARINTS
+    for name, encode, family, qualifier, column_key in plain:
+        payload = encode(image[name])
+        if family != family_seen:  # sorted: a family's cells are consecutive
+            families.append(family)
+            family_seen = family
+        fields, n, fixed, head_range_len, delete_head = columns.get(column_key) or column_of(family, qualifier,
+                                                                                            range_len)
+        value_len = len(payload)
+        body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
+        if 0 < value_len and body < _LOOKED_UP:
+            put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_SET_CELL, varints[body], fields,
+                 ts_field, SET_VALUE, varints[value_len], payload))
+        else:
+            wire(set_cell(family, qualifier, payload, ts_field))
+        if prune_range is not None:
+            count += 2
+            if head_range_len != range_len:
+                delete_head = column_of(family, qualifier, range_len)[4]
+            if delete_head is not None:
+                put((delete_head, prune_range))
+            else:
+                wire(delete_cells(family, qualifier, prune_range))
+            size += fixed + fixed + value_len
+        else:
+            count += 1
+            size += fixed + value_len
+    return [count, size, pieces, families]
+
+
 def _keys_give_row(crule: _CompiledRule, keys) -> bool:
     """Whether ``keys`` alone give the rule's row key (_CompiledRule.row_key_sources):
     then both images of a change have the row key built for either."""
@@ -801,6 +889,10 @@ _ONE_BYTE = ONE_BYTE_VARINT  # a length below this is a 1-byte varint, else (bel
 
 
 _SIMPLE = (PLAN_PLAIN, PLAN_SKIP)
+# plain_order's answers are kept for this many shapes of image per rule (then
+# worked out per change): a table's items have few shapes, a sparse one many.
+_MAX_SHAPES = 1024
+_UNKNOWN = object()  # a shape not yet seen
 # EncodedMutations are built as their NamedTuple's __new__ builds them, without its frame.
 _new = tuple.__new__
 # RowChange.wire is not an __init__ argument (so dataclasses.replace drops it: see
