@@ -7,8 +7,9 @@ generated Python functions (the mapping's text only ever enters them as bound
 constants, never as source), each attribute's placement is decided once per
 attribute name and keeps its encoder bound, literal qualifiers and their sizes are
 precomputed, and mutations, sizes and versions are produced in one pass — the
-mutations both as the model's tuples and, in ``RowChange.wire``, as the bytes the
-sink sends (``transforms.wire``; the tests hold them to the protobuf library's).
+mutations only as the bytes the sink sends, ``RowChange.wire`` (``transforms.wire``;
+the tests hold them to the protobuf library's), their tuples decoded from those
+bytes only if something reads ``RowChange.mutations`` (``model.EncodedMutations``).
 
 The general engine (``mapping.general_map_change``) stays the reference and the
 specification: the compiled path produces exactly its RowChanges (docs/design.md §3,
@@ -35,13 +36,13 @@ from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN
                                        MARKER_FAMILY, MARKER_PREFIX, MAX_PLANNED_ATTRIBUTES, attribute_plan,
                                        column_cells, condition_matches, CellOwner, general_map_change, parse_timestamp_ms,
                                        validate_record)
-from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, DeleteCells, Guard,
-                                     SetCell, build_row_change)
+from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, EncodedMutations, Guard,
+                                     build_row_change)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
 from ddb2bt.transforms.wire import (DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN, MUT_SET_CELL,
                                     ONE_BYTE_VARINT, RANGE_END, SET_TIMESTAMP, SET_VALUE, US_PER_MS, VARINT_TABLE_SIZE,
-                                    VARINTS, column_fields, delete_cells, range_field, set_cell, timestamp_field,
-                                    timestamp_varint)
+                                    VARINTS, column_fields, decode_mutations, delete_cells, range_field, set_cell,
+                                    timestamp_field, timestamp_varint)
 
 # A row whose request bytes are at most this cannot break any of Bigtable's
 # per-row limits (limits.checked_size): every part a limit bounds — row key,
@@ -380,9 +381,15 @@ class _CompiledRule:
         self.table = mapping.target.table
         self.key_attrs = mapping.source.key_attributes
         self.row_key = _key_builder(rule.row_key, "row_key")
+        # The row key's attributes, when all are key attributes (no captures): a
+        # record's keys, when they hold them all, then give the row key alone, the
+        # same for both images of a MODIFY (the built key reads ``keys`` first).
+        sources = rule.row_key.sources
+        self.row_key_sources = sources if all(name in self.key_attrs for name in sources) else None
         # The general engine's shortcut for a MODIFY's old image applies (mapping._old_cells).
         self.single_row = rule.item_column is None and not rule.indexes
         self.plans: dict = {}
+        self._shapes: dict = {}  # an image's attribute names, in order -> plain_order's answer
         self._columns: dict = {}
         self._indexes = tuple(self._index(mapping, index) for index in rule.indexes)
 
@@ -430,6 +437,37 @@ class _CompiledRule:
                         raise _Fallback
                     cells[key] = auto(image[name]) if with_values else None
         return cells_of
+
+    def plain_order(self, image) -> Optional[tuple]:
+        """The image's cells when the rule writes one row and each attribute of
+        the image is a plain column or not placed: ((attribute, encoder, family,
+        qualifier, (family, qualifier)), ...) in the order ``cells``' keys sort
+        in for one row, by (family, qualifier); else None (``cells`` makes them).
+        Kept per shape of image — its attribute names in order: the plans decide,
+        and they never change."""
+        shape = tuple(image)
+        order = self._shapes.get(shape, _UNKNOWN)
+        if order is _UNKNOWN:
+            order = self._plain_order(shape)
+            if len(self._shapes) < _MAX_SHAPES:
+                self._shapes[shape] = order
+        return order
+
+    def _plain_order(self, shape: tuple) -> Optional[tuple]:
+        if not self.single_row:
+            return None
+        cells = []
+        for name in shape:
+            plan = self.plans.get(name) or self.plan(name)
+            if plan[0] == PLAN_PLAIN:
+                cells.append((plan[1], plan[2], name, plan[3]))
+            elif plan[0] != PLAN_SKIP:
+                return None
+        cells.sort(key=lambda cell: cell[:2])
+        if not cells or any(a[:2] == b[:2] for a, b in zip(cells, cells[1:])):
+            return None  # no cells; or two attributes claim one cell, which cells() hands over
+        return tuple((name, encoder, family, qualifier, (family, qualifier))
+                     for family, qualifier, name, encoder in cells)
 
     def cells(self, keys, image, captures, with_values: bool) -> tuple:
         row = self.row_key(keys, image, captures)
@@ -526,12 +564,21 @@ class CompiledMapping:
         self._stamp = (None,)  # _stamp() and _ranges() of the last change's time
         self._ranges = (None,)
         # (family, qualifier) -> (their wire fields, its length, the size model's
-        # bytes of a mutation of it): what every mutation of a column needs.
+        # bytes of a mutation of it, a time range's length, the bytes of a
+        # DeleteFromColumn of the column before a time range of that length or
+        # None): what every mutation of a column needs. A written column's
+        # pruning delete is that head and the change's range (their lengths, so
+        # the head, stay the same change after change).
         self._column_fields: dict = {}
 
-    def _column(self, family: str, qualifier: bytes) -> tuple:
+    def _column(self, family: str, qualifier: bytes, range_len: int = 0) -> tuple:
         fields, n = column_fields((family, qualifier))
-        column = (fields, n, len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES)
+        body = n + range_len
+        delete_head = None
+        if body < _LOOKED_UP:  # as transforms.wire.delete_cells writes it
+            delete_head = b"".join((ENTRY_MUTATION, VARINTS[body + (2 if body < _ONE_BYTE else 3)],
+                                    MUT_DELETE_FROM_COLUMN, VARINTS[body], fields))
+        column = (fields, n, len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES, range_len, delete_head)
         if len(self._column_fields) < MAX_PLANNED_ATTRIBUTES:  # bounded, like the attribute plans
             self._column_fields[(family, qualifier)] = column
         return column
@@ -543,19 +590,28 @@ class CompiledMapping:
             self.fallbacks += 1
             return general_map_change(self.mapping, record, mark_touched)
 
-    def _image_cells(self, keys, image, with_values: bool) -> tuple:
-        """(compiled rule or None, row, cells) of one image (mapping.owned_cells)."""
+    def _image_cells(self, keys, image, with_values: bool, plain_ok: bool = False) -> tuple:
+        """(compiled rule or None, row, cells, plain) of one image (mapping.owned_cells).
+        ``plain_ok``: the rule's plain_order instead of the cells when it has one
+        (``plain``; the cells then left empty), else None."""
         crule, captures = self._select(keys, image)
         if crule is None:
             if self._unmatched_skip:
-                return None, None, _EMPTY
+                return None, None, _EMPTY, None
             raise _Fallback  # no_matching_rule
         if crule.skip:
-            return None, None, _EMPTY
+            return None, None, _EMPTY, None
         if crule.hook:
             raise _Fallback
+        if plain_ok:
+            plain = crule.plain_order(image)
+            if plain is not None:
+                row = crule.row_key(keys, image, captures)
+                if row is None:
+                    raise _Fallback
+                return crule, row, _EMPTY, plain
         row, cells = crule.cells(keys, image, captures, with_values)
-        return crule, row, cells
+        return crule, row, cells, None
 
     def _old_cells(self, keys, old, new_image, new_rule, new_row) -> dict:
         """mapping._old_cells: a MODIFY's old image mapped to the same rule and row,
@@ -571,7 +627,7 @@ class CompiledMapping:
                     if plan is None or plan[0] not in _SIMPLE:
                         break
                 else:
-                    if crule.row_key(keys, old, captures) == new_row:
+                    if _keys_give_row(crule, keys) or crule.row_key(keys, old, captures) == new_row:
                         return _EMPTY
         return self._image_cells(keys, old, False)[2]
 
@@ -592,18 +648,22 @@ class CompiledMapping:
             raise _Fallback  # a change time too large for a cell: the general engine decides
         if record.is_ttl_delete and event == REMOVE and self._ttl_ignore:
             return ()
-        new_rule = new_row = None
+        new_rule = new_row = plain = None
         new = _EMPTY
         if event != REMOVE:
-            new_rule, new_row, new = self._image_cells(keys, new_image, True)
+            new_rule, new_row, new, plain = self._image_cells(keys, new_image, True, True)
         old = _EMPTY if old_image is None else self._old_cells(keys, old_image, new_image, new_rule, new_row)
+        if plain is not None and old:  # the old image's cells are told from the new one's cell keys
+            new, plain = self._image_cells(keys, new_image, True)[2], None
         since = record.backfill_since_ms
         prune = event != INSERT or since is not None or self._ttl_ignore
-        # (table, row) -> [mutations, request bytes, their wire bytes (transforms.wire)]
+        # (table, row) -> [its mutations' count, request bytes, their wire bytes
+        # (transforms.wire), their families]: the mutations are never built as
+        # tuples here, RowChange.mutations decodes the bytes if anyone reads them.
         rows: dict = {}
         versions: dict = {}  # (table, row) -> [(family, qualifier, version, is_write)]
-        row_key = entry = None
-        size = 0
+        row_key = entry = family_seen = None
+        size = count = 0
         # A change's cells share its timestamp (and AWS's changes their second):
         # its fields are encoded once, the delete ranges only for changes that delete.
         stamp = self._stamp
@@ -620,40 +680,47 @@ class CompiledMapping:
             prune_range, old_range = ranges[1], ranges[2]
             range_len = len(prune_range)
         columns, varints = self._column_fields, VARINTS
+        if plain is not None:  # the common image: its one row written straight from its attributes
+            rows[(new_rule.table, new_row)] = _plain_row(plain, new_image, new_row, columns, self._column, ts_field,
+                                                         prune_range if prune and ts else None, range_len)
         for key in (sorted(new) if len(new) > 1 else new):
             table, row, family, qualifier, version, is_list = key
             if row_key is None or row != row_key[1] or table != row_key[0]:
                 if entry is not None:
-                    entry[1] = size
+                    entry[0], entry[1] = count, size
                 row_key = (table, row)  # cells are sorted: a row's cells are consecutive
-                entry = rows[row_key] = [[], 0, []]
-                append = entry[0].append
+                entry = rows[row_key] = [0, 0, [], [family]]
                 wire = entry[2].append  # a mutation's bytes, or (put) its pieces
                 put = entry[2].extend
+                add_family = entry[3].append
+                family_seen = family
                 size = len(row)
+                count = 0
+            elif family != family_seen:  # sorted: a row's cells of one family are consecutive too
+                add_family(family)
+                family_seen = family
             payload = new[key]
-            column = columns.get((family, qualifier)) or self._column(family, qualifier)
+            column = columns.get((family, qualifier)) or self._column(family, qualifier, range_len)
             fixed = column[2]
             if version is not None:
-                append(_new(SetCell, (family, qualifier, payload, version)))
+                count += 1
                 wire(set_cell(family, qualifier, payload, timestamp_field(version)))
                 size += fixed + len(payload)
                 versions.setdefault(row_key, []).append((family, qualifier, version, True))
             elif is_list:
                 n = len(payload)
                 if n == 0:
-                    append(_new(DeleteCells, (family, qualifier, 0, ts + INCLUSIVE_END_MS)))
+                    count += 1
                     wire(delete_cells(family, qualifier, range_field(0, ts + INCLUSIVE_END_MS)))
                     size += fixed
                     continue
                 first = ts - n + 1
                 if first < 1:
                     raise _Fallback
-                append(_new(DeleteCells, (family, qualifier, 0, first)))
+                count += 1 + n
                 wire(delete_cells(family, qualifier, range_field(0, first)))
                 size += fixed
                 for i, element in enumerate(payload):
-                    append(_new(SetCell, (family, qualifier, element, first + i)))
                     wire(set_cell(family, qualifier, element, timestamp_field(first + i)))
                     size += fixed + len(element)
             else:
@@ -661,8 +728,7 @@ class CompiledMapping:
                 # delete_cells, the reference, write the same bytes; this runs for
                 # most mutations): the lengths are added up, and looked up while
                 # every one is below the varint table's end.
-                append(_new(SetCell, (family, qualifier, payload, ts)))
-                column, n, _ = column
+                column, n, _, head_range_len, delete_head = column
                 value_len = len(payload)
                 body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
                 if 0 < value_len and body < _LOOKED_UP:
@@ -671,18 +737,19 @@ class CompiledMapping:
                 else:
                     wire(set_cell(family, qualifier, payload, ts_field))
                 if prune and ts:  # an end of 0 would mean "no end" on the wire
-                    append(_new(DeleteCells, (family, qualifier, 0, ts)))
-                    body = n + range_len
-                    if body < _LOOKED_UP:
-                        put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_DELETE_FROM_COLUMN,
-                             varints[body], column, prune_range))
+                    count += 2
+                    if head_range_len != range_len:  # a column first seen by a change that did not prune
+                        delete_head = self._column(family, qualifier, range_len)[4]
+                    if delete_head is not None:
+                        put((delete_head, prune_range))
                     else:
                         wire(delete_cells(family, qualifier, prune_range))
                     size += fixed + fixed + value_len
                 else:
+                    count += 1
                     size += fixed + value_len
         if entry is not None:
-            entry[1] = size
+            entry[0], entry[1] = count, size
         versioned_rows = set(versions) if since is not None else None
         if old:
             for key in sorted(old):
@@ -692,16 +759,17 @@ class CompiledMapping:
                 rk = (table, row)
                 entry = rows.get(rk)
                 if entry is None:
-                    entry = rows[rk] = [[], len(row), []]
+                    entry = rows[rk] = [0, len(row), [], []]
+                if family not in entry[3]:
+                    entry[3].append(family)
                 if version is not None:
-                    entry[0].append(DeleteCells(family, qualifier, version, version + INCLUSIVE_END_MS))
                     entry[2].append(delete_cells(family, qualifier, range_field(version, version + INCLUSIVE_END_MS)))
                     versions.setdefault(rk, []).append((family, qualifier, version, False))
                 else:
                     if old_range is None:
                         raise _Fallback
-                    entry[0].append(DeleteCells(family, qualifier, 0, ts + INCLUSIVE_END_MS))
                     entry[2].append(delete_cells(family, qualifier, old_range))
+                entry[0] += 1
                 entry[1] += len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES
         key_json = None
         marker = b""
@@ -712,26 +780,83 @@ class CompiledMapping:
                 fixed = len(MARKER_FAMILY) + len(marker) + MUTATION_OVERHEAD_BYTES
                 marker_wire = set_cell(MARKER_FAMILY, marker, b"", ts_field)
                 for entry in rows.values():
-                    entry[0].append(SetCell(MARKER_FAMILY, marker, b"", ts))
                     entry[2].append(marker_wire)
+                    entry[0] += 1
                     entry[1] += fixed
+                    if MARKER_FAMILY not in entry[3]:
+                        entry[3].append(MARKER_FAMILY)
         owner = b""
         if versions:
             owner = key_json if key_json is not None else _key_json(keys)
         changes = []
-        for rk, (muts, size, wire_parts) in rows.items():
+        for rk, (count, size, wire_parts, families) in rows.items():
             table, row = rk
-            mutations = tuple(muts)
+            wire = b"".join(wire_parts)
             if size > _UNCHECKED_ROW_BYTES or not row or len(row) > MAX_ROW_KEY_BYTES:
-                size = checked_size(row, mutations)
+                size = checked_size(row, decode_mutations(wire))
             guard = None
             if since is not None:
                 guard = Guard(MARKER_FAMILY, marker, since, conditional=rk in versioned_rows, backfill_ms=ts)
             entries = versions.get(rk)
-            # RowChange(table, row, mutations, guard, size, versioned, owner) and its wire, slots filled directly
-            changes.append(_row_change(table, row, mutations, guard, size, tuple(sorted(entries)) if entries else (),
-                                       owner, b"".join(wire_parts)))
+            # RowChange(table, row, mutations, guard, size, versioned, owner) and its wire, slots filled
+            # directly; the mutations decoded from the wire when read
+            changes.append(_row_change(table, row, _new(EncodedMutations, (count, tuple(families))), guard, size,
+                                       tuple(sorted(entries)) if entries else (), owner, wire))
         return tuple(changes)
+
+
+def _plain_row(plain: tuple, image, row: bytes, columns: dict, column_of: Callable, ts_field: bytes,
+               prune_range: Optional[bytes], range_len: int) -> list:
+    """The row entry of ``CompiledMapping._map`` ([count, request bytes, wire
+    pieces, families]) of an image whose cells are all plain
+    (_CompiledRule.plain_order): each cell written as ``_map`` writes its common
+    cells (the same bytes, sizes and counts; with its pruning delete unless
+    ``prune_range`` is None)."""
+    ts_len = len(ts_field)
+    pieces: list = []
+    put, wire = pieces.extend, pieces.append
+    families: list = []
+    family_seen = None
+    size, count, varints = len(row), 0, VARINTS
+    for name, encode, family, qualifier, column_key in plain:
+        payload = encode(image[name])
+        if family != family_seen:  # sorted: a family's cells are consecutive
+            families.append(family)
+            family_seen = family
+        fields, n, fixed, head_range_len, delete_head = columns.get(column_key) or column_of(family, qualifier,
+                                                                                            range_len)
+        value_len = len(payload)
+        body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
+        if 0 < value_len and body < _LOOKED_UP:
+            put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_SET_CELL, varints[body], fields,
+                 ts_field, SET_VALUE, varints[value_len], payload))
+        else:
+            wire(set_cell(family, qualifier, payload, ts_field))
+        if prune_range is not None:
+            count += 2
+            if head_range_len != range_len:
+                delete_head = column_of(family, qualifier, range_len)[4]
+            if delete_head is not None:
+                put((delete_head, prune_range))
+            else:
+                wire(delete_cells(family, qualifier, prune_range))
+            size += fixed + fixed + value_len
+        else:
+            count += 1
+            size += fixed + value_len
+    return [count, size, pieces, families]
+
+
+def _keys_give_row(crule: _CompiledRule, keys) -> bool:
+    """Whether ``keys`` alone give the rule's row key (_CompiledRule.row_key_sources):
+    then both images of a change have the row key built for either."""
+    sources = crule.row_key_sources
+    if sources is None:
+        return False
+    for name in sources:
+        if keys.get(name) is None:
+            return False
+    return True
 
 
 def _stamp(ts: int) -> tuple:
@@ -764,7 +889,11 @@ _ONE_BYTE = ONE_BYTE_VARINT  # a length below this is a 1-byte varint, else (bel
 
 
 _SIMPLE = (PLAN_PLAIN, PLAN_SKIP)
-# Mutations are built as their NamedTuple's __new__ builds them, without its frame.
+# plain_order's answers are kept for this many shapes of image per rule (then
+# worked out per change): a table's items have few shapes, a sparse one many.
+_MAX_SHAPES = 1024
+_UNKNOWN = object()  # a shape not yet seen
+# EncodedMutations are built as their NamedTuple's __new__ builds them, without its frame.
 _new = tuple.__new__
 # RowChange.wire is not an __init__ argument (so dataclasses.replace drops it: see
 # model.RowChange); the compiled mapping fills it with the other slots (its size given).

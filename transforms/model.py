@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field, fields
+from operator import itemgetter
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 AttributeValue = Mapping[str, Any]  # boto3 low-level form: {"S": "x"}, {"N": "1"}, {"B": b"..."}
@@ -171,7 +172,9 @@ class RowChange:
 
     table: str
     row_key: bytes
-    mutations: tuple  # tuple[Mutation, ...]
+    # tuple[Mutation, ...]; built from wire bytes alone (build_row_change), decoded
+    # from them when first read: EncodedMutations says how.
+    mutations: tuple
     guard: Optional[Guard] = None  # backfill rows only
     # Request bytes this row adds to a batch. The mapping computes it while it
     # checks the limits (one pass); computed here when not given.
@@ -194,6 +197,63 @@ class RowChange:
     def __post_init__(self) -> None:
         if self.size_bytes < 0:
             object.__setattr__(self, "size_bytes", mutations_size(self.row_key, self.mutations))
+
+    @property
+    def mutation_count(self) -> int:
+        """len(mutations), without decoding them (see EncodedMutations)."""
+        held = _MUTATIONS_SLOT.__get__(self)
+        return held.count if type(held) is EncodedMutations else len(held)
+
+    @property
+    def families(self):
+        """The column families of the mutations, as an iterable (repeats allowed),
+        without decoding them (see EncodedMutations)."""
+        held = _MUTATIONS_SLOT.__get__(self)
+        return held.families if type(held) is EncodedMutations else map(_FAMILY_OF, held)
+
+
+class EncodedMutations(NamedTuple):
+    """What a RowChange built from its wire bytes alone holds in its mutations slot
+    (the compiled mapping's, on the live path: most changes are only ever sent,
+    and building their mutation tuples was ~a tenth of the live path's CPU).
+    Reading ``RowChange.mutations`` decodes them from ``RowChange.wire`` once
+    (transforms.wire.decode_mutations: exactly the tuples the bytes were written
+    from) and keeps them; what the sink reads for every change — how many, which
+    families — is here."""
+
+    count: int
+    families: tuple  # the column families of the mutations, each once
+
+
+class _DecodedOnRead:
+    """RowChange.mutations: the slot's value, unless it holds EncodedMutations:
+    then the tuples decoded from the change's wire bytes, stored in the slot on
+    first read (a race only decodes the same bytes twice)."""
+
+    def __init__(self, slot) -> None:
+        self.slot = slot  # the slot's own descriptor: what slot_builder fills
+
+    def __get__(self, change, owner=None):
+        if change is None:
+            return self
+        held = self.slot.__get__(change, owner)
+        if type(held) is EncodedMutations:
+            from ddb2bt.transforms.wire import decode_mutations  # inside: transforms.wire imports this module
+            held = decode_mutations(change.wire)
+            self.slot.__set__(change, held)
+        return held
+
+    def __set__(self, change, value) -> None:
+        self.slot.__set__(change, value)
+
+    def __delete__(self, change) -> None:
+        self.slot.__delete__(change)
+
+
+_MUTATIONS_SLOT = RowChange.mutations
+RowChange.mutations = _DecodedOnRead(_MUTATIONS_SLOT)
+# A mutation's column family: field 0 of SetCell and of DeleteCells.
+_FAMILY_OF = itemgetter(0)
 
 
 # A mutation's framing in a request beyond its family, qualifier and value bytes
@@ -286,7 +346,10 @@ def slot_builder(cls, computed_by_caller: bool = False) -> Callable:
     # Only generated identifiers enter the source; the class and its slots'
     # setters are bound as constants.
     scope = {"_new": object.__new__, "_cls": cls}
-    scope.update({f"_s{i}": getattr(cls, name).__set__ for i, name in enumerate(names)})
+    # (A slot read through a descriptor of its own, like RowChange.mutations, is
+    # filled through the slot's.)
+    scope.update({f"_s{i}": getattr(getattr(cls, name), "slot", getattr(cls, name)).__set__
+                  for i, name in enumerate(names)})
     args = ", ".join(f"a{i}" for i in range(len(names)))
     body = "".join(f"    _s{i}(o, a{i})\n" for i in range(len(names)))
     exec(f"def build({args}):\n    o = _new(_cls)\n{body}    return o\n", scope)  # noqa: S102
@@ -324,5 +387,6 @@ build_change_record = slot_builder(ChangeRecord)
 build_stream_position = slot_builder(StreamPosition)
 build_mapped_change = slot_builder(MappedChange)
 # Only for a caller that passes size_bytes (>= 0: what __post_init__ would compute) and
-# the wire bytes of exactly these mutations, or None: the compiled mapping.
+# the wire bytes of exactly these mutations, or None (mutations then a tuple), or
+# EncodedMutations of the wire bytes as the mutations: the compiled mapping.
 build_row_change = slot_builder(RowChange, computed_by_caller=True)

@@ -177,3 +177,95 @@ def encode_mutations(mutations: Sequence) -> bytes:
         else:
             raise TypeError(f"unknown mutation {type(m).__name__}")
     return b"".join(out)
+
+
+# --- decoding: the mutations a change's wire bytes say -----------------------------
+# A change built with only its wire bytes (the compiled mapping's) gets its
+# mutation tuples from here, when something reads them (model.RowChange.mutations):
+# the few readers that need them (dead letters, version claims, the in-memory
+# fake, the tests) then see exactly the tuples the bytes were written from.
+
+_VARINT_FIELDS = frozenset((SET_TIMESTAMP[0], RANGE_START[0], RANGE_END[0]))
+_CONTINUATION_BIT = 0x80
+_VARINT_PAYLOAD = 0x7F
+_VARINT_SHIFT = 7
+
+
+def _read_varint(data: bytes, i: int) -> tuple:
+    """(the varint at ``data[i:]``, the index after it)."""
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & _VARINT_PAYLOAD) << shift
+        if byte < _CONTINUATION_BIT:
+            return value, i
+        shift += _VARINT_SHIFT
+
+
+def _message_fields(data: bytes, i: int, stop: int) -> dict:
+    """{tag byte: value} of the message in ``data[i:stop]``: an int for the
+    varint fields, bytes for the rest (every field this module writes has a
+    one-byte tag and appears at most once)."""
+    fields: dict = {}
+    while i < stop:
+        tag = data[i]
+        if tag in fields:
+            raise ValueError(f"field tag {tag:#x} repeated in a mutation")
+        value, i = _read_varint(data, i + 1)
+        if tag not in _VARINT_FIELDS:
+            value, i = data[i:i + value], i + value
+        fields[tag] = value
+    if i != stop:
+        raise ValueError("a mutation's field runs past its message")
+    return fields
+
+
+def _ms(fields: dict, tag: bytes) -> int:
+    """A timestamp field in milliseconds (int64 microseconds on the wire; absent: 0)."""
+    micros = fields.pop(tag[0], 0)
+    if micros > INT64_MAX:
+        micros -= _UINT64
+    ms, rest = divmod(micros, US_PER_MS)
+    if rest:
+        raise ValueError(f"timestamp {micros} us is not whole milliseconds: not written from the model")
+    return ms
+
+
+def decode_mutations(data: bytes) -> tuple:
+    """``encode_mutations`` inverted: the SetCell / DeleteCells tuples whose
+    Entry.mutations fields ``data`` is, in order. Refuses anything it does not
+    write (another field, a repeated one, a length past the end)."""
+    out = []
+    i, end = 0, len(data)
+    while i < end:
+        if data[i] != ENTRY_MUTATION[0]:
+            raise ValueError(f"not an Entry.mutations field at byte {i}")
+        n, i = _read_varint(data, i + 1)
+        stop = i + n
+        kind = data[i]
+        body_len, i = _read_varint(data, i + 1)
+        if i + body_len != stop or stop > end:
+            raise ValueError(f"a mutation's length does not match its message at byte {i}")
+        fields = _message_fields(data, i, stop)
+        family = fields.pop(CELL_FAMILY[0], b"").decode("utf-8")
+        qualifier = fields.pop(CELL_QUALIFIER[0], b"")
+        if kind == MUT_SET_CELL[0]:
+            timestamp_ms = _ms(fields, SET_TIMESTAMP)
+            mutation = SetCell(family, qualifier, fields.pop(SET_VALUE[0], b""), timestamp_ms)
+        elif kind == MUT_DELETE_FROM_COLUMN[0]:
+            time_range = fields.pop(DELETE_TIME_RANGE[0], None)
+            if time_range is None:
+                raise ValueError("a DeleteFromColumn without its time range: not written from the model")
+            bounds = _message_fields(time_range, 0, len(time_range))
+            start_ms, end_ms = _ms(bounds, RANGE_START), _ms(bounds, RANGE_END)
+            if bounds:
+                raise ValueError(f"unexpected time range fields {sorted(bounds)}")
+            mutation = DeleteCells(family, qualifier, start_ms, end_ms)
+        else:
+            raise ValueError(f"unknown mutation kind {kind:#x}")
+        if fields:
+            raise ValueError(f"unexpected mutation fields {sorted(fields)}")
+        out.append(mutation)
+        i = stop
+    return tuple(out)

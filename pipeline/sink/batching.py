@@ -27,7 +27,6 @@ fails, nothing is checkpointed, the runner or a restart replays: no loss).
 from __future__ import annotations
 
 import time
-from operator import itemgetter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
@@ -35,7 +34,6 @@ from ddb2bt.transforms.model import BackfillPosition, DeadLetter, MappedBatch, M
 from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
 from ddb2bt.pipeline.clients.retry import retrying
-from ddb2bt.pipeline.control.markers import has_markers
 from ddb2bt.pipeline.control.phases import backfill_may_run
 from ddb2bt.pipeline.observe.metrics import UNNAMED_TABLE, PipelineMetrics
 from ddb2bt.pipeline.control.versions import VersionOwners
@@ -49,10 +47,6 @@ from ddb2bt.pipeline.sink.report import report_batch
 from ddb2bt.pipeline.sink.requests import RequestWriter
 
 __all__ = ["BatchingWriter"]
-
-# A mutation's column family: field 0 of SetCell and of DeleteCells (NamedTuples).
-_FAMILY_OF = itemgetter(0)
-
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -148,7 +142,7 @@ class BatchingWriter:
         buffered = self._buf.rows
         for r in rows:
             size += r.size_bytes
-            count += len(r.mutations)
+            count += r.mutation_count
             if (r.table, r.row_key) not in buffered:
                 new_rows += 1
         config = self._config
@@ -171,19 +165,11 @@ class BatchingWriter:
                     buf.guard_parts.setdefault((pos.source, pos.part), []).append(row)
             key = (row.table, row.row_key)
             pending = buf.rows.get(key)
-            wire = row.wire
             if pending is None:
-                pending = buf.rows[key] = Row(row.table, row.row_key, wire=None if wire is None else [])
+                pending = buf.rows[key] = Row(row.table, row.row_key, wire=None if row.wire is None else [])
             elif self._metrics:
                 self._metrics.coalesced(self._metrics.table)
-            pending.mutations.extend(row.mutations)
-            if pending.wire is not None:  # coalescing: the entry's bytes are its changes' bytes, in order
-                if wire is None:
-                    pending.wire = None
-                else:
-                    pending.wire.append(wire)
-            pending.parts.append((element, row))
-            pending.size += row.size_bytes
+            pending.add(element, row)
         buf.bytes += size
         buf.mutations += count
         self._track(element)
@@ -206,9 +192,9 @@ class BatchingWriter:
             # (a marker write that fails is stripped and retried, see _commit).
             if not isinstance(families, (set, frozenset)):
                 families = frozenset(families)
-            if families.issuperset(map(_FAMILY_OF, row.mutations)):  # C-level, no set built: runs for every row
+            if families.issuperset(row.families):  # C-level, no set built, no mutations decoded: every row
                 continue
-            used = set(map(_FAMILY_OF, row.mutations))
+            used = set(row.families)
             missing = sorted(f for f in used - families if f != MARKER_FAMILY)
             refresh = getattr(self._known_families, "refresh", None)
             if missing and refresh is not None:
@@ -321,7 +307,7 @@ class BatchingWriter:
                 # The emulator says "unknown family", the service NOT_FOUND or
                 # INVALID_ARGUMENT: any permanent failure of a row with markers is
                 # tried once more without them; a real error fails again and is isolated.
-                if has_markers(row.mutations):
+                if row.has_markers():
                     failed = self._markers.write(table, row)
                     if not failed:
                         continue

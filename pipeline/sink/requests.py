@@ -13,7 +13,6 @@ from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
 from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.errors import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent,
                                                      BigtableRetryable, EntryStatus, code_name)
-from ddb2bt.pipeline.control.markers import has_markers
 from ddb2bt.pipeline.clients.retry import retrying
 from ddb2bt.pipeline.sink.batch import Row
 from ddb2bt.pipeline.sink.config import SinkConfig
@@ -50,12 +49,12 @@ class RequestWriter:
             row_size = row.size or mutations_size(row.row_key, row.mutations)
             if batch and (len(batch) >= self._config.max_batch_rows
                           or size + row_size > self._config.max_batch_bytes
-                          or mutations + len(row.mutations) > self._config.max_batch_mutations):
+                          or mutations + row.count > self._config.max_batch_mutations):
                 yield batch
                 batch, size, mutations = [], 0, 0
             batch.append(row)
             size += row_size
-            mutations += len(row.mutations)
+            mutations += row.count
         if batch:
             yield batch
 
@@ -69,7 +68,7 @@ class RequestWriter:
         pinned: list = []
         plain: list = []
         for r in rows:
-            must_see = has_markers(r.mutations) or any(c.guard is not None for _, c in r.parts)
+            must_see = r.has_markers() or any(c.guard is not None for _, c in r.parts)
             (pinned if must_see else plain).append(r)
         return self.write_all(table, plain) + self.write_all(table, pinned, transactional=True)
 
@@ -94,7 +93,7 @@ class RequestWriter:
             sent = len(pending)
             try:
                 entries = [(r.row_key, r.mutations) if r.wire is None
-                           else WireEntry(r.row_key, r.mutations, b"".join(r.wire)) for r in pending]
+                           else WireEntry(r.row_key, r.lazy_mutations(), b"".join(r.wire)) for r in pending]
                 statuses = self._writer.mutate_rows(table, entries, transactional=True) if transactional \
                     else self._writer.mutate_rows(table, entries)
             except BigtablePermanent as exc:

@@ -233,7 +233,12 @@ def check(mapping, record, mark_touched):
     except Exception:  # noqa: BLE001 — handed to the general engine: covered by the second property
         alone = None
     if alone is not None:
+        # What the sink reads of every change without decoding its mutations
+        # (model.EncodedMutations): read first, before canon() decodes them.
+        facts = [(c.mutation_count, sorted(c.families), len(set(c.families))) for c in alone]
         assert ("ok", canon(alone)) == reference, record
+        assert facts == [(len(m), sorted({x.family for x in m}), len({x.family for x in m}))
+                         for *_, m in _mutations_of(reference)], record
         # What goes on the wire: the compiled bytes are the protobuf library's
         # serialization of the general engine's mutations (reference[1]: its changes).
         assert [c.wire for c in alone] == [protobuf_mutations(m) for *_, m in _mutations_of(reference)], record
@@ -344,6 +349,33 @@ def test_an_old_image_of_another_rule_for_the_same_row_has_its_cells_deleted():
     assert check(LANGUAGE, record, False)
     deleted = {m.qualifier for c in map_change(LANGUAGE, record) for m in c.mutations if m.family == "d"}
     assert deleted == {b"item"}
+
+
+CATALOG_KEYS = {"pk": {"S": "hats"}, "sk": {"S": "fedora"}}
+CATALOG_ITEM = dict(CATALOG_KEYS, Price={"N": "12"}, Brand={"S": "a"}, Active={"BOOL": True})
+
+
+@pytest.mark.parametrize("record", [
+    ChangeRecord(INSERT, CATALOG_KEYS, CATALOG_ITEM, None, START_MS),
+    ChangeRecord(MODIFY, CATALOG_KEYS, dict(CATALOG_ITEM, Price={"N": "13"}), CATALOG_ITEM, START_MS),
+    ChangeRecord(MODIFY, CATALOG_KEYS, CATALOG_ITEM, dict(CATALOG_ITEM, Gone={"S": "x"}), START_MS),  # old owns more
+    ChangeRecord(MODIFY, CATALOG_KEYS, dict(CATALOG_KEYS), CATALOG_ITEM, START_MS),  # nothing but keys: no cells
+    ChangeRecord(INSERT, CATALOG_KEYS, dict(CATALOG_ITEM, Thumbnail={"S": "t"}, **{"Brand ": {"S": "b"}}), None, 0),
+    backfill_record(CATALOG_KEYS, CATALOG_ITEM, START_MS),
+], ids=["insert", "modify", "modify-old-owns-more", "keys-only", "insert-at-epoch", "backfill"])
+@pytest.mark.parametrize("mark", [False, True])
+def test_images_of_plain_columns_are_written_straight_from_their_attributes(record, mark):
+    """An image whose every attribute is a plain column (or not placed) is
+    written from its attributes in (family, qualifier) order, without the cell
+    keys (_CompiledRule.plain_order): what the general engine writes, the first
+    time its shape is seen and after."""
+    mapping = load_mapping(ROOT / "examples" / "product_catalog.yaml")
+    rule = compile_mapping(mapping)._rules[0]
+    assert rule.plain_order(CATALOG_ITEM) is not None
+    assert [cell[0] for cell in rule.plain_order(CATALOG_ITEM)] == ["Active", "Brand", "Price"]
+    assert rule.plain_order(dict(CATALOG_KEYS)) is None  # no cells: the general loop's (empty) answer
+    for _ in range(2):
+        assert check(mapping, record, mark), record
 
 
 KINDS_KEYS = {"pk": {"S": "12"}, "sk": {"S": "k5"}}
