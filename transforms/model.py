@@ -205,6 +205,16 @@ class RowChange:
         return held.count if type(held) is EncodedMutations else len(held)
 
     @property
+    def set_columns(self) -> set:
+        """{(family, qualifier)} of the SetCell mutations, read from the wire bytes
+        where the change holds only those (see EncodedMutations)."""
+        held = _MUTATIONS_SLOT.__get__(self)
+        if type(held) is EncodedMutations:
+            from ddb2bt.transforms.wire import set_cell_columns  # inside: transforms.wire imports this module
+            return set_cell_columns(self.wire)
+        return {(m.family, m.qualifier) for m in held if isinstance(m, SetCell)}
+
+    @property
     def families(self):
         """The column families of the mutations, as an iterable (repeats allowed),
         without decoding them (see EncodedMutations)."""

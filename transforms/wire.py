@@ -232,6 +232,36 @@ def _ms(fields: dict, tag: bytes) -> int:
     return ms
 
 
+def set_cell_columns(data: bytes) -> set:
+    """{(family, qualifier)} of the SetCell mutations in ``data``
+    (``encode_mutations``' bytes), read without decoding the rest: no value is
+    copied and no mutation built. What a backfill's repair intent records of
+    every guarded change (sink/guards.py): decoding them all cost the export
+    backfill more CPU than its mapping."""
+    out = set()
+    i, end = 0, len(data)
+    set_cell, family_tag, qualifier_tag = MUT_SET_CELL[0], CELL_FAMILY[0], CELL_QUALIFIER[0]
+    while i < end:
+        n, i = _read_varint(data, i + 1)  # an Entry.mutations field and its length
+        stop = i + n
+        if data[i] == set_cell:
+            _, j = _read_varint(data, i + 1)  # the SetCell message's length
+            family = qualifier = b""
+            while j < stop:
+                tag = data[j]
+                value, j = _read_varint(data, j + 1)
+                if tag in _VARINT_FIELDS:
+                    continue
+                if tag == family_tag:
+                    family = data[j:j + value]
+                elif tag == qualifier_tag:
+                    qualifier = data[j:j + value]
+                j += value
+            out.add((family.decode("utf-8"), qualifier))
+        i = stop
+    return out
+
+
 def decode_mutations(data: bytes) -> tuple:
     """``encode_mutations`` inverted: the SetCell / DeleteCells tuples whose
     Entry.mutations fields ``data`` is, in order. Refuses anything it does not

@@ -115,7 +115,7 @@ def repair_touched(writer, guarded: list, retry: RetryPolicy, sleep: Callable[[f
             if (c.row_key, c.guard.qualifier) not in touched:
                 continue
             end = c.guard.backfill_ms + 1
-            columns = sorted({(m.family, m.qualifier) for m in c.mutations if isinstance(m, SetCell)})
+            columns = sorted(c.set_columns)
             repairs.setdefault(c.row_key, []).extend(DeleteCells(f, q, 0, end) for f, q in columns)
         if repairs:
             failed = write_rows(table, list(repairs.items()))
@@ -135,7 +135,7 @@ def encode_intent(guarded: list) -> str:
     return json.dumps([{
         "t": c.table, "k": _b64(c.row_key), "f": c.guard.family, "q": _b64(c.guard.qualifier),
         "s": c.guard.since_ms, "b": c.guard.backfill_ms,
-        "c": sorted({(m.family, _b64(m.qualifier)) for m in c.mutations if isinstance(m, SetCell)}),
+        "c": sorted((f, _b64(q)) for f, q in c.set_columns),
     } for c in guarded], separators=(",", ":"))
 
 

@@ -168,3 +168,27 @@ def test_the_sink_checkpoints_a_part_only_after_its_conditional_rows(monkeypatch
         batcher.add(map_record(VIDEOS, record, lambda: T))
     assert batcher.flush() == []
     assert saved == [(10, 0, [10])]
+
+
+def test_a_repair_intent_of_compiled_changes_names_their_columns_without_decoding_them():
+    """The intent a backfill batch records (encode_intent) is the same for the
+    compiled mapping's changes, which hold only their wire bytes, as for the same
+    changes built from their tuples, and recording it decodes none of them."""
+    from dataclasses import replace
+
+    from ddb2bt.transforms.model import EncodedMutations, RowChange
+
+    from tests.unit.cutover.cutover_common import CATALOG
+
+    it = item(pk="hats", sk="fedora#1", Description="d", Price=12, Thumbnail="x", Rating=4.5)
+    mapped = map_record(CATALOG, backfill_record({"pk": it["pk"], "sk": it["sk"]}, it, HANDOFF), lambda: T)
+    compiled = [r for r in mapped.rows if r.guard is not None]
+    assert compiled and all(type(RowChange.mutations.slot.__get__(r)) is EncodedMutations for r in compiled)
+    intent = guards.encode_intent(compiled)
+    assert all(type(RowChange.mutations.slot.__get__(r)) is EncodedMutations for r in compiled)  # not decoded
+    from_tuples = [replace(r, mutations=tuple(r.mutations)) for r in compiled]  # replace: tuples, no bytes
+    assert all(r.wire is None for r in from_tuples)
+    assert guards.encode_intent(from_tuples) == intent
+    columns = [sorted((m.family, m.qualifier) for m in c.mutations) for c in guards.decode_intent(intent)]
+    assert columns == [sorted({(m.family, m.qualifier) for m in r.mutations if isinstance(m, SetCell)})
+                       for r in compiled] and columns[0]

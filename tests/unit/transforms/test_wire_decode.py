@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ddb2bt.transforms.model import DeleteCells, EncodedMutations, RowChange, SetCell, build_row_change
-from ddb2bt.transforms.wire import decode_mutations, encode_mutations
+from ddb2bt.transforms.wire import decode_mutations, encode_mutations, set_cell_columns
 
 INT64_MAX = 2**63 - 1
 TS_MS = st.one_of(st.integers(0, 4_102_444_800_000), st.integers(-(INT64_MAX // 1000), INT64_MAX // 1000),
@@ -74,6 +74,20 @@ def test_a_change_built_from_its_bytes_is_the_constructed_change(mutations):
     assert pickle.loads(pickle.dumps(encoded_change(mutations))).mutations == mutations  # pickled from its tuples
     copy = dataclasses.replace(encoded_change(mutations), owner=b"x")
     assert copy.mutations == mutations and copy.wire is None  # replace: the tuples, no bytes carried over
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(MUTATIONS)
+def test_the_set_columns_are_read_from_the_bytes_without_decoding_the_mutations(mutations):
+    """What a backfill's repair intent records of every guarded change: the
+    SetCells' columns, the same from the bytes as from the tuples, and reading
+    them leaves the mutations undecoded."""
+    expected = {(m.family, m.qualifier) for m in mutations if isinstance(m, SetCell)}
+    assert set_cell_columns(encode_mutations(mutations)) == expected
+    built = encoded_change(mutations)
+    assert built.set_columns == expected
+    assert type(RowChange.mutations.slot.__get__(built)) is EncodedMutations  # still only bytes
+    assert RowChange("t", b"row", mutations).set_columns == expected  # a change built from tuples
 
 
 def test_a_change_is_still_frozen():
