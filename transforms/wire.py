@@ -195,6 +195,8 @@ def _read_varint(data: bytes, i: int) -> tuple:
     """(the varint at ``data[i:]``, the index after it)."""
     value = shift = 0
     while True:
+        if i >= len(data):
+            raise ValueError(f"a varint runs past the end at byte {i}: truncated")
         byte = data[i]
         i += 1
         value |= (byte & _VARINT_PAYLOAD) << shift
@@ -273,6 +275,8 @@ def decode_mutations(data: bytes) -> tuple:
             raise ValueError(f"not an Entry.mutations field at byte {i}")
         n, i = _read_varint(data, i + 1)
         stop = i + n
+        if n == 0 or stop > end:
+            raise ValueError(f"a mutation's length does not match its message at byte {i}")
         kind = data[i]
         body_len, i = _read_varint(data, i + 1)
         if i + body_len != stop or stop > end:

@@ -34,13 +34,13 @@ class Row:
         self.size = size  # bytes, summed as changes are added (not recomputed per request)
         # ``mutations`` in the wire format, one piece per change (RowChange.wire), while
         # every change added came encoded; None: the request encodes ``mutations``.
-        # Whoever replaces ``mutations`` sets it to None.
-        self.wire = wire
+        # Replacing ``mutations`` sets it to None (the setter).
         self._mutations: Optional[list] = None  # None: the parts' mutations, built when read
         if mutations is not None:
             self.mutations = mutations
         else:
             self.count = sum(change.mutation_count for _, change in self.parts) if self.parts else 0
+        self.wire = wire
 
     def add(self, element, change) -> None:
         """Coalesce one more change (a MappedChange's RowChange for this row)."""
@@ -66,6 +66,7 @@ class Row:
     def mutations(self, value) -> None:
         self._mutations = list(value)
         self.count = len(self._mutations)
+        self.wire = None  # the old bytes no longer say these mutations
 
     def lazy_mutations(self) -> "RowMutations":
         """``mutations`` as a sequence built only if read: what a request's entry

@@ -87,6 +87,9 @@ def test_a_row_read_midway_stays_whole_and_explicit_mutations_replace_the_parts(
     assert b"".join(row.wire) == transforms_wire.encode_mutations(every)
     row.mutations = every[:1]
     assert row.count == 1 and row.mutations == every[:1]
+    assert row.wire is None  # replaced mutations: the old bytes would send what they no longer say
+    row.add(*rest[0])
+    assert row.wire is None and row.mutations == every[:1] + list(rest[0][1].mutations)
     assert Row("t", b"k", [SetCell("f", b"q", b"", 1)]).count == 1
 
 

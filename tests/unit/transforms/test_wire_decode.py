@@ -50,6 +50,9 @@ def test_decoding_gives_back_exactly_what_was_encoded(mutations):
     (b"\x12\x06\x0a\x04\x18\x01\x18\x01", "repeated"),
     (b"\x12\x04\x0a\x02\x18\x01", "whole milliseconds"),  # 1 us
     (b"\x12\x02\x12\x00", "without its time range"),
+    (b"\x12", "truncated"),  # cut inside a length
+    (b"\x12\x00", "length"),  # an empty mutation
+    (b"\x12\x05\x0a", "length"),  # a mutation longer than what is left
 ])
 def test_decoding_refuses_what_the_encoder_never_writes(data, why):
     with pytest.raises(ValueError, match=why):
