@@ -14,13 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ddb2bt.transforms.model import DeleteCells, EncodedMutations, RowChange, SetCell, build_row_change
 from ddb2bt.transforms.wire import decode_mutations, encode_mutations, set_cell_columns
 
-INT64_MAX = 2**63 - 1
-TS_MS = st.one_of(st.integers(0, 4_102_444_800_000), st.integers(-(INT64_MAX // 1000), INT64_MAX // 1000),
-                  st.sampled_from([0, 1, -1, 127, 128, 16_383, 16_384]))
-FAMILIES = st.one_of(st.sampled_from(["cf", "SKU", "_m", "", "ünï"]), st.text(max_size=20))
-QUALIFIERS = st.one_of(st.sampled_from([b"", b"a", b"Price"]), st.binary(max_size=300))
-VALUES = st.one_of(st.binary(max_size=200), st.sampled_from([b"", b"\x00"]),
-                   st.sampled_from([16_383, 16_384, 20_000]).map(lambda n: b"v" * n))
+from tests.unit.sink.test_sink_requests import FAMILIES, QUALIFIERS, TS_MS, VALUES  # the encoder's own strategies
+
 MUTATIONS = st.lists(st.one_of(st.builds(SetCell, FAMILIES, QUALIFIERS, VALUES, TS_MS),
                                st.builds(DeleteCells, FAMILIES, QUALIFIERS, TS_MS, TS_MS)), max_size=12).map(tuple)
 
