@@ -727,7 +727,9 @@ class CompiledMapping:
                 # The common cells, written inline (transforms.wire.set_cell and
                 # delete_cells, the reference, write the same bytes; this runs for
                 # most mutations): the lengths are added up, and looked up while
-                # every one is below the varint table's end.
+                # every one is below the varint table's end. _plain_row writes the
+                # same cells the same way (kept inline in both: a call per cell is
+                # ~2 % of the live path's CPU); the differential tests hold both.
                 column, n, _, head_range_len, delete_head = column
                 value_len = len(payload)
                 body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
