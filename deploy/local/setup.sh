@@ -12,9 +12,22 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-echo "setup: installing ddb2bt and its dependencies (first time: ~1-2 min)"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,dataflow]"
+# uv (from PyPI) installs the very same resolution as pip (compared with pip freeze)
+# about four times faster: ~20 s instead of ~80 s on a 2-core machine. pip stays the
+# fallback, and the way for a machine whose pip config names a private index or
+# certificates (uv does not read pip.conf): DDB2BT_SETUP_PIP=1 forces it.
+install() {  # install <venv> <requirement>...
+  local venv="$1"; shift
+  if [ "${DDB2BT_SETUP_PIP:-}" != 1 ] && { [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1; } \
+     && .venv/bin/uv pip install --quiet --native-tls --compile-bytecode --python "$venv/bin/python" "$@"; then
+    return 0
+  fi
+  [ "${DDB2BT_SETUP_PIP:-}" = 1 ] || echo "setup: uv was not usable here; installing with pip (slower)"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+}
+echo "setup: installing ddb2bt and its dependencies (first time: ~30 s with uv, ~1-2 min with pip)"
+install .venv -e ".[dev,dataflow]"
 
 # ministack, the default local AWS emulator, pins one botocore release exactly: in
 # .venv it would hold ddb2bt's boto3 back, so it gets a virtualenv of its own, which
@@ -24,7 +37,7 @@ if [ ! -x .venv-ministack/bin/python ]; then
   echo "setup: creating .venv-ministack for ministack (the default local AWS emulator)"
   "$PYTHON" -m venv .venv-ministack
 fi
-.venv-ministack/bin/python -m pip install --quiet --disable-pip-version-check "$MINISTACK_REQUIREMENT"
+install .venv-ministack "$MINISTACK_REQUIREMENT"
 if .venv/bin/python -m pip show --quiet ministack >/dev/null 2>&1; then
   # an earlier set-up put ministack in .venv: take it out and let boto3 move on again
   .venv/bin/python -m pip uninstall --quiet --yes ministack

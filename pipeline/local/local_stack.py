@@ -25,7 +25,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from ddb2bt.pipeline.local.ministack_server import MINISTACK_RETENTION_ENV  # noqa: F401 (its one definition)
 from ddb2bt.transforms.errors import PermanentError
@@ -129,24 +129,33 @@ def find_ministack_python() -> str:
     raise StackError(MINISTACK_HELP)
 
 
-def _sdk_roots() -> list:
-    roots = []
+# Where the Google Cloud CLI's installers put it (Debian package, tarball, snap-less).
+USUAL_SDK_ROOTS = (Path("/usr/lib/google-cloud-sdk"), Path("/usr/share/google-cloud-sdk"),
+                   Path.home() / "google-cloud-sdk", Path("/opt/google-cloud-sdk"))
+
+
+def _sdk_roots() -> Iterator[Path]:
+    """Where the Google Cloud CLI may be installed, cheapest guess first.
+
+    ``gcloud info`` is the authority but costs ~1 s of CPU (gcloud is a Python
+    program): it is asked only when the directory gcloud itself lives in and the
+    usual install places hold no emulator (a stack starts per test worker and per
+    ``local up``, so the answer is looked for often)."""
     gcloud = shutil.which("gcloud")
+    if gcloud:
+        # gcloud is usually <root>/bin/gcloud (possibly via a symlink)
+        yield Path(os.path.realpath(gcloud)).parent.parent
+    yield from USUAL_SDK_ROOTS
     if gcloud:
         try:
             out = subprocess.run(
                 [gcloud, "info", "--format=value(installation.sdk_root)"],
                 capture_output=True, text=True, timeout=30, check=False,
             ).stdout.strip()
-            if out:
-                roots.append(Path(out))
         except (OSError, subprocess.TimeoutExpired):
-            pass
-        # gcloud is usually <root>/bin/gcloud (possibly via a symlink)
-        roots.append(Path(os.path.realpath(gcloud)).parent.parent)
-    roots += [Path("/usr/lib/google-cloud-sdk"), Path("/usr/share/google-cloud-sdk"),
-              Path.home() / "google-cloud-sdk", Path("/opt/google-cloud-sdk")]
-    return roots
+            out = ""
+        if out:
+            yield Path(out)
 
 
 def find_cbtemulator() -> str:
