@@ -19,7 +19,7 @@ fi
 install() {  # install <venv> <requirement>...
   local venv="$1"; shift
   if [ "${DDB2BT_SETUP_PIP:-}" != 1 ] && { [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1; } \
-     && .venv/bin/uv pip install --quiet --native-tls --compile-bytecode --python "$venv/bin/python" "$@"; then
+     && .venv/bin/uv pip install --quiet --native-tls --python "$venv/bin/python" "$@"; then
     return 0
   fi
   [ "${DDB2BT_SETUP_PIP:-}" = 1 ] || echo "setup: uv was not usable here; installing with pip (slower)"
