@@ -1,7 +1,9 @@
 """The ``ddb2bt`` program's entry point.
 
 Ctrl-C and SIGTERM handling goes in before anything heavy is imported: the CLI
-and what it imports take ~0.2 s to load, longer on a loaded machine, and an
+and what it imports take ~0.5 s of CPU to load (Beam, ~1.5 s more, only once a
+command builds a pipeline; tests/unit/app/test_cli_face.py), longer on a loaded
+machine, and an
 interrupt in that time would otherwise end in a KeyboardInterrupt traceback or
 a bare death by signal instead of the usual line and exit code 130.
 """

@@ -47,7 +47,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from ddb2bt.pipeline.source.exports import (INCREMENTAL_EXPORT, DYNAMODB_JSON, OPTION, ExportManifest, export_time_ms,
                                              manifest_data_files)
-from ddb2bt.pipeline.recover.straddle import SweepResult, BoundarySweep, sweep_inexact_features, swept_windows
+from ddb2bt.pipeline.recover.straddle import SweepResult, BoundarySweep, inexact_features, swept_windows
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON, ShardCheckpoint
 from ddb2bt.transforms.errors import ConfigError, PermanentError, MappingError
 from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_S
@@ -458,19 +458,6 @@ def check_coverage(exports: Sequence[IncrementalExport], gap: Gap) -> list:
             f"ExportFromTime={first_swept.from_ms // 1000 - MIN_WINDOW_S}, ExportToTime={first_swept.from_ms // 1000} "
             "too (`ddb2bt recover` prints that window)", OPTION)
     return ordered
-
-
-def inexact_features(mapping) -> list:
-    """Mapping features an incremental export cannot restore exactly, each with why
-    (said before anything is written)."""
-    out = []
-    ttl = getattr(mapping.source, "ttl", None) or getattr(mapping, "ttl", None)
-    if ttl is not None and getattr(ttl, "deletions", "apply") == "ignore":
-        out.append("ttl.deletions: ignore — an export shows a TTL expiry as a plain deletion (it has no "
-                   "userIdentity), so items that expired during the gap would be deleted in Bigtable, where a "
-                   "running job keeps them")
-
-    return out + sweep_inexact_features(mapping)
 
 
 def _backfill_inside_the_sweep(handoff_ms: Optional[int], gap: Gap, windows: Sequence[Window]) -> list:

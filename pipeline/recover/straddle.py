@@ -55,7 +55,7 @@ from ddb2bt.transforms.mapping import item_owner, owned_cells
 from ddb2bt.pipeline.verify.spill import bucket_count, paired_groups, Spill, SpillDir
 from ddb2bt.transforms.model import ChangeRecord, DeleteCells, MappedChange, REMOVE, RowChange
 
-__all__ = ["SweepResult", "BoundarySweep", "sweep_inexact_features", "swept_windows"]
+__all__ = ["SweepResult", "BoundarySweep", "inexact_features", "sweep_inexact_features", "swept_windows"]
 
 # In the owned side of the comparison: the whole row is kept (see _owned_columns).
 WHOLE_ROW = ("*", b"")
@@ -337,3 +337,17 @@ def _record(at_ms: int):
     restores (the sink's lag and counts see it like the recovery's own changes;
     nothing is checkpointed: recovery writes carry no position)."""
     return ChangeRecord(REMOVE, {}, None, None, at_ms)
+
+
+def inexact_features(mapping) -> list:
+    """Mapping features an incremental export cannot restore exactly, each with why
+    (said before anything is written: by `recover`, and by `validate`, which loads
+    this module and not the recovery itself, Beam and all)."""
+    out = []
+    ttl = getattr(mapping.source, "ttl", None) or getattr(mapping, "ttl", None)
+    if ttl is not None and getattr(ttl, "deletions", "apply") == "ignore":
+        out.append("ttl.deletions: ignore — an export shows a TTL expiry as a plain deletion (it has no "
+                   "userIdentity), so items that expired during the gap would be deleted in Bigtable, where a "
+                   "running job keeps them")
+
+    return out + sweep_inexact_features(mapping)

@@ -31,7 +31,7 @@ def cmd_validate(args) -> int:
     """Every mapping file named, each read to its end: all of a file's problems
     are printed in one run, and every file is checked even after a bad one."""
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
-    from ddb2bt.pipeline.recover.recover import inexact_features
+    from ddb2bt.pipeline.recover.straddle import inexact_features
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.transforms.lint import WARN, placeholder_findings
 

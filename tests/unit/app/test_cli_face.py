@@ -4,6 +4,8 @@ lives in its service (``pipeline/services/``, ``pipeline/app/local_commands.py``
 from __future__ import annotations
 
 import ast
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,3 +66,35 @@ def commands_defined_in(source: str) -> list:
 def test_every_command_is_a_service_the_cli_imports():
     assert commands_defined_in(CLI.read_text()) == []
     assert commands_defined_in("def cmd_status(args):\n    return 0\n") == ["cmd_status"]
+
+
+# Commands that read a file or print, and never build a pipeline: Beam (~1.5 s of
+# CPU to import, most of a CLI start) must not be loaded for them.
+LIGHT_COMMANDS = (["--help"], ["validate", "--mapping", "examples"],
+                  ["explain", "-m", "examples/product_catalog.yaml", "--item", "-"],
+                  ["lint", "--mapping", "examples/product_catalog.yaml"])
+
+
+def _beam_loaded_by(argv: list, prelude: str = "") -> bool:
+    import subprocess
+    import sys
+
+    code = (f"import sys\n{prelude}\nfrom ddb2bt.pipeline.app.program import main\n"
+            f"sys.argv = ['ddb2bt'] + {argv!r}\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('BEAM', 'apache_beam' in sys.modules, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], input='{"sku": {"S": "a"}}', capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[3], timeout=120)
+    verdict = [line for line in done.stderr.splitlines() if line.startswith("BEAM ")]
+    assert verdict, done.stderr
+    return verdict[-1] == "BEAM True"
+
+
+@pytest.mark.parametrize("argv", LIGHT_COMMANDS, ids=lambda a: a[0].lstrip("-"))
+def test_commands_that_build_no_pipeline_start_without_importing_beam(argv):
+    assert not _beam_loaded_by(argv)
+
+
+def test_the_beam_import_check_can_fail():
+    # what `validate` did before: reach a module that imports the sink (and Beam)
+    assert _beam_loaded_by(["--help"], prelude="import ddb2bt.pipeline.recover.recover")
