@@ -110,6 +110,10 @@ def status_calls() -> list:
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     for shards in (1, 1_000):
         for partitions in (1, 4, 8):
             print(f"DescribeStream calls/min: {shards:>5} shard(s), {partitions} partition(s): "

@@ -40,12 +40,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import MAPPING, Meter, fresh_table, run_ddb2bt, run_live, settle, stream_records  # noqa: E402
-from bench.shards import _NoPacer  # noqa: E402
+from bench.run import ITEM_BYTES, MAPPING, Meter, unpaced, fresh_table, run_ddb2bt, run_live, settle, stream_records  # noqa: E402
 from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
 
 PACINGS = ("paced", "unpaced")
 US_PER_S = 1_000_000
+# DynamoDB Streams' published GetRecords limits (per shard): 5 calls/s, each at most
+# 1,000 records or 1 MB.
+STREAMS_CALLS_PER_S = 5
+STREAMS_PAGE_RECORDS = 1000
+STREAMS_PAGE_BYTES = 1_000_000
 # Changes of the unreported first run of each side: enough to import and start
 # every stage once, few enough to add a second or two.
 WARM_UP_CHANGES = 500
@@ -91,17 +95,11 @@ def disordered(records: list, shuffle: int, duplicate: float) -> list:
 def reader_pacing(paced: bool):
     """The readers' pacer (5 GetRecords/s per shard, as on AWS) left on, or
     taken away for the run."""
-    from ddb2bt.pipeline.source import stream_source
-
     if paced:
         yield
         return
-    kept = stream_source.ShardPacer
-    stream_source.ShardPacer = _NoPacer
-    try:
+    with unpaced():
         yield
-    finally:
-        stream_source.ShardPacer = kept
 
 
 def run_kinesis(docs: list, project: str, instance: str, table: str, paced: bool) -> float:
@@ -161,6 +159,19 @@ def kinesis_read_cap(docs: list) -> int:
     return round(len(docs) / (size / READ_BYTES_PER_SECOND))
 
 
+def record_bytes(docs: list) -> int:
+    return round(sum(len(json.dumps(d).encode()) for d in docs) / len(docs))
+
+
+def streams_read_cap(docs: list) -> int:
+    """Changes/s one DynamoDB Streams shard allows on AWS for records of this size:
+    5 GetRecords/s of at most 1,000 records or 1 MB. The fake stream stops pages at
+    1,000 records only, so the Streams side can beat this bound here (which makes
+    the ratio below conservative)."""
+    per_page = min(STREAMS_PAGE_RECORDS, STREAMS_PAGE_BYTES // max(1, record_bytes(docs)))
+    return per_page * STREAMS_CALLS_PER_S
+
+
 def spread(values: list) -> dict:
     return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
 
@@ -168,13 +179,16 @@ def spread(values: list) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--changes", type=int, default=5000)
+    parser.add_argument("--item-bytes", type=int, default=ITEM_BYTES,
+                        help="size of the items written (bench/run.py's ~1 KB by default): with both images "
+                             "a change's record is about twice this, and a Kinesis shard reads 2 MB/s")
     parser.add_argument("--shuffle", type=int, default=1, help="Kinesis records shuffled within windows of this size")
     parser.add_argument("--duplicate", type=float, default=0.0, help="share of Kinesis records delivered twice")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every row (the spread is reported)")
     parser.add_argument("--pacing", choices=PACINGS + ("both",), default="both",
                         help="paced: AWS's per-shard read limits on both sides; unpaced: none on either")
     args = parser.parse_args(argv)
-    records = recent(stream_records(args.changes))
+    records = recent(stream_records(args.changes, size=args.item_bytes))
     docs = disordered(records, args.shuffle, args.duplicate)
     pacings = PACINGS if args.pacing == "both" else (args.pacing,)
     rows: dict = {p: [] for p in pacings}
@@ -207,7 +221,9 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
     out = {"changes": args.changes, "kinesis_records": len(docs), "shuffle": args.shuffle,
            "duplicate": args.duplicate, "rounds": args.rounds,
-           "kinesis_2mb_per_s_cap_changes_per_s": kinesis_read_cap(docs)}
+           "item_bytes": args.item_bytes, "kinesis_record_bytes": record_bytes(docs),
+           "kinesis_2mb_per_s_cap_changes_per_s": kinesis_read_cap(docs),
+           "streams_1mb_page_cap_changes_per_s": streams_read_cap(docs)}
     for pacing, runs in rows.items():
         out[pacing] = {
             "dynamodb_streams_changes_per_s": spread([x["dynamodb_streams"]["changes_per_s"] for x in runs]),
