@@ -18,13 +18,14 @@ import logging
 import sys
 import threading
 import time
+import uuid
 
 from tqdm import tqdm
 
 log = logging.getLogger("ddb2bt.demo")
 
 DEMO_EXAMPLE = "product_catalog"
-DEMO_IDLE_S = 4.0  # the writer never pauses this long; the pipeline ends this long after it stops
+DEMO_IDLE_S = 4.0  # the pipeline ends this long after the writer is done (it holds the end till then)
 PROGRESS_TICK_S = 0.25
 # Why the records read differ from the changes written, by AWS emulator.
 RECORDS_NOTE = {"moto": "moto emits extra records for some updates",
@@ -36,7 +37,7 @@ RECORDS_NOTE = {"moto": "moto emits extra records for some updates",
 # them in the children. The split is tested with the records put before the
 # reader starts (tests/e2e/test_kinesis_source.py).
 KINESIS_SHARDS = 3
-KINESIS_PUMP_EVERY = 100  # changes written between two publishes: well inside DEMO_IDLE_S at any --rate the demo allows
+KINESIS_PUMP_EVERY = 100  # changes written between two publishes (the readers wait for the writer to finish)
 KINESIS_SHUFFLE_WINDOW = 25  # records shuffled together (out of order within this many)
 KINESIS_DUPLICATE_SHARE = 0.1  # a tenth of the records delivered twice
 KINESIS_PRECISION = "microsecond"  # what docs/kinesis.md tells users to configure
@@ -70,7 +71,7 @@ def run_demo(args) -> int:
     from ddb2bt.pipeline.graph import LiveJob, add_live_replication, make_pipeline
     from ddb2bt.pipeline.observe.metrics import counter_total as _counter_total, default_metrics
     from ddb2bt.pipeline.connect.preflight import ensure_state_table
-    from ddb2bt.pipeline.source.stream_source import ReaderOptions
+    from ddb2bt.pipeline.source.stream_source import ReaderOptions, hold_idle_end, release_idle_end
     from ddb2bt.pipeline.local import workload
     from ddb2bt.pipeline.local.examples import example_path
     from ddb2bt.transforms.config import load_mapping
@@ -100,6 +101,8 @@ def run_demo(args) -> int:
                   "table's changes reach it shuffled and some twice, as Kinesis may deliver them")
 
         written = [0]
+        idle_token = f"demo-{uuid.uuid4().hex}"
+        hold_idle_end(idle_token)  # released when the writer is done
         writer_done = threading.Event()
         writer_error: list = []
 
@@ -120,11 +123,14 @@ def run_demo(args) -> int:
                 writer_error.append(exc)
             finally:
                 writer_done.set()
+                # From here the readers may end after DEMO_IDLE_S of quiet: not before,
+                # however long the writer paused (a loaded machine, a slow emulator).
+                release_idle_end(idle_token)
 
         job = LiveJob(
             mapping=mapping, stream_arn=stream_arn,
             reader=ReaderOptions(until_idle_s=DEMO_IDLE_S, poll_interval_s=0.2,
-                                 discovery_interval_s=5.0),
+                                 discovery_interval_s=5.0, stop_token=idle_token),
             state=StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job="demo"),
             client_factory=StreamsClientFactory(),
         )

@@ -96,6 +96,34 @@ def stop_requested(token: Optional[str]) -> bool:
     return STOP_ALL in _STOP_REQUESTS or (token is not None and token in _STOP_REQUESTS)
 
 
+# In-process holds on ending at idleness (local runs), by stop token: a writer in the
+# same process that is still writing (the demo; its pauses under load can outlast
+# until_idle_s) keeps the readers polling. Once released, a reader ends only after
+# a whole until_idle_s of idleness more, so what was written just before counts.
+_IDLE_END_HOLDS: set = set()
+
+
+def hold_idle_end(token: str) -> None:
+    _IDLE_END_HOLDS.add(token)
+
+
+def release_idle_end(token: str) -> None:
+    _IDLE_END_HOLDS.discard(token)
+
+
+def idle_end(options: "ReaderOptions", idle_since_ms: int, now_ms: int, waiting: bool, tracker) -> str:
+    """An idle reader's next step: "end" once idle for ``until_idle_s`` with no
+    shard waiting for its parent, else "poll"; while its stop token's end is held
+    (``hold_idle_end``), the idle wait starts over each round."""
+    until = options.until_idle_s
+    if until is None or waiting or now_ms - idle_since_ms < until * 1000:
+        return "poll"
+    if options.stop_token is not None and options.stop_token in _IDLE_END_HOLDS:
+        tracker.try_claim(ClaimIdle(now_ms))
+        return "poll"
+    return "end"
+
+
 @dataclass(frozen=True)
 class ReaderOptions:
     start: str = TRIM_HORIZON
@@ -613,10 +641,7 @@ class PartitionReader:
         if r.idle_since_ms is None:
             tracker.try_claim(ClaimIdle(now))
             return "poll"
-        until = self._options.until_idle_s
-        if until is not None and not self._waiting and now - r.idle_since_ms >= until * 1000:
-            return "end"
-        return "poll"
+        return idle_end(self._options, r.idle_since_ms, now, bool(self._waiting), tracker)
 
 
 class LocalTracker:

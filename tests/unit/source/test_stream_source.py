@@ -570,3 +570,31 @@ def test_the_start_is_recorded_once_and_latest_is_refused_on_a_job_with_state():
     with pytest.raises(ConfigError, match="--start"):
         settle_start(other, arn, "latest", now_ms=1)
     assert not settle_start(other, arn, "trim_horizon", now_ms=1).fresh
+
+
+def test_a_held_idle_end_keeps_the_reader_polling_and_the_wait_starts_over_on_release():
+    # The demo's writer can pause longer than until_idle_s on a loaded machine; its
+    # readers must not end (and the demo compare a table still being written) before
+    # it is done, nor end at once on release before reading what it wrote last.
+    from ddb2bt.pipeline.source.stream_source import (LocalTracker, PartitionRestriction, ReaderOptions, idle_end,
+                                                      hold_idle_end, release_idle_end)
+
+    options = ReaderOptions(until_idle_s=4.0, stop_token="demo-test")
+    tracker = LocalTracker(PartitionRestriction(idle_since_ms=0))
+    assert idle_end(options, 0, 4_000, False, tracker) == "end"  # nothing held: idle long enough ends
+    assert idle_end(options, 0, 4_000, True, tracker) == "poll"  # a shard waits for its parent
+    hold_idle_end("demo-test")
+    try:
+        assert idle_end(options, 0, 60_000, False, tracker) == "poll"
+        assert tracker.current_restriction().idle_since_ms == 60_000  # the wait starts over
+    finally:
+        release_idle_end("demo-test")
+    since = tracker.current_restriction().idle_since_ms
+    assert idle_end(options, since, 63_999, False, tracker) == "poll"
+    assert idle_end(options, since, 64_000, False, tracker) == "end"
+    other = ReaderOptions(until_idle_s=4.0, stop_token="another-job")
+    hold_idle_end("demo-test")
+    try:
+        assert idle_end(other, 0, 4_000, False, tracker) == "end"  # a hold is the token's alone
+    finally:
+        release_idle_end("demo-test")
