@@ -97,8 +97,10 @@ def write_mapping(tmp_path: Path, base: str = "product_catalog.yaml", **changes)
 # mostly wait (the tail's polls, verify's re-check waits, leases, Beam's start):
 # measured, one worker with its emulators used about a fifth of a core, so one
 # worker per core left the machine mostly idle. Each worker has its own emulators
-# and every test its own tables, so more workers share nothing.
-WORKERS_PER_CORE = 2
+# and every test its own tables, so more workers share nothing. Measured on 2 cores
+# (the whole suite, one run each, 2026-11-27): 3 workers 547 s, 4 workers ~450-506 s,
+# 6 workers 392 s, 8 workers 406 s.
+WORKERS_PER_CORE = 3
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a run with -p no:xdist has no such hook
