@@ -12,6 +12,7 @@ machine's:
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -110,8 +111,6 @@ def status_calls() -> list:
 
 
 def main() -> None:
-    import argparse
-
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     for shards in (1, 1_000):

@@ -155,11 +155,11 @@ def kinesis_read_cap(docs: list) -> int:
     Kinesis side's ceiling when paced, whatever the sink does)."""
     from ddb2bt.pipeline.source.kinesis import READ_BYTES_PER_SECOND
 
-    size = sum(len(json.dumps(d).encode()) for d in docs)
-    return round(len(docs) / (size / READ_BYTES_PER_SECOND))
+    return round(READ_BYTES_PER_SECOND / record_bytes(docs))
 
 
 def record_bytes(docs: list) -> int:
+    """The records' mean size as JSON, bytes (what a read limit counts)."""
     return round(sum(len(json.dumps(d).encode()) for d in docs) / len(docs))
 
 

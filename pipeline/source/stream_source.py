@@ -98,8 +98,9 @@ def stop_requested(token: Optional[str]) -> bool:
 
 # In-process holds on ending at idleness (local runs), by stop token: a writer in the
 # same process that is still writing (the demo; its pauses under load can outlast
-# until_idle_s) keeps the readers polling. Once released, a reader ends only after
-# a whole until_idle_s of idleness more, so what was written just before counts.
+# until_idle_s) keeps the readers polling. Each held round restarts the idle wait, so
+# after the release a reader polls at least once more (until_idle_s less one poll
+# interval later) before it can end: what was written just before is read.
 _IDLE_END_HOLDS: set = set()
 
 
