@@ -367,6 +367,14 @@ def _condition(conditions: tuple) -> Optional[Callable]:
 # --- rules ------------------------------------------------------------------------
 
 
+class _PlainOrder(tuple):
+    """_CompiledRule.plain_order's answer, and ``columns``: the (family,
+    qualifier) of its cells in order, every one a SetCell of the row
+    (EncodedMutations.columns, what a repair intent records of a backfill row)."""
+
+    columns: tuple
+
+
 class _CompiledRule:
     """One rule: ``cells(keys, image, captures, with_values) -> (row, {cell key: payload})``
     with the general engine's cell keys (OwnedCell.key) and as payload the value
@@ -466,8 +474,10 @@ class _CompiledRule:
         cells.sort(key=lambda cell: cell[:2])
         if not cells or any(a[:2] == b[:2] for a, b in zip(cells, cells[1:])):
             return None  # no cells; or two attributes claim one cell, which cells() hands over
-        return tuple((name, encoder, family, qualifier, (family, qualifier))
-                     for family, qualifier, name, encoder in cells)
+        order = _PlainOrder((name, encoder, family, qualifier, (family, qualifier))
+                            for family, qualifier, name, encoder in cells)
+        order.columns = tuple(cell[4] for cell in order)  # sorted, each once (checked above)
+        return order
 
     def cells(self, keys, image, captures, with_values: bool) -> tuple:
         row = self.row_key(keys, image, captures)
@@ -790,6 +800,8 @@ class CompiledMapping:
         owner = b""
         if versions:
             owner = key_json if key_json is not None else _key_json(keys)
+        # The plain row's SetCells are its plain order's columns, unless a touch marker joined them.
+        columns = plain.columns if plain is not None and not (mark_touched and since is None) else None
         changes = []
         for rk, (count, size, wire_parts, families) in rows.items():
             table, row = rk
@@ -802,8 +814,8 @@ class CompiledMapping:
             entries = versions.get(rk)
             # RowChange(table, row, mutations, guard, size, versioned, owner) and its wire, slots filled
             # directly; the mutations decoded from the wire when read
-            changes.append(_row_change(table, row, _new(EncodedMutations, (count, tuple(families))), guard, size,
-                                       tuple(sorted(entries)) if entries else (), owner, wire))
+            changes.append(_row_change(table, row, _new(EncodedMutations, (count, tuple(families), columns)), guard,
+                                       size, tuple(sorted(entries)) if entries else (), owner, wire))
         return tuple(changes)
 
 

@@ -210,9 +210,21 @@ class RowChange:
         where the change holds only those (see EncodedMutations)."""
         held = _MUTATIONS_SLOT.__get__(self)
         if type(held) is EncodedMutations:
+            if held.columns is not None:
+                return set(held.columns)
             from ddb2bt.transforms.wire import set_cell_columns  # inside: transforms.wire imports this module
             return set_cell_columns(self.wire)
         return {(m.family, m.qualifier) for m in held if isinstance(m, SetCell)}
+
+    @property
+    def set_column_order(self) -> tuple:
+        """``set_columns`` sorted, as a tuple: for the compiled mapping's common
+        row the very tuple the mapping keeps for the item's shape (so a caller
+        may key a cache on it), read without touching the wire bytes."""
+        held = _MUTATIONS_SLOT.__get__(self)
+        if type(held) is EncodedMutations and held.columns is not None:
+            return held.columns
+        return tuple(sorted(self.set_columns))
 
     @property
     def families(self):
@@ -233,6 +245,11 @@ class EncodedMutations(NamedTuple):
 
     count: int
     families: tuple  # the column families of the mutations, each once
+    # The (family, qualifier) of every SetCell, sorted, when whoever encoded the
+    # bytes knew them (the compiled mapping's common row: a backfill's repair
+    # intent records them for every row; reading them back from the bytes cost
+    # the export backfill a sixth of its CPU); None: read from the bytes.
+    columns: Optional[tuple] = None
 
 
 class _DecodedOnRead:

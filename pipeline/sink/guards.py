@@ -131,12 +131,37 @@ def _b64(raw: bytes) -> str:
 
 def encode_intent(guarded: list) -> str:
     """Guarded RowChanges → what a repair needs of them, as JSON: the row, its
-    marker, the handoff and the backfill's columns (never a value)."""
-    return json.dumps([{
-        "t": c.table, "k": _b64(c.row_key), "f": c.guard.family, "q": _b64(c.guard.qualifier),
-        "s": c.guard.since_ms, "b": c.guard.backfill_ms,
-        "c": sorted((f, _b64(q)) for f, q in c.set_columns),
-    } for c in guarded], separators=(",", ":"))
+    marker, the handoff and the backfill's columns (never a value). The text of
+    ``json.dumps([{"t": table, "k": b64(row), "f": family, "q": b64(marker),
+    "s": since, "b": backfill, "c": sorted([family, b64(qualifier)])}, ...],
+    separators=(",", ":"))``, assembled from pieces kept per table, family and
+    column set: a batch's rows share a few of each, and this runs for every row
+    of an export backfill."""
+    heads, texts = _INTENT_HEADS, _INTENT_COLUMNS
+    if len(texts) > _MAX_INTENT_TEXTS:  # items of many shapes: kept bounded
+        texts.clear()
+    parts = []
+    for c in guarded:
+        guard = c.guard
+        head = heads.get((c.table, guard.family))
+        if head is None:
+            head = heads[(c.table, guard.family)] = (
+                '{"t":' + json.dumps(c.table) + ',"k":"', '","f":' + json.dumps(guard.family) + ',"q":"')
+        order = c.set_column_order
+        columns = texts.get(order)
+        if columns is None:
+            columns = texts[order] = json.dumps([[f, _b64(q)] for f, q in order], separators=(",", ":"))
+        parts.append(f'{head[0]}{_b64(c.row_key)}{head[1]}{_b64(guard.qualifier)}","s":{int(guard.since_ms)},'
+                     f'"b":{int(guard.backfill_ms)},"c":{columns}}}')
+    return "[" + ",".join(parts) + "]"
+
+
+# encode_intent's pieces: (table, family) -> the text around the row and marker
+# (a job has a few); a sorted column tuple -> its JSON list (emptied past
+# _MAX_INTENT_TEXTS: a table's items may have many shapes).
+_INTENT_HEADS: dict = {}
+_INTENT_COLUMNS: dict = {}
+_MAX_INTENT_TEXTS = 4096
 
 
 def decode_intent(payload: str) -> list:

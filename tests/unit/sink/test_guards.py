@@ -192,3 +192,69 @@ def test_a_repair_intent_of_compiled_changes_names_their_columns_without_decodin
     columns = [sorted((m.family, m.qualifier) for m in c.mutations) for c in guards.decode_intent(intent)]
     assert columns == [sorted({(m.family, m.qualifier) for m in r.mutations if isinstance(m, SetCell)})
                        for r in compiled] and columns[0]
+
+
+def _reference_intent(guarded: list) -> str:
+    """encode_intent as it was first written: json.dumps of the whole structure."""
+    import base64
+    import json
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode("ascii")
+
+    return json.dumps([{
+        "t": c.table, "k": b64(c.row_key), "f": c.guard.family, "q": b64(c.guard.qualifier),
+        "s": c.guard.since_ms, "b": c.guard.backfill_ms,
+        "c": sorted((f, b64(q)) for f, q in c.set_columns),
+    } for c in guarded], separators=(",", ":"))
+
+
+def test_a_repair_intent_is_the_json_of_its_rows_whatever_pieces_it_reuses():
+    """encode_intent assembles its text from pieces kept per table, family and
+    column set; the text is still exactly json.dumps of the rows, for rows of
+    several shapes and tables (names that JSON must escape among them), the same
+    shapes again (pieces reused) and changes built from tuples (no wire bytes)."""
+    from dataclasses import replace
+
+    from ddb2bt.transforms.model import Guard, RowChange
+
+    from tests.unit.cutover.cutover_common import CATALOG
+
+    shapes = [dict(Description="d", Price=12, Thumbnail="x"), dict(Description="é\"q", Rating=4.5),
+              dict(Price=1), {}]
+    rows = []
+    for n in range(12):
+        it = item(pk=f"hats{n % 3}", sk=f"fedora#{n}", **shapes[n % len(shapes)])
+        rows += [r for r in map_record(CATALOG, backfill_record({"pk": it["pk"], "sk": it["sk"]}, it, HANDOFF),
+                                       lambda: T).rows if r.guard is not None]
+    rows += [replace(r, mutations=tuple(r.mutations)) for r in rows[:3]]
+    odd = Guard('fam"\\ly', b"\x00marker\xff", HANDOFF, False, HANDOFF - 1)
+    rows.append(RowChange('tab"le\u2603', b"\xffrow", (SetCell('fam"\\ly', b"q\x00", b"v", 5),), odd))
+    rows.append(RowChange("other", b"row", (), odd))  # no SetCell at all
+    assert len({r.set_column_order for r in rows}) >= 4
+    for _ in range(2):  # the second time every piece comes from the kept ones
+        assert guards.encode_intent(rows) == _reference_intent(rows)
+    assert guards.encode_intent([]) == _reference_intent([]) == "[]"
+
+
+def test_the_compiled_mapping_hands_its_plain_rows_columns_to_the_intent_without_the_bytes():
+    """A backfill row of the common shape carries its columns (EncodedMutations.columns),
+    the same as read back from its bytes; a live row with a touch marker does not
+    (the marker's column joins them), and reads them from its bytes."""
+    from ddb2bt.transforms.model import EncodedMutations, RowChange
+    from ddb2bt.transforms.mapping import map_change
+    from ddb2bt.transforms.model import INSERT, ChangeRecord
+    from ddb2bt.transforms.wire import set_cell_columns
+
+    from tests.unit.cutover.cutover_common import CATALOG
+
+    it = item(pk="hats", sk="fedora#1", Description="d", Price=12, Thumbnail="x")
+    keys = {"pk": it["pk"], "sk": it["sk"]}
+    (row,) = [r for r in map_record(CATALOG, backfill_record(keys, it, HANDOFF), lambda: T).rows]
+    held = RowChange.mutations.slot.__get__(row)
+    assert type(held) is EncodedMutations and held.columns is not None
+    assert held.columns == tuple(sorted(set_cell_columns(row.wire)))
+    (live,) = map_change(CATALOG, ChangeRecord(INSERT, keys, it, None, HANDOFF + 1), mark_touched=True)
+    assert RowChange.mutations.slot.__get__(live).columns is None
+    assert MARKER_FAMILY in {f for f, _ in live.set_column_order}
+    assert live.set_column_order == tuple(sorted(set_cell_columns(live.wire)))

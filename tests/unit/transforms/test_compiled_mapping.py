@@ -235,9 +235,10 @@ def check(mapping, record, mark_touched):
     if alone is not None:
         # What the sink reads of every change without decoding its mutations
         # (model.EncodedMutations): read first, before canon() decodes them.
-        facts = [(c.mutation_count, sorted(c.families), len(set(c.families))) for c in alone]
+        facts = [(c.mutation_count, sorted(c.families), len(set(c.families)), c.set_column_order) for c in alone]
         assert ("ok", canon(alone)) == reference, record
-        assert facts == [(len(m), sorted({x.family for x in m}), len({x.family for x in m}))
+        assert facts == [(len(m), sorted({x.family for x in m}), len({x.family for x in m}),
+                          tuple(sorted({(x.family, x.qualifier) for x in m if isinstance(x, SetCell)})))
                          for *_, m in _mutations_of(reference)], record
         # What goes on the wire: the compiled bytes are the protobuf library's
         # serialization of the general engine's mutations (reference[1]: its changes).
