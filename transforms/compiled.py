@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from ddb2bt.transforms.attrs import dump_str, canonical_json, canonical_typed_json, json_number
 from ddb2bt.transforms.config import ColumnConfig, IndexConfig, MappingConfig, MatchCondition, RuleConfig, memo
-from ddb2bt.transforms.encoding import ENCODERS, INT64_MAX, decimal_payload, INT64_STRUCT, FALSE_BYTE, TRUE_BYTE
+from ddb2bt.transforms.encoding import ENCODERS, decimal_payload, INT64_STRUCT, FALSE_BYTE, TRUE_BYTE
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES, MAX_TIMESTAMP_MS, checked_size
 from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN, PLAN_SKIP, PLAN_UNMAPPED, INDEX_POINTER,
                                        MARKER_FAMILY, MARKER_PREFIX, MAX_PLANNED_ATTRIBUTES, attribute_plan,
@@ -39,6 +39,7 @@ from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN
 from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, EncodedMutations, Guard,
                                      build_row_change)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
+from ddb2bt.transforms.rowwriter import INLINE_AUTO, INLINE_INT64, INLINE_S, SAFE_INT64_DIGITS, cached_writer
 from ddb2bt.transforms.wire import (DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN, MUT_SET_CELL,
                                     ONE_BYTE_VARINT, RANGE_END, SET_TIMESTAMP, SET_VALUE, US_PER_MS, VARINT_TABLE_SIZE,
                                     VARINTS, column_fields, decode_mutations, delete_cells, range_field, set_cell,
@@ -56,9 +57,7 @@ _EMPTY: dict = {}  # captures of a rule without regex conditions (never written 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 _EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
 _ONE_MS = _dt.timedelta(milliseconds=1)
-# int64: a string of at most this many ASCII digits is a non-negative integer below
-# 2**63 (19 digits could overflow), so it needs no Decimal and no range check.
-_SAFE_INT64_DIGITS = len(str(INT64_MAX)) - 1
+_SAFE_INT64_DIGITS = SAFE_INT64_DIGITS
 
 
 class _Fallback(Exception):
@@ -373,6 +372,7 @@ class _PlainOrder(tuple):
     (EncodedMutations.columns, what a repair intent records of a backfill row)."""
 
     columns: tuple
+    writers: dict  # rowwriter.writer_key(...) -> its generated row writer
 
 
 class _CompiledRule:
@@ -477,6 +477,7 @@ class _CompiledRule:
         order = _PlainOrder((name, encoder, family, qualifier, (family, qualifier))
                             for family, qualifier, name, encoder in cells)
         order.columns = tuple(cell[4] for cell in order)  # sorted, each once (checked above)
+        order.writers = {}
         return order
 
     def cells(self, keys, image, captures, with_values: bool) -> tuple:
@@ -690,9 +691,13 @@ class CompiledMapping:
             prune_range, old_range = ranges[1], ranges[2]
             range_len = len(prune_range)
         columns, varints = self._column_fields, VARINTS
-        if plain is not None:  # the common image: its one row written straight from its attributes
-            rows[(new_rule.table, new_row)] = _plain_row(plain, new_image, new_row, columns, self._column, ts_field,
-                                                         prune_range if prune and ts else None, range_len)
+        if plain is not None:  # the common image: its one row written by its shape's own code (rowwriter)
+            pruned = prune and ts != 0  # an end of 0 would mean "no end" on the wire
+            write = plain.writers.get((ts_len, range_len if pruned else 0, pruned))  # rowwriter.writer_key
+            if write is None:
+                write = cached_writer(plain.writers, plain, self._column, ts_len, range_len, pruned, _INLINE,
+                                      new_image)
+            rows[(new_rule.table, new_row)] = write(new_image, len(new_row), ts_field, prune_range)
         for key in (sorted(new) if len(new) > 1 else new):
             table, row, family, qualifier, version, is_list = key
             if row_key is None or row != row_key[1] or table != row_key[0]:
@@ -737,9 +742,10 @@ class CompiledMapping:
                 # The common cells, written inline (transforms.wire.set_cell and
                 # delete_cells, the reference, write the same bytes; this runs for
                 # most mutations): the lengths are added up, and looked up while
-                # every one is below the varint table's end. _plain_row writes the
-                # same cells the same way (kept inline in both: a call per cell is
-                # ~2 % of the live path's CPU); the differential tests hold both.
+                # every one is below the varint table's end. A plain image's row
+                # writer (transforms.rowwriter) writes the same cells the same way
+                # (inline in both: a call per cell is ~2 % of the live path's CPU);
+                # the differential tests hold both.
                 column, n, _, head_range_len, delete_head = column
                 value_len = len(payload)
                 body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
@@ -819,48 +825,6 @@ class CompiledMapping:
         return tuple(changes)
 
 
-def _plain_row(plain: tuple, image, row: bytes, columns: dict, column_of: Callable, ts_field: bytes,
-               prune_range: Optional[bytes], range_len: int) -> list:
-    """The row entry of ``CompiledMapping._map`` ([count, request bytes, wire
-    pieces, families]) of an image whose cells are all plain
-    (_CompiledRule.plain_order): each cell written as ``_map`` writes its common
-    cells (the same bytes, sizes and counts; with its pruning delete unless
-    ``prune_range`` is None)."""
-    ts_len = len(ts_field)
-    pieces: list = []
-    put, wire = pieces.extend, pieces.append
-    families: list = []
-    family_seen = None
-    size, count, varints = len(row), 0, VARINTS
-    for name, encode, family, qualifier, column_key in plain:
-        payload = encode(image[name])
-        if family != family_seen:  # sorted: a family's cells are consecutive
-            families.append(family)
-            family_seen = family
-        fields, n, fixed, head_range_len, delete_head = columns.get(column_key) or column_of(family, qualifier,
-                                                                                            range_len)
-        value_len = len(payload)
-        body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
-        if 0 < value_len and body < _LOOKED_UP:
-            put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_SET_CELL, varints[body], fields,
-                 ts_field, SET_VALUE, varints[value_len], payload))
-        else:
-            wire(set_cell(family, qualifier, payload, ts_field))
-        if prune_range is not None:
-            count += 2
-            if head_range_len != range_len:
-                delete_head = column_of(family, qualifier, range_len)[4]
-            if delete_head is not None:
-                put((delete_head, prune_range))
-            else:
-                wire(delete_cells(family, qualifier, prune_range))
-            size += fixed + fixed + value_len
-        else:
-            count += 1
-            size += fixed + value_len
-    return [count, size, pieces, families]
-
-
 def _keys_give_row(crule: _CompiledRule, keys) -> bool:
     """Whether ``keys`` alone give the rule's row key (_CompiledRule.row_key_sources):
     then both images of a change have the row key built for either."""
@@ -902,6 +866,8 @@ _LOOKED_UP = VARINT_TABLE_SIZE - 3
 _ONE_BYTE = ONE_BYTE_VARINT  # a length below this is a 1-byte varint, else (below the table's end) 2
 
 
+# The encoders whose usual case a generated row writer writes inline (rowwriter).
+_INLINE = {_fast_utf8: INLINE_S, _fast_auto: INLINE_AUTO, _fast_int64: INLINE_INT64}
 _SIMPLE = (PLAN_PLAIN, PLAN_SKIP)
 # plain_order's answers are kept for this many shapes of image per rule (then
 # worked out per change): a table's items have few shapes, a sparse one many.
