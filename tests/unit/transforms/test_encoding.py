@@ -171,3 +171,31 @@ def test_the_fast_string_quoting_is_exactly_json_dumps(text):
     from ddb2bt.transforms.attrs import dump_str
 
     assert dump_str(text) == json.dumps(text, ensure_ascii=False)
+
+
+def _item_from_json_value_by_value(item):
+    """item_from_dynamodb_json as it was: every value through from_dynamodb_json."""
+    return {name: from_dynamodb_json(v) for name, v in item.items()}
+
+
+_not_values = st.sampled_from([{"S": "a", "N": "1"}, {}, {"X": "y"}, "text", 5, None, {"B": "not base64!"}])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(valid_unicode, st.one_of(values.map(to_dynamodb_json), _not_values), max_size=6))
+def test_an_item_from_dynamodb_json_is_its_values_converted_one_by_one(item):
+    """item_from_dynamodb_json's shortcut (an item of values spelled alike in
+    both forms is copied as it is) gives what converting each value gives, and
+    refuses what it refuses, with the same error."""
+    from ddb2bt.transforms.attrs import item_from_dynamodb_json
+
+    try:
+        expected = _item_from_json_value_by_value(item)
+    except Exception as exc:  # noqa: BLE001 — whatever it is, the shortcut must raise it too
+        with pytest.raises(type(exc)) as raised:
+            item_from_dynamodb_json(item)
+        assert str(raised.value) == str(exc)
+        return
+    got = item_from_dynamodb_json(item)
+    assert got == expected and got is not item
+    assert all(type(got[name]) is type(expected[name]) for name in item)
