@@ -17,6 +17,8 @@ from typing import Callable, Iterator, Optional, Sequence
 from botocore.exceptions import ClientError
 
 from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK, BigtablePermanent, BigtableRetryable, EntryStatus
+from ddb2bt.transforms.draft import item_size
+from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.model import DeleteCells, SetCell
 from ddb2bt.transforms.wire import encode_mutations
 
@@ -226,6 +228,20 @@ def client_error(code: str, message: str = "", operation: str = "GetRecords", st
                         "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
 
 
+# DynamoDB Streams' GetRecords returns at most 1,000 records or 1 MB, whichever
+# comes first (design notes: the published limits the emulators do not all enforce).
+GET_RECORDS_MAX_BYTES = 1 << 20
+
+
+def _image_size(image: dict) -> int:
+    """DynamoDB's size of an image; an image that is not one (tests write some,
+    to see them dead-lettered) counts its text's length."""
+    try:
+        return item_size(image)
+    except (MappingError, TypeError, AttributeError, KeyError, ValueError):
+        return len(repr(image))
+
+
 @dataclass
 class FakeShard:
     shard_id: str
@@ -242,14 +258,19 @@ class FakeStreamsClient:
     Iterators are opaque strings ``shard|index|generation``; ``expire_iterators()``
     makes every outstanding iterator raise ExpiredIteratorException once.
     ``faults``: a list of ClientErrors raised by the next calls (FIFO), to inject
-    throttling storms and 500s. ``page_size`` caps records per GetRecords.
+    throttling storms and 500s. ``page_size`` caps records per GetRecords and
+    ``page_bytes`` their size: a page ends at 1,000 records or 1 MB, whichever
+    comes first, as AWS's GetRecords does, each record's size its ``SizeBytes``
+    (its keys and images by DynamoDB's item-size rules); a page holds at least one.
     """
 
-    def __init__(self, table: str = "Fake", page_size: int = 1000, describe_page: int = 100) -> None:
+    def __init__(self, table: str = "Fake", page_size: int = 1000, describe_page: int = 100,
+                 page_bytes: int = GET_RECORDS_MAX_BYTES) -> None:
         self.stream_arn = f"arn:aws:dynamodb:us-east-1:000000000000:table/{table}/stream/2024-01-01T00:00:00.000"
         self.table = table
         self.shards: dict = {}
         self.page_size = page_size
+        self.page_bytes = page_bytes
         self.describe_page = describe_page
         self.faults: list = []
         self.calls: list = []
@@ -273,7 +294,8 @@ class FakeStreamsClient:
             if created_ms is None:
                 self._clock_ms += 1
                 created_ms = self._clock_ms
-            ddb = {"Keys": keys, "SequenceNumber": seq, "SizeBytes": 100, "StreamViewType": self.view_type,
+            size = sum(_image_size(image) for image in (keys, new, old) if image is not None)
+            ddb = {"Keys": keys, "SequenceNumber": seq, "SizeBytes": size, "StreamViewType": self.view_type,
                    "ApproximateCreationDateTime": dt.datetime.fromtimestamp(created_ms / 1000, dt.timezone.utc)}
             if new is not None:
                 ddb["NewImage"] = new
@@ -365,6 +387,12 @@ class FakeStreamsClient:
         if index < shard.trimmed_before:
             raise client_error("TrimmedDataAccessException", "the requested data was trimmed")
         page = shard.records[index:index + min(Limit, self.page_size)]
+        total = 0
+        for n, record in enumerate(page):
+            total += record["dynamodb"]["SizeBytes"]
+            if total > self.page_bytes and n:
+                page = page[:n]
+                break
         nxt = index + len(page)
         # Records are never mutated by readers: a shallow copy keeps the fake from
         # charging deep-copy costs no real client has to the benchmarks.
