@@ -229,7 +229,8 @@ def client_error(code: str, message: str = "", operation: str = "GetRecords", st
 
 
 # DynamoDB Streams' GetRecords returns at most 1,000 records or 1 MB, whichever
-# comes first (design notes: the published limits the emulators do not all enforce).
+# comes first: AWS's published limit, which moto does not keep
+# (docs/development.md, two AWS emulators).
 GET_RECORDS_MAX_BYTES = 1 << 20
 
 
