@@ -42,14 +42,15 @@ sys.path.insert(0, str(ROOT))
 
 from bench.run import ITEM_BYTES, MAPPING, Meter, unpaced, fresh_table, run_ddb2bt, run_live, settle, stream_records  # noqa: E402
 from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
+from ddb2bt.pipeline.testing.fakes import GET_RECORDS_MAX_BYTES  # noqa: E402
 
 PACINGS = ("paced", "unpaced")
 US_PER_S = 1_000_000
 # DynamoDB Streams' published GetRecords limits (per shard): 5 calls/s, each at most
-# 1,000 records or 1 MB.
+# 1,000 records or 1 MB (the fake stream's page, GET_RECORDS_MAX_BYTES).
 STREAMS_CALLS_PER_S = 5
 STREAMS_PAGE_RECORDS = 1000
-STREAMS_PAGE_BYTES = 1_000_000
+STREAMS_PAGE_BYTES = GET_RECORDS_MAX_BYTES
 # Changes of the unreported first run of each side: enough to import and start
 # every stage once, few enough to add a second or two.
 WARM_UP_CHANGES = 500
@@ -163,12 +164,20 @@ def record_bytes(docs: list) -> int:
     return round(sum(len(json.dumps(d).encode()) for d in docs) / len(docs))
 
 
-def streams_read_cap(docs: list) -> int:
+def stream_record_bytes(records: list) -> int:
+    """The Streams records' mean SizeBytes (keys and images by DynamoDB's item-size
+    rules, as the fake stream sizes them: what its 1 MB page counts)."""
+    from ddb2bt.transforms.draft import item_size
+
+    return round(sum(sum(item_size(image) for image in (keys, new, old) if image is not None)
+                     for _, keys, new, old, _ in records) / len(records))
+
+
+def streams_read_cap(records: list) -> int:
     """Changes/s one DynamoDB Streams shard allows on AWS for records of this size:
-    5 GetRecords/s of at most 1,000 records or 1 MB. The fake stream stops pages at
-    1,000 records only, so the Streams side can beat this bound here (which makes
-    the ratio below conservative)."""
-    per_page = min(STREAMS_PAGE_RECORDS, STREAMS_PAGE_BYTES // max(1, record_bytes(docs)))
+    5 GetRecords/s of at most 1,000 records or 1 MB (the fake stream's pages stop
+    at both, as AWS's do)."""
+    per_page = min(STREAMS_PAGE_RECORDS, STREAMS_PAGE_BYTES // max(1, stream_record_bytes(records)))
     return per_page * STREAMS_CALLS_PER_S
 
 
@@ -223,7 +232,8 @@ def main(argv=None) -> int:
            "duplicate": args.duplicate, "rounds": args.rounds,
            "item_bytes": args.item_bytes, "kinesis_record_bytes": record_bytes(docs),
            "kinesis_2mb_per_s_cap_changes_per_s": kinesis_read_cap(docs),
-           "streams_1mb_page_cap_changes_per_s": streams_read_cap(docs)}
+           "streams_record_bytes": stream_record_bytes(records),
+           "streams_1mb_page_cap_changes_per_s": streams_read_cap(records)}
     for pacing, runs in rows.items():
         out[pacing] = {
             "dynamodb_streams_changes_per_s": spread([x["dynamodb_streams"]["changes_per_s"] for x in runs]),
