@@ -36,8 +36,8 @@ from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN
                                        MARKER_FAMILY, MARKER_PREFIX, MAX_PLANNED_ATTRIBUTES, attribute_plan,
                                        column_cells, condition_matches, CellOwner, general_map_change, parse_timestamp_ms,
                                        validate_record)
-from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, EncodedMutations, Guard,
-                                     build_row_change)
+from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, EncodedMutations,
+                                     build_guard, build_row_change)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
 from ddb2bt.transforms.rowwriter import INLINE_AUTO, INLINE_INT64, INLINE_S, SAFE_INT64_DIGITS, cached_writer
 from ddb2bt.transforms.wire import (DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN, MUT_SET_CELL,
@@ -142,19 +142,32 @@ def _fast_json(value) -> bytes:
 
 
 def _key_json(keys) -> bytes:
-    """canonical_typed_json({"M": keys}) encoded, for keys of strings and numbers."""
+    """canonical_typed_json({"M": keys}) encoded, for keys of strings and numbers
+    (a backfill writes it for every item: its marker). Each key attribute's
+    name and type tag are written once (``_KEY_HEADS``); a table has one or two."""
     parts = []
-    for name in sorted(keys):
+    heads = _KEY_HEADS
+    for name in (sorted(keys) if len(keys) > 1 else keys):
         value = keys[name]
         if type(name) is str and type(value) is dict and len(value) == 1:
-            tag, text = '{"S":', value.get("S")
+            tag, text = "S", value.get("S")
             if text is None:
-                tag, text = '{"N":', value.get("N")
+                tag, text = "N", value.get("N")
             if type(text) is str:
-                parts.append(dump_str(name) + ":" + tag + dump_str(text) + "}")
+                head = heads.get((name, tag))
+                if head is None:
+                    head = dump_str(name) + ':{"' + tag + '":'
+                    if len(heads) < _MAX_KEY_HEADS:
+                        heads[(name, tag)] = head
+                parts.append(head + dump_str(text) + "}")
                 continue
         return canonical_typed_json({"M": dict(keys)}).encode("utf-8")
     return ('{"M":{' + ",".join(parts) + "}}").encode("utf-8")
+
+
+# _key_json's '"name":{"S":' per (key attribute, tag), bounded like the column cache.
+_KEY_HEADS: dict = {}
+_MAX_KEY_HEADS = 1024
 
 
 def _general_encoder(name: str) -> Callable:
@@ -816,7 +829,8 @@ class CompiledMapping:
                 size = checked_size(row, decode_mutations(wire))
             guard = None
             if since is not None:
-                guard = Guard(MARKER_FAMILY, marker, since, conditional=rk in versioned_rows, backfill_ms=ts)
+                # Guard(MARKER_FAMILY, marker, since, conditional=..., backfill_ms=ts), slots filled directly
+                guard = _guard(MARKER_FAMILY, marker, since, rk in versioned_rows, ts)
             entries = versions.get(rk)
             # RowChange(table, row, mutations, guard, size, versioned, owner) and its wire, slots filled
             # directly; the mutations decoded from the wire when read
@@ -878,6 +892,7 @@ _new = tuple.__new__
 # RowChange.wire is not an __init__ argument (so dataclasses.replace drops it: see
 # model.RowChange); the compiled mapping fills it with the other slots (its size given).
 _row_change = build_row_change
+_guard = build_guard
 
 
 def compile_mapping(mapping: MappingConfig) -> CompiledMapping:

@@ -46,6 +46,7 @@ from ddb2bt.transforms.model import (
     RowChange,
     SetCell,
     Guard,
+    build_change_record,
 )
 from ddb2bt.transforms.rowkey import build_key
 
@@ -645,9 +646,10 @@ def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item],
 def backfill_record(keys: Item, item: Item, handoff_ms: int, position=None) -> ChangeRecord:
     """A scanned or exported item as a change: an INSERT one millisecond before the
     handoff second, guarded against the live tail (see map_change)."""
-    since = handoff_second_ms(handoff_ms)
-    return ChangeRecord(INSERT, keys, item, None, backfill_cell_ms(handoff_ms), position=position,
-                        backfill_since_ms=since)
+    since = handoff_ms - handoff_ms % 1000  # handoff_second_ms; the cells one millisecond before (backfill_cell_ms)
+    # ChangeRecord(INSERT, keys, item, None, since - 1, position=position, backfill_since_ms=since), its
+    # slots filled directly (model.slot_builder: once per back-filled item)
+    return build_change_record(INSERT, keys, item, None, since - 1, position, "", False, 0, since, -1)
 
 
 def backfill_cell_ms(handoff_ms: int) -> int:

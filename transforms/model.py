@@ -413,6 +413,9 @@ def _no_stream(element) -> str:
 build_change_record = slot_builder(ChangeRecord)
 build_stream_position = slot_builder(StreamPosition)
 build_mapped_change = slot_builder(MappedChange)
+# Once per back-filled item (a backfill reads millions).
+build_backfill_position = slot_builder(BackfillPosition)
+build_guard = slot_builder(Guard)
 # Only for a caller that passes size_bytes (>= 0: what __post_init__ would compute) and
 # the wire bytes of exactly these mutations, or None (mutations then a tuple), or
 # EncodedMutations of the wire bytes as the mutations: the compiled mapping.

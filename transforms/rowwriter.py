@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from ddb2bt.transforms.attrs import dump_str
 from ddb2bt.transforms.encoding import FALSE_BYTE, INT64_MAX, INT64_STRUCT, TRUE_BYTE
 from ddb2bt.transforms.wire import (ENTRY_MUTATION, MUT_SET_CELL, ONE_BYTE_VARINT, SET_VALUE, VARINT_TABLE_SIZE,
                                     VARINTS, delete_cells, set_cell)
@@ -32,7 +33,7 @@ __all__ = ["plain_row_writer", "cached_writer", "INLINE_S", "INLINE_AUTO", "INLI
 # cases inline, anything else through the encoder itself, which decides (and
 # raises) as it always does. The kinds (compiled._INLINE names the encoders):
 INLINE_S = "s"  # utf8: a one-tag {"S": text} is text.encode()
-INLINE_AUTO = "auto"  # auto: S as utf8, N of plain digits as their text, BOOL as one byte
+INLINE_AUTO = "auto"  # auto: S as utf8, N of plain digits as their text, BOOL as one byte, SS as JSON
 INLINE_INT64 = "int64"  # int64: N of up to 18 digits packed big-endian
 
 
@@ -42,6 +43,16 @@ SAFE_INT64_DIGITS = len(str(INT64_MAX)) - 1
 # The inline encoding looks a body's length and its mutation's (at most 3 bytes
 # more: tag and a 2-byte length) up in VARINTS: bodies below this are.
 _LOOKED_UP = VARINT_TABLE_SIZE - 3
+
+
+def _string_set(members: list) -> Optional[bytes]:
+    """auto's encoding of a string set, canonical JSON (compiled._json_text's: the
+    members sorted, each a JSON string), or None unless every member is a str
+    (the encoder then decides)."""
+    for member in members:
+        if type(member) is not str:
+            return None
+    return ("[" + ",".join([dump_str(member) for member in sorted(members)]) + "]").encode("utf-8")
 
 
 def _encode(kind: Optional[str], enc: str, seen) -> list:
@@ -58,7 +69,8 @@ def _encode(kind: Optional[str], enc: str, seen) -> list:
     else:  # INLINE_AUTO, as compiled._fast_auto
         cases = [("S", "type(t) is str", "t.encode('utf-8')"),
                  ("N", "type(t) is str and t.isascii() and t.replace('.', '', 1).isdigit()", "t.encode('ascii')"),
-                 ("BOOL", "type(t) is bool", "_TRUE if t else _FALSE")]
+                 ("BOOL", "type(t) is bool", "_TRUE if t else _FALSE"),
+                 ("SS", "type(t) is list and (s := _string_set(t)) is not None", "s")]
         first = next(iter(seen)) if type(seen) is dict and len(seen) == 1 else None
         cases.sort(key=lambda case: case[0] != first)  # stable: the rest keep their order
     lines = ["    if type(v) is dict and len(v) == 1:"]
@@ -127,6 +139,7 @@ def plain_row_writer(plain: tuple, column_of: Callable, ts_len: int, range_len: 
     lines.append(f"    return [{count}, row_len + {fixed_sum} + total, pieces, list({const(tuple(families))})]")
     scope = {"_EM": ENTRY_MUTATION, "_MSC": MUT_SET_CELL, "_SV": SET_VALUE, "_V": VARINTS, "_set_cell": set_cell,
              "_delete_cells": delete_cells, "_pack": INT64_STRUCT.pack, "_TRUE": TRUE_BYTE, "_FALSE": FALSE_BYTE,
+             "_string_set": _string_set,
              "dict": dict, "len": len, "type": type, "str": str, "bool": bool, "int": int, "list": list}
     scope.update(consts)
     exec(compile("\n".join(lines) + "\n", "<ddb2bt compiled row>", "exec"), scope)

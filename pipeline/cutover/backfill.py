@@ -25,7 +25,7 @@ import apache_beam as beam
 from ddb2bt.transforms.attrs import item_from_dynamodb_json, item_to_dynamodb_json
 from ddb2bt.transforms.errors import PermanentError
 from ddb2bt.transforms.mapping import backfill_record
-from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement
+from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement, build_backfill_position
 from ddb2bt.pipeline.observe.metrics import default_metrics
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.pipeline.clients.retry import RetryPolicy
@@ -36,6 +36,8 @@ from ddb2bt.pipeline.source.snapshot import ScanSource, parse_segment
 log = logging.getLogger(__name__)
 
 SCAN, EXPORT = "scan", "export"
+# BackfillPosition(...), its slots filled directly: once per exported item.
+_position = build_backfill_position
 QUEUE_ITEMS = 10_000  # bounded: readers wait for the writer instead of filling memory
 # Records a reader thread hands over at once: one queue operation (lock, GIL
 # hand-off) per chunk instead of per record; small next to a batch (1,000 rows)
@@ -149,7 +151,7 @@ class PartReaders:
                 if batch >= EXPORT_PROGRESS_ITEMS:
                     self._on_items(batch)
                     batch = 0
-                chunk.append(self._record(item, BackfillPosition(EXPORT, part, str(line_no), line_no)))
+                chunk.append(self._record(item, _position(EXPORT, part, str(line_no), line_no)))
                 if len(chunk) >= CHUNK_ITEMS:
                     yield chunk
                     chunk = []

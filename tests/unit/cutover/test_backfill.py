@@ -127,6 +127,28 @@ def test_bad_export_line_and_missing_manifest_are_clear_errors(tmp_path):
         ExportSource(str(tmp_path / "nowhere")).summary()
 
 
+def test_export_lines_decode_as_json_loads_decodes_their_bytes():
+    """Export lines are decoded as UTF-8 without detecting the encoding per line:
+    the same items json.loads gives for the bytes (non-ASCII text, a lone
+    surrogate written with surrogatepass, escapes), and the same refusals."""
+    import json
+
+    from ddb2bt.pipeline.source.exports import dynamodb_json_items
+    from ddb2bt.transforms.attrs import item_from_dynamodb_json
+
+    lines = [json.dumps({"Item": {"pk": {"S": "é☃"}, "n": {"N": "1"}}}, ensure_ascii=False).encode("utf-8"),
+             b'{"Item": {"pk": {"S": "\\u00e9\\ud83d\\ude00"}}}',
+             b'{"Item": {"pk": {"S": "\\ud800"}}}',
+             '{"Item": {"pk": {"S": "x\ud800y"}}}'.encode("utf-8", "surrogatepass"),
+             b"", b"   \n"]
+    got = list(dynamodb_json_items(iter(lines), "data/a.json.gz"))
+    assert got == [item_from_dynamodb_json(json.loads(raw)["Item"]) for raw in lines if raw.strip()]
+    assert got[0]["pk"] == {"S": "é☃"} and got[3]["pk"] == {"S": "x\ud800y"}
+    for bad in (b"\xff{}", b'{"Item": ', b"[]"):
+        with pytest.raises(PermanentError, match="line 1: not a DynamoDB JSON export line"):
+            list(dynamodb_json_items(iter([bad]), "data/a.json.gz"))
+
+
 def facts(**kw):
     base = dict(now_ms=10**13, phase="LIVE", handoff_ms=1, backfill_parts=4, backfill_done_parts=4,
                 backfill_items=100, backfill_expected=100, backfill_done_ms=5,

@@ -11,9 +11,10 @@ from dataclasses import fields
 import pytest
 
 from ddb2bt.pipeline.source.records import from_stream_record
-from ddb2bt.transforms.model import (ChangeRecord, DeadLetter, DeleteCells, Guard, MappedChange, RowChange, SetCell,
-                                     StreamPosition, build_change_record, build_mapped_change, build_row_change,
-                                     build_stream_position, datetime_to_ms, mutations_size, slot_builder)
+from ddb2bt.transforms.model import (BackfillPosition, ChangeRecord, DeadLetter, DeleteCells, Guard, MappedChange,
+                                     RowChange, SetCell, StreamPosition, build_backfill_position, build_change_record,
+                                     build_guard, build_mapped_change, build_row_change, build_stream_position,
+                                     datetime_to_ms, mutations_size, slot_builder)
 from ddb2bt.transforms.wire import encode_mutations
 
 
@@ -42,6 +43,10 @@ def test_builders_make_what_the_constructors_make() -> None:
     same(MappedChange(record, (), dead), build_mapped_change(record, (), dead))
     with pytest.raises(AttributeError):  # still frozen
         built.change_ms = 6
+    same(BackfillPosition("export", "data/a.json.gz", "7", 7),
+         build_backfill_position("export", "data/a.json.gz", "7", 7))
+    same(Guard("ddb2bt_touch", b"t#k", 5000, False, 4999), build_guard("ddb2bt_touch", b"t#k", 5000, False, 4999))
+    assert hash(Guard("f", b"q", 1, True, 0)) == hash(build_guard("f", b"q", 1, True, 0))
 
 
 def test_a_builder_needs_slots_and_no_post_init_unless_the_caller_computes_it() -> None:

@@ -30,7 +30,8 @@ LENGTHS = (0, 1, 100, 127, 128, 129, VARINT_TABLE_SIZE - 40, VARINT_TABLE_SIZE, 
 TRICKY = [{"S": "x" * n} for n in LENGTHS] + [{"S": "é☃"}, {"S": "\ud800"}, {"S": 5}, {"S": "a", "N": "1"}] + [
     {"N": n} for n in ("0", "12", "9" * 18, "9" * 19, "1.5", "007", "-3", "1e5", "\u0661\u0662", "1.2.3", ".5", "5.",
                        "1.50", " 1", "")] + [
-    {"BOOL": True}, {"BOOL": False}, {"BOOL": 1}, {"SS": ["b", "a"]}, {"NULL": True}, {"B": b"\x00"}, {"L": []}, {}]
+    {"BOOL": True}, {"BOOL": False}, {"BOOL": 1}, {"SS": ["b", "a"]}, {"SS": ["é", 'q"', "\\", "\n"]},
+    {"SS": []}, {"SS": ["a", 1]}, {"SS": "ab"}, {"NS": ["2", "1"]}, {"NULL": True}, {"B": b"\x00"}, {"L": []}, {}]
 _texts = st.one_of(st.sampled_from(LENGTHS).map(lambda n: "x" * n), st.text(max_size=40))
 _numbers = st.one_of(st.integers(0, 10**18).map(str), st.sampled_from(["0", "9" * 18, "9" * 19, "1.5", "007", "-3",
                                                                        "1e5", "١٢", "1.2.3", ".5", "5."]))
