@@ -167,7 +167,7 @@ def record_bytes(docs: list) -> int:
 def stream_record_bytes(records: list) -> int:
     """The Streams records' mean SizeBytes (keys and images by DynamoDB's item-size
     rules, as the fake stream sizes them: what its 1 MB page counts)."""
-    from ddb2bt.transforms.draft import item_size
+    from ddb2bt.transforms.draft import item_size  # inside: only this bound needs it
 
     return round(sum(sum(item_size(image) for image in (keys, new, old) if image is not None)
                      for _, keys, new, old, _ in records) / len(records))

@@ -39,7 +39,8 @@ from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN
 from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, EncodedMutations,
                                      build_guard, build_row_change)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
-from ddb2bt.transforms.rowwriter import INLINE_AUTO, INLINE_INT64, INLINE_S, SAFE_INT64_DIGITS, cached_writer
+from ddb2bt.transforms.rowwriter import (INLINE_AUTO, INLINE_INT64, INLINE_S, LOOKED_UP, MAX_ROW_WRITERS,
+                                         SAFE_INT64_DIGITS, plain_row_writer, writer_key)
 from ddb2bt.transforms.wire import (DELETE_TIME_RANGE, ENTRY_MUTATION, MUT_DELETE_FROM_COLUMN, MUT_SET_CELL,
                                     ONE_BYTE_VARINT, RANGE_END, SET_TIMESTAMP, SET_VALUE, US_PER_MS, VARINT_TABLE_SIZE,
                                     VARINTS, column_fields, decode_mutations, delete_cells, range_field, set_cell,
@@ -385,7 +386,7 @@ class _PlainOrder(tuple):
     (EncodedMutations.columns, what a repair intent records of a backfill row)."""
 
     columns: tuple
-    writers: dict  # rowwriter.writer_key(...) -> its generated row writer
+    writers: dict  # rowwriter.writer_key(...) -> its generated row writer (CompiledMapping._new_writer)
 
 
 class _CompiledRule:
@@ -469,9 +470,9 @@ class _CompiledRule:
         shape = tuple(image)
         order = self._shapes.get(shape, _UNKNOWN)
         if order is _UNKNOWN:
-            order = self._plain_order(shape)
-            if len(self._shapes) < _MAX_SHAPES:
-                self._shapes[shape] = order
+            if len(self._shapes) >= _MAX_SHAPES:
+                return None  # not kept, so no row writer would be either: the cell loop writes it
+            order = self._shapes[shape] = self._plain_order(shape)
         return order
 
     def _plain_order(self, shape: tuple) -> Optional[tuple]:
@@ -594,6 +595,7 @@ class CompiledMapping:
         # pruning delete is that head and the change's range (their lengths, so
         # the head, stay the same change after change).
         self._column_fields: dict = {}
+        self._writers_left = MAX_ROW_WRITERS  # generated row writers this mapping may still make (rowwriter)
 
     def _column(self, family: str, qualifier: bytes, range_len: int = 0) -> tuple:
         fields, n = column_fields((family, qualifier))
@@ -606,6 +608,17 @@ class CompiledMapping:
         if len(self._column_fields) < MAX_PLANNED_ATTRIBUTES:  # bounded, like the attribute plans
             self._column_fields[(family, qualifier)] = column
         return column
+
+    def _new_writer(self, plain: _PlainOrder, ts_len: int, range_len: int, pruned: bool, image) -> Optional[Callable]:
+        """A row writer for ``plain``'s shape at these lengths, kept on it; None
+        once this mapping made MAX_ROW_WRITERS (a sparse table's many shapes:
+        each writer is code, so they are bounded; the rest take the cell loop)."""
+        if self._writers_left <= 0:
+            return None
+        self._writers_left -= 1
+        write = plain_row_writer(plain, self._column, ts_len, range_len, pruned, _INLINE, image)
+        plain.writers[writer_key(ts_len, range_len, pruned)] = write
+        return write
 
     def __call__(self, record, mark_touched: bool = False) -> tuple:
         try:
@@ -708,9 +721,11 @@ class CompiledMapping:
             pruned = prune and ts != 0  # an end of 0 would mean "no end" on the wire
             write = plain.writers.get((ts_len, range_len if pruned else 0, pruned))  # rowwriter.writer_key
             if write is None:
-                write = cached_writer(plain.writers, plain, self._column, ts_len, range_len, pruned, _INLINE,
-                                      new_image)
-            rows[(new_rule.table, new_row)] = write(new_image, len(new_row), ts_field, prune_range)
+                write = self._new_writer(plain, ts_len, range_len, pruned, new_image)
+            if write is not None:
+                rows[(new_rule.table, new_row)] = write(new_image, len(new_row), ts_field, prune_range)
+            else:  # no writer left to make: its cells, written by the loop below
+                new, plain = self._image_cells(keys, new_image, True)[2], None
         for key in (sorted(new) if len(new) > 1 else new):
             table, row, family, qualifier, version, is_list = key
             if row_key is None or row != row_key[1] or table != row_key[0]:
@@ -874,9 +889,7 @@ def _ranges(ts: int) -> tuple:
 
 # Timestamps (ms) whose microseconds need more than the varint table: timestamp_varint's.
 _SHORT_MS = VARINT_TABLE_SIZE // US_PER_MS
-# The inline encoding looks a body's length and its mutation's (at most 3 bytes
-# more: tag and a 2-byte length) up in VARINTS: bodies below this are.
-_LOOKED_UP = VARINT_TABLE_SIZE - 3
+_LOOKED_UP = LOOKED_UP  # rowwriter's: a body below it has its lengths looked up in VARINTS
 _ONE_BYTE = ONE_BYTE_VARINT  # a length below this is a 1-byte varint, else (below the table's end) 2
 
 

@@ -646,10 +646,16 @@ def converge_change(mapping: MappingConfig, keys: Item, current: Optional[Item],
 def backfill_record(keys: Item, item: Item, handoff_ms: int, position=None) -> ChangeRecord:
     """A scanned or exported item as a change: an INSERT one millisecond before the
     handoff second, guarded against the live tail (see map_change)."""
-    since = handoff_ms - handoff_ms % 1000  # handoff_second_ms; the cells one millisecond before (backfill_cell_ms)
-    # ChangeRecord(INSERT, keys, item, None, since - 1, position=position, backfill_since_ms=since), its
-    # slots filled directly (model.slot_builder: once per back-filled item)
-    return build_change_record(INSERT, keys, item, None, since - 1, position, "", False, 0, since, -1)
+    since = handoff_second_ms(handoff_ms)
+    # ChangeRecord(INSERT, keys, item, None, backfill_cell_ms(handoff_ms), position=position,
+    # backfill_since_ms=since), its slots filled directly (model.slot_builder: once per
+    # back-filled item); every field in order, the others at their defaults
+    return build_change_record(INSERT, keys, item, None, backfill_cell_ms(handoff_ms), position,
+                               "",  # event_id
+                               False,  # is_ttl_delete
+                               0,  # size_bytes
+                               since,  # backfill_since_ms
+                               -1)  # change_us: only change_ms is known
 
 
 def backfill_cell_ms(handoff_ms: int) -> int:

@@ -27,7 +27,8 @@ from ddb2bt.transforms.encoding import FALSE_BYTE, INT64_MAX, INT64_STRUCT, TRUE
 from ddb2bt.transforms.wire import (ENTRY_MUTATION, MUT_SET_CELL, ONE_BYTE_VARINT, SET_VALUE, VARINT_TABLE_SIZE,
                                     VARINTS, delete_cells, set_cell)
 
-__all__ = ["plain_row_writer", "cached_writer", "INLINE_S", "INLINE_AUTO", "INLINE_INT64"]
+__all__ = ["plain_row_writer", "writer_key", "INLINE_S", "INLINE_AUTO", "INLINE_INT64", "LOOKED_UP", "MAX_ROW_WRITERS",
+           "SAFE_INT64_DIGITS"]
 
 # How an attribute's encoder is written into the generated code: its usual
 # cases inline, anything else through the encoder itself, which decides (and
@@ -42,7 +43,12 @@ INLINE_INT64 = "int64"  # int64: N of up to 18 digits packed big-endian
 SAFE_INT64_DIGITS = len(str(INT64_MAX)) - 1
 # The inline encoding looks a body's length and its mutation's (at most 3 bytes
 # more: tag and a 2-byte length) up in VARINTS: bodies below this are.
-_LOOKED_UP = VARINT_TABLE_SIZE - 3
+LOOKED_UP = VARINT_TABLE_SIZE - 3
+# Row writers one compiled mapping makes, at most: a few per shape of image (an
+# insert's, a modify's, a backfill's), so this covers tables of dozens of shapes;
+# a sparse table's rarer shapes take the compiled cell loop (the same bytes). Each
+# writer is a code object of ~20 lines per attribute: this bounds their memory.
+MAX_ROW_WRITERS = 256
 
 
 def _string_set(members: list) -> Optional[bytes]:
@@ -113,7 +119,7 @@ def plain_row_writer(plain: tuple, column_of: Callable, ts_len: int, range_len: 
              "    total = 0"]
     fixed_sum = 0
     families: list = []
-    for i, (name, encode, family, qualifier, _) in enumerate(plain):
+    for name, encode, family, qualifier, _ in plain:
         fields, n, fixed, _, delete_head = column_of(family, qualifier, range_len)
         if not families or families[-1] != family:  # sorted: a family's cells are consecutive
             families.append(family)
@@ -125,7 +131,7 @@ def plain_row_writer(plain: tuple, column_of: Callable, ts_len: int, range_len: 
         lines += ["    n = len(p)",
                   "    total += n",
                   f"    b = {n + ts_len} + n + (2 if n < {ONE_BYTE_VARINT} else 3)",
-                  f"    if 0 < n and b < {_LOOKED_UP}:",
+                  f"    if 0 < n and b < {LOOKED_UP}:",
                   f"        put((_EM, _V[b + (2 if b < {ONE_BYTE_VARINT} else 3)], _MSC, _V[b], {const(fields)},"
                   " ts_field, _SV, _V[n], p))",
                   "    else:",
@@ -149,18 +155,3 @@ def plain_row_writer(plain: tuple, column_of: Callable, ts_len: int, range_len: 
 def writer_key(ts_len: int, range_len: int, prune: bool) -> tuple:
     """What a generated writer is specialized for, beside the shape."""
     return ts_len, range_len if prune else 0, prune
-
-
-MAX_WRITERS_PER_SHAPE = 8  # timestamp and range lengths change rarely: a few per shape
-
-
-def cached_writer(writers: dict, plain: tuple, column_of: Callable, ts_len: int, range_len: int,
-                  prune: bool, inline: dict, sample) -> Callable:
-    """The shape's writer for these lengths, generated on first use and kept in ``writers``."""
-    key = writer_key(ts_len, range_len, prune)
-    write = writers.get(key)
-    if write is None:
-        write = plain_row_writer(plain, column_of, ts_len, range_len, prune, inline, sample)
-        if len(writers) < MAX_WRITERS_PER_SHAPE:
-            writers[key] = write
-    return write

@@ -150,15 +150,17 @@ def encode_intent(guarded: list) -> str:
         order = c.set_column_order
         columns = texts.get(order)
         if columns is None:
-            columns = texts[order] = json.dumps([[f, _b64(q)] for f, q in order], separators=(",", ":"))
+            # sorted as the encoded pairs (base64 does not keep the qualifiers' byte order)
+            columns = texts[order] = json.dumps(sorted((f, _b64(q)) for f, q in order), separators=(",", ":"))
         parts.append(f'{head[0]}{_b64(c.row_key)}{head[1]}{_b64(guard.qualifier)}","s":{int(guard.since_ms)},'
                      f'"b":{int(guard.backfill_ms)},"c":{columns}}}')
     return "[" + ",".join(parts) + "]"
 
 
 # encode_intent's pieces: (table, family) -> the text around the row and marker
-# (a job has a few); a sorted column tuple -> its JSON list (emptied past
-# _MAX_INTENT_TEXTS: a table's items may have many shapes).
+# (not bounded: a job's tables times its one marker family); a sorted column
+# tuple -> its JSON list (emptied past _MAX_INTENT_TEXTS: a table's items may
+# have many shapes).
 _INTENT_HEADS: dict = {}
 _INTENT_COLUMNS: dict = {}
 _MAX_INTENT_TEXTS = 4096

@@ -123,9 +123,10 @@ def dynamodb_json_items(lines: Iterator[bytes], part: str) -> Iterator[dict]:
             continue
         n += 1
         try:
-            # Export files are UTF-8 (no BOM): decoded as json.loads decodes bytes it
-            # detects as UTF-8, without detecting it again for every line.
-            yield item_from_dynamodb_json(json.loads(raw.decode("utf-8", "surrogatepass") if type(raw) is bytes
+            # Export files are UTF-8: decoded as json.loads decodes bytes it detects
+            # as UTF-8 (a byte-order mark dropped, surrogates let through), without
+            # detecting it again for every line.
+            yield item_from_dynamodb_json(json.loads(raw.decode("utf-8-sig", "surrogatepass") if type(raw) is bytes
                                                      else raw)["Item"])
         except (ValueError, KeyError, TypeError, MappingError) as exc:
             raise PermanentError(f"{part} line {n}: not a DynamoDB JSON export line ({exc})") from None

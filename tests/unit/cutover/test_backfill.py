@@ -140,6 +140,7 @@ def test_export_lines_decode_as_json_loads_decodes_their_bytes():
              b'{"Item": {"pk": {"S": "\\u00e9\\ud83d\\ude00"}}}',
              b'{"Item": {"pk": {"S": "\\ud800"}}}',
              '{"Item": {"pk": {"S": "x\ud800y"}}}'.encode("utf-8", "surrogatepass"),
+             b"\xef\xbb\xbf" + b'{"Item": {"pk": {"S": "bom"}}}',  # a byte-order mark, dropped
              b"", b"   \n"]
     got = list(dynamodb_json_items(iter(lines), "data/a.json.gz"))
     assert got == [item_from_dynamodb_json(json.loads(raw)["Item"]) for raw in lines if raw.strip()]

@@ -108,3 +108,23 @@ def test_writers_are_made_once_per_shape_and_lengths_and_reused():
     assert len(writers) == 2 and {key[2] for key in writers} == {False, True}
     assert check(mapping, ChangeRecord(INSERT, KEYS, image, None, 5), False)  # a 1-byte timestamp varint
     assert len(writers) == 3
+
+
+def test_past_the_shape_cache_and_the_writer_budget_images_take_the_cell_loop(monkeypatch):
+    """A sparse table's many shapes: once the shapes kept or the writers made
+    reach their bounds, further images are written by the compiled cell loop —
+    the same changes — and nothing more is generated or kept."""
+    from ddb2bt.transforms import compiled as compiled_module
+
+    monkeypatch.setattr(compiled_module, "_MAX_SHAPES", 3)
+    mapping = load_mapping(ROOT / "examples" / "product_catalog.yaml")
+    compiled = compile_mapping(mapping)
+    compiled._writers_left = 2
+    rule = compiled._rules[0]
+    images = [_image(list(BASE)[:n]) for n in range(1, len(NAMES) + 1)]  # seven shapes
+    for n, image in enumerate(images * 2):
+        assert check(mapping, ChangeRecord(INSERT, KEYS, image, None, START_MS + n), False)
+        assert check(mapping, ChangeRecord(MODIFY, KEYS, image, image, START_MS + n), False)
+    assert len(rule._shapes) == 3 and compiled._writers_left == 0
+    assert sum(len(order.writers) for order in rule._shapes.values() if order is not None) == 2
+    assert rule.plain_order(images[-1]) is None  # not kept: no writer for it either
