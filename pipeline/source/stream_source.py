@@ -55,7 +55,11 @@ LATEST = "latest"
 START_MODES = (TRIM_HORIZON, LATEST)
 ON_TRIMMED = ("fail", "restart")
 GET_RECORDS_LIMIT = 1000  # the service's maximum per call
+# ... and its other bound: a page stops at 1 MB of records. The smaller reading
+# of "1 MB": a page cut at either is recognised.
+GET_RECORDS_MAX_BYTES = 1_000_000
 _EVENT_OF = attrgetter("event_name")  # a page's reads are counted per event type, in C
+_SIZE_OF = attrgetter("size_bytes")
 # Full pages read from one shard in one round (bundle): up to 10,000 changes, so a
 # backlog is drained in large bundles while a bundle's unacknowledged work stays
 # small enough to redo quickly after a failure.
@@ -346,6 +350,18 @@ class RoundResult:
     paced_s: Optional[float] = None
 
 
+def page_is_full(records: list) -> bool:
+    """Whether a GetRecords page (its ChangeRecords) may have stopped at one of the
+    service's bounds rather than at the shard's head: 1,000 records, or 1 MB —
+    told by its records' SizeBytes, the page's and its largest record's together
+    over the bound (the next record, of a like size, would not have fitted). A
+    page whose records carry no sizes (an emulator's 0) is full at 1,000 only."""
+    if len(records) >= GET_RECORDS_LIMIT:
+        return True
+    sizes = list(map(_SIZE_OF, records))
+    return bool(sizes) and sum(sizes) + max(sizes) > GET_RECORDS_MAX_BYTES
+
+
 class PartitionReader:
     """Reads one partition's shards, one round at a time. Beam-free: the SDF calls
     ``read_round`` with its tracker's claim function; tests call it directly."""
@@ -536,8 +552,8 @@ class PartitionReader:
         # the other shards' calls, so the pacer (5 GetRecords/s per shard) rarely
         # has to wait, and N shards in a backlog read about N pages in the time
         # one shard may read one, instead of each shard's pages one after another
-        # with a pacing sleep between every two. A short page means the shard is
-        # at its head: it leaves the round.
+        # with a pacing sleep between every two. A page short of both bounds
+        # (page_is_full) means the shard is at its head: it leaves the round.
         stream_arn, metrics = self._partition.stream_arn, self._metrics
         on_read = metrics.lag.on_read if metrics else None
         turns = list(tracker.current_restriction().positions)
@@ -578,10 +594,10 @@ class PartitionReader:
                     result.at_head = False
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
+                full = rec is not None and page_is_full(decoded)
                 # A full page: more may follow, the next unread record is at least as
                 # new as the last one read (a conservative lag); else at the head.
-                self._pending[shard_id] = rec.change_ms if rec is not None and nxt is not None \
-                    and len(records) >= GET_RECORDS_LIMIT else None
+                self._pending[shard_id] = rec.change_ms if full and nxt is not None else None
                 if nxt is None:
                     if not claim(ClaimClosed(shard_id)):
                         result.stopped = True
@@ -603,7 +619,7 @@ class PartitionReader:
                     # An empty page, not yet the head (control/catchup.py).
                     self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
                 self._shard_heads.on_page(shard_id, empty=not records)
-                if len(records) >= GET_RECORDS_LIMIT:
+                if full:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us
                 if result.records == 0 and all(self._pending.get(s) is None for _, s, _ in paced):

@@ -598,3 +598,57 @@ def test_a_held_idle_end_keeps_the_reader_polling_and_the_wait_starts_over_on_re
         assert idle_end(other, 0, 4_000, False, tracker) == "end"  # a hold is the token's alone
     finally:
         release_idle_end("demo-test")
+
+
+def _put_big(client, shard, n, chars):
+    image = lambda i: {"pk": {"S": f"k{i}"}, "body": {"S": "x" * chars}}  # noqa: E731
+    return [client.put(shard, "MODIFY", {"pk": {"S": f"k{i}"}}, image(i), image(i)) for i in range(n)]
+
+
+def test_a_page_stopped_at_one_megabyte_is_full_the_shard_reads_on_and_its_lag_is_not_zero():
+    """AWS stops a GetRecords page at 1,000 records or 1 MB: a page of large
+    records cut at 1 MB is a full page — the shard takes its next turn in the
+    same round and its oldest unread change is counted as pending — while a
+    page short of both bounds still means the shard's head."""
+    from ddb2bt.pipeline.source.stream_source import page_is_full
+
+    client, _, _, reader, _ = setup()
+    client.add_shard("s")
+    big = _put_big(client, "s", 12, 100_000)  # ~200 KB a record: 5 to a page
+    tracker = LocalTracker()
+    first, result = drain_round(reader, tracker)
+    assert seqs(first) == big and not result.at_head
+    # pages of 5 and 5 records, each cut at 1 MB, then 2: short of both bounds, the head
+    assert client.calls.count("GetRecords") == 3
+    assert reader.pending_since() == {"s": None}  # read to its head
+    page = records(first)[:5]
+    assert page_is_full(page) and not page_is_full(page[:4][-2:])  # two records: far from 1 MB
+    assert not page_is_full([])
+    assert page_is_full(records(put(FakeStreamsClient(), "x", 0)) + [page[0]] * 1000)
+
+
+def test_a_short_page_of_small_records_and_a_page_without_sizes_still_end_the_shards_turn():
+    """Records without SizeBytes (an emulator's 0) are full only at 1,000, as before."""
+    from dataclasses import replace
+
+    from ddb2bt.pipeline.source.stream_source import page_is_full
+
+    client, _, _, reader, _ = setup()
+    client.add_shard("s")
+    small = put(client, "s", 7)
+    first, _ = drain_round(reader, LocalTracker())
+    assert seqs(first) == small and client.calls.count("GetRecords") == 1
+    sizeless = [replace(r, size_bytes=0) for r in records(first)]
+    assert not page_is_full(sizeless * 100) and page_is_full(sizeless * 143)  # 700 records, then 1,001
+
+
+def test_after_a_page_cut_at_one_megabyte_the_shard_is_behind(monkeypatch):
+    from ddb2bt.pipeline.source import stream_source
+
+    monkeypatch.setattr(stream_source, "PAGES_PER_ROUND", 1)  # one page a round
+    client, _, _, reader, _ = setup()
+    client.add_shard("s")
+    _put_big(client, "s", 12, 100_000)
+    first, result = drain_round(reader, LocalTracker())
+    assert len(records(first)) == 5 and not result.at_head
+    assert reader.pending_since() == {"s": records(first)[-1].change_ms}  # more follows: not at its head
