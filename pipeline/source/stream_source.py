@@ -355,7 +355,10 @@ def page_is_full(records: list) -> bool:
     service's bounds rather than at the shard's head: 1,000 records, or 1 MB —
     told by its records' SizeBytes, the page's and its largest record's together
     over the bound (the next record, of a like size, would not have fitted). A
-    page whose records carry no sizes (an emulator's 0) is full at 1,000 only."""
+    page whose records carry no sizes (an emulator's 0) is full at 1,000 only.
+    Kinesis pages (the same reader) stop at 10 MB: one of theirs over 1 MB is
+    taken for full too — conservatively: one more paced call, which finds the
+    head, and the lag counted until then."""
     if len(records) >= GET_RECORDS_LIMIT:
         return True
     sizes = list(map(_SIZE_OF, records))
