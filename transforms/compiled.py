@@ -650,22 +650,27 @@ class CompiledMapping:
         row, cells = crule.cells(keys, image, captures, with_values)
         return crule, row, cells, None
 
-    def _old_cells(self, keys, old, new_image, new_rule, new_row) -> dict:
+    def _old_cells(self, keys, old, new_image, new_rule, new_row, new_plain=None) -> dict:
         """mapping._old_cells: a MODIFY's old image mapped to the same rule and row,
         naming no attribute the new image lacks and placing each one as a plain
-        cell (or not at all), owns only cells the new image owns too."""
+        cell (or not at all), owns only cells the new image owns too. ``new_plain``:
+        the new image's plain order, if it has one — then each of its attributes,
+        so each of the old image's, is a plain cell or not placed, unlooked-up."""
         if (new_rule is not None and new_image is not None and new_rule.single_row
                 and old.keys() <= new_image.keys()):
             crule, captures = self._select(keys, old)
             if crule is new_rule:
-                plans = crule.plans
-                for name in old:
-                    plan = plans.get(name)
-                    if plan is None or plan[0] not in _SIMPLE:
-                        break
-                else:
-                    if _keys_give_row(crule, keys) or crule.row_key(keys, old, captures) == new_row:
-                        return _EMPTY
+                simple = new_plain is not None
+                if not simple:
+                    plans = crule.plans
+                    for name in old:
+                        plan = plans.get(name)
+                        if plan is None or plan[0] not in _SIMPLE:
+                            break
+                    else:
+                        simple = True
+                if simple and (_keys_give_row(crule, keys) or crule.row_key(keys, old, captures) == new_row):
+                    return _EMPTY
         return self._image_cells(keys, old, False)[2]
 
     def _map(self, record, mark_touched) -> tuple:
@@ -689,7 +694,7 @@ class CompiledMapping:
         new = _EMPTY
         if event != REMOVE:
             new_rule, new_row, new, plain = self._image_cells(keys, new_image, True, True)
-        old = _EMPTY if old_image is None else self._old_cells(keys, old_image, new_image, new_rule, new_row)
+        old = _EMPTY if old_image is None else self._old_cells(keys, old_image, new_image, new_rule, new_row, plain)
         if plain is not None and old:  # the old image's cells are told from the new one's cell keys
             new, plain = self._image_cells(keys, new_image, True)[2], None
         since = record.backfill_since_ms
