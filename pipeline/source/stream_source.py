@@ -58,6 +58,13 @@ GET_RECORDS_LIMIT = 1000  # the service's maximum per call
 # ... and its other bound: a page stops at 1 MB of records. The smaller reading
 # of "1 MB": a page cut at either is recognised.
 GET_RECORDS_MAX_BYTES = 1_000_000
+# What the service counts toward that megabyte is not published; its records on
+# the wire (DynamoDB JSON: type tags, quotes) run ~1.4x their SizeBytes for
+# ~1 KB items (measured, docs/benchmarks.md) and more for short attributes. So a
+# page is taken for cut once its SizeBytes pass the megabyte divided by this: a
+# page wrongly taken for full costs one more paced call, one wrongly taken for
+# the head a poll interval and a lag of zero.
+WIRE_BYTES_PER_SIZE_BYTE = 2
 _EVENT_OF = attrgetter("event_name")  # a page's reads are counted per event type, in C
 _SIZE_OF = attrgetter("size_bytes")
 # Full pages read from one shard in one round (bundle): up to 10,000 changes, so a
@@ -354,7 +361,8 @@ def page_is_full(records: list) -> bool:
     """Whether a GetRecords page (its ChangeRecords) may have stopped at one of the
     service's bounds rather than at the shard's head: 1,000 records, or 1 MB —
     told by its records' SizeBytes, the page's and its largest record's together
-    over the bound (the next record, of a like size, would not have fitted). A
+    (the next record, of a like size, would not have fitted) over the megabyte as
+    SizeBytes may count it (WIRE_BYTES_PER_SIZE_BYTE: the wire form is larger). A
     page whose records carry no sizes (an emulator's 0) is full at 1,000 only.
     Kinesis pages (the same reader) stop at 10 MB: one of theirs over 1 MB is
     taken for full too — conservatively: one more paced call, which finds the
@@ -362,7 +370,7 @@ def page_is_full(records: list) -> bool:
     if len(records) >= GET_RECORDS_LIMIT:
         return True
     sizes = list(map(_SIZE_OF, records))
-    return bool(sizes) and sum(sizes) + max(sizes) > GET_RECORDS_MAX_BYTES
+    return bool(sizes) and sum(sizes) + max(sizes) > GET_RECORDS_MAX_BYTES // WIRE_BYTES_PER_SIZE_BYTE
 
 
 class PartitionReader:

@@ -618,13 +618,25 @@ def test_a_page_stopped_at_one_megabyte_is_full_the_shard_reads_on_and_its_lag_i
     tracker = LocalTracker()
     first, result = drain_round(reader, tracker)
     assert seqs(first) == big and not result.at_head
-    # pages of 5 and 5 records, each cut at 1 MB, then 2: short of both bounds, the head
-    assert client.calls.count("GetRecords") == 3
+    # pages of 5 and 5 records, each cut at 1 MB, then 2 (400 KB: may have been cut,
+    # as the wire form is larger), then the head's empty page
+    assert client.calls.count("GetRecords") == 4
     assert reader.pending_since() == {"s": None}  # read to its head
     page = records(first)[:5]
-    assert page_is_full(page) and not page_is_full(page[:4][-2:])  # two records: far from 1 MB
+    assert page_is_full(page) and page_is_full(page[:2]) and not page_is_full(page[:1])  # one: 200 KB
     assert not page_is_full([])
     assert page_is_full(records(put(FakeStreamsClient(), "x", 0)) + [page[0]] * 1000)
+
+
+def test_a_page_cut_before_a_record_larger_than_any_on_it_is_full_too():
+    """The record that did not fit may be larger than any on the page: ~50 KB
+    records, then one of ~800 KB (both images of a ~400 KB item)."""
+    client, _, _, reader, _ = setup()
+    client.add_shard("s")
+    written = _put_big(client, "s", 18, 25_000) + _put_big(client, "s", 1, 400_000) + _put_big(client, "s", 5, 25_000)
+    first, _ = drain_round(reader, LocalTracker())
+    assert len(records(first)) == len(written)  # all in one round: no page taken for the head
+    assert reader.pending_since() == {"s": None}
 
 
 def test_a_short_page_of_small_records_and_a_page_without_sizes_still_end_the_shards_turn():
