@@ -58,7 +58,6 @@ _EMPTY: dict = {}  # captures of a rule without regex conditions (never written 
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 _EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
 _ONE_MS = _dt.timedelta(milliseconds=1)
-_SAFE_INT64_DIGITS = SAFE_INT64_DIGITS
 
 
 class _Fallback(Exception):
@@ -79,7 +78,7 @@ def _fast_utf8(value) -> bytes:
 def _fast_int64(value) -> bytes:
     if type(value) is dict and len(value) == 1:
         text = value.get("N")
-        if type(text) is str and len(text) <= _SAFE_INT64_DIGITS and text.isdigit() and text.isascii():
+        if type(text) is str and len(text) <= SAFE_INT64_DIGITS and text.isdigit() and text.isascii():
             return INT64_STRUCT.pack(int(text))
     return ENCODERS["int64"](value, "")
 
@@ -601,7 +600,7 @@ class CompiledMapping:
         fields, n = column_fields((family, qualifier))
         body = n + range_len
         delete_head = None
-        if body < _LOOKED_UP:  # as transforms.wire.delete_cells writes it
+        if body < LOOKED_UP:  # as transforms.wire.delete_cells writes it
             delete_head = b"".join((ENTRY_MUTATION, VARINTS[body + (2 if body < _ONE_BYTE else 3)],
                                     MUT_DELETE_FROM_COLUMN, VARINTS[body], fields))
         column = (fields, n, len(family) + len(qualifier) + MUTATION_OVERHEAD_BYTES, range_len, delete_head)
@@ -782,7 +781,7 @@ class CompiledMapping:
                 column, n, _, head_range_len, delete_head = column
                 value_len = len(payload)
                 body = n + ts_len + value_len + (2 if value_len < _ONE_BYTE else 3)
-                if 0 < value_len and body < _LOOKED_UP:
+                if 0 < value_len and body < LOOKED_UP:
                     put((ENTRY_MUTATION, varints[body + (2 if body < _ONE_BYTE else 3)], MUT_SET_CELL,
                          varints[body], column, ts_field, SET_VALUE, varints[value_len], payload))
                 else:
@@ -840,7 +839,7 @@ class CompiledMapping:
         if versions:
             owner = key_json if key_json is not None else _key_json(keys)
         # The plain row's SetCells are its plain order's columns, unless a touch marker joined them.
-        columns = plain.columns if plain is not None and not (mark_touched and since is None) else None
+        set_columns = plain.columns if plain is not None and not (mark_touched and since is None) else None
         changes = []
         for rk, (count, size, wire_parts, families) in rows.items():
             table, row = rk
@@ -854,7 +853,7 @@ class CompiledMapping:
             entries = versions.get(rk)
             # RowChange(table, row, mutations, guard, size, versioned, owner) and its wire, slots filled
             # directly; the mutations decoded from the wire when read
-            changes.append(_row_change(table, row, _new(EncodedMutations, (count, tuple(families), columns)), guard,
+            changes.append(_row_change(table, row, _new(EncodedMutations, (count, tuple(families), set_columns)), guard,
                                        size, tuple(sorted(entries)) if entries else (), owner, wire))
         return tuple(changes)
 
@@ -894,7 +893,6 @@ def _ranges(ts: int) -> tuple:
 
 # Timestamps (ms) whose microseconds need more than the varint table: timestamp_varint's.
 _SHORT_MS = VARINT_TABLE_SIZE // US_PER_MS
-_LOOKED_UP = LOOKED_UP  # rowwriter's: a body below it has its lengths looked up in VARINTS
 _ONE_BYTE = ONE_BYTE_VARINT  # a length below this is a 1-byte varint, else (below the table's end) 2
 
 

@@ -230,7 +230,8 @@ def client_error(code: str, message: str = "", operation: str = "GetRecords", st
 
 # DynamoDB Streams' GetRecords returns at most 1,000 records or 1 MB, whichever
 # comes first: AWS's published limit, which moto does not keep
-# (docs/development.md, two AWS emulators).
+# (docs/development.md, two AWS emulators). The larger reading of "1 MB" here;
+# the reader recognises a page cut at the smaller (stream_source.page_is_full).
 GET_RECORDS_MAX_BYTES = 1 << 20
 
 
