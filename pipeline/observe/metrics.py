@@ -122,6 +122,14 @@ class LagTracker:
             if s.pending_oldest_ms is None:
                 s.pending_oldest_ms = change_ms
 
+    def on_passed_over(self, stream: str, shard: str) -> None:
+        """A page of only other tables' records (a shared Kinesis stream): not
+        empty, so not a step toward the head; nothing of this table was read."""
+        with self._lock:
+            s = self._get(stream, shard)
+            s.at_head = False
+            s.empty_since_ms, s.empty_pages = None, 0
+
     def on_at_head(self, stream: str, shard: str) -> None:
         """An empty page (called once per empty GetRecords page)."""
         with self._lock:

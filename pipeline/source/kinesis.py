@@ -44,6 +44,7 @@ from ddb2bt.transforms.attrs import item_from_dynamodb_json
 from ddb2bt.pipeline.clients.dynamodb import StreamThrottled
 from ddb2bt.pipeline.connect.connections import aws_client
 from ddb2bt.pipeline.observe.metrics import default_metrics
+from ddb2bt.pipeline.source.stream_source import OTHER_TABLES_RECORDS
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 
 log = logging.getLogger(__name__)
@@ -340,9 +341,12 @@ class KinesisStreamsClient:
             nxt = None
         if nxt is not None:
             self._iterators[nxt] = shard
-        # A page of only other tables' records comes back empty: the reader moves on
-        # with NextShardIterator (its checkpoint stays at its own table's last record).
+        # Other tables' records are dropped: the reader moves on with NextShardIterator
+        # (its checkpoint stays at its own table's last record). It is told how many,
+        # so a page of only theirs is not taken for an empty one (OTHER_TABLES_RECORDS).
         out = {"Records": records, "NextShardIterator": nxt}
+        if len(raw) > len(records):
+            out[OTHER_TABLES_RECORDS] = len(raw) - len(records)
         if "MillisBehindLatest" in page:  # the service's own lag: the reader's catch-up rule takes it (§7.8)
             out["MillisBehindLatest"] = page["MillisBehindLatest"]
         return out

@@ -65,6 +65,13 @@ GET_RECORDS_MAX_BYTES = 1_000_000
 # page wrongly taken for full costs one more paced call, one wrongly taken for
 # the head a poll interval and a lag of zero.
 WIRE_BYTES_PER_SIZE_BYTE = 2
+# A page may carry this key: how many records a client that reads a stream shared
+# by several tables (Kinesis, docs/design.md §10.8) passed over as another
+# table's. Such a page is not empty — an empty page is a step toward a head
+# proof, and the run of them could "prove" the head while this table's records
+# wait behind the other table's backlog — and may have stopped at the service's
+# bound: another turn, not the head.
+OTHER_TABLES_RECORDS = "OtherTablesRecords"
 _EVENT_OF = attrgetter("event_name")  # a page's reads are counted per event type, in C
 _SIZE_OF = attrgetter("size_bytes")
 # Full pages read from one shard in one round (bundle): up to 10,000 changes, so a
@@ -605,10 +612,18 @@ class PartitionReader:
                     result.at_head = False
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
-                full = rec is not None and page_is_full(decoded)
+                passed_over = page.get(OTHER_TABLES_RECORDS, 0)
+                # A page of other tables' records, with or without ours, may have
+                # stopped at a bound this reader cannot see (their sizes): another
+                # turn, which costs one paced call and finds the head.
+                full = (rec is not None and page_is_full(decoded)) or passed_over > 0
+                if passed_over:
+                    result.at_head = False
                 # A full page: more may follow, the next unread record is at least as
-                # new as the last one read (a conservative lag); else at the head.
-                self._pending[shard_id] = rec.change_ms if full and nxt is not None else None
+                # new as the last one read (a conservative lag); else at the head. A
+                # page of only other tables' records leaves the estimate as it was.
+                if rec is not None or not passed_over:
+                    self._pending[shard_id] = rec.change_ms if full and nxt is not None else None
                 if nxt is None:
                     if not claim(ClaimClosed(shard_id)):
                         result.stopped = True
@@ -626,10 +641,13 @@ class PartitionReader:
                 self._iterators[shard_id] = (new_pos, nxt)
                 if self._metrics and "MillisBehindLatest" in page:  # the service's own lag, where it gives one
                     self._metrics.lag.on_behind(self._partition.stream_arn, shard_id, page["MillisBehindLatest"])
-                if not records and self._metrics:
-                    # An empty page, not yet the head (control/catchup.py).
-                    self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
-                self._shard_heads.on_page(shard_id, empty=not records)
+                empty = not records and not passed_over
+                if self._metrics:
+                    if empty:  # an empty page, not yet the head (control/catchup.py)
+                        self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
+                    elif not records:  # other tables' records only: the run of empty pages ends
+                        self._metrics.lag.on_passed_over(self._partition.stream_arn, shard_id)
+                self._shard_heads.on_page(shard_id, empty=empty)
                 if full:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us

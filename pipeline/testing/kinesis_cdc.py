@@ -73,7 +73,9 @@ class FakeKinesis:
         page = kept[int(index):int(index) + Limit]
         end = int(index) + len(page)
         nxt = None if shard in self.closed and end >= len(kept) else f"{shard}|{end}|0"
-        return {"Records": page, "NextShardIterator": nxt, "MillisBehindLatest": 0}
+        # Records left after the page: behind the tip (the figure itself is nominal).
+        behind = 1000 if end < len(kept) else 0
+        return {"Records": page, "NextShardIterator": nxt, "MillisBehindLatest": behind}
 
 
 class MeteredKinesis:

@@ -250,3 +250,60 @@ def test_records_within_the_retention_and_the_skew_are_read():
     reader, _ = reader_over(fake)
     out, _ = drain(reader.read_round(LocalTracker()))
     assert len(out) == 2
+
+
+def test_a_page_of_only_another_tables_records_is_not_taken_for_the_head():
+    """A stream shared by two tables: this table's records wait behind the other
+    table's backlog, which fills page after page for longer than the head rule's
+    window (control/catchup.py). Those pages come back without records of ours,
+    but they are not empty: no head proof may form over them (it would say every
+    record created before its first page was read), the catch-up rule's run of
+    empty pages does not grow, and the round is not at the head (a run until
+    idle would end early)."""
+    from prometheus_client import CollectorRegistry
+
+    from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S, at_head
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
+
+    pages_of_backlog = HEAD_EMPTY_PAGES + 2
+    limit = 1000  # the reader's Limit per call
+    fake = FakeKinesis()
+    ours = [doc("Catalog", "a", n) for n in range(1, 4)]  # created before any page of the backlog is read
+    fake.add("s", [doc("Orders", "x", n) for n in range(pages_of_backlog * limit)] + ours)
+    clock = Clock()
+    pages: list = []
+
+    class Slow:
+        """Each call takes longer than the head window's share of a page."""
+
+        def __getattr__(self, name):
+            return getattr(fake, name)
+
+        def get_records(self, **kw):
+            clock.now += HEAD_EMPTY_S  # the run spans the window after HEAD_EMPTY_PAGES pages
+            page = fake.get_records(**kw)
+            pages.append(len(page["Records"]))
+            return page
+
+    metrics = PipelineMetrics(CollectorRegistry())
+    client = KinesisStreamsClient(Slow(), "cdc", "Catalog", "auto", pacer=ShardPacer(clock=clock, sleep=clock.sleep),
+                                  now_ms=lambda: NOW_MS)
+    arn = kinesis_stream_arn("Catalog", "cdc")
+    reader = PartitionReader(client, StreamPartition(arn, 0, 1), ReaderOptions(), lambda _: {}, metrics,
+                             now_ms=lambda: int(clock.now * 1000), sleep=lambda s: None)
+    tracker = LocalTracker()
+    read: list = []
+    for _ in range(pages_of_backlog):  # the rounds that pass over the other table's backlog
+        out, result = drain(reader.read_round(tracker))
+        read += [r for r in out if not isinstance(r, ShardClosed)]
+        if read:
+            break
+        assert reader.heads() == {}
+        view = metrics.lag.view(arn, "s")
+        assert view.empty_pages == 0 and not at_head(view, int(clock.now * 1000))
+        assert not result.at_head
+    while not read:
+        out, _ = drain(reader.read_round(tracker))
+        read += [r for r in out if not isinstance(r, ShardClosed)]
+    assert [r.new_image["n"]["N"] for r in read] == ["1", "2", "3"]
+    assert pages[:pages_of_backlog] == [limit] * pages_of_backlog  # the other table's backlog filled those calls
