@@ -612,16 +612,14 @@ class PartitionReader:
                     result.at_head = False
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
+                # A page holding other tables' records (a shared Kinesis stream) may have
+                # stopped at a bound this reader cannot see: another turn, not the head.
                 passed_over = page.get(OTHER_TABLES_RECORDS, 0)
-                # A page of other tables' records, with or without ours, may have
-                # stopped at a bound this reader cannot see (their sizes): another
-                # turn, which costs one paced call and finds the head.
-                full = (rec is not None and page_is_full(decoded)) or passed_over > 0
-                if passed_over:
-                    result.at_head = False
+                full = passed_over > 0 or (rec is not None and page_is_full(decoded))
+                result.at_head = result.at_head and not passed_over
                 # A full page: more may follow, the next unread record is at least as
-                # new as the last one read (a conservative lag); else at the head. A
-                # page of only other tables' records leaves the estimate as it was.
+                # new as the last one read (a conservative lag); else at the head. Only
+                # other tables' records: the estimate stands.
                 if rec is not None or not passed_over:
                     self._pending[shard_id] = rec.change_ms if full and nxt is not None else None
                 if nxt is None:
@@ -639,15 +637,7 @@ class PartitionReader:
                     result.at_head = False
                     continue  # closed: out of the round
                 self._iterators[shard_id] = (new_pos, nxt)
-                if self._metrics and "MillisBehindLatest" in page:  # the service's own lag, where it gives one
-                    self._metrics.lag.on_behind(self._partition.stream_arn, shard_id, page["MillisBehindLatest"])
-                empty = not records and not passed_over
-                if self._metrics:
-                    if empty:  # an empty page, not yet the head (control/catchup.py)
-                        self._metrics.lag.on_at_head(self._partition.stream_arn, shard_id)
-                    elif not records:  # other tables' records only: the run of empty pages ends
-                        self._metrics.lag.on_passed_over(self._partition.stream_arn, shard_id)
-                self._shard_heads.on_page(shard_id, empty=empty)
+                self._shard_heads.on_page(shard_id, page, empty=not records and not passed_over)
                 if full:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us
