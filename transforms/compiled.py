@@ -34,8 +34,8 @@ from ddb2bt.transforms.encoding import ENCODERS, decimal_payload, INT64_STRUCT, 
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES, MAX_TIMESTAMP_MS, checked_size
 from ddb2bt.transforms.mapping import (PLAN_COLUMN, INCLUSIVE_END_MS, PLAN_PLAIN, PLAN_SKIP, PLAN_UNMAPPED, INDEX_POINTER,
                                        MARKER_FAMILY, MARKER_PREFIX, MAX_PLANNED_ATTRIBUTES, attribute_plan,
-                                       column_cells, condition_matches, CellOwner, general_map_change, parse_timestamp_ms,
-                                       validate_record)
+                                       column_cells, condition_matches, CellOwner, OwnedCell, general_map_change,
+                                       owned_cells, parse_timestamp_ms, validate_record)
 from ddb2bt.transforms.model import (INSERT, MODIFY, MUTATION_OVERHEAD_BYTES, REMOVE, EncodedMutations,
                                      build_guard, build_row_change)
 from ddb2bt.transforms.rowkey import ESCAPE, TRANSFORMS, KeyTemplate, part_value
@@ -909,6 +909,27 @@ _new = tuple.__new__
 # model.RowChange); the compiled mapping fills it with the other slots (its size given).
 _row_change = build_row_change
 _guard = build_guard
+
+
+def compiled_owned_cells(mapping: MappingConfig, keys, image, with_values: bool = True) -> dict:
+    """``mapping.owned_cells`` through the mapping's compiled rules: the same
+    {cell key: OwnedCell}, built from the compiled cells (the ordering guard's
+    hot path: a Kinesis change maps both its images this way). Whatever the
+    compiled rules do not take — a hook, no rule, two attributes on one cell, a
+    value that does not encode — the general engine decides, raising its
+    MappingError. ``tests/unit/transforms/test_compiled_mapping.py`` holds the
+    two equal."""
+    if image is None:
+        return {}
+    try:
+        cells = compile_mapping(mapping)._image_cells(keys, image, with_values)[2]
+    except Exception:  # noqa: BLE001 — whatever it is, the general engine decides (and raises it)
+        return owned_cells(mapping, keys, image, with_values)
+    # A cell key is (table, row, family, qualifier, version_ms, is_list); a list
+    # column's payload is its elements' values.
+    return {key: OwnedCell(key[0], key[1], key[2], key[3], key[4], None, value) if key[5]
+            else OwnedCell(key[0], key[1], key[2], key[3], key[4], value, None)
+            for key, value in cells.items()}
 
 
 def compile_mapping(mapping: MappingConfig) -> CompiledMapping:

@@ -34,7 +34,8 @@ from typing import Optional
 from ddb2bt.transforms.attrs import canonical_typed_json, dump_str
 from ddb2bt.transforms.config import MappingConfig
 from ddb2bt.transforms.errors import MappingError
-from ddb2bt.transforms.mapping import delete_cell, owned_cells, owned_now_and_before, validate_record, write_cell
+from ddb2bt.transforms.compiled import compiled_owned_cells
+from ddb2bt.transforms.mapping import delete_cell, owned_now_and_before, validate_record, write_cell
 from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
 
 __all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "cell_digest", "clock_mutations", "decode_clock",
@@ -275,9 +276,9 @@ def guarded_rows(mapping: MappingConfig, record: ChangeRecord) -> tuple:
     if (record.is_ttl_delete and record.event_name == REMOVE and mapping.ttl is not None
             and mapping.ttl.deletions == "ignore"):
         return ()
-    new = owned_cells(mapping, record.keys, record.new_image) if record.event_name != REMOVE else {}
+    new = compiled_owned_cells(mapping, record.keys, record.new_image) if record.event_name != REMOVE else {}
     try:
-        old = owned_cells(mapping, record.keys, record.old_image, with_values=False)
+        old = compiled_owned_cells(mapping, record.keys, record.old_image, with_values=False)
     except MappingError:  # an old image that no longer maps owned nothing we can name
         old = {}
     return _guarded_rows(new, old, record.keys, record.change_ms, order_key(record), _aging_families(mapping))

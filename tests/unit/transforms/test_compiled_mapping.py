@@ -21,11 +21,11 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ddb2bt.transforms.compiled import compile_mapping
+from ddb2bt.transforms.compiled import compile_mapping, compiled_owned_cells
 from ddb2bt.transforms.config import load_mapping, mapping_from_text, parse_mapping
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
-from ddb2bt.transforms.mapping import backfill_record, general_map_change, map_change, select_rule
+from ddb2bt.transforms.mapping import backfill_record, general_map_change, map_change, owned_cells, select_rule
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
 from ddb2bt.pipeline.clients.bigtable.wire import build_mutations, mutate_rows_types
 
@@ -247,6 +247,24 @@ def check(mapping, record, mark_touched):
     return alone is not None
 
 
+def cells_outcome(fn, mapping, keys, image, with_values):
+    try:
+        return "ok", sorted(fn(mapping, keys, image, with_values).items(), key=repr)
+    except MappingError as exc:
+        return "dead letter", type(exc).__name__, exc.reason, exc.message
+    except Exception as exc:  # the general engine's other failures must be the same too
+        return "error", type(exc).__name__, str(exc)
+
+
+def check_owned(mapping, keys, images) -> None:
+    """The ordering guard's cells (``compiled_owned_cells``) are the general
+    engine's (``owned_cells``): the same OwnedCells, or the same error."""
+    for image in images:
+        for with_values in (True, False):
+            assert (cells_outcome(compiled_owned_cells, mapping, keys, image, with_values)
+                    == cells_outcome(owned_cells, mapping, keys, image, with_values)), (image, with_values)
+
+
 def _keys_for(name, keys):
     return hr_keys(keys) if name.startswith("hr_orders") else keys
 
@@ -272,6 +290,7 @@ def test_compiled_equals_general_for_random_changes(name, data):
     record = ChangeRecord(event, keys, None if event == REMOVE else new, None if event == INSERT else old, ts,
                           is_ttl_delete=event == REMOVE and data.draw(st.booleans(), label="ttl"))
     check(mapping, record, data.draw(st.booleans(), label="mark touched"))
+    check_owned(mapping, keys, (new, old))
     backfill = backfill_record(keys, new, START_MS + data.draw(st.integers(0, 1999), label="handoff"))
     check(mapping, backfill, data.draw(st.booleans(), label="mark backfill"))
 
@@ -305,6 +324,7 @@ def test_compiled_equals_general_over_random_histories(name, data):
             items[k] = new
             record = ChangeRecord(MODIFY if old is not None else INSERT, keys, new, old, now)
         check(mapping, record, data.draw(st.booleans(), label="mark touched"))
+        check_owned(mapping, keys, (record.new_image, record.old_image))
         if record.new_image is not None and data.draw(st.booleans(), label="backfill"):
             check(mapping, backfill_record(keys, record.new_image, now - data.draw(st.integers(0, 5000))), False)
 
@@ -325,6 +345,11 @@ def test_realistic_streams_are_mapped_by_the_compiled_path_alone(name):
         for record in records + backfill(records):
             assert check(mapping, record, mark), record
     assert compile_mapping(mapping).fallbacks == 0
+    for record in records:  # the ordering guard's cells of both images: from the compiled rules alone
+        check_owned(mapping, record.keys, (record.new_image, record.old_image))
+        for image in (record.new_image, record.old_image):
+            if image is not None:
+                compile_mapping(mapping)._image_cells(record.keys, image, True)  # raises where it hands over
 
 
 def test_a_record_the_compiled_path_does_not_take_is_handed_over_and_counted():
@@ -396,3 +421,4 @@ KINDS_CHANGED = dict(KINDS_ITEM, History={"L": []}, Tags={"SS": ["y"]}, At={"N":
 @pytest.mark.parametrize("mark", [False, True])
 def test_sets_maps_lists_item_columns_and_epoch_timestamps_are_compiled(record, mark):
     assert check(LANGUAGE, record, mark)
+    check_owned(LANGUAGE, record.keys, (record.new_image, record.old_image))
