@@ -122,9 +122,10 @@ class LagTracker:
             if s.pending_oldest_ms is None:
                 s.pending_oldest_ms = change_ms
 
-    def on_passed_over(self, stream: str, shard: str) -> None:
-        """A page of only other tables' records (a shared Kinesis stream): not
-        empty, so not a step toward the head; nothing of this table was read."""
+    def on_records_ahead(self, stream: str, shard: str) -> None:
+        """A page without records of this table, yet not empty (behind the tip, or
+        other tables' records: stream_source.page_state): not a step toward the
+        head."""
         with self._lock:
             s = self._get(stream, shard)
             s.at_head = False

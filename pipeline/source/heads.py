@@ -46,16 +46,15 @@ class ShardHeads:
         """A GetRecords ``page`` of an open shard: tell the lag tracker (the
         catch-up rule's view, control/catchup.py), follow the shard's run of
         empty pages, and at the head remember when. Of a long run, the latest
-        such window counts. Not ``empty``: a page with records of this table, or
-        with other tables' only (stream_source.OTHER_TABLES_RECORDS)."""
+        such window counts. ``empty``: stream_source.page_state's."""
         if self._metrics is not None:
             lag = self._metrics.lag
             if "MillisBehindLatest" in page:  # the service's own lag, where it gives one
                 lag.on_behind(self._stream_arn, shard_id, page["MillisBehindLatest"])
             if empty:  # an empty page, not yet the head
                 lag.on_at_head(self._stream_arn, shard_id)
-            elif not page.get("Records"):  # other tables' records only: the run of empty pages ends
-                lag.on_passed_over(self._stream_arn, shard_id)
+            elif not page.get("Records"):  # nothing of this table, and yet records ahead: the run ends
+                lag.on_records_ahead(self._stream_arn, shard_id)
         if not empty:
             self._empty_run.pop(shard_id, None)
             return

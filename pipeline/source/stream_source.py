@@ -67,10 +67,7 @@ GET_RECORDS_MAX_BYTES = 1_000_000
 WIRE_BYTES_PER_SIZE_BYTE = 2
 # A page may carry this key: how many records a client that reads a stream shared
 # by several tables (Kinesis, docs/design.md §10.8) passed over as another
-# table's. Such a page is not empty — an empty page is a step toward a head
-# proof, and the run of them could "prove" the head while this table's records
-# wait behind the other table's backlog — and may have stopped at the service's
-# bound: another turn, not the head.
+# table's (page_state).
 OTHER_TABLES_RECORDS = "OtherTablesRecords"
 _EVENT_OF = attrgetter("event_name")  # a page's reads are counted per event type, in C
 _SIZE_OF = attrgetter("size_bytes")
@@ -380,6 +377,37 @@ def page_is_full(records: list) -> bool:
     return bool(sizes) and sum(sizes) + max(sizes) > GET_RECORDS_MAX_BYTES // WIRE_BYTES_PER_SIZE_BYTE
 
 
+KEEP_PENDING = object()  # page_state: the shard's estimate of its oldest unread record stands
+
+
+def page_state(page: dict, decoded: list, now_ms: int) -> tuple:
+    """(empty, full, pending) of a GetRecords ``page`` of an open shard and its
+    ``decoded`` records of this table (docs/design.md §7.8): whether it is a step
+    toward the head; whether more may follow at once (another turn); and the
+    creation ms of the oldest record not read yet — None at the head,
+    KEEP_PENDING where the page cannot tell.
+
+    Kinesis says whether a page reached the tip: a page behind it
+    (``MillisBehindLatest`` > 0) has records ahead, so it is neither empty nor
+    the head, even without records (Kinesis documents empty pages mid-shard),
+    and the oldest unread record is as old as it says. Of a stream shared by
+    several tables, a page of only other tables' records (OTHER_TABLES_RECORDS)
+    is empty only at the tip (``MillisBehindLatest`` 0: nothing was left to
+    read); without the figure it is taken for one behind it, as its bound
+    cannot be told from here. Otherwise a page is full at the service's bounds
+    (page_is_full), and empty without records."""
+    behind = page.get("MillisBehindLatest")
+    ahead = bool(behind) or (behind is None and page.get(OTHER_TABLES_RECORDS, 0) > 0)
+    if decoded:
+        # A full page: more may follow, and the next unread record is at least as new
+        # as the last one read (a conservative lag); else at the head.
+        full = ahead or page_is_full(decoded)
+        return False, full, decoded[-1].change_ms if full else None
+    if ahead:
+        return False, True, now_ms - behind if behind else KEEP_PENDING
+    return True, False, None
+
+
 class PartitionReader:
     """Reads one partition's shards, one round at a time. Beam-free: the SDF calls
     ``read_round`` with its tracker's claim function; tests call it directly."""
@@ -612,16 +640,10 @@ class PartitionReader:
                     result.at_head = False
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
-                # A page holding other tables' records (a shared Kinesis stream) may have
-                # stopped at a bound this reader cannot see: another turn, not the head.
-                passed_over = page.get(OTHER_TABLES_RECORDS, 0)
-                full = passed_over > 0 or (rec is not None and page_is_full(decoded))
-                result.at_head = result.at_head and not passed_over
-                # A full page: more may follow, the next unread record is at least as
-                # new as the last one read (a conservative lag); else at the head. Only
-                # other tables' records: the estimate stands.
-                if rec is not None or not passed_over:
-                    self._pending[shard_id] = rec.change_ms if full and nxt is not None else None
+                empty, full, pending = page_state(page, decoded if records else (), self._now_ms())
+                result.at_head = result.at_head and empty
+                if pending is not KEEP_PENDING:
+                    self._pending[shard_id] = pending if nxt is not None else None
                 if nxt is None:
                     if not claim(ClaimClosed(shard_id)):
                         result.stopped = True
@@ -637,7 +659,7 @@ class PartitionReader:
                     result.at_head = False
                     continue  # closed: out of the round
                 self._iterators[shard_id] = (new_pos, nxt)
-                self._shard_heads.on_page(shard_id, page, empty=not records and not passed_over)
+                self._shard_heads.on_page(shard_id, page, empty)
                 if full:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us

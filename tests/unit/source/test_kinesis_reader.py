@@ -252,58 +252,139 @@ def test_records_within_the_retention_and_the_skew_are_read():
     assert len(out) == 2
 
 
-def test_a_page_of_only_another_tables_records_is_not_taken_for_the_head():
+class SharedStream:
+    """A Kinesis stream shared with another table, on one simulated clock: every
+    call takes ``call_s``; ``on_call`` runs before each (it sees the reader's
+    state after the page before). Reads ``Catalog`` through the adapter."""
+
+    def __init__(self, fake, call_s: float, hand_back: bool = False, behind_figure: bool = True) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from ddb2bt.pipeline.clients.dynamodb import ShardPacer as ReaderPacer
+        from ddb2bt.pipeline.observe.metrics import PipelineMetrics
+
+        self.fake, self.clock, self.call_s, self.behind_figure = fake, Clock(), call_s, behind_figure
+        self.pages: list = []
+        self.on_call = lambda: None
+        self.metrics = PipelineMetrics(CollectorRegistry())
+        client = KinesisStreamsClient(self, "cdc", "Catalog", "auto",
+                                      pacer=ShardPacer(clock=self.clock, sleep=self.clock.sleep), now_ms=lambda: NOW_MS)
+        self.arn = kinesis_stream_arn("Catalog", "cdc")
+        pacer = ReaderPacer(clock=self.clock, sleep=self.clock.sleep) if hand_back else None
+        self.reader = PartitionReader(client, StreamPartition(self.arn, 0, 1), ReaderOptions(), lambda _: {},
+                                      self.metrics, now_ms=self.now_ms, sleep=lambda s: None, pacer=pacer,
+                                      hand_back_pacing=hand_back)
+
+    def now_ms(self) -> int:
+        return int(self.clock.now * 1000)
+
+    def __getattr__(self, name):
+        return getattr(self.fake, name)
+
+    def get_records(self, **kw):
+        self.on_call()
+        self.clock.now += self.call_s
+        page = self.fake.get_records(**kw)
+        self.pages.append(len(page["Records"]))
+        if not self.behind_figure:  # an endpoint that does not say how far behind the tip a page is
+            page.pop("MillisBehindLatest", None)
+        return page
+
+    def view(self):
+        return self.metrics.lag.view(self.arn, "s")
+
+
+@pytest.mark.parametrize("behind_figure", [True, False], ids=["behind-the-tip", "no-figure"])
+def test_a_page_of_only_another_tables_records_behind_the_tip_is_not_taken_for_the_head(behind_figure):
     """A stream shared by two tables: this table's records wait behind the other
     table's backlog, which fills page after page for longer than the head rule's
     window (control/catchup.py). Those pages come back without records of ours,
-    but they are not empty: no head proof may form over them (it would say every
-    record created before its first page was read), the catch-up rule's run of
-    empty pages does not grow, and the round is not at the head (a run until
-    idle would end early)."""
-    from prometheus_client import CollectorRegistry
-
+    behind the tip: not one of them may count as empty — no head proof (it would
+    say every record created before its first page was read), no step toward the
+    catch-up rule's head — and the round is not at the head (a run until idle
+    would end early). Kinesis says so (MillisBehindLatest > 0); where a page
+    lacks the figure, the adapter's count of the records it passed over does."""
     from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S, at_head
-    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 
     pages_of_backlog = HEAD_EMPTY_PAGES + 2
     limit = 1000  # the reader's Limit per call
     fake = FakeKinesis()
     ours = [doc("Catalog", "a", n) for n in range(1, 4)]  # created before any page of the backlog is read
     fake.add("s", [doc("Orders", "x", n) for n in range(pages_of_backlog * limit)] + ours)
-    clock = Clock()
-    pages: list = []
+    stream = SharedStream(fake, call_s=HEAD_EMPTY_S, behind_figure=behind_figure)  # pages span the window
+    looked: list = []
 
-    class Slow:
-        """Each call takes longer than the head window's share of a page."""
+    def before_each_call():  # the reader's state after every page before this call
+        view = stream.view()
+        looked.append((stream.reader.heads(), view.empty_pages, at_head(view, stream.now_ms())))
 
-        def __getattr__(self, name):
-            return getattr(fake, name)
-
-        def get_records(self, **kw):
-            clock.now += HEAD_EMPTY_S  # the run spans the window after HEAD_EMPTY_PAGES pages
-            page = fake.get_records(**kw)
-            pages.append(len(page["Records"]))
-            return page
-
-    metrics = PipelineMetrics(CollectorRegistry())
-    client = KinesisStreamsClient(Slow(), "cdc", "Catalog", "auto", pacer=ShardPacer(clock=clock, sleep=clock.sleep),
-                                  now_ms=lambda: NOW_MS)
-    arn = kinesis_stream_arn("Catalog", "cdc")
-    reader = PartitionReader(client, StreamPartition(arn, 0, 1), ReaderOptions(), lambda _: {}, metrics,
-                             now_ms=lambda: int(clock.now * 1000), sleep=lambda s: None)
-    tracker = LocalTracker()
+    stream.on_call = before_each_call
     read: list = []
-    for _ in range(pages_of_backlog):  # the rounds that pass over the other table's backlog
-        out, result = drain(reader.read_round(tracker))
-        read += [r for r in out if not isinstance(r, ShardClosed)]
-        if read:
-            break
-        assert reader.heads() == {}
-        view = metrics.lag.view(arn, "s")
-        assert view.empty_pages == 0 and not at_head(view, int(clock.now * 1000))
-        assert not result.at_head
+    rounds: list = []
     while not read:
-        out, _ = drain(reader.read_round(tracker))
+        out, result = drain(stream.reader.read_round(LocalTracker()))
         read += [r for r in out if not isinstance(r, ShardClosed)]
+        rounds.append(result.at_head)
     assert [r.new_image["n"]["N"] for r in read] == ["1", "2", "3"]
-    assert pages[:pages_of_backlog] == [limit] * pages_of_backlog  # the other table's backlog filled those calls
+    assert stream.pages[:pages_of_backlog] == [limit] * pages_of_backlog  # the other table's backlog, page by page
+    assert looked[1:pages_of_backlog + 1] == [({}, 0, False)] * pages_of_backlog
+    assert rounds == [False]  # the backlog and ours in one round: pages behind the tip take another turn
+
+
+def test_a_round_of_another_tables_backlog_hands_its_pacing_back_and_is_not_idle():
+    """Paced as on AWS (the runner gets the wait): a round that read only the
+    other table's records behind the tip is not idle — it hands the wait back
+    (``paced_s``), and the shard's oldest unread record is as old as the page
+    says (MillisBehindLatest), not "at the head"."""
+    fake = FakeKinesis()
+    fake.add("s", [doc("Orders", "x", n) for n in range(3000)] + [doc("Catalog", "a", 1)])
+    stream = SharedStream(fake, call_s=0.01, hand_back=True)
+    tracker = LocalTracker()
+    out, result = drain(stream.reader.read_round(tracker))
+    assert [r for r in out if not isinstance(r, ShardClosed)] == []
+    assert result.paced_s is not None and not result.at_head
+    assert stream.reader.idle_decision(tracker, result) == "continue"
+    assert stream.reader.pending_since() == {"s": stream.now_ms() - 1000}  # the fake's MillisBehindLatest
+
+
+def test_at_the_tip_pages_of_only_another_tables_records_count_toward_the_head():
+    """A quiet table on a busy shared stream: every page holds the other table's
+    newest record and reaches the tip (MillisBehindLatest 0). Nothing of this
+    table can be waiting behind such a page, so it counts as empty: the head is
+    proven (a trimmed checkpoint's restart can rely on it, docs/design.md §8.2),
+    the catch-up rule sees it, and a run until idle can end."""
+    from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S, at_head
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Orders", "x", 0)])
+    stream = SharedStream(fake, call_s=HEAD_EMPTY_S)
+    n = iter(range(1, 1000))
+
+    def the_other_table_writes():
+        fake.shards["s"].append({"SequenceNumber": str(len(fake.shards["s"]) + 1),
+                                 "Data": json.dumps(doc("Orders", "x", next(n))).encode()})
+
+    stream.on_call = the_other_table_writes
+    results = [drain(stream.reader.read_round(LocalTracker()))[1] for _ in range(HEAD_EMPTY_PAGES + 1)]
+    assert all(stream.pages) and all(r.at_head for r in results)  # a record of the other table on every page
+    assert stream.reader.heads().get("s") is not None
+    view = stream.view()  # the lag tracker keeps this host's wall time: the rule's window, passed on its clock
+    assert view.empty_pages == HEAD_EMPTY_PAGES + 1 and at_head(view, view.empty_since_ms + HEAD_EMPTY_S * 1000)
+
+
+def test_an_empty_page_behind_the_tip_is_not_a_step_toward_the_head():
+    """Kinesis documents empty pages mid-shard; one that says it is behind the
+    tip (MillisBehindLatest > 0) has records ahead: another turn, and no step
+    toward the head however many come in a row."""
+    from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Catalog", "a", n) for n in range(1, 3)])
+    fake.empty_pages["s"] = HEAD_EMPTY_PAGES + 2  # a new iterator's first pages are empty, records ahead
+    stream = SharedStream(fake, call_s=HEAD_EMPTY_S)
+    looked: list = []
+    stream.on_call = lambda: looked.append((stream.reader.heads(), stream.view().empty_pages))
+    out, result = drain(stream.reader.read_round(LocalTracker()))
+    assert [r.new_image["n"]["N"] for r in out if not isinstance(r, ShardClosed)] == ["1", "2"]
+    assert stream.pages[:HEAD_EMPTY_PAGES + 2] == [0] * (HEAD_EMPTY_PAGES + 2)
+    assert looked[1:HEAD_EMPTY_PAGES + 3] == [({}, 0)] * (HEAD_EMPTY_PAGES + 2)
