@@ -131,13 +131,14 @@ class LagTracker:
             s.at_head = False
             s.empty_since_ms, s.empty_pages = None, 0
 
-    def on_at_head(self, stream: str, shard: str) -> None:
-        """An empty page (called once per empty GetRecords page)."""
+    def on_at_head(self, stream: str, shard: str, behind_ms: int = 0) -> None:
+        """An empty page (called once per empty GetRecords page); ``behind_ms``:
+        how far behind the tip it says it is (Kinesis), which dates it earlier."""
         with self._lock:
             s = self._get(stream, shard)
             s.at_head, s.head_seen_s = True, self._clock()
             if s.empty_since_ms is None:
-                s.empty_since_ms = int(self._clock() * 1000)
+                s.empty_since_ms = int(self._clock() * 1000) - behind_ms
             s.empty_pages += 1
 
     def on_checkpoint(self, table: str, wall_s: float) -> None:

@@ -46,20 +46,23 @@ class ShardHeads:
         """A GetRecords ``page`` of an open shard: tell the lag tracker (the
         catch-up rule's view, control/catchup.py), follow the shard's run of
         empty pages, and at the head remember when. Of a long run, the latest
-        such window counts. ``empty``: stream_source.page_state's."""
+        such window counts. ``empty``: stream_source.page_state's; one a little
+        behind the tip (Kinesis's ``MillisBehindLatest``) is dated that much
+        earlier, so a proof claims no more than was read."""
+        behind = page.get("MillisBehindLatest") or 0
         if self._metrics is not None:
             lag = self._metrics.lag
             if "MillisBehindLatest" in page:  # the service's own lag, where it gives one
                 lag.on_behind(self._stream_arn, shard_id, page["MillisBehindLatest"])
             if empty:  # an empty page, not yet the head
-                lag.on_at_head(self._stream_arn, shard_id)
+                lag.on_at_head(self._stream_arn, shard_id, behind)
             elif not page.get("Records"):  # nothing of this table, and yet records ahead: the run ends
                 lag.on_records_ahead(self._stream_arn, shard_id)
         if not empty:
             self._empty_run.pop(shard_id, None)
             return
         run = self._empty_run.setdefault(shard_id, deque())
-        now = self._now_ms()
+        now = self._now_ms() - behind
         run.append(now)
         window_ms = HEAD_EMPTY_S * 1000
         while len(run) > HEAD_EMPTY_PAGES and now - run[1] >= window_ms:

@@ -377,34 +377,39 @@ def page_is_full(records: list) -> bool:
     return bool(sizes) and sum(sizes) + max(sizes) > GET_RECORDS_MAX_BYTES // WIRE_BYTES_PER_SIZE_BYTE
 
 
-KEEP_PENDING = object()  # page_state: the shard's estimate of its oldest unread record stands
+# A Kinesis page this close to the tip (MillisBehindLatest, ms) is at it. Under
+# constant writes a page that reached the tip may still say a few ms: a page
+# that must say exactly 0 would let another table's steady traffic keep a quiet
+# table from ever being proven at its head. An empty page is dated this much
+# earlier (ShardHeads.on_page), so a head proof never claims more than was read.
+TIP_SLACK_MS = 1000
 
 
-def page_state(page: dict, decoded: list, now_ms: int) -> tuple:
+def page_state(page: dict, decoded: list, now_ms: int, pending: Optional[int]) -> tuple:
     """(empty, full, pending) of a GetRecords ``page`` of an open shard and its
     ``decoded`` records of this table (docs/design.md §7.8): whether it is a step
-    toward the head; whether more may follow at once (another turn); and the
-    creation ms of the oldest record not read yet — None at the head,
-    KEEP_PENDING where the page cannot tell.
+    toward the head; whether more may follow (another turn, paced); and the
+    oldest unread record's time, ms — None at the head. ``pending``: the
+    shard's estimate before this page.
 
     Kinesis says whether a page reached the tip: a page behind it
-    (``MillisBehindLatest`` > 0) has records ahead, so it is neither empty nor
-    the head, even without records (Kinesis documents empty pages mid-shard),
-    and the oldest unread record is as old as it says. Of a stream shared by
-    several tables, a page of only other tables' records (OTHER_TABLES_RECORDS)
-    is empty only at the tip (``MillisBehindLatest`` 0: nothing was left to
-    read); without the figure it is taken for one behind it, as its bound
-    cannot be told from here. Otherwise a page is full at the service's bounds
-    (page_is_full), and empty without records."""
+    (``MillisBehindLatest`` over TIP_SLACK_MS) has records ahead, so it is
+    neither empty nor the head, even without records (Kinesis documents empty
+    pages mid-shard); without records of this table, the next unread record
+    reached the stream that long ago. Of a stream shared by several tables, a
+    page of only other tables' records (OTHER_TABLES_RECORDS) is empty at the
+    tip, and without the figure taken for one behind it (its bound cannot be
+    told from here; the estimate stands, or is now). Otherwise a page is full at
+    the service's bounds (page_is_full), and empty without records."""
     behind = page.get("MillisBehindLatest")
-    ahead = bool(behind) or (behind is None and page.get(OTHER_TABLES_RECORDS, 0) > 0)
+    ahead = behind > TIP_SLACK_MS if behind is not None else page.get(OTHER_TABLES_RECORDS, 0) > 0
     if decoded:
         # A full page: more may follow, and the next unread record is at least as new
         # as the last one read (a conservative lag); else at the head.
         full = ahead or page_is_full(decoded)
         return False, full, decoded[-1].change_ms if full else None
     if ahead:
-        return False, True, now_ms - behind if behind else KEEP_PENDING
+        return False, True, now_ms - behind if behind is not None else (pending if pending is not None else now_ms)
     return True, False, None
 
 
@@ -640,10 +645,10 @@ class PartitionReader:
                     result.at_head = False
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
-                empty, full, pending = page_state(page, decoded if records else (), self._now_ms())
+                empty, full, pending = page_state(page, decoded if records else (), self._now_ms(),
+                                                  self._pending.get(shard_id))
                 result.at_head = result.at_head and empty
-                if pending is not KEEP_PENDING:
-                    self._pending[shard_id] = pending if nxt is not None else None
+                self._pending[shard_id] = pending if nxt is not None else None
                 if nxt is None:
                     if not claim(ClaimClosed(shard_id)):
                         result.stopped = True

@@ -26,6 +26,9 @@ class FakeKinesis:
         # with MillisBehindLatest > 0, as Kinesis may answer (GetRecords API)
         self.empty_pages: dict = {}
         self.calls: list = []
+        # MillisBehindLatest of a page with records left after it (the figure is
+        # nominal: a minute, well beyond the reader's tip slack); 0 at the tip.
+        self.behind_ms = 60_000
 
     def add(self, shard, docs, parent=None, closed=False, first_seq=1):
         """A shard holding ``docs`` (change documents) from sequence number ``first_seq``."""
@@ -67,14 +70,13 @@ class FakeKinesis:
         self.calls.append(shard)
         kept = self._kept(shard)
         if int(empties) > 0:
-            behind = 1000 if int(index) < len(kept) else 0
+            behind = self.behind_ms if int(index) < len(kept) else 0
             return {"Records": [], "NextShardIterator": f"{shard}|{index}|{int(empties) - 1}",
                     "MillisBehindLatest": behind}
         page = kept[int(index):int(index) + Limit]
         end = int(index) + len(page)
         nxt = None if shard in self.closed and end >= len(kept) else f"{shard}|{end}|0"
-        # Records left after the page: behind the tip (the figure itself is nominal).
-        behind = 1000 if end < len(kept) else 0
+        behind = self.behind_ms if end < len(kept) else 0
         return {"Records": page, "NextShardIterator": nxt, "MillisBehindLatest": behind}
 
 

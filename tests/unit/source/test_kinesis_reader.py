@@ -257,16 +257,17 @@ class SharedStream:
     call takes ``call_s``; ``on_call`` runs before each (it sees the reader's
     state after the page before). Reads ``Catalog`` through the adapter."""
 
-    def __init__(self, fake, call_s: float, hand_back: bool = False, behind_figure: bool = True) -> None:
+    def __init__(self, fake, call_s: float, hand_back: bool = False, behind_figure: bool = True,
+                 tip_ms: int = 0) -> None:
         from prometheus_client import CollectorRegistry
 
         from ddb2bt.pipeline.clients.dynamodb import ShardPacer as ReaderPacer
         from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 
-        self.fake, self.clock, self.call_s, self.behind_figure = fake, Clock(), call_s, behind_figure
+        self.fake, self.clock, self.call_s, self.behind_figure, self.tip_ms = fake, Clock(), call_s, behind_figure, tip_ms
         self.pages: list = []
         self.on_call = lambda: None
-        self.metrics = PipelineMetrics(CollectorRegistry())
+        self.metrics = PipelineMetrics(CollectorRegistry(), clock=self.clock)  # the catch-up rule's clock too
         client = KinesisStreamsClient(self, "cdc", "Catalog", "auto",
                                       pacer=ShardPacer(clock=self.clock, sleep=self.clock.sleep), now_ms=lambda: NOW_MS)
         self.arn = kinesis_stream_arn("Catalog", "cdc")
@@ -288,6 +289,8 @@ class SharedStream:
         self.pages.append(len(page["Records"]))
         if not self.behind_figure:  # an endpoint that does not say how far behind the tip a page is
             page.pop("MillisBehindLatest", None)
+        elif page.get("MillisBehindLatest") == 0:  # at the tip, as a busy stream may still say it
+            page["MillisBehindLatest"] = self.tip_ms
         return page
 
     def view(self):
@@ -344,32 +347,42 @@ def test_a_round_of_another_tables_backlog_hands_its_pacing_back_and_is_not_idle
     assert [r for r in out if not isinstance(r, ShardClosed)] == []
     assert result.paced_s is not None and not result.at_head
     assert stream.reader.idle_decision(tracker, result) == "continue"
-    assert stream.reader.pending_since() == {"s": stream.now_ms() - 1000}  # the fake's MillisBehindLatest
+    assert stream.reader.pending_since() == {"s": stream.now_ms() - fake.behind_ms}  # as old as the page says
 
 
-def test_at_the_tip_pages_of_only_another_tables_records_count_toward_the_head():
+@pytest.mark.parametrize("tip_ms", [0, 7], ids=["exactly-at-the-tip", "a-few-ms-behind"])
+def test_at_the_tip_pages_of_only_another_tables_records_count_toward_the_head(tip_ms):
     """A quiet table on a busy shared stream: every page holds the other table's
     newest record and reaches the tip (MillisBehindLatest 0). Nothing of this
     table can be waiting behind such a page, so it counts as empty: the head is
     proven (a trimmed checkpoint's restart can rely on it, docs/design.md §8.2),
-    the catch-up rule sees it, and a run until idle can end."""
+    the catch-up rule sees it, and a run until idle can end. Under constant
+    writes a page at the tip may say a few ms (within TIP_SLACK_MS): the same,
+    the head's time then that much earlier."""
     from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S, at_head
 
     fake = FakeKinesis()
     fake.add("s", [doc("Orders", "x", 0)])
-    stream = SharedStream(fake, call_s=HEAD_EMPTY_S)
+    stream = SharedStream(fake, call_s=HEAD_EMPTY_S, tip_ms=tip_ms)
     n = iter(range(1, 1000))
+    page_ms = []
 
     def the_other_table_writes():
         fake.shards["s"].append({"SequenceNumber": str(len(fake.shards["s"]) + 1),
                                  "Data": json.dumps(doc("Orders", "x", next(n))).encode()})
 
-    stream.on_call = the_other_table_writes
+    def on_call():
+        page_ms.append(stream.now_ms() + int(HEAD_EMPTY_S * 1000))  # when the page comes back
+        the_other_table_writes()
+
+    stream.on_call = on_call
     results = [drain(stream.reader.read_round(LocalTracker()))[1] for _ in range(HEAD_EMPTY_PAGES + 1)]
     assert all(stream.pages) and all(r.at_head for r in results)  # a record of the other table on every page
-    assert stream.reader.heads().get("s") is not None
-    view = stream.view()  # the lag tracker keeps this host's wall time: the rule's window, passed on its clock
-    assert view.empty_pages == HEAD_EMPTY_PAGES + 1 and at_head(view, view.empty_since_ms + HEAD_EMPTY_S * 1000)
+    proven = stream.reader.heads().get("s")
+    assert proven in [t - tip_ms for t in page_ms]  # a page's time, dated back by what it said
+    view = stream.view()
+    assert view.empty_pages == HEAD_EMPTY_PAGES + 1 and at_head(view, stream.now_ms())
+    assert view.empty_since_ms == page_ms[0] - tip_ms
 
 
 def test_an_empty_page_behind_the_tip_is_not_a_step_toward_the_head():
@@ -388,3 +401,61 @@ def test_an_empty_page_behind_the_tip_is_not_a_step_toward_the_head():
     assert [r.new_image["n"]["N"] for r in out if not isinstance(r, ShardClosed)] == ["1", "2"]
     assert stream.pages[:HEAD_EMPTY_PAGES + 2] == [0] * (HEAD_EMPTY_PAGES + 2)
     assert looked[1:HEAD_EMPTY_PAGES + 3] == [({}, 0)] * (HEAD_EMPTY_PAGES + 2)
+
+
+def test_a_round_of_only_pages_behind_the_tip_is_not_at_the_head():
+    """A round that read PAGES_PER_ROUND pages of another table's backlog, none of
+    them ours, is not idle: the next round comes at once."""
+    from ddb2bt.pipeline.source.stream_source import GET_RECORDS_LIMIT, PAGES_PER_ROUND
+
+    fake = FakeKinesis()
+    fake.add("s", [doc("Orders", "x", n) for n in range((PAGES_PER_ROUND + 2) * GET_RECORDS_LIMIT)])
+    stream = SharedStream(fake, call_s=0.01)
+    tracker = LocalTracker()
+    out, result = drain(stream.reader.read_round(tracker))
+    assert out == [] and len(stream.pages) == PAGES_PER_ROUND and not result.at_head
+    assert stream.reader.idle_decision(tracker, result) == "continue"
+
+
+def test_a_page_behind_the_tip_ends_the_catch_up_rules_run_of_empty_pages():
+    """Steps toward the head at the tip, then a page that says records are ahead
+    (an empty one, as Kinesis may answer a new iterator): the run starts over."""
+    fake = FakeKinesis()
+    fake.add("s", [doc("Orders", "x", 0)])
+    stream = SharedStream(fake, call_s=0.2)
+    for _ in range(3):
+        drain(stream.reader.read_round(LocalTracker()))
+    assert stream.view().empty_pages == 3
+    fake.empty_pages["s"] = 1  # the next iterator's first page: empty, records ahead
+    fake.shards["s"].append({"SequenceNumber": "2", "Data": json.dumps(doc("Orders", "x", 1)).encode()})
+    stream.reader._iterators.clear()  # a new iterator (as after an expired one), from the start
+    drain(stream.reader.read_round(LocalTracker()))
+    assert stream.pages[-2:] == [0, 2] and stream.view().empty_pages == 1  # broken, then the tip again
+
+
+def test_a_page_of_ours_behind_the_tip_takes_another_turn():
+    """A page with fewer than 1,000 of this table's records (the rest another
+    table's) that says records are ahead is read on at once, in the same round."""
+    from ddb2bt.pipeline.source.stream_source import GET_RECORDS_LIMIT
+
+    fake = FakeKinesis()
+    n = GET_RECORDS_LIMIT + 6
+    fake.add("s", [doc("Catalog" if i % 2 else "Orders", "a", i) for i in range(n)])
+    stream = SharedStream(fake, call_s=0.01, behind_figure=True)
+    out, _ = drain(stream.reader.read_round(LocalTracker()))
+    assert len([r for r in out if not isinstance(r, ShardClosed)]) == n // 2 and len(stream.pages) == 2
+
+
+def test_without_the_figure_a_round_of_another_tables_backlog_is_not_idle_either():
+    """An endpoint that gives no MillisBehindLatest: a page of only another
+    table's records is taken for one behind the tip — paced, the round hands the
+    wait back and the shard counts as not at its head (its oldest unread record
+    no older than now: the page cannot say more)."""
+    fake = FakeKinesis()
+    fake.add("s", [doc("Orders", "x", n) for n in range(3000)] + [doc("Catalog", "a", 1)])
+    stream = SharedStream(fake, call_s=0.01, hand_back=True, behind_figure=False)
+    tracker = LocalTracker()
+    out, result = drain(stream.reader.read_round(tracker))
+    assert out == [] and result.paced_s is not None and not result.at_head
+    assert stream.reader.idle_decision(tracker, result) == "continue"
+    assert stream.reader.pending_since() == {"s": stream.now_ms()}
