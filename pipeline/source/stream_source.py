@@ -399,10 +399,16 @@ def page_state(page: dict, decoded: list, now_ms: int, pending: Optional[int]) -
     reached the stream that long ago. Of a stream shared by several tables, a
     page of only other tables' records (OTHER_TABLES_RECORDS) is empty at the
     tip, and without the figure taken for one behind it (its bound cannot be
-    told from here; the estimate stands, or is now). Otherwise a page is full at
-    the service's bounds (page_is_full), and empty without records."""
+    told from here; the estimate stands, or is now). A page of GET_RECORDS_LIMIT
+    records, ours and theirs, is behind the tip whatever the figure. Otherwise a
+    page is full at the service's bounds (page_is_full), and empty without
+    records."""
     behind = page.get("MillisBehindLatest")
-    ahead = behind > TIP_SLACK_MS if behind is not None else page.get(OTHER_TABLES_RECORDS, 0) > 0
+    passed_over = page.get(OTHER_TABLES_RECORDS, 0)
+    # A page full of records, ours or not, may have stopped at the bound whatever
+    # the figure says (moto's figure is the records' creation times' spread).
+    ahead = ((behind > TIP_SLACK_MS if behind is not None else passed_over > 0)
+             or len(decoded) + passed_over >= GET_RECORDS_LIMIT)
     if decoded:
         # A full page: more may follow, and the next unread record is at least as new
         # as the last one read (a conservative lag); else at the head.

@@ -297,8 +297,9 @@ class SharedStream:
         return self.metrics.lag.view(self.arn, "s")
 
 
-@pytest.mark.parametrize("behind_figure", [True, False], ids=["behind-the-tip", "no-figure"])
-def test_a_page_of_only_another_tables_records_behind_the_tip_is_not_taken_for_the_head(behind_figure):
+@pytest.mark.parametrize("behind_figure,behind_ms", [(True, 60_000), (False, 60_000), (True, 5)],
+                         ids=["behind-the-tip", "no-figure", "full-pages-saying-near-the-tip"])
+def test_a_page_of_only_another_tables_records_behind_the_tip_is_not_taken_for_the_head(behind_figure, behind_ms):
     """A stream shared by two tables: this table's records wait behind the other
     table's backlog, which fills page after page for longer than the head rule's
     window (control/catchup.py). Those pages come back without records of ours,
@@ -306,7 +307,10 @@ def test_a_page_of_only_another_tables_records_behind_the_tip_is_not_taken_for_t
     say every record created before its first page was read), no step toward the
     catch-up rule's head — and the round is not at the head (a run until idle
     would end early). Kinesis says so (MillisBehindLatest > 0); where a page
-    lacks the figure, the adapter's count of the records it passed over does."""
+    lacks the figure, the adapter's count of the records it passed over does;
+    and a full page is behind the tip whatever its figure (moto's is the spread
+    of the records' creation times: a backlog written within a second says less
+    than TIP_SLACK_MS)."""
     from ddb2bt.pipeline.control.catchup import HEAD_EMPTY_PAGES, HEAD_EMPTY_S, at_head
 
     pages_of_backlog = HEAD_EMPTY_PAGES + 2
@@ -314,6 +318,7 @@ def test_a_page_of_only_another_tables_records_behind_the_tip_is_not_taken_for_t
     fake = FakeKinesis()
     ours = [doc("Catalog", "a", n) for n in range(1, 4)]  # created before any page of the backlog is read
     fake.add("s", [doc("Orders", "x", n) for n in range(pages_of_backlog * limit)] + ours)
+    fake.behind_ms = behind_ms
     stream = SharedStream(fake, call_s=HEAD_EMPTY_S, behind_figure=behind_figure)  # pages span the window
     looked: list = []
 
