@@ -10,7 +10,9 @@ Measures process CPU time (time.process_time), not wall time: the two engines ru
 in one process over the same records, interleaved, several repetitions, so the
 ratio holds on a busy machine where throughput numbers do not. Reported per
 mapping and kind of record (stream changes; backfill records; stream changes
-with touch markers): the median µs per change of each engine and their ratio.
+with touch markers; stream changes mapped into the ordering guard's rows, as a
+Kinesis source maps them, the images' cells found by each engine): the median
+µs per change of each engine and their ratio.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ from run import stream_records  # noqa: E402  (the throughput bench's catalog st
 
 from ddb2bt.transforms.config import load_mapping  # noqa: E402
 from ddb2bt.transforms.errors import MappingError  # noqa: E402
-from ddb2bt.transforms.mapping import backfill_record, general_map_change, map_change  # noqa: E402
+from ddb2bt.transforms.mapping import backfill_record, general_map_change, map_change, owned_cells  # noqa: E402
+from ddb2bt.transforms.ordering import guarded_rows  # noqa: E402
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord  # noqa: E402
 
 START_MS = 1_700_000_000_000
@@ -172,6 +175,13 @@ def backfill(records: list) -> list:
     return [backfill_record(r.keys, r.new_image, HANDOFF_MS) for r in records if r.new_image is not None]
 
 
+ENGINES = (general_map_change, map_change)
+# The ordering guard's rows of a change (a Kinesis source: ordering.guarded_rows),
+# its images' cells found by the general engine against the compiled rules.
+GUARD_ENGINES = (lambda mapping, record, mark: guarded_rows(mapping, record, owned_cells),
+                 lambda mapping, record, mark: guarded_rows(mapping, record))
+
+
 def run(engine, mapping, records: list, mark: bool) -> int:
     failed = 0
     for r in records:
@@ -193,14 +203,15 @@ def measure(changes: int, reps: int, examples: tuple) -> list:
     for example in examples:
         mapping = load_mapping(ROOT / "examples" / f"{example}.yaml")
         stream = history(example, changes)
-        kinds = (("stream", stream, False), ("stream+marker", stream, True), ("backfill", backfill(stream), False))
-        for kind, records, mark in kinds:
-            run(general_map_change, mapping, records, mark)  # warm-up (plans, compiled form, caches)
-            run(map_change, mapping, records, mark)
+        kinds = (("stream", stream, False, ENGINES), ("stream+marker", stream, True, ENGINES),
+                 ("backfill", backfill(stream), False, ENGINES), ("guarded", stream, False, GUARD_ENGINES))
+        for kind, records, mark, (general_engine, compiled_engine) in kinds:
+            run(general_engine, mapping, records, mark)  # warm-up (plans, compiled form, caches)
+            run(compiled_engine, mapping, records, mark)
             general, compiled = [], []
             for _ in range(reps):  # interleaved: both see the same machine load
-                general.append(cpu_us(general_map_change, mapping, records, mark))
-                compiled.append(cpu_us(map_change, mapping, records, mark))
+                general.append(cpu_us(general_engine, mapping, records, mark))
+                compiled.append(cpu_us(compiled_engine, mapping, records, mark))
             g, c = statistics.median(general), statistics.median(compiled)
             rows.append((example, kind, len(records), g, c, g / c))
     return rows

@@ -268,17 +268,19 @@ def _cell_id(cell) -> tuple:
     return (cell.family, cell.qualifier, cell.version_ms)
 
 
-def guarded_rows(mapping: MappingConfig, record: ChangeRecord) -> tuple:
+def guarded_rows(mapping: MappingConfig, record: ChangeRecord, cells=compiled_owned_cells) -> tuple:
     """ChangeRecord → tuple[GuardedRow], one per row the old or new image owns
     cells in (a row the change leaves empty still gets its clock: the tombstone).
-    Raises MappingError like ``map_change``."""
+    Raises MappingError like ``map_change``. ``cells(mapping, keys, image,
+    with_values)``: an image's owned cells — the compiled rules', or the general
+    engine's ``mapping.owned_cells``, the reference they are tested against."""
     validate_record(record)
     if (record.is_ttl_delete and record.event_name == REMOVE and mapping.ttl is not None
             and mapping.ttl.deletions == "ignore"):
         return ()
-    new = compiled_owned_cells(mapping, record.keys, record.new_image) if record.event_name != REMOVE else {}
+    new = cells(mapping, record.keys, record.new_image, True) if record.event_name != REMOVE else {}
     try:
-        old = compiled_owned_cells(mapping, record.keys, record.old_image, with_values=False)
+        old = cells(mapping, record.keys, record.old_image, False)
     except MappingError:  # an old image that no longer maps owned nothing we can name
         old = {}
     return _guarded_rows(new, old, record.keys, record.change_ms, order_key(record), _aging_families(mapping))

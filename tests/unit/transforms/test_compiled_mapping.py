@@ -27,6 +27,7 @@ from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MAX_ROW_KEY_BYTES
 from ddb2bt.transforms.mapping import backfill_record, general_map_change, map_change, owned_cells, select_rule
 from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, DeleteCells, SetCell
+from ddb2bt.transforms.ordering import guarded_rows
 from ddb2bt.pipeline.clients.bigtable.wire import build_mutations, mutate_rows_types
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -347,6 +348,7 @@ def test_realistic_streams_are_mapped_by_the_compiled_path_alone(name):
     assert compile_mapping(mapping).fallbacks == 0
     for record in records:  # the ordering guard's cells of both images: from the compiled rules alone
         check_owned(mapping, record.keys, (record.new_image, record.old_image))
+        assert guarded_rows(mapping, record) == guarded_rows(mapping, record, owned_cells), record
         for image in (record.new_image, record.old_image):
             if image is not None:
                 compile_mapping(mapping)._image_cells(record.keys, image, True)  # raises where it hands over
