@@ -8,7 +8,9 @@ the shard to the MutateRows call (docs/design.md §4.3).
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
 from typing import Sequence, Union
 
 import apache_beam as beam
@@ -49,11 +51,20 @@ def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:
         # One worker: the FnApiRunner corrupts keyed state with more, and the
         # stream's parallelism is the partitions, not the runner's threads.
         options = PipelineOptions(args + ["--direct_num_workers=1"], save_main_session=False)
-        return beam.Pipeline(runner=local_runner(), options=options)
+        return _removing_tempdir(beam.Pipeline(runner=local_runner(), options=options))
 
     validate_options(beam_args)
     options = PipelineOptions(beam_args, streaming=streaming, save_main_session=False)
-    return beam.Pipeline(options=options)
+    return _removing_tempdir(beam.Pipeline(options=options))
+
+
+def _removing_tempdir(p: beam.Pipeline) -> beam.Pipeline:
+    """``p``, its temporary directory removed when this process exits at the
+    latest: Beam makes one per pipeline and removes it only in ``run()``, so a
+    command that fails while building its graph (a bad mapping, a refused
+    option) would otherwise leave one in /tmp each time."""
+    atexit.register(shutil.rmtree, p.local_tempdir, ignore_errors=True)
+    return p
 
 
 from ddb2bt.pipeline.dataflow import is_dry_run  # noqa: E402,F401  (its home: importable without Beam)

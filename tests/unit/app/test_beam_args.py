@@ -4,11 +4,19 @@
 dropped without its value)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from ddb2bt.pipeline.graph import make_pipeline
 from ddb2bt.pipeline.options import joined_beam_args, without_runner
+
+# Starting Python and importing Beam takes a few seconds on a loaded machine.
+SUBPROCESS_TIMEOUT_S = 120
 
 
 @pytest.fixture
@@ -60,3 +68,16 @@ def _with_run(parser, cli):
     commands, = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     commands.choices["run"].set_defaults(func=cli.cmd_run)
     return parser
+
+
+def test_a_pipeline_built_and_never_run_leaves_no_temporary_directory(tmp_path):
+    """Beam removes a pipeline's temporary directory only in ``run()``: a command
+    that fails while building its graph must not leave one in /tmp each time."""
+    code = ("import os; from ddb2bt.pipeline.graph import make_pipeline; "
+            "p = make_pipeline(['--job_name', 'j']); assert os.path.isdir(p.local_tempdir); print(p.local_tempdir)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    made = Path(out.stdout.strip())
+    assert made.parent == tmp_path and made.name.startswith("beam-pipeline-temp")
+    assert not made.exists()
