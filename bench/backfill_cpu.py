@@ -11,13 +11,28 @@ Optionally ``--tasks N`` (BackfillJob.tasks). ``--versioned``: video comments
 (``examples/videos.yaml``: one version per comment, ten comments a row), whose rows
 are written with CheckAndMutateRow (docs/design.md §7.4), with
 ``--conditional-concurrency N`` calls in flight (guards.CONDITIONAL_CONCURRENCY).
+
+Where a batch's time goes and what a second core buys (issue 36):
+
+    .venv/bin/python bench/backfill_cpu.py --items 20000 --only export --steps
+    .venv/bin/python bench/backfill_cpu.py --items 100000 --only export --tasks 2 --workers 2
+
+``--steps``: the wall and CPU time of each step of the sink's batch commit (on
+the sink thread), and how long the pipeline thread waited for the batch in
+flight, in ms per batch. ``--workers N``: Beam's own multi-process mode of the
+local runner (``--direct_running_mode=multi_processing``: N SDK worker
+processes, the export's tasks spread over them; ``--tasks`` at least N), a
+measurement, not a ddb2bt option (docs/benchmarks.md says why); the workers'
+CPU is counted with this process's.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import gzip
 import json
+import os
 import pstats
 import random
 import string
@@ -92,11 +107,89 @@ def _print_yappi(stats, key: str) -> None:
         print(f"{s.ttot:8.3f} {s.tsub:8.3f} {s.ncall:9d}  {s.module.replace(str(ROOT), '')}:{s.lineno} {s.name}")
 
 
+# The steps of a batch's commit (BatchingWriter._commit_owned, on the sink thread)
+# and the pipeline thread's wait for the batch in flight, timed by --steps:
+# (module, class, method).
+STEPS = (
+    ("ddb2bt.pipeline.sink.batching", "BatchingWriter", "_wait_in_flight"),
+    ("ddb2bt.pipeline.sink.batching", "BatchingWriter", "_commit"),
+    ("ddb2bt.pipeline.sink.repairs", "GuardedWrites", "record_intents"),
+    ("ddb2bt.pipeline.sink.requests", "RequestWriter", "write_split"),
+    ("ddb2bt.pipeline.sink.repairs", "GuardedWrites", "repair_touched"),
+    ("ddb2bt.pipeline.sink.repairs", "GuardedWrites", "repair_left_over"),
+    ("ddb2bt.pipeline.control.state", "StateStore", "save_backfill_progress"),
+    ("ddb2bt.pipeline.control.state", "StateStore", "clear_repair_intents"),
+)
+
+
+class StepClock:
+    """Wall and thread-CPU seconds spent in each of STEPS (wrapped in place)."""
+
+    def __init__(self) -> None:
+        self.wall: collections.Counter = collections.Counter()
+        self.cpu: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()
+        self._originals: list = []
+
+    def install(self) -> None:
+        import importlib
+
+        for module, cls_name, name in STEPS:
+            cls = getattr(importlib.import_module(module), cls_name)
+            original = getattr(cls, name)
+            self._originals.append((cls, name, original))
+            setattr(cls, name, self._timed(name, original))
+
+    def uninstall(self) -> None:
+        for cls, name, original in self._originals:
+            setattr(cls, name, original)
+        self._originals = []
+
+    def _timed(self, name: str, fn):
+        def timed(*args, **kwargs):
+            w, c = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.wall[name] += time.perf_counter() - w
+                self.cpu[name] += time.thread_time() - c
+                self.calls[name] += 1
+        return timed
+
+    def per_batch_ms(self) -> dict:
+        """{step: [wall ms, CPU ms]} per batch committed."""
+        batches = max(1, self.calls["_commit"])
+        return {name: [round(self.wall[name] / batches * 1000, 1), round(self.cpu[name] / batches * 1000, 1)]
+                for _, _, name in STEPS if self.calls[name]}
+
+
+def _pipeline(workers: int):
+    """The local pipeline, or (``workers`` > 1) one run by Beam's multi-process
+    mode: ``workers`` SDK worker processes, the first stage's elements (the
+    backfill's tasks) spread over them."""
+    from ddb2bt.pipeline.graph import local_runner, make_pipeline
+
+    if workers <= 1:
+        return make_pipeline([])
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    options = PipelineOptions([f"--direct_num_workers={workers}", "--direct_running_mode=multi_processing"],
+                              save_main_session=False)
+    return beam.Pipeline(runner=local_runner(), options=options)
+
+
+def _reaped_cpu() -> float:
+    """CPU of this process's children that ended and were waited for (Beam's
+    SDK worker processes, once the pipeline stops them)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks: int, mapping, rows_expected: int,
-         profile: bool) -> dict:
+         profile: bool, workers: int = 1) -> dict:
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
-    from ddb2bt.pipeline.graph import make_pipeline
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
     from ddb2bt.pipeline.sink.sink import SinkConfig
 
@@ -105,7 +198,7 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
     table = f"bench_{uuid.uuid4().hex[:8]}"
     BigtableAdmin(project, instance).ensure_table(table, mapping.table_families()[mapping.target.table])
     spec = StateSpec(BigtableSpec(project, instance), job=f"bf_{table}")
-    p = make_pipeline([])
+    p = _pipeline(workers)
     add_backfill(p, BackfillJob(src, KEYS, HANDOFF_MS, tasks=tasks), mapping.with_overrides(table=table), spec,
                  SinkConfig(), client_factory)
     bench.settle()
@@ -118,7 +211,7 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
     elif profile:
         prof = cProfile.Profile()  # the main thread only (the mapping, the DoFns)
     before = _children_cpu(stack)
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0, w0 = time.process_time() + _reaped_cpu(), time.perf_counter()
     if prof:
         prof.enable()
     p.run().wait_until_finish()
@@ -126,7 +219,7 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
         prof.disable()
     if profile == "yappi":
         yappi.stop()
-    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    cpu, wall = time.process_time() + _reaped_cpu() - c0, time.perf_counter() - w0
     others = _children_cpu(stack) - before
     rows = len(read_table(project, instance, table))
     if rows != rows_expected:
@@ -154,7 +247,15 @@ def main() -> int:
     parser.add_argument("--profile", choices=("export", "scan"), help="one profiled run of this path")
     parser.add_argument("--profiler", choices=("cprofile", "yappi"), default="cprofile",
                         help="cprofile: the main thread; yappi (pip install yappi): every thread")
+    parser.add_argument("--steps", action="store_true",
+                        help="wall and CPU ms per batch of each step of the sink's commit, and the pipeline "
+                             "thread's wait for the batch in flight")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="Beam's multi-process mode with this many SDK worker processes (a measurement; "
+                             "--tasks at least as many); --steps then sees nothing (the sinks run in the workers)")
     args = parser.parse_args()
+    if args.workers > 1 and args.tasks < args.workers:
+        parser.error("--workers N needs --tasks N or more: the tasks are what is spread over the workers")
     from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, dynamodb_client
     from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource
     from ddb2bt.pipeline.local import workload
@@ -189,10 +290,17 @@ def main() -> int:
         for r in range(rounds):
             for kind in kinds:
                 src, factory = (export, None) if kind == "export" else (scan, DynamoDBClientFactory())
+                clock = None
+                if args.steps:
+                    clock = StepClock()
+                    clock.install()
                 out = _run(src, n, project, instance, stack, factory, args.tasks, mapping, rows_expected,
-                           profile=args.profile and args.profiler)
+                           profile=args.profile and args.profiler, workers=args.workers)
+                if clock is not None:
+                    out["steps_ms_per_batch_wall_cpu"] = clock.per_batch_ms()
+                    clock.uninstall()
                 concurrency = getattr(guards, "CONDITIONAL_CONCURRENCY", None)  # None: a tree without it (A/B)
-                print(json.dumps({"round": r, "kind": kind, "items": n, "tasks": args.tasks,
+                print(json.dumps({"round": r, "kind": kind, "items": n, "tasks": args.tasks, "workers": args.workers,
                                   "versioned": args.versioned, "conditional_concurrency": concurrency, **out}),
                       flush=True)
     return 0
