@@ -47,7 +47,14 @@ CHUNK_ITEMS = 100
 QUEUE_CHUNKS = QUEUE_ITEMS // CHUNK_ITEMS
 # An export part reports its items to the progress counter this often.
 EXPORT_PROGRESS_ITEMS = 1000
-MAX_THREADS = 16
+# Parts a task reads at once (each in its own thread). A Scan segment's pages are
+# network round trips, which threads overlap. An export part's lines are decoded
+# in Python, holding the GIL: a second decoding thread only takes it from the
+# mapping and the sink's write thread, whose RPCs then wait longer for it
+# (bench/backfill_cpu.py: one thread against four, 11 % more items/s; see
+# docs/benchmarks.md). An export's reading is not where it waits: one part at a time.
+SCAN_THREADS = 16
+EXPORT_THREADS = 1
 _DONE = object()
 
 
@@ -210,7 +217,9 @@ class BackfillReaderFn(beam.DoFn):
 
 
 class _ReadBackfillFn(BackfillReaderFn):
-    """BackfillTask → RecordBatch | PartDone, reading the task's parts in threads."""
+    """BackfillTask → RecordBatch | PartDone, reading the task's parts in threads:
+    a Scan's segments at once, an export's parts one after another (SCAN_THREADS,
+    EXPORT_THREADS), beside the writer."""
 
     def process(self, task: BackfillTask):
         kind = SCAN if isinstance(self._job.source, ScanSource) else EXPORT
@@ -242,9 +251,10 @@ class _ReadBackfillFn(BackfillReaderFn):
             except BaseException as exc:  # surfaced in the main thread below
                 out.put(exc)
 
+        at_once = SCAN_THREADS if kind == SCAN else EXPORT_THREADS
         threads = [threading.Thread(target=run, args=(p, c), daemon=True, name=f"backfill-{p}")
-                   for p, c in todo[:MAX_THREADS]]
-        pending = list(todo[MAX_THREADS:])
+                   for p, c in todo[:at_once]]
+        pending = list(todo[at_once:])
         for t in threads:
             t.start()
         running = len(threads)
@@ -283,7 +293,8 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
     """Add the backfill path to ``p``; returns the dead-letter PCollection.
     ``splittable`` (default: with ``reshuffle``, i.e. on Dataflow): read with the
     splittable reader (``backfill_sdf``: checkpoints, drain, update), else with
-    the threaded one (parts of a task in parallel on the local runner)."""
+    the threaded one (on the local runner: a task's Scan segments in parallel, its
+    export parts one after another, each beside the writer)."""
     from ddb2bt.pipeline.sink.sink import write_to_bigtable
     from ddb2bt.transforms.dofns import map_changes
     import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)

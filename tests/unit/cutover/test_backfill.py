@@ -4,7 +4,7 @@ import json
 import pytest
 
 from ddb2bt.pipeline.clients.dynamodb import TokenBucket
-from ddb2bt.pipeline.cutover.backfill import PartReaders, plan_tasks
+from ddb2bt.pipeline.cutover.backfill import EXPORT, SCAN, PartReaders, plan_tasks
 from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource, parse_segment, segment_name
 from ddb2bt.pipeline.testing.fakes import client_error
 from ddb2bt.pipeline.clients.retry import RetryPolicy
@@ -13,6 +13,10 @@ from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.model import BackfillPosition, ChangeRecord, PartDone
 
 HANDOFF = 1_700_000_123_456
+# Long enough for three reader threads to start on a loaded machine.
+BARRIER_TIMEOUT_S = 30
+# How long an export's first part waits for a second one read beside it.
+SECOND_PART_WAIT_S = 1.0
 
 
 class FakeScan:
@@ -288,3 +292,64 @@ def test_a_throttled_scan_stops_retrying_once_the_lease_is_lost():
     with pytest.raises(LeaseLost):
         list(reader.read(segment_name(0, 1), None, 0))
     assert len(client.calls) == 1
+
+
+def _reading_fn(tmp_path, monkeypatch, source, read_chunks):
+    """A _ReadBackfillFn over ``source`` whose parts are read by ``read_chunks``."""
+    import ddb2bt.pipeline.cutover.backfill as backfill
+    from ddb2bt.pipeline.cutover.backfill import BackfillJob, _ReadBackfillFn
+    from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
+    from ddb2bt.pipeline.control.state import StateStore
+    from prometheus_client import CollectorRegistry
+
+    monkeypatch.setattr(backfill, "default_metrics", lambda: PipelineMetrics(CollectorRegistry()))
+    monkeypatch.setattr(PartReaders, "read_chunks", read_chunks)
+    state = StateStore(InMemoryBigtable(), "job", lambda: 1)
+    fn = _ReadBackfillFn(BackfillJob(source, ("pk",), HANDOFF), lambda: state)
+    fn.setup()
+    return fn
+
+
+def test_an_exports_parts_are_read_one_after_another_and_a_scans_segments_at_once(tmp_path, monkeypatch):
+    """Decoding an export part holds the GIL: a second part decoded at once only
+    slows the writer (EXPORT_THREADS). A Scan's segments wait on the network: they
+    are read at once (a barrier all of them must reach, or it breaks)."""
+    import threading
+
+    from ddb2bt.pipeline.cutover.backfill import BackfillTask
+
+    parts = ("data/a.json.gz", "data/b.json.gz", "data/c.json.gz")
+    reading: list = []
+    most = []
+    second_started = threading.Event()
+
+    def one_at_a_time(self, part, resume, count):
+        reading.append(part)
+        most.append(len(reading))
+        if part == parts[0]:
+            # The first part waits a while for another to start beside it
+            # (with threads to spare, one does at once): none may.
+            second_started.wait(timeout=SECOND_PART_WAIT_S)
+        else:
+            second_started.set()
+        most.append(len(reading))
+        yield [PartDone(EXPORT, part, 1)]
+        reading.remove(part)
+
+    write_export(tmp_path, [json.dumps({"Item": {"pk": {"S": "k"}}})])
+    fn = _reading_fn(tmp_path, monkeypatch, ExportSource(str(tmp_path)), one_at_a_time)
+    out = list(fn.process(BackfillTask(parts)))
+    assert [e.part for e in out if isinstance(e, PartDone)] == list(parts)
+    assert max(most) == 1
+
+    segments = tuple(segment_name(i, 3) for i in range(3))
+    met = threading.Barrier(len(segments), timeout=BARRIER_TIMEOUT_S)
+
+    def all_at_once(self, part, resume, count):
+        met.wait()  # BrokenBarrierError (raised by the reader) unless every segment is being read
+        yield [PartDone(SCAN, part, 0)]
+
+    fn = _reading_fn(tmp_path, monkeypatch, ScanSource("T", 3), all_at_once)
+    out = list(fn.process(BackfillTask(segments)))
+    assert sorted(e.part for e in out if isinstance(e, PartDone)) == list(segments)
