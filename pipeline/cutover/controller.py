@@ -31,7 +31,7 @@ from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.pipeline.clients.dynamodb import describe_table
 from ddb2bt.pipeline.connect.connections import dynamodb_client, DynamoDBClientFactory
-from ddb2bt.pipeline.control.clock import check_clock
+from ddb2bt.pipeline.control.clock import CLOCK_BEHIND_LIMIT_S, check_clock
 from ddb2bt.pipeline.cutover.backfill import add_backfill, BackfillJob
 from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource
 from ddb2bt.pipeline.verify.continuous_beam import CheckContinuously
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
 DAY_MS = 24 * 3600 * 1000
+# An export's time is AWS's, never ahead of AWS's "now": ahead of this host's
+# clock by more than it may lag AWS's (clock.py), it is not a real export time.
+EXPORT_AHEAD_LIMIT_MS = int(CLOCK_BEHIND_LIMIT_S * 1000)
 TAIL_STOP_WAIT_S = 60.0
 # How often `migrate` looks whether the keeper moved every table LIVE: one
 # state-table read per table; LIVE itself is decided on the keeper's 10 s step.
@@ -95,6 +98,15 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
         source.check(mapping.source.table, mapping.source.region)
         handoff = source.export_time_ms()
         age = now_ms() - handoff
+        if age < -EXPORT_AHEAD_LIMIT_MS:
+            # The handoff would be in the future: every back-filled cell would sit
+            # above the tail's changes until then, hiding their updates and deletes
+            # (docs/design.md §7.1, §7.2).
+            raise ConfigError(
+                f"the export's time (exportTime in manifest-summary.json) is {-age / 3600000:.1f}h ahead of this "
+                "host's clock: AWS never exports from the future, so either this clock is behind (check NTP) or the "
+                "manifest was edited. A handoff in the future would hide every change made before it behind the "
+                "back-filled cells", "--from-export")
         if age > DAY_MS - RETENTION_MARGIN_MS:
             raise ConfigError(
                 f"the export is {age / 3600000:.1f}h old: the stream keeps 24h, so changes made since the export "

@@ -91,3 +91,29 @@ def test_backfill_refuses_the_export_before_touching_bigtable(name, message, mon
         argv = [command, "-m", str(HERE / "mappings" / "catalog.yaml"), "--from-export", str(export_dir(name))]
         assert cli.main(argv) == 2
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("offset_s,refused", [
+    (-3600, "ahead of this host's clock"),  # an exportTime an hour in this clock's future
+    (-6, "ahead of this host's clock"),  # just past how far this clock may lag AWS's
+    (-4, None),  # within it: a clock a few seconds behind AWS's, a fresh export
+    (3600, None),
+    (23 * 3600 + 1, "the stream keeps 24h"),  # older than the stream's retention, less the margin
+])
+def test_an_export_from_the_future_or_older_than_the_stream_is_refused(offset_s, refused):
+    """The handoff is the export's time: one ahead of this host's clock would put
+    every back-filled cell above the tail's changes until then (docs/design.md §7.1)."""
+    from ddb2bt.pipeline.cutover.controller import BackfillOptions, backfill_source
+
+    config = mapping("catalog.yaml")
+    location = str(export_dir("full_dynamodb_json"))
+    export_ms = ExportSource(location).export_time_ms()
+    options = BackfillOptions(from_export=location)
+    now_ms = lambda: export_ms + offset_s * 1000  # noqa: E731
+    if refused is None:
+        source, spec, handoff, expected = backfill_source(options, config, now_ms)
+        assert handoff == export_ms and spec["kind"] == "export" and expected == 3
+        return
+    with pytest.raises(ConfigError, match=refused) as raised:
+        backfill_source(options, config, now_ms)
+    assert raised.value.field == "--from-export"
