@@ -61,8 +61,8 @@ def make_pipeline(beam_args: list, streaming: bool = True) -> beam.Pipeline:
 def _removing_tempdir(p: beam.Pipeline) -> beam.Pipeline:
     """``p``, its temporary directory removed when this process exits at the
     latest: Beam makes one per pipeline and removes it only in ``run()``, so a
-    command that fails while building its graph (a bad mapping, a refused
-    option) would otherwise leave one in /tmp each time."""
+    command that fails while building its graph (a mapping refused there, say)
+    would otherwise leave one in /tmp each time."""
     atexit.register(shutil.rmtree, p.local_tempdir, ignore_errors=True)
     return p
 

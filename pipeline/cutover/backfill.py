@@ -3,8 +3,10 @@
 
 Graph: BackfillTasks (Create) → ReadBackfill → MapChanges → WriteToBigtable.
 Each task holds several *parts* (scan segments or export data files) that one
-DoFn element reads in parallel threads through a bounded queue (so segments run
-in parallel on the local runner too; on Dataflow, tasks spread over workers).
+DoFn element reads in threads through a bounded queue: in parallel where the
+reading waits on the network (Scan segments, S3 objects), one part at a time
+from a local export, whose reading is only decoding (on Dataflow, tasks spread
+over workers).
 
 Every item becomes an INSERT at the handoff second minus 1 ms, guarded against
 the live tail (``ddb2bt.transforms.mapping.map_change``). Progress is checkpointed per
@@ -29,9 +31,9 @@ from ddb2bt.transforms.model import BackfillPosition, PartDone, StreamElement, b
 from ddb2bt.pipeline.observe.metrics import default_metrics
 from ddb2bt.pipeline.source.records import FLUSH, batch_records
 from ddb2bt.pipeline.clients.retry import RetryPolicy
-from ddb2bt.pipeline.clients.dynamodb import TokenBucket, scan_pages
+from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, TokenBucket, scan_pages
 from ddb2bt.pipeline.control.coordinator import coordinator_for
-from ddb2bt.pipeline.source.snapshot import ScanSource, parse_segment
+from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource, parse_segment
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +49,15 @@ CHUNK_ITEMS = 100
 QUEUE_CHUNKS = QUEUE_ITEMS // CHUNK_ITEMS
 # An export part reports its items to the progress counter this often.
 EXPORT_PROGRESS_ITEMS = 1000
-# Parts a task reads at once (each in its own thread). A Scan segment's pages are
-# network round trips, which threads overlap. An export part's lines are decoded
-# in Python, holding the GIL: a second decoding thread only takes it from the
-# mapping and the sink's write thread, whose RPCs then wait longer for it
-# (bench/backfill_cpu.py: one thread against four, 11 % more items/s; see
-# docs/benchmarks.md). An export's reading is not where it waits: one part at a time.
-SCAN_THREADS = 16
-EXPORT_THREADS = 1
+# Parts a task reads at once (each in its own thread). A Scan segment's pages and
+# an S3 export's objects (a client, a TLS handshake and a first byte per part)
+# are network round trips, which threads overlap. A local export's lines are only
+# decoded, in Python, holding the GIL: a second decoding thread only takes it from
+# the mapping and the sink's write thread, whose RPCs then wait longer for it
+# (bench/backfill_cpu.py, one thread against four: medians +15 %, pairwise x1.12;
+# see docs/benchmarks.md). So a local export's parts are read one at a time.
+NETWORK_PART_THREADS = MAX_SCAN_THREADS
+LOCAL_EXPORT_THREADS = 1
 _DONE = object()
 
 
@@ -218,8 +221,8 @@ class BackfillReaderFn(beam.DoFn):
 
 class _ReadBackfillFn(BackfillReaderFn):
     """BackfillTask → RecordBatch | PartDone, reading the task's parts in threads:
-    a Scan's segments at once, an export's parts one after another (SCAN_THREADS,
-    EXPORT_THREADS), beside the writer."""
+    a Scan's segments and an S3 export's parts at once, a local export's parts one
+    after another (NETWORK_PART_THREADS, LOCAL_EXPORT_THREADS), beside the writer."""
 
     def process(self, task: BackfillTask):
         kind = SCAN if isinstance(self._job.source, ScanSource) else EXPORT
@@ -251,7 +254,8 @@ class _ReadBackfillFn(BackfillReaderFn):
             except BaseException as exc:  # surfaced in the main thread below
                 out.put(exc)
 
-        at_once = SCAN_THREADS if kind == SCAN else EXPORT_THREADS
+        local_export = isinstance(self._job.source, ExportSource) and not self._job.source.is_s3
+        at_once = LOCAL_EXPORT_THREADS if local_export else NETWORK_PART_THREADS
         threads = [threading.Thread(target=run, args=(p, c), daemon=True, name=f"backfill-{p}")
                    for p, c in todo[:at_once]]
         pending = list(todo[at_once:])
@@ -293,8 +297,8 @@ def add_backfill(p: beam.Pipeline, job: BackfillJob, mapping, state, sink_config
     """Add the backfill path to ``p``; returns the dead-letter PCollection.
     ``splittable`` (default: with ``reshuffle``, i.e. on Dataflow): read with the
     splittable reader (``backfill_sdf``: checkpoints, drain, update), else with
-    the threaded one (on the local runner: a task's Scan segments in parallel, its
-    export parts one after another, each beside the writer)."""
+    the threaded one (on the local runner: a task's Scan segments and S3 export
+    parts in parallel, a local export's parts one after another, beside the writer)."""
     from ddb2bt.pipeline.sink.sink import write_to_bigtable
     from ddb2bt.transforms.dofns import map_changes
     import ddb2bt.pipeline.source.coders  # noqa: F401  (registers the StreamElement coder)

@@ -17,6 +17,7 @@ from ddb2bt.pipeline.options import joined_beam_args, without_runner
 
 # Starting Python and importing Beam takes a few seconds on a loaded machine.
 SUBPROCESS_TIMEOUT_S = 120
+STDERR_SHOWN_CHARS = 2000  # the end of a failed run's stderr, where its traceback is
 
 
 @pytest.fixture
@@ -77,7 +78,7 @@ def test_a_pipeline_built_and_never_run_leaves_no_temporary_directory(tmp_path):
             "p = make_pipeline(['--job_name', 'j']); assert os.path.isdir(p.local_tempdir); print(p.local_tempdir)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
                          env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == 0, out.stderr[-STDERR_SHOWN_CHARS:]
     made = Path(out.stdout.strip())
     assert made.parent == tmp_path and made.name.startswith("beam-pipeline-temp")
     assert not made.exists()

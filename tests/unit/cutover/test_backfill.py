@@ -294,7 +294,7 @@ def test_a_throttled_scan_stops_retrying_once_the_lease_is_lost():
     assert len(client.calls) == 1
 
 
-def _reading_fn(tmp_path, monkeypatch, source, read_chunks):
+def _reading_fn(monkeypatch, source, read_chunks):
     """A _ReadBackfillFn over ``source`` whose parts are read by ``read_chunks``."""
     import ddb2bt.pipeline.cutover.backfill as backfill
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, _ReadBackfillFn
@@ -311,15 +311,16 @@ def _reading_fn(tmp_path, monkeypatch, source, read_chunks):
     return fn
 
 
-def test_an_exports_parts_are_read_one_after_another_and_a_scans_segments_at_once(tmp_path, monkeypatch):
-    """Decoding an export part holds the GIL: a second part decoded at once only
-    slows the writer (EXPORT_THREADS). A Scan's segments wait on the network: they
-    are read at once (a barrier all of them must reach, or it breaks)."""
+EXPORT_PARTS = ("data/a.json.gz", "data/b.json.gz", "data/c.json.gz")
+
+
+def test_a_local_exports_parts_are_read_one_after_another(tmp_path, monkeypatch):
+    """Reading a local export is only decoding, which holds the GIL: a second part
+    decoded at once only slows the writer (LOCAL_EXPORT_THREADS)."""
     import threading
 
     from ddb2bt.pipeline.cutover.backfill import BackfillTask
 
-    parts = ("data/a.json.gz", "data/b.json.gz", "data/c.json.gz")
     reading: list = []
     most = []
     second_started = threading.Event()
@@ -327,7 +328,7 @@ def test_an_exports_parts_are_read_one_after_another_and_a_scans_segments_at_onc
     def one_at_a_time(self, part, resume, count):
         reading.append(part)
         most.append(len(reading))
-        if part == parts[0]:
+        if part == EXPORT_PARTS[0]:
             # The first part waits a while for another to start beside it
             # (with threads to spare, one does at once): none may.
             second_started.wait(timeout=SECOND_PART_WAIT_S)
@@ -337,19 +338,29 @@ def test_an_exports_parts_are_read_one_after_another_and_a_scans_segments_at_onc
         yield [PartDone(EXPORT, part, 1)]
         reading.remove(part)
 
-    write_export(tmp_path, [json.dumps({"Item": {"pk": {"S": "k"}}})])
-    fn = _reading_fn(tmp_path, monkeypatch, ExportSource(str(tmp_path)), one_at_a_time)
-    out = list(fn.process(BackfillTask(parts)))
-    assert [e.part for e in out if isinstance(e, PartDone)] == list(parts)
+    fn = _reading_fn(monkeypatch, ExportSource(str(tmp_path)), one_at_a_time)
+    out = list(fn.process(BackfillTask(EXPORT_PARTS)))
+    assert [e.part for e in out if isinstance(e, PartDone)] == list(EXPORT_PARTS)
     assert max(most) == 1
 
-    segments = tuple(segment_name(i, 3) for i in range(3))
-    met = threading.Barrier(len(segments), timeout=BARRIER_TIMEOUT_S)
+
+@pytest.mark.parametrize("source,kind,parts", [
+    (ScanSource("T", 3), SCAN, tuple(segment_name(i, 3) for i in range(3))),
+    (ExportSource("s3://bucket/AWSDynamoDB/01700000000000-abcd"), EXPORT, EXPORT_PARTS),
+], ids=["scan segments", "s3 export parts"])
+def test_parts_read_over_the_network_are_read_at_once(source, kind, parts, monkeypatch):
+    """A Scan segment's pages and an S3 object's first byte are network round trips:
+    a task's parts are read at once (a barrier all of them must reach, or it breaks)."""
+    import threading
+
+    from ddb2bt.pipeline.cutover.backfill import BackfillTask
+
+    met = threading.Barrier(len(parts), timeout=BARRIER_TIMEOUT_S)
 
     def all_at_once(self, part, resume, count):
-        met.wait()  # BrokenBarrierError (raised by the reader) unless every segment is being read
-        yield [PartDone(SCAN, part, 0)]
+        met.wait()  # BrokenBarrierError (raised by the reader) unless every part is being read
+        yield [PartDone(kind, part, 0)]
 
-    fn = _reading_fn(tmp_path, monkeypatch, ScanSource("T", 3), all_at_once)
-    out = list(fn.process(BackfillTask(segments)))
-    assert sorted(e.part for e in out if isinstance(e, PartDone)) == list(segments)
+    fn = _reading_fn(monkeypatch, source, all_at_once)
+    out = list(fn.process(BackfillTask(parts)))
+    assert sorted(e.part for e in out if isinstance(e, PartDone)) == sorted(parts)
