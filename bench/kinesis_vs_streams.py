@@ -40,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import (ITEM_BYTES, LAST_LIVE_RUN, MAPPING, Meter, unpaced, fresh_table, run_ddb2bt,  # noqa: E402
-                       run_live, settle, stream_records)
+from bench.run import (ITEM_BYTES, LAST_LIVE_RUN, MAPPING, MS_PER_S, Meter, unpaced, fresh_table,  # noqa: E402
+                       run_ddb2bt, run_live, settle, stream_records)
 from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
 from ddb2bt.pipeline.testing.fakes import GET_RECORDS_MAX_BYTES  # noqa: E402
 
@@ -203,8 +203,11 @@ def main(argv=None) -> int:
     parser.add_argument("--pacing", choices=PACINGS + ("both",), default="both",
                         help="paced: AWS's per-shard read limits on both sides; unpaced: none on either")
     args = parser.parse_args(argv)
-    records = recent(stream_records(args.changes, size=args.item_bytes))
-    docs = disordered(records, args.shuffle, args.duplicate)
+    exact = recent(stream_records(args.changes, size=args.item_bytes, whole_seconds=False))
+    # Each source's times as AWS gives them: DynamoDB Streams' rounded down to the
+    # second, a Kinesis record's with its microseconds (kinesis_documents).
+    records = [(event, keys, new, old, ts - ts % MS_PER_S) for event, keys, new, old, ts in exact]
+    docs = disordered(exact, args.shuffle, args.duplicate)
     pacings = PACINGS if args.pacing == "both" else (args.pacing,)
     rows: dict = {p: [] for p in pacings}
     with LocalStack() as stack:

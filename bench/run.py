@@ -86,8 +86,18 @@ def make_item(rng: random.Random, key: dict, size: int = ITEM_BYTES) -> dict:
     return item
 
 
-def stream_records(n: int, seed: int = 1, keys: int = 5000, size: int = ITEM_BYTES) -> list:
-    """(event, keys, new, old, ts) tuples: 60 % inserts, 30 % modifies, 10 % removes."""
+# The records' spacing: a change a millisecond, 1,000 changes a second.
+RECORD_SPACING_MS = 1
+MS_PER_S = 1000
+
+
+def stream_records(n: int, seed: int = 1, keys: int = 5000, size: int = ITEM_BYTES,
+                   whole_seconds: bool = True) -> list:
+    """(event, keys, new, old, ts) tuples: 60 % inserts, 30 % modifies, 10 % removes,
+    a change every RECORD_SPACING_MS. ``whole_seconds``: each change's time rounded
+    down to its second, as DynamoDB Streams' ApproximateCreationDateTime is on AWS
+    (docs/design.md §2: ministack rounds too, moto does not); off, each change has
+    a millisecond of its own (a Kinesis record's time has microseconds)."""
     rng = random.Random(seed)
     state: dict = {}
     out = []
@@ -97,18 +107,19 @@ def stream_records(n: int, seed: int = 1, keys: int = 5000, size: int = ITEM_BYT
         key = {"pk": {"S": f"cat{k % 50:02d}"}, "sk": {"S": f"item#{k:06d}"}}
         old = state.get(k)
         roll = rng.random()
-        now += 1
+        now += RECORD_SPACING_MS
+        ts = now - now % MS_PER_S if whole_seconds else now
         if old is not None and roll < 0.1:
             del state[k]
-            out.append((REMOVE, key, None, old, now))
+            out.append((REMOVE, key, None, old, ts))
         elif old is not None and roll < 0.45:
             new = dict(old, Price={"N": str(rng.randint(1, 100000))})
             state[k] = new
-            out.append((MODIFY, key, new, old, now))
+            out.append((MODIFY, key, new, old, ts))
         else:
             new = make_item(rng, key, size)
             state[k] = new
-            out.append((MODIFY if old else INSERT, key, new, old, now))
+            out.append((MODIFY if old else INSERT, key, new, old, ts))
     return out
 
 
