@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from run import stream_records  # noqa: E402  (the throughput bench's catalog stream)
+from run import MS_PER_S, RECORD_SPACING_MS, stream_records  # noqa: E402  (the throughput bench's catalog stream)
 
 from ddb2bt.transforms.config import load_mapping  # noqa: E402
 from ddb2bt.transforms.errors import MappingError  # noqa: E402
@@ -143,10 +143,13 @@ def _hr_modify(rng, item):
 MAKERS = {"videos": (_video, _video_modify), "invoices": (_invoice, _invoice_modify), "hr_orders": (_hr, _hr_modify)}
 
 
-def history(example: str, n: int, seed: int = 1, keys: int = 5000) -> list:
-    """n ChangeRecords of one example: inserts, modifies and removes of ``keys`` items."""
+def history(example: str, n: int, seed: int = 1, keys: int = 5000, whole_seconds: bool = True) -> list:
+    """n ChangeRecords of one example: inserts, modifies and removes of ``keys`` items,
+    their times whole seconds as DynamoDB Streams gives them (bench/run.py's
+    ``stream_records``), or (``whole_seconds`` off) a millisecond each."""
     if example == "product_catalog":
-        return [ChangeRecord(e, k, new, old, ts) for e, k, new, old, ts in stream_records(n, seed, keys)]
+        return [ChangeRecord(e, k, new, old, ts)
+                for e, k, new, old, ts in stream_records(n, seed, keys, whole_seconds=whole_seconds)]
     make, modify = MAKERS[example]
     rng = random.Random(seed)
     state: dict = {}
@@ -156,17 +159,18 @@ def history(example: str, n: int, seed: int = 1, keys: int = 5000) -> list:
         k = rng.randrange(keys)
         old = state.get(k)
         roll = rng.random()
-        now += 1
+        now += RECORD_SPACING_MS
+        ts = now - now % MS_PER_S if whole_seconds else now
         if old is not None and roll < REMOVE_SHARE:
             del state[k]
-            out.append(ChangeRecord(REMOVE, old[0], None, old[1], now))
+            out.append(ChangeRecord(REMOVE, old[0], None, old[1], ts))
             continue
         if old is not None and roll < REMOVE_SHARE + MODIFY_SHARE:
             new = (old[0], modify(rng, old[1]))
         else:
             new = make(rng, k)
         state[k] = new
-        out.append(ChangeRecord(MODIFY if old else INSERT, new[0], new[1], old[1] if old else None, now))
+        out.append(ChangeRecord(MODIFY if old else INSERT, new[0], new[1], old[1] if old else None, ts))
     return out
 
 

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
 DAY_MS = 24 * 3600 * 1000
+HOUR_MS = 3600 * 1000
 # An export's time is AWS's, never ahead of AWS's "now": ahead of this host's
 # clock by more than it may lag AWS's (clock.py), it is not a real export time.
 EXPORT_AHEAD_LIMIT_MS = int(CLOCK_BEHIND_LIMIT_S * 1000)
@@ -88,30 +89,15 @@ class Outcome:
 
 
 def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6):
-    """(source, spec dict, handoff ms or None, expected items). The retention rule:
-    an export older than the stream keeps (24 h, less a margin) is refused, since
-    changes made since it may already be trimmed."""
+    """(source, spec dict, handoff ms or None, expected items). An export's time
+    is checked again here (``check_export_first`` did before anything was created;
+    a table back-filled after others begins later)."""
     if options.from_export:
         source = ExportSource(options.from_export, mapping.source.region)
         # Before anything is recorded or written: a full export, in a format we
         # read, of this mapping's source table.
         source.check(mapping.source.table, mapping.source.region)
-        handoff = source.export_time_ms()
-        age = now_ms() - handoff
-        if age < -EXPORT_AHEAD_LIMIT_MS:
-            # The handoff would be in the future: every back-filled cell would sit
-            # above the tail's changes until then, hiding their updates and deletes
-            # (docs/design.md §7.1, §7.2).
-            raise ConfigError(
-                f"the export's time (exportTime in manifest-summary.json) is {-age / 3600000:.1f}h ahead of this "
-                "host's clock: AWS never exports from the future, so either this clock is behind (check NTP) or the "
-                "manifest was edited. A handoff in the future would hide every change made before it behind the "
-                "back-filled cells", "--from-export")
-        if age > DAY_MS - RETENTION_MARGIN_MS:
-            raise ConfigError(
-                f"the export is {age / 3600000:.1f}h old: the stream keeps 24h, so changes made since the export "
-                "may already be trimmed. Take a new export, or back-fill with a scan (no --from-export)",
-                "--from-export")
+        handoff = checked_export_time(source, now_ms)
         parts = source.parts()
         return source, {"kind": "export", "location": options.from_export, "parts": len(parts)}, handoff, \
             source.item_count()
@@ -122,11 +108,43 @@ def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int]
     return source, {"kind": "scan", "segments": options.segments, "parts": options.segments}, None, int(count)
 
 
-def check_export_first(options: BackfillOptions, mapping) -> None:
+def checked_export_time(source: ExportSource, now_ms: Callable[[], int]) -> int:
+    """The export's time, the handoff: refused when it is ahead of this host's
+    clock (beyond how far this clock may lag AWS's) or older than the stream
+    keeps (24 h, less a margin: changes made since it may already be trimmed)."""
+    handoff = source.export_time_ms()
+    age = now_ms() - handoff
+    if age < -EXPORT_AHEAD_LIMIT_MS:
+        # The handoff would be in the future: every back-filled cell would sit
+        # above the tail's changes until then, hiding their updates and deletes
+        # (docs/design.md §7.1, §7.2).
+        raise ConfigError(
+            f"the export's time (exportTime in manifest-summary.json) is {_span(-age)} ahead of this host's clock: "
+            "AWS never exports from the future, so either this clock is behind (check NTP) or the manifest was "
+            "edited. A handoff in the future would hide every change made before it behind the back-filled cells",
+            "--from-export")
+    if age > DAY_MS - RETENTION_MARGIN_MS:
+        raise ConfigError(
+            f"the export is {age / HOUR_MS:.1f}h old: the stream keeps 24h, so changes made since the export "
+            "may already be trimmed. Take a new export, or back-fill with a scan (no --from-export)",
+            "--from-export")
+    return handoff
+
+
+def _span(ms: int) -> str:
+    """A time span for a message: seconds under an hour, else hours."""
+    return f"{ms / 1000:.0f} s" if ms < HOUR_MS else f"{ms / HOUR_MS:.1f} h"
+
+
+def check_export_first(options: BackfillOptions, mapping,
+                       now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6) -> None:
     """--from-export: refuse an export the backfill cannot use (incremental, an unknown
-    format, another table, still running) before anything is created or written."""
+    format, another table, still running, its time ahead of this clock or older
+    than the stream keeps) before anything is created or written."""
     if options.from_export:
-        ExportSource(options.from_export, mapping.source.region).check(mapping.source.table, mapping.source.region)
+        source = ExportSource(options.from_export, mapping.source.region)
+        source.check(mapping.source.table, mapping.source.region)
+        checked_export_time(source, now_ms)
 
 
 def _bookkeeping(mapping) -> Bookkeeping:

@@ -6,6 +6,7 @@ is written, with the exact message there."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ from tests.conformance.harness import HERE, mapping, outcome
 from tests.conftest import patch_everywhere
 
 EXPORTS = sorted(p for p in (HERE / "exports").iterdir() if p.is_dir())
+# An export this far ahead of this host's clock is refused (the limit is 5 s) even
+# after the few seconds the test takes between writing the manifest and the check.
+FUTURE_GAP_S = 10
 
 
 def export_dir(name: str) -> Path:
@@ -117,3 +121,34 @@ def test_an_export_from_the_future_or_older_than_the_stream_is_refused(offset_s,
     with pytest.raises(ConfigError, match=refused) as raised:
         backfill_source(options, config, now_ms)
     assert raised.value.field == "--from-export"
+
+
+def test_an_export_from_the_future_is_refused_before_touching_bigtable(tmp_path, monkeypatch, capsys):
+    """The export's time is checked with the rest of the export, first: no state
+    table, no lease, no tail, no cell (a 6 s gap is told in seconds)."""
+    import datetime as dt
+    import shutil
+    import time
+
+    import ddb2bt.pipeline.app.cli as cli
+    from ddb2bt.pipeline.services import replicate
+    import ddb2bt.pipeline.connect.preflight as preflight
+
+    def forbidden(*a, **k):
+        raise AssertionError("touched Bigtable before the export was checked")
+
+    patch_everywhere(monkeypatch, preflight, "ensure_state_table", forbidden)
+    patch_everywhere(monkeypatch, preflight, "check_target", forbidden)
+    monkeypatch.setattr(replicate, "build_live_jobs", forbidden)
+    for ahead_s, told in ((2 * 3600, r"is 2\.0 h ahead"), (FUTURE_GAP_S, r"is \d+ s ahead")):
+        export = tmp_path / f"ahead{ahead_s}"
+        shutil.copytree(export_dir("full_dynamodb_json"), export)
+        summary = json.loads((export / "manifest-summary.json").read_text())
+        at = dt.datetime.fromtimestamp(time.time() + ahead_s, dt.timezone.utc)
+        summary["exportTime"] = at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        (export / "manifest-summary.json").write_text(json.dumps(summary))
+        for command in ("backfill", "migrate"):
+            argv = [command, "-m", str(HERE / "mappings" / "catalog.yaml"), "--from-export", str(export)]
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err
+            assert "ahead of this host's clock" in err and re.search(told, err), err
