@@ -23,7 +23,8 @@ On a drain the restriction is truncated (nothing more is read); the sink has
 checkpointed what was written, so the next launch resumes each part from the
 state table. Used on Dataflow; the local runner keeps the threaded reader
 (FnApiRunner reads the elements of an SDF one after another, the threads read
-a task's Scan segments in parallel, and its export parts beside the writer).
+a task's Scan segments and S3 export parts in parallel, a local export's parts
+one after another, beside the writer).
 """
 from __future__ import annotations
 

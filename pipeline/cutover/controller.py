@@ -29,7 +29,7 @@ from ddb2bt.pipeline.control.phases import BACKFILLING, LIVE, Migration, PHASES
 from ddb2bt.pipeline.cutover.status import QUEUED_META
 from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
-from ddb2bt.pipeline.clients.dynamodb import describe_table
+from ddb2bt.pipeline.clients.dynamodb import EXPORT_RETENTION_MARGIN_MS, STREAM_RETENTION_MS, describe_table
 from ddb2bt.pipeline.connect.connections import dynamodb_client, DynamoDBClientFactory
 from ddb2bt.pipeline.control.clock import CLOCK_BEHIND_LIMIT_S, check_clock
 from ddb2bt.pipeline.cutover.backfill import add_backfill, BackfillJob
@@ -44,8 +44,6 @@ from ddb2bt.pipeline.source.stream_source import request_stop
 
 log = logging.getLogger(__name__)
 
-RETENTION_MARGIN_MS = 3600 * 1000  # an export must leave the tail an hour of stream to spare
-DAY_MS = 24 * 3600 * 1000
 HOUR_MS = 3600 * 1000
 # An export's time is AWS's, never ahead of AWS's "now": ahead of this host's
 # clock by more than it may lag AWS's (clock.py), it is not a real export time.
@@ -88,7 +86,11 @@ class Outcome:
     launched: object = None
 
 
-def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6):
+def _wall_ms() -> int:
+    return time.time_ns() // 10**6
+
+
+def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int] = _wall_ms):
     """(source, spec dict, handoff ms or None, expected items). An export's time
     is checked again here (``check_export_first`` did before anything was created;
     a table back-filled after others begins later)."""
@@ -123,7 +125,7 @@ def checked_export_time(source: ExportSource, now_ms: Callable[[], int]) -> int:
             "AWS never exports from the future, so either this clock is behind (check NTP) or the manifest was "
             "edited. A handoff in the future would hide every change made before it behind the back-filled cells",
             "--from-export")
-    if age > DAY_MS - RETENTION_MARGIN_MS:
+    if age > STREAM_RETENTION_MS - EXPORT_RETENTION_MARGIN_MS:
         raise ConfigError(
             f"the export is {age / HOUR_MS:.1f}h old: the stream keeps 24h, so changes made since the export "
             "may already be trimmed. Take a new export, or back-fill with a scan (no --from-export)",
@@ -136,8 +138,7 @@ def _span(ms: int) -> str:
     return f"{ms / 1000:.0f} s" if ms < HOUR_MS else f"{ms / HOUR_MS:.1f} h"
 
 
-def check_export_first(options: BackfillOptions, mapping,
-                       now_ms: Callable[[], int] = lambda: time.time_ns() // 10**6) -> None:
+def check_export_first(options: BackfillOptions, mapping, now_ms: Callable[[], int] = _wall_ms) -> None:
     """--from-export: refuse an export the backfill cannot use (incremental, an unknown
     format, another table, still running, its time ahead of this clock or older
     than the stream keeps) before anything is created or written."""
