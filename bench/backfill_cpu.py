@@ -31,6 +31,7 @@ import argparse
 import collections
 import cProfile
 import gzip
+import importlib
 import json
 import os
 import pstats
@@ -132,8 +133,6 @@ class StepClock:
         self._originals: list = []
 
     def install(self) -> None:
-        import importlib
-
         for module, cls_name, name in STEPS:
             cls = getattr(importlib.import_module(module), cls_name)
             original = getattr(cls, name)
