@@ -17,9 +17,18 @@ and the differential tests compare them with the general engine's.
 
 Nothing from the mapping file is written into the generated source: attribute
 names, columns and encoders are bound constants ``_kN``.
+
+Where the package was built with a C compiler, the same row is written by
+``rowwriter_c.c`` (``NATIVE``): one pass over the shape's columns in C, the
+row's mutations returned as one bytes object, ~4x less CPU than the generated
+Python (docs/benchmarks.md). The generated Python stays the reference and the
+fallback: ``DDB2BT_ROW_WRITER=python`` chooses it (to rule the C writer out
+when in doubt), and tests/unit/transforms/test_row_writer.py holds the two to
+the same bytes (and to the general engine's).
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 from ddb2bt.transforms.attrs import dump_str
@@ -27,8 +36,19 @@ from ddb2bt.transforms.encoding import FALSE_BYTE, INT64_MAX, INT64_STRUCT, TRUE
 from ddb2bt.transforms.wire import (ENTRY_MUTATION, MUT_SET_CELL, ONE_BYTE_VARINT, SET_VALUE, VARINT_TABLE_SIZE,
                                     VARINTS, delete_cells, set_cell)
 
+try:
+    # inside: a try, not a function: the C writer is optional (built with the package where a C compiler was)
+    from ddb2bt.transforms import rowwriter_c
+except ImportError:  # no compiler when it was installed: the generated Python writes every row
+    rowwriter_c = None
+
 __all__ = ["plain_row_writer", "writer_key", "INLINE_S", "INLINE_AUTO", "INLINE_INT64", "LOOKED_UP", "MAX_ROW_WRITERS",
-           "SAFE_INT64_DIGITS"]
+           "NATIVE", "NATIVE_BUILT", "ROW_WRITER_ENV", "SAFE_INT64_DIGITS"]
+
+# Which writer writes a plain row: "c" (the default, where built) or "python".
+ROW_WRITER_ENV = "DDB2BT_ROW_WRITER"
+NATIVE_BUILT = rowwriter_c is not None
+NATIVE = NATIVE_BUILT and os.environ.get(ROW_WRITER_ENV, "c").strip().lower() != "python"
 
 # How an attribute's encoder is written into the generated code: its usual
 # cases inline, anything else through the encoder itself, which decides (and
@@ -36,6 +56,8 @@ __all__ = ["plain_row_writer", "writer_key", "INLINE_S", "INLINE_AUTO", "INLINE_
 INLINE_S = "s"  # utf8: a one-tag {"S": text} is text.encode()
 INLINE_AUTO = "auto"  # auto: S as utf8, N of plain digits as their text, BOOL as one byte, SS as JSON
 INLINE_INT64 = "int64"  # int64: N of up to 18 digits packed big-endian
+# The C writer's codes for them (rowwriter_c.c: KIND_*); 0: the encoder is called.
+_NATIVE_KINDS = {None: 0, INLINE_S: 1, INLINE_AUTO: 2, INLINE_INT64: 3}
 
 
 # int64: a string of at most this many ASCII digits is a non-negative integer below
@@ -94,7 +116,7 @@ def _encode(kind: Optional[str], enc: str, seen) -> list:
 
 
 def plain_row_writer(plain: tuple, column_of: Callable, ts_len: int, range_len: int, prune: bool,
-                     inline: dict, sample) -> Callable:
+                     inline: dict, sample, native: Optional[bool] = None) -> Callable:
     """``write(image, row_len, ts_field, prune_range) -> [count, size, wire
     pieces, families]``: the row entry of ``CompiledMapping._map`` (how many
     mutations, their request bytes, their wire bytes in pieces, their families)
@@ -104,7 +126,10 @@ def plain_row_writer(plain: tuple, column_of: Callable, ts_len: int, range_len: 
     qualifier, range_len)``: the mapping's column constants (CompiledMapping._column).
     ``inline``: {encoder: INLINE_*} of the encoders whose usual cases are written
     inline; ``sample``: the image it is made for (its auto values' tags are
-    tried first)."""
+    tried first). ``native``: the C writer (default: ``NATIVE``), which needs
+    neither ``ts_len`` nor ``range_len`` nor ``sample`` (it measures each row)."""
+    if NATIVE if native is None else native:
+        return _native_writer(plain, column_of, range_len, prune, inline)
     consts: dict = {}
 
     def const(value) -> str:
@@ -150,6 +175,24 @@ def plain_row_writer(plain: tuple, column_of: Callable, ts_len: int, range_len: 
     scope.update(consts)
     exec(compile("\n".join(lines) + "\n", "<ddb2bt compiled row>", "exec"), scope)
     return scope["write"]
+
+
+def _native_writer(plain: tuple, column_of: Callable, range_len: int, prune: bool, inline: dict) -> Callable:
+    """The C writer (rowwriter_c.RowWriter) of ``plain``'s shape: the same
+    arguments, the same answer, its row's wire bytes in one piece."""
+    if rowwriter_c is None:
+        raise RuntimeError("the C row writer is not built (install ddb2bt where a C compiler is; see "
+                           "docs/development.md)")
+    columns, families = [], []
+    fixed_sum = 0
+    for name, encode, family, qualifier, _ in plain:
+        fields, _, fixed, _, _ = column_of(family, qualifier, range_len)
+        if not families or families[-1] != family:  # sorted: a family's cells are consecutive
+            families.append(family)
+        fixed_sum += fixed + (fixed if prune else 0)
+        columns.append((name, _NATIVE_KINDS[inline.get(encode)], encode, fields))
+    return rowwriter_c.RowWriter(tuple(columns), prune, len(plain) * (2 if prune else 1), fixed_sum, tuple(families),
+                                _string_set, TRUE_BYTE, FALSE_BYTE)
 
 
 def writer_key(ts_len: int, range_len: int, prune: bool) -> tuple:

@@ -1,17 +1,24 @@
-"""The compiled mapping's generated row writers (transforms.rowwriter): the code
-written for an image's shape gives the general engine's changes, byte for byte,
-whatever the values of that shape hold later — other types than the image it
-was made for, lengths on both sides of every varint boundary, values the
-inline cases do not take (the encoder decides) or cannot encode (the general
-engine decides)."""
+"""The compiled mapping's row writers (transforms.rowwriter), the C one
+(rowwriter_c.c) and the generated Python, each: the writer made for an image's
+shape gives the general engine's changes, byte for byte, whatever the values of
+that shape hold later — other types than the image it was made for, lengths on
+both sides of every varint boundary, values the inline cases do not take (the
+encoder decides) or cannot encode (the general engine decides). And the two
+writers give each other's answers, errors included, and the C one keeps no
+memory it was given."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ddb2bt.transforms.compiled import compile_mapping
+from ddb2bt.transforms import compiled as compiled_module, rowwriter
+from ddb2bt.transforms.compiled import FAST_ENCODERS, compile_mapping
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.mapping import backfill_record
 from ddb2bt.transforms.model import INSERT, MODIFY, ChangeRecord
@@ -51,11 +58,20 @@ _values = st.one_of(
 NAMES = ("Description", "Price", "Thumbnail", "Stock", "Brand", "Rating", "Active")
 
 
+@pytest.fixture(params=["c", "python"])
+def each_writer(request, monkeypatch) -> str:
+    """Every test of this module with each writer making the rows (rowwriter.NATIVE)."""
+    monkeypatch.setattr(rowwriter, "NATIVE", request.param == "c")
+    return request.param
+
+
 def _image(values: list) -> dict:
     return dict(KEYS, **dict(zip(NAMES, values)))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.usefixtures("each_writer")
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(first=st.lists(_values, min_size=len(NAMES), max_size=len(NAMES)),
        then=st.lists(st.lists(_values, min_size=len(NAMES), max_size=len(NAMES)), min_size=1, max_size=4),
        backfill=st.booleans())
@@ -76,6 +92,7 @@ def test_a_shapes_writer_gives_the_general_engines_changes_for_any_values_of_tha
 BASE = ({"S": "d"}, {"N": "12"}, {"S": "t"}, {"N": "3"}, {"S": "b"}, {"N": "4.5"}, {"BOOL": True})
 
 
+@pytest.mark.usefixtures("each_writer")
 @pytest.mark.parametrize("slot", NAMES)
 def test_every_kind_of_value_in_every_slot_gives_the_general_engines_changes(slot):
     """A writer made for the usual image, then each tricky value in ``slot``
@@ -92,6 +109,7 @@ def test_every_kind_of_value_in_every_slot_gives_the_general_engines_changes(slo
     assert check(mapping, ChangeRecord(MODIFY, KEYS, base, base, START_MS + 1), False)
 
 
+@pytest.mark.usefixtures("each_writer")
 def test_writers_are_made_once_per_shape_and_lengths_and_reused():
     """One writer per (shape, timestamp field length, range length, pruning): an
     insert (no pruning) and a modify (pruning) of one shape make two, and later
@@ -110,6 +128,7 @@ def test_writers_are_made_once_per_shape_and_lengths_and_reused():
     assert len(writers) == 3
 
 
+@pytest.mark.usefixtures("each_writer")
 def test_past_the_shape_cache_and_the_writer_budget_images_take_the_cell_loop(monkeypatch):
     """A sparse table's many shapes: once the shapes kept or the writers made
     reach their bounds, further images are written by the compiled cell loop —
@@ -128,3 +147,116 @@ def test_past_the_shape_cache_and_the_writer_budget_images_take_the_cell_loop(mo
     assert len(rule._shapes) == 3 and compiled._writers_left == 0
     assert sum(len(order.writers) for order in rule._shapes.values() if order is not None) == 2
     assert rule.plain_order(images[-1]) is None  # not kept: no writer for it either
+
+
+def test_the_c_writer_is_built_and_chosen_by_default():
+    """deploy/local/setup.sh builds it (pyproject.toml's ext-modules): a machine
+    whose install could not compile it runs ~4x the CPU per row, and must hear of
+    it here rather than in a benchmark."""
+    assert rowwriter.NATIVE_BUILT, ("ddb2bt.transforms.rowwriter_c is not built: install a C compiler and the "
+                                    "Python headers (apt-get install build-essential python3-dev), then run "
+                                    "deploy/local/setup.sh again")
+    code = "from ddb2bt.transforms import rowwriter; print(rowwriter.NATIVE)"
+    env = {k: v for k, v in os.environ.items() if k != rowwriter.ROW_WRITER_ENV}
+    chosen = [subprocess.run([sys.executable, "-c", code], env=dict(env, **extra), capture_output=True, text=True,
+                             check=True).stdout.strip() for extra in ({}, {rowwriter.ROW_WRITER_ENV: "python"})]
+    assert chosen == ["True", "False"]
+
+
+def _failing(value) -> bytes:
+    """An encoder that refuses some values, as a real one refuses what it cannot encode."""
+    if value == {"S": "refuse"}:
+        raise ValueError("refused")
+    return FAST_ENCODERS["json"](value)
+
+
+# Every encoder a plain column may have beside the inline ones (the C writer
+# calls them), and one that raises.
+_ENCODERS = [FAST_ENCODERS[name] for name in ("utf8", "int64", "auto", "decimal", "json")] + [_failing]
+
+
+def _answer(write, image, row_len, ts_field, prune_range):
+    """A writer's answer with its wire pieces joined (all the mapping does with
+    them), or the class of the error it raised."""
+    try:
+        count, size, pieces, families = write(image, row_len, ts_field, prune_range)
+    except Exception as exc:  # noqa: BLE001 — the class is what is compared
+        return type(exc)
+    return count, size, b"".join(pieces), families
+
+
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(columns=st.lists(st.tuples(st.sampled_from(range(len(_ENCODERS))), st.sampled_from(["SKU", "f", "x" * 200]),
+                                  st.binary(max_size=3).map(lambda q: b"q" + q)),
+                        min_size=1, max_size=8, unique_by=lambda c: (c[1], c[2])),
+       values=st.lists(st.one_of(_values, st.just({"S": "refuse"})), min_size=8, max_size=8),
+       drop=st.booleans(), prune=st.booleans(), ms=st.sampled_from([0, 5, 16, START_MS]))
+def test_the_c_writer_gives_the_generated_writers_answer(columns, values, drop, prune, ms):
+    """Any shape — every encoder, families and qualifiers of any length — and any
+    values: the same count, size, bytes and families, or the same error (a value
+    no encoder takes; an attribute missing from the image)."""
+    from ddb2bt.transforms.wire import range_field, timestamp_field
+
+    compiled = compile_mapping(load_mapping(ROOT / "examples" / "product_catalog.yaml"))
+    columns = sorted(columns, key=lambda c: (c[1], c[2]))  # plain_order's order: by (family, qualifier)
+    plain = tuple((f"a{n}", _ENCODERS[enc], family, qualifier, (family, qualifier))
+                  for n, (enc, family, qualifier) in enumerate(columns))
+    image = {f"a{n}": values[n] for n in range(len(plain))}
+    if drop:
+        image.pop(f"a{len(plain) - 1}")
+    ts_field, prune_range = timestamp_field(ms), range_field(0, ms) if prune else None
+    range_len = len(prune_range) if prune else 0
+    made = [rowwriter.plain_row_writer(plain, compiled._column, len(ts_field), range_len, prune,
+                                       compiled_module._INLINE, image, native=native) for native in (True, False)]
+    assert type(made[0]).__name__ == "RowWriter"
+    answers = [_answer(write, image, 11, ts_field, prune_range) for write in made]
+    assert answers[0] == answers[1]
+
+
+def test_the_c_writer_keeps_no_memory_per_row():
+    """Rows written, encoders refused and attributes missing, many times over: the
+    memory Python allocated stays where it was (a reference kept per call would
+    grow it by the row's bytes each time)."""
+    compiled = compile_mapping(load_mapping(ROOT / "examples" / "product_catalog.yaml"))
+    plain = tuple((name, encode, "SKU", name.encode(), ("SKU", name.encode()))
+                  for name, encode in (("a", FAST_ENCODERS["auto"]), ("b", _failing), ("c", FAST_ENCODERS["utf8"])))
+    write = rowwriter.plain_row_writer(plain, compiled._column, 8, 12, True, compiled_module._INLINE, {}, native=True)
+    images = [{"a": {"SS": ["x", "y"]}, "b": {"S": "ok" * 50}, "c": {"S": "z" * 300}},
+              {"a": {"N": "1.5"}, "b": {"S": "refuse"}, "c": {"S": "z"}},
+              {"a": {"BOOL": True}, "b": {"N": "7"}}]
+    ts_field, prune_range = b"\x18" + bytes(7), b"\x1a" + bytes(11)
+
+    def run(times: int) -> None:
+        for _ in range(times):
+            for image in images:
+                _answer(write, image, 5, ts_field, prune_range)
+
+    run(200)
+    tracemalloc.start()
+    try:
+        run(100)
+        before = tracemalloc.get_traced_memory()[0]
+        run(5000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, grown  # 15,000 rows of ~1 KB: a leak per call would be megabytes
+
+
+@pytest.mark.parametrize("native, built, level, says", [
+    (True, True, "DEBUG", "C row writer"),
+    (False, True, "INFO", "DDB2BT_ROW_WRITER=python"),
+    (False, False, "WARNING", "not built"),
+])
+def test_the_mapping_stage_says_once_which_writer_runs(monkeypatch, caplog, native, built, level, says):
+    from ddb2bt.transforms import dofns
+
+    monkeypatch.setattr(dofns, "NATIVE", native)
+    monkeypatch.setattr(dofns, "NATIVE_BUILT", built)
+    monkeypatch.setattr(dofns, "_TOLD", [])
+    with caplog.at_level("DEBUG", logger=dofns.__name__):
+        dofns._say_row_writer()
+        dofns._say_row_writer()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == dofns.__name__]
+    assert len(said) == 1 and said[0][0] == level and says in said[0][1], said
