@@ -20,8 +20,8 @@ names, columns and encoders are bound constants ``_kN``.
 
 Where the package was built with a C compiler, the same row is written by
 ``rowwriter_c.c`` (``NATIVE``): one pass over the shape's columns in C, the
-row's mutations returned as one bytes object, ~4x less CPU than the generated
-Python (docs/benchmarks.md). The generated Python stays the reference and the
+row's mutations returned as one bytes object, about a fifth of the generated
+Python's CPU (docs/benchmarks.md). The generated Python stays the reference and the
 fallback: ``DDB2BT_ROW_WRITER=python`` chooses it (to rule the C writer out
 when in doubt), and tests/unit/transforms/test_row_writer.py holds the two to
 the same bytes (and to the general engine's).
@@ -192,7 +192,7 @@ def _native_writer(plain: tuple, column_of: Callable, range_len: int, prune: boo
         fixed_sum += fixed + (fixed if prune else 0)
         columns.append((name, _NATIVE_KINDS[inline.get(encode)], encode, fields))
     return rowwriter_c.RowWriter(tuple(columns), prune, len(plain) * (2 if prune else 1), fixed_sum, tuple(families),
-                                _string_set, TRUE_BYTE, FALSE_BYTE)
+                                dump_str, TRUE_BYTE, FALSE_BYTE)
 
 
 def writer_key(ts_len: int, range_len: int, prune: bool) -> tuple:

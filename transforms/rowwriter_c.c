@@ -54,7 +54,7 @@ typedef struct {
     PyObject *count;        /* the row's mutation count (int) */
     Py_ssize_t fixed;       /* the row's size before its values' lengths */
     PyObject *families;     /* tuple: the row's families, in order */
-    PyObject *string_set;   /* rowwriter._string_set: auto's SS, or None */
+    PyObject *dump_str;     /* attrs.dump_str: a set member's JSON text, where it is not plain ASCII */
     PyObject *true_byte;    /* encoding.TRUE_BYTE */
     PyObject *false_byte;   /* encoding.FALSE_BYTE */
 } RowWriter;
@@ -133,6 +133,85 @@ static inline PyObject *tagged(PyObject *v, PyObject *tag) {
     return PyDict_GetItemWithError(v, tag);
 }
 
+/* A member dump_str quotes as it is: printable ASCII (0x20-0x7e) without '"' or '\\'. */
+static int plain_member(PyObject *m) {
+    if (!PyUnicode_IS_ASCII(m))
+        return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(m);
+    const Py_UCS1 *s = PyUnicode_1BYTE_DATA(m);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] < 0x20 || s[i] > 0x7e || s[i] == '"' || s[i] == '\\')
+            return 0;
+    return 1;
+}
+
+/* auto's string set, rowwriter._string_set's bytes: canonical JSON, the members
+ * sorted, each as attrs.dump_str writes it (plain ASCII ones quoted here, the
+ * rest by dump_str itself), UTF-8; None (a new reference) unless every member
+ * is a str, so the encoder decides. */
+static PyObject *string_set(RowWriter *self, PyObject *members) {
+    Py_ssize_t n = PyList_GET_SIZE(members);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyUnicode_CheckExact(PyList_GET_ITEM(members, i)))
+            Py_RETURN_NONE;
+    PyObject *sorted = PyList_GetSlice(members, 0, n);
+    if (sorted == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    PyObject **texts = n ? PyMem_Calloc((size_t)n, sizeof(PyObject *)) : NULL; /* dump_str's, where called */
+    if (n && texts == NULL) {
+        Py_DECREF(sorted);
+        return PyErr_NoMemory();
+    }
+    if (PyList_Sort(sorted) < 0)
+        goto done;
+    n = PyList_GET_SIZE(sorted); /* a comparison cannot change it, but the list is the sorted one's */
+    Py_ssize_t total = 2 + (n > 1 ? n - 1 : 0);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(sorted, i);
+        if (plain_member(m)) {
+            total += PyUnicode_GET_LENGTH(m) + 2;
+            continue;
+        }
+        PyObject *text = PyObject_CallOneArg(self->dump_str, m);
+        if (text == NULL)
+            goto done;
+        texts[i] = PyUnicode_AsUTF8String(text); /* a lone surrogate raises, as str.encode does */
+        Py_DECREF(text);
+        if (texts[i] == NULL)
+            goto done;
+        total += PyBytes_GET_SIZE(texts[i]);
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL)
+        goto done;
+    char *out = PyBytes_AS_STRING(result);
+    *out++ = '[';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i)
+            *out++ = ',';
+        if (texts[i] != NULL) {
+            memcpy(out, PyBytes_AS_STRING(texts[i]), (size_t)PyBytes_GET_SIZE(texts[i]));
+            out += PyBytes_GET_SIZE(texts[i]);
+        } else {
+            PyObject *m = PyList_GET_ITEM(sorted, i);
+            Py_ssize_t len = PyUnicode_GET_LENGTH(m);
+            *out++ = '"';
+            memcpy(out, PyUnicode_1BYTE_DATA(m), (size_t)len);
+            out += len;
+            *out++ = '"';
+        }
+    }
+    *out++ = ']';
+    assert(out == PyBytes_AS_STRING(result) + total);
+done:
+    for (Py_ssize_t i = 0; texts != NULL && i < n; i++)
+        Py_XDECREF(texts[i]);
+    PyMem_Free(texts);
+    Py_DECREF(sorted);
+    return result;
+}
+
 /* The encoding of ``v`` (a new reference), as rowwriter._encode writes it. */
 static PyObject *encode_value(RowWriter *self, Column *c, PyObject *v) {
     if (c->kind != KIND_CALL && PyDict_CheckExact(v) && PyDict_GET_SIZE(v) == 1) {
@@ -165,8 +244,8 @@ static PyObject *encode_value(RowWriter *self, Column *c, PyObject *v) {
             } else if (PyErr_Occurred()) {
                 return NULL;
             } else if ((t = tagged(v, TAG_SS)) != NULL) {
-                if (PyList_CheckExact(t) && self->string_set != Py_None) {
-                    PyObject *s = PyObject_CallOneArg(self->string_set, t);
+                if (PyList_CheckExact(t)) {
+                    PyObject *s = string_set(self, t);
                     if (s != Py_None)
                         return s; /* the text, or NULL: its error */
                     Py_DECREF(s);
@@ -326,7 +405,7 @@ static void RowWriter_dealloc(RowWriter *self) {
     }
     Py_XDECREF(self->count);
     Py_XDECREF(self->families);
-    Py_XDECREF(self->string_set);
+    Py_XDECREF(self->dump_str);
     Py_XDECREF(self->true_byte);
     Py_XDECREF(self->false_byte);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -336,20 +415,20 @@ static int RowWriter_traverse(RowWriter *self, visitproc visit, void *arg) {
     for (Py_ssize_t i = 0; self->columns != NULL && i < self->ncolumns; i++) {
         Py_VISIT(self->columns[i].encode);
     }
-    Py_VISIT(self->string_set);
+    Py_VISIT(self->dump_str);
     return 0;
 }
 
-/* RowWriter(columns, prune, count, fixed, families, string_set, true_byte, false_byte)
+/* RowWriter(columns, prune, count, fixed, families, dump_str, true_byte, false_byte)
  * columns: ((attribute, kind, encoder, fields), ...) in the row's order. */
 static PyObject *RowWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *columns, *count, *families, *string_set, *true_byte, *false_byte;
+    PyObject *columns, *count, *families, *dump_str, *true_byte, *false_byte;
     int prune;
     Py_ssize_t fixed;
-    static char *names[] = {"columns", "prune", "count", "fixed", "families", "string_set", "true_byte",
+    static char *names[] = {"columns", "prune", "count", "fixed", "families", "dump_str", "true_byte",
                             "false_byte", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!pO!nO!OO!O!:RowWriter", names, &PyTuple_Type, &columns,
-                                     &prune, &PyLong_Type, &count, &fixed, &PyTuple_Type, &families, &string_set,
+                                     &prune, &PyLong_Type, &count, &fixed, &PyTuple_Type, &families, &dump_str,
                                      &PyBytes_Type, &true_byte, &PyBytes_Type, &false_byte))
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(columns);
@@ -388,8 +467,13 @@ static PyObject *RowWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     self->fixed = fixed;
     Py_INCREF(families);
     self->families = families;
-    Py_INCREF(string_set);
-    self->string_set = string_set;
+    if (!PyCallable_Check(dump_str)) {
+        PyErr_SetString(PyExc_TypeError, "RowWriter: dump_str must be callable");
+        Py_DECREF(self);
+        return NULL;
+    }
+    Py_INCREF(dump_str);
+    self->dump_str = dump_str;
     Py_INCREF(true_byte);
     self->true_byte = true_byte;
     Py_INCREF(false_byte);
