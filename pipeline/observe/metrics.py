@@ -413,8 +413,8 @@ class PipelineMetrics:
         self._child(self.changes_applied, table, event).inc(count)
         self._beam_applied.inc(count)
 
-    def coalesced(self, table: str) -> None:
-        self._child(self.changes_coalesced, table).inc()
+    def coalesced(self, table: str, count: int = 1) -> None:
+        self._child(self.changes_coalesced, table).inc(count)
 
     def read(self, table: str, event: str, count: int = 1) -> None:
         self._child(self.changes_read, table, event).inc(count)

@@ -126,6 +126,7 @@ class Batch:
     guarded: list = field(default_factory=list)  # backfill RowChanges to repair if the tail touched them
     guard_parts: dict = field(default_factory=dict)  # (source, part) -> its guarded RowChanges (the journal)
     backfill: dict = field(default_factory=dict)  # (source, part) -> BackfillCheckpoint
+    coalesced: int = 0  # changes added to a row already in the batch (counted once per batch: cheaper)
 
     def empty(self) -> bool:
         return not (self.rows or self.dead or self.positions or self.closed or self.conditional or self.backfill)

@@ -167,8 +167,8 @@ class BatchingWriter:
             pending = buf.rows.get(key)
             if pending is None:
                 pending = buf.rows[key] = Row(row.table, row.row_key, wire=None if row.wire is None else [])
-            elif self._metrics:
-                self._metrics.coalesced(self._metrics.table)
+            else:
+                buf.coalesced += 1
             pending.add(element, row)
         buf.bytes += size
         buf.mutations += count
@@ -274,6 +274,9 @@ class BatchingWriter:
 
     def _take(self) -> Optional[Batch]:
         batch = self._buf
+        if batch.coalesced and self._metrics:  # counted as they were added, told once a batch
+            self._metrics.coalesced(self._metrics.table, batch.coalesced)
+            batch.coalesced = 0
         if batch.empty():
             return None
         self._reset()
