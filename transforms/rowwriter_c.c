@@ -255,7 +255,11 @@ static PyObject *encode_value(RowWriter *self, Column *c, PyObject *v) {
         if (PyErr_Occurred())
             return NULL;
     }
-    return PyObject_CallOneArg(c->encode, v);
+    /* the encoder may run anything: ``v`` (borrowed from the image) is held for the call */
+    Py_INCREF(v);
+    PyObject *p = PyObject_CallOneArg(c->encode, v);
+    Py_DECREF(v);
+    return p;
 }
 
 static void release(PyObject **values, Py_ssize_t n) {
@@ -415,7 +419,18 @@ static int RowWriter_traverse(RowWriter *self, visitproc visit, void *arg) {
     for (Py_ssize_t i = 0; self->columns != NULL && i < self->ncolumns; i++) {
         Py_VISIT(self->columns[i].encode);
     }
+    Py_VISIT(self->families);
     Py_VISIT(self->dump_str);
+    return 0;
+}
+
+/* The references a cycle could run through (the callables), dropped when the
+ * collector breaks one; a writer so cleared is never called again. */
+static int RowWriter_clear(RowWriter *self) {
+    for (Py_ssize_t i = 0; self->columns != NULL && i < self->ncolumns; i++) {
+        Py_CLEAR(self->columns[i].encode);
+    }
+    Py_CLEAR(self->dump_str);
     return 0;
 }
 
@@ -491,6 +506,7 @@ static PyTypeObject RowWriterType = {
     .tp_new = RowWriter_new,
     .tp_dealloc = (destructor)RowWriter_dealloc,
     .tp_traverse = (traverseproc)RowWriter_traverse,
+    .tp_clear = (inquiry)RowWriter_clear,
     .tp_call = (ternaryfunc)RowWriter_call,
 };
 

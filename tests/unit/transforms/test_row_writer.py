@@ -233,7 +233,17 @@ def test_the_c_writer_keeps_no_memory_per_row():
             for image in images:
                 _answer(write, image, 5, ts_field, prune_range)
 
+    from ddb2bt.transforms.attrs import dump_str
+    from ddb2bt.transforms.encoding import FALSE_BYTE, TRUE_BYTE
+
+    # What every row shares (tracemalloc cannot see a reference kept to them):
+    # their counts stay put.
+    shared = [write, dump_str, TRUE_BYTE, FALSE_BYTE, _failing, FAST_ENCODERS["auto"], *images,
+              *[value for image in images for value in image.values()]]
     run(200)
+    counts = [sys.getrefcount(obj) for obj in shared]
+    run(300)
+    assert [sys.getrefcount(obj) for obj in shared] == counts
     tracemalloc.start()
     try:
         run(100)
@@ -261,3 +271,25 @@ def test_the_mapping_stage_says_once_which_writer_runs(monkeypatch, caplog, nati
         dofns._say_row_writer()
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == dofns.__name__]
     assert len(said) == 1 and said[0][0] == level and says in said[0][1], said
+
+
+def test_a_row_of_more_columns_than_the_c_writer_keeps_on_its_stack_is_written_alike():
+    """Past STACK_COLUMNS (64) the C writer keeps the row's values on the heap:
+    the same answer as the generated Python, rows written and refused."""
+    from ddb2bt.transforms.wire import range_field, timestamp_field
+
+    compiled = compile_mapping(load_mapping(ROOT / "examples" / "product_catalog.yaml"))
+    encoders = [FAST_ENCODERS["auto"], FAST_ENCODERS["utf8"], _failing]
+    plain = tuple((f"a{n:03d}", encoders[n % 3], "SKU", f"q{n:03d}".encode(), ("SKU", f"q{n:03d}".encode()))
+                  for n in range(70))
+    image = {name: {"S": f"v{n}"} for n, (name, *_) in enumerate(plain)}
+    refused = dict(image, a002={"S": "refuse"})
+    ts_field, prune_range = timestamp_field(START_MS), range_field(0, START_MS)
+    for prune in (False, True):
+        made = [rowwriter.plain_row_writer(plain, compiled._column, len(ts_field), len(prune_range), prune,
+                                           compiled_module._INLINE, image, native=native) for native in (True, False)]
+        for values in (image, refused):
+            answers = [_answer(write, values, 9, ts_field, prune_range) for write in made]
+            assert answers[0] == answers[1]
+        assert _answer(made[0], refused, 9, ts_field, prune_range) is ValueError
+        assert len(_answer(made[0], image, 9, ts_field, prune_range)[2]) > 70 * 10
