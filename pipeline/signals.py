@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 from typing import Callable, Optional
+from ddb2bt.pipeline.local.exits import run_hard_exit_hooks
 from ddb2bt.pipeline.source.stream_source import clear_stop, request_stop, STOP_ALL
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class CommandScope:
         with self._exit_lock:
             if self._done.is_set():
                 return
+            run_hard_exit_hooks()
             _say(INTERRUPTED)
             os._exit(EXIT_INTERRUPTED)
 
@@ -191,6 +193,7 @@ def exit_quietly_on_interrupt() -> None:
         return
 
     def handler(signum, frame) -> None:
+        run_hard_exit_hooks()
         _say(INTERRUPTED)
         os._exit(EXIT_INTERRUPTED)
 

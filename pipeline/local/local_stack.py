@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ddb2bt.pipeline.local.exits import on_hard_exit
 from ddb2bt.pipeline.local.ministack_server import MINISTACK_RETENTION_ENV  # noqa: F401 (its one definition)
 from ddb2bt.transforms.errors import PermanentError
 
@@ -299,7 +300,9 @@ class LocalStack:
         env.update(extra_env or {})
         # start_new_session: Ctrl-C in the terminal reaches us, and we stop the
         # servers in order, instead of them dying half-way through a write.
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _RUNNING.add(proc)
+        return proc
 
     def restart_aws(self) -> None:
         """Start the AWS emulator again on its port (a new, empty server)."""
@@ -350,7 +353,26 @@ class LocalStack:
         self.stop()
 
 
+# The servers this process started and has not stopped. In sessions of their own
+# the terminal's Ctrl-C never reaches them, so a command that ends at once (a
+# stop past its grace, a second Ctrl-C: signals.CommandScope.hard_exit, which
+# skips the stack's own stop) ends them on its way out (local/exits.py).
+_RUNNING: set = set()
+
+
+def _end_running() -> None:
+    for proc in list(_RUNNING):
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # no wait: the process is about to end
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+on_hard_exit(_end_running)
+
+
 def _terminate(proc: subprocess.Popen) -> None:
+    _RUNNING.discard(proc)
     if proc.poll() is not None:
         return
     try:

@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import socket
 import time
 import subprocess
@@ -203,3 +204,40 @@ def test_up_over_a_half_down_stack_restarts_the_dead_half_and_down_stops_everyth
     finally:
         assert "stopped (1)" in run("down").stdout
     assert all(_gone(pid) for pid in set(pids))
+
+
+STUCK_ON_A_STACK = """
+import sys, time
+from ddb2bt.pipeline.local.local_stack import LocalStack
+from ddb2bt.pipeline.signals import run_command
+def job():
+    with LocalStack() as stack:
+        print(" ".join(str(pid) for pid in stack.pids.values()), flush=True)
+        time.sleep(120)  # a job that does not stop in its grace period
+    return 0
+sys.exit(run_command(job, stop=lambda: None, grace_s=1))
+"""
+
+
+def test_a_command_that_ends_at_once_leaves_no_emulator_running():
+    """The servers run in sessions of their own (the terminal's Ctrl-C does not
+    reach them): a command ended past its grace must end them on its way out,
+    not leave them running for ever (the demo did, interrupted mid-run)."""
+    p = subprocess.Popen([sys.executable, "-c", STUCK_ON_A_STACK], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pids = [int(pid) for pid in p.stdout.readline().split()]
+    assert len(pids) == 2 and all(psutil.pid_exists(pid) for pid in pids)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.2)
+    assert not any(_running(pid) for pid in pids), [psutil.Process(pid).cmdline() for pid in pids if _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -181,3 +181,33 @@ def test_sigterm_ends_a_stuck_job_after_the_grace_period():
     _, err = p.communicate(timeout=10)
     assert 0.9 < time.monotonic() - sent < 3
     assert p.returncode == EXIT_INTERRUPTED and "Traceback" not in err and "SIGTERM: stopping" in err
+
+
+HOOKED = textwrap.dedent("""
+    import sys, time
+    from ddb2bt.pipeline.local.exits import on_hard_exit
+    from ddb2bt.pipeline.signals import run_command
+    on_hard_exit(lambda: open(sys.argv[1], "w").write("ended"))
+    on_hard_exit(lambda: 1 / 0)  # a hook that fails keeps none of the others from running
+    on_hard_exit(lambda: open(sys.argv[1], "a").write(" twice"))
+    def job():
+        print("ready", flush=True)
+        time.sleep(60)
+        return 0
+    sys.exit(run_command(job, stop=lambda: None, grace_s=30))
+""")
+
+
+def test_a_hard_exit_runs_the_hooks_of_what_must_not_outlive_the_process(tmp_path):
+    """A command that ends at once (here a second Ctrl-C) skips its cleanups but
+    still runs pipeline.local.exits' hooks: the local stack's servers end there."""
+    mark = tmp_path / "mark"
+    p = subprocess.Popen([sys.executable, "-c", HOOKED, str(mark)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=10)
+    assert p.returncode == EXIT_INTERRUPTED and "Traceback" not in err
+    assert mark.read_text() == "ended twice"
