@@ -24,7 +24,7 @@
 #include <string.h>
 
 /* How a column's value is encoded: rowwriter.INLINE_* (the kind codes are
- * given by rowwriter.py: NATIVE_KINDS). */
+ * given by rowwriter.py: _NATIVE_KINDS). */
 enum { KIND_CALL = 0, KIND_S = 1, KIND_AUTO = 2, KIND_INT64 = 3 };
 
 /* protobuf wire tags (transforms/wire.py) */
@@ -34,8 +34,6 @@ enum { KIND_CALL = 0, KIND_S = 1, KIND_AUTO = 2, KIND_INT64 = 3 };
 #define SET_VALUE 0x22
 /* int64's inline case: at most this many ASCII digits (rowwriter.SAFE_INT64_DIGITS) */
 #define SAFE_INT64_DIGITS 18
-/* a varint of a Py_ssize_t takes at most this many bytes */
-#define MAX_VARINT_BYTES 10
 /* columns whose values are kept on the stack while a row is measured */
 #define STACK_COLUMNS 64
 
