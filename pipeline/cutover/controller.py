@@ -30,7 +30,7 @@ from ddb2bt.pipeline.cutover.status import QUEUED_META
 from ddb2bt.pipeline.observe.logs import table_logger
 from ddb2bt.transforms.errors import ConfigError
 from ddb2bt.pipeline.clients.dynamodb import EXPORT_RETENTION_MARGIN_MS, STREAM_RETENTION_MS, describe_table
-from ddb2bt.pipeline.connect.connections import dynamodb_client, DynamoDBClientFactory
+from ddb2bt.pipeline.connect.connections import dynamodb_client, DynamoDBClientFactory, wall_ms
 from ddb2bt.pipeline.control.clock import CLOCK_BEHIND_LIMIT_S, check_clock
 from ddb2bt.pipeline.cutover.backfill import add_backfill, BackfillJob
 from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource
@@ -86,11 +86,7 @@ class Outcome:
     launched: object = None
 
 
-def _wall_ms() -> int:
-    return time.time_ns() // 10**6
-
-
-def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int] = _wall_ms):
+def backfill_source(options: BackfillOptions, mapping, now_ms: Callable[[], int] = wall_ms):
     """(source, spec dict, handoff ms or None, expected items). An export's time
     is checked again here (``check_export_first`` did before anything was created;
     a table back-filled after others begins later)."""
@@ -138,7 +134,7 @@ def _span(ms: int) -> str:
     return f"{ms / 1000:.0f} s" if ms < HOUR_MS else f"{ms / HOUR_MS:.1f} h"
 
 
-def check_export_first(options: BackfillOptions, mapping, now_ms: Callable[[], int] = _wall_ms) -> None:
+def check_export_first(options: BackfillOptions, mapping, now_ms: Callable[[], int] = wall_ms) -> None:
     """--from-export: refuse an export the backfill cannot use (incremental, an unknown
     format, another table, still running, its time ahead of this clock or older
     than the stream keeps) before anything is created or written."""
