@@ -77,6 +77,31 @@ static inline char *put_varint(char *out, uint64_t v) {
     return out;
 }
 
+/* SetCell's body: the column's fields, the timestamp field and the value field
+ * (proto3: none for an empty value), ``vlen`` bytes of value. */
+static inline Py_ssize_t set_cell_body(Py_ssize_t flen, Py_ssize_t ts_len, Py_ssize_t vlen) {
+    return flen + ts_len + (vlen ? 1 + varint_len((uint64_t)vlen) + vlen : 0);
+}
+
+/* The bytes of one Entry.mutations field around a mutation body of ``body`` bytes. */
+static inline Py_ssize_t mutation_len(Py_ssize_t body) {
+    Py_ssize_t inner = 1 + varint_len((uint64_t)body) + body;
+    return 1 + varint_len((uint64_t)inner) + inner;
+}
+
+/* An Entry.mutations field's head — its tag and length, the mutation's kind and
+ * its body's length — and the body's first part, the column's fields, as
+ * transforms.wire.mutation_field writes them. */
+static inline char *put_mutation_head(char *out, char kind, Py_ssize_t body, PyObject *fields) {
+    Py_ssize_t flen = PyBytes_GET_SIZE(fields);
+    *out++ = (char)ENTRY_MUTATION;
+    out = put_varint(out, (uint64_t)(1 + varint_len((uint64_t)body) + body));
+    *out++ = kind;
+    out = put_varint(out, (uint64_t)body);
+    memcpy(out, PyBytes_AS_STRING(fields), (size_t)flen);
+    return out + flen;
+}
+
 /* A str of ASCII digits only, 1..max_digits of them (str.isdigit() and
  * str.isascii(), with a length bound). */
 static int ascii_digits(PyObject *t, Py_ssize_t max_digits) {
@@ -315,14 +340,9 @@ static PyObject *RowWriter_call(RowWriter *self, PyObject *args, PyObject *kwarg
         }
         Py_ssize_t vlen = PyBytes_GET_SIZE(p);
         Py_ssize_t flen = PyBytes_GET_SIZE(c->fields);
-        Py_ssize_t body = flen + ts_len + (vlen ? 1 + varint_len((uint64_t)vlen) + vlen : 0);
-        Py_ssize_t inner = 1 + varint_len((uint64_t)body) + body;
-        wire_len += 1 + varint_len((uint64_t)inner) + inner;
-        if (self->prune) {
-            Py_ssize_t dbody = flen + range_len;
-            Py_ssize_t dinner = 1 + varint_len((uint64_t)dbody) + dbody;
-            wire_len += 1 + varint_len((uint64_t)dinner) + dinner;
-        }
+        wire_len += mutation_len(set_cell_body(flen, ts_len, vlen));
+        if (self->prune)
+            wire_len += mutation_len(flen + range_len);
         total += vlen;
     }
     /* second pass: the bytes, as transforms.wire.set_cell and delete_cells write them */
@@ -337,14 +357,7 @@ static PyObject *RowWriter_call(RowWriter *self, PyObject *args, PyObject *kwarg
         PyObject *p = values[i];
         Py_ssize_t vlen = PyBytes_GET_SIZE(p);
         Py_ssize_t flen = PyBytes_GET_SIZE(c->fields);
-        Py_ssize_t body = flen + ts_len + (vlen ? 1 + varint_len((uint64_t)vlen) + vlen : 0);
-        Py_ssize_t inner = 1 + varint_len((uint64_t)body) + body;
-        *out++ = (char)ENTRY_MUTATION;
-        out = put_varint(out, (uint64_t)inner);
-        *out++ = (char)MUT_SET_CELL;
-        out = put_varint(out, (uint64_t)body);
-        memcpy(out, PyBytes_AS_STRING(c->fields), (size_t)flen);
-        out += flen;
+        out = put_mutation_head(out, (char)MUT_SET_CELL, set_cell_body(flen, ts_len, vlen), c->fields);
         memcpy(out, ts, (size_t)ts_len);
         out += ts_len;
         if (vlen) { /* proto3: an empty value is not written */
@@ -354,14 +367,7 @@ static PyObject *RowWriter_call(RowWriter *self, PyObject *args, PyObject *kwarg
             out += vlen;
         }
         if (self->prune) {
-            Py_ssize_t dbody = flen + range_len;
-            Py_ssize_t dinner = 1 + varint_len((uint64_t)dbody) + dbody;
-            *out++ = (char)ENTRY_MUTATION;
-            out = put_varint(out, (uint64_t)dinner);
-            *out++ = (char)MUT_DELETE_FROM_COLUMN;
-            out = put_varint(out, (uint64_t)dbody);
-            memcpy(out, PyBytes_AS_STRING(c->fields), (size_t)flen);
-            out += flen;
+            out = put_mutation_head(out, (char)MUT_DELETE_FROM_COLUMN, flen + range_len, c->fields);
             memcpy(out, range, (size_t)range_len);
             out += range_len;
         }
