@@ -37,10 +37,11 @@ from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.compiled import compiled_owned_cells
 from ddb2bt.transforms.mapping import delete_cell, owned_now_and_before, validate_record, write_cell
 from ddb2bt.transforms.model import REMOVE, ChangeRecord, DeleteCells, SetCell
+from ddb2bt.transforms.native import native_map_json
 
 __all__ = ["CLOCK_FAMILY", "Clock", "GuardedRow", "OrderKey", "cell_digest", "clock_mutations", "decode_clock",
            "encode_clock", "converge_rows", "guarded_rows", "image_hash", "is_newer", "order_key", "row_mutations",
-           "slot_mutations", "swap_expectation", "tombstone_expired"]
+           "map_json", "slot_mutations", "swap_expectation", "tombstone_expired", "typed_map_json_py"]
 
 CLOCK_FAMILY = "ddb2bt_clock"
 # Clock value layout version (encode_clock): lets a later layout be read next to this one.
@@ -78,10 +79,28 @@ def image_hash(image) -> bytes:
     shape to it (which raises where the image is not valid)."""
     if image is None:
         return hashlib.blake2b(_NO_IMAGE, digest_size=HASH_BYTES).digest()
-    text = _typed_json({"M": image}) if type(image) is dict else None
-    if text is None:
-        text = canonical_typed_json({"M": dict(image)})
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=HASH_BYTES).digest()
+    return hashlib.blake2b(map_json(image), digest_size=HASH_BYTES).digest()
+
+
+def map_json(image) -> bytes:
+    """``canonical_typed_json({"M": image})`` in UTF-8: an image's text as
+    ``image_hash`` takes it, and an item's key as its clock's qualifier. The
+    fast path (C where built: typedjson_c.c; else ``_typed_json``) writes the
+    usual shapes, the reference the rest (and raises where a value is bad)."""
+    data = _fast_map_json(image) if type(image) is dict else None
+    if data is None:
+        data = canonical_typed_json({"M": dict(image)}).encode("utf-8")
+    return data
+
+
+def typed_map_json_py(image: dict) -> Optional[bytes]:
+    """The Python fast path of ``map_json``: ``_typed_json``'s text, or None."""
+    text = _typed_json({"M": image})
+    return None if text is None else text.encode("utf-8")
+
+
+# The C fast path where it runs (transforms/native.py), else the Python one.
+_fast_map_json = native_map_json() or typed_map_json_py
 
 
 def _typed_json(value) -> Optional[str]:
@@ -319,9 +338,7 @@ def _guarded_rows(new: dict, old: dict, keys, ts_ms: int, order, refresh: frozen
     for key in sorted(old):
         cell = old[key]
         rows.setdefault((cell.table, cell.row_key), ([], []))[1].append(_cell_id(cell))
-    # The clock's qualifier: canonical_typed_json's text, as image_hash takes it.
-    item = (_typed_json({"M": keys}) if type(keys) is dict else None) or canonical_typed_json({"M": dict(keys)})
-    item = item.encode("utf-8")
+    item = map_json(keys)  # the clock's qualifier: canonical_typed_json's text, as image_hash takes it
     return tuple(GuardedRow(t, k, item, ts_ms, order, tuple(n), tuple(sorted(set(o), key=_sort_id)), refresh,
                             whole)
                  for (t, k), (n, o) in rows.items())

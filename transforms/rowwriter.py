@@ -28,7 +28,6 @@ the same bytes (and to the general engine's).
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 from ddb2bt.transforms.attrs import dump_str
@@ -36,19 +35,10 @@ from ddb2bt.transforms.encoding import FALSE_BYTE, INT64_MAX, INT64_STRUCT, TRUE
 from ddb2bt.transforms.wire import (ENTRY_MUTATION, MUT_SET_CELL, ONE_BYTE_VARINT, SET_VALUE, VARINT_TABLE_SIZE,
                                     VARINTS, delete_cells, set_cell)
 
-try:
-    # inside: a try, not a function: the C writer is optional (built with the package where a C compiler was)
-    from ddb2bt.transforms import rowwriter_c
-except ImportError:  # no compiler when it was installed: the generated Python writes every row
-    rowwriter_c = None
+from ddb2bt.transforms.native import NATIVE, NATIVE_BUILT, ROW_WRITER_ENV, rowwriter_c
 
 __all__ = ["plain_row_writer", "writer_key", "INLINE_S", "INLINE_AUTO", "INLINE_INT64", "LOOKED_UP", "MAX_ROW_WRITERS",
            "NATIVE", "NATIVE_BUILT", "ROW_WRITER_ENV", "SAFE_INT64_DIGITS"]
-
-# Which writer writes a plain row: "c" (the default, where built) or "python".
-ROW_WRITER_ENV = "DDB2BT_ROW_WRITER"
-NATIVE_BUILT = rowwriter_c is not None
-NATIVE = NATIVE_BUILT and os.environ.get(ROW_WRITER_ENV, "c").strip().lower() != "python"
 
 # How an attribute's encoder is written into the generated code: its usual
 # cases inline, anything else through the encoder itself, which decides (and

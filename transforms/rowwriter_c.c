@@ -514,9 +514,20 @@ static PyTypeObject RowWriterType = {
     .tp_call = (ternaryfunc)RowWriter_call,
 };
 
+/* typedjson_c.c, compiled into this module (pyproject.toml) */
+PyObject *typed_map_json(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+static PyMethodDef functions[] = {
+    {"typed_map_json", (PyCFunction)(void (*)(void))typed_map_json, METH_FASTCALL,
+     "typed_map_json(dump_str, image) -> bytes | None: attrs.canonical_typed_json({'M': image}) in UTF-8, or None "
+     "for an image of other shapes (the reference then decides; transforms/typedjson_c.c)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "rowwriter_c",
-    "The compiled mapping's plain row writer in C (transforms/rowwriter.py).", -1, NULL, NULL, NULL, NULL, NULL,
+    "The mapping's C: the plain row writer (transforms/rowwriter.py) and canonical typed JSON "
+    "(transforms/typedjson_c.c).", -1, functions, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit_rowwriter_c(void) {

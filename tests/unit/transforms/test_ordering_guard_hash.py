@@ -1,18 +1,23 @@
 """The image hash of the ordering guard's clock (docs/design.md §10.1, §10.3) is
 stored in clocks and compared with later changes' hashes, so its input must
-never change: the fast path (``ordering._typed_json``) writes exactly
-``attrs.canonical_typed_json``'s text, or leaves the value to it."""
+never change: each fast path (``ordering._typed_json`` in Python, and
+``typedjson_c.c`` where built) writes exactly ``attrs.canonical_typed_json``'s
+text, or leaves the value to it. Every test here runs with each fast path."""
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections import OrderedDict
+from functools import partial
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.errors import MappingError
-from ddb2bt.transforms.ordering import HASH_BYTES, _typed_json, image_hash
+from ddb2bt.transforms import native, ordering
+from ddb2bt.transforms.attrs import dump_str
+from ddb2bt.transforms.ordering import HASH_BYTES, _typed_json, image_hash, map_json, typed_map_json_py
 
 texts = st.one_of(st.text(max_size=12), st.sampled_from(['quote"d', "back\\slash", "tab\there", "\x00", "\ud800",
                                                           "é#ü", "\u2028", ""]))
@@ -32,11 +37,23 @@ values = st.recursive(st.one_of(scalars, sets, malformed), lambda inner: st.one_
 images = st.dictionaries(texts, values, max_size=6)
 
 
+@pytest.fixture(autouse=True, params=["c", "python"])
+def fast_path(request, monkeypatch):
+    """Each test with each fast path of ``map_json`` (the C one must be built here)."""
+    if request.param == "c":
+        assert native.NATIVE_BUILT, "ddb2bt.transforms.rowwriter_c is not built (docs/development.md)"
+        fast = partial(native.rowwriter_c.typed_map_json, dump_str)
+    else:
+        fast = typed_map_json_py
+    monkeypatch.setattr(ordering, "_fast_map_json", fast)
+    return fast
+
+
 def reference_hash(image) -> bytes:
     return hashlib.blake2b(canonical_typed_json({"M": dict(image)}).encode("utf-8"), digest_size=HASH_BYTES).digest()
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values)
 def test_the_fast_text_is_the_canonical_text_or_nothing(value):
     fast = _typed_json(value)
@@ -45,7 +62,7 @@ def test_the_fast_text_is_the_canonical_text_or_nothing(value):
     assert fast == canonical_typed_json(value)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(images)
 def test_the_image_hash_is_the_hash_of_the_canonical_text(image):
     try:
@@ -58,11 +75,57 @@ def test_the_image_hash_is_the_hash_of_the_canonical_text(image):
     assert image_hash(image) == expected
 
 
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(images)
+def test_the_fast_bytes_are_the_canonical_text_or_nothing(fast_path, image):
+    """Each fast path, called directly: the reference's text in UTF-8, the same
+    error, or None (then the reference decides). Never another text."""
+    try:
+        fast = fast_path(image)
+    except UnicodeEncodeError:  # a lone surrogate: the text cannot be UTF-8, as str.encode says
+        with pytest.raises(UnicodeEncodeError):
+            canonical_typed_json({"M": image}).encode("utf-8")
+        return
+    if fast is not None:
+        assert fast == canonical_typed_json({"M": image}).encode("utf-8")
+
+
+def test_the_fast_paths_refuse_what_the_reference_must_decide(fast_path):
+    """Shapes only the reference writes (binary, number sets, subclasses of
+    dict or str, a tag that is not a str) give None, never a text."""
+    class Text(str):
+        pass
+
+    for image in ({"a": {"B": b"x"}}, {"a": {"NS": ["1"]}}, {"a": {"BS": [b"x"]}}, {"a": OrderedDict(S="x")},
+                  {Text("a"): {"S": "x"}}, {"a": {"S": Text("x")}}, {"a": {1: "x"}}, {"a": {"SS": [Text("x")]}},
+                  {"a": {"M": OrderedDict(b={"S": "x"})}}, {"a": {"L": ({"S": "x"},)}}, {"a": {"NULL": False}},
+                  {"a": {"BOOL": 1}}, {"a": {"S": "x", "N": "1"}}):
+        assert fast_path(image) is None, image
+    assert fast_path(OrderedDict(a={"S": "x"})) is None
+
+
+def test_a_deep_image_raises_as_python_would_not_crash(fast_path):
+    """Nesting deeper than Python's recursion limit: RecursionError from the C
+    too (its recursion is counted as Python's), not a crashed process."""
+    value = {"S": "x"}
+    for _ in range(sys.getrecursionlimit() + 100):
+        value = {"L": [value]}
+    with pytest.raises(RecursionError):
+        fast_path({"a": value})
+
+
+def test_the_clock_qualifier_is_the_key_s_canonical_text(fast_path):
+    keys = {"sk": {"N": "7"}, "pk": {"S": "caf\u00e9 \"x\""}}
+    assert map_json(keys) == canonical_typed_json({"M": keys}).encode("utf-8")
+    assert map_json({"pk": {"B": b"\x00"}}) == canonical_typed_json({"M": {"pk": {"B": b"\x00"}}}).encode("utf-8")
+
+
 def test_the_fast_path_takes_a_decoded_image_whole():
     """The images of a stream record (S, N, BOOL, NULL, SS, M, L): no fallback."""
     image = {"pk": {"S": "hats"}, "Price": {"N": "12.50"}, "Active": {"BOOL": True}, "Gone": {"NULL": True},
              "Colors": {"SS": ["red", "blue"]}, "Formats": {"M": {"480": {"S": "u"}, "1080": {"L": [{"N": "1"}]}}}}
     assert _typed_json({"M": image}) == canonical_typed_json({"M": image})
+    assert ordering._fast_map_json(image) == canonical_typed_json({"M": image}).encode("utf-8")
     assert image_hash(image) == reference_hash(image)
 
 

@@ -1,0 +1,37 @@
+"""The mapping's optional C module, ``rowwriter_c``, and the one switch for it.
+
+Built by ``pip install`` where a C compiler is (pyproject.toml, optional): the
+compiled mapping's plain row writer (``rowwriter_c.c``, transforms/rowwriter.py
+says what it writes) and canonical typed JSON (``typedjson_c.c``: the ordering
+guard's image hashes and clock qualifiers). Each has a Python reference that
+writes the same bytes, which runs where the module was not built, or when
+``DDB2BT_ROW_WRITER=python`` asks for it (to rule the C out when in doubt;
+docs/troubleshooting.md). Tests hold each C path to its reference.
+"""
+from __future__ import annotations
+
+import os
+from functools import partial
+from typing import Callable, Optional
+
+from ddb2bt.transforms.attrs import dump_str
+
+try:
+    # inside: a try, not a function: the C module is optional (built with the package where a C compiler was)
+    from ddb2bt.transforms import rowwriter_c
+except ImportError:  # no compiler when it was installed: the Python references write every byte
+    rowwriter_c = None
+
+__all__ = ["NATIVE", "NATIVE_BUILT", "ROW_WRITER_ENV", "native_map_json", "rowwriter_c"]
+
+# Whether the C module runs: "c" (the default, where built) or "python" (its references).
+ROW_WRITER_ENV = "DDB2BT_ROW_WRITER"
+NATIVE_BUILT = rowwriter_c is not None
+NATIVE = NATIVE_BUILT and os.environ.get(ROW_WRITER_ENV, "c").strip().lower() != "python"
+
+
+def native_map_json() -> Optional[Callable[[dict], Optional[bytes]]]:
+    """``image -> canonical_typed_json({"M": image})`` in UTF-8, or None where the
+    image is not of the shapes the C writes (the caller's reference decides), in
+    C; None when the C does not run (``NATIVE``)."""
+    return partial(rowwriter_c.typed_map_json, dump_str) if NATIVE else None
