@@ -2,8 +2,9 @@
 
 Built by ``pip install`` where a C compiler is (pyproject.toml, optional): the
 compiled mapping's plain row writer (``rowwriter_c.c``, transforms/rowwriter.py
-says what it writes) and canonical typed JSON (``typedjson_c.c``: the ordering
-guard's image hashes and clock qualifiers). Each has a Python reference that
+says what it writes) and the ordering guard's encoders (``encoders_c.c``: its
+image hashes' and clock qualifiers' canonical typed JSON, and its swaps'
+mutations on the wire). Each has a Python reference that
 writes the same bytes, which runs where the module was not built, or when
 ``DDB2BT_ROW_WRITER=python`` asks for it (to rule the C out when in doubt;
 docs/troubleshooting.md). Tests hold each C path to its reference.
@@ -22,7 +23,7 @@ try:
 except ImportError:  # no compiler when it was installed: the Python references write every byte
     rowwriter_c = None
 
-__all__ = ["NATIVE", "NATIVE_BUILT", "ROW_WRITER_ENV", "native_map_json", "rowwriter_c"]
+__all__ = ["NATIVE", "NATIVE_BUILT", "ROW_WRITER_ENV", "native_encode_mutations", "native_map_json", "rowwriter_c"]
 
 # Whether the C module runs: "c" (the default, where built) or "python" (its references).
 ROW_WRITER_ENV = "DDB2BT_ROW_WRITER"
@@ -35,3 +36,10 @@ def native_map_json() -> Optional[Callable[[dict], Optional[bytes]]]:
     image is not of the shapes the C writes (the caller's reference decides), in
     C; None when the C does not run (``NATIVE``)."""
     return partial(rowwriter_c.typed_map_json, dump_str) if NATIVE else None
+
+
+def native_encode_mutations(set_cell_type: type, delete_cells_type: type) -> Optional[Callable]:
+    """``(mutations, field) -> transforms.wire.encode_mutations' bytes``, or None
+    where a mutation is not of the shapes the C writes (the caller's reference
+    decides), in C; None when the C does not run."""
+    return partial(rowwriter_c.encode_mutations, set_cell_type, delete_cells_type) if NATIVE else None

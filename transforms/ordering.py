@@ -85,7 +85,7 @@ def image_hash(image) -> bytes:
 def map_json(image) -> bytes:
     """``canonical_typed_json({"M": image})`` in UTF-8: an image's text as
     ``image_hash`` takes it, and an item's key as its clock's qualifier. The
-    fast path (C where built: typedjson_c.c; else ``_typed_json``) writes the
+    fast path (C where built: encoders_c.c; else ``_typed_json``) writes the
     usual shapes, the reference the rest (and raises where a value is bad)."""
     data = _fast_map_json(image) if type(image) is dict else None
     if data is None:

@@ -514,20 +514,25 @@ static PyTypeObject RowWriterType = {
     .tp_call = (ternaryfunc)RowWriter_call,
 };
 
-/* typedjson_c.c, compiled into this module (pyproject.toml) */
+/* encoders_c.c, compiled into this module (pyproject.toml) */
 PyObject *typed_map_json(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 static PyMethodDef functions[] = {
     {"typed_map_json", (PyCFunction)(void (*)(void))typed_map_json, METH_FASTCALL,
      "typed_map_json(dump_str, image) -> bytes | None: attrs.canonical_typed_json({'M': image}) in UTF-8, or None "
-     "for an image of other shapes (the reference then decides; transforms/typedjson_c.c)."},
+     "for an image of other shapes (the reference then decides; transforms/encoders_c.c)."},
+    {"encode_mutations", (PyCFunction)(void (*)(void))encode_mutations, METH_FASTCALL,
+     "encode_mutations(set_cell_type, delete_cells_type, mutations, field) -> bytes | None: "
+     "transforms.wire.encode_mutations(mutations, field), or None where a mutation is not of the shapes written "
+     "in C (transforms/encoders_c.c)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "rowwriter_c",
-    "The mapping's C: the plain row writer (transforms/rowwriter.py) and canonical typed JSON "
-    "(transforms/typedjson_c.c).", -1, functions, NULL, NULL, NULL, NULL,
+    "The mapping's C: the plain row writer (transforms/rowwriter.py) "
+    "and the ordering guard's encoders (transforms/encoders_c.c).", -1, functions, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit_rowwriter_c(void) {

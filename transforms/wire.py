@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ddb2bt.transforms.model import DeleteCells, SetCell
+from ddb2bt.transforms.native import native_encode_mutations
 
 US_PER_MS = 1000  # the model's timestamps are milliseconds, the wire's microseconds
 
@@ -141,39 +142,66 @@ def range_field(start_ms: int, end_ms: int) -> bytes:
                             + (RANGE_END + int64(end) if end else b""))
 
 
-def mutation_field(kind: bytes, body_len: int, *body: bytes) -> bytes:
-    """One Entry.mutations field: ``kind`` (MUT_SET_CELL or MUT_DELETE_FROM_COLUMN)
-    around the message whose pieces are ``body``, ``body_len`` bytes in all."""
+def mutation_field(kind: bytes, body_len: int, *body: bytes, field: bytes = ENTRY_MUTATION) -> bytes:
+    """One Entry.mutations field (or another repeated Mutation ``field``:
+    CheckAndMutateRowRequest's): ``kind`` (MUT_SET_CELL or
+    MUT_DELETE_FROM_COLUMN) around the message whose pieces are ``body``,
+    ``body_len`` bytes in all."""
     inner = kind + (VARINTS[body_len] if body_len < VARINT_TABLE_SIZE else varint(body_len))
     n = len(inner) + body_len
-    return b"".join((ENTRY_MUTATION, VARINTS[n] if n < VARINT_TABLE_SIZE else varint(n), inner) + body)
+    return b"".join((field, VARINTS[n] if n < VARINT_TABLE_SIZE else varint(n), inner) + body)
 
 
-def set_cell(family: str, qualifier: bytes, value: bytes, ts_field: bytes) -> bytes:
+def set_cell(family: str, qualifier: bytes, value: bytes, ts_field: bytes, field: bytes = ENTRY_MUTATION) -> bytes:
     """SetCell(family, qualifier, value) at the timestamp of ``ts_field``
-    (``timestamp_field``), as one Entry.mutations field."""
+    (``timestamp_field``), as one Entry.mutations field (or ``field``)."""
     column, n = COLUMN_FIELDS.get((family, qualifier)) or column_fields((family, qualifier))
     if value:
         value_field = length_delimited(SET_VALUE, value)
-        return mutation_field(MUT_SET_CELL, n + len(ts_field) + len(value_field), column, ts_field, value_field)
-    return mutation_field(MUT_SET_CELL, n + len(ts_field), column, ts_field)
+        return mutation_field(MUT_SET_CELL, n + len(ts_field) + len(value_field), column, ts_field, value_field,
+                              field=field)
+    return mutation_field(MUT_SET_CELL, n + len(ts_field), column, ts_field, field=field)
 
 
-def delete_cells(family: str, qualifier: bytes, time_range: bytes) -> bytes:
+def delete_cells(family: str, qualifier: bytes, time_range: bytes, field: bytes = ENTRY_MUTATION) -> bytes:
     """DeleteFromColumn(family, qualifier) over ``time_range`` (``range_field``),
-    as one Entry.mutations field."""
+    as one Entry.mutations field (or ``field``)."""
     column, n = COLUMN_FIELDS.get((family, qualifier)) or column_fields((family, qualifier))
-    return mutation_field(MUT_DELETE_FROM_COLUMN, n + len(time_range), column, time_range)
+    return mutation_field(MUT_DELETE_FROM_COLUMN, n + len(time_range), column, time_range, field=field)
 
 
-def encode_mutations(mutations: Sequence) -> bytes:
-    """The Entry.mutations fields of ``mutations`` (SetCell / DeleteCells), in order."""
+# The C encoder where it runs (transforms/native.py), else None.
+_native_encode = native_encode_mutations(SetCell, DeleteCells)
+
+
+def encode_mutations(mutations: Sequence, field: bytes = ENTRY_MUTATION) -> bytes:
+    """The Entry.mutations fields of ``mutations`` (SetCell / DeleteCells), in
+    order; or another repeated Mutation ``field`` (CheckAndMutateRowRequest's).
+    In C where built (transforms/native.py), else ``encode_mutations_py``."""
+    if _native_encode is not None:
+        data = _native_encode(mutations, field)
+        if data is not None:
+            return data
+    return encode_mutations_py(mutations, field)
+
+
+def encode_mutations_py(mutations: Sequence, field: bytes = ENTRY_MUTATION) -> bytes:
+    """``encode_mutations`` in Python: the reference, and every mutation the C
+    does not write (it raises where one cannot be encoded). A change's
+    mutations share a timestamp, and its deletes a range: each is encoded once
+    per run of equal ones."""
     out = []
+    last_ts = last_range = None
+    ts_field = time_range = b""
     for m in mutations:
         if type(m) is SetCell:
-            out.append(set_cell(m.family, m.qualifier, m.value, timestamp_field(m.timestamp_ms)))
+            if m.timestamp_ms != last_ts:
+                last_ts, ts_field = m.timestamp_ms, timestamp_field(m.timestamp_ms)
+            out.append(set_cell(m.family, m.qualifier, m.value, ts_field, field))
         elif type(m) is DeleteCells:
-            out.append(delete_cells(m.family, m.qualifier, range_field(m.start_ms, m.end_ms)))
+            if (m.start_ms, m.end_ms) != last_range:
+                last_range, time_range = (m.start_ms, m.end_ms), range_field(m.start_ms, m.end_ms)
+            out.append(delete_cells(m.family, m.qualifier, time_range, field))
         else:
             raise TypeError(f"unknown mutation {type(m).__name__}")
     return b"".join(out)

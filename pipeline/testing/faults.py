@@ -146,7 +146,13 @@ class RowFilterLimit(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClientI
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
 
-    def _too_large(self, request) -> bool:
+    def _too_large(self, request, method: str) -> bool:
+        if isinstance(request, bytes):  # sent serialized (the sink's MutateRows, the guard's swaps)
+            if not method.endswith("/CheckAndMutateRow"):
+                return False  # MutateRows carries no filter
+            from google.cloud.bigtable_v2.types import bigtable as bigtable_types  # inside: a test double's import
+
+            request = bigtable_types.CheckAndMutateRowRequest.pb().FromString(request)
         row_filter = (getattr(request, "predicate_filter", None) if hasattr(request, "predicate_filter")
                       else getattr(request, "filter", None))
         size = row_filter.ByteSize() if row_filter is not None else 0
@@ -157,12 +163,12 @@ class RowFilterLimit(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClientI
         return False
 
     def intercept_unary_stream(self, continuation, details, request):
-        if self._too_large(request):
+        if self._too_large(request, details.method):
             return _FailingStream(_grpc.StatusCode.INVALID_ARGUMENT)
         return continuation(details, request)
 
     def intercept_unary_unary(self, continuation, details, request):
-        if self._too_large(request):
+        if self._too_large(request, details.method):
             raise _InjectedRpcError(_grpc.StatusCode.INVALID_ARGUMENT)
         return continuation(details, request)
 

@@ -87,8 +87,9 @@ class RowFilterTooLarge(MappingError):
 
 def check_filter_size(row_filter, what: str, table_id: str, row_key: bytes) -> None:
     """Refuse a row filter Bigtable would reject (the row key is not named: it
-    may be personal data; the dead letter carrying this error names the change)."""
-    size = row_filter.ByteSize()
+    may be personal data; the dead letter carrying this error names the change).
+    ``row_filter``: a RowFilter message, or its serialized size (int)."""
+    size = row_filter if type(row_filter) is int else row_filter.ByteSize()
     if size > MAX_ROW_FILTER_BYTES:
         raise RowFilterTooLarge(f"{what} on a row of {table_id} ({len(row_key)}-byte key): its predicate is {size} "
                                 f"bytes, over Bigtable's row-filter limit of {MAX_ROW_FILTER_BYTES}",

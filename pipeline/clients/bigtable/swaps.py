@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import grpc
 
 from ddb2bt.pipeline.clients.bigtable.errors import check_filter_size, classify_rpc_error
-from ddb2bt.pipeline.clients.bigtable.wire import build_mutations
+from ddb2bt.pipeline.clients.bigtable.wire import encode_check_and_mutate, newest_of_column_predicate
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.model import DeleteCells, SetCell
 
@@ -39,8 +39,8 @@ def _exact_regex(value: bytes) -> bytes:
 
 class CompareAndSetCalls:
     """The compare-and-set calls of ``GrpcMutationWriter``. Needs from it: the
-    request classes and calls ``_cam_cls``/``_cam`` (CheckAndMutateRow) and
-    ``_read_cls``/``_read`` (ReadRows), ``_prefix`` (the tables' name prefix),
+    call ``_cam_encoded`` (CheckAndMutateRow, its request serialized here), the
+    request class and call ``_read_cls``/``_read`` (ReadRows), ``_prefix`` (the tables' name prefix),
     ``_txn_profile``/``_txn_params`` (the transactional app profile),
     ``_rows_request``, ``_timeout_s`` and ``_write_timeout`` (the fence)."""
 
@@ -158,7 +158,7 @@ class CompareAndSetCalls:
                 timeout = self._write_timeout()  # the fence, right before the call (raises once the lease is lost)
                 try:
                     sent.append((index, expected is not None,
-                                 self._cam.future(request, timeout=timeout, metadata=metadata)))
+                                 self._cam_encoded.future(request, timeout=timeout, metadata=metadata)))
                 except grpc.RpcError as exc:  # an interceptor may fail the call as it is made
                     failure = failure or classify_rpc_error(exc, "CheckAndMutateRow")
         finally:  # whatever stops the loop (the fence too), no call sent is left running
@@ -169,21 +169,17 @@ class CompareAndSetCalls:
         return outcomes
 
     def _cam_request(self, table_name: str, table_id: str, row_key: bytes, family: str, qualifier: bytes,
-                     expected: Optional[bytes], mutations: Sequence, prefix: bool):
-        """The CheckAndMutateRowRequest of ``_check_and_mutate``; MappingError
-        (RowFilterTooLarge) when its predicate is over Bigtable's limit."""
-        request = self._cam_cls(table_name=table_name, row_key=row_key)
-        if self._txn_profile:
-            request.app_profile_id = self._txn_profile
-        chain = request.predicate_filter.chain.filters
-        _newest_of_column(chain, family, qualifier)
-        if expected is not None:
-            # RE2 matches the whole value: a prefix is followed by anything (the
-            # values compared by prefix are ASCII, where "." is any byte).
-            chain.add().value_regex_filter = _exact_regex(expected) + (b"(?s).*" if prefix else b"")
-        check_filter_size(request.predicate_filter, "CheckAndMutateRow", table_id, row_key)
-        build_mutations(request.true_mutations if expected is not None else request.false_mutations, mutations)
-        return request
+                     expected: Optional[bytes], mutations: Sequence, prefix: bool) -> bytes:
+        """The serialized CheckAndMutateRowRequest of ``_check_and_mutate``
+        (wire.encode_check_and_mutate: the message's bytes, written directly);
+        MappingError (RowFilterTooLarge) when its predicate is over Bigtable's limit."""
+        # RE2 matches the whole value: a prefix is followed by anything (the
+        # values compared by prefix are ASCII, where "." is any byte).
+        value_regex = None if expected is None else _exact_regex(expected) + (b"(?s).*" if prefix else b"")
+        predicate = newest_of_column_predicate(family, qualifier, value_regex)
+        check_filter_size(len(predicate), "CheckAndMutateRow", table_id, row_key)
+        return encode_check_and_mutate(table_name, self._txn_profile, row_key, predicate, mutations,
+                                       expected is not None)
 
     def _check_and_mutate(self, table_id: str, row_key: bytes, family: str, qualifier: bytes,
                           expected: Optional[bytes], mutations: Sequence, timeout: float,
@@ -195,7 +191,7 @@ class CompareAndSetCalls:
         table_name = self._prefix + table_id
         request = self._cam_request(table_name, table_id, row_key, family, qualifier, expected, mutations, prefix)
         try:
-            response = self._cam(request, timeout=timeout, metadata=self._txn_params(table_name))
+            response = self._cam_encoded(request, timeout=timeout, metadata=self._txn_params(table_name))
         except grpc.RpcError as exc:
             raise classify_rpc_error(exc, "CheckAndMutateRow") from None
         return response.predicate_matched == (expected is not None)

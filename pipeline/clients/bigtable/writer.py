@@ -102,6 +102,12 @@ class GrpcMutationWriter(CompareAndSetCalls):
             request_serializer=self._cam_cls.SerializeToString,
             response_deserializer=bigtable_types.CheckAndMutateRowResponse.pb().FromString,
         )
+        # The guard's swaps and the lease's: already serialized (wire.encode_check_and_mutate).
+        self._cam_encoded = self._channel.unary_unary(
+            CHECK_AND_MUTATE_METHOD,
+            request_serializer=None,
+            response_deserializer=bigtable_types.CheckAndMutateRowResponse.pb().FromString,
+        )
 
     def set_fence(self, fence) -> None:
         """``fence()`` is called right before every write RPC: it raises when this

@@ -119,11 +119,15 @@ class _Channel:
     def unary_stream(self, *args, **kwargs):
         return None
 
-    def unary_unary(self, method, **kwargs):
+    def unary_unary(self, method, request_serializer=None, **kwargs):
+        from google.cloud.bigtable_v2.types import bigtable as bigtable_types
+
         channel = self
 
         class _Call:
             def future(self, request, timeout=None, metadata=None):
+                if request_serializer is None:  # sent serialized, as the guard's swaps are
+                    request = bigtable_types.CheckAndMutateRowRequest.pb().FromString(request)
                 channel.sent.append(request.row_key)
                 return _Future(channel, channel.answers[request.row_key])
 
@@ -238,9 +242,11 @@ def test_the_swap_predicate_escapes_every_byte_of_the_clock_it_compares():
     assert _exact_regex(value) == b"".join(b"\\x%02x" % b for b in value)
     channel = _Channel({b"a": True})
     writer = GrpcMutationWriter("p", "i", channel=channel)
-    request = writer._cam_request("projects/p/instances/i/tables/t", "t", b"a", CLOCK_FAMILY, b"item", b"3:ab:",
-                                  [SetCell(CLOCK_FAMILY, b"item", b"v", 1)], True)
+    sent = writer._cam_request("projects/p/instances/i/tables/t", "t", b"a", CLOCK_FAMILY, b"item", b"3:ab:",
+                               [SetCell(CLOCK_FAMILY, b"item", b"v", 1)], True)
+    request = writer._cam_cls.FromString(sent)
     assert request.predicate_filter.chain.filters[-1].value_regex_filter == b"\\x33\\x3a\\x61\\x62\\x3a(?s).*"
+    assert [m.set_cell.value for m in request.true_mutations] == [b"v"] and not request.false_mutations
 
 
 def test_a_lost_lease_stops_the_swaps_and_leaves_none_of_those_sent_running():

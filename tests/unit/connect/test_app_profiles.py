@@ -97,8 +97,9 @@ class _Call:
     def __call__(self, request, timeout=None, metadata=()):
         from google.cloud.bigtable_v2.types import bigtable as bt
 
-        if self.serializer is None:  # the sink's pre-encoded MutateRows
-            request = bt.MutateRowsRequest.pb().FromString(request)
+        if self.serializer is None:  # pre-encoded: the sink's MutateRows, the guard's and the lease's swaps
+            cls = bt.CheckAndMutateRowRequest if self.kind == "CheckAndMutateRow" else bt.MutateRowsRequest
+            request = cls.pb().FromString(request)
         self.channel.sent.append((self.kind, request.app_profile_id, dict(metadata)["x-goog-request-params"]))
         return self.response(request)
 

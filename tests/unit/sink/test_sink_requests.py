@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ddb2bt.pipeline.clients.bigtable.wire import (WireEntry, build_mutations, build_request, encode_mutate_rows,
-                                                   mutate_rows_types)
-from ddb2bt.transforms.wire import encode_mutations
+from ddb2bt.pipeline.clients.bigtable.wire import (WireEntry, build_check_and_mutate, build_mutations, build_request,
+                                                   encode_check_and_mutate, encode_mutate_rows, mutate_rows_types,
+                                                   newest_of_column_predicate)
+from ddb2bt.transforms import native
+from ddb2bt.transforms.wire import encode_mutations, encode_mutations_py
 from ddb2bt.transforms.model import DeleteCells, RowChange, SetCell
 
 REQUEST_CLS = mutate_rows_types()[0]
@@ -187,3 +190,90 @@ def test_a_change_rebuilt_with_other_mutations_carries_no_stale_bytes():
     fewer = dataclasses.replace(change, mutations=change.mutations[:-1], size_bytes=-1)
     assert fewer.wire is None
     assert dataclasses.replace(change) == change
+
+
+# --- the ordering guard's CheckAndMutateRow requests ---------------------------------
+
+CAM_CLS = None
+
+
+def cam_reference(*args) -> bytes:
+    global CAM_CLS
+    if CAM_CLS is None:
+        from google.cloud.bigtable_v2.types import bigtable as bigtable_types
+
+        CAM_CLS = bigtable_types.CheckAndMutateRowRequest.pb()
+    return build_check_and_mutate(CAM_CLS, *args).SerializeToString()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=64), FAMILIES, QUALIFIERS, st.one_of(st.none(), st.binary(max_size=300)),
+       st.lists(st.one_of(SET_CELLS, DELETES), max_size=12), st.booleans(),
+       st.one_of(st.none(), st.just(""), st.text(max_size=10)))
+def test_check_and_mutate_requests_are_byte_identical_to_the_built_message(row_key, family, qualifier, regex,
+                                                                            mutations, when_matched, app_profile):
+    """Any row key (the empty one too), column, value filter or none, mutations,
+    case and app profile: the bytes ``encode_check_and_mutate`` sends are the
+    message's, and its predicate is the message's predicate (whose size the
+    writer checks against Bigtable's row-filter limit)."""
+    predicate = newest_of_column_predicate(family, qualifier, regex)
+    sent = encode_check_and_mutate(TABLE, app_profile, row_key, predicate, mutations, when_matched)
+    assert sent == cam_reference(TABLE, app_profile, row_key, family, qualifier, regex, mutations, when_matched)
+    message = CAM_CLS.FromString(sent)
+    assert len(predicate) == message.predicate_filter.ByteSize()
+    assert len(message.true_mutations if when_matched else message.false_mutations) == len(mutations)
+
+
+# --- the C encoder of mutations (transforms/encoders_c.c) --------------------------
+
+ODD = st.one_of(st.builds(SetCell, st.sampled_from(["\ud800", "f", b"f"]), st.sampled_from([b"q", "q", bytearray(b"q")]),
+                          st.sampled_from([b"v", "v", None]), st.sampled_from([True, 1.5, 2**62, -(2**62), 10**20, 5])),
+                st.builds(DeleteCells, st.sampled_from(["\ud800", "f"]), st.sampled_from([b"q", "q"]),
+                          st.sampled_from([0, True, 2**61, None]), st.sampled_from([0, 7, -(2**62), 10**20])))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(SET_CELLS, DELETES, ODD), max_size=8), st.sampled_from([b"\x12", b"\x22", b"\x2a"]))
+def test_the_c_encoder_writes_the_python_bytes_or_leaves_them_to_it(mutations, field):
+    """Any mutations, odd ones too (a str qualifier, a bool or float time, a
+    time past int64 in microseconds, a family that is not UTF-8): the C gives
+    the Python encoder's bytes, or None and the Python decides (and raises);
+    through ``encode_mutations`` the answer, or the error, is the Python one's."""
+    assert native.NATIVE_BUILT, "ddb2bt.transforms.rowwriter_c is not built (docs/development.md)"
+    fast = native.rowwriter_c.encode_mutations(SetCell, DeleteCells, mutations, field)
+    try:
+        expected = encode_mutations_py(mutations, field)
+    except Exception as exc:  # noqa: BLE001 — whatever the reference raises, the C must not have written bytes
+        assert fast is None
+        with pytest.raises(type(exc)):
+            encode_mutations(mutations, field)
+        return
+    assert fast is None or fast == expected
+    assert encode_mutations(mutations, field) == expected
+    if all(type(m.family) is str and type(m.qualifier) is bytes for m in mutations) and not any(
+            isinstance(v, (bool, float)) or v is None or (type(v) is int and abs(v) > 2**62 // 1000)
+            for m in mutations for v in m[2:] if not isinstance(v, (bytes, str))) and not any(
+            "\ud800" in m.family for m in mutations):
+        assert fast == expected  # the usual shapes are the C's own, none left to Python
+
+
+def test_the_c_encoder_holds_no_reference_and_no_memory_per_call():
+    import sys
+    import tracemalloc
+
+    mutations = (SetCell("SKU", b"q", b"v" * 100, 1_700_000_000_123), DeleteCells("SKU", b"q", 0, 1_700_000_000_123),
+                 SetCell("\ud800", b"q", b"v", 1))  # the last one: left to Python (None)
+    value = mutations[0].value
+    before = sys.getrefcount(value)
+    for _ in range(1000):
+        native.rowwriter_c.encode_mutations(SetCell, DeleteCells, mutations[:2], b"\x12")
+        native.rowwriter_c.encode_mutations(SetCell, DeleteCells, mutations, b"\x12")
+    tracemalloc.start()
+    snapshot = tracemalloc.take_snapshot()
+    for _ in range(2000):
+        native.rowwriter_c.encode_mutations(SetCell, DeleteCells, mutations[:2], b"\x12")
+        native.rowwriter_c.encode_mutations(SetCell, DeleteCells, mutations, b"\x12")
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(snapshot, "filename") if s.size_diff > 0)
+    tracemalloc.stop()
+    assert sys.getrefcount(value) == before
+    assert grown < 64 * 1024, grown

@@ -1,7 +1,7 @@
 """The image hash of the ordering guard's clock (docs/design.md §10.1, §10.3) is
 stored in clocks and compared with later changes' hashes, so its input must
 never change: each fast path (``ordering._typed_json`` in Python, and
-``typedjson_c.c`` where built) writes exactly ``attrs.canonical_typed_json``'s
+``encoders_c.c`` where built) writes exactly ``attrs.canonical_typed_json``'s
 text, or leaves the value to it. Every test here runs with each fast path."""
 from __future__ import annotations
 

@@ -1,21 +1,30 @@
-/* Canonical typed JSON in C (attrs.canonical_typed_json's text, UTF-8) for the
- * shapes of a decoded item image: what the ordering guard hashes twice per
- * change (ordering.image_hash) and writes as each clock's qualifier, and what a
- * backfill writes as each item's marker (compiled._key_json).
+/* The ordering guard's encoders in C, each the same bytes as its Python
+ * reference for the shapes written here, and None (the reference decides) for
+ * any other:
  *
- * Nothing is decided here that the Python reference does not decide: a value
- * of any other shape (B, NS, BS, a str or dict subclass, a malformed value)
- * makes the whole answer None, and the caller hands the value to
+ * - canonical typed JSON (attrs.canonical_typed_json's text, UTF-8) of a decoded
+ *   item image: what the guard hashes twice per change (ordering.image_hash)
+ *   and writes as each clock's qualifier;
+ * - mutations on the wire (transforms.wire.encode_mutations): every row the
+ *   guard swaps, as its CheckAndMutateRowRequest's mutations.
+ *
+ * Nothing is decided here that the Python does not decide. For the JSON: a
+ * value of any other shape (B, NS, BS, a str or dict subclass, a malformed
+ * value) makes the whole answer None, and the caller hands the value to
  * attrs.canonical_typed_json, which writes it or raises. A string is quoted
  * here when it is printable ASCII without '"' or '\\' (attrs.dump_str's fast
- * case, the same text); any other string by attrs.dump_str itself.
- * tests/unit/transforms/test_ordering_guard_hash.py holds the texts equal.
+ * case, the same text); any other string by attrs.dump_str itself. For the
+ * mutations: anything but a SetCell or DeleteCells of exact str, bytes and
+ * ints (in int64 range once in microseconds) gives None.
+ * tests/unit/transforms/test_ordering_guard_hash.py and
+ * tests/unit/sink/test_sink_requests.py hold the bytes equal.
  *
  * Compiled into the rowwriter_c module (pyproject.toml): one C extension, one
- * optional build, one switch (DDB2BT_ROW_WRITER=python turns both off).
+ * optional build, one switch (DDB2BT_ROW_WRITER=python turns it all off).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 /* The first buffer's size: a typical image's text (~10 attributes) fits. */
@@ -222,5 +231,174 @@ PyObject *typed_map_json(PyObject *module, PyObject *const *args, Py_ssize_t nar
         Py_INCREF(result);
     }
     PyMem_Free(b.data);
+    return result;
+}
+
+/* --- mutations on the wire (transforms.wire.encode_mutations) ------------------- */
+
+/* protobuf tags (transforms/wire.py) */
+#define MUT_SET_CELL 0x0a
+#define MUT_DELETE_FROM_COLUMN 0x12
+#define CELL_FAMILY 0x0a
+#define CELL_QUALIFIER 0x12
+#define SET_TIMESTAMP 0x18
+#define SET_VALUE 0x22
+#define DELETE_TIME_RANGE 0x1a
+#define RANGE_START 0x08
+#define RANGE_END 0x10
+#define US_PER_MS 1000
+#define MAX_VARINT 10
+
+static Py_ssize_t varint_size(uint64_t v) {
+    Py_ssize_t n = 1;
+    while (v > 0x7f) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static void put_varint_raw(Buf *b, uint64_t v) {
+    while (v > 0x7f) {
+        b->data[b->len++] = (char)((v & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    b->data[b->len++] = (char)v;
+}
+
+/* A model timestamp (ms, an exact int) as int64 microseconds: 1, or 0 when it is
+ * not one (another type, out of range: the Python encoder decides and raises). */
+static int micros_of(PyObject *ms, int64_t *out) {
+    if (!PyLong_CheckExact(ms))
+        return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(ms, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v > INT64_MAX / US_PER_MS || v < INT64_MIN / US_PER_MS)
+        return 0;
+    *out = (int64_t)v * US_PER_MS;
+    return 1;
+}
+
+/* One mutation: 1 written, 0 not of the shapes written here, -1 error. */
+static int put_mutation(Buf *b, PyObject *m, int set, char field) {
+    if (PyTuple_GET_SIZE(m) != 4)
+        return 0;
+    PyObject *family = PyTuple_GET_ITEM(m, 0), *qualifier = PyTuple_GET_ITEM(m, 1);
+    if (!PyUnicode_CheckExact(family) || !PyBytes_CheckExact(qualifier))
+        return 0;
+    Py_ssize_t flen;
+    const char *fam = PyUnicode_AsUTF8AndSize(family, &flen);
+    if (fam == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+            return -1;
+        PyErr_Clear(); /* a lone surrogate: family.encode() raises it, in the Python encoder */
+        return 0;
+    }
+    Py_ssize_t qlen = PyBytes_GET_SIZE(qualifier);
+    Py_ssize_t column = (flen ? 1 + varint_size((uint64_t)flen) + flen : 0)
+                        + (qlen ? 1 + varint_size((uint64_t)qlen) + qlen : 0);
+    Py_ssize_t body;
+    int64_t a = 0, z = 0;
+    PyObject *value = NULL;
+    Py_ssize_t vlen = 0, range = 0;
+    if (set) {
+        value = PyTuple_GET_ITEM(m, 2);
+        if (!PyBytes_CheckExact(value) || !micros_of(PyTuple_GET_ITEM(m, 3), &a))
+            return 0;
+        vlen = PyBytes_GET_SIZE(value);
+        body = column + (a ? 1 + varint_size((uint64_t)a) : 0) + (vlen ? 1 + varint_size((uint64_t)vlen) + vlen : 0);
+    } else {
+        if (!micros_of(PyTuple_GET_ITEM(m, 2), &a) || !micros_of(PyTuple_GET_ITEM(m, 3), &z))
+            return 0;
+        range = (a ? 1 + varint_size((uint64_t)a) : 0) + (z ? 1 + varint_size((uint64_t)z) : 0);
+        body = column + 1 + varint_size((uint64_t)range) + range; /* the time range, present even if empty */
+    }
+    Py_ssize_t inner = 1 + varint_size((uint64_t)body) + body;
+    if (reserve(b, 1 + varint_size((uint64_t)inner) + inner) < 0)
+        return -1;
+    b->data[b->len++] = field;
+    put_varint_raw(b, (uint64_t)inner);
+    b->data[b->len++] = set ? MUT_SET_CELL : MUT_DELETE_FROM_COLUMN;
+    put_varint_raw(b, (uint64_t)body);
+    if (flen) {
+        b->data[b->len++] = CELL_FAMILY;
+        put_varint_raw(b, (uint64_t)flen);
+        memcpy(b->data + b->len, fam, (size_t)flen);
+        b->len += flen;
+    }
+    if (qlen) {
+        b->data[b->len++] = CELL_QUALIFIER;
+        put_varint_raw(b, (uint64_t)qlen);
+        memcpy(b->data + b->len, PyBytes_AS_STRING(qualifier), (size_t)qlen);
+        b->len += qlen;
+    }
+    if (set) {
+        if (a) {
+            b->data[b->len++] = SET_TIMESTAMP;
+            put_varint_raw(b, (uint64_t)a); /* a negative int64 as its two's complement, as protobuf writes it */
+        }
+        if (vlen) {
+            b->data[b->len++] = SET_VALUE;
+            put_varint_raw(b, (uint64_t)vlen);
+            memcpy(b->data + b->len, PyBytes_AS_STRING(value), (size_t)vlen);
+            b->len += vlen;
+        }
+    } else {
+        b->data[b->len++] = DELETE_TIME_RANGE;
+        put_varint_raw(b, (uint64_t)range);
+        if (a) {
+            b->data[b->len++] = RANGE_START;
+            put_varint_raw(b, (uint64_t)a);
+        }
+        if (z) {
+            b->data[b->len++] = RANGE_END;
+            put_varint_raw(b, (uint64_t)z);
+        }
+    }
+    return 1;
+}
+
+/* encode_mutations(set_cell_type, delete_cells_type, mutations, field) -> bytes | None:
+ * transforms.wire.encode_mutations(mutations, field)'s bytes, or None where a
+ * mutation is not exactly a SetCell or DeleteCells of exact str, bytes and ints
+ * in int64 range once in microseconds (the Python encoder then decides, and
+ * raises where it must). Registered by rowwriter_c.c's module. */
+PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4 || !PyBytes_CheckExact(args[3]) || PyBytes_GET_SIZE(args[3]) != 1) {
+        PyErr_SetString(PyExc_TypeError, "encode_mutations(set_cell_type, delete_cells_type, mutations, field: "
+                                         "1 byte) takes 4 arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[2], "mutations must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    char field = PyBytes_AS_STRING(args[3])[0];
+    Buf b = {PyMem_Malloc(FIRST_BUFFER), 0, FIRST_BUFFER};
+    PyObject *result = NULL;
+    int rc = b.data == NULL ? -1 : 1;
+    if (rc < 0)
+        PyErr_NoMemory();
+    for (Py_ssize_t i = 0; rc == 1 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
+        if (Py_IS_TYPE(m, (PyTypeObject *)args[0]))
+            rc = put_mutation(&b, m, 1, field);
+        else if (Py_IS_TYPE(m, (PyTypeObject *)args[1]))
+            rc = put_mutation(&b, m, 0, field);
+        else
+            rc = 0;
+    }
+    if (rc == 1)
+        result = PyBytes_FromStringAndSize(b.data, b.len);
+    else if (rc == 0) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyMem_Free(b.data);
+    Py_DECREF(seq);
     return result;
 }
