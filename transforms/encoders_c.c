@@ -13,7 +13,8 @@
  * value) makes the whole answer None, and the caller hands the value to
  * attrs.canonical_typed_json, which writes it or raises. A string is quoted
  * here when it is printable ASCII without '"' or '\\' (attrs.dump_str's fast
- * case, the same text); any other string by attrs.dump_str itself. For the
+ * case, the same text); any other string by attrs.dump_str itself; maps and
+ * lists nested past MAX_NESTING levels go to the reference too. For the
  * mutations: anything but a SetCell or DeleteCells of exact str, bytes and
  * ints (in int64 range once in microseconds) gives None.
  * tests/unit/transforms/test_ordering_guard_hash.py and
@@ -29,6 +30,10 @@
 
 /* The first buffer's size: a typical image's text (~10 attributes) fits. */
 #define FIRST_BUFFER 512
+/* Maps and lists nested deeper than this are left to the Python reference:
+ * DynamoDB allows 32 levels, so no item of a table gets near it, and the C
+ * stack never grows past a fixed bound (whatever Python's recursion limit). */
+#define MAX_NESTING 64
 
 typedef struct {
     char *data;
@@ -39,8 +44,13 @@ static int reserve(Buf *b, Py_ssize_t more) {
     if (b->len + more <= b->cap)
         return 0;
     Py_ssize_t cap = b->cap;
-    while (cap < b->len + more)
+    while (cap < b->len + more) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
         cap *= 2;
+    }
     char *data = PyMem_Realloc(b->data, (size_t)cap);
     if (data == NULL) {
         PyErr_NoMemory();
@@ -120,10 +130,12 @@ static int put_string_set(Buf *b, PyObject *members, PyObject *dump_str) {
     return rc;
 }
 
-static int put_typed(Buf *b, PyObject *value, PyObject *dump_str);
+static int put_typed(Buf *b, PyObject *value, PyObject *dump_str, int depth);
 
-/* A dict of exact-str keys, keys sorted, as {"key":<typed value>,...}: 1, 0 or -1 as above. */
-static int put_map_body(Buf *b, PyObject *map, PyObject *dump_str) {
+/* A dict of exact-str keys, keys sorted, as {"key":<typed value>,...}: 1, 0 or
+ * -1 as above. The caller holds ``map`` (dump_str runs Python code, which
+ * could drop the last other reference to it). */
+static int put_map_body(Buf *b, PyObject *map, PyObject *dump_str, int depth) {
     if (!PyDict_CheckExact(map))
         return 0;
     Py_ssize_t pos = 0;
@@ -137,7 +149,7 @@ static int put_map_body(Buf *b, PyObject *map, PyObject *dump_str) {
     int rc = PyList_Sort(keys) < 0 || PUT_LITERAL(b, "{") < 0 ? -1 : 1;
     for (Py_ssize_t i = 0; rc == 1 && i < PyList_GET_SIZE(keys); i++) {
         key = PyList_GET_ITEM(keys, i);
-        member = PyDict_GetItemWithError(map, key); /* borrowed; the map is not changed meanwhile */
+        member = PyDict_GetItemWithError(map, key); /* borrowed, then held across the Python calls below */
         if (member == NULL) {
             rc = PyErr_Occurred() ? -1 : 0;
             break;
@@ -145,7 +157,7 @@ static int put_map_body(Buf *b, PyObject *map, PyObject *dump_str) {
         Py_INCREF(member); /* a dump_str call below runs Python code */
         rc = i && PUT_LITERAL(b, ",") < 0 ? -1 : put_str(b, key, dump_str);
         if (rc == 1)
-            rc = PUT_LITERAL(b, ":") < 0 ? -1 : put_typed(b, member, dump_str);
+            rc = PUT_LITERAL(b, ":") < 0 ? -1 : put_typed(b, member, dump_str, depth);
         Py_DECREF(member);
     }
     if (rc == 1 && PUT_LITERAL(b, "}") < 0)
@@ -155,7 +167,7 @@ static int put_map_body(Buf *b, PyObject *map, PyObject *dump_str) {
 }
 
 /* One typed AttributeValue ({"S": ...}, {"M": {...}}, ...): 1, 0 or -1 as above. */
-static int put_typed(Buf *b, PyObject *value, PyObject *dump_str) {
+static int put_typed(Buf *b, PyObject *value, PyObject *dump_str, int depth) {
     if (!PyDict_CheckExact(value) || PyDict_GET_SIZE(value) != 1)
         return 0;
     Py_ssize_t pos = 0;
@@ -182,12 +194,15 @@ static int put_typed(Buf *b, PyObject *value, PyObject *dump_str) {
             return 0;
         return PUT_LITERAL(b, "{\"NULL\":true}") < 0 ? -1 : 1;
     }
-    /* The nested shapes recurse: as deep as Python would let the reference go. */
-    if (Py_EnterRecursiveCall(" in canonical typed JSON"))
-        return -1;
+    /* The nested shapes recurse, to MAX_NESTING levels. ``inner`` is held: a
+     * dump_str call below runs Python code, which could drop ``value``'s
+     * reference to it. */
+    if (depth >= MAX_NESTING)
+        return 0;
+    Py_INCREF(inner);
     rc = 0;
     if (tn == 1 && t[0] == 'M') {
-        rc = PUT_LITERAL(b, "{\"M\":") < 0 ? -1 : put_map_body(b, inner, dump_str);
+        rc = PUT_LITERAL(b, "{\"M\":") < 0 ? -1 : put_map_body(b, inner, dump_str, depth + 1);
     } else if (tn == 2 && t[0] == 'S' && t[1] == 'S') {
         rc = PUT_LITERAL(b, "{\"SS\":") < 0 ? -1 : put_string_set(b, inner, dump_str);
     } else if (tn == 1 && t[0] == 'L' && PyList_CheckExact(inner)) {
@@ -196,13 +211,13 @@ static int put_typed(Buf *b, PyObject *value, PyObject *dump_str) {
         for (Py_ssize_t i = 0; rc == 1 && i < PyList_GET_SIZE(inner); i++) {
             PyObject *member = PyList_GET_ITEM(inner, i);
             Py_INCREF(member);
-            rc = i && PUT_LITERAL(b, ",") < 0 ? -1 : put_typed(b, member, dump_str);
+            rc = i && PUT_LITERAL(b, ",") < 0 ? -1 : put_typed(b, member, dump_str, depth + 1);
             Py_DECREF(member);
         }
         if (rc == 1)
             rc = PUT_LITERAL(b, "]") < 0 ? -1 : 1;
     }
-    Py_LeaveRecursiveCall();
+    Py_DECREF(inner);
     if (rc == 1 && PUT_LITERAL(b, "}") < 0)
         rc = -1;
     return rc;
@@ -221,7 +236,7 @@ PyObject *typed_map_json(PyObject *module, PyObject *const *args, Py_ssize_t nar
     if (b.data == NULL)
         return PyErr_NoMemory();
     PyObject *result = NULL;
-    int rc = PUT_LITERAL(&b, "{\"M\":") < 0 ? -1 : put_map_body(&b, args[1], args[0]);
+    int rc = PUT_LITERAL(&b, "{\"M\":") < 0 ? -1 : put_map_body(&b, args[1], args[0], 0);
     if (rc == 1 && PUT_LITERAL(&b, "}") < 0)
         rc = -1;
     if (rc == 1)
@@ -369,14 +384,23 @@ static int put_mutation(Buf *b, PyObject *m, int set, char field) {
  * raises where it must). Registered by rowwriter_c.c's module. */
 PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 4 || !PyBytes_CheckExact(args[3]) || PyBytes_GET_SIZE(args[3]) != 1) {
-        PyErr_SetString(PyExc_TypeError, "encode_mutations(set_cell_type, delete_cells_type, mutations, field: "
-                                         "1 byte) takes 4 arguments");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "encode_mutations(set_cell_type, delete_cells_type, mutations, field) "
+                                         "takes 4 arguments");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(args[2], "mutations must be a sequence");
-    if (seq == NULL)
-        return NULL;
+    for (int i = 0; i < 2; i++)
+        if (!PyType_Check(args[i]) || !PyType_IsSubtype((PyTypeObject *)args[i], &PyTuple_Type)) {
+            PyErr_SetString(PyExc_TypeError, "encode_mutations: the mutation types must be tuple types");
+            return NULL;
+        }
+    /* Only a list or a tuple, and a one-byte tag: anything else is left to the
+     * Python encoder untouched (an iterator read here would reach it empty). */
+    PyObject *seq = args[2];
+    if ((!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) || !PyBytes_CheckExact(args[3])
+        || PyBytes_GET_SIZE(args[3]) != 1)
+        Py_RETURN_NONE;
+    Py_INCREF(seq);
     char field = PyBytes_AS_STRING(args[3])[0];
     Buf b = {PyMem_Malloc(FIRST_BUFFER), 0, FIRST_BUFFER};
     PyObject *result = NULL;

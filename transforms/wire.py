@@ -195,11 +195,11 @@ def encode_mutations_py(mutations: Sequence, field: bytes = ENTRY_MUTATION) -> b
     ts_field = time_range = b""
     for m in mutations:
         if type(m) is SetCell:
-            if m.timestamp_ms != last_ts:
+            if m.timestamp_ms != last_ts or type(m.timestamp_ms) is not int:  # 1.0 == 1, and is refused
                 last_ts, ts_field = m.timestamp_ms, timestamp_field(m.timestamp_ms)
             out.append(set_cell(m.family, m.qualifier, m.value, ts_field, field))
         elif type(m) is DeleteCells:
-            if (m.start_ms, m.end_ms) != last_range:
+            if (m.start_ms, m.end_ms) != last_range or type(m.start_ms) is not int or type(m.end_ms) is not int:
                 last_range, time_range = (m.start_ms, m.end_ms), range_field(m.start_ms, m.end_ms)
             out.append(delete_cells(m.family, m.qualifier, time_range, field))
         else:

@@ -116,7 +116,7 @@ def encode_mutate_rows(table_name: str, app_profile: Optional[str], entries: Seq
     replace computation wherever a value repeats."""
     varints, table_size, varint, columns = _VARINTS, _VARINT_TABLE_SIZE, _varint, _COLUMN_FIELDS
     one_byte = _ONE_BYTE_VARINT
-    out = [_length_delimited(_REQ_TABLE_NAME, table_name.encode())]
+    out = [_length_delimited(_REQ_TABLE_NAME, table_name.encode()) if table_name else b""]  # proto3: empty is absent
     append, extend = out.append, out.extend
     # A change's mutations share a timestamp (and its deletes a range): encoded
     # once, and a SetCell's timestamp is usually its deletes' range end.
@@ -250,7 +250,7 @@ def encode_check_and_mutate(table_name: str, app_profile: Optional[str], row_key
     ``newest_of_column_predicate``) matches the row, else (``when_matched``
     False) iff it does not."""
     return b"".join((
-        _length_delimited(_CAM_TABLE_NAME, table_name.encode()),
+        _length_delimited(_CAM_TABLE_NAME, table_name.encode()) if table_name else b"",  # proto3: empty is absent
         _length_delimited(_CAM_ROW_KEY, row_key) if row_key else b"",
         encode_mutations(mutations, CAM_TRUE_MUTATIONS if when_matched else CAM_FALSE_MUTATIONS),
         _length_delimited(_CAM_PREDICATE, predicate),

@@ -39,10 +39,11 @@ def reference(table: str, app_profile, entries) -> bytes:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(ROW_CHANGES, max_size=8), st.one_of(st.none(), st.just(""), st.text(max_size=10)))
-def test_encoded_requests_are_byte_identical_to_the_built_message(changes, app_profile):
+@given(st.lists(ROW_CHANGES, max_size=8), st.one_of(st.none(), st.just(""), st.text(max_size=10)),
+       st.sampled_from([TABLE, ""]))
+def test_encoded_requests_are_byte_identical_to_the_built_message(changes, app_profile, table):
     entries = [(c.row_key, c.mutations) for c in changes]
-    assert encode_mutate_rows(TABLE, app_profile, entries) == reference(TABLE, app_profile, entries)
+    assert encode_mutate_rows(table, app_profile, entries) == reference(table, app_profile, entries)
 
 
 def random_change(rng: random.Random, ts_ms: int) -> RowChange:
@@ -207,18 +208,19 @@ def cam_reference(*args) -> bytes:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.binary(max_size=64), FAMILIES, QUALIFIERS, st.one_of(st.none(), st.binary(max_size=300)),
+@given(st.sampled_from([TABLE, ""]), st.binary(max_size=64), FAMILIES, QUALIFIERS,
+       st.one_of(st.none(), st.binary(max_size=300)),
        st.lists(st.one_of(SET_CELLS, DELETES), max_size=12), st.booleans(),
        st.one_of(st.none(), st.just(""), st.text(max_size=10)))
-def test_check_and_mutate_requests_are_byte_identical_to_the_built_message(row_key, family, qualifier, regex,
+def test_check_and_mutate_requests_are_byte_identical_to_the_built_message(table, row_key, family, qualifier, regex,
                                                                             mutations, when_matched, app_profile):
     """Any row key (the empty one too), column, value filter or none, mutations,
     case and app profile: the bytes ``encode_check_and_mutate`` sends are the
     message's, and its predicate is the message's predicate (whose size the
     writer checks against Bigtable's row-filter limit)."""
     predicate = newest_of_column_predicate(family, qualifier, regex)
-    sent = encode_check_and_mutate(TABLE, app_profile, row_key, predicate, mutations, when_matched)
-    assert sent == cam_reference(TABLE, app_profile, row_key, family, qualifier, regex, mutations, when_matched)
+    sent = encode_check_and_mutate(table, app_profile, row_key, predicate, mutations, when_matched)
+    assert sent == cam_reference(table, app_profile, row_key, family, qualifier, regex, mutations, when_matched)
     message = CAM_CLS.FromString(sent)
     assert len(predicate) == message.predicate_filter.ByteSize()
     assert len(message.true_mutations if when_matched else message.false_mutations) == len(mutations)
@@ -277,3 +279,18 @@ def test_the_c_encoder_holds_no_reference_and_no_memory_per_call():
     tracemalloc.stop()
     assert sys.getrefcount(value) == before
     assert grown < 64 * 1024, grown
+
+
+def test_the_c_encoder_leaves_an_iterator_and_an_odd_tag_to_python_untouched():
+    mutations = [SetCell("cf", b"q", b"v", 5), DeleteCells("cf", b"q", 0, 5)]
+    expected = encode_mutations_py(mutations)
+    assert encode_mutations(m for m in mutations) == expected  # read once, by whichever encoder writes it
+    assert encode_mutations(iter([SetCell("cf", b"q", bytearray(b"v"), 5)])) == encode_mutations_py(
+        [SetCell("cf", b"q", bytearray(b"v"), 5)])
+    with pytest.raises(TypeError):
+        encode_mutations(m for m in mutations + [object()])
+    for tag in (bytearray(b"\x12"), b"\x82\x01", b""):
+        assert native.rowwriter_c.encode_mutations(SetCell, DeleteCells, mutations, tag) is None
+        assert encode_mutations(mutations, tag) == encode_mutations_py(mutations, tag)
+    with pytest.raises(TypeError):
+        native.rowwriter_c.encode_mutations(dict, DeleteCells, mutations, b"\x12")

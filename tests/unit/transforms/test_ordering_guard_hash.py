@@ -104,14 +104,33 @@ def test_the_fast_paths_refuse_what_the_reference_must_decide(fast_path):
     assert fast_path(OrderedDict(a={"S": "x"})) is None
 
 
-def test_a_deep_image_raises_as_python_would_not_crash(fast_path):
-    """Nesting deeper than Python's recursion limit: RecursionError from the C
-    too (its recursion is counted as Python's), not a crashed process."""
-    value = {"S": "x"}
-    for _ in range(sys.getrecursionlimit() + 100):
-        value = {"L": [value]}
+def test_nesting_past_dynamodbs_is_left_to_the_reference_and_never_crashes(fast_path):
+    """DynamoDB nests maps and lists 32 levels deep at most: the C writes up to
+    64 and leaves deeper ones to the reference (None), with a bounded C stack
+    whatever Python's recursion limit; the Python fast path recurses as Python
+    does. Either way, the answer is the reference's text, or its error."""
+    def nested(levels: int) -> dict:
+        value = {"S": "x"}
+        for i in range(levels):
+            value = {"L": [value]} if i % 2 else {"M": {"k": value}}
+        return {"a": value}
+
+    shallow = nested(40)
+    assert fast_path(shallow) == canonical_typed_json({"M": shallow}).encode("utf-8")
+    deep = nested(sys.getrecursionlimit() + 100)
+    try:
+        assert fast_path(deep) is None
+    except RecursionError:
+        assert fast_path is typed_map_json_py
     with pytest.raises(RecursionError):
-        fast_path({"a": value})
+        map_json(deep)
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(200_000)
+    try:  # in a process with a raised limit the C must not overflow its stack (the Python path is not called here)
+        if fast_path is not typed_map_json_py:
+            assert fast_path(nested(100_000)) is None
+    finally:
+        sys.setrecursionlimit(old)
 
 
 def test_the_clock_qualifier_is_the_key_s_canonical_text(fast_path):
@@ -149,3 +168,21 @@ def test_a_clock_is_written_byte_for_byte_as_before():
     assert clock == (b'3:2358b7af33c7bc2758a8bf781cc3ce10:1700000000123456:d9d1c04552558ee1:'
                      b'[["SKU","436f6c6f72",null,"476a1dabb57ca383"],["SKU","4465736372697074696f6e",null,'
                      b'"27e9b96c36a2c03c"],["SKU","5072696365",null,"86ebd9802be6a521"]]')
+
+
+def test_the_c_holds_what_it_walks_while_python_code_runs():
+    """``dump_str`` is Python code: one that drops the list or map being walked
+    (another thread could) must not make the C read freed memory; it writes
+    the list or map as it was when the walk began."""
+    assert native.NATIVE_BUILT, "ddb2bt.transforms.rowwriter_c is not built (docs/development.md)"
+    for kind in ("L", "M"):
+        image = {"a": {"L": [{"S": 'drop"'}, {"S": "b"}, {"S": "c"}]}} if kind == "L" else \
+            {"a": {"M": {'drop"': {"S": "v"}, "b": {"S": "v"}, "c": {"S": "v"}}}}
+        expected = canonical_typed_json({"M": image}).encode("utf-8")
+
+        def dropping_dump_str(text: str) -> str:
+            if text == 'drop"':  # the container being walked loses its last other reference
+                image["a"][kind] = [] if kind == "L" else {"b": {"S": "HIJACK"}, "c": {"S": "HIJACK"}}
+            return dump_str(text)
+
+        assert native.rowwriter_c.typed_map_json(dropping_dump_str, image) == expected, kind
