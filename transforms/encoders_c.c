@@ -130,6 +130,20 @@ static int put_string_set(Buf *b, PyObject *members, PyObject *dump_str) {
     return rc;
 }
 
+/* The answer of a walk that ended with ``rc`` (1 written, 0 not this shape,
+ * -1 error set): the bytes, None, or NULL; the buffer freed either way. */
+static PyObject *finish(Buf *b, int rc) {
+    PyObject *result = NULL;
+    if (rc == 1)
+        result = PyBytes_FromStringAndSize(b->data, b->len);
+    else if (rc == 0) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyMem_Free(b->data);
+    return result;
+}
+
 static int put_typed(Buf *b, PyObject *value, PyObject *dump_str, int depth);
 
 /* A dict of exact-str keys, keys sorted, as {"key":<typed value>,...}: 1, 0 or
@@ -235,18 +249,10 @@ PyObject *typed_map_json(PyObject *module, PyObject *const *args, Py_ssize_t nar
     Buf b = {PyMem_Malloc(FIRST_BUFFER), 0, FIRST_BUFFER};
     if (b.data == NULL)
         return PyErr_NoMemory();
-    PyObject *result = NULL;
     int rc = PUT_LITERAL(&b, "{\"M\":") < 0 ? -1 : put_map_body(&b, args[1], args[0], 0);
     if (rc == 1 && PUT_LITERAL(&b, "}") < 0)
         rc = -1;
-    if (rc == 1)
-        result = PyBytes_FromStringAndSize(b.data, b.len);
-    else if (rc == 0) {
-        result = Py_None;
-        Py_INCREF(result);
-    }
-    PyMem_Free(b.data);
-    return result;
+    return finish(&b, rc);
 }
 
 /* --- mutations on the wire (transforms.wire.encode_mutations) ------------------- */
@@ -403,7 +409,6 @@ PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_INCREF(seq);
     char field = PyBytes_AS_STRING(args[3])[0];
     Buf b = {PyMem_Malloc(FIRST_BUFFER), 0, FIRST_BUFFER};
-    PyObject *result = NULL;
     int rc = b.data == NULL ? -1 : 1;
     if (rc < 0)
         PyErr_NoMemory();
@@ -416,13 +421,6 @@ PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t n
         else
             rc = 0;
     }
-    if (rc == 1)
-        result = PyBytes_FromStringAndSize(b.data, b.len);
-    else if (rc == 0) {
-        result = Py_None;
-        Py_INCREF(result);
-    }
-    PyMem_Free(b.data);
     Py_DECREF(seq);
-    return result;
+    return finish(&b, rc);
 }

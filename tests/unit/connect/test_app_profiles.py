@@ -103,6 +103,16 @@ class _Call:
         self.channel.sent.append((self.kind, request.app_profile_id, dict(metadata)["x-goog-request-params"]))
         return self.response(request)
 
+    def future(self, request, timeout=None, metadata=()):  # the guard's swaps, many in flight
+        class _Done:
+            def __init__(self, response) -> None:
+                self._response = response
+
+            def result(self):
+                return self._response
+
+        return _Done(self(request, timeout, metadata))
+
 
 class RecordingChannel:
     """A gRPC channel that answers every call with success and records the app
@@ -146,9 +156,10 @@ def test_conditional_calls_and_the_state_table_use_the_state_profile_plain_write
     writer.swap_cell("state_t", b"k", "f", b"q", None, b"v", T)
     writer.route_transactional("state_t")
     writer.mutate_rows("state_t", [(b"k", cell)])
+    writer.swap_rows("data", [(b"k", "f", b"item", None, cell, False)], 4)  # the ordering guard's, serialized
     assert [(kind, profile) for kind, profile, _ in channel.sent] == [
         ("MutateRows", "ha"), ("MutateRows", "state"), ("CheckAndMutateRow", "state"), ("ReadRows", "state"),
-        ("ReadRows", "state"), ("CheckAndMutateRow", "state"), ("MutateRows", "state")]
+        ("ReadRows", "state"), ("CheckAndMutateRow", "state"), ("MutateRows", "state"), ("CheckAndMutateRow", "state")]
     # the routing header names the same profile as the request
     assert all(params.endswith(f"app_profile_id={profile}") for _, profile, params in channel.sent)
 
