@@ -12,18 +12,10 @@ from typing import Optional, Sequence
 import grpc
 
 from ddb2bt.pipeline.clients.bigtable.errors import check_filter_size, classify_rpc_error
-from ddb2bt.pipeline.clients.bigtable.wire import encode_check_and_mutate, newest_of_column_predicate
+from ddb2bt.pipeline.clients.bigtable.wire import (add_newest_of_column, encode_check_and_mutate,
+                                                   newest_of_column_predicate)
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.model import DeleteCells, SetCell
-
-
-def _newest_of_column(chain, family: str, qualifier: bytes) -> None:
-    """Add the filters "this one column, newest version only" to a filter chain."""
-    column = chain.add().column_range_filter
-    column.family_name = family
-    column.start_qualifier_closed = qualifier
-    column.end_qualifier_closed = qualifier
-    chain.add().cells_per_column_limit_filter = 1
 
 
 # \xHH of every byte value, looked up: a guarded swap escapes its clock's token
@@ -51,7 +43,7 @@ class CompareAndSetCalls:
         if self._txn_profile:
             request.app_profile_id = self._txn_profile
         request.rows.row_keys.append(row_key)
-        _newest_of_column(request.filter.chain.filters, family, qualifier)
+        add_newest_of_column(request.filter.chain.filters, family, qualifier)
         value: Optional[bytes] = None
         parts: list = []
         try:

@@ -40,6 +40,17 @@ def build_mutations(container, mutations: Sequence) -> None:
             raise TypeError(f"unknown mutation {type(m).__name__}")
 
 
+def add_newest_of_column(chain, family: str, qualifier: bytes) -> None:
+    """Add the filters "this one column, newest version only" to a RowFilter
+    chain's filters (ReadRows of one cell; the oracle of
+    ``newest_of_column_predicate``)."""
+    column = chain.add().column_range_filter
+    column.family_name = family
+    column.start_qualifier_closed = qualifier
+    column.end_qualifier_closed = qualifier
+    chain.add().cells_per_column_limit_filter = 1
+
+
 def build_check_and_mutate(request_cls, table_name: str, app_profile: Optional[str], row_key: bytes, family: str,
                            qualifier: bytes, value_regex: Optional[bytes], mutations: Sequence, when_matched: bool):
     """A CheckAndMutateRowRequest message: ``mutations`` iff the newest version
@@ -50,11 +61,7 @@ def build_check_and_mutate(request_cls, table_name: str, app_profile: Optional[s
     if app_profile:
         request.app_profile_id = app_profile
     chain = request.predicate_filter.chain.filters
-    column = chain.add().column_range_filter
-    column.family_name = family
-    column.start_qualifier_closed = qualifier
-    column.end_qualifier_closed = qualifier
-    chain.add().cells_per_column_limit_filter = 1
+    add_newest_of_column(chain, family, qualifier)
     if value_regex is not None:
         chain.add().value_regex_filter = value_regex
     build_mutations(request.true_mutations if when_matched else request.false_mutations, mutations)
@@ -216,8 +223,8 @@ def encode_mutate_rows(table_name: str, app_profile: Optional[str], entries: Seq
 # them on random requests).
 _CAM_TABLE_NAME = b"\x0a"  # CheckAndMutateRowRequest.table_name = 1
 _CAM_ROW_KEY = b"\x12"  # .row_key = 2
-CAM_TRUE_MUTATIONS = b"\x22"  # .true_mutations = 4
-CAM_FALSE_MUTATIONS = b"\x2a"  # .false_mutations = 5
+_CAM_TRUE_MUTATIONS = b"\x22"  # .true_mutations = 4
+_CAM_FALSE_MUTATIONS = b"\x2a"  # .false_mutations = 5
 _CAM_PREDICATE = b"\x32"  # .predicate_filter = 6
 _CAM_APP_PROFILE = b"\x3a"  # .app_profile_id = 7
 _FILTER_CHAIN = b"\x0a"  # RowFilter.chain = 1; RowFilter.Chain.filters = 1
@@ -252,7 +259,7 @@ def encode_check_and_mutate(table_name: str, app_profile: Optional[str], row_key
     return b"".join((
         _length_delimited(_CAM_TABLE_NAME, table_name.encode()) if table_name else b"",  # proto3: empty is absent
         _length_delimited(_CAM_ROW_KEY, row_key) if row_key else b"",
-        encode_mutations(mutations, CAM_TRUE_MUTATIONS if when_matched else CAM_FALSE_MUTATIONS),
+        encode_mutations(mutations, _CAM_TRUE_MUTATIONS if when_matched else _CAM_FALSE_MUTATIONS),
         _length_delimited(_CAM_PREDICATE, predicate),
         _length_delimited(_CAM_APP_PROFILE, app_profile.encode()) if app_profile else b"",
     ))
