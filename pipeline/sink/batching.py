@@ -251,6 +251,7 @@ class BatchingWriter:
         # waits for acknowledgements, and an unflushed batch is not checkpointed.
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        self._requests.close()
 
     def _flush_full(self) -> list:
         """A batch is full. Without overlap: flush. With it: wait for the batch in

@@ -1,10 +1,14 @@
 """The sink's MutateRows requests: a batch's rows split into requests within
-Bigtable's limits, each written with retries of only the entries that failed
-retryably (jittered backoff, a total deadline), and a coalesced entry that failed
-for good isolated change by change so only the bad change is dead-lettered."""
+Bigtable's limits (a large batch into several sent at once, docs/design.md §4.4),
+each written with retries of only the entries that failed retryably (jittered
+backoff, a total deadline), and a coalesced entry that failed for good isolated
+change by change so only the bad change is dead-lettered."""
 from __future__ import annotations
 
+import math
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Optional
 
 from ddb2bt.transforms.model import mutations_size
@@ -38,16 +42,40 @@ class RequestWriter:
         self._dead_letter = dead_letter
         # Called before every retry of a write (not the first attempt, which the
         # caller fenced): raises once this process no longer owns what it writes.
+        # Requests in flight together prove it one at a time (_prove_owner).
         self.still_owner: Optional[Callable[[], None]] = None
+        self._owner_lock = threading.Lock()
+        # The requests of one batch sent at once (created on the first batch that
+        # splits; a batch of few rows never does).
+        self._pool: Optional[ThreadPoolExecutor] = None
 
-    def requests(self, rows: list) -> Iterable:
-        """Split rows into requests within the entry/byte/mutation limits; a row is
-        never split across requests."""
+    def close(self) -> None:
+        # Never waits: a request still running belongs to a batch that is not
+        # acknowledged, so it is not checkpointed either (see BatchingWriter.close).
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def request_rows(self, rows: int) -> int:
+        """The most rows one request of a batch of ``rows`` carries: the batch
+        shared among ``parallel_requests`` requests, none under
+        ``min_request_rows`` (docs/design.md §4.4)."""
+        config = self._config
+        if config.parallel_requests == 1:
+            return config.max_batch_rows
+        share = math.ceil(rows / config.parallel_requests)
+        return min(config.max_batch_rows, max(config.min_request_rows, share))
+
+    def requests(self, rows: list, max_rows: Optional[int] = None) -> Iterable:
+        """Split rows into requests within the entry/byte/mutation limits (and
+        ``max_rows`` rows, default the batch limit); a row is never split across
+        requests."""
+        max_rows = max_rows or self._config.max_batch_rows
         batch: list = []
         size = mutations = 0
         for row in rows:
             row_size = row.size or mutations_size(row.row_key, row.mutations)
-            if batch and (len(batch) >= self._config.max_batch_rows
+            if batch and (len(batch) >= max_rows
                           or size + row_size > self._config.max_batch_bytes
                           or mutations + row.count > self._config.max_batch_mutations):
                 yield batch
@@ -73,11 +101,33 @@ class RequestWriter:
         return self.write_all(table, plain) + self.write_all(table, pinned, transactional=True)
 
     def write_all(self, table: str, rows: list, transactional: bool = False) -> list:
-        """[(row, permanent EntryStatus)] for rows that failed for good."""
+        """[(row, permanent EntryStatus)] for rows that failed for good. Returns
+        once every request is acknowledged or failed for good; several requests
+        are in flight at once (``parallel_requests``), each with its own retries.
+        A request that cannot succeed re-raises here, after the others ended."""
+        requests = list(self.requests(rows, self.request_rows(len(rows))))
         failed: list = []
-        for batch in self.requests(rows):
-            failed.extend(self.write_with_retry(table, batch, transactional))
+        if len(requests) == 1 or self._config.parallel_requests == 1:
+            for batch in requests:
+                failed.extend(self.write_with_retry(table, batch, transactional))
+            return failed
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._config.parallel_requests, thread_name_prefix="ddb2bt-mutate")
+        futures = [self._pool.submit(self.write_with_retry, table, batch, transactional) for batch in requests]
+        error: Optional[BaseException] = None
+        for future in futures:  # every request ends before the batch's outcome is known
+            try:
+                failed.extend(future.result())
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, the first in request order
+                error = error or exc
+        if error is not None:
+            raise error
         return failed
+
+    def _prove_owner(self) -> None:
+        with self._owner_lock:
+            if self.still_owner is not None:
+                self.still_owner()
 
     def write_with_retry(self, table: str, rows: list, transactional: bool = False) -> list:
         pending = list(rows)
@@ -87,8 +137,8 @@ class RequestWriter:
         def attempt() -> None:
             nonlocal pending, attempts
             attempts += 1
-            if attempts > 1 and self.still_owner is not None:
-                self.still_owner()
+            if attempts > 1:
+                self._prove_owner()
             started = time.perf_counter()
             sent = len(pending)
             try:
