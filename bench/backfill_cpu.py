@@ -16,6 +16,7 @@ Where a batch's time goes and what a second core buys (issue 36):
 
     .venv/bin/python bench/backfill_cpu.py --items 20000 --only export --steps
     .venv/bin/python bench/backfill_cpu.py --items 100000 --only export --tasks 2 --workers 2
+    .venv/bin/python bench/backfill_cpu.py --items 20000 --only export --parallel-requests 1   # one MutateRows a batch
 
 ``--steps``: the wall and CPU time of each step of the sink's batch commit (on
 the sink thread), and how long the pipeline thread waited for the batch in
@@ -37,6 +38,7 @@ import os
 import pstats
 import random
 import string
+from typing import Optional
 import sys
 import tempfile
 import time
@@ -186,7 +188,7 @@ def _reaped_cpu() -> float:
 
 
 def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks: int, mapping, rows_expected: int,
-         profile: bool, workers: int = 1) -> dict:
+         profile: bool, workers: int = 1, parallel_requests: Optional[int] = None) -> dict:
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, add_backfill
     from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
@@ -199,7 +201,8 @@ def _run(src, n: int, project: str, instance: str, stack, client_factory, tasks:
     spec = StateSpec(BigtableSpec(project, instance), job=f"bf_{table}")
     p = _pipeline(workers)
     add_backfill(p, BackfillJob(src, KEYS, HANDOFF_MS, tasks=tasks), mapping.with_overrides(table=table), spec,
-                 SinkConfig(), client_factory)
+                 SinkConfig() if parallel_requests is None else SinkConfig(parallel_requests=parallel_requests),
+                 client_factory)
     bench.settle()
     prof = None
     if profile == "yappi":  # every thread (readers, sink thread), CPU clock
@@ -242,6 +245,8 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=1)
     parser.add_argument("--versioned", action="store_true", help="video comments: conditional rows (export only)")
     parser.add_argument("--conditional-concurrency", type=int, help="CheckAndMutateRow calls in flight")
+    parser.add_argument("--parallel-requests", type=int,
+                        help="SinkConfig.parallel_requests (default: the sink's; 1: one MutateRows per batch)")
     parser.add_argument("--only", choices=("export", "scan"), help="one path only")
     parser.add_argument("--profile", choices=("export", "scan"), help="one profiled run of this path")
     parser.add_argument("--profiler", choices=("cprofile", "yappi"), default="cprofile",
@@ -294,13 +299,15 @@ def main() -> int:
                     clock = StepClock()
                     clock.install()
                 out = _run(src, n, project, instance, stack, factory, args.tasks, mapping, rows_expected,
-                           profile=args.profile and args.profiler, workers=args.workers)
+                           profile=args.profile and args.profiler, workers=args.workers,
+                           parallel_requests=args.parallel_requests)
                 if clock is not None:
                     out["steps_ms_per_batch_wall_cpu"] = clock.per_batch_ms()
                     clock.uninstall()
                 concurrency = getattr(guards, "CONDITIONAL_CONCURRENCY", None)  # None: a tree without it (A/B)
                 print(json.dumps({"round": r, "kind": kind, "items": n, "tasks": args.tasks, "workers": args.workers,
-                                  "versioned": args.versioned, "conditional_concurrency": concurrency, **out}),
+                                  "versioned": args.versioned, "conditional_concurrency": concurrency,
+                                  "parallel_requests": args.parallel_requests, **out}),
                       flush=True)
     return 0
 
