@@ -11,7 +11,8 @@ from ddb2bt.pipeline.clients.retry import DEFAULT_POLICY, RetryPolicy
 __all__ = ["SinkConfig"]
 
 MIB = 1024 * 1024
-# A cap on one sink's concurrent MutateRows: each is a thread of this process and
+# A cap on one sink DoFn's concurrent MutateRows (each DoFn instance has its own
+# pool, so a worker's total is this times its sink DoFns): each is a thread and
 # a stream on the channel; more would only queue on the GIL and the connection.
 MAX_PARALLEL_REQUESTS = 16
 

@@ -5,6 +5,7 @@ backoff, a total deadline), and a coalesced entry that failed for good isolated
 change by change so only the bad change is dead-lettered."""
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -21,11 +22,17 @@ from ddb2bt.pipeline.clients.retry import retrying
 from ddb2bt.pipeline.sink.batch import Row
 from ddb2bt.pipeline.sink.config import SinkConfig
 
-__all__ = ["RequestWriter", "StillFailing"]
+log = logging.getLogger(__name__)
+
+__all__ = ["RequestAbandoned", "RequestWriter", "StillFailing"]
 
 
 class StillFailing(BigtableRetryable):
     """Entries of a request still failed retryably: the attempt is retried."""
+
+
+class RequestAbandoned(Exception):
+    """A request of a batch whose outcome was already decided: not retried."""
 
 
 class RequestWriter:
@@ -42,19 +49,30 @@ class RequestWriter:
         self._dead_letter = dead_letter
         # Called before every retry of a write (not the first attempt, which the
         # caller fenced): raises once this process no longer owns what it writes.
-        # Requests in flight together prove it one at a time (_prove_owner).
+        # Requests in flight together each call it (the checks are thread-safe).
         self.still_owner: Optional[Callable[[], None]] = None
-        self._owner_lock = threading.Lock()
         # The requests of one batch sent at once (created on the first batch that
-        # splits; a batch of few rows never does).
+        # splits; a batch of few rows never does); none once closed.
         self._pool: Optional[ThreadPoolExecutor] = None
+        self._pool_lock = threading.Lock()
+        self._closed = False
 
     def close(self) -> None:
         # Never waits: a request still running belongs to a batch that is not
         # acknowledged, so it is not checkpointed either (see BatchingWriter.close).
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        with self._pool_lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _request_pool(self) -> Optional[ThreadPoolExecutor]:
+        """The pool for a split batch; None once closed (a commit still running
+        at teardown then sends its requests one by one, as with one request)."""
+        with self._pool_lock:
+            if self._pool is None and not self._closed:
+                self._pool = ThreadPoolExecutor(self._config.parallel_requests, thread_name_prefix="ddb2bt-mutate")
+            return self._pool
 
     def request_rows(self, rows: int) -> int:
         """The most rows one request of a batch of ``rows`` carries: the batch
@@ -102,34 +120,53 @@ class RequestWriter:
 
     def write_all(self, table: str, rows: list, transactional: bool = False) -> list:
         """[(row, permanent EntryStatus)] for rows that failed for good. Returns
-        once every request is acknowledged or failed for good; several requests
-        are in flight at once (``parallel_requests``), each with its own retries.
-        A request that cannot succeed re-raises here, after the others ended."""
+        once every request is acknowledged or failed for good; the requests of
+        more than ``min_request_rows`` rows are in flight together
+        (``parallel_requests``), each with its own retries. A request that cannot
+        succeed re-raises here once the others ended (``_outcome``); an interrupt
+        of the waiting thread re-raises at once and stops the others' retries."""
         requests = list(self.requests(rows, self.request_rows(len(rows))))
-        failed: list = []
-        if len(requests) == 1 or self._config.parallel_requests == 1:
+        pool = None
+        if len(requests) > 1 and len(rows) > self._config.min_request_rows and self._config.parallel_requests > 1:
+            pool = self._request_pool()
+        if pool is None:
+            failed: list = []
             for batch in requests:
                 failed.extend(self.write_with_retry(table, batch, transactional))
             return failed
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._config.parallel_requests, thread_name_prefix="ddb2bt-mutate")
-        futures = [self._pool.submit(self.write_with_retry, table, batch, transactional) for batch in requests]
-        error: Optional[BaseException] = None
-        for future in futures:  # every request ends before the batch's outcome is known
+        abandon = threading.Event()
+        futures = [pool.submit(self.write_with_retry, table, batch, transactional, abandon) for batch in requests]
+        try:
+            return self._outcome(futures)
+        except BaseException:
+            abandon.set()  # an interrupt (or a failure): the others stop at their next retry
+            for future in futures:
+                future.cancel()
+            raise
+
+    @staticmethod
+    def _outcome(futures: list) -> list:
+        """Waits for every request; the failed rows, or the most telling error:
+        one that cannot be retried (a fatal code, a lost lease) before one that
+        gave up retrying, the first in request order; the others are logged."""
+        failed: list = []
+        errors: list = []
+        for future in futures:
             try:
                 failed.extend(future.result())
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, the first in request order
-                error = error or exc
-        if error is not None:
-            raise error
-        return failed
+            except Exception as exc:  # noqa: BLE001 - each request ends before the batch's outcome is told
+                errors.append(exc)
+        if not errors:
+            return failed
+        errors.sort(key=lambda e: isinstance(e, BigtableRetryable))  # stable: request order within each kind
+        for other in errors[1:]:
+            log.warning("another request of the same batch failed too: %s: %s", type(other).__name__, other)
+        raise errors[0]
 
-    def _prove_owner(self) -> None:
-        with self._owner_lock:
-            if self.still_owner is not None:
-                self.still_owner()
-
-    def write_with_retry(self, table: str, rows: list, transactional: bool = False) -> list:
+    def write_with_retry(self, table: str, rows: list, transactional: bool = False,
+                         abandon: Optional[threading.Event] = None) -> list:
+        """``abandon``: set when the batch's outcome is already decided (the
+        waiting thread was interrupted): no further attempt is made."""
         pending = list(rows)
         permanent: list = []
         attempts = 0
@@ -137,8 +174,10 @@ class RequestWriter:
         def attempt() -> None:
             nonlocal pending, attempts
             attempts += 1
-            if attempts > 1:
-                self._prove_owner()
+            if abandon is not None and abandon.is_set():
+                raise RequestAbandoned(f"MutateRows on {table}: the batch was abandoned")
+            if attempts > 1 and self.still_owner is not None:
+                self.still_owner()
             started = time.perf_counter()
             sent = len(pending)
             try:

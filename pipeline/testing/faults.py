@@ -18,8 +18,13 @@ _CALL_FAULTS = {"unavailable": _grpc.StatusCode.UNAVAILABLE, "deadline_exceeded"
 INJECTED: dict = {}  # kind -> count, for tests and the soak report
 
 
+# Requests of one batch run on several threads (the sink's concurrent MutateRows).
+_COUNT_LOCK = threading.Lock()
+
+
 def _count(kind: str, log_path: Optional[str]) -> None:
-    INJECTED[kind] = INJECTED.get(kind, 0) + 1
+    with _COUNT_LOCK:
+        INJECTED[kind] = INJECTED.get(kind, 0) + 1
     if log_path:
         with open(log_path, "a") as fh:  # appended and closed at once: a killed process loses nothing
             fh.write(kind + "\n")

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, EntryStatus
 from ddb2bt.pipeline.clients.retry import RetryPolicy
+from ddb2bt.pipeline.control.lease import LeaseLost
 from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.batch import Row
@@ -168,26 +169,18 @@ def test_a_request_that_cannot_succeed_fails_the_batch_after_the_others_and_noth
     sink.close()
 
 
-def test_retrying_requests_prove_ownership_one_at_a_time():
-    attempts: dict = {}
-    proving = {"now": 0, "most": 0, "calls": 0}
-    lock = threading.Lock()
+def test_each_retrying_request_proves_ownership_and_a_lost_lease_outranks_a_retryable_failure():
+    proofs: list = []
 
     def fault(table, entries, n):
-        key = entries[0][0]
-        if table == "t" and attempts.setdefault(key, 0) == 0:
-            attempts[key] += 1
-            return [EntryStatus(UNAVAILABLE, "try later")] * len(entries)
+        if table == "t":
+            return [EntryStatus(UNAVAILABLE, "try later")] * len(entries)  # every request keeps failing
         return None
 
     def still_owner():
-        with lock:
-            proving["now"] += 1
-            proving["calls"] += 1
-            proving["most"] = max(proving["most"], proving["now"])
-        threading.Event().wait(0.01)  # long enough for another request's retry to arrive meanwhile
-        with lock:
-            proving["now"] -= 1
+        proofs.append(threading.get_ident())
+        if len(proofs) >= 3:
+            raise LeaseLost("the partition moved")
 
     bt = InMemoryBigtable(families={"t": {"f"}}, fault=fault)
     requests = RequestWriter(bt, SinkConfig(retry=FAST, parallel_requests=3, min_request_rows=2), None,
@@ -197,10 +190,52 @@ def test_retrying_requests_prove_ownership_one_at_a_time():
     for i in range(6):
         c = change(i, b"r%d" % i)
         rows.append(Row("t", c.rows[0].row_key, list(c.rows[0].mutations), [(c, c.rows[0])]))
-    assert requests.write_all("t", rows) == []
-    assert proving["calls"] == 3 and proving["most"] == 1  # each retry proved it, never two at once
-    assert len(bt.latest("t")) == 6
+    with pytest.raises(LeaseLost, match="moved"):
+        requests.write_all("t", rows)
+    assert len(proofs) >= 3  # retries of the requests in flight each proved it (the third lost it)
     requests.close()
+
+
+def test_the_batch_is_checkpointed_only_once_its_last_request_is_acknowledged():
+    held, release = threading.Event(), threading.Event()
+
+    class HoldOne(InMemoryBigtable):
+        def mutate_rows(self, table_id, entries):
+            if table_id == "t" and any(k == b"r5" for k, _ in entries):
+                held.set()
+                assert release.wait(MEET_S)
+            return super().mutate_rows(table_id, entries)
+
+    bt = HoldOne(families={"t": {"f"}})
+    state = StateStore(bt, "job", lambda: 5)
+    sink = BatchingWriter(bt, state, SinkConfig(retry=FAST, max_batch_rows=6, parallel_requests=3, min_request_rows=2),
+                          PipelineMetrics(CollectorRegistry()), sleep=lambda s: None, overlap=True)
+    for i in range(6):
+        sink.add(change(i, b"r%d" % i))
+    flushed = threading.Thread(target=sink.flush)
+    flushed.start()
+    assert held.wait(MEET_S)
+    others = sorted(k for c in data_calls(bt) for k in c)
+    assert state.load_checkpoints(ARN) == {} and flushed.is_alive()
+    release.set()
+    flushed.join(MEET_S)
+    assert not flushed.is_alive()
+    assert others == [b"r0", b"r1", b"r2", b"r3"]  # the other requests were written meanwhile
+    assert state.load_checkpoints(ARN)["s1"].sequence_number == "5"
+    sink.close()
+
+
+def test_a_closed_writer_sends_a_late_batch_one_request_at_a_time():
+    bt = InMemoryBigtable(families={"t": {"f"}})
+    requests = RequestWriter(bt, SinkConfig(retry=FAST, parallel_requests=3, min_request_rows=2), None,
+                             lambda s: None, dead_letter=None)
+    requests.close()
+    rows = []
+    for i in range(6):
+        c = change(i, b"r%d" % i)
+        rows.append(Row("t", c.rows[0].row_key, list(c.rows[0].mutations), [(c, c.rows[0])]))
+    assert requests.write_all("t", rows) == []
+    assert [keys for _, keys in bt.calls] == [[b"r0", b"r1"], [b"r2", b"r3"], [b"r4", b"r5"]]  # in order: no pool
 
 
 @pytest.mark.parametrize("field, value", [("parallel_requests", 0), ("parallel_requests", MAX_PARALLEL_REQUESTS + 1),
