@@ -3,11 +3,13 @@
 every request acknowledged before the batch is checkpointed, a failed request
 retried alone, and a request that cannot succeed failing the batch."""
 import threading
+from dataclasses import replace
+from typing import Optional
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, EntryStatus
+from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.control.lease import LeaseLost
 from ddb2bt.pipeline.control.state import StateStore
@@ -17,7 +19,8 @@ from ddb2bt.pipeline.sink.config import MAX_PARALLEL_REQUESTS
 from ddb2bt.pipeline.sink.requests import RequestWriter
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-from ddb2bt.transforms.model import ChangeRecord, DeleteCells, MappedChange, RowChange, SetCell, StreamPosition
+from ddb2bt.transforms.model import (ChangeRecord, DeleteCells, Guard, MappedChange, RowChange, SetCell,
+                                     StreamPosition)
 
 ARN = "arn:aws:dynamodb:us-east-1:1:table/T/stream/2024"
 UNAVAILABLE = 14
@@ -68,6 +71,16 @@ def make(config: SinkConfig, parties: int = 1, fault=None):
     sink = BatchingWriter(writer, state, config, metrics, lambda table: frozenset(bt.families[table]),
                           now_ms=lambda: 5, sleep=lambda s: None)
     return bt, writer, state, sink
+
+
+def request_rows(n: int, guard: Optional[Guard] = None) -> list:
+    """Rows as a batch's commit hands them to RequestWriter (one change each)."""
+    rows = []
+    for i in range(n):
+        c = change(i, b"%s%d" % (b"g" if guard else b"r", i))
+        rc = replace(c.rows[0], guard=guard)
+        rows.append(Row("t", rc.row_key, list(rc.mutations), [(c, rc)]))
+    return rows
 
 
 def data_calls(bt) -> list:
@@ -169,7 +182,7 @@ def test_a_request_that_cannot_succeed_fails_the_batch_after_the_others_and_noth
     sink.close()
 
 
-def test_each_retrying_request_proves_ownership_and_a_lost_lease_outranks_a_retryable_failure():
+def test_each_retrying_request_proves_ownership_and_a_lost_lease_fails_the_batch():
     proofs: list = []
 
     def fault(table, entries, n):
@@ -186,10 +199,7 @@ def test_each_retrying_request_proves_ownership_and_a_lost_lease_outranks_a_retr
     requests = RequestWriter(bt, SinkConfig(retry=FAST, parallel_requests=3, min_request_rows=2), None,
                              lambda s: None, dead_letter=None)
     requests.still_owner = still_owner  # as BatchingWriter's commit sets it for a batch
-    rows = []
-    for i in range(6):
-        c = change(i, b"r%d" % i)
-        rows.append(Row("t", c.rows[0].row_key, list(c.rows[0].mutations), [(c, c.rows[0])]))
+    rows = request_rows(6)
     with pytest.raises(LeaseLost, match="moved"):
         requests.write_all("t", rows)
     assert len(proofs) >= 3  # retries of the requests in flight each proved it (the third lost it)
@@ -230,12 +240,50 @@ def test_a_closed_writer_sends_a_late_batch_one_request_at_a_time():
     requests = RequestWriter(bt, SinkConfig(retry=FAST, parallel_requests=3, min_request_rows=2), None,
                              lambda s: None, dead_letter=None)
     requests.close()
-    rows = []
-    for i in range(6):
-        c = change(i, b"r%d" % i)
-        rows.append(Row("t", c.rows[0].row_key, list(c.rows[0].mutations), [(c, c.rows[0])]))
+    rows = request_rows(6)
     assert requests.write_all("t", rows) == []
     assert [keys for _, keys in bt.calls] == [[b"r0", b"r1"], [b"r2", b"r3"], [b"r4", b"r5"]]  # in order: no pool
+
+
+def test_a_fatal_error_outranks_a_request_that_gave_up_retrying():
+    def fault(table, entries, n):
+        keys = [k for k, _ in entries]
+        if b"r0" in keys:  # the first request: retryable until its deadline
+            return [EntryStatus(UNAVAILABLE, "try later")] * len(entries)
+        if b"r4" in keys:  # the last: the table is gone
+            raise BigtablePermanent("NOT_FOUND: table", code="NOT_FOUND")
+        return None
+
+    bt = InMemoryBigtable(families={"t": {"f"}}, fault=fault)
+    short = RetryPolicy(initial_s=0.001, max_backoff_s=0.002, deadline_s=0.05)
+    requests = RequestWriter(bt, SinkConfig(retry=short, parallel_requests=3, min_request_rows=2), None,
+                             lambda s: None, dead_letter=None)
+    with pytest.raises(BigtablePermanent, match="NOT_FOUND") as raised:
+        requests.write_all("t", request_rows(6))
+    assert not isinstance(raised.value, BigtableRetryable)
+    requests.close()
+
+
+def test_split_requests_keep_their_app_profile_routing():
+    class Routing(InMemoryBigtable):
+        routes_transactional = True
+
+        def __init__(self, **kw) -> None:
+            super().__init__(**kw)
+            self.routed: list = []
+
+        def mutate_rows(self, table_id, entries, transactional=False):
+            self.routed.append(({k[:1] for k, _ in entries}, transactional))
+            return super().mutate_rows(table_id, entries)
+
+    bt = Routing(families={"t": {"f", "m"}})
+    requests = RequestWriter(bt, SinkConfig(retry=FAST, parallel_requests=3, min_request_rows=2), None,
+                             lambda s: None, dead_letter=None)
+    guard = Guard("m", b"t#x", since_ms=2000, conditional=False, backfill_ms=999)
+    assert requests.write_split("t", request_rows(6) + request_rows(6, guard)) == []
+    # Each group split in three; a guarded row (the backfill's, "g") only ever through the transactional profile.
+    assert sorted(bt.routed, key=repr) == sorted([({b"r"}, False)] * 3 + [({b"g"}, True)] * 3, key=repr)
+    requests.close()
 
 
 @pytest.mark.parametrize("field, value", [("parallel_requests", 0), ("parallel_requests", MAX_PARALLEL_REQUESTS + 1),
