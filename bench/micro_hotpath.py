@@ -6,6 +6,8 @@ machine). The same 20,000 changes as bench/run.py's throughput contestants.
     .venv/bin/python bench/micro_hotpath.py read     # fake stream pages through PartitionReader
     .venv/bin/python bench/micro_hotpath.py encode   # MutateRows request bytes only
     .venv/bin/python bench/micro_hotpath.py map+sink # the mapping of each page, then the sink, as above
+    .venv/bin/python bench/micro_hotpath.py statuses # MutateRows answers' entry statuses read (C, as the writer)
+    .venv/bin/python bench/micro_hotpath.py statuses-library  # the same through the protobuf library
 
 sink: MappedBatches (mapped once, beforehand) through ``BatchingWriter`` with a
 writer that encodes every request as the gRPC writer does but sends nothing,
@@ -117,8 +119,35 @@ def encode_case(n: int):
     return run
 
 
+def statuses_case(n: int, library: bool = False):
+    """The writer's reading of MutateRows answers: one entry per change, 1,000
+    to an answer, every status OK (cbtemulator's bytes: a status present, empty)."""
+    from ddb2bt.pipeline.clients.bigtable import writer as bigtable_writer
+    from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK, EntryStatus
+    from ddb2bt.pipeline.clients.bigtable.wire import mutate_rows_types
+
+    response_cls = mutate_rows_types()[1]
+    answers = []
+    for start in range(0, n, 1000):
+        msg = response_cls()
+        for i in range(min(1000, n - start)):
+            msg.entries.add(index=i).status.code = 0
+        answers.append(msg.SerializeToString())
+    read_c = None if library else bigtable_writer.native_mutate_rows_statuses()
+    if not library and read_c is None:
+        raise SystemExit("the C module does not run here (not built, or DDB2BT_ROW_WRITER=python)")
+
+    def run():
+        for data in answers:
+            statuses = [None] * 1000
+            if read_c is None or read_c(data, statuses, ENTRY_OK, EntryStatus) is None:
+                bigtable_writer.note_statuses(response_cls.FromString(data), statuses)
+    return run
+
+
 CASES = {"sink": sink_case, "map+sink": lambda n: sink_case(n, map_too=True), "read": read_case,
-         "encode": encode_case}
+         "encode": encode_case, "statuses": statuses_case,
+         "statuses-library": lambda n: statuses_case(n, library=True)}
 
 
 def main() -> int:

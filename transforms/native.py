@@ -2,9 +2,10 @@
 
 Built by ``pip install`` where a C compiler is (pyproject.toml, optional): the
 compiled mapping's plain row writer (``rowwriter_c.c``, transforms/rowwriter.py
-says what it writes) and the ordering guard's encoders (``encoders_c.c``: its
+says what it writes), the ordering guard's encoders (``encoders_c.c``: its
 image hashes' and clock qualifiers' canonical typed JSON, and its swaps'
-mutations on the wire). Each has a Python reference that
+mutations on the wire) and the reading of MutateRows' entry statuses from the
+response's bytes (``decoders_c.c``). Each has a Python reference that
 writes the same bytes, which runs where the module was not built, or when
 ``DDB2BT_ROW_WRITER=python`` asks for it (to rule the C out when in doubt;
 docs/troubleshooting.md). Tests hold each C path to its reference.
@@ -23,7 +24,8 @@ try:
 except ImportError:  # no compiler when it was installed: the Python references write every byte
     rowwriter_c = None
 
-__all__ = ["NATIVE", "NATIVE_BUILT", "ROW_WRITER_ENV", "native_encode_mutations", "native_map_json", "rowwriter_c"]
+__all__ = ["NATIVE", "NATIVE_BUILT", "ROW_WRITER_ENV", "native_encode_mutations", "native_map_json",
+           "native_mutate_rows_statuses", "rowwriter_c"]
 
 # Whether the C module runs: "c" (the default, where built) or "python" (its references).
 ROW_WRITER_ENV = "DDB2BT_ROW_WRITER"
@@ -43,3 +45,11 @@ def native_encode_mutations(set_cell_type: type, delete_cells_type: type) -> Opt
     where a mutation is not of the shapes the C writes (the caller's reference
     decides), in C; None when the C does not run."""
     return partial(rowwriter_c.encode_mutations, set_cell_type, delete_cells_type) if NATIVE else None
+
+
+def native_mutate_rows_statuses() -> Optional[Callable]:
+    """``(data, statuses, ok, failed) -> int | None``: every entry of the
+    serialized MutateRowsResponse ``data`` set in ``statuses`` as the sink's
+    reference loop sets it, or None where the protobuf library must read the
+    bytes (transforms/decoders_c.c); None when the C does not run."""
+    return rowwriter_c.mutate_rows_statuses if NATIVE else None

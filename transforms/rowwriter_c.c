@@ -517,6 +517,8 @@ static PyTypeObject RowWriterType = {
 /* encoders_c.c, compiled into this module (pyproject.toml) */
 PyObject *typed_map_json(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *encode_mutations(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* decoders_c.c */
+PyObject *mutate_rows_statuses(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 static PyMethodDef functions[] = {
     {"typed_map_json", (PyCFunction)(void (*)(void))typed_map_json, METH_FASTCALL,
@@ -526,13 +528,17 @@ static PyMethodDef functions[] = {
      "encode_mutations(set_cell_type, delete_cells_type, mutations, field) -> bytes | None: "
      "transforms.wire.encode_mutations(mutations, field), or None where a mutation is not of the shapes written "
      "in C (transforms/encoders_c.c)."},
+    {"mutate_rows_statuses", (PyCFunction)(void (*)(void))mutate_rows_statuses, METH_FASTCALL,
+     "mutate_rows_statuses(data, statuses, ok, failed) -> int | None: each entry of the serialized "
+     "MutateRowsResponse ``data`` set in ``statuses`` (``ok``, or ``failed(code, message)``); None where the "
+     "protobuf library must read the bytes (transforms/decoders_c.c)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "rowwriter_c",
     "The mapping's C: the plain row writer (transforms/rowwriter.py) "
-    "and the ordering guard's encoders (transforms/encoders_c.c).", -1, functions, NULL, NULL, NULL, NULL,
+    "the ordering guard's encoders (transforms/encoders_c.c) and MutateRows' statuses (transforms/decoders_c.c).", -1, functions, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit_rowwriter_c(void) {

@@ -22,6 +22,12 @@ INJECTED: dict = {}  # kind -> count, for tests and the soak report
 _COUNT_LOCK = threading.Lock()
 
 
+def _mutate_rows_response():
+    from ddb2bt.pipeline.clients.bigtable.wire import mutate_rows_types  # inside: a test double's import
+
+    return mutate_rows_types()[1]
+
+
 def _count(kind: str, log_path: Optional[str]) -> None:
     with _COUNT_LOCK:
         INJECTED[kind] = INJECTED.get(kind, 0) + 1
@@ -114,6 +120,9 @@ class FaultInterceptor(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClien
 
     def _mangle(self, responses, rate):
         for response in responses:
+            raw = type(response) is bytes  # the sink's answers are left serialized (writer.py)
+            if raw:
+                response = _mutate_rows_response().FromString(response)
             for entry in response.entries:
                 with self._lock:
                     hit = self._rng.random() < rate
@@ -121,7 +130,7 @@ class FaultInterceptor(_grpc.UnaryStreamClientInterceptor, _grpc.UnaryUnaryClien
                     entry.status.code = _grpc.StatusCode.UNAVAILABLE.value[0]
                     entry.status.message = "injected per-entry UNAVAILABLE"
                     _count("entry_unavailable", self._log_path)
-            yield response
+            yield response.SerializeToString() if raw else response
 
     def intercept_unary_unary(self, continuation, details, request):
         if self._latency:

@@ -19,6 +19,7 @@ from ddb2bt.pipeline.clients.bigtable.reads import data_client, iter_table, ms_d
 from ddb2bt.pipeline.clients.bigtable.swaps import CompareAndSetCalls
 from ddb2bt.pipeline.clients.bigtable.wire import (US_PER_MS, Entry, build_mutations, encode_mutate_rows,
                                                    mutate_rows_types)
+from ddb2bt.transforms.native import native_mutate_rows_statuses
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +83,17 @@ class GrpcMutationWriter(CompareAndSetCalls):
             request_serializer=self._request_cls.SerializeToString,
             response_deserializer=response_cls.FromString,
         )
-        # The sink's requests: already serialized (encode_mutate_rows), sent as they are.
+        # The sink's requests: already serialized (encode_mutate_rows), sent as they
+        # are. Where the C module runs, the answers stay bytes too: each entry's
+        # status is read from them (transforms/decoders_c.c), not through a
+        # protobuf object per entry, which costs about as much as the request's
+        # encoding (docs/benchmarks.md); the library reads what the C leaves.
+        self._response_cls = response_cls
+        self._statuses_c = native_mutate_rows_statuses()
         self._call_encoded = self._channel.unary_stream(
             MUTATE_ROWS_METHOD,
             request_serializer=None,
-            response_deserializer=response_cls.FromString,
+            response_deserializer=None if self._statuses_c is not None else response_cls.FromString,
         )
         from google.cloud.bigtable_v2.types import bigtable as bigtable_types
 
@@ -229,10 +236,14 @@ class GrpcMutationWriter(CompareAndSetCalls):
         request = encode_mutate_rows(table_name, profile, entries)
         statuses: list = [None] * len(entries)
         timeout = self._write_timeout()  # the fence, right before the RPC
+        read_c = self._statuses_c
         try:
             for response in self._call_encoded(request, timeout=timeout, metadata=self._params(table_name, profile)):
-                for e in response.entries:
-                    statuses[e.index] = ENTRY_OK if e.status.code == OK else EntryStatus(e.status.code, e.status.message)
+                if type(response) is bytes:
+                    if read_c is not None and read_c(response, statuses, ENTRY_OK, EntryStatus) is not None:
+                        continue
+                    response = self._response_cls.FromString(response)
+                note_statuses(response, statuses)
         except grpc.RpcError as exc:
             if all(s is None for s in statuses):
                 raise classify_rpc_error(exc) from None
@@ -245,6 +256,14 @@ class GrpcMutationWriter(CompareAndSetCalls):
 
     def close(self) -> None:
         close_bounded(self._channel.close, "Bigtable channel")
+
+
+def note_statuses(response, statuses: list) -> None:
+    """Each entry of a MutateRowsResponse (the protobuf message) in ``statuses``,
+    by its index: the reference ``transforms/decoders_c.c`` reads the same bytes
+    to the same list."""
+    for e in response.entries:
+        statuses[e.index] = ENTRY_OK if e.status.code == OK else EntryStatus(e.status.code, e.status.message)
 
 
 # --- admin ---------------------------------------------------------------------
