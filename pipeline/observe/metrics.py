@@ -449,11 +449,23 @@ class PipelineMetrics:
     def observe_lags(self, table: str, lags_ms: list) -> None:
         """``observe_lag`` for each of a batch's changes, with one histogram update
         per bucket instead of one per change (the same samples)."""
-        lags_ms = [lag if lag > 0 else 0 for lag in lags_ms]
-        observe_many(self._child(self.end_to_end_lag, table), [lag / 1000 for lag in lags_ms])
-        update = self._beam_lag.update  # Beam's distribution has no batch update
+        counts: dict = {}
         for lag in lags_ms:
-            update(lag)
+            counts[lag] = counts.get(lag, 0) + 1
+        self.observe_lag_counts(table, counts)
+
+    def observe_lag_counts(self, table: str, counts: dict) -> None:
+        """``observe_lag(lag)`` ``n`` times for each ``lag: n`` (milliseconds), as
+        one histogram update per bucket (the same samples)."""
+        clamped: dict = {}
+        for lag, n in counts.items():
+            lag = lag if lag > 0 else 0
+            clamped[lag] = clamped.get(lag, 0) + n
+        observe_counted(self._child(self.end_to_end_lag, table), {lag / 1000: n for lag, n in clamped.items()})
+        update = self._beam_lag.update  # Beam's distribution has no batch update: once a change
+        for lag, n in clamped.items():
+            for _ in range(n):
+                update(lag)
 
 
 class _Bound:
@@ -496,6 +508,9 @@ class TableMetrics:
     def observe_lags(self, lags_ms: list) -> None:
         self.metrics.observe_lags(self.table, lags_ms)
 
+    def observe_lag_counts(self, counts: dict) -> None:
+        self.metrics.observe_lag_counts(self.table, counts)
+
     def verify_checked_items(self, count: int) -> None:
         self.metrics.verify_checked_items(self.table, count)
 
@@ -511,25 +526,27 @@ class TableMetrics:
             self.migration_phase.labels(p).set(1 if p == phase else 0)
 
 
-def observe_many(histogram, amounts: list) -> None:
-    """``histogram.observe(a)`` for every amount, as one update per bucket: the
-    bucket of each amount is the first bound >= it, as ``observe`` chooses it.
-    Falls back to one call per amount on a client without these internals."""
+def observe_counted(histogram, counts: dict) -> None:
+    """``histogram.observe(a)`` ``n`` times for every ``a: n``, as one update per
+    bucket: the bucket of each amount is the first bound >= it, as ``observe``
+    chooses it. Falls back to one call per sample on a client without these
+    internals."""
     bounds = getattr(histogram, "_upper_bounds", None)
     buckets = getattr(histogram, "_buckets", None)
     total = getattr(histogram, "_sum", None)
-    if bounds is None or buckets is None or total is None or not amounts:
-        for amount in amounts:
-            histogram.observe(amount)
+    if bounds is None or buckets is None or total is None or not counts:
+        for amount, n in counts.items():
+            for _ in range(n):
+                histogram.observe(amount)
         return
-    counts: dict = {}
-    for amount in amounts:
+    per_bucket: dict = {}
+    for amount, n in counts.items():
         i = bisect_left(bounds, amount)
-        counts[i] = counts.get(i, 0) + 1
+        per_bucket[i] = per_bucket.get(i, 0) + n
     histogram._raise_if_not_observable()
-    total.inc(math.fsum(amounts) if len(amounts) > 1 else amounts[0])
-    for i, count in counts.items():
-        buckets[i].inc(count)
+    total.inc(math.fsum(amount * n for amount, n in counts.items()))
+    for i, n in per_bucket.items():
+        buckets[i].inc(n)
 
 
 def counter_total(counter) -> float:

@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 from ddb2bt.transforms.model import BackfillPosition, DeadLetter, MappedBatch, MappedChange, PartDone, ShardClosed
-from ddb2bt.transforms.mapping import MARKER_FAMILY
 from ddb2bt.pipeline.clients.bigtable.writer import MutationWriter
 from ddb2bt.pipeline.clients.retry import retrying
 from ddb2bt.pipeline.control.phases import backfill_may_run
@@ -41,6 +40,7 @@ from ddb2bt.pipeline.control.state import BackfillCheckpoint, ShardCheckpoint, S
 from ddb2bt.pipeline.sink.batch import Batch, Row, merge_checkpoints
 from ddb2bt.pipeline.sink.claims import VersionClaims
 from ddb2bt.pipeline.sink.config import SinkConfig
+from ddb2bt.pipeline.sink.families import FamilyCheck
 from ddb2bt.pipeline.sink.markers import MarkedWrites
 from ddb2bt.pipeline.sink.repairs import GuardedWrites
 from ddb2bt.pipeline.sink.report import report_batch
@@ -85,7 +85,7 @@ class BatchingWriter:
         # by the name its state is kept under (its mapping's name).
         self._metrics = metrics.for_table(getattr(state, "job", None) or UNNAMED_TABLE) \
             if isinstance(metrics, PipelineMetrics) else metrics
-        self._known_families = known_families or (lambda table: None)
+        self._families = FamilyCheck(known_families or (lambda table: None), self._dead_letter)
         self._now_ms = now_ms
         self._sleep = sleep
         # The jobs of a commit, each in its own class (see the module docstring).
@@ -107,6 +107,7 @@ class BatchingWriter:
 
     def _reset(self) -> None:
         self._buf = Batch()
+        self._families.new_batch()
 
     @property
     def pending_rows(self) -> int:
@@ -136,7 +137,7 @@ class BatchingWriter:
 
     def _add_change(self, element: MappedChange) -> list:
         flushed: list = []
-        rows = self._prevalidate(element)
+        rows = self._families.rows(element, self._buf.dead)
         # One pass over the rows for the limits (this runs once per change).
         size = count = new_rows = 0
         buffered = self._buf.rows
@@ -176,56 +177,23 @@ class BatchingWriter:
         buf.elements.append(element)
         return flushed
 
-    def _prevalidate(self, element: MappedChange) -> tuple:
-        """Dead-letter changes that name a family the table lacks: the emulator
-        reports them as INTERNAL (which looks retryable) and the service rejects
-        them — either way they must not be retried."""
-        if element.dead_letter is not None:
-            self._buf.dead.append(element.dead_letter)
-            return ()
-        for row in element.rows:
-            families = self._known_families(row.table)
-            if families is None:
-                continue
-            # The marker family comes and goes with a backfill (control.markers);
-            # a cached family list may be stale, so only the write itself decides
-            # (a marker write that fails is stripped and retried, see _commit).
-            if not isinstance(families, (set, frozenset)):
-                families = frozenset(families)
-            if families.issuperset(row.families):  # C-level, no set built, no mutations decoded: every row
-                continue
-            used = set(row.families)
-            missing = sorted(f for f in used - families if f != MARKER_FAMILY)
-            refresh = getattr(self._known_families, "refresh", None)
-            if missing and refresh is not None:
-                # The list may predate a create-table: ask again (a recent listing
-                # will do) before dead-lettering the change.
-                fresh = refresh(row.table)
-                missing = [f for f in missing if fresh is not None and f not in fresh]
-            if missing:
-                self._buf.dead.append(self._dead_letter(
-                    element, "unknown_family",
-                    f"table {row.table} has no column family {', '.join(missing)} (run ddb2bt create-table)",
-                    "UnknownFamily",
-                ))
-                return ()
-        return element.rows
-
     def _track(self, element: MappedChange) -> None:
-        pos = element.record.position
+        record = element.record
+        pos = record.position
         if pos is None:
             return
+        buf = self._buf
         if isinstance(pos, BackfillPosition):
-            self._buf.backfill[(pos.source, pos.part)] = BackfillCheckpoint(pos.source, pos.part, pos.resume, pos.count)
+            buf.backfill[(pos.source, pos.part)] = BackfillCheckpoint(pos.source, pos.part, pos.resume, pos.count)
             return
         # Per change only the latest position is kept (cheap); the checkpoint value
         # is built once per shard at flush time.
         key = (pos.stream_arn, pos.shard_id)
-        change_ms = element.record.change_ms
-        self._buf.positions[key] = (pos.sequence_number, change_ms)
-        counts = self._buf.applied.get(key)
+        change_ms = record.change_ms
+        buf.positions[key] = (pos.sequence_number, change_ms)
+        counts = buf.applied.get(key)
         if counts is None:
-            self._buf.applied[key] = [1, change_ms]
+            buf.applied[key] = [1, change_ms]
         else:
             counts[0] += 1
             if change_ms > counts[1]:

@@ -15,7 +15,9 @@ def report_batch(m, batch: Batch, dead: list, ack_ms: int) -> list:
     table = m.table
     applied: dict = {}  # event -> count: one counter update per label set
     skipped = 0
-    lags: list = []  # observed once for the batch
+    # change time -> changes: a stream's times are whole seconds (docs/design.md
+    # §2), so a batch has a few, and the lags are observed once per distinct one
+    at_ms: dict = {}
     for element in batch.elements:
         record = element.record
         if dead_ids and id(record) in dead_ids:
@@ -23,10 +25,12 @@ def report_batch(m, batch: Batch, dead: list, ack_ms: int) -> list:
         if not element.rows:
             skipped += 1
             continue
-        applied[record.event_name] = applied.get(record.event_name, 0) + 1
-        lags.append(ack_ms - record.change_ms)
-    if lags:
-        m.observe_lags(lags)
+        event = record.event_name
+        applied[event] = applied.get(event, 0) + 1
+        change_ms = record.change_ms
+        at_ms[change_ms] = at_ms.get(change_ms, 0) + 1
+    if at_ms:
+        m.observe_lag_counts({ack_ms - change_ms: n for change_ms, n in at_ms.items()})
     for event, count in applied.items():
         m.applied(table, event, count)
     if skipped:

@@ -10,6 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
+import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -225,14 +226,21 @@ def test_json_logs_carry_the_stage():
     assert line["stage"] == "sink" and line["msg"] == "retrying x" and line["level"] == "WARNING"
 
 
-def test_lags_observed_per_batch_give_the_same_histogram_as_one_observation_each():
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_lags_observed_per_batch_give_the_same_histogram_as_one_observation_each(repeats):
+    """Also the Beam distribution's samples: one update per change (a batch's
+    changes share a few change times, so a few lags, each counted)."""
     from ddb2bt.pipeline.observe.metrics import LAG_BUCKETS
 
-    lags_ms = [-5, 0, 49, 50, 51, 100, 999, 1000, 1001, 59_999, 3_600_000, 3_600_001, 10**9]
+    lags_ms = [-5, 0, 49, 50, 51, 100, 999, 1000, 1001, 59_999, 3_600_000, 3_600_001, 10**9, -7, 50] * repeats
     one_each, batched = PipelineMetrics(CollectorRegistry()), PipelineMetrics(CollectorRegistry())
+    beam_one, beam_batched = [], []
+    one_each._beam_lag = type("Recorder", (), {"update": staticmethod(beam_one.append)})()
+    batched._beam_lag = type("Recorder", (), {"update": staticmethod(beam_batched.append)})()
     for lag in lags_ms:
         one_each.for_table("t").observe_lag(lag)
     batched.for_table("t").observe_lags(lags_ms)
+    assert sorted(beam_batched) == sorted(beam_one) and len(beam_one) == len(lags_ms)
 
     def samples(m):
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
