@@ -42,6 +42,21 @@ class Row:
             self.count = sum(change.mutation_count for _, change in self.parts) if self.parts else 0
         self.wire = wire
 
+    @classmethod
+    def of_change(cls, table: str, row_key: bytes, element, change) -> "Row":
+        """A row and its first change: what ``Row(table, row_key, wire=[] or None)``
+        then ``add(element, change)`` make, its slots filled directly (once for
+        every row of every batch)."""
+        row = cls.__new__(cls)
+        row.table, row.row_key = table, row_key
+        row.parts = [(element, change)]
+        row.count = change.mutation_count
+        row.size = change.size_bytes
+        row._mutations = None
+        wire = change.wire
+        row.wire = None if wire is None else [wire]
+        return row
+
     def add(self, element, change) -> None:
         """Coalesce one more change (a MappedChange's RowChange for this row)."""
         self.parts.append((element, change))

@@ -167,10 +167,10 @@ class BatchingWriter:
             key = (row.table, row.row_key)
             pending = buf.rows.get(key)
             if pending is None:
-                pending = buf.rows[key] = Row(row.table, row.row_key, wire=None if row.wire is None else [])
+                buf.rows[key] = Row.of_change(row.table, row.row_key, element, row)
             else:
                 buf.coalesced += 1
-            pending.add(element, row)
+                pending.add(element, row)
         buf.bytes += size
         buf.mutations += count
         self._track(element)

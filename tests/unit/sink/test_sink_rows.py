@@ -111,3 +111,20 @@ def test_the_in_memory_fake_applies_what_the_bytes_say():
     writer.add(MappedBatch(tuple(changes(9))))
     writer.flush()
     assert len(bt.tables["product_catalog"]) == 3
+
+
+def test_a_row_made_with_its_first_change_is_the_row_made_then_given_it():
+    """Row.of_change (the batch's every new row) fills the slots that Row(...)
+    then add() fill, for a change sent as wire bytes and for one that is not."""
+    from ddb2bt.transforms.model import RowChange
+
+    record = ChangeRecord(INSERT, {"k": {"S": "x"}}, {}, {}, T, StreamPosition("arn", "s", "1"))
+    encoded = changes(1)[0].rows[0]
+    plain = RowChange("t", b"r", (SetCell("f", b"q", b"v", T),))
+    assert encoded.wire is not None and plain.wire is None
+    for change in (encoded, plain):
+        made = Row.of_change(change.table, change.row_key, record, change)
+        built = Row(change.table, change.row_key, wire=None if change.wire is None else [])
+        built.add(record, change)
+        assert {s: getattr(made, s) for s in Row.__slots__} == {s: getattr(built, s) for s in Row.__slots__}
+        assert made.mutations == built.mutations == list(change.mutations)
