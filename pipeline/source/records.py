@@ -35,7 +35,7 @@ def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -
         ddb.get("Keys") or {},  # keys
         ddb.get("NewImage"),  # new_image
         ddb.get("OldImage"),  # old_image
-        datetime_to_ms(created) if created is not None else NO_CHANGE_TIME,  # change_ms
+        _change_ms(created) if created is not None else NO_CHANGE_TIME,  # change_ms
         _position(stream_arn, shard_id, ddb.get("SequenceNumber", "")),  # position
         raw.get("eventID", ""),  # event_id
         is_ttl_delete,  # is_ttl_delete
@@ -48,6 +48,22 @@ def from_stream_record(raw: Mapping[str, Any], stream_arn: str, shard_id: str) -
 
 
 _NO_FIELDS: Mapping = {}  # read only: stands in for an absent field
+# The last creation time converted, as (time, ms): a stream's times are whole
+# seconds (docs/design.md §2), so a page's records share a few, and a time equal
+# to the one before costs a comparison instead of a conversion. One tuple,
+# replaced whole: readers on other threads see a pair that belongs together.
+_last_created: tuple = (None, NO_CHANGE_TIME)
+
+
+def _change_ms(created: Any) -> int:
+    global _last_created
+    last = _last_created
+    if created == last[0] and type(created) is type(last[0]):
+        return last[1]
+    ms = datetime_to_ms(created)
+    _last_created = (created, ms)
+    return ms
+
 _change_record, _position = build_change_record, build_stream_position
 
 

@@ -84,3 +84,24 @@ def test_a_stream_record_decodes_field_by_field_as_the_constructor_would(raw) ->
         event_id=raw.get("eventID", ""), is_ttl_delete=raw.get("eventName") == "REMOVE" and "userIdentity" in raw,
         size_bytes=int(ddb.get("SizeBytes", 0)), backfill_since_ms=None, change_us=raw.get("changeMicros", -1))
     same(expected, from_stream_record(raw, "arn:s", "shardId-1"))
+
+
+def test_a_record_time_is_converted_as_datetime_to_ms_converts_it_whatever_came_before() -> None:
+    """records._change_ms keeps the last time converted (a page's records share a
+    second): any run of times — repeated, naive and aware, numbers equal to each
+    other but of other types — gives datetime_to_ms's value every time."""
+    import datetime as dt
+    import random
+
+    from ddb2bt.pipeline.source.records import _change_ms
+
+    aware = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+    times = [aware, aware.replace(), aware.replace(tzinfo=None), aware + dt.timedelta(hours=2),
+             aware.astimezone(dt.timezone(dt.timedelta(hours=2))), 1_714_564_800, 1_714_564_800.0,
+             1_714_564_800.5, True, 1, 1.0, aware.replace(microsecond=999),
+             # equal as numbers, not once converted (the float's product is rounded)
+             2**60 + 2**8, float(2**60 + 2**8)]
+    rng = random.Random(7)
+    for _ in range(2_000):
+        value = rng.choice(times)
+        assert _change_ms(value) == datetime_to_ms(value), value
