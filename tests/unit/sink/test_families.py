@@ -9,8 +9,13 @@ saving of the same round: a committed batch's lags, counted by change time
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings, strategies as st
+from prometheus_client import CollectorRegistry
 
+from ddb2bt.pipeline.control.state import StateStore
+from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.families import FamilyCheck
+from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import (ChangeRecord, DeadLetter, DeleteCells, EncodedMutations, MappedChange,
                                      RowChange, SetCell, StreamPosition, build_row_change)
 from ddb2bt.transforms.wire import encode_mutations
@@ -138,13 +143,6 @@ def test_a_committed_batch_observes_one_lag_per_applied_change():
     """report.py counts the batch's lags by change time: the histogram still has
     one sample per applied change (not per distinct time), none for a dead
     letter or a change without rows."""
-    from prometheus_client import CollectorRegistry
-
-    from ddb2bt.pipeline.control.state import StateStore
-    from ddb2bt.pipeline.observe.metrics import PipelineMetrics
-    from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-    from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
-
     bt = InMemoryBigtable(families={"t": {"f"}})
     metrics = PipelineMetrics(CollectorRegistry())
     writer = BatchingWriter(bt, StateStore(bt, "job", lambda: 5), SinkConfig(), metrics,

@@ -3,6 +3,7 @@
 every request acknowledged before the batch is checkpointed, a failed request
 retried alone, and a request that cannot succeed failing the batch."""
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Optional
 
@@ -16,7 +17,7 @@ from ddb2bt.pipeline.control.state import StateStore
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.batch import Row
 from ddb2bt.pipeline.sink.config import MAX_PARALLEL_REQUESTS
-from ddb2bt.pipeline.sink.requests import RequestWriter
+from ddb2bt.pipeline.sink.requests import RequestAbandoned, RequestWriter
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.model import (ChangeRecord, DeleteCells, Guard, MappedChange, RowChange, SetCell,
@@ -291,3 +292,61 @@ def test_split_requests_keep_their_app_profile_routing():
 def test_config_names_the_bad_field(field, value):
     with pytest.raises(ValueError, match=field):
         SinkConfig(**{field: value})
+
+
+class ThreadPoolSpy:
+    """A pool that remembers each request's future and the row keys it carries."""
+
+    def __init__(self, futures: list) -> None:
+        self._pool = ThreadPoolExecutor(4)
+        self._futures = futures
+
+    def submit(self, fn, table, batch, *args):
+        future = self._pool.submit(fn, table, batch, *args)
+        future.keys = [r.row_key for r in batch]
+        self._futures.append(future)
+        return future
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def test_an_interrupt_while_waiting_ends_the_wait_at_once_and_stops_the_other_requests_retrying(monkeypatch):
+    """Ctrl-C reaches the thread waiting for a batch's requests: it re-raises at
+    once (not when the slowest request ends), and a request still in its first
+    attempt then makes no second one (RequestAbandoned): nothing more is sent
+    for a batch that will not be checkpointed."""
+    release = threading.Event()
+    calls: list = []
+
+    class SlowFailing:
+        """The request holding r0 blocks until released, then fails retryably
+        (it would retry); the others succeed at once."""
+
+        def mutate_rows(self, table, entries):
+            calls.append([k for k, _ in entries])
+            if any(k == b"r0" for k, _ in entries):
+                release.wait(MEET_S)
+                return [EntryStatus(UNAVAILABLE, "try later")] * len(entries)
+            return [EntryStatus(0)] * len(entries)
+
+    config = SinkConfig(retry=FAST, parallel_requests=2, min_request_rows=1)
+    requests = RequestWriter(SlowFailing(), config, None, lambda s: None, None)
+    futures: list = []
+    submit = ThreadPoolSpy(futures)
+    monkeypatch.setattr(requests, "_request_pool", lambda: submit)
+
+    def interrupted(found):
+        wait([f for f in found if not any(k == b"r0" for k in f.keys)])  # the quick request has ended
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RequestWriter, "_outcome", staticmethod(interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        requests.write_all("t", request_rows(4))
+    assert not release.is_set()  # re-raised while the slow request was still in flight
+    release.set()
+    slow = next(f for f in futures if any(k == b"r0" for k in f.keys))
+    with pytest.raises(RequestAbandoned):
+        slow.result(MEET_S)
+    assert sum(1 for c in calls if b"r0" in c) == 1  # no second attempt
+    submit.shutdown()

@@ -19,7 +19,7 @@ from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.config import load_mapping
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import MARKER_FAMILY
-from ddb2bt.transforms.model import INSERT, MODIFY, ChangeRecord, MappedBatch, SetCell, StreamPosition
+from ddb2bt.transforms.model import INSERT, MODIFY, ChangeRecord, MappedBatch, RowChange, SetCell, StreamPosition
 
 MAPPING = load_mapping(Path(__file__).resolve().parents[3] / "examples" / "product_catalog.yaml")
 T = 1_700_000_000_000
@@ -116,8 +116,6 @@ def test_the_in_memory_fake_applies_what_the_bytes_say():
 def test_a_row_made_with_its_first_change_is_the_row_made_then_given_it():
     """Row.of_change (the batch's every new row) fills the slots that Row(...)
     then add() fill, for a change sent as wire bytes and for one that is not."""
-    from ddb2bt.transforms.model import RowChange
-
     record = ChangeRecord(INSERT, {"k": {"S": "x"}}, {}, {}, T, StreamPosition("arn", "s", "1"))
     encoded = changes(1)[0].rows[0]
     plain = RowChange("t", b"r", (SetCell("f", b"q", b"v", T),))
