@@ -75,11 +75,16 @@ static int read_len(Reader *r, Reader *body) {
     return 0;
 }
 
-/* Read a field's key: -1 where truncated, past 32 bits or of field number 0
- * (which the library refuses). */
+/* A key is a 32-bit varint: the library refuses one written in more bytes
+ * (even with zeros: 0x84 0x80 0x80 0x80 0x80 0x00 is 4 in six bytes). */
+#define MAX_KEY_BYTES 5
+
+/* Read a field's key: -1 where truncated, past 32 bits, written in more than
+ * MAX_KEY_BYTES or of field number 0 (each refused by the library). */
 static int read_key(Reader *r, uint64_t *field, int *wt) {
     uint64_t key;
-    if (read_varint(r, &key) < 0 || key > UINT32_MAX || (key >> 3) == 0)
+    const unsigned char *start = r->p;
+    if (read_varint(r, &key) < 0 || r->p - start > MAX_KEY_BYTES || key > UINT32_MAX || (key >> 3) == 0)
         return -1;
     *field = key >> 3;
     *wt = (int)(key & 7);

@@ -537,7 +537,7 @@ static PyMethodDef functions[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "rowwriter_c",
-    "The mapping's C: the plain row writer (transforms/rowwriter.py) "
+    "The mapping's C: the plain row writer (transforms/rowwriter.py), "
     "the ordering guard's encoders (transforms/encoders_c.c) and MutateRows' statuses (transforms/decoders_c.c).", -1, functions, NULL, NULL, NULL, NULL,
 };
 

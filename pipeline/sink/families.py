@@ -20,9 +20,10 @@ class FamilyCheck:
     ``known(table)`` gives the table's families (None: they cannot be listed,
     the writes' own errors tell); it may have ``refresh(table)`` to ask again
     when a family is missing (it may predate a create-table). A table and the
-    families of a row found known are remembered until ``new_batch()``: the
-    sink asks once per batch, not once per row (this runs for every change),
-    and a family list is cached for longer than a batch lives anyway."""
+    families of a row found known are remembered until ``new_batch()`` or a
+    refresh: the sink asks once per batch, not once per row (this runs for
+    every change), and a family list is cached for longer than a batch lives
+    anyway."""
 
     def __init__(self, known: Callable[[str], Optional[frozenset]],
                  dead_letter: Callable[[MappedChange, str, str, str], DeadLetter]) -> None:
@@ -67,6 +68,9 @@ class FamilyCheck:
                 # will do) before dead-lettering the change.
                 fresh = refresh(row.table)
                 missing = [f for f in missing if fresh is not None and f not in fresh]
+                # The listing asked again may say other than what this batch
+                # remembered (a family dropped, a table now listable): ask anew.
+                self._ok.clear()
             if missing:
                 dead.append(self._dead_letter(
                     element, "unknown_family",

@@ -58,7 +58,10 @@ _last_created: tuple = (None, NO_CHANGE_TIME)
 def _change_ms(created: Any) -> int:
     global _last_created
     last = _last_created
-    if created == last[0] and type(created) is type(last[0]):
+    # Equal, of one type, and of one fold: two aware times of one tzinfo object
+    # compare equal across a DST change's repeated hour, an hour apart in UTC.
+    if created == last[0] and type(created) is type(last[0]) and \
+            getattr(created, "fold", 0) == getattr(last[0], "fold", 0):
         return last[1]
     ms = datetime_to_ms(created)
     _last_created = (created, ms)

@@ -12,6 +12,7 @@ import logging
 from typing import Iterator, Optional, Protocol, Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ddb2bt.pipeline.clients.bigtable.channel import close_bounded, make_channel
 from ddb2bt.pipeline.clients.bigtable.errors import ENTRY_OK, OK, EntryStatus, check_filter_size, classify_rpc_error
@@ -236,13 +237,12 @@ class GrpcMutationWriter(CompareAndSetCalls):
         request = encode_mutate_rows(table_name, profile, entries)
         statuses: list = [None] * len(entries)
         timeout = self._write_timeout()  # the fence, right before the RPC
-        read_c = self._statuses_c
         try:
             for response in self._call_encoded(request, timeout=timeout, metadata=self._params(table_name, profile)):
                 if type(response) is bytes:
-                    if read_c is not None and read_c(response, statuses, ENTRY_OK, EntryStatus) is not None:
+                    response = self._answer(response, statuses)
+                    if response is None:
                         continue
-                    response = self._response_cls.FromString(response)
                 note_statuses(response, statuses)
         except grpc.RpcError as exc:
             if all(s is None for s in statuses):
@@ -254,8 +254,36 @@ class GrpcMutationWriter(CompareAndSetCalls):
         missing = EntryStatus(grpc.StatusCode.UNAVAILABLE.value[0], "no status returned for entry")
         return [s if s is not None else missing for s in statuses]
 
+    def _answer(self, data: bytes, statuses: list):
+        """One serialized MutateRows answer: None once the C has set its entries'
+        statuses, else the message for the library's reading. Bytes the library
+        refuses raise what gRPC's own deserializer made of them before the answers
+        were left serialized: an RpcError, INTERNAL (retryable; statuses already
+        read are kept, the stream counted broken there)."""
+        read_c = self._statuses_c
+        if read_c is not None:
+            before = statuses[:]  # what the C sets of an answer it then leaves to the library is not kept
+            if read_c(data, statuses, ENTRY_OK, EntryStatus) is not None:
+                return None
+            statuses[:] = before
+        try:
+            return self._response_cls.FromString(data)
+        except DecodeError:
+            raise UndecodableAnswer() from None
+
     def close(self) -> None:
         close_bounded(self._channel.close, "Bigtable channel")
+
+
+class UndecodableAnswer(grpc.RpcError):
+    """A MutateRows answer the protobuf library refuses: what gRPC raises when its
+    response deserializer fails (INTERNAL)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INTERNAL
+
+    def details(self) -> str:
+        return "Exception deserializing response!"
 
 
 def note_statuses(response, statuses: list) -> None:

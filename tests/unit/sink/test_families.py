@@ -57,7 +57,10 @@ class Known:
         return self.lists.get(table)
 
     def refresh(self, table):
-        return self.lists.get(table) if self.fresh is None else self.fresh.get(table)
+        """A new listing, kept as the cached one (as the sink's family cache does)."""
+        if self.fresh is not None:
+            self.lists = dict(self.lists, **{table: self.fresh.get(table)})
+        return self.lists.get(table)
 
 
 def outcome(known: Known, batches: list, lists_per_batch: list, forget_each: bool) -> list:
@@ -160,3 +163,18 @@ def test_a_committed_batch_observes_one_lag_per_applied_change():
     total = metrics.registry.get_sample_value("ddb2bt_end_to_end_lag_seconds_sum", labels)
     assert count == len(times)
     assert abs(total - sum(10_000 - at for at in times) / 1000) < 1e-9
+
+
+def test_a_refresh_in_the_middle_of_a_batch_is_seen_by_the_rows_after_it():
+    """A row naming a family the cached list lacks makes the check list the
+    table again; what that says (here: f dropped, g created) holds for the rest
+    of the batch, remembered rows included."""
+    known = Known({"t": frozenset({"f"})}, fresh={"t": frozenset({"g"})})
+    check = FamilyCheck(known, dead_letter)
+    first, needs_g, f_again = (change(1, (row("t", ("f",), True),)), change(2, (row("t", ("g",), True),)),
+                               change(3, (row("t", ("f",), True),)))
+    dead: list = []
+    assert check.rows(first, dead) == first.rows  # f known, remembered
+    assert check.rows(needs_g, dead) == needs_g.rows  # g missing from the cache: listed again, found
+    assert check.rows(f_again, dead) == ()  # the new listing has no f
+    assert [d[0] for d in dead] == ["3"]

@@ -341,12 +341,15 @@ def test_an_interrupt_while_waiting_ends_the_wait_at_once_and_stops_the_other_re
         raise KeyboardInterrupt
 
     monkeypatch.setattr(RequestWriter, "_outcome", staticmethod(interrupted))
-    with pytest.raises(KeyboardInterrupt):
-        requests.write_all("t", request_rows(4))
-    assert not release.is_set()  # re-raised while the slow request was still in flight
-    release.set()
-    slow = next(f for f in futures if any(k == b"r0" for k in f.keys))
-    with pytest.raises(RequestAbandoned):
-        slow.result(MEET_S)
-    assert sum(1 for c in calls if b"r0" in c) == 1  # no second attempt
-    submit.shutdown()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            requests.write_all("t", request_rows(4))
+        slow = next(f for f in futures if any(k == b"r0" for k in f.keys))
+        assert not slow.done()  # re-raised while the slow request was still in flight
+        release.set()
+        with pytest.raises(RequestAbandoned):
+            slow.result(MEET_S)
+        assert sum(1 for c in calls if b"r0" in c) == 1  # no second attempt
+    finally:
+        release.set()
+        submit.shutdown()

@@ -115,7 +115,8 @@ def raw_entry(fields: bytes) -> bytes:
     (raw_entry(b"\x12\x04\x12\x02\xc3\x28"), "a message that is not UTF-8"),
     (b"\x0a\x05\x08\x01", "an entry cut short"),
     (b"\x08\x01", "entries of another wire type"),
-    (raw_entry(b"\x10\x01\x0b"), "an unknown field of the group wire type"),
+    (raw_entry(b"\x08\x01\x1b"), "an unknown field (of the group wire type)"),
+    (b"\x0a\x84\x80\x80\x80\x80\x00\x04\x08\x01\x12\x00", "a key of 6 bytes (the library refuses over 5)"),
     (raw_entry(b"\x18\x01"), "an unknown field in an entry"),
     (raw_entry(b"\x12\x04\x1a\x02\x0a\x00"), "a status's details"),
     (b"\x1a\x00" + raw_entry(b"\x08\x01"), "the response's rate_limit_info"),
@@ -212,3 +213,31 @@ def test_an_answer_as_a_message_is_read_by_the_library():
     writer = GrpcMutationWriter("p", "i", channel=_AnsweringChannel([msg]))
     writer._call_encoded = lambda *a, **k: iter([msg])
     assert writer.mutate_rows("t", [WireEntry(b"r", (), b"")]) == [EntryStatus(5, "")]
+
+
+def test_an_answer_the_library_refuses_breaks_the_stream_as_grpc_did():
+    """Bytes no library can read (a key of 6 bytes, whose entry the C read
+    before): the writer keeps the statuses of the answers before, counts the
+    rest lost with INTERNAL (retryable), as when gRPC's own deserializer failed;
+    the C's reading of the refused answer is not kept."""
+    good = RESPONSE_CLS()
+    good.entries.add(index=0)
+    refused = raw_entry(b"\x08\x01\x12\x00") + b"\x0a\x84\x80\x80\x80\x80\x00\x04\x08\x02\x12\x00"
+    with pytest.raises(Exception):
+        RESPONSE_CLS.FromString(refused)
+    for c_runs in (True, False):
+        writer = GrpcMutationWriter("p", "i", channel=_AnsweringChannel([good.SerializeToString(), refused]))
+        if not c_runs:
+            writer._statuses_c = None
+        statuses = writer.mutate_rows("t", [WireEntry(b"r%d" % i, (), b"") for i in range(3)])
+        lost = EntryStatus(grpc.StatusCode.INTERNAL.value[0], "Exception deserializing response!")
+        assert statuses == [ENTRY_OK, lost, lost], c_runs
+        assert lost.retryable
+
+
+def test_a_first_answer_the_library_refuses_is_a_retryable_error():
+    from ddb2bt.pipeline.clients.bigtable.errors import BigtableRetryable
+
+    writer = GrpcMutationWriter("p", "i", channel=_AnsweringChannel([b"\x0a\x05\x08\x01"]))
+    with pytest.raises(BigtableRetryable, match="INTERNAL"):
+        writer.mutate_rows("t", [WireEntry(b"r", (), b"")])

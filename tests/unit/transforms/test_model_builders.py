@@ -101,6 +101,13 @@ def test_a_record_time_is_converted_as_datetime_to_ms_converts_it_whatever_came_
              1_714_564_800.5, True, 1, 1.0, aware.replace(microsecond=999),
              # equal as numbers, not once converted (the float's product is rounded)
              2**60 + 2**8, float(2**60 + 2**8)]
+    # across a DST change's repeated hour: equal under one tzinfo object, an hour apart
+    from zoneinfo import ZoneInfo
+
+    new_york = ZoneInfo("America/New_York")
+    times += [dt.datetime(2024, 11, 3, 1, 30, tzinfo=new_york, fold=0),
+              dt.datetime(2024, 11, 3, 1, 30, tzinfo=new_york, fold=1)]
+    assert _change_ms(times[-2]) != _change_ms(times[-1])
     rng = random.Random(7)
     for _ in range(2_000):
         value = rng.choice(times)
