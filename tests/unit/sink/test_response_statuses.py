@@ -84,16 +84,19 @@ def test_any_response_reads_as_the_reference_reads_it(case):
 
 
 @settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
-@given(responses(), st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
+@given(responses(), st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255), st.booleans()),
+                             min_size=1, max_size=4),
        st.integers(0, 3))
 def test_damaged_bytes_are_read_as_the_reference_reads_them_or_left_to_it(case, edits, cut):
-    """Bytes changed at random (and cut short): where the C answers, the library
-    reads the same bytes to the same statuses; where the library refuses them,
-    the C answers None."""
+    """Bytes changed or inserted at random (and cut short): where the C answers,
+    the library reads the same bytes to the same statuses; where the library
+    refuses them, the C answers None."""
     data, size = case
     raw = bytearray(data)
-    for at, byte in edits:
-        if raw:
+    for at, byte, insert in edits:
+        if insert:  # e.g. a continuation byte: a key or a length written in more bytes
+            raw.insert(at % (len(raw) + 1), byte)
+        elif raw:
             raw[at % len(raw)] = byte
     damaged = bytes(raw[:len(raw) - cut] if cut < len(raw) else raw)
     count, statuses = by_c(damaged, size)
