@@ -446,17 +446,10 @@ class PipelineMetrics:
         self._child(self.verify_last_pass, table).set(at_s)
         self._beam.gauge(NAMESPACE, f"verify_last_full_pass_ms_{table}").set(int(at_s * 1000))
 
-    def observe_lags(self, table: str, lags_ms: list) -> None:
-        """``observe_lag`` for each of a batch's changes, with one histogram update
-        per bucket instead of one per change (the same samples)."""
-        counts: dict = {}
-        for lag in lags_ms:
-            counts[lag] = counts.get(lag, 0) + 1
-        self.observe_lag_counts(table, counts)
-
     def observe_lag_counts(self, table: str, counts: dict) -> None:
-        """``observe_lag(lag)`` ``n`` times for each ``lag: n`` (milliseconds), as
-        one histogram update per bucket (the same samples)."""
+        """``observe_lag(lag)`` ``n`` times for each ``lag: n`` (milliseconds): a
+        batch's changes, with one histogram update per bucket instead of one per
+        change (the same samples)."""
         clamped: dict = {}
         for lag, n in counts.items():
             lag = lag if lag > 0 else 0
@@ -504,9 +497,6 @@ class TableMetrics:
 
     def observe_lag(self, lag_ms: int) -> None:
         self.metrics.observe_lag(self.table, lag_ms)
-
-    def observe_lags(self, lags_ms: list) -> None:
-        self.metrics.observe_lags(self.table, lags_ms)
 
     def observe_lag_counts(self, counts: dict) -> None:
         self.metrics.observe_lag_counts(self.table, counts)

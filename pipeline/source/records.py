@@ -67,6 +67,7 @@ def _change_ms(created: Any) -> int:
     _last_created = (created, ms)
     return ms
 
+
 _change_record, _position = build_change_record, build_stream_position
 
 

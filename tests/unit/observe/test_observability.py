@@ -1,6 +1,7 @@
 """Metrics semantics, alert rules (promtool), dashboard, Pushgateway, JSON logs."""
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import re
@@ -239,7 +240,7 @@ def test_lags_observed_per_batch_give_the_same_histogram_as_one_observation_each
     batched._beam_lag = type("Recorder", (), {"update": staticmethod(beam_batched.append)})()
     for lag in lags_ms:
         one_each.for_table("t").observe_lag(lag)
-    batched.for_table("t").observe_lags(lags_ms)
+    batched.for_table("t").observe_lag_counts(collections.Counter(lags_ms))
     assert sorted(beam_batched) == sorted(beam_one) and len(beam_one) == len(lags_ms)
 
     def samples(m):
