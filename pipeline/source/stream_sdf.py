@@ -39,6 +39,9 @@ READER_REPORT_S = 30.0
 # While the lease is unproven a partition looks again this often (FnApiRunner
 # ignores deferral delays, so it also sleeps that long: no spinning core).
 UNPROVEN_WAIT_S = 1.0
+# Local runs: rounds a call may read after a sleep before it ends (and its bundle
+# with it): each saves the runner's pass over every stage between a wait and its read.
+READS_AFTER_SLEEP = 1
 
 
 class PartitionTracker(CheckpointOnlyTracker):
@@ -158,8 +161,8 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         arns = [s.stream_arn for s in self._sources]
         if not arns or len(set(arns)) != len(arns):
             raise ValueError(f"one source per stream, at least one: got {arns}")
-        # Idle local readers sleep only once every partition of the job had an idle
-        # round in a row: one busy table must not wait for the others' sleeps.
+        # Local readers sleep only once every partition of the job had to wait in a
+        # row: one busy table must not wait for the others' sleeps (_wait).
         self._partitions_total = sum(s.partitions for s in self._sources)
 
     def setup(self) -> None:
@@ -167,8 +170,9 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         self._contexts: dict = {}
         for source in self._sources:
             self._contexts[source.stream_arn] = _StreamContext(source, self._metrics)
-        self._idle_streak = 0
-        self._paced_streak, self._paced_min_s = 0, float("inf")  # partitions in a row that came back paced
+        # Partitions in a row whose round ended waiting (paced or idle), and the
+        # shortest of their waits: what a local reader sleeps (_wait).
+        self._waiting_streak, self._shortest_wait_s = 0, float("inf")
 
     @beam.DoFn.unbounded_per_element()
     def process(
@@ -177,8 +181,22 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         tracker=beam.DoFn.RestrictionParam(PartitionRestrictionProvider()),
         watermark=beam.DoFn.WatermarkEstimatorParam(_WalltimeProvider()),
     ):
+        # Locally a round that sleeps (the runner ignores deferral delays) reads
+        # again in the same call, right after its sleep: deferring first would add
+        # the runner's pass over every stage (~15 ms here) to each wait, so to
+        # every change's lag. Once: a call still ends, and with it the bundle,
+        # after at most one sleep and a read.
+        for _ in range(READS_AFTER_SLEEP + 1):
+            read_again = yield from self._round(partition, tracker)
+            if not read_again:
+                return
+        tracker.defer_remainder(Duration.of(0))
+
+    def _round(self, partition: StreamPartition, tracker):
+        """One round of ``partition``'s reading; returns True where it slept and
+        the next round may start at once (its remainder not deferred)."""
         if tracker.current_restriction().done:
-            return
+            return False
         ctx = self._contexts[partition.stream_arn]
         options = ctx.options
         # Told, not deciding: the coordinator raises LeaseLost once the job's lease
@@ -188,37 +206,24 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             # FnApiRunner ignores deferral delays, so it also sleeps: no spinning core.
             time.sleep(UNPROVEN_WAIT_S)
             tracker.defer_remainder(Duration.of(UNPROVEN_WAIT_S))
-            return
+            return False
         if stop_requested(options.stop_token):
             tracker.try_claim(ClaimEnd())
-            return
+            return False
         reader = ctx.reader(partition)
         # While the round runs (it may back off on throttling for minutes) the
         # partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S).
         with ctx.coordinator.reading(partition):
             result = yield from batch_records(reader.read_round(tracker))
         if result.stopped:
-            return
+            return False
         if result.paced_s is not None:
             # Every shard of the partition was read a moment ago (5 GetRecords/s
             # per shard): the wait goes back to the runner, which reads the other
             # partitions meanwhile, instead of this thread sleeping through it.
             ctx.report(partition, reader)
             self._tick_cutover(ctx, partition, reader)
-            self._idle_streak = 0
-            if options.sleep_when_idle:
-                # FnApiRunner ignores deferral delays: sleep once every partition
-                # in a row came back paced, for the shortest wait, never longer.
-                self._paced_streak += 1
-                self._paced_min_s = min(self._paced_min_s, result.paced_s)
-                if self._paced_streak >= self._partitions_total:
-                    time.sleep(self._paced_min_s)
-                    self._paced_streak, self._paced_min_s = 0, float("inf")
-                tracker.defer_remainder(Duration.of(0))
-            else:
-                tracker.defer_remainder(Duration.of(result.paced_s))
-            return
-        self._paced_streak, self._paced_min_s = 0, float("inf")
+            return self._wait(tracker, options, result.paced_s)
         decision = reader.idle_decision(tracker, result)
         ctx.report(partition, reader, force=decision == "end")
         if decision == "end":
@@ -226,22 +231,35 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             log.info("partition %d/%d of %s idle for %ss: done", partition.index, partition.count,
                      partition.stream_arn, options.until_idle_s)
             tracker.try_claim(ClaimEnd())
-            return
+            return False
         self._tick_cutover(ctx, partition, reader)
         if decision == "poll":
-            self._idle_streak += 1
-            if options.sleep_when_idle:
-                # FnApiRunner ignores deferral delays; sleeping here keeps an idle
-                # local job from spinning a core (once per round of all partitions).
-                if self._idle_streak >= self._partitions_total:
-                    self._idle_streak = 0
-                    time.sleep(options.poll_interval_s)
-                tracker.defer_remainder(Duration.of(0))
-            else:
-                tracker.defer_remainder(Duration.of(options.poll_interval_s))
-            return
-        self._idle_streak = 0
+            return self._wait(tracker, options, options.poll_interval_s)
+        self._waiting_streak, self._shortest_wait_s = 0, float("inf")
         tracker.defer_remainder(Duration.of(0))
+        return False
+
+    def _wait(self, tracker, options: ReaderOptions, wait_s: float) -> bool:
+        """A round after which its partition waits ``wait_s`` (paced, or an idle
+        poll). On Dataflow the runner waits: the remainder is deferred that long.
+        The local FnApiRunner ignores deferral delays, so the reader sleeps — once
+        every partition of the job in a row had to wait (one busy table must not
+        wait for the others' sleeps; an idle job must not spin a core), for the
+        shortest of their waits, never longer. True: the wait slept was this
+        partition's own — it reads again at once, in the same call."""
+        if not options.sleep_when_idle:
+            tracker.defer_remainder(Duration.of(wait_s))
+            return False
+        self._waiting_streak += 1
+        self._shortest_wait_s = min(self._shortest_wait_s, wait_s)
+        if self._waiting_streak >= self._partitions_total:
+            slept = self._shortest_wait_s
+            time.sleep(slept)
+            self._waiting_streak, self._shortest_wait_s = 0, float("inf")
+            if wait_s <= slept:
+                return True
+        tracker.defer_remainder(Duration.of(0))
+        return False
 
     def _tick_cutover(self, ctx: _StreamContext, partition: StreamPartition, reader: PartitionReader,
                       ended_idle: bool = False) -> None:

@@ -461,6 +461,10 @@ class PartitionReader:
         # shard id -> creation ms of the oldest record not read yet (None: at the
         # head), for `status` (saved by the SDF, see pending_since)
         self._pending: dict = {}
+        # Shards whose last page had changes: read again at AWS's pace (5/s) like a
+        # backlog, not at the idle poll — under steady writes every page reaches the
+        # head (docs/operations.md "Within AWS's limits"). An empty page: idle again.
+        self._busy: set = set()
         self._last_discovery_ms: Optional[int] = None
         self._waiting: list = []
         self._table = self._metrics.table if self._metrics is not None else table_of_stream(partition.stream_arn)
@@ -655,12 +659,14 @@ class PartitionReader:
                                                   self._pending.get(shard_id))
                 result.at_head = result.at_head and empty
                 self._pending[shard_id] = pending if nxt is not None else None
+                (self._busy.discard if empty else self._busy.add)(shard_id)
                 if nxt is None:
                     if not claim(ClaimClosed(shard_id)):
                         result.stopped = True
                         return result
                     self._iterators.pop(shard_id, None)
                     self._pending.pop(shard_id, None)
+                    self._busy.discard(shard_id)
                     yield ShardClosed(self._partition.stream_arn, shard_id, new_pos.after)
                     # Discover again next round: this shard's children can start as
                     # soon as the sink has recorded it finished.
@@ -674,9 +680,10 @@ class PartitionReader:
                 if full:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us
-                if result.records == 0 and all(self._pending.get(s) is None for _, s, _ in paced):
-                    # Every shard was at its head when last read: an idle poll that
-                    # came early, an idle round (the idle poll spaces the next one).
+                if result.records == 0 and all(self._pending.get(s) is None and s not in self._busy
+                                               for _, s, _ in paced):
+                    # Every shard was at its head, and empty, when last read: an idle
+                    # poll that came early, an idle round (the idle poll spaces the next one).
                     return result
                 result.paced_s, result.at_head = min(w for w, _, _ in paced), False
                 return result

@@ -233,11 +233,62 @@ def test_an_idle_local_reader_sleeps_once_per_round_of_every_partition(monkeypat
     round_of("A")  # busy: the idle streak starts again
     round_of("B")  # idle, but A was not: no sleep
     assert sleeps == [0.25]
-    round_of("A")  # idle too: now every partition was idle in a row
-    assert sleeps == [0.25, 0.25]
+    # A's early round is paced, not idle (its last page had a change: read again at
+    # AWS's pace): every partition waited in a row, so one sleep, the shortest
+    # wait — A's 0.2 s, not B's idle 0.25 s; then A reads again in the same call.
+    round_of("A")
+    assert sleeps == [0.25, pytest.approx(0.2)]
     clients["B"].put("shardId-1", "INSERT", {"pk": {"S": "j"}}, {"pk": {"S": "j"}}, None)
     out = list(fn.process(parts["B"], tracker=trackers["B"]))
     assert [r.position.stream_arn for e in out for r in e.records] == [clients["B"].stream_arn]
+    # B had a change: its early round is paced (0.2 s); then A's is idle (0.25 s)
+    # and closes the streak. The sleep is B's shorter wait, so A, whose own wait is
+    # not over, reads nothing in that call: no GetRecords before its idle poll.
+    a_calls = clients["A"].calls.count("GetRecords")
+    round_of("B")
+    round_of("A")
+    assert sleeps == [0.25, pytest.approx(0.2), pytest.approx(0.2)]
+    assert clients["A"].calls.count("GetRecords") == a_calls
+    fn.teardown()
+
+
+def test_a_local_reader_reads_right_after_its_sleep_in_the_same_call(monkeypatch):
+    """Locally (the runner ignores deferral delays) a round that has to wait
+    sleeps, then reads at once in the same call, instead of deferring first: the
+    runner's pass over every stage between a deferral and the next call would add
+    to each wait, and so to every change's lag. At most one read after a sleep per
+    call: the call, and its bundle, still ends."""
+    from ddb2bt.pipeline.source import stream_sdf, stream_source
+    from ddb2bt.pipeline.source.stream_sdf import StreamSource, _ReadStreamPartitionsFn
+    from ddb2bt.pipeline.source.stream_source import StreamPartition
+    from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
+
+    client = FakeStreamsClient(table="A")
+    client.add_shard("shardId-1")
+    sleeps: list = []
+    monkeypatch.setattr(stream_sdf.time, "sleep", sleeps.append)
+    paced = stream_source.ShardPacer
+    monkeypatch.setattr(stream_source, "ShardPacer", lambda **kw: paced(clock=lambda: sum(sleeps), **kw))
+    calls: list = []
+    get_records = client.get_records
+    client.get_records = lambda **kw: (calls.append(sum(sleeps)), get_records(**kw))[1]
+    options = ReaderOptions(poll_interval_s=0.25, sleep_when_idle=True)
+    fn = _ReadStreamPartitionsFn([StreamSource(client.stream_arn, options, lambda: client, NoState)])
+    fn.setup()
+    part, tracker = StreamPartition(client.stream_arn, 0, 1), Tracker()
+
+    def call() -> list:
+        return [r.keys["pk"]["S"] for e in fn.process(part, tracker=tracker) for r in e.records]
+
+    assert call() == []  # idle: a read, the idle sleep, a read right after it, one more sleep
+    assert sleeps == [0.25, 0.25] and calls == [0, 0.25] and tracker.deferred == 1
+    client.put("shardId-1", "INSERT", {"pk": {"S": "a"}}, {"pk": {"S": "a"}}, None)
+    assert call() == ["a"] and tracker.deferred == 2  # read at once: the last sleep was after the last read
+    client.put("shardId-1", "INSERT", {"pk": {"S": "b"}}, {"pk": {"S": "b"}}, None)
+    # The shard had a change: AWS's pace, 0.2 s after the last call; the sleep and
+    # the read in one call, the remainder deferred once, after the read.
+    assert call() == ["b"] and tracker.deferred == 3
+    assert sleeps == [0.25, 0.25, pytest.approx(0.2)] and calls[-1] == pytest.approx(calls[-2] + 0.2)
     fn.teardown()
 
 

@@ -161,6 +161,60 @@ def test_a_reader_of_the_splittable_dofn_hands_the_pacing_wait_back_to_the_runne
     assert len([c for c in client.calls if c == "GetRecords"]) == calls
 
 
+def test_a_shard_under_steady_writes_is_read_at_aws_pace_not_at_the_idle_poll(monkeypatch):
+    """A shard whose last page had changes — not a full page: it reached the head —
+    is read again as soon as AWS allows (the wait handed back, 0.2 s after the
+    previous call), not after the idle poll: under steady writes every page
+    reaches the head, and the idle poll after each would add to every change's
+    lag. One empty page and the shard is idle again: an early round makes no call
+    and the idle poll (4 calls a second) spaces the next. Never more than 5 calls
+    in any second."""
+    monkeypatch.setattr(stream_source, "GET_RECORDS_LIMIT", 100)
+    client = FakeStreamsClient()
+    client.add_shard("s0")
+    clock = SimClock()
+    calls: list = []
+    get_records = client.get_records
+
+    def timed(**kw):
+        calls.append(clock())
+        return get_records(**kw)
+
+    client.get_records = timed
+    state = StateStore(InMemoryBigtable(), "job", clock.ms)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
+                             state.load_checkpoints, PipelineMetrics(CollectorRegistry()), now_ms=clock.ms,
+                             sleep=clock.sleep, directory=ShardDirectory(clock),
+                             pacer=ShardPacer(clock=clock, sleep=clock.sleep), hand_back_pacing=True)
+    tracker = LocalTracker()
+    drain_round(reader, tracker)  # discovery and the first (empty) page
+    clock.sleep(ReaderOptions().poll_interval_s)  # the runner's idle poll
+    written = 0
+    for _ in range(5):  # steady writes: 40 changes between two calls, far from a full page
+        for _ in range(40):
+            client.put("s0", "INSERT", {"pk": {"S": f"k{written}"}}, {"pk": {"S": f"k{written}"}})
+            written += 1
+        elements, result = drain_round(reader, tracker)
+        while result.paced_s is not None:  # the runner comes back when asked
+            clock.sleep(result.paced_s)
+            elements, result = drain_round(reader, tracker)
+        assert result.records == 40 and not result.at_head
+        # At the head, but with changes: the next round is paced, not an idle one.
+        before = len(calls)
+        _, early = drain_round(reader, tracker)
+        assert early.paced_s == pytest.approx(1 / GET_RECORDS_PER_SHARD_PER_S) and len(calls) == before
+    gaps = [b - a for a, b in zip(calls[1:], calls[2:])]
+    assert gaps == [pytest.approx(1 / GET_RECORDS_PER_SHARD_PER_S)] * 4, "AWS's pace, no more, no less"
+    clock.sleep(early.paced_s)
+    _, empty = drain_round(reader, tracker)  # the writes stopped: an empty page
+    assert empty.records == 0 and empty.at_head and empty.paced_s is None
+    before = len(calls)
+    _, idle = drain_round(reader, tracker)  # idle again: an early round is an idle round, no call
+    assert idle.at_head and idle.paced_s is None and len(calls) == before
+    for i, t in enumerate(calls):
+        assert len([c for c in calls[i:] if c < t + 1.0]) <= GET_RECORDS_PER_SHARD_PER_S, t
+
+
 def test_the_pacer_waits_only_for_the_same_shard():
     clock = SimClock()
     pacer = ShardPacer(clock=clock, sleep=clock.sleep)
