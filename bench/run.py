@@ -45,10 +45,12 @@ import platform
 import random
 import string
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,9 +66,11 @@ from ddb2bt.transforms.model import INSERT, MODIFY, REMOVE, ChangeRecord, SetCel
 MAPPING = load_mapping(ROOT / "examples/product_catalog.yaml")
 RESULTS = ROOT / "bench" / "results"
 ITEM_BYTES = 1000
-# Lag run: the reader polls Bigtable this often (part of the measured lag), and
-# rows are awaited this long at the end.
-LAG_READ_POLL_S = 0.02
+# Lag run: the reader polls Bigtable this often (part of the measured lag: a
+# cheap keys-only range read, so it can be frequent), and rows are awaited this
+# long at the end.
+LAG_READ_POLL_S = 0.005
+LAG_ROWS_END = b"lag#:"  # past every "lag#<digits>" key, before the sentinel's
 # How often the throughput runs look whether every change was applied: often
 # enough to add < 1 % to a 4 s run, rarely enough not to compete for the GIL.
 DONE_POLL_S = 0.02
@@ -565,62 +569,87 @@ def lag(seconds: float, rate: float, stack, project: str, instance: str) -> dict
 
 
 def _lag_probe(seconds: float, rate: float, name: str, project: str, instance: str, table: str) -> None:
-    """Writer + reader of the lag run (own process). A sentinel item is written
-    first and waited for, so the timed writes start once the pipeline is live
-    (its start-up is not replication lag). Prints the result as JSON."""
-    from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery
+    """Reader of the lag run (own process). A sentinel item is written first and
+    waited for, so the timed writes start once the pipeline is live (its start-up
+    is not replication lag); then the writer (``_lag_writer``, a process of its
+    own: its boto3 calls would hold this reader's interpreter lock) writes at
+    ``rate`` while this process reads the rows not yet seen, keys only, every
+    LAG_READ_POLL_S. A row counts as visible when the read that first returned it
+    ended (an upper bound). Prints the result as JSON."""
+    import subprocess
+
+    from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery, RowRange
+    from google.cloud.bigtable.data.row_filters import StripValueTransformerFilter
 
     from ddb2bt.pipeline.connect.connections import dynamodb_client
 
     ddb = dynamodb_client()
-    rng = random.Random(5)
-    row_key = lambda i: f"lag#{i:08d}".encode()  # noqa: E731 — the mapping's row key for sk=i
-    written: dict = {}
     seen: dict = {}
+    keys_only = StripValueTransformerFilter(True)
     with BigtableDataClient(project=project) as c, c.get_table(instance, table) as t:
-        def visible(keys) -> set:
-            return {r.row_key for r in t.read_rows(ReadRowsQuery(row_keys=list(keys)))} if keys else set()
-
-        ddb.put_item(TableName=name, Item=make_item(rng, {"pk": {"S": "lag"}, "sk": {"S": "sentinel"}}, 400))
+        ddb.put_item(TableName=name, Item=make_item(random.Random(5), {"pk": {"S": "lag"}, "sk": {"S": "sentinel"}},
+                                                     400))
         deadline = time.perf_counter() + 60
-        while not visible([b"lag#sentinel"]):
+        while not t.read_rows(ReadRowsQuery(row_keys=[b"lag#sentinel"])):
             if time.perf_counter() > deadline:
                 raise SystemExit("pipeline did not start within 60 s")
             time.sleep(0.05)
-        stop = threading.Event()
-
-        def writer():
-            interval, next_at, i = 1.0 / rate, time.perf_counter(), 0
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end:
-                key = {"pk": {"S": "lag"}, "sk": {"S": f"{i:08d}"}}
-                written[row_key(i)] = time.perf_counter()
-                ddb.put_item(TableName=name, Item=make_item(rng, key, 400))
-                i += 1
-                next_at += interval
-                time.sleep(max(0.0, next_at - time.perf_counter()))
-            stop.set()
-
-        w = threading.Thread(target=writer, daemon=True)
-        w.start()
-        final = None
-        while final is None or time.perf_counter() < final:
-            if stop.is_set() and final is None:
-                final = time.perf_counter() + LAG_GRACE_S  # late rows still count, up to this long
-            pending = [k for k in list(written) if k not in seen]
-            now_visible = visible(pending)
+        times = Path(tempfile.mkstemp(prefix="ddb2bt-lag-", suffix=".json")[1])
+        code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.run import _lag_writer; "
+                f"_lag_writer({seconds!r}, {rate!r}, {name!r}, {str(times)!r})")
+        writer = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+        written: Optional[dict] = None
+        lowest, final = 0, None  # the lowest index not seen yet; when late rows stop counting
+        while True:
+            # Every row from the lowest unseen one (the writer's keys are in order;
+            # a row already seen past it is read again, harmlessly).
+            rows = t.read_rows(ReadRowsQuery(row_ranges=RowRange(_lag_row_key(lowest), LAG_ROWS_END),
+                                             row_filter=keys_only))
             at = time.perf_counter()
-            for k in now_visible:
-                seen[k] = at
-            if final is not None and len(seen) == len(written):
+            for row in rows:
+                seen.setdefault(row.row_key, at)
+            while _lag_row_key(lowest) in seen:
+                lowest += 1
+            if written is None and writer.poll() is not None:
+                if writer.returncode != 0:
+                    raise SystemExit(f"lag writer failed (exit {writer.returncode})")
+                written = {_lag_row_key(i): at_s for i, at_s in enumerate(json.loads(times.read_text()))}
+                times.unlink()
+                final = time.perf_counter() + LAG_GRACE_S  # late rows still count, up to this long
+            if written is not None and (all(k in seen for k in written) or time.perf_counter() > final):
                 break
             time.sleep(LAG_READ_POLL_S)
-        w.join()
     lags = [seen[k] - written[k] for k in written if k in seen]
     print(json.dumps({"seconds": seconds, "rate_per_s": rate, "written": len(written), "visible": len(lags),
                       "p50_s": round(percentile(lags, 0.5), 3), "p99_s": round(percentile(lags, 0.99), 3),
                       "max_s": round(max(lags), 3) if lags else None, "reader_poll_s": LAG_READ_POLL_S,
                       "stream_poll_s": DEFAULT_POLL_INTERVAL_S}))
+
+
+def _lag_row_key(i: int) -> bytes:
+    """The product catalog mapping's row key of the lag run's item ``i``."""
+    return f"lag#{i:08d}".encode()
+
+
+def _lag_writer(seconds: float, rate: float, name: str, times: str) -> None:
+    """Writer of the lag run (own process): ``rate`` items a second for
+    ``seconds``; saves each item's write time (``time.perf_counter``: the same
+    monotonic clock in every process of the machine) to ``times``, a JSON list
+    (a file: 12,000 times would fill a pipe nobody reads until the writer ends)."""
+    from ddb2bt.pipeline.connect.connections import dynamodb_client
+
+    ddb = dynamodb_client()
+    rng = random.Random(5)
+    written: list = []
+    interval, next_at = 1.0 / rate, time.perf_counter()
+    end = next_at + seconds
+    while time.perf_counter() < end:
+        key = {"pk": {"S": "lag"}, "sk": {"S": f"{len(written):08d}"}}
+        written.append(time.perf_counter())  # before the call: its own time counts as lag
+        ddb.put_item(TableName=name, Item=make_item(rng, key, 400))
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    Path(times).write_text(json.dumps(written))
 
 
 def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dict:
