@@ -578,14 +578,12 @@ def _lag_probe(seconds: float, rate: float, name: str, project: str, instance: s
     ended (an upper bound). Prints the result as JSON."""
     import subprocess
 
-    from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery, RowRange
-    from google.cloud.bigtable.data.row_filters import StripValueTransformerFilter
+    from google.cloud.bigtable.data import BigtableDataClient, ReadRowsQuery
 
     from ddb2bt.pipeline.connect.connections import dynamodb_client
 
     ddb = dynamodb_client()
     seen: dict = {}
-    keys_only = StripValueTransformerFilter(True)
     with BigtableDataClient(project=project) as c, c.get_table(instance, table) as t:
         ddb.put_item(TableName=name, Item=make_item(random.Random(5), {"pk": {"S": "lag"}, "sk": {"S": "sentinel"}},
                                                      400))
@@ -594,36 +592,62 @@ def _lag_probe(seconds: float, rate: float, name: str, project: str, instance: s
             if time.perf_counter() > deadline:
                 raise SystemExit("pipeline did not start within 60 s")
             time.sleep(0.05)
-        times = Path(tempfile.mkstemp(prefix="ddb2bt-lag-", suffix=".json")[1])
+        fd, path = tempfile.mkstemp(prefix="ddb2bt-lag-", suffix=".json")
+        os.close(fd)
+        times = Path(path)
         code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from bench.run import _lag_writer; "
                 f"_lag_writer({seconds!r}, {rate!r}, {name!r}, {str(times)!r})")
         writer = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
-        written: Optional[dict] = None
-        lowest, final = 0, None  # the lowest index not seen yet; when late rows stop counting
-        while True:
-            # Every row from the lowest unseen one (the writer's keys are in order;
-            # a row already seen past it is read again, harmlessly).
-            rows = t.read_rows(ReadRowsQuery(row_ranges=RowRange(_lag_row_key(lowest), LAG_ROWS_END),
-                                             row_filter=keys_only))
-            at = time.perf_counter()
-            for row in rows:
-                seen.setdefault(row.row_key, at)
-            while _lag_row_key(lowest) in seen:
-                lowest += 1
-            if written is None and writer.poll() is not None:
-                if writer.returncode != 0:
-                    raise SystemExit(f"lag writer failed (exit {writer.returncode})")
-                written = {_lag_row_key(i): at_s for i, at_s in enumerate(json.loads(times.read_text()))}
-                times.unlink()
-                final = time.perf_counter() + LAG_GRACE_S  # late rows still count, up to this long
-            if written is not None and (all(k in seen for k in written) or time.perf_counter() > final):
-                break
-            time.sleep(LAG_READ_POLL_S)
+        try:
+            written, slip_s = _read_lag_rows(t, writer, times, seen, seconds)
+        finally:  # an error or an interrupt leaves no writer running and no file behind
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait()
+            times.unlink(missing_ok=True)
     lags = [seen[k] - written[k] for k in written if k in seen]
+    span = max(written.values()) - min(written.values()) if len(written) > 1 else 0.0
     print(json.dumps({"seconds": seconds, "rate_per_s": rate, "written": len(written), "visible": len(lags),
+                      "achieved_rate_per_s": round((len(written) - 1) / span, 1) if span else None,
+                      "writer_max_behind_s": round(slip_s, 3),
                       "p50_s": round(percentile(lags, 0.5), 3), "p99_s": round(percentile(lags, 0.99), 3),
                       "max_s": round(max(lags), 3) if lags else None, "reader_poll_s": LAG_READ_POLL_S,
                       "stream_poll_s": DEFAULT_POLL_INTERVAL_S}))
+
+
+def _read_lag_rows(t, writer, times: Path, seen: dict, seconds: float) -> tuple:
+    """The lag run's reading: every row from the lowest not seen yet (the
+    writer's keys are in order; a row already seen past it is read again,
+    harmlessly), keys only, every LAG_READ_POLL_S, until the writer has ended
+    and every row it wrote was seen or LAG_GRACE_S passed (a row never seen
+    counts as not visible: the result says how many were). Returns ({row key:
+    write time}, how far the writer fell behind its schedule)."""
+    from google.cloud.bigtable.data import ReadRowsQuery, RowRange
+    from google.cloud.bigtable.data.row_filters import StripValueTransformerFilter
+
+    keys_only = StripValueTransformerFilter(True)
+    deadline = time.perf_counter() + seconds * 2 + LAG_GRACE_S + 60  # a writer that hangs does not hang the bench
+    lowest, final = 0, None
+    written: Optional[dict] = None
+    while True:
+        rows = t.read_rows(ReadRowsQuery(row_ranges=RowRange(_lag_row_key(lowest), LAG_ROWS_END),
+                                         row_filter=keys_only))
+        at = time.perf_counter()
+        for row in rows:
+            seen.setdefault(row.row_key, at)
+        while _lag_row_key(lowest) in seen:
+            lowest += 1
+        if written is None and writer.poll() is not None:
+            if writer.returncode != 0:
+                raise SystemExit(f"lag writer failed (exit {writer.returncode})")
+            report = json.loads(times.read_text())
+            written = {_lag_row_key(i): at_s for i, at_s in enumerate(report["written"])}
+            final = time.perf_counter() + LAG_GRACE_S  # late rows still count, up to this long
+        if written is not None and (lowest >= len(written) or time.perf_counter() > final):
+            return written, report["max_behind_s"]
+        if at > deadline:
+            raise SystemExit("lag writer did not finish in time")
+        time.sleep(LAG_READ_POLL_S)
 
 
 def _lag_row_key(i: int) -> bytes:
@@ -632,24 +656,28 @@ def _lag_row_key(i: int) -> bytes:
 
 
 def _lag_writer(seconds: float, rate: float, name: str, times: str) -> None:
-    """Writer of the lag run (own process): ``rate`` items a second for
-    ``seconds``; saves each item's write time (``time.perf_counter``: the same
-    monotonic clock in every process of the machine) to ``times``, a JSON list
-    (a file: 12,000 times would fill a pipe nobody reads until the writer ends)."""
+    """Writer of the lag run (own process): ``rate`` × ``seconds`` items, item i
+    due ``i / rate`` after the start (a writer that falls behind catches up:
+    every item is written); saves each item's write time (``time.perf_counter``:
+    the same monotonic clock in every process of the machine) and how far it
+    fell behind to ``times``, as JSON (a file: 12,000 times would fill a pipe
+    nobody reads until the writer ends)."""
     from ddb2bt.pipeline.connect.connections import dynamodb_client
 
     ddb = dynamodb_client()
     rng = random.Random(5)
     written: list = []
-    interval, next_at = 1.0 / rate, time.perf_counter()
-    end = next_at + seconds
-    while time.perf_counter() < end:
-        key = {"pk": {"S": "lag"}, "sk": {"S": f"{len(written):08d}"}}
+    behind = 0.0
+    start = time.perf_counter()
+    for i in range(round(seconds * rate)):
+        due = start + i / rate
+        now = time.perf_counter()
+        if due > now:
+            time.sleep(due - now)
+        behind = max(behind, now - due)
         written.append(time.perf_counter())  # before the call: its own time counts as lag
-        ddb.put_item(TableName=name, Item=make_item(rng, key, 400))
-        next_at += interval
-        time.sleep(max(0.0, next_at - time.perf_counter()))
-    Path(times).write_text(json.dumps(written))
+        ddb.put_item(TableName=name, Item=make_item(rng, {"pk": {"S": "lag"}, "sk": {"S": f"{i:08d}"}}, 400))
+    Path(times).write_text(json.dumps({"written": written, "max_behind_s": behind}))
 
 
 def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dict:
@@ -799,7 +827,8 @@ def main() -> int:
         if "lag" in sections:
             print(f"lag: {args.lag_seconds:.0f} s at {args.lag_rate:.0f} writes/s")
             results["lag"] = lag(args.lag_seconds, args.lag_rate, stack, project, instance)
-            print(f"  p50 {results['lag']['p50_s']} s, p99 {results['lag']['p99_s']} s, max {results['lag']['max_s']} s")
+            print(f"  p50 {results['lag']['p50_s']} s, p99 {results['lag']['p99_s']} s, max {results['lag']['max_s']} s "
+                  f"({results['lag']['written']} writes at {results['lag']['achieved_rate_per_s']}/s)")
         if "backfill" in sections:
             import tempfile
 

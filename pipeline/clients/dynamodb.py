@@ -536,10 +536,11 @@ class ShardPacer:
                 self._sleep(wait)
         self._last[shard_id] = self._clock()
 
-    def ready_in(self, shard_id: str) -> float:
-        """Seconds until a call on ``shard_id`` may be made (0: now)."""
+    def ready_in(self, shard_id: str, at_least_s: float = 0.0) -> float:
+        """Seconds until a call on ``shard_id`` may be made (0: now), or until
+        ``at_least_s`` after its last call if that is later (an idle shard's poll)."""
         last = self._last.get(shard_id)
-        return 0.0 if last is None else max(0.0, last + self._gap - self._clock())
+        return 0.0 if last is None else max(0.0, last + max(self._gap, at_least_s) - self._clock())
 
     def forget(self, shard_id: str) -> None:
         self._last.pop(shard_id, None)

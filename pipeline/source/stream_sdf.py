@@ -184,8 +184,8 @@ class _ReadStreamPartitionsFn(beam.DoFn):
         # Locally a round that sleeps (the runner ignores deferral delays) reads
         # again in the same call, right after its sleep: deferring first would add
         # the runner's pass over every stage (~15 ms here) to each wait, so to
-        # every change's lag. Once: a call still ends, and with it the bundle,
-        # after at most one sleep and a read.
+        # every change's lag. Once: a call still ends, and with it the bundle
+        # (after read, sleep, read — and a last sleep, if that read was idle).
         for _ in range(READS_AFTER_SLEEP + 1):
             read_again = yield from self._round(partition, tracker)
             if not read_again:
@@ -234,7 +234,8 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return False
         self._tick_cutover(ctx, partition, reader)
         if decision == "poll":
-            return self._wait(tracker, options, options.poll_interval_s)
+            return self._wait(tracker, options,
+                              options.poll_interval_s if result.idle_wait_s is None else result.idle_wait_s)
         self._waiting_streak, self._shortest_wait_s = 0, float("inf")
         tracker.defer_remainder(Duration.of(0))
         return False

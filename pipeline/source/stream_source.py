@@ -140,6 +140,21 @@ def idle_end(options: "ReaderOptions", idle_since_ms: int, now_ms: int, waiting:
     return "end"
 
 
+def after_round(options: "ReaderOptions", tracker, result: "RoundResult", now_ms: int, waiting: bool) -> str:
+    """A partition's next step after a round: "continue" (it read something, or
+    is not at its head), "poll" (idle: wait, the idle time claimed from now on),
+    "end" (idle for ``until_idle_s``, idle_end)."""
+    r = tracker.current_restriction()
+    if not result.at_head:
+        if r.idle_since_ms is not None:
+            tracker.try_claim(ClaimIdle(None))
+        return "continue"
+    if r.idle_since_ms is None:
+        tracker.try_claim(ClaimIdle(now_ms))
+        return "poll"
+    return idle_end(options, r.idle_since_ms, now_ms, waiting, tracker)
+
+
 @dataclass(frozen=True)
 class ReaderOptions:
     start: str = TRIM_HORIZON
@@ -359,6 +374,9 @@ class RoundResult:
     # per shard): the reader hands the wait back to the runner instead of sleeping
     # in it, so other partitions of the process read meanwhile. Seconds to wait.
     paced_s: Optional[float] = None
+    # An idle round that came before its idle poll was due (no call): seconds
+    # until it is (None: a full poll interval, the round read every shard).
+    idle_wait_s: Optional[float] = None
 
 
 def page_is_full(records: list) -> bool:
@@ -462,8 +480,8 @@ class PartitionReader:
         # head), for `status` (saved by the SDF, see pending_since)
         self._pending: dict = {}
         # Shards whose last page had changes: read again at AWS's pace (5/s) like a
-        # backlog, not at the idle poll — under steady writes every page reaches the
-        # head (docs/operations.md "Within AWS's limits"). An empty page: idle again.
+        # backlog — under steady writes every page reaches the head. An empty page:
+        # idle again, polled every poll_interval_s (docs/operations.md "Within AWS's limits").
         self._busy: set = set()
         self._last_discovery_ms: Optional[int] = None
         self._waiting: list = []
@@ -595,6 +613,12 @@ class PartitionReader:
                 self._iterators[shard_id] = (pos, self._on_trimmed(shard_id, pos))
         raise StreamThrottled(f"GetRecords on {shard_id}: iterator kept expiring")
 
+    def _wait_for(self, shard_id: str) -> float:
+        """Seconds until ``shard_id`` may be read: AWS's pace, or the idle poll for
+        an idle shard (at its head, its last page empty), whoever else is read."""
+        idle = shard_id not in self._busy and self._pending.get(shard_id) is None
+        return self._pacer.ready_in(shard_id, self._options.poll_interval_s if idle else 0.0)
+
     def read_round(self, tracker) -> Iterator:
         """Discover if due, then read every active shard (a page, or up to
         PAGES_PER_ROUND while its pages come back full), yielding
@@ -624,7 +648,7 @@ class PartitionReader:
             still_full: list = []
             paced: list = []  # (wait, shard, position) of shards read too recently for another call
             for shard_id, pos in turns:
-                wait = self._pacer.ready_in(shard_id) if self._hand_back_pacing else 0.0
+                wait = self._wait_for(shard_id) if self._hand_back_pacing else 0.0
                 if wait > 0:
                     # Read a moment ago: another shard's turn, or the round ends and the
                     # runner gets the wait (other partitions read meanwhile). Without
@@ -683,9 +707,12 @@ class PartitionReader:
                 if result.records == 0 and all(self._pending.get(s) is None and s not in self._busy
                                                for _, s, _ in paced):
                     # Every shard was at its head, and empty, when last read: an idle
-                    # poll that came early, an idle round (the idle poll spaces the next one).
+                    # poll that came early, an idle round, and the wait until it is due.
+                    result.idle_wait_s = min(w for w, _, _ in paced)
                     return result
-                result.paced_s, result.at_head = min(w for w, _, _ in paced), False
+                # Until the first of the partition's shards may be read, this round's included.
+                result.paced_s = min(self._wait_for(s) for s, _ in tracker.current_restriction().positions)
+                result.at_head = False
                 return result
             turns = still_full + [(shard_id, pos) for _, shard_id, pos in paced]
         return result
@@ -707,17 +734,8 @@ class PartitionReader:
         return active
 
     def idle_decision(self, tracker, result: RoundResult) -> str:
-        """After a round: "continue" (more data), "poll" (idle, wait), "end"."""
-        r = tracker.current_restriction()
-        if not result.at_head:
-            if r.idle_since_ms is not None:
-                tracker.try_claim(ClaimIdle(None))
-            return "continue"
-        now = self._now_ms()
-        if r.idle_since_ms is None:
-            tracker.try_claim(ClaimIdle(now))
-            return "poll"
-        return idle_end(self._options, r.idle_since_ms, now, bool(self._waiting), tracker)
+        """After a round: "continue" (more data), "poll" (idle, wait), "end" (after_round)."""
+        return after_round(self._options, tracker, result, self._now_ms(), bool(self._waiting))
 
 
 class LocalTracker:

@@ -175,6 +175,7 @@ class Tracker:
         from ddb2bt.pipeline.source.stream_source import PartitionRestriction, apply_claim
 
         self.r, self._apply, self.deferred = PartitionRestriction(), apply_claim, 0
+        self.delays: list = []  # seconds of each deferral
 
     def current_restriction(self):
         return self.r
@@ -185,6 +186,7 @@ class Tracker:
 
     def defer_remainder(self, delay):
         self.deferred += 1
+        self.delays.append(delay.micros / 1e6)
 
 
 class NoState:
@@ -239,16 +241,24 @@ def test_an_idle_local_reader_sleeps_once_per_round_of_every_partition(monkeypat
     round_of("A")
     assert sleeps == [0.25, pytest.approx(0.2)]
     clients["B"].put("shardId-1", "INSERT", {"pk": {"S": "j"}}, {"pk": {"S": "j"}}, None)
+    # B is idle (its last page was empty): its idle poll is due 0.25 s after its
+    # last call, not 0.2 s — B waits the 0.05 s left and reads in the same call.
     out = list(fn.process(parts["B"], tracker=trackers["B"]))
     assert [r.position.stream_arn for e in out for r in e.records] == [clients["B"].stream_arn]
-    # B had a change: its early round is paced (0.2 s); then A's is idle (0.25 s)
-    # and closes the streak. The sleep is B's shorter wait, so A, whose own wait is
-    # not over, reads nothing in that call: no GetRecords before its idle poll.
-    a_calls = clients["A"].calls.count("GetRecords")
-    round_of("B")
-    round_of("A")
-    assert sleeps == [0.25, pytest.approx(0.2), pytest.approx(0.2)]
-    assert clients["A"].calls.count("GetRecords") == a_calls
+    assert sleeps == [0.25, pytest.approx(0.2), pytest.approx(0.05)]
+    # Next to a busy table an idle one is still polled at the idle poll, never at
+    # AWS's pace: over many rounds A's calls are 0.25 s apart, B's 0.2 s.
+    times: dict = {t: [] for t in "AB"}
+    for t, c in clients.items():
+        c.get_records = lambda get=c.get_records, t=t, **kw: (times[t].append(sum(sleeps)), get(**kw))[1]
+    for i in range(40):
+        clients["B"].put("shardId-1", "INSERT", {"pk": {"S": f"b{i}"}}, {"pk": {"S": f"b{i}"}}, None)
+        round_of("B")
+        round_of("A")
+    gaps = {t: [b - a for a, b in zip(v, v[1:])] for t, v in times.items()}
+    assert len(gaps["A"]) >= 10 and len(gaps["B"]) >= 20
+    assert gaps["A"] == [pytest.approx(0.25)] * len(gaps["A"])
+    assert gaps["B"] == [pytest.approx(0.2)] * len(gaps["B"])
     fn.teardown()
 
 
@@ -337,3 +347,39 @@ def test_a_refused_lease_releases_the_ones_already_taken(monkeypatch):
     with pytest.raises(LeaseHeld):
         jobs.acquire_leases(None, ["first", "second", "third"], "tail")
     assert released == ["first"]
+
+
+def test_on_dataflow_the_reader_never_sleeps_and_defers_by_the_wait(monkeypatch):
+    """On Dataflow (sleep_when_idle off: the runner honours a deferral's delay) a
+    waiting round defers its remainder by the wait — AWS's 0.2 s after a page with
+    changes, the idle poll after an empty one, what is left of it for a round that
+    came early — and the reader never sleeps: a deferral of 0 there would bring
+    the partition straight back, a spinning core."""
+    from ddb2bt.pipeline.source import stream_sdf, stream_source
+    from ddb2bt.pipeline.source.stream_sdf import StreamSource, _ReadStreamPartitionsFn
+    from ddb2bt.pipeline.source.stream_source import StreamPartition
+    from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
+
+    client = FakeStreamsClient(table="A")
+    client.add_shard("shardId-1")
+    now = [0.0]
+    monkeypatch.setattr(stream_sdf.time, "sleep", lambda s: pytest.fail(f"the reader slept {s} s"))
+    paced = stream_source.ShardPacer
+    monkeypatch.setattr(stream_source, "ShardPacer", lambda **kw: paced(clock=lambda: now[0], **kw))
+    options = ReaderOptions(poll_interval_s=0.25, sleep_when_idle=False)
+    fn = _ReadStreamPartitionsFn([StreamSource(client.stream_arn, options, lambda: client, NoState)])
+    fn.setup()
+    part, tracker = StreamPartition(client.stream_arn, 0, 1), Tracker()
+
+    def call() -> list:
+        return [r.keys["pk"]["S"] for e in fn.process(part, tracker=tracker) for r in e.records]
+
+    assert call() == [] and tracker.delays == [0.25]  # an empty page: the idle poll
+    now[0] += 0.1
+    assert call() == [] and tracker.delays[-1] == pytest.approx(0.15)  # early: the rest of it
+    now[0] += 0.15
+    client.put("shardId-1", "INSERT", {"pk": {"S": "a"}}, {"pk": {"S": "a"}}, None)
+    assert call() == ["a"] and tracker.delays[-1] == 0  # a page with changes: come back now...
+    assert call() == [] and tracker.delays[-1] == pytest.approx(0.2)  # ...to be told AWS's wait
+    fn.teardown()
+

@@ -211,8 +211,43 @@ def test_a_shard_under_steady_writes_is_read_at_aws_pace_not_at_the_idle_poll(mo
     before = len(calls)
     _, idle = drain_round(reader, tracker)  # idle again: an early round is an idle round, no call
     assert idle.at_head and idle.paced_s is None and len(calls) == before
-    for i, t in enumerate(calls):
-        assert len([c for c in calls[i:] if c < t + 1.0]) <= GET_RECORDS_PER_SHARD_PER_S, t
+    assert idle.idle_wait_s == pytest.approx(ReaderOptions().poll_interval_s), "the idle poll, from its last call"
+
+
+def test_an_idle_shard_is_polled_at_the_idle_poll_next_to_a_busy_one(monkeypatch):
+    """Two shards in one partition, one under steady writes, one idle: the busy
+    one is read every 0.2 s (AWS's pace), the idle one every poll interval, not
+    each time the busy one's round comes round."""
+    client = FakeStreamsClient()
+    for shard in ("busy", "idle"):
+        client.add_shard(shard)
+    clock = SimClock()
+    calls: dict = {"busy": [], "idle": []}
+    get_records = client.get_records
+
+    def timed(**kw):
+        calls[kw["ShardIterator"].split("|")[0]].append(clock())
+        return get_records(**kw)
+
+    client.get_records = timed
+    state = StateStore(InMemoryBigtable(), "job", clock.ms)
+    options = ReaderOptions(retry=FAST)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), options,
+                             state.load_checkpoints, PipelineMetrics(CollectorRegistry()), now_ms=clock.ms,
+                             sleep=clock.sleep, directory=ShardDirectory(clock),
+                             pacer=ShardPacer(clock=clock, sleep=clock.sleep), hand_back_pacing=True)
+    tracker = LocalTracker()
+    for i in range(80):  # the runner comes back when asked, as the SDF tells it (stream_sdf._round)
+        client.put("busy", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
+        _, result = drain_round(reader, tracker)
+        if result.paced_s is not None:
+            clock.sleep(result.paced_s)
+        elif result.at_head:  # an idle round: the idle poll, or what is left of it
+            clock.sleep(options.poll_interval_s if result.idle_wait_s is None else result.idle_wait_s)
+    gaps = {s: [b - a for a, b in zip(t, t[1:])] for s, t in calls.items()}
+    assert len(gaps["busy"]) >= 20 and len(gaps["idle"]) >= 10
+    assert gaps["busy"] == [pytest.approx(1 / GET_RECORDS_PER_SHARD_PER_S)] * len(gaps["busy"])
+    assert min(gaps["idle"]) >= options.poll_interval_s - 1e-9 and max(gaps["idle"]) <= 0.4, gaps["idle"]
 
 
 def test_the_pacer_waits_only_for_the_same_shard():
