@@ -290,7 +290,7 @@ class _NoPacer:
     def wait(self, shard_id: str) -> None:
         pass
 
-    def ready_in(self, shard_id: str) -> float:
+    def ready_in(self, shard_id: str, at_least_s: float = 0.0) -> float:
         return 0.0
 
     def forget(self, shard_id: str) -> None:

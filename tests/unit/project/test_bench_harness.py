@@ -39,6 +39,20 @@ def test_unpaced_takes_the_pacer_away_and_puts_it_back() -> None:
     assert stream_source.ShardPacer is ShardPacer
 
 
+def test_the_unpaced_pacer_takes_every_call_the_real_one_does() -> None:
+    # The reader calls the pacer it is given: a parameter added to ShardPacer's
+    # methods and not to the stand-in failed the unpaced benchmark at its first
+    # round (ready_in's at_least_s), not here.
+    import inspect
+
+    methods = {n: m for n, m in inspect.getmembers(ShardPacer, inspect.isfunction) if not n.startswith("_")}
+    assert methods, "ShardPacer has public methods"
+    for name, method in methods.items():
+        stand_in = getattr(run._NoPacer, name, None)
+        assert stand_in is not None, f"_NoPacer has no {name}"
+        assert list(inspect.signature(stand_in).parameters) == list(inspect.signature(method).parameters), name
+
+
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
