@@ -262,12 +262,10 @@ def test_an_idle_local_reader_sleeps_once_per_round_of_every_partition(monkeypat
     fn.teardown()
 
 
-def test_a_local_reader_reads_right_after_its_sleep_in_the_same_call(monkeypatch):
-    """Locally (the runner ignores deferral delays) a round that has to wait
-    sleeps, then reads at once in the same call, instead of deferring first: the
-    runner's pass over every stage between a deferral and the next call would add
-    to each wait, and so to every change's lag. At most one read after a sleep per
-    call: the call, and its bundle, still ends."""
+def one_table_reader(monkeypatch, clock, sleep, sleep_when_idle: bool) -> tuple:
+    """The reading DoFn over one table's fake stream (one shard, one partition):
+    its pacer on ``clock``, its sleeps through ``sleep``. (client, fn, call,
+    tracker): ``call()`` is one process call, the keys it emitted."""
     from ddb2bt.pipeline.source import stream_sdf, stream_source
     from ddb2bt.pipeline.source.stream_sdf import StreamSource, _ReadStreamPartitionsFn
     from ddb2bt.pipeline.source.stream_source import StreamPartition
@@ -275,14 +273,10 @@ def test_a_local_reader_reads_right_after_its_sleep_in_the_same_call(monkeypatch
 
     client = FakeStreamsClient(table="A")
     client.add_shard("shardId-1")
-    sleeps: list = []
-    monkeypatch.setattr(stream_sdf.time, "sleep", sleeps.append)
+    monkeypatch.setattr(stream_sdf.time, "sleep", sleep)
     paced = stream_source.ShardPacer
-    monkeypatch.setattr(stream_source, "ShardPacer", lambda **kw: paced(clock=lambda: sum(sleeps), **kw))
-    calls: list = []
-    get_records = client.get_records
-    client.get_records = lambda **kw: (calls.append(sum(sleeps)), get_records(**kw))[1]
-    options = ReaderOptions(poll_interval_s=0.25, sleep_when_idle=True)
+    monkeypatch.setattr(stream_source, "ShardPacer", lambda **kw: paced(clock=clock, **kw))
+    options = ReaderOptions(poll_interval_s=0.25, sleep_when_idle=sleep_when_idle)
     fn = _ReadStreamPartitionsFn([StreamSource(client.stream_arn, options, lambda: client, NoState)])
     fn.setup()
     part, tracker = StreamPartition(client.stream_arn, 0, 1), Tracker()
@@ -290,6 +284,21 @@ def test_a_local_reader_reads_right_after_its_sleep_in_the_same_call(monkeypatch
     def call() -> list:
         return [r.keys["pk"]["S"] for e in fn.process(part, tracker=tracker) for r in e.records]
 
+    return client, fn, call, tracker
+
+
+def test_a_local_reader_reads_right_after_its_sleep_in_the_same_call(monkeypatch):
+    """Locally (the runner ignores deferral delays) a round that has to wait
+    sleeps, then reads at once in the same call, instead of deferring first: the
+    runner's pass over every stage between a deferral and the next call would add
+    to each wait, and so to every change's lag. At most one read after a sleep per
+    call: the call, and its bundle, still ends."""
+    sleeps: list = []
+    client, fn, call, tracker = one_table_reader(monkeypatch, lambda: sum(sleeps), sleeps.append,
+                                                 sleep_when_idle=True)
+    calls: list = []
+    get_records = client.get_records
+    client.get_records = lambda **kw: (calls.append(sum(sleeps)), get_records(**kw))[1]
     assert call() == []  # idle: a read, the idle sleep, a read right after it, one more sleep
     assert sleeps == [0.25, 0.25] and calls == [0, 0.25] and tracker.deferred == 1
     client.put("shardId-1", "INSERT", {"pk": {"S": "a"}}, {"pk": {"S": "a"}}, None)
@@ -355,25 +364,10 @@ def test_on_dataflow_the_reader_never_sleeps_and_defers_by_the_wait(monkeypatch)
     changes, the idle poll after an empty one, what is left of it for a round that
     came early — and the reader never sleeps: a deferral of 0 there would bring
     the partition straight back, a spinning core."""
-    from ddb2bt.pipeline.source import stream_sdf, stream_source
-    from ddb2bt.pipeline.source.stream_sdf import StreamSource, _ReadStreamPartitionsFn
-    from ddb2bt.pipeline.source.stream_source import StreamPartition
-    from ddb2bt.pipeline.testing.fakes import FakeStreamsClient
-
-    client = FakeStreamsClient(table="A")
-    client.add_shard("shardId-1")
     now = [0.0]
-    monkeypatch.setattr(stream_sdf.time, "sleep", lambda s: pytest.fail(f"the reader slept {s} s"))
-    paced = stream_source.ShardPacer
-    monkeypatch.setattr(stream_source, "ShardPacer", lambda **kw: paced(clock=lambda: now[0], **kw))
-    options = ReaderOptions(poll_interval_s=0.25, sleep_when_idle=False)
-    fn = _ReadStreamPartitionsFn([StreamSource(client.stream_arn, options, lambda: client, NoState)])
-    fn.setup()
-    part, tracker = StreamPartition(client.stream_arn, 0, 1), Tracker()
-
-    def call() -> list:
-        return [r.keys["pk"]["S"] for e in fn.process(part, tracker=tracker) for r in e.records]
-
+    client, fn, call, tracker = one_table_reader(monkeypatch, lambda: now[0],
+                                                 lambda s: pytest.fail(f"the reader slept {s} s"),
+                                                 sleep_when_idle=False)
     assert call() == [] and tracker.delays == [0.25]  # an empty page: the idle poll
     now[0] += 0.1
     assert call() == [] and tracker.delays[-1] == pytest.approx(0.15)  # early: the rest of it

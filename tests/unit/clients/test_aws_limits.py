@@ -48,14 +48,29 @@ class SimClock:
         self.t += max(0.0, seconds)
 
 
-def reader_for(client, clock, index=0, count=1, directory=None, metrics=None, **options):
+def reader_for(client, clock, index=0, count=1, directory=None, metrics=None, hand_back=False, **options):
+    """A reader on simulated time; ``hand_back``: the splittable DoFn's (a paced
+    round ends with its wait instead of sleeping)."""
     state = StateStore(InMemoryBigtable(), "job", clock.ms)
     opts = ReaderOptions(retry=FAST, **options)
     reader = PartitionReader(client, StreamPartition(client.stream_arn, index, count), opts, state.load_checkpoints,
                              metrics or PipelineMetrics(CollectorRegistry()), now_ms=clock.ms, sleep=clock.sleep,
                              directory=directory or ShardDirectory(clock),
-                             pacer=ShardPacer(clock=clock, sleep=clock.sleep))
+                             pacer=ShardPacer(clock=clock, sleep=clock.sleep), hand_back_pacing=hand_back)
     return reader, state
+
+
+def call_times(client, clock) -> dict:
+    """{shard id: simulated times of its GetRecords calls}, filled as they are made."""
+    calls: dict = {}
+    get_records = client.get_records
+
+    def timed(**kw):
+        calls.setdefault(kw["ShardIterator"].split("|")[0], []).append(clock())
+        return get_records(**kw)
+
+    client.get_records = timed
+    return calls
 
 
 def test_a_backlogged_shard_gets_at_most_5_get_records_calls_per_second(monkeypatch):
@@ -65,20 +80,14 @@ def test_a_backlogged_shard_gets_at_most_5_get_records_calls_per_second(monkeypa
     for i in range(1_200):  # 12 full pages: one round reads PAGES_PER_ROUND of them back to back
         client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
     clock = SimClock()
-    calls: list = []
-    get_records = client.get_records
-
-    def timed(**kw):
-        calls.append(clock())
-        return get_records(**kw)
-
-    client.get_records = timed
+    times = call_times(client, clock)
     reader, _ = reader_for(client, clock)
     tracker = LocalTracker()
     read = 0
     while read < 1_200:
         elements, result = drain_round(reader, tracker)
         read += result.records
+    calls = times["s0"]
     assert len(calls) >= 12
     # every window of one second holds at most 5 calls
     for i, t in enumerate(calls):
@@ -100,14 +109,7 @@ def test_a_paced_shard_does_not_hold_up_the_others_of_its_partition(monkeypatch)
         for i in range(pages * 100):
             client.put(shard, "INSERT", {"pk": {"S": f"{shard}-{i}"}}, {"pk": {"S": f"{shard}-{i}"}})
     clock = SimClock()
-    calls: dict = {}
-    get_records = client.get_records
-
-    def timed(**kw):
-        calls.setdefault(kw["ShardIterator"].split("|")[0], []).append(clock())
-        return get_records(**kw)
-
-    client.get_records = timed
+    calls = call_times(client, clock)
     reader, _ = reader_for(client, clock)
     start = clock()
     elements, result = drain_round(reader, LocalTracker())
@@ -167,25 +169,13 @@ def test_a_shard_under_steady_writes_is_read_at_aws_pace_not_at_the_idle_poll(mo
     previous call), not after the idle poll: under steady writes every page
     reaches the head, and the idle poll after each would add to every change's
     lag. One empty page and the shard is idle again: an early round makes no call
-    and the idle poll (4 calls a second) spaces the next. Never more than 5 calls
-    in any second."""
+    and says how long until its idle poll (4 calls a second) is due."""
     monkeypatch.setattr(stream_source, "GET_RECORDS_LIMIT", 100)
     client = FakeStreamsClient()
     client.add_shard("s0")
     clock = SimClock()
-    calls: list = []
-    get_records = client.get_records
-
-    def timed(**kw):
-        calls.append(clock())
-        return get_records(**kw)
-
-    client.get_records = timed
-    state = StateStore(InMemoryBigtable(), "job", clock.ms)
-    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
-                             state.load_checkpoints, PipelineMetrics(CollectorRegistry()), now_ms=clock.ms,
-                             sleep=clock.sleep, directory=ShardDirectory(clock),
-                             pacer=ShardPacer(clock=clock, sleep=clock.sleep), hand_back_pacing=True)
+    calls = call_times(client, clock).setdefault("s0", [])
+    reader, _ = reader_for(client, clock, hand_back=True)
     tracker = LocalTracker()
     drain_round(reader, tracker)  # discovery and the first (empty) page
     clock.sleep(ReaderOptions().poll_interval_s)  # the runner's idle poll
@@ -222,20 +212,9 @@ def test_an_idle_shard_is_polled_at_the_idle_poll_next_to_a_busy_one(monkeypatch
     for shard in ("busy", "idle"):
         client.add_shard(shard)
     clock = SimClock()
-    calls: dict = {"busy": [], "idle": []}
-    get_records = client.get_records
-
-    def timed(**kw):
-        calls[kw["ShardIterator"].split("|")[0]].append(clock())
-        return get_records(**kw)
-
-    client.get_records = timed
-    state = StateStore(InMemoryBigtable(), "job", clock.ms)
-    options = ReaderOptions(retry=FAST)
-    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), options,
-                             state.load_checkpoints, PipelineMetrics(CollectorRegistry()), now_ms=clock.ms,
-                             sleep=clock.sleep, directory=ShardDirectory(clock),
-                             pacer=ShardPacer(clock=clock, sleep=clock.sleep), hand_back_pacing=True)
+    calls = call_times(client, clock)
+    options = ReaderOptions()
+    reader, _ = reader_for(client, clock, hand_back=True)
     tracker = LocalTracker()
     for i in range(80):  # the runner comes back when asked, as the SDF tells it (stream_sdf._round)
         client.put("busy", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
