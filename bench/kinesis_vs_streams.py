@@ -40,13 +40,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import (ITEM_BYTES, LAST_LIVE_RUN, MAPPING, MS_PER_S, Meter, unpaced, fresh_table,  # noqa: E402
-                       run_ddb2bt, run_live, settle, stream_records)
+from bench.run import (ITEM_BYTES, LAST_LIVE_RUN, MAPPING, MS_PER_S, US_PER_S, Meter, unpaced,  # noqa: E402
+                       fresh_table, run_ddb2bt, run_live, settle, stream_records)
 from ddb2bt.pipeline.local.local_stack import LocalStack  # noqa: E402
 from ddb2bt.pipeline.testing.fakes import GET_RECORDS_MAX_BYTES  # noqa: E402
 
 PACINGS = ("paced", "unpaced")
-US_PER_S = 1_000_000
 # DynamoDB Streams' published GetRecords limits (per shard): 5 calls/s, each at most
 # 1,000 records or 1 MB (the fake stream's page, GET_RECORDS_MAX_BYTES).
 STREAMS_CALLS_PER_S = 5

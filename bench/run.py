@@ -30,8 +30,11 @@ Reported: changes/s, CPU seconds per 1M changes (this process and the emulator
 separately), ratios ddb2bt (paced, and unpaced) / each, the unpaced row against
 issue 36's targets (<= 40 us client CPU per change, >= 0.40 of the ceiling's
 rate) and, beside it, the unpaced CPU per change once the job's start is taken
-out (priced by a run of START_CHANGES right after); the export backfill against the unpaced live rate (and the paced one); as
-a table and as JSON in bench/results/. ``--sections`` runs some of the sections.
+out (priced by a run of START_CHANGES right after); the export backfill against
+the unpaced live rate (and the paced one), with what an exported item costs this
+process and the emulator and so how many cores the export would need to go at the
+live rate (against the machine's); as a table and as JSON in bench/results/.
+``--sections`` runs some of the sections.
 """
 from __future__ import annotations
 
@@ -94,6 +97,7 @@ def make_item(rng: random.Random, key: dict, size: int = ITEM_BYTES) -> dict:
 # The records' spacing: a change a millisecond, 1,000 changes a second.
 RECORD_SPACING_MS = 1
 MS_PER_S = 1000
+US_PER_S = 1_000_000
 
 
 def stream_records(n: int, seed: int = 1, keys: int = 5000, size: int = ITEM_BYTES,
@@ -725,11 +729,17 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
         p = make_pipeline([])
         add_backfill(p, BackfillJob(src, ("pk", "sk"), 1_900_000_000_000), MAPPING.with_overrides(table=table),
                      spec, SinkConfig(), client_factory)
-        t = time.perf_counter()
-        p.run().wait_until_finish()
-        out[label] = round(n / (time.perf_counter() - t))
+        with Meter(stack.pids["bigtable"]) as m:
+            p.run().wait_until_finish()
+        out[label] = round(n / m.wall)
+        return m
 
-    run(source, "export_items_per_s")
+    m = run(source, "export_items_per_s")
+    # What an exported item costs this process and cbtemulator (the whole job, its
+    # start included, as the live path's figures): with the live rate, how many
+    # cores the export would need to keep up with it (issue 36's export target).
+    out["export_client_cpu_us_per_item"] = round(m.cpu / n * 1e6, 1)
+    out["export_emulator_cpu_us_per_item"] = round(m.emu / n * 1e6, 1)
     ddb = dynamodb_client()
     name = f"Bf{uuid.uuid4().hex[:6]}"
     workload.create_table(ddb, name)
@@ -744,6 +754,19 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
     run(scan, "scan_items_per_s", DynamoDBClientFactory())
     out["items"] = n
     return out
+
+
+def export_cores_at_live_rate(backfill: dict, live: dict) -> dict:
+    """Cores an export backfill needs to go as fast as the unpaced live path:
+    the live rate times an exported item's CPU, this process's and the
+    emulator's, against the machine's cores. Above them, no scheduling of the
+    same work reaches the live rate on this machine (issue 36's export target)."""
+    rate = live["changes_per_s"]
+    client, emulator = backfill["export_client_cpu_us_per_item"], backfill["export_emulator_cpu_us_per_item"]
+    needed = rate * (client + emulator) / US_PER_S
+    live_cores = live["changes_per_s"] * (live["client_cpu_s_per_1M"] + live["emulator_cpu_s_per_1M"]) / US_PER_S
+    return {"export_cores_needed_at_live_rate": round(needed, 2), "live_cores_used": round(live_cores, 2),
+            "machine_cores": os.cpu_count()}
 
 
 def scaling(n: int, stack, project: str, instance: str) -> dict:
@@ -835,7 +858,7 @@ def main() -> int:
             live = results.get("throughput")
             if live is None:  # the ratio needs the live rates of this run
                 print(f"backfill: first the live path alone, paced and unpaced, {n:,} changes")
-                live = live_rates(n, project, instance)
+                live = live_rates(n, stack, project, instance)
             with tempfile.TemporaryDirectory() as tmp:
                 # As many items as the live run has changes: both runs pay a job's start-up
                 # alike (a smaller backfill than live would be charged more of it per item).
@@ -845,6 +868,7 @@ def main() -> int:
                 # Issue 36: the backfill against the live path's unpaced rate (what its CPU
                 # allows; the paced one is AWS's read limit on one shard), the paced beside it.
                 bf["export_to_live"] = round(bf["export_items_per_s"] / live["ddb2bt_unpaced"]["changes_per_s"], 2)
+                bf.update(export_cores_at_live_rate(bf, live["ddb2bt_unpaced"]))
                 bf["export_to_paced_live"] = round(bf["export_items_per_s"] / live["ddb2bt"]["changes_per_s"], 2)
                 bf["scan_to_raw_scan"] = round(bf["scan_items_per_s"] / bf["scan_source_only_items_per_s"], 2)
                 print(f"  {bf}")
@@ -874,15 +898,18 @@ def main() -> int:
     return 0
 
 
-def live_rates(n: int, project: str, instance: str) -> dict:
+def live_rates(n: int, stack, project: str, instance: str) -> dict:
     """The ddb2bt contestant alone, paced and unpaced (rows shaped as throughput's)."""
     records = stream_records(n)
     out = {}
     for name in ("ddb2bt", "ddb2bt_unpaced"):
         with unpaced() if name == "ddb2bt_unpaced" else contextlib.nullcontext():
-            wall = run_ddb2bt(records, project, instance, fresh_table(project, instance))
+            table = fresh_table(project, instance)
+            with Meter(stack.pids["bigtable"]) as m:
+                wall = run_ddb2bt(records, project, instance, table)
         out[name] = {"label": LABELS[name], "changes": n, "changes_per_s": round(n / wall),
-                     "client_cpu_s_per_1M": round(LAST_LIVE_RUN["cpu_s"] / n * 1e6, 1)}
+                     "client_cpu_s_per_1M": round(LAST_LIVE_RUN["cpu_s"] / n * 1e6, 1),
+                     "emulator_cpu_s_per_1M": round(m.emu / n * 1e6, 1)}
         print(f"  {name:<14} {out[name]['changes_per_s']:>8,} changes/s", flush=True)
     return out
 

@@ -53,6 +53,16 @@ def test_the_unpaced_pacer_takes_every_call_the_real_one_does() -> None:
         assert list(inspect.signature(stand_in).parameters) == list(inspect.signature(method).parameters), name
 
 
+def test_the_cores_an_export_needs_are_its_cpu_at_the_live_rate() -> None:
+    # bench-20261128-142849: 70.3 + 47.0 us an exported item at the live path's 18,873/s.
+    backfill = {"export_client_cpu_us_per_item": 70.3, "export_emulator_cpu_us_per_item": 47.0}
+    live = {"changes_per_s": 18_873, "client_cpu_s_per_1M": 40.0, "emulator_cpu_s_per_1M": 30.0}
+    out = run.export_cores_at_live_rate(backfill, live)
+    assert out["export_cores_needed_at_live_rate"] == 2.21
+    assert out["live_cores_used"] == 1.32
+    assert out["machine_cores"] >= 1
+
+
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
