@@ -855,16 +855,19 @@ def main() -> int:
         if "backfill" in sections:
             import tempfile
 
-            live = results.get("throughput")
-            if live is None:  # the ratio needs the live rates of this run
-                print(f"backfill: first the live path alone, paced and unpaced, {n:,} changes")
-                live = live_rates(n, stack, project, instance)
+            # The live rates the export is held to, measured right before it: the same
+            # spell of this shared box's speed (which swings by a third within minutes)
+            # and the emulator as the earlier sections left it, not the throughput
+            # section's rates of several minutes before, on a fresh emulator.
+            print(f"backfill: first the live path alone, paced and unpaced, {n:,} changes")
+            live = live_rates(n, stack, project, instance)
             with tempfile.TemporaryDirectory() as tmp:
                 # As many items as the live run has changes: both runs pay a job's start-up
                 # alike (a smaller backfill than live would be charged more of it per item).
                 bf_n = n
                 print(f"backfill: {bf_n:,} items from an export and from a Scan")
                 bf = results["backfill"] = backfill_speed(bf_n, stack, project, instance, Path(tmp))
+                bf["live"] = live
                 # Issue 36: the backfill against the live path's unpaced rate (what its CPU
                 # allows; the paced one is AWS's read limit on one shard), the paced beside it.
                 bf["export_to_live"] = round(bf["export_items_per_s"] / live["ddb2bt_unpaced"]["changes_per_s"], 2)
