@@ -324,7 +324,23 @@ def run_live(jobs, total: int) -> float:
     local runner; wall seconds until ``total`` changes were applied or skipped
     (the idle wait at the end, which only exists to stop a local run, excluded).
     The process CPU over the same interval lands in ``LAST_LIVE_RUN``."""
-    from ddb2bt.pipeline.graph import add_live_replication, make_pipeline
+    from ddb2bt.pipeline.graph import add_live_replication
+
+    wall, cpu, _ = run_until_applied(lambda p: add_live_replication(p, jobs), total)
+    LAST_LIVE_RUN.clear()
+    LAST_LIVE_RUN.update(wall_s=wall, cpu_s=cpu, changes=total)
+    return wall
+
+
+def run_until_applied(build, total: int) -> tuple:
+    """Build a pipeline (``build(p)``) and run it on the local runner: (wall
+    seconds, this process's CPU seconds) from the job's start, its construction
+    included, until ``total`` changes were applied or skipped, and whether that
+    many were. What follows the last one is left out alike for every path: a live
+    job's idle wait, and the local runner's end of a bundle and teardown (its
+    state sampler alone joins a thread that wakes every 0.2 s, so a one-bundle
+    backfill's wall time otherwise moved in steps of up to 0.2 s)."""
+    from ddb2bt.pipeline.graph import make_pipeline
     from ddb2bt.pipeline.observe.metrics import default_metrics
 
     metrics = default_metrics()
@@ -338,15 +354,15 @@ def run_live(jobs, total: int) -> float:
                 return
             time.sleep(DONE_POLL_S)
 
-    LAST_LIVE_RUN.clear()
     threading.Thread(target=watch, daemon=True).start()
     start, cpu0 = time.perf_counter(), time.process_time()
     p = make_pipeline([])
-    add_live_replication(p, jobs)
+    build(p)
     p.run().wait_until_finish()
-    end, cpu1 = done_at[0] if done_at else (time.perf_counter(), time.process_time())
-    LAST_LIVE_RUN.update(wall_s=end - start, cpu_s=cpu1 - cpu0, changes=total)
-    return end - start
+    reached = bool(done_at)
+    end, cpu1 = done_at[0] if reached else (time.perf_counter(), time.process_time())
+    done_at.append(None)  # stops the watcher
+    return end - start, cpu1 - cpu0, reached
 
 
 def _total(counter) -> float:
@@ -693,7 +709,6 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
     from ddb2bt.pipeline.cutover.backfill import BackfillJob, PartReaders, add_backfill
     from ddb2bt.pipeline.source.snapshot import ExportSource, ScanSource
     from ddb2bt.pipeline.connect.connections import BigtableSpec, DynamoDBClientFactory, StateSpec, dynamodb_client
-    from ddb2bt.pipeline.graph import make_pipeline
     from ddb2bt.pipeline.connect.preflight import ensure_state_table
     from ddb2bt.pipeline.sink.sink import SinkConfig
     from ddb2bt.transforms.attrs import item_to_dynamodb_json
@@ -726,20 +741,25 @@ def backfill_speed(n: int, stack, project: str, instance: str, tmp: Path) -> dic
     def run(src, label, client_factory=None):
         table = fresh_table(project, instance)
         spec = StateSpec(BigtableSpec(project, instance), job=f"bf_{table}")
-        p = make_pipeline([])
-        add_backfill(p, BackfillJob(src, ("pk", "sk"), 1_900_000_000_000), MAPPING.with_overrides(table=table),
-                     spec, SinkConfig(), client_factory)
+        settle()
+        # Over the interval the live path is measured on: from the job's start to
+        # the last item applied (run_until_applied).
         with Meter(stack.pids["bigtable"]) as m:
-            p.run().wait_until_finish()
-        out[label] = round(n / m.wall)
-        return m
+            wall, cpu, reached = run_until_applied(
+                lambda p: add_backfill(p, BackfillJob(src, ("pk", "sk"), 1_900_000_000_000),
+                                       MAPPING.with_overrides(table=table), spec, SinkConfig(), client_factory), n)
+        if not reached:
+            raise RuntimeError(f"the {label} run applied fewer than its {n} items")
+        out[label] = round(n / wall)
+        return cpu, m
 
-    m = run(source, "export_items_per_s")
-    # What an exported item costs this process and cbtemulator (the whole job, its
-    # start included, as the live path's figures): with the live rate, how many
-    # cores the export would need to keep up with it (issue 36's export target).
-    out["export_client_cpu_us_per_item"] = round(m.cpu / n * 1e6, 1)
-    out["export_emulator_cpu_us_per_item"] = round(m.emu / n * 1e6, 1)
+    cpu, m = run(source, "export_items_per_s")
+    # What an exported item costs this process (over the same interval) and
+    # cbtemulator (over the whole run: it has nothing left to do after the last
+    # item): with the live rate, how many cores the export would need to keep up
+    # with it (issue 36's export target).
+    out["export_client_cpu_us_per_item"] = round(cpu / n * US_PER_S, 1)
+    out["export_emulator_cpu_us_per_item"] = round(m.emu / n * US_PER_S, 1)
     ddb = dynamodb_client()
     name = f"Bf{uuid.uuid4().hex[:6]}"
     workload.create_table(ddb, name)
