@@ -24,8 +24,9 @@ wall time until every change was applied or skipped, this process's CPU per
 change and the emulator's. The box is shared: compare the two sides of one
 round, and read the spread over rounds, not one figure. A paced round also
 reports ``kinesis_over_streams_aws_bound``: the Kinesis side's cap under AWS's
-2 MB/s a shard against what the Streams side did, the most the ratio can be
-with these records whatever the replicator does (at ~1 KB items, 0.36).
+2 MB/s a shard against what the Streams side did in that round, the most the
+ratio can be with these records and that Streams rate, whatever the Kinesis
+reader does (at ~1 KB items, 0.36).
 """
 from __future__ import annotations
 
@@ -257,7 +258,8 @@ def main(argv=None) -> int:
             "dynamodb_streams_changes_per_s": spread([x["dynamodb_streams"]["changes_per_s"] for x in runs]),
             "kinesis_guarded_changes_per_s": spread([x["kinesis_guarded"]["changes_per_s"] for x in runs]),
             "kinesis_over_streams": spread([x["kinesis_over_streams"] for x in runs]),
-            **({"kinesis_over_streams_aws_bound": spread([x["kinesis_over_streams_aws_bound"] for x in runs])}
+            **({"kinesis_over_streams_aws_bound": spread([x["kinesis_over_streams_aws_bound"] for x in runs]),
+                "kinesis_share_of_its_cap": spread([x["kinesis_share_of_its_cap"] for x in runs])}
                if pacing == "paced" else {}),
             "dynamodb_streams_client_cpu_us_per_change": spread(
                 [x["dynamodb_streams"]["client_cpu_us_per_change"] for x in runs]),
