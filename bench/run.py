@@ -345,11 +345,15 @@ def run_until_applied(build, total: int) -> tuple:
 
     metrics = default_metrics()
     done_at = []
-    applied0 = _total(metrics.changes_applied) + _total(metrics.changes_skipped)
+
+    def applied() -> float:
+        return _total(metrics.changes_applied) + _total(metrics.changes_skipped)
+
+    applied0 = applied()
 
     def watch():
         while not done_at:
-            if _total(metrics.changes_applied) + _total(metrics.changes_skipped) - applied0 >= total:
+            if applied() - applied0 >= total:
                 done_at.append((time.perf_counter(), time.process_time()))
                 return
             time.sleep(DONE_POLL_S)
@@ -362,7 +366,7 @@ def run_until_applied(build, total: int) -> tuple:
     end, cpu1 = time.perf_counter(), time.process_time()
     # The watcher looks every DONE_POLL_S: a job that ends within one look of its
     # last change has still applied them all (timed to the runner's end then).
-    reached = bool(done_at) or _total(metrics.changes_applied) + _total(metrics.changes_skipped) - applied0 >= total
+    reached = bool(done_at) or applied() - applied0 >= total
     if done_at:
         end, cpu1 = done_at[0]
     done_at.append(None)  # the watcher may be between looks: this ends its loop
@@ -936,8 +940,8 @@ def live_rates(n: int, stack, project: str, instance: str) -> dict:
             with Meter(stack.pids["bigtable"]) as m:
                 wall = run_ddb2bt(records, project, instance, table)
         out[name] = {"label": LABELS[name], "changes": n, "changes_per_s": round(n / wall),
-                     "client_cpu_s_per_1M": round(LAST_LIVE_RUN["cpu_s"] / n * 1e6, 1),
-                     "emulator_cpu_s_per_1M": round(m.emu / n * 1e6, 1)}
+                     "client_cpu_s_per_1M": round(LAST_LIVE_RUN["cpu_s"] / n * US_PER_S, 1),
+                     "emulator_cpu_s_per_1M": round(m.emu / n * US_PER_S, 1)}
         print(f"  {name:<14} {out[name]['changes_per_s']:>8,} changes/s", flush=True)
     return out
 
