@@ -13,6 +13,7 @@ partition by partition with checkpoints in the job's state table.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -287,22 +288,93 @@ class Frontier:
 
     def __init__(self, start_time_us: Optional[int]) -> None:
         self.start_time_us = start_time_us
-        self.cursors: dict = {}  # Partition -> [(Partition, token)] (empty: from the start time)
+        self.cursors: dict = {}  # Partition -> [(Partition, token)] (empty: from its start time)
+        self.starts: dict = {}  # Partition without a token yet -> its start time, when not start_time_us
         self._waiting: dict = {}  # new Partition -> tokens gathered so far
+
+    def start_of(self, partition: Partition) -> int:
+        return self.starts.get(partition, self.start_time_us)
+
+    def finished(self, partition: Partition, end_us: int) -> None:
+        """A read of ``partition`` up to ``end_us`` ended with no token: nothing
+        up to ``end_us`` is left there, so it starts after it next time."""
+        if not self.cursors.get(partition):
+            self.starts[partition] = end_us + 1
 
     def advance(self, partition: Partition, token: str) -> None:
         self.cursors[partition] = [(partition, token)]
+        self.starts.pop(partition, None)
+
+    def to_json(self) -> str:
+        """The frontier as text for a checkpoint (``from_json`` reads it back)."""
+        def tokens(ts: Sequence) -> list:
+            return [[p.id, t] for p, t in ts]
+
+        return json.dumps({"start_time_us": self.start_time_us,
+                           "cursors": {p.id: tokens(ts) for p, ts in sorted(self.cursors.items())},
+                           "starts": {p.id: us for p, us in sorted(self.starts.items())},
+                           "waiting": {p.id: tokens(ts) for p, ts in sorted(self._waiting.items())}})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Frontier":
+        data = json.loads(text)
+        frontier = cls(data["start_time_us"])
+
+        def tokens(ts: list) -> list:
+            return [(Partition.parse(p), t) for p, t in ts]
+
+        frontier.cursors = {Partition.parse(p): tokens(ts) for p, ts in data["cursors"].items()}
+        frontier.starts = {Partition.parse(p): us for p, us in data["starts"].items()}
+        frontier._waiting = {Partition.parse(p): tokens(ts) for p, ts in data["waiting"].items()}
+        return frontier
 
     def close(self, closed: PartitionClosed) -> None:
         """The stream of a partition ended; a finished one (past its end time) stays to be read again."""
         if not closed.new_partitions:
             return
         del self.cursors[closed.partition]
+        self.starts.pop(closed.partition, None)
         for new in closed.new_partitions:
             gathered = self._waiting.setdefault(new, [])
             gathered += [t for t in closed.tokens_for(new) if t not in gathered]
             if _covers(gathered, new):
                 self.cursors[new] = self._waiting.pop(new)
+
+
+def initial_frontier(stream: ChangeStreamClient, start_time_us: int) -> Frontier:
+    """Every partition of the table now, each to be read from ``start_time_us``."""
+    frontier = Frontier(start_time_us)
+    frontier.cursors = {p: [] for p in stream.partitions()}
+    return frontier
+
+
+def read_pass(stream: ChangeStreamClient, frontier: Frontier, end_us: int,
+              sleep: Callable[[float], None] = time.sleep) -> list:
+    """Read every partition of ``frontier`` up to ``end_us`` (one bounded
+    ReadChangeStream each, retried by the client policy from the partition's
+    last token), advancing ``frontier`` past what was read; the changes, per
+    partition in commit order. A partition split or merged on the way is
+    replaced by its new partitions, read in the next pass."""
+    changes: list = []
+    for partition, tokens in sorted(frontier.cursors.items()):
+        def step(partition=partition, tokens=tokens) -> list:
+            return list(stream.read(partition, None if tokens else frontier.start_of(partition), tokens, end_us))
+
+        for event in retrying(stream.policy, f"ReadChangeStream on {stream.table} partition {partition.id}",
+                              where=f"Bigtable ({bigtable_endpoint()})", sleep=sleep)(step):
+            if isinstance(event, RowChange):
+                changes.append(event)
+                frontier.advance(partition, event.token)
+            elif isinstance(event, Heartbeat):
+                frontier.advance(partition, event.token)
+            elif event.status_code:
+                raise ChangeStreamError(f"the change stream of {stream.table} partition {partition.id} closed with "
+                                        f"status {event.status_code}: {event.message}", reason="closed_with_error")
+            elif event.new_partitions:
+                frontier.close(event)
+            else:
+                frontier.finished(partition, end_us)
+    return changes
 
 
 def read_changes(client, table: str, start_time_us: Optional[int], until_idle_s: float,
@@ -316,27 +388,12 @@ def read_changes(client, table: str, start_time_us: Optional[int], until_idle_s:
     time of the step; a failed step is retried by the client policy from the
     last token (no change is yielded twice, none skipped)."""
     stream = ChangeStreamClient(client, table, app_profile, sleep=sleep)
-    frontier = Frontier(start_time_us)
-    frontier.cursors = {p: [] for p in stream.partitions()}
+    frontier = initial_frontier(stream, start_time_us if start_time_us is not None else wall_us())
     last_change = clock()
     while True:
-        end_us = wall_us()
-        got = False
-        for partition, tokens in sorted(frontier.cursors.items()):
-            def step(partition=partition, tokens=tokens) -> list:
-                return list(stream.read(partition, None if tokens else start_time_us, tokens, end_us))
-
-            for event in retrying(stream.policy, f"ReadChangeStream on {table} partition {partition.id}",
-                                  where=f"Bigtable ({bigtable_endpoint()})", sleep=sleep)(step):
-                if isinstance(event, RowChange):
-                    got = True
-                    frontier.advance(partition, event.token)
-                    yield event
-                elif isinstance(event, Heartbeat):
-                    frontier.advance(partition, event.token)
-                else:
-                    frontier.close(event)
-        if got:
+        changes = read_pass(stream, frontier, wall_us(), sleep)
+        yield from changes
+        if changes:
             last_change = clock()
         elif clock() - last_change >= until_idle_s:
             return
