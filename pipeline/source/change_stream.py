@@ -2,8 +2,8 @@
 outputs one ``RowChange`` per committed change (commit time as its event time).
 
 One splittable DoFn element per table. Its restriction is the table's frontier
-(every partition's continuation tokens, ``Frontier`` of
-``clients/bigtable/changestream.py``): each call reads every partition up to
+(every partition's continuation tokens and low watermark, ``Frontier`` of
+``clients/bigtable/changestream.py``; the least mark is the output's watermark): each call reads every partition up to
 the present (a bounded ReadChangeStream each, retried by the client policy
 from the partition's last token), claims the new frontier, outputs the changes
 and defers the rest, so a runner checkpoints between calls. Splits and merges
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import apache_beam as beam
+from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
 from apache_beam.transforms.core import RestrictionProvider
-from apache_beam.utils.timestamp import Duration
+from apache_beam.utils.timestamp import Duration, Timestamp
 
 from ddb2bt.pipeline.clients.bigtable.changestream import (ChangeStreamClient, Frontier, data_api_client,
                                                           initial_frontier, read_pass, table_name)
@@ -127,7 +128,8 @@ class ReadChangesFn(beam.DoFn):
         start = self._start_time_us if self._start_time_us is not None else self._wall_us()
         return initial_frontier(stream, start)
 
-    def process(self, table: str, tracker=beam.DoFn.RestrictionParam(ChangeRestrictionProvider())):
+    def process(self, table: str, tracker=beam.DoFn.RestrictionParam(ChangeRestrictionProvider()),
+                watermark=beam.DoFn.WatermarkEstimatorParam(ManualWatermarkEstimator.default_provider())):
         restriction = tracker.current_restriction()
         stream = ChangeStreamClient(self._api, table, self._app_profile)
         frontier = self._frontier(stream, restriction)
@@ -141,7 +143,11 @@ class ReadChangesFn(beam.DoFn):
         if not tracker.try_claim(ChangeRestriction(frontier.to_json(), idle_since, done)):
             return
         for change in changes:
-            yield beam.window.TimestampedValue(change, change.commit_time_us / US_PER_S)
+            yield beam.window.TimestampedValue(change, Timestamp(micros=change.commit_time_us))
+        low = frontier.low_watermark_us()
+        current = watermark.current_watermark()
+        if low is not None and (current is None or Timestamp(micros=low) > current):
+            watermark.set_watermark(Timestamp(micros=low))  # the partitions' least mark (heartbeats, finished reads)
         if done:
             if self._state is not None:
                 self._state.save_meta(frontier_meta(table), frontier.to_json())

@@ -74,6 +74,7 @@ def test_the_beam_reader_follows_a_split_and_a_new_job_resumes_from_the_saved_fr
     write(keys, b"1")
     front.split(table_name(PROJECT, INSTANCE, table_id), b"k06")
     write(keys, b"2")
+    written_by = int(time.time() * 1e6)
     first = _run(table_id, start, state, tmp_path / "first")
     assert sorted((k, v) for k, v, _ in first) == sorted([(k, b"1") for k in keys] + [(k, b"2") for k in keys])
     for key in keys:  # per row, the older change first (the parent partition read to its end before its halves)
@@ -81,6 +82,7 @@ def test_the_beam_reader_follows_a_split_and_a_new_job_resumes_from_the_saved_fr
     assert {p for k, v, p in first if v == b"2"} == {":6b3036", "6b3036:"}  # the halves of the split at k06
     saved = Frontier.from_json(state.store().load_meta(frontier_meta(table_name(PROJECT, INSTANCE, table_id))))
     assert {p.id for p in saved.cursors} == {":6b3036", "6b3036:"}
+    assert saved.low_watermark_us() > written_by  # every change up to it was read: the reader's lag
     write(keys[:3], b"3")
     second = _run(table_id, None, state, tmp_path / "second")  # no start time: only the saved frontier says where
     assert sorted((k, v) for k, v, _ in second) == [(k, b"3") for k in keys[:3]]

@@ -290,7 +290,20 @@ class Frontier:
         self.start_time_us = start_time_us
         self.cursors: dict = {}  # Partition -> [(Partition, token)] (empty: from its start time)
         self.starts: dict = {}  # Partition without a token yet -> its start time, when not start_time_us
+        self.watermarks: dict = {}  # Partition -> no change not yet read there is older than this (us)
         self._waiting: dict = {}  # new Partition -> tokens gathered so far
+        self._waiting_marks: dict = {}  # new Partition -> the least mark of its parents so far
+
+    def low_watermark_us(self) -> Optional[int]:
+        """No change not yet read is older than this (the least of the partitions'
+        marks; a partition without one holds it at the start time): the reader's
+        lag is the wall time minus this. None before any partition has a mark."""
+        marks = [self.watermarks.get(p, self.start_of(p)) for p in self.cursors]
+        return None if not marks or None in marks else min(marks)
+
+    def mark(self, partition: Partition, watermark_us: int) -> None:
+        if partition in self.cursors:
+            self.watermarks[partition] = max(watermark_us, self.watermarks.get(partition, 0))
 
     def start_of(self, partition: Partition) -> int:
         return self.starts.get(partition, self.start_time_us)
@@ -300,6 +313,7 @@ class Frontier:
         up to ``end_us`` is left there, so it starts after it next time."""
         if not self.cursors.get(partition):
             self.starts[partition] = end_us + 1
+        self.mark(partition, end_us + 1)
 
     def advance(self, partition: Partition, token: str) -> None:
         self.cursors[partition] = [(partition, token)]
@@ -313,7 +327,9 @@ class Frontier:
         return json.dumps({"start_time_us": self.start_time_us,
                            "cursors": {p.id: tokens(ts) for p, ts in sorted(self.cursors.items())},
                            "starts": {p.id: us for p, us in sorted(self.starts.items())},
-                           "waiting": {p.id: tokens(ts) for p, ts in sorted(self._waiting.items())}})
+                           "watermarks": {p.id: us for p, us in sorted(self.watermarks.items())},
+                           "waiting": {p.id: tokens(ts) for p, ts in sorted(self._waiting.items())},
+                           "waiting_marks": {p.id: us for p, us in sorted(self._waiting_marks.items())}})
 
     @classmethod
     def from_json(cls, text: str) -> "Frontier":
@@ -325,7 +341,9 @@ class Frontier:
 
         frontier.cursors = {Partition.parse(p): tokens(ts) for p, ts in data["cursors"].items()}
         frontier.starts = {Partition.parse(p): us for p, us in data["starts"].items()}
+        frontier.watermarks = {Partition.parse(p): us for p, us in data.get("watermarks", {}).items()}
         frontier._waiting = {Partition.parse(p): tokens(ts) for p, ts in data["waiting"].items()}
+        frontier._waiting_marks = {Partition.parse(p): us for p, us in data.get("waiting_marks", {}).items()}
         return frontier
 
     def close(self, closed: PartitionClosed) -> None:
@@ -334,11 +352,17 @@ class Frontier:
             return
         del self.cursors[closed.partition]
         self.starts.pop(closed.partition, None)
+        parent_mark = self.watermarks.pop(closed.partition, None)
         for new in closed.new_partitions:
             gathered = self._waiting.setdefault(new, [])
             gathered += [t for t in closed.tokens_for(new) if t not in gathered]
+            if parent_mark is not None:
+                self._waiting_marks[new] = min(parent_mark, self._waiting_marks.get(new, parent_mark))
             if _covers(gathered, new):
                 self.cursors[new] = self._waiting.pop(new)
+                mark = self._waiting_marks.pop(new, None)
+                if mark is not None:
+                    self.watermarks[new] = mark
 
 
 def initial_frontier(stream: ChangeStreamClient, start_time_us: int) -> Frontier:
@@ -367,6 +391,7 @@ def read_pass(stream: ChangeStreamClient, frontier: Frontier, end_us: int,
                 frontier.advance(partition, event.token)
             elif isinstance(event, Heartbeat):
                 frontier.advance(partition, event.token)
+                frontier.mark(partition, event.watermark_us)
             elif event.status_code:
                 raise ChangeStreamError(f"the change stream of {stream.table} partition {partition.id} closed with "
                                         f"status {event.status_code}: {event.message}", reason="closed_with_error")

@@ -176,3 +176,21 @@ def test_the_frontier_survives_its_checkpoint_text():
     assert (again.start_time_us, again.cursors, again.starts) == (7, {b: []}, {b: 101})
     again.close(PartitionClosed(b, ((b, "tb2"),), (merged,)))
     assert again.cursors == {merged: [(a, "ta2"), (b, "tb2")]}
+
+
+def test_the_low_watermark_is_the_least_partition_mark_and_a_merge_keeps_the_lesser_parent():
+    a, b, merged = Partition(b"", b"m"), Partition(b"m", b""), Partition()
+    frontier = Frontier(100)
+    frontier.cursors = {a: [], b: []}
+    assert frontier.low_watermark_us() == 100  # nothing read yet: the start time
+    frontier.advance(a, "ta")
+    frontier.mark(a, 500)
+    assert frontier.low_watermark_us() == 100  # b holds it back
+    frontier.finished(b, 900)
+    assert frontier.low_watermark_us() == 500
+    frontier.mark(a, 400)  # a mark never goes back
+    assert frontier.watermarks[a] == 500
+    frontier.close(PartitionClosed(b, ((b, "tb"),), (merged,)))
+    frontier = Frontier.from_json(frontier.to_json())  # a checkpoint between the two closes
+    frontier.close(PartitionClosed(a, ((a, "ta2"),), (merged,)))
+    assert frontier.watermarks == {merged: 500} and frontier.low_watermark_us() == 500
