@@ -248,6 +248,31 @@ def test_a_split_closes_the_stream_with_both_halves_and_their_tokens(env, front,
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_tokens_that_together_cover_a_partition_resume_each_part_from_its_own(env, front, clock):
+    """The request form of a merge: several tokens whose partitions exactly cover
+    the request's; each part resumes after its own token."""
+    client, api = env
+    table, name = make_table(client)
+    start = now_us(clock)
+    front.split(name, b"m")
+    halves = (Partition(b"", b"m"), Partition(b"m", b""))
+    stream = ChangeStreamClient(api, name)
+    _set(table, b"a", b"1").commit()
+    _set(table, b"x", b"1").commit()
+    [a1] = [e for e in stream.read(halves[0], start, end_time_us=now_us(clock) + 100_000) if isinstance(e, RowChange)]
+    _set(table, b"a", b"2").commit()
+    _set(table, b"x", b"2").commit()
+    x_beat = [e for e in stream.read(halves[1], start, end_time_us=now_us(clock) + 300_000, heartbeat_s=0.1)
+              if isinstance(e, Heartbeat)][-1]  # x's part read past both of its changes
+    _set(table, b"x", b"3").commit()
+    merged = [(e.row_key, e.mutations[0].value) for e in
+              stream.read(Partition(), tokens=[(halves[0], a1.token), (halves[1], x_beat.token)],
+                          end_time_us=now_us(clock) + 100_000) if isinstance(e, RowChange)]
+    assert merged == [(b"a", b"2"), (b"x", b"3")]
+    with pytest.raises(BigtablePermanent, match="do not exactly cover"):
+        list(stream.read(Partition(), tokens=[(halves[0], a1.token)]))
+
+
 def test_read_changes_follows_a_split_and_yields_each_change_once(env, front, clock):
     client, api = env
     table, name = make_table(client)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence, Union
 
@@ -31,9 +32,9 @@ log = logging.getLogger(__name__)
 US_PER_S = 1_000_000
 # How often the server is asked for a heartbeat (token and low watermark) on a quiet stream.
 HEARTBEAT_S = 1.0
-# One bounded read of a partition covers at most this much of the stream; a
-# reader that wants to follow the stream reads again from the token it got.
-READ_WINDOW_S = 10.0
+# Partitions read at once in one pass (each a bounded ReadChangeStream that ends
+# once the stream passed the pass's end time, a wait of about a heartbeat on the service).
+PARALLEL_READS = 16
 
 
 class ChangeStreamError(PermanentError):
@@ -376,16 +377,26 @@ def read_pass(stream: ChangeStreamClient, frontier: Frontier, end_us: int,
               sleep: Callable[[float], None] = time.sleep) -> list:
     """Read every partition of ``frontier`` up to ``end_us`` (one bounded
     ReadChangeStream each, retried by the client policy from the partition's
-    last token), advancing ``frontier`` past what was read; the changes, per
-    partition in commit order. A partition split or merged on the way is
+    last token; up to PARALLEL_READS partitions at once), advancing ``frontier``
+    past what was read; the changes, partition after partition, each in commit
+    order. A partition split or merged on the way is
     replaced by its new partitions, read in the next pass."""
-    changes: list = []
-    for partition, tokens in sorted(frontier.cursors.items()):
-        def step(partition=partition, tokens=tokens) -> list:
+    def read(partition: Partition, tokens: list) -> list:
+        def step() -> list:
             return list(stream.read(partition, None if tokens else frontier.start_of(partition), tokens, end_us))
 
-        for event in retrying(stream.policy, f"ReadChangeStream on {stream.table} partition {partition.id}",
-                              where=f"Bigtable ({bigtable_endpoint()})", sleep=sleep)(step):
+        return retrying(stream.policy, f"ReadChangeStream on {stream.table} partition {partition.id}",
+                        where=f"Bigtable ({bigtable_endpoint()})", sleep=sleep)(step)
+
+    cursors = sorted(frontier.cursors.items())
+    if len(cursors) == 1:
+        read_events = [read(*cursors[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_READS, len(cursors)), thread_name_prefix="changes") as pool:
+            read_events = list(pool.map(lambda cursor: read(*cursor), cursors))
+    changes: list = []
+    for (partition, _), events in zip(cursors, read_events):
+        for event in events:
             if isinstance(event, RowChange):
                 changes.append(event)
                 frontier.advance(partition, event.token)
