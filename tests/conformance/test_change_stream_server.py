@@ -15,7 +15,8 @@ from ddb2bt.pipeline.clients.bigtable.changestream import (ChangeStreamClient, C
                                                           Partition, PartitionClosed, data_api_client,
                                                           read_changes, table_name)
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent
-from ddb2bt.pipeline.testing.change_stream_server import ChangeStreamServer, request_split
+from ddb2bt.pipeline.testing.change_stream_server import (ChangeStreamServer, request_garbage_collection,
+                                                           request_split)
 from ddb2bt.transforms.change_records import DeleteCells, DeleteFamily, RowChange, SetCell
 
 PROJECT, INSTANCE = "p", "i"
@@ -212,6 +213,28 @@ def test_heartbeats_carry_a_token_and_a_watermark_below_every_later_change(env, 
     [change] = [e for e in stream.read(Partition(), tokens=[(Partition(), beats[-1].token)],
                                        end_time_us=now_us(clock) + 200_000) if isinstance(e, RowChange)]
     assert change.row_key == b"later" and change.commit_time_us > beats[-1].watermark_us
+
+
+def test_garbage_collection_deletes_the_cells_and_shows_as_a_gc_change(env, front, clock):
+    client, api = env
+    table, name = make_table(client)
+    start = now_us(clock)
+    for ts_ms in (1_000, 2_000):
+        row = table.direct_row(b"r")
+        row.set_cell("cf", b"q", b"v%d" % ts_ms, timestamp=_dt(ts_ms))
+        row.commit()
+    request_garbage_collection(front.address, name, b"r", "cf", b"q", 1_500_000)
+    changes = changes_of(api, name, start)
+    assert [c.source for c in changes] == ["USER", "USER", "GC"]
+    assert changes[-1].mutations == (DeleteCells("cf", b"q", None, 1_500_000),)
+    [row] = list(table.read_rows())
+    assert [c.value for c in row.cells["cf"][b"q"]] == [b"v2000"]  # the older cell is gone from the table too
+
+
+def _dt(ms: int):
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
 
 
 def test_end_time_closes_the_stream_ok_without_partitions(env, clock):
