@@ -111,6 +111,7 @@ def cmd_lint(args) -> int:
     for mapping in mappings:
         items = None
         if args.sample:  # the spread sample draft takes: every segment, every entity type read, the largest item
+            # inside: loaded when the command runs, not by --help (the CLI imports every service)
             from ddb2bt.pipeline.services.draft import SampleBounds, sample_table
 
             items, _ = sample_table(dynamodb_client(mapping.source.region), mapping.source.table,
