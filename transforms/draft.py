@@ -603,7 +603,7 @@ def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str
     data["rules"] = rules
     text = _render(data, facts, guesses, decisions, comments, ttl_block is not None)
     return Draft(text=text, data=data, delimiter=d, guesses=tuple(guesses), decisions=tuple(decisions),
-                 types=tuple(types))
+                 types=tuple(types) if len(groups) > 1 else ())  # one rule for all: no entity types
 
 
 def _cond_text(cond: tuple) -> str:
