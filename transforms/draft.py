@@ -534,7 +534,9 @@ def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str
     salted = set()
     for index in indexes:
         carrying = [it for g in carriers[index.name] for it in g.items if _carries(it, index_keys[index.name])]
-        if _few_values(index, carrying):
+        # An LSI (or a GSI on the table's partition key) is led by the partition key itself:
+        # a salt of the same value would not spread it.
+        if index.partition_key != pk and _few_values(index, carrying):
             salted.add(index.name)
             guesses.append(f"index {index.name}: {index.partition_key} has few values, so its rows start with a "
                            f"{INDEX_SALT}-way salt of the item's partition key ({{{pk}|salt:{INDEX_SALT}}}): one "

@@ -142,13 +142,14 @@ class _SegmentSample:
         return out
 
 
-def sample_table(client, table: str, bounds: SampleBounds, *, keys: tuple = (),
+def sample_table(client, table: str, bounds: SampleBounds, *, keys: tuple = (), metrics_table: Optional[str] = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> tuple:
     """(items, SampleFacts): a sample spread over the whole key space. Every
     parallel Scan segment (a hash range) reads up to ``read_factor`` times its
     share and keeps a uniform reservoir of its share, plus every entity type it
     read (``keys``: the table's key attributes, whose prefixes tell the types)
-    and its largest item; under the RCU budget and the deadline."""
+    and its largest item; under the RCU budget and the deadline.
+    ``metrics_table``: the table's name in the job, labelling the Scan calls counted."""
     segments = max(1, min(bounds.segments, bounds.items))
     share = math.ceil(bounds.items / segments)
     budget = share * max(1, bounds.read_factor)
@@ -162,7 +163,8 @@ def sample_table(client, table: str, bounds: SampleBounds, *, keys: tuple = (),
     def segment(i: int) -> None:
         sample = samples[i]
         pages = scan_pages(client, table, segment=i, total_segments=segments, consistent_read=False,
-                           page_limit=page_items, bucket=bucket, retry=DEFAULT_READ_RETRY)
+                           page_limit=page_items, bucket=bucket, retry=DEFAULT_READ_RETRY,
+                           metrics_table=metrics_table)
         ended = True
         try:
             for page in pages:
@@ -232,5 +234,6 @@ def draft_table(client, table: str, bounds: SampleBounds, *, project: str, insta
 def sampled_split_points(client, mapping, bounds: SampleBounds) -> tuple:
     """(split points, SampleFacts) for ``create-table --split-from-sample``: the
     mapping's row keys of a sample of its source table."""
-    items, sample = sample_table(client, mapping.source.table, bounds, keys=mapping.source.key_attributes)
+    items, sample = sample_table(client, mapping.source.table, bounds, keys=mapping.source.key_attributes,
+                                 metrics_table=mapping.name)
     return tuple(split_points(mapping, items)), sample

@@ -115,7 +115,8 @@ def cmd_lint(args) -> int:
             from ddb2bt.pipeline.services.draft import SampleBounds, sample_table
 
             items, _ = sample_table(dynamodb_client(mapping.source.region), mapping.source.table,
-                                    SampleBounds(items=args.sample), keys=mapping.source.key_attributes)
+                                    SampleBounds(items=args.sample), keys=mapping.source.key_attributes,
+                                    metrics_table=mapping.name)
         findings = lint(mapping, items)
         if len(mappings) > 1:
             print(f"== {mapping.origin} ({mapping.name})")
