@@ -11,6 +11,7 @@ and maps as families, index rows for GSIs as in example 4).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import Counter
@@ -23,7 +24,7 @@ import yaml
 from ddb2bt.transforms.config import MappingConfig, parse_mapping
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MIB
-from ddb2bt.transforms.lint import DOMINANT_SHARE, LOW_CARDINALITY_DISTINCT, looks_enum_like
+from ddb2bt.transforms.lint import DOMINANT_SHARE, LONG_QUALIFIER, LOW_CARDINALITY_DISTINCT, looks_enum_like
 from ddb2bt.transforms.mapping import expected_cells
 
 # Row-key delimiters tried in order: the seed's own three (`#`, `:`, `/`),
@@ -431,10 +432,26 @@ def _typed_inside(value) -> bool:
     return False
 
 
+def short_qualifier(attribute: str) -> str:
+    """The attribute's name as a qualifier, or, over LONG_QUALIFIER bytes, its
+    start and a hash of the whole name (``…~1a2b3c4d``): short, and still one
+    qualifier per name."""
+    raw = attribute.encode("utf-8")
+    if len(raw) <= LONG_QUALIFIER:
+        return attribute
+    digest = hashlib.sha256(raw).hexdigest()[:8]
+    return raw[:LONG_QUALIFIER - len(digest) - 1].decode("utf-8", "ignore") + "~" + digest
+
+
 def _column_spec(attribute: str, values: list, family: str, notes: list) -> dict:
     """The column spec of one attribute from its sampled values: one qualifier
-    (the attribute's name) in the rule's family, encoded by the sampled type."""
-    column = f"{family}:{attribute}"
+    (the attribute's name, shortened past LONG_QUALIFIER bytes) in the rule's
+    family, encoded by the sampled type."""
+    qualifier = short_qualifier(attribute)
+    if qualifier != attribute:
+        notes.append(f"{attribute[:24]}…: a name of {len(attribute.encode('utf-8'))} bytes is stored with every "
+                     f"cell: its column is {family}:{qualifier}")
+    column = f"{family}:{qualifier}"
     tags = {_tag(v) for v in values}
     if len(tags) != 1:
         notes.append(f"{attribute} holds several types ({', '.join(sorted(tags))}): encoding auto "

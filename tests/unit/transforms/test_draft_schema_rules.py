@@ -57,6 +57,16 @@ def test_the_draft_lints_silent_over_its_sample():
     assert warnings(d.mapping(), source.items) == {}
 
 
+def test_a_long_attribute_name_gets_a_short_qualifier():
+    long_name = "customerPreferredShippingAddressInstructionsForTheCourierOnWeekdays" * 2
+    items = [item(PK=f"CUST#{i}", SK="PROFILE", **{long_name: "leave at door", "Name": "n"}) for i in range(20)]
+    d = draft_mapping(table_facts(shop_table().describe("Shop"), None, None), items, project="p", instance="i",
+                      now_s=NOW_S)
+    column = d.data["rules"][0]["columns"][long_name]["column"]
+    assert column.startswith("d:customerPreferred") and len(column) - 2 <= 64 and "~" in column
+    assert warnings(d.mapping(), items) == {}
+
+
 # --- what lint checks, on any mapping ---------------------------------------------------
 
 
