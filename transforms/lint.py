@@ -194,9 +194,30 @@ def _sampled_low_cardinality(mapping: MappingConfig, items: list) -> list:
     return out
 
 
-def schema_findings(mapping: MappingConfig) -> list:
+def _feeding(mapping: MappingConfig, family: str) -> list:
+    """The rules whose items get cells in ``family``."""
+    out = []
+    for rule in mapping.rules:
+        families = {c.family for c in rule.columns} | {index.family for index in rule.indexes}
+        if rule.other.mode == "column":
+            families.add(rule.other.family)
+        if rule.item_column is not None:
+            families.add(rule.item_column.family)
+        if family in families:
+            out.append(rule)
+    return out
+
+
+def _requires(rule, attribute: str) -> bool:
+    """Whether a rule maps only items carrying ``attribute`` (a ``present`` match on it)."""
+    return any(c.attribute == attribute and c.kind == "present" and c.value is True for c in rule.conditions)
+
+
+def schema_findings(mapping: MappingConfig, sampled: bool = False) -> list:
     """Bigtable's schema rules, statically: few families, short family names and
-    qualifiers, and no age-based GC where items carry no TTL."""
+    qualifiers, and no age-based GC where items carry no TTL (``sampled``: the
+    sample decides whether items feeding an aged family carry the TTL attribute,
+    ``sampled_schema_findings``)."""
     out = []
     if len(mapping.families) > MANY_FAMILIES:
         out.append(Finding(WARN, "many_families", "families",
@@ -215,11 +236,16 @@ def schema_findings(mapping: MappingConfig) -> list:
                                "family older than that, counted from its write (a backfilled cell from the "
                                "backfill), while DynamoDB keeps the item: the mapping has no ttl, so nothing says "
                                "these items expire. Remove max_age_seconds (deletions arrive through the stream)"))
-        elif fam.max_age_seconds:
-            out.append(Finding(INFO, "age_gc", f"families.{fam.name}",
-                               f"max_age_seconds {fam.max_age_seconds} is safe only if every item feeding this family "
-                               f"carries {mapping.ttl.attribute} and expires before it: lint --sample checks the "
-                               "first"))
+        elif fam.max_age_seconds and not sampled:
+            unsure = [rule.name for rule in _feeding(mapping, fam.name) if not _requires(rule, mapping.ttl.attribute)]
+            if unsure:
+                out.append(Finding(WARN, "age_gc_without_ttl", f"families.{fam.name}",
+                                   f"max_age_seconds {fam.max_age_seconds}: garbage collection deletes every cell of "
+                                   "this family older than that (a backfilled cell counts from the backfill), but "
+                                   f"rule(s) {', '.join(unsure)} feed it without requiring {mapping.ttl.attribute}: "
+                                   "the cells of an item without it are deleted while DynamoDB keeps it. Remove "
+                                   f"max_age_seconds, match {{attribute: {mapping.ttl.attribute}, present: true}}, "
+                                   "or check with lint --sample that every item feeding it carries it"))
     for i, rule in enumerate(mapping.rules):
         for col in rule.columns:
             if col.qualifier_template is None and len(col.qualifier) > LONG_QUALIFIER:
@@ -284,8 +310,8 @@ def sampled_schema_findings(mapping: MappingConfig, items: list) -> list:
     return out
 
 
-def static_findings(mapping: MappingConfig) -> list:
-    out: list = placeholder_findings(mapping) + low_cardinality_findings(mapping) + schema_findings(mapping)
+def static_findings(mapping: MappingConfig, sampled: bool = False) -> list:
+    out: list = placeholder_findings(mapping) + low_cardinality_findings(mapping) + schema_findings(mapping, sampled)
     for where, t in _templates(mapping):
         first = _first_placeholder(t)
         if first is not None and not _SPREADING & {name for name, _ in first.transforms}:
@@ -415,7 +441,7 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
 
 
 def lint(mapping: MappingConfig, items: Optional[Iterable] = None) -> list:
-    findings = static_findings(mapping)
+    findings = static_findings(mapping, sampled=items is not None)
     if items is not None:
         items = list(items)
         findings += sample_findings(mapping, items) + sampled_schema_findings(mapping, items)

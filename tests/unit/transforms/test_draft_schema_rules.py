@@ -95,6 +95,12 @@ def test_lint_flags_an_age_gc_on_a_family_fed_by_items_without_ttl():
                     [rule("cart", "cart", match={"attribute": "PK", "prefix": "CART#"}), rule("rest")],
                     ttl="expiresAt")
     assert warnings(split, carts + profiles) == {}  # the age GC only where the carts go
+    # without a sample: only a rule that requires the TTL attribute may feed an aged family
+    assert ("age_gc_without_ttl", "families.cart") in warnings(split)
+    required = mapping({"cart": {"max_age_seconds": 86_400 * 60}, "d": {}},
+                       [rule("cart", "cart", match={"attribute": "expiresAt", "present": True}), rule("rest")],
+                       ttl="expiresAt")
+    assert warnings(required) == {}
 
 
 def test_lint_flags_many_families_long_family_names_and_long_qualifiers():
