@@ -5,9 +5,13 @@ a sample of items in, a commented mapping document, an assessment and split
 points out. No I/O, no Beam: the reads are ``ddb2bt.pipeline.services.draft``'s.
 
 What it guesses, and why, is documented rule by rule in docs/mapping.md
-("Drafting a mapping"); the seed patterns it follows are the Bigtable-for-DynamoDB
-guide's (row key ``pk#sk``, families by entity, int64 only for integers, sets
-and maps as families, index rows for GSIs as in example 4).
+("Drafting a mapping"). It follows the Bigtable-for-DynamoDB guide (row key
+``pk#sk``, int64 only for integers, index rows for GSIs as in example 4) and
+Bigtable's schema rules, which ``ddb2bt.transforms.lint`` checks on any mapping:
+few families with short names (one data family, one for index rows; sets and
+maps in one cell), no age-based GC (TTL deletions arrive through the stream),
+each index only on the items carrying its keys and salted when led by a value
+of few values.
 """
 from __future__ import annotations
 
