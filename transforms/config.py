@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextvars
 import difflib
 import re
-from dataclasses import dataclass, replace
+from shlex import quote
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -250,6 +251,10 @@ class MappingConfig:
     version: int = 1
     origin: str = "<memory>"
     description: Optional[str] = None  # one line for people (ddb2bt examples lists it); no effect
+    # The target options given on the command line (with_overrides), as
+    # (option, value): a command suggested in a message repeats them, so it acts
+    # on the same project, instance and table. Not part of the mapping's identity.
+    overrides: tuple = field(default=(), compare=False)
 
     def __getstate__(self) -> dict:
         # The compiled form (compiled.compile_mapping, kept on the mapping) is
@@ -293,7 +298,14 @@ class MappingConfig:
             instance=instance or self.target.instance,
             table=table or self.target.table,
         )
-        return replace(self, target=target)
+        given = tuple((option, value) for option, value in (
+            ("--bigtable-project", project), ("--bigtable-instance", instance), ("--bigtable-table", table)) if value)
+        return replace(self, target=target, overrides=given)
+
+    def target_flags(self) -> str:
+        """The command-line options that chose this target (" --bigtable-instance X"),
+        quoted for a shell; empty when the mapping file's target is used as is."""
+        return "".join(f" {option} {quote(str(value))}" for option, value in self.overrides)
 
 
 # --- parsing ---------------------------------------------------------------------

@@ -5,12 +5,17 @@ a sample of items in, a commented mapping document, an assessment and split
 points out. No I/O, no Beam: the reads are ``ddb2bt.pipeline.services.draft``'s.
 
 What it guesses, and why, is documented rule by rule in docs/mapping.md
-("Drafting a mapping"); the seed patterns it follows are the Bigtable-for-DynamoDB
-guide's (row key ``pk#sk``, families by entity, int64 only for integers, sets
-and maps as families, index rows for GSIs as in example 4).
+("Drafting a mapping"). It follows the Bigtable-for-DynamoDB guide (row key
+``pk#sk``, int64 only for integers, index rows for GSIs as in example 4) and
+Bigtable's schema rules, which ``ddb2bt.transforms.lint`` checks on any mapping:
+few families with short names (one data family, one for index rows; sets and
+maps in one cell), no age-based GC (TTL deletions arrive through the stream),
+each index only on the items carrying its keys and salted when led by a value
+of few values.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import Counter
@@ -23,6 +28,7 @@ import yaml
 from ddb2bt.transforms.config import MappingConfig, parse_mapping
 from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.limits import MAX_QUALIFIER_BYTES, MIB
+from ddb2bt.transforms.lint import DOMINANT_SHARE, LONG_QUALIFIER, LOW_CARDINALITY_DISTINCT, looks_enum_like
 from ddb2bt.transforms.mapping import expected_cells
 
 # Row-key delimiters tried in order: the seed's own three (`#`, `:`, `/`),
@@ -41,9 +47,6 @@ MAX_ENTITY_TYPES = 24
 # A word sort key (`Video`) is an entity type only when it recurs across
 # partitions; a word seen in one partition is more likely data (`Europe`).
 MIN_PARTITIONS_FOR_WORD_TYPE = 2
-# Families a draft may spend on sets and maps before it serializes them into one
-# cell: lint advises at most 30 families per table (FAMILIES_ADVISED).
-MAX_DRAFT_FAMILIES = 30
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Zero-pad width for integer sort keys: every unsigned 64-bit integer fits; a
 # longer value is a dead letter (row_key), never a silently misordered row.
@@ -51,18 +54,23 @@ SORT_KEY_PAD = 20
 # Write-sharding buckets for a time-like partition key (the seed's "salting"):
 # readable, and a Query by partition key still reads one computed prefix.
 TIME_KEY_SALT = 16
-# Drafted family names stay short (the seed: "family names short"; each is
-# stored with every cell) and well under Bigtable's 64 characters, leaving room
-# for a uniqueness suffix.
-FAMILY_NAME_CHARS = 32
+# Families: few and short (cloud.google.com/bigtable/docs/schema-design: a family
+# name is stored with every cell, and columns read together belong together).
+# Every rule's attributes go to one data family (the row key already tells the
+# entity types apart); index rows to one index family.
+DATA_FAMILY = "d"
+# Words longer than this are data, not an entity type's name.
+TYPE_WORD_CHARS = 32
 INDEX_PREFIX = "idx"
 INDEX_FAMILY = "idx"
 CATCH_ALL = "other"
-SECONDS_PER_DAY = 86_400
-# TTL backstop: the families' max age is this many times the longest remaining
-# lifetime sampled, so an item whose TTL is later extended keeps its cells.
-TTL_BACKSTOP_FACTOR = 2
-MIN_TTL_BACKSTOP_DAYS = 7
+# An index whose leading attribute has few values (a status) gets this many salt
+# buckets from the item's partition key before it: its rows spread over as many
+# ranges, and a read of one value is this many prefix reads.
+INDEX_SALT = 16
+# An entity type seen in fewer sampled items than this is reported as rare: its
+# attributes may be incomplete, and types rarer still may be missing.
+RARE_TYPE_ITEMS = 5
 # Bigtable's recommended sizes (cloud.google.com/bigtable/docs/schema-design,
 # "Limits"; read 2026-11): keep a cell under 10 MB and a row under 100 MB.
 RECOMMENDED_CELL_BYTES = 10 * MIB
@@ -163,9 +171,13 @@ class SampleFacts:
     items: int
     scanned_pages: int
     consumed_rcu: float
-    stopped: str  # "limit" (N items), "end" (the whole table), "deadline"
+    stopped: str  # "limit" (the read budget), "end" (the whole table), "deadline"
     segments: int
     seconds: float
+    read: int = 0  # items read (the sample is drawn from them)
+    read_bytes: int = 0  # their size by DynamoDB's rules
+    largest_read: int = 0  # the largest item read, in bytes (kept in the sample)
+    segments_done: int = 0  # segments read to their end
 
 
 # --- values ----------------------------------------------------------------------
@@ -213,6 +225,23 @@ def type_prefix(text: str) -> Optional[str]:
     return None
 
 
+def type_signature(item: dict, keys: tuple) -> tuple:
+    """What an item's key values say about its entity type, per key attribute:
+    the type prefix (``CUST#``), a plain word (``PROFILE``), or None (an id, a
+    number). Items of one type share it; the sample keeps every one it reads."""
+    out = []
+    for attribute in keys:
+        value = item.get(attribute)
+        text = value.get("S") if isinstance(value, dict) else None
+        if not isinstance(text, str):
+            out.append(None)
+        elif _PURE_WORD.match(text) and len(text) <= TYPE_WORD_CHARS:
+            out.append(text)
+        else:
+            out.append(type_prefix(text))
+    return tuple(out)
+
+
 def item_size(item: dict) -> int:
     """An item's size by DynamoDB's rules (names + values; numbers about one
     byte per two digits plus one; containers 3 bytes plus one per element)."""
@@ -253,6 +282,7 @@ class Draft:
     delimiter: str
     guesses: tuple  # what was guessed from the sample (the header lists them)
     decisions: tuple  # what the user must decide
+    types: tuple = ()  # ((rule name, sampled items it maps), ...) in rule order
 
     def mapping(self) -> MappingConfig:
         return parse_mapping(self.data, origin="<draft>")
@@ -393,37 +423,80 @@ def _valid_qualifier(name: str) -> bool:
     return "{" not in name and "}" not in name and len(name.encode("utf-8")) <= MAX_QUALIFIER_BYTES
 
 
-def _column_spec(attribute: str, values: list, family: str, families: dict, taken: set, notes: list) -> tuple:
-    """(column spec, new family or None) for one attribute from its sampled values."""
+def _typed_inside(value) -> bool:
+    """Whether a map or list holds a set or a binary value somewhere (plain JSON
+    would give them back as lists and base64 text)."""
+    tag = _tag(value)
+    if tag in ("B", "SS", "NS", "BS"):
+        return True
+    if tag == "M":
+        return any(_typed_inside(v) for v in value["M"].values())
+    if tag == "L":
+        return any(_typed_inside(v) for v in value["L"])
+    return False
+
+
+def short_qualifier(attribute: str) -> str:
+    """The attribute's name as a qualifier, or, over LONG_QUALIFIER bytes, its
+    start and a hash of the whole name (``…~1a2b3c4d``): short, and still one
+    qualifier per name."""
+    raw = attribute.encode("utf-8")
+    if len(raw) <= LONG_QUALIFIER:
+        return attribute
+    digest = hashlib.sha256(raw).hexdigest()[:8]
+    return raw[:LONG_QUALIFIER - len(digest) - 1].decode("utf-8", "ignore") + "~" + digest
+
+
+def _column_spec(attribute: str, values: list, family: str, notes: list) -> dict:
+    """The column spec of one attribute from its sampled values: one qualifier
+    (the attribute's name, shortened past LONG_QUALIFIER bytes) in the rule's
+    family, encoded by the sampled type."""
+    qualifier = short_qualifier(attribute)
+    if qualifier != attribute:
+        notes.append(f"{attribute[:24]}…: a name of {len(attribute.encode('utf-8'))} bytes is stored with every "
+                     f"cell: its column is {family}:{qualifier}")
+    column = f"{family}:{qualifier}"
     tags = {_tag(v) for v in values}
     if len(tags) != 1:
-        notes.append(f"{family}:{attribute} holds several types ({', '.join(sorted(tags))}): encoding auto "
-                     "(each value by its type)")
-        return {"column": f"{family}:{attribute}", "encoding": "auto"}, None
+        notes.append(f"{attribute} holds several types ({', '.join(sorted(tags))}): encoding auto "
+                     "(each value by its type; a NULL is the byte 0xFF, apart from an empty string)")
+        return {"column": column, "encoding": "auto"}
     tag = tags.pop()
     if tag == "S":
-        return {"column": f"{family}:{attribute}", "encoding": "utf8"}, None
+        return {"column": column, "encoding": "utf8"}
     if tag == "N":
         if all(_is_int64(v["N"]) for v in values):
-            notes.append(f"{family}:{attribute}: every sampled value is an integer in 64 bits: int64 (Increment "
+            notes.append(f"{attribute}: every sampled value is an integer in 64 bits: int64 (Increment "
                          "works); a later fraction or larger number would be a dead letter (encoding)")
-            return {"column": f"{family}:{attribute}", "encoding": "int64"}, None
-        return {"column": f"{family}:{attribute}", "encoding": "decimal"}, None
+            return {"column": column, "encoding": "int64"}
+        return {"column": column, "encoding": "decimal"}
     if tag == "B":
-        return {"column": f"{family}:{attribute}", "encoding": "bytes"}, None
+        return {"column": column, "encoding": "bytes"}
     if tag == "BOOL":
-        return {"column": f"{family}:{attribute}", "encoding": "bool"}, None
+        return {"column": column, "encoding": "bool"}
     if tag == "NULL":
-        return {"column": f"{family}:{attribute}", "encoding": "null"}, None
-    if tag in ("SS", "NS", "BS", "M") and len(families) < MAX_DRAFT_FAMILIES:
-        own = _unique(f"{family}_{_safe_name(attribute, 'attr')}"[:FAMILY_NAME_CHARS], taken)
-        families[own] = {"max_versions": 1}
-        if tag == "M":
-            return {"family": own, "as": "map", "encoding": "auto"}, own
-        return {"family": own, "as": "set"}, own
-    if tag == "L" or tag == "M":
-        return {"column": f"{family}:{attribute}", "encoding": "json"}, None
-    return {"column": f"{family}:{attribute}", "encoding": "dynamodb_json"}, None  # a set past the family budget
+        return {"column": column, "encoding": "null"}
+    if tag in ("SS", "NS", "BS"):
+        return {"column": column, "encoding": "json"}  # a sorted JSON array; decoded by the attribute's type
+    if any(_typed_inside(v) for v in values):
+        return {"column": column, "encoding": "dynamodb_json"}  # keeps nested sets and binary exact
+    return {"column": column, "encoding": "json"}
+
+
+def _carries(item: dict, attributes: tuple) -> bool:
+    return all(a in item for a in attributes)
+
+
+def _few_values(index: IndexFacts, items: list) -> bool:
+    """Whether an index's leading attribute has few values: named like one (a
+    status, a type, a flag) or, over the items carrying it, at most
+    LOW_CARDINALITY_DISTINCT values with one in DOMINANT_SHARE of them."""
+    if looks_enum_like(index.partition_key):
+        return True
+    values = Counter(repr(it[index.partition_key]) for it in items if index.partition_key in it)
+    total = sum(values.values())
+    return bool(total) and len(values) <= LOW_CARDINALITY_DISTINCT and \
+        values.most_common(1)[0][1] / total >= DOMINANT_SHARE
 
 
 def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str, table: Optional[str] = None,
@@ -461,15 +534,39 @@ def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str
     if len(groups) > 1:
         guesses.append(f"{len(groups) - 1} entity type(s) found from the key prefixes, one rule each; the rule "
                        f"'{groups[-1].name}' takes the types the sample did not see")
-    families: dict = {}
-    taken: set = {INDEX_FAMILY}
     table_id = table or _safe_name(facts.name, "table")[:50]
-    single = len(groups) == 1
+    families: dict = {DATA_FAMILY: {"max_versions": 1}}
+    # Each index goes to the rules whose sampled items carry its key attributes
+    # (a GSI holds only those); none seen: the catch-all rule, where unseen types go.
+    index_keys = {index.name: tuple(a for a in (index.partition_key, index.sort_key) if a) for index in indexes}
+    carriers = {index.name: [g for g in groups if any(_carries(it, index_keys[index.name]) for it in g.items)]
+                for index in indexes}
+    catch_all = groups[-1] if len(groups) > 1 else None
+    for index in indexes:
+        if catch_all is not None and catch_all not in carriers[index.name]:
+            carriers[index.name].append(catch_all)  # an unseen type carrying the keys is indexed too
+        if not any(g.items for g in carriers[index.name] if g is not catch_all) and len(groups) > 1:
+            decisions.append(f"index {index.name}: no sampled item carries {' and '.join(index_keys[index.name])}; "
+                             f"its rows are drafted on rule '{groups[-1].name}' only: move them to the rule of the "
+                             "items that carry them")
+        elif len(groups) > 1:
+            guesses.append(f"index {index.name}: rows for the items carrying {' and '.join(index_keys[index.name])} "
+                           f"(rule(s) {', '.join(g.name for g in carriers[index.name])}), as in the GSI")
+    salted = set()
+    for index in indexes:
+        carrying = [it for g in carriers[index.name] for it in g.items if _carries(it, index_keys[index.name])]
+        # An LSI (or a GSI on the table's partition key) is led by the partition key itself:
+        # a salt of the same value would not spread it.
+        if index.partition_key != pk and _few_values(index, carrying):
+            salted.add(index.name)
+            guesses.append(f"index {index.name}: {index.partition_key} has few values, so its rows start with a "
+                           f"{INDEX_SALT}-way salt of the item's partition key ({{{pk}|salt:{INDEX_SALT}}}): one "
+                           f"value's rows spread over {INDEX_SALT} ranges (no hotspot); read a value with "
+                           f"{INDEX_SALT} prefix reads, one per salt 00..{INDEX_SALT - 1:02d}")
     rules = []
     comments: list = []
+    types = []
     for group in groups:
-        family = _unique(_safe_name(table_id if single else group.name, "f")[:FAMILY_NAME_CHARS], taken)
-        families[family] = {"max_versions": 1}
         columns: dict = {}
         invalid = []
         seen = sorted(group.attributes(keys))
@@ -477,8 +574,7 @@ def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str
             if not _valid_qualifier(attribute):
                 invalid.append(attribute)
                 continue
-            spec, _ = _column_spec(attribute, _values(group.items, attribute), family, families, taken, guesses)
-            columns[attribute] = spec
+            columns[attribute] = _column_spec(attribute, _values(group.items, attribute), DATA_FAMILY, guesses)
         rule: dict = {"name": group.name}
         if group.conditions:
             conds = [{"attribute": a, kind: v} for a, kind, v in group.conditions]
@@ -486,34 +582,26 @@ def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str
         rule["row_key"] = row_key
         if columns:
             rule["columns"] = columns
-        rule["other_attributes"] = {"mode": "column", "family": family, "encoding": "auto"}
-        rule_indexes = []
-        for index in indexes:
-            rule_indexes.append(_index_spec(index, facts, items, group, keys, d))
+        rule["other_attributes"] = {"mode": "column", "family": DATA_FAMILY, "encoding": "auto"}
+        rule_indexes = [_index_spec(index, facts, items, group, keys, d, index.name in salted)
+                        for index in indexes if group in carriers[index.name]]
         if rule_indexes:
             rule["indexes"] = rule_indexes
+            families[INDEX_FAMILY] = {"max_versions": 1}
         rules.append(rule)
+        types.append((group.name, len(group.items)))
         why = (f"{len(group.items)} sampled item(s)" + (f" matching {' and '.join(_cond_text(c) for c in group.conditions)}"
                                                         if group.conditions else "")
                + (f"; attributes not valid as qualifiers go to other_attributes: {', '.join(invalid)}"
                   if invalid else ""))
         comments.append(why)
-    if indexes:
-        families[INDEX_FAMILY] = {"max_versions": 1}
 
     ttl_block = None
     if facts.ttl_attribute:
         ttl_block = {"attribute": facts.ttl_attribute, "deletions": "apply"}
-        remaining = [float(v["N"]) - now_s for v in _values(items, facts.ttl_attribute)
-                     if _tag(v) == "N" and _number(v["N"]) is not None]
-        longest = max([r for r in remaining if r > 0], default=0.0)
-        days = max(MIN_TTL_BACKSTOP_DAYS, math.ceil(TTL_BACKSTOP_FACTOR * longest / SECONDS_PER_DAY))
-        for spec in families.values():
-            spec["max_age_seconds"] = days * SECONDS_PER_DAY
-        guesses.append(f"TTL on {facts.ttl_attribute}: DynamoDB's TTL deletions are replicated (deletions: apply), "
-                       f"and every family gets a {days}-day max age as a backstop ({TTL_BACKSTOP_FACTOR}x the "
-                       "longest remaining lifetime sampled, at least "
-                       f"{MIN_TTL_BACKSTOP_DAYS} days)")
+        guesses.append(f"TTL on {facts.ttl_attribute}: DynamoDB's TTL deletions arrive through the stream and are "
+                       "replicated (deletions: apply); no family gets a max age, which would also collect the "
+                       "cells of items that carry no TTL or outlive it")
     if facts.stream_view_type != STREAM_VIEW_NEEDED:
         decisions.append(f"the table's stream is {facts.stream_view_type or 'off'}: ddb2bt needs "
                          f"{STREAM_VIEW_NEEDED} (aws dynamodb update-table --table-name {facts.name} "
@@ -521,7 +609,8 @@ def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str
                          "before run or migrate")
     decisions.append(f"target: project {project!r}, instance {instance!r}, table {table_id!r} (change them here "
                      "or with --bigtable-project/--bigtable-instance/--bigtable-table)")
-    decisions.append("family names and GC policies (one version each: every column holds the item's current value)")
+    decisions.append("family names and GC policies (one version each: every column holds the item's current value; "
+                     "no max age: a cell is deleted when its item is, TTL deletions included)")
     if indexes:
         decisions.append("which index rows you need: each GSI/LSI became one; drop those no reader uses")
 
@@ -536,7 +625,8 @@ def draft_mapping(facts: TableFacts, items: list, *, project: str, instance: str
         data["ttl"] = ttl_block
     data["rules"] = rules
     text = _render(data, facts, guesses, decisions, comments, ttl_block is not None)
-    return Draft(text=text, data=data, delimiter=d, guesses=tuple(guesses), decisions=tuple(decisions))
+    return Draft(text=text, data=data, delimiter=d, guesses=tuple(guesses), decisions=tuple(decisions),
+                 types=tuple(types) if len(groups) > 1 else ())  # one rule for all: no entity types
 
 
 def _cond_text(cond: tuple) -> str:
@@ -544,11 +634,14 @@ def _cond_text(cond: tuple) -> str:
     return f"{attribute} {'starting with' if kind == 'prefix' else '='} {value!r}"
 
 
-def _index_spec(index: IndexFacts, facts: TableFacts, items: list, group: _Group, keys: tuple, d: str) -> dict:
+def _index_spec(index: IndexFacts, facts: TableFacts, items: list, group: _Group, keys: tuple, d: str,
+                salted: bool = False) -> dict:
     """Index rows for a GSI/LSI, keyed as the seed's example 4 prescribes:
     idx#<index>#<index keys>#<item keys> (sparse: an item without an index key
-    attribute gets no row, as in a GSI)."""
-    parts, used = [], []
+    attribute gets no row, as in a GSI); ``salted``: idx#<index>#<salt of the
+    item's partition key>#<index keys>#<item keys>, for a leading index key of
+    few values."""
+    parts, used = ([f"{{{facts.partition_key}|salt:{INDEX_SALT}}}"] if salted else []), []
     for attribute in (index.partition_key, index.sort_key):
         if attribute and attribute not in used:
             key_type = facts.key_type(attribute)
@@ -589,12 +682,11 @@ def _render(data: dict, facts: TableFacts, guesses: list, decisions: list, rule_
               "# by their type), so nothing is lost; docs/mapping.md (\"Drafting a mapping\") explains each guess."]
     out = "\n".join(lines) + "\n"
     for key, value in data.items():
-        if key == "families" and has_ttl:
-            out += ("# TTL → GC: max_age_seconds deletes cells older than that, counted from each cell's write "
-                    "time,\n# even if a TTL deletion never arrives. It does NOT expire an item at its TTL time "
-                    "(the\n# replicated TTL deletion does), GC runs eventually (reads may see expired cells "
-                    "until then),\n# and a column not rewritten for that long is collected even if the item "
-                    "lives on: raise it\n# if items live longer.\n")
+        if key == "families":
+            out += ("# One data family for every rule (the row key tells the entity types apart) and one for "
+                    "index rows:\n# a family's name is stored with every cell. No max age: an age-based GC "
+                    "would also collect\n# the cells of items DynamoDB keeps (a backfilled cell is as old as the "
+                    "backfill); deletions,\n# TTL deletions included, arrive through the stream.\n")
         if key == "ttl":
             out += "# DynamoDB's TTL deletions (REMOVEs by dynamodb.amazonaws.com) delete the item's cells.\n"
         if key != "rules":
@@ -624,15 +716,45 @@ def sampled_row_keys(mapping: MappingConfig, items: Iterable) -> list:
     return sorted(keys)
 
 
+def _key_heads(mapping: MappingConfig) -> list:
+    """The literal start of every key template writing the target table, longest
+    first: each names a range of the table (``idx#bystatus#``: an index's rows;
+    ``b""``: the keys that start with a value)."""
+    heads = {b""}
+    for rule in mapping.rules:
+        templates = ([rule.row_key] if rule.row_key is not None else []) + [
+            index.row_key for index in rule.indexes if (index.table or mapping.target.table) == mapping.target.table]
+        for template in templates:
+            first = template.tokens[0]
+            if isinstance(first, bytes):
+                heads.add(first)
+    return sorted(heads, key=len, reverse=True)
+
+
 def split_points(mapping: MappingConfig, items: Iterable, limit: int = MAX_INITIAL_SPLITS) -> list:
-    """Split points for a fresh target table: evenly spaced quantiles of the
-    sampled row keys, so a backfill starts on many tablets, not one."""
+    """Split points for a fresh target table, so a backfill starts on many
+    tablets, not one: the sampled row keys grouped by the range they belong to
+    (the main rows; each index's rows), each range starting at a split point of
+    its own and its keys cut at evenly spaced quantiles, the points shared out
+    by the ranges' sampled keys (MIN_SAMPLED_KEYS_PER_SPLIT each)."""
     keys = sampled_row_keys(mapping, items)
     count = min(limit, len(keys) // MIN_SAMPLED_KEYS_PER_SPLIT)
     if count < 1:
         return []
-    points = {keys[(i * len(keys)) // (count + 1)] for i in range(1, count + 1)}
-    return sorted(points)
+    heads = _key_heads(mapping)
+    ranges: dict = {}
+    for key in keys:
+        ranges.setdefault(next(h for h in heads if key.startswith(h)), []).append(key)
+    starts = {group[0] for group in ranges.values()} - {keys[0]}  # each range on tablets of its own
+    cuts = set()
+    for group in ranges.values():  # sorted already: keys are
+        share = min(len(group) // MIN_SAMPLED_KEYS_PER_SPLIT, round(count * len(group) / len(keys)))
+        cuts.update(group[(i * len(group)) // (share + 1)] for i in range(1, share + 1))
+    cuts = sorted(cuts - starts)
+    room = max(0, limit - len(starts))
+    if len(cuts) > room:  # evenly spread over them
+        cuts = [cuts[(i * len(cuts)) // room] for i in range(room)]
+    return sorted(starts | set(cuts))[:limit]
 
 
 # --- the assessment --------------------------------------------------------------
@@ -646,7 +768,7 @@ class Assessment:
         return "\n".join(self.lines) + "\n"
 
 
-_STOPPED = {"limit": "the --sample limit", "end": "the end of the table", "deadline": "the time limit"}
+_STOPPED = {"limit": "its read budget, ten times --sample", "end": "the end of the table", "deadline": "the time limit"}
 
 
 def _mb(n: float) -> str:
@@ -656,17 +778,60 @@ def _mb(n: float) -> str:
     return f"{n / 10**3:,.1f} KB"
 
 
+def _percent(part: float, whole: float) -> str:
+    """A share as people write it: 100%, 37%, 0.4%, <0.1%."""
+    pct = 100 * part / whole
+    return "100%" if pct >= 99.95 else f"{pct:.0f}%" if pct >= 10 else f"{pct:.1f}%" if pct >= 0.1 else "<0.1%"
+
+
+def coverage_lines(facts: TableFacts, sample: SampleFacts, types: Sequence) -> list:
+    """What the sample saw: how much of the table it read, each entity type
+    with its sampled items, and where a type may be missing."""
+    out = []
+    if sample.stopped == "end":
+        seen = f"the whole table ({sample.read:,} items read)"
+    elif facts.item_count:
+        seen = (f"{_percent(sample.read, facts.item_count)} of the table's items "
+                f"({sample.read:,} of ~{facts.item_count:,})"
+                + (f", {_percent(sample.read_bytes, facts.size_bytes)} of its bytes" if facts.size_bytes else ""))
+    else:
+        seen = f"{sample.read:,} items (DescribeTable does not count the items yet)"
+    out.append(f"coverage: the sample read {seen} over {sample.segments} segment(s), "
+               f"{sample.segments_done} read to their end; largest item read {sample.largest_read:,} B")
+    typed = [(name, n) for name, n in types if name != CATCH_ALL]
+    if typed:
+        out.append("entity types (sampled items): " + ", ".join(f"{name} {n:,}" for name, n in types))
+    warnings = []
+    if sample.stopped != "end":
+        rare = f"1 in {sample.read:,}" if sample.read else "any"
+        warnings.append(f"the sample did not read the whole table ({_STOPPED.get(sample.stopped, sample.stopped)}): "
+                        f"an entity type rarer than about {rare} items may be missing, and its items would go "
+                        f"to the rule '{CATCH_ALL}' (raise --sample to read more)")
+    for name, n in typed:
+        if n < RARE_TYPE_ITEMS:
+            warnings.append(f"entity type '{name}' is in only {n} sampled item(s): its columns may be incomplete "
+                            "(other_attributes keeps the rest), and a type as rare may be missing")
+    other = dict(types).get(CATCH_ALL, 0)
+    if typed and other:
+        warnings.append(f"{other} sampled item(s) match no entity type found: they go to the rule '{CATCH_ALL}'")
+    out.append("where a type may be missing: " + ("none" if not warnings else ""))
+    out += [f"  WARN {w}" for w in warnings]
+    return out
+
+
 def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: MappingConfig, findings: Sequence,
-           splits: int) -> Assessment:
+           splits: int, types: Sequence = ()) -> Assessment:
     """The report printed beside the draft. ``findings``: lint's on the drafted
-    mapping and the sample (``ddb2bt.transforms.lint.lint``)."""
+    mapping and the sample (``ddb2bt.transforms.lint.lint``); ``types``: the
+    draft's (rule, sampled items) pairs."""
     out = [f"Assessment of DynamoDB table {facts.name}", ""]
     out.append(f"table: {facts.item_count:,} items, {_mb(facts.size_bytes)} (DescribeTable; DynamoDB updates "
                "these about every six hours)")
-    share = f", {100 * sample.items / facts.item_count:.2g}% of the items" if facts.item_count else ""
+    share = f", {_percent(sample.items, facts.item_count)} of the items" if facts.item_count else ""
     out.append(f"sample: {sample.items:,} items in {sample.scanned_pages} page(s) over {sample.segments} "
                f"segment(s), {sample.consumed_rcu:,.1f} RCU, {sample.seconds:.1f} s, stopped at "
                f"{_STOPPED.get(sample.stopped, sample.stopped)}{share}")
+    out += coverage_lines(facts, sample, types)
     sizes = sorted(item_size(it) for it in items)
     if sizes:
         out.append("item size (sampled, DynamoDB's rules): " + ", ".join(
@@ -707,8 +872,8 @@ def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: Mapping
                        "without it the backfill must Scan (RCUs) and a job stopped longer than the stream's 24 "
                        "hours must back-fill again"))
     if facts.ttl_attribute:
-        out.append(f"TTL: {facts.ttl_attribute} ({facts.ttl_status}) — replicated deletions, and a family max age "
-                   "as a backstop (see the draft's comment)")
+        out.append(f"TTL: {facts.ttl_attribute} ({facts.ttl_status}) — replicated deletions (deletions: apply); no "
+                   "family max age (see the draft's comment)")
     per_item = mapped_bytes / len(items) if items else 0
     storage = per_item * facts.item_count
     nodes_storage = max(1, math.ceil(storage / SSD_BYTES_PER_NODE))

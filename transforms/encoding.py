@@ -16,8 +16,8 @@ bool           BOOL                        one byte, 0x01 true / 0x00 false
 null           NULL                        empty
 json           any                         canonical JSON (see ``ddb2bt.transforms.attrs``)
 dynamodb_json  any                         canonical JSON of the typed value: {"N":"30"}
-auto           any                         S→utf8, N→decimal, B→bytes, BOOL→bool, NULL→null,
-                                           SS/NS/BS/M/L→json
+auto           any                         S→utf8, N→decimal, B→bytes, BOOL→bool,
+                                           NULL→the byte 0xFF (AUTO_NULL), SS/NS/BS/M/L→json
 =============  ==========================  ===============================================
 
 What "reversible" means, exactly (``tests/unit/transforms/test_encoding_exact.py`` checks it
@@ -66,6 +66,10 @@ INT64_STRUCT = struct.Struct(">q")
 _FLOAT64 = struct.Struct(">d")
 TRUE_BYTE = b"\x01"
 FALSE_BYTE = b"\x00"
+# ``auto``'s NULL: one byte that is never UTF-8 text, never a number's digits and
+# never JSON, so a NULL reads apart from an empty string (utf8's b"") without the
+# attribute's type. (``null``, whose attribute is NULL by declaration, keeps b"".)
+AUTO_NULL = b"\xff"
 
 
 def _want(value: Any, tags: tuple, encoding: str, where: str) -> Any:
@@ -149,8 +153,12 @@ def _dynamodb_json(value: Any, where: str) -> bytes:
     return canonical_typed_json(value, where).encode("utf-8")
 
 
+def _auto_null(_: Any, where: str) -> bytes:
+    return AUTO_NULL
+
+
 _AUTO_PAYLOAD = {"S": _utf8_payload, "N": decimal_payload, "B": as_bytes, "BOOL": _bool_payload,
-                 "NULL": _null_payload}
+                 "NULL": _auto_null}
 
 
 def _auto(value: Any, where: str) -> bytes:
@@ -220,6 +228,9 @@ def decode(encoding: str, data: bytes, dynamodb_type: Optional[str] = None) -> A
     """Bytes from a cell → AttributeValue. ``json`` cannot tell a set from a list
     or binary from a string; pass ``dynamodb_type`` (the source attribute's type)
     where it matters, or use ``dynamodb_json``."""
+    if encoding == "auto" and (dynamodb_type == "NULL" or (dynamodb_type is None and data == AUTO_NULL)):
+        # Given the type NULL, a cell written before AUTO_NULL existed (empty) reads as NULL too.
+        return {"NULL": True}
     if encoding == "auto":
         encoding = {"S": "utf8", "N": "decimal", "B": "bytes", "BOOL": "bool", "NULL": "null"}.get(
             dynamodb_type or "", "json"
@@ -257,4 +268,4 @@ def decode(encoding: str, data: bytes, dynamodb_type: Optional[str] = None) -> A
     raise ValueError(f"unknown encoding {encoding!r}")
 
 
-__all__ = ["ENCODINGS", "encode", "decode", "json_number"]
+__all__ = ["AUTO_NULL", "ENCODINGS", "encode", "decode", "json_number"]

@@ -20,7 +20,15 @@ from ddb2bt.transforms.rowkey import KeyTemplate, Placeholder
 WARN, INFO = "WARN", "INFO"
 # Near a limit: 75% of it leaves no room for growth.
 NEAR_LIMIT = 0.75
-FAMILIES_ADVISED = 30
+# Bigtable's schema rules (cloud.google.com/bigtable/docs/schema-design): few
+# families, and short family names and qualifiers, each stored with every cell.
+# A mapping with more families than this, a family name longer than
+# LONG_FAMILY_NAME characters or a qualifier longer than LONG_QUALIFIER bytes is
+# flagged. (A family per entity type, map or set is what these catch; the shipped
+# examples stay under them.)
+MANY_FAMILIES = 10
+LONG_FAMILY_NAME = 12
+LONG_QUALIFIER = 64
 _TIME_NAME = re.compile(r"(date|time|timestamp|created|updated|modified|^ts$|_at$|At$)", re.I)
 _SEQUENTIAL_NAME = re.compile(r"(^id$|_id$|Id$|seq|serial|counter|number$)", re.I)
 _PII_NAME = re.compile(r"(e-?mail|phone|mobile|ssn|social|name$|^name|address|birth|dob|passport|credit|card|iban|"
@@ -186,8 +194,124 @@ def _sampled_low_cardinality(mapping: MappingConfig, items: list) -> list:
     return out
 
 
-def static_findings(mapping: MappingConfig) -> list:
-    out: list = placeholder_findings(mapping) + low_cardinality_findings(mapping)
+def _feeding(mapping: MappingConfig, family: str) -> list:
+    """The rules whose items get cells in ``family``."""
+    out = []
+    for rule in mapping.rules:
+        families = {c.family for c in rule.columns} | {index.family for index in rule.indexes}
+        if rule.other.mode == "column":
+            families.add(rule.other.family)
+        if rule.item_column is not None:
+            families.add(rule.item_column.family)
+        if family in families:
+            out.append(rule)
+    return out
+
+
+def _requires(rule, attribute: str) -> bool:
+    """Whether a rule maps only items carrying ``attribute`` (a ``present`` match on it)."""
+    return any(c.attribute == attribute and c.kind == "present" and c.value is True for c in rule.conditions)
+
+
+def schema_findings(mapping: MappingConfig, sampled: bool = False) -> list:
+    """Bigtable's schema rules, statically: few families, short family names and
+    qualifiers, and no age-based GC where items carry no TTL (``sampled``: the
+    sample decides whether items feeding an aged family carry the TTL attribute,
+    ``sampled_schema_findings``)."""
+    out = []
+    if len(mapping.families) > MANY_FAMILIES:
+        out.append(Finding(WARN, "many_families", "families",
+                           f"{len(mapping.families)} families: Bigtable advises few (columns read together in one "
+                           f"family; more than {MANY_FAMILIES} is flagged). A family per entity type, map or set "
+                           "is not needed: the row key tells the types apart, and a map or set fits one cell "
+                           "(encoding json or dynamodb_json)"))
+    for fam in mapping.families:
+        if len(fam.name) > LONG_FAMILY_NAME:
+            out.append(Finding(WARN, "long_family_name", f"families.{fam.name}",
+                               f"a {len(fam.name)}-character family name is stored with every cell: keep it to "
+                               f"{LONG_FAMILY_NAME} or fewer (one letter is common: d, idx)"))
+        if fam.max_age_seconds and mapping.ttl is None:
+            out.append(Finding(WARN, "age_gc_without_ttl", f"families.{fam.name}",
+                               f"max_age_seconds {fam.max_age_seconds}: garbage collection deletes every cell of this "
+                               "family older than that, counted from its write (a backfilled cell from the "
+                               "backfill), while DynamoDB keeps the item: the mapping has no ttl, so nothing says "
+                               "these items expire. Remove max_age_seconds (deletions arrive through the stream)"))
+        elif fam.max_age_seconds and not sampled:
+            unsure = [rule.name for rule in _feeding(mapping, fam.name) if not _requires(rule, mapping.ttl.attribute)]
+            if unsure:
+                out.append(Finding(WARN, "age_gc_without_ttl", f"families.{fam.name}",
+                                   f"max_age_seconds {fam.max_age_seconds}: garbage collection deletes every cell of "
+                                   "this family older than that (a backfilled cell counts from the backfill), but "
+                                   f"rule(s) {', '.join(unsure)} feed it without requiring {mapping.ttl.attribute}: "
+                                   "the cells of an item without it are deleted while DynamoDB keeps it. Remove "
+                                   f"max_age_seconds, match {{attribute: {mapping.ttl.attribute}, present: true}}, "
+                                   "or check with lint --sample that every item feeding it carries it"))
+    for i, rule in enumerate(mapping.rules):
+        for col in rule.columns:
+            if col.qualifier_template is None and len(col.qualifier) > LONG_QUALIFIER:
+                out.append(Finding(WARN, "long_qualifier", f"rules[{i}] {rule.name}: columns.{col.attribute}",
+                                   f"a {len(col.qualifier)}-byte qualifier is stored with every cell: keep it to "
+                                   f"{LONG_QUALIFIER} bytes or fewer"))
+    return out
+
+
+def _feeds(mapping: MappingConfig, items: list) -> tuple:
+    """({family: [item, ...]}, {family: longest qualifier}): the sampled items
+    each family gets cells from, and the longest qualifier they make there."""
+    fed: dict = {}
+    longest: Counter = Counter()
+    for item in items:
+        try:
+            cells = expected_cells(mapping, item)
+        except MappingError:
+            continue
+        for family in {c.family for c in cells.values()}:
+            fed.setdefault(family, []).append(item)
+        for cell in cells.values():
+            longest[cell.family] = max(longest[cell.family], len(cell.qualifier))
+    return fed, longest
+
+
+def sampled_schema_findings(mapping: MappingConfig, items: list) -> list:
+    """The schema rules over sampled items: an age-based GC on a family fed by
+    items without the TTL attribute, an index attached to items that never carry
+    its key attributes, qualifiers longer than LONG_QUALIFIER bytes."""
+    out = []
+    feeds, longest = _feeds(mapping, items)
+    aged = {f.name: f for f in mapping.families if f.max_age_seconds}
+    if mapping.ttl is not None:
+        for name, fam in sorted(aged.items()):
+            fed = feeds.get(name, [])
+            without = sum(1 for item in fed if mapping.ttl.attribute not in item)
+            if without:
+                out.append(Finding(WARN, "age_gc_without_ttl", f"families.{name}",
+                                   f"max_age_seconds {fam.max_age_seconds}, but {without} of the {len(fed)} sampled "
+                                   f"items feeding it carry no {mapping.ttl.attribute}: DynamoDB keeps them, and "
+                                   "garbage collection deletes their cells once that old (a backfilled cell counts "
+                                   "from the backfill). Remove max_age_seconds, or keep it only on a family fed by "
+                                   "expiring items alone"))
+    by_rule = _mapped_by(mapping, items)
+    for i, rule in enumerate(mapping.rules):
+        mapped = by_rule.get(id(rule), [])
+        for j, index in enumerate(rule.indexes):
+            needed = sorted({s for s in index.row_key.sources if not s.startswith("match.")}
+                            - set(mapping.source.key_attributes))
+            if mapped and needed and not any(all(a in item for a in needed) for item in mapped):
+                out.append(Finding(WARN, "index_without_keys", f"rules[{i}] {rule.name}: indexes[{j}] {index.name}",
+                                   f"none of the {len(mapped)} sampled items this rule maps carries "
+                                   f"{', '.join(needed)}: the index is attached to items that make no index row "
+                                   "(a GSI holds only the items carrying its keys); attach it to the rules whose "
+                                   "items carry them"))
+    for family, n in sorted((f, n) for f, n in longest.items() if n > LONG_QUALIFIER):
+        out.append(Finding(WARN, "long_qualifier", f"families.{family}",
+                           f"sampled qualifiers up to {n} bytes (attribute names or map keys): each is stored with "
+                           f"every cell; keep them to {LONG_QUALIFIER} bytes or fewer (rename in a column spec, or "
+                           "keep the map in one cell)"))
+    return out
+
+
+def static_findings(mapping: MappingConfig, sampled: bool = False) -> list:
+    out: list = placeholder_findings(mapping) + low_cardinality_findings(mapping) + schema_findings(mapping, sampled)
     for where, t in _templates(mapping):
         first = _first_placeholder(t)
         if first is not None and not _SPREADING & {name for name, _ in first.transforms}:
@@ -231,10 +355,6 @@ def static_findings(mapping: MappingConfig) -> list:
             out.append(Finding(WARN, "mixed_retention", f"families.{name}",
                                "mixes single-value columns with versioned/list columns: GC is per family, so "
                                "they cannot get different retention; give the versioned data its own family"))
-    if len(mapping.families) > FAMILIES_ADVISED:
-        out.append(Finding(INFO, "many_families", "families",
-                           f"{len(mapping.families)} families: every family is a separate storage unit; "
-                           "keep the count small (Bigtable's ceiling is about 100)"))
     if mapping.ttl is not None and mapping.ttl.deletions == "ignore" and not any(f.max_age_seconds for f in mapping.families):
         out.append(Finding(WARN, "ttl_never_expires", "ttl",
                            "TTL deletions are ignored but no family has max_age_seconds: expired items "
@@ -321,10 +441,10 @@ def sample_findings(mapping: MappingConfig, items: Iterable) -> list:
 
 
 def lint(mapping: MappingConfig, items: Optional[Iterable] = None) -> list:
-    findings = static_findings(mapping)
+    findings = static_findings(mapping, sampled=items is not None)
     if items is not None:
         items = list(items)
-        findings += sample_findings(mapping, items)
+        findings += sample_findings(mapping, items) + sampled_schema_findings(mapping, items)
         flagged = {f.where for f in findings if f.code == "low_cardinality_prefix"}
         findings += [f for f in _sampled_low_cardinality(mapping, items) if f.where not in flagged]
     return findings

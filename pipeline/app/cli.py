@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "  ddb2bt lint -m m.yaml --sample 1000 --strict\n"
                               "  ddb2bt lint -m mappings/            # every file of a directory, each on its own")
     add_mapping_args(p)
-    p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items scanned from the table")
+    p.add_argument("--sample", type=number(int, minimum=0), default=0, metavar="N", help="also check N items sampled across the table (as draft samples)")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
     p.set_defaults(func=cmd_lint)
 
@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "mapping that validate accepts and lint passes: row key pk#sk (another delimiter when key "
                            "values hold '#'; numeric sort keys zero-padded), one rule per entity type found from "
                            "key prefixes, encodings from the sampled types, index rows per GSI, TTL as replicated "
-                           "deletions plus a family max age. The header lists what was guessed and what you must "
+                           "deletions (no family max age). The header lists what was guessed and what you must "
                            "decide. Beside it, an assessment: sizes, hot-key candidates, stream and PITR, Bigtable "
                            "nodes and backfill workers. Exit 1 when nothing can be drafted (no table, no "
                            "permission, no items) or the table has no NEW_AND_OLD_IMAGES stream (the draft is "
@@ -340,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "Idempotent: creates the target table with the mapping's families and GC policies, "
                            "adds missing families, updates changed GC policies, and creates the state table. "
                            "--split-from-sample pre-splits a new target table at quantiles of the row keys of a "
-                           "sample of the source table, so its backfill does not start on one tablet."),
+                           "sample of the source table spread over its key space, every range the mapping writes "
+                           "(main rows, each index's rows) starting at a split point of its own, so its backfill "
+                           "does not start on one tablet."),
                        epilog="examples:\n  ddb2bt create-table --mapping example:product_catalog\n"
                               "  ddb2bt create-table --mapping m.yaml --split-from-sample --sample 5000")
     add_mapping_args(p)

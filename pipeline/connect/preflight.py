@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from shlex import quote
 from dataclasses import dataclass
 from typing import Optional
 
@@ -69,14 +70,50 @@ def check_target(mapping: MappingConfig) -> Optional[str]:
     forget_process_families()  # the job's sinks list the families as they are now
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
     if not admin.exists(mapping.target.table):
-        raise ConfigError(
-            f"Bigtable table {mapping.target.table!r} does not exist; create it with: "
-            f"ddb2bt create-table --mapping {mapping.origin}", "target.table")
+        raise ConfigError(missing_target_message(mapping), "target.table")
     missing = sorted(mapping.family_names - admin.families(mapping.target.table))
     if missing:
         return (f"table {mapping.target.table} lacks families {', '.join(missing)}: their cells go to the "
-                f"dead-letter output; run ddb2bt create-table --mapping {mapping.origin} to add them")
+                f"dead-letter output; run {create_table_command(mapping)} to add them")
     return None
+
+
+def create_table_command(mapping: MappingConfig) -> str:
+    """The create-table command for this very target: the mapping and the target
+    options this command was given (--bigtable-project/--bigtable-instance/
+    --bigtable-table), so it creates the table where the job looks for it."""
+    return f"ddb2bt create-table --mapping {quote(str(mapping.origin))}{mapping.target_flags()}"
+
+
+def missing_target_message(mapping: MappingConfig) -> str:
+    """What a command says when the target table is not there: where it looked,
+    and the two ways out (a wrong instance, or a table not created yet)."""
+    t = mapping.target
+    return (f"Bigtable table {t.table!r} does not exist in project {t.project!r}, instance {t.instance!r}. "
+            f"If that is the wrong project or instance, pass --bigtable-project/--bigtable-instance (or fix "
+            f"target in {mapping.origin}); if the table is not created yet, create it with: "
+            f"{create_table_command(mapping)}")
+
+
+def check_target_exists(mapping: MappingConfig) -> None:
+    """ConfigError naming the project, instance and fix when the target table
+    is missing: before a read-only command reads rows it cannot find."""
+    if not BigtableAdmin(mapping.target.project, mapping.target.instance).exists(mapping.target.table):
+        raise ConfigError(missing_target_message(mapping), "target.table")
+
+
+def check_state_exists(mapping: MappingConfig, state_table: str, job: str) -> None:
+    """ConfigError naming where it looked when the state table is missing: no
+    job ever ran against this project and instance (often a wrong
+    --bigtable-instance), so there is no state to report on."""
+    t = mapping.target
+    if not BigtableAdmin(t.project, t.instance).exists(state_table):
+        raise ConfigError(
+            f"no state of job {job!r} in project {t.project!r}, instance {t.instance!r}: the state table "
+            f"{state_table!r} does not exist there, so no job ran against this instance. If that is the wrong "
+            "project or instance, pass --bigtable-project/--bigtable-instance (or fix target in "
+            f"{mapping.origin}); to start the job: ddb2bt migrate --mapping {quote(str(mapping.origin))}"
+            f"{mapping.target_flags()}", "target.instance")
 
 
 # Meta cell: the stream label a job was told to follow after its stream was replaced.

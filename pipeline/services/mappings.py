@@ -13,7 +13,6 @@ from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.transforms.config import CHANGE_STREAM_MAX_HOURS, CHANGE_STREAM_MIN_HOURS
 from ddb2bt.transforms.errors import ConfigError, ConfigProblems, MappingError
 from ddb2bt.pipeline.clients.bigtable.admin import change_stream_hours, ensure_mapping_table
-from ddb2bt.pipeline.clients.dynamodb import scan_items
 from ddb2bt.pipeline.connect.connections import dynamodb_client
 from ddb2bt.pipeline.connect.preflight import ensure_state_table
 from ddb2bt.pipeline.source.records import from_stream_record
@@ -112,9 +111,13 @@ def cmd_lint(args) -> int:
     warnings = 0
     for mapping in mappings:
         items = None
-        if args.sample:
-            items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table, limit=args.sample,
-                                    consistent_read=False, metrics_table=mapping.name))
+        if args.sample:  # the spread sample draft takes: every segment, every entity type read, the largest item
+            # inside: loaded when the command runs, not by --help (the CLI imports every service)
+            from ddb2bt.pipeline.services.draft import SampleBounds, sample_table
+
+            items, _ = sample_table(dynamodb_client(mapping.source.region), mapping.source.table,
+                                    SampleBounds(items=args.sample), keys=mapping.source.key_attributes,
+                                    metrics_table=mapping.name)
         findings = lint(mapping, items)
         if len(mappings) > 1:
             print(f"== {mapping.origin} ({mapping.name})")

@@ -11,6 +11,7 @@ import logging
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.cutover.status import assess, facts_json, render, render_tables, table_facts
 from ddb2bt.pipeline.services.jobs import load_all, mapping_flags, state_spec
+from ddb2bt.pipeline.connect.preflight import check_state_exists
 from ddb2bt.pipeline.connect.reachability import check_reachable
 
 __all__ = ["STATUS_DEADLINE_S", "cmd_status"]
@@ -29,6 +30,8 @@ def cmd_status(args) -> int:
     reach = check_reachable(mappings, dynamodb="optional")
     for name, why in reach.problems.items():
         log.warning("%s: %s; status without stream facts", name, why)
+    for m in mappings:  # a wrong instance is named, not a raw ReadRows NOT_FOUND
+        check_state_exists(m, args.state_table, args.job_name or m.name)
     named = [(m.name, table_facts(m, state_spec(args, m).store(), read_retry, describe=reach.dynamodb_ok))
              for m in mappings]
     ready = all(assess(f)[0] for _, f in named)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ddb2bt.pipeline.services.jobs import load_all, state_spec, submitted
 from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.transforms.errors import ConfigError
-from ddb2bt.pipeline.connect.preflight import ensure_state_table
+from ddb2bt.pipeline.connect.preflight import check_target_exists, ensure_state_table
 from ddb2bt.pipeline.options import runner_of
 
 
@@ -24,6 +24,7 @@ def cmd_verify(args) -> int:
     check_reachable(mappings)  # the preflight answers within ~30 s, naming what is unreachable
     reports = {}
     for mapping in mappings:
+        check_target_exists(mapping)  # a wrong instance is named, not a raw ReadRows NOT_FOUND
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
         if len(mappings) > 1:
             print(f"== {mapping.name} ({mapping.source.table} → {mapping.target.table})")

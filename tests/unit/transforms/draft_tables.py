@@ -156,3 +156,45 @@ def single_table() -> SourceTable:
 
 def all_tables() -> list:
     return [product_catalog(), videos(), invoices(), hr_orders(), single_table()]
+
+
+# The size of the largest item of shop_table: 163 KB, as in a real catalog
+# whose products carry long descriptions (DynamoDB's limit is 400 KB).
+LARGE_ITEM_BYTES = 163_000
+
+
+def shop_table(customers: int = 200, now_s: int = NOW_S) -> SourceTable:
+    """A single-table design as a new user writes one: customer profiles
+    (CUST#n / PROFILE), their orders (CUST#n / ORDER#…) with a status GSI, carts
+    (CART#… / CART) carrying a TTL attribute (TTL enabled), and products
+    (PRODUCT#… / DETAILS), a fifth of the items, stored last so that a scan
+    reaches them last; the last product is a 163 KB item. Numbers of 38 digits,
+    sets, maps, lists, binary, and a nickname that is NULL for some customers
+    and an empty string for others."""
+    profiles, orders, carts, products = [], [], [], []
+    statuses = ("PENDING", "SHIPPED", "SHIPPED", "DELIVERED", "DELIVERED", "DELIVERED")
+    for c in range(customers):
+        cust = f"CUST#{c:05d}"
+        profile = item(PK=cust, SK="PROFILE", Name=f"customer {c}", Email=f"c{c}@example.com",
+                       Balance=Decimal(f"{12345678901234567890 + c}.123456789012345678"),
+                       Address={"street": f"{c} Main St", "zip": f"{10000 + c}", "geo": {"lat": Decimal("52.5")}},
+                       Avatar=bytes([c % 256, 0, 255]))
+        profile["Tags"] = {"SS": [f"t{c % 7}", "member"]}
+        profile["Nickname"] = {"NULL": True} if c % 3 == 0 else {"S": ""} if c % 3 == 1 else {"S": f"n{c}"}
+        profiles.append(profile)
+        for o in range(4):
+            order = item(PK=cust, SK=f"ORDER#{c * 4 + o:07d}", orderStatus=statuses[(c + o) % len(statuses)],
+                         createdAt=f"2026-10-{1 + (c + o) % 28:02d}T10:{o:02d}:00Z", Total=Decimal(f"{c}.{o}9"),
+                         Lines=[{"sku": f"P{o}", "qty": o + 1}, {"sku": f"P{o + 1}", "qty": 1}])
+            order["Quantities"] = {"NS": [str(o + 1), "10"]}
+            orders.append(order)
+        carts.append(item(PK=f"CART#{c:05d}", SK="CART", Owner=cust, Coupon="" if c % 2 else "WELCOME",
+                          Items=[f"P{c % 9}"], expiresAt=now_s + 86_400 * (2 + c % 5)))
+    for p in range(len(profiles + orders + carts) // 4):  # a fifth of the table
+        product = item(PK=f"PRODUCT#{p:05d}", SK="DETAILS", Title=f"product {p}", Price=Decimal(f"{p}.95"),
+                       Stock=p % 50, Image=bytes([p % 256]) * 8)
+        product["Categories"] = {"SS": [f"cat{p % 11}", "all"]}
+        products.append(product)
+    products[-1]["Description"] = {"S": "x" * LARGE_ITEM_BYTES}
+    return SourceTable("Shop", "PK", "SK", profiles + orders + carts + products,
+                       gsis=[("bystatus", "orderStatus", "createdAt", "ALL", ())], ttl="expiresAt")

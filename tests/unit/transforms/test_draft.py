@@ -86,8 +86,10 @@ def test_entity_types_come_from_key_prefixes_and_encodings_from_the_sampled_type
     cust, order = rules["cust"]["columns"], rules["order"]["columns"]
     assert cust["Balance"]["encoding"] == "decimal"  # 38 digits: exact, never int64 or float
     assert cust["ExpiresAt"]["encoding"] == "int64"
-    assert cust["Tags"] == {"family": "cust_tags", "as": "set"}
-    assert cust["Address"]["as"] == "map"
+    # one data family with the attributes' names as qualifiers: a set or a map is one cell, not a family
+    assert cust["Tags"] == {"column": "d:Tags", "encoding": "json"}
+    assert cust["Address"] == {"column": "d:Address", "encoding": "json"}
+    assert set(d.data["families"]) <= {"d", "idx"}
     assert order["Lines"]["encoding"] == "json"  # a list: one serialized cell
     assert order["Amount"]["encoding"] == "decimal"
     one = drafted(product_catalog())  # the same attributes under every sk prefix: categories, one rule
@@ -157,15 +159,16 @@ class FakeClock:
 def test_the_sample_stops_at_n_items_and_honours_the_read_budget():
     table = LargeFakeTable(1_000_000)
     clock = FakeClock()
-    items, sample = sample_table(table, "Big", SampleBounds(items=2000, max_rcu=50.0, segments=8),
+    items, sample = sample_table(table, "Big", SampleBounds(items=2000, max_rcu=200.0, segments=8),
                                  clock=clock, sleep=clock.sleep)
     assert len(items) == 2000 and sample.stopped == "limit"
-    assert table.served == 2000  # read no more than it keeps: memory holds N items
-    assert table.largest_page <= 250  # each segment reads pages of its share at most
-    assert sample.consumed_rcu == 1000.0
+    assert sample.read == 20_000  # ten times what it keeps, drawn from all of it
+    assert table.served - sample.read < 8 * 10  # no page read far past the budget
+    assert table.largest_page <= 1000  # pages of at most the Scan page limit
+    assert 10_000.0 <= sample.consumed_rcu < 10_040.0
     # The budget: what was read is at most a second's burst plus max_rcu per second that passed.
-    assert sample.consumed_rcu <= 50.0 * (clock.now + 1) + 0.5 * 250
-    assert clock.now >= sample.consumed_rcu / 50.0 - 1 - 250 * 0.5 / 50.0  # it really waited
+    assert sample.consumed_rcu <= 200.0 * (clock.now + 1) + 0.5 * 1000
+    assert clock.now >= sample.consumed_rcu / 200.0 - 1 - 1000 * 0.5 / 200.0  # it really waited
 
 
 def test_the_sample_gives_up_at_its_deadline_with_what_it_has():
@@ -206,7 +209,7 @@ def test_the_cli_passes_the_sample_bounds(monkeypatch, capsys, tmp_path):
             return {"ContinuousBackupsDescription": {"PointInTimeRecoveryDescription": {
                 "PointInTimeRecoveryStatus": "ENABLED"}}}
 
-    def sample(client, table, bounds):
+    def sample(client, table, bounds, keys=()):
         seen.append(bounds)
         return source.items, draft_io.SampleFacts(len(source.items), 1, 3.0, "end", 1, 0.1)
 

@@ -199,3 +199,25 @@ def test_an_item_from_dynamodb_json_is_its_values_converted_one_by_one(item):
     got = item_from_dynamodb_json(item)
     assert got == expected and got is not item
     assert all(type(got[name]) is type(expected[name]) for name in item)
+
+
+def test_auto_tells_a_null_from_an_empty_string_on_every_encoding_path():
+    """auto writes NULL as the byte 0xFF (never UTF-8, digits or JSON) and an
+    empty string as nothing: the plain encoder, the compiled mapping and the
+    verify path (expected_cells) agree, and both read back exactly."""
+    from ddb2bt.transforms.encoding import AUTO_NULL, decode, encode
+    from ddb2bt.transforms.config import parse_mapping
+    from ddb2bt.transforms.mapping import expected_cells
+
+    assert encode("auto", {"NULL": True}) == AUTO_NULL != encode("auto", {"S": ""}) == b""
+    assert decode("auto", AUTO_NULL) == {"NULL": True}  # without the type too
+    assert decode("auto", AUTO_NULL, "NULL") == decode("auto", b"", "NULL") == {"NULL": True}  # older cells
+    assert decode("auto", b"", "S") == {"S": ""}
+    assert encode("null", {"NULL": True}) == b""  # a declared NULL column keeps its empty value
+    mapping = parse_mapping({"version": 1, "name": "t", "source": {"table": "Things", "key": {"partition": "pk"}},
+                             "target": {"project": "p", "instance": "i", "table": "things"},
+                             "families": {"d": {}}, "rules": [{"name": "all", "row_key": "{pk}",
+                                                              "other_attributes": {"mode": "column", "family": "d"}}]})
+    cells = expected_cells(mapping, {"pk": {"S": "a"}, "gone": {"NULL": True}, "blank": {"S": ""}})
+    by_qualifier = {c.qualifier: c.value for c in cells.values()}
+    assert by_qualifier[b"gone"] == AUTO_NULL and by_qualifier[b"blank"] == b""
