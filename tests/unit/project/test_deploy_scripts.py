@@ -202,6 +202,40 @@ def test_the_metrics_vm_takes_pushes_from_the_workers_only_and_serves_the_rest_o
     assert elsewhere.returncode == 2 and "is not in REGION" in elsewhere.stderr
 
 
+def _heredoc(script: str, path_end: str) -> str:
+    """The text a `cat > "...<path_end>" <<'YAML'` block of the script writes."""
+    match = re.search(rf'cat > "[^"]*{re.escape(path_end)}" <<\'YAML\'\n(.*?)\nYAML\n', script, flags=re.S)
+    assert match, path_end
+    return match.group(1)
+
+
+def test_the_metrics_vm_configuration_is_valid_for_prometheus_and_grafana(tmp_path):
+    """What the VM's startup script writes: a Prometheus configuration promtool
+    accepts, with the repository's alert rules (checked too) and the gateway
+    scraped with honor_labels; Grafana's data source and dashboard provider."""
+    import yaml
+
+    startup = (ROOT / "deploy/gcp/metrics-startup.sh").read_text()
+    config = yaml.safe_load(_heredoc(startup, "/prometheus/prometheus.yml"))
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]  # where the script mounts deploy/prometheus/alerts.yml
+    (job,) = config["scrape_configs"]
+    assert job["honor_labels"] is True and job["static_configs"] == [{"targets": ["pushgateway:9091"]}]
+    shutil.copy(ROOT / "deploy/prometheus/alerts.yml", tmp_path / "alerts.yml")
+    config["rule_files"] = [str(tmp_path / "alerts.yml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: install the Debian package 'prometheus' (deploy/local/setup.sh does it)"
+    out = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout + out.stderr, out.stdout + out.stderr
+    (source,) = yaml.safe_load(_heredoc(startup, "/grafana/datasources/prometheus.yml"))["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090" and source["isDefault"]
+    (provider,) = yaml.safe_load(_heredoc(startup, "/grafana/dashboards/ddb2bt.yml"))["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/json"  # where the dashboard's directory is mounted
+    assert '-v "$base/grafana/json:/var/lib/grafana/json:ro"' in startup
+    assert json.loads((ROOT / "deploy/grafana/dashboard.json").read_text())["uid"]
+
+
 # --- the guide, run -------------------------------------------------------------
 
 
