@@ -81,11 +81,12 @@ RECOMMENDED_ROW_BYTES = 100 * MIB
 # per node"): at most 5 TB of SSD data per node (older versions said 2.5 TB).
 WRITES_PER_NODE_S = 10_000
 SSD_BYTES_PER_NODE = 5 * 10**12
-# The backfill's measured rate per vCPU: bench/results/latest.json
-# (2026-11-22), backfill.export_items_per_s = 5,264 items/s in one local
-# process (docs/benchmarks.md, "Lag, memory, backfill and scaling"). A Scan
-# backfill is bounded by the source's read rate instead (--max-rcu).
-BACKFILL_ITEMS_PER_VCPU_S = 5_264
+# The backfill's measured rate per vCPU: bench/results/latest.json,
+# backfill.export_items_per_s = 14,471 items/s in one local process
+# (docs/benchmarks.md, "Backfill"; tests/unit/project/test_sizing_figures.py
+# holds the two equal). A Scan backfill is bounded by the source's read rate
+# instead (--max-rcu).
+BACKFILL_ITEMS_PER_VCPU_S = 14_471
 # docs/deploy-dataflow.md recommends n2-standard-4 workers (4 vCPUs).
 VCPUS_PER_WORKER = 4
 # The backfill window the worker count is sized for: a working day, leaving the

@@ -20,7 +20,8 @@
 #   ROLE_NAME            default ddb2bt-reader
 #   EXPORT_BUCKET, EXPORT_PREFIX  only when back-filling from an export (s3://EXPORT_BUCKET/EXPORT_PREFIX)
 #
-# Runs with the credentials of an AWS administrator (aws CLI v2). The role trusts
+# Runs with the credentials of an AWS administrator, with the AWS CLI v2 (another
+# version is refused, --dry-run included). The role trusts
 # accounts.google.com, AWS's built-in Google identity provider: no OIDC provider
 # to create. Its conditions pin the token to one service account (aud = azp and
 # sub = its unique id) and to the audience (oaud).
@@ -48,6 +49,8 @@ ROLE_NAME="${ROLE_NAME:-ddb2bt-reader}"
 if [ "$with_export" = 1 ] && [ -z "${EXPORT_BUCKET:-}" ]; then
   die "--with-export-permissions needs EXPORT_BUCKET (and EXPORT_PREFIX)"
 fi
+
+require_aws_cli_v2
 
 values=(AWS_ACCOUNT="$AWS_ACCOUNT" AWS_REGION="$AWS_REGION" GOOGLE_SA_UNIQUE_ID="$GOOGLE_SA_UNIQUE_ID" AUDIENCE="$AUDIENCE")
 read -r -a tables <<< "$TABLES"

@@ -4,6 +4,7 @@
 #   deploy/dataflow/flex.sh [--dry-run] build                          # image (Cloud Build) + template spec
 #   deploy/dataflow/flex.sh params EXAMPLE OUT.json KEY=VALUE...       # your parameter file: a copy of
 #                            deploy/dataflow/params/EXAMPLE.json (run, migrate, backfill, verify) with KEYs set
+#                            (KEY= leaves KEY out; the example's Pushgateway URL is refused)
 #   deploy/dataflow/flex.sh [--dry-run] run    [SIZING] PARAMS.json JOB   # launch (params: deploy/dataflow/params/*.json)
 #   deploy/dataflow/flex.sh [--dry-run] update [SIZING] PARAMS.json JOB [OLD=NEW,...]  # replace a running job in place
 #   deploy/dataflow/flex.sh [--dry-run] drain  JOB                     # stop reading, finish writing, keep checkpoints
@@ -16,6 +17,8 @@
 # --machine-type, partitions, tasks and segments must fit them (about 2 partitions
 # per worker, a task per vCPU, 4 segments per task; docs/deploy-dataflow.md#7-sizing):
 # a misfit is refused with the values that fit; --skip-sizing-check launches anyway.
+# Its metrics_pushgateway, if any, must be an http(s) URL the workers reach: not
+# the example's http://pushgateway.monitoring.internal:9091, not a loopback address.
 # SIZING (run, update):
 #   --workers N              workers at start (gcloud --num-workers)
 #   --max-workers N          autoscaling ceiling (--max-workers)
@@ -66,6 +69,9 @@ while [ $# -gt 0 ]; do
 done
 set -- "${positional[@]+"${positional[@]}"}"
 
+# The example parameter files' Pushgateway: a placeholder, refused like the example's mapping.
+EXAMPLE_PUSHGATEWAY="http://pushgateway.monitoring.internal:9091"
+
 here() {  # a path as the caller meant it (the script runs from the repository's root)
   case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$CALLER_PWD/$1" ;; esac
 }
@@ -77,17 +83,28 @@ if [ "${1:-}" = params ]; then  # needs no cloud environment: it writes a local 
   [ -f "$src" ] || die "no example parameter file $src (examples: run, migrate, backfill, verify)"
   [ ! -e "$out" ] || die "$out exists: edit it, or remove it first"
   shift 3
-  python3 - "$src" "$out" "$@" <<'EOF' || exit 2
+  python3 - "$src" "$out" "$EXAMPLE_PUSHGATEWAY" "$@" <<'EOF' || exit 2
 import json, sys
-src, out, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
+src, out, example_gateway, pairs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 params = json.load(open(src))
 for pair in pairs:
     key, sep, value = pair.partition("=")
     if not sep or not key:
         sys.exit(f"flex.sh: {pair!r} is not KEY=VALUE")
-    params[key] = value
+    if key == "metrics_pushgateway" and value.rstrip("/") == example_gateway:
+        sys.exit(f"flex.sh: metrics_pushgateway={value} is the example's address, not a Pushgateway of yours: "
+                 "give your Pushgateway's URL (docs/deploy-dataflow.md#10-metrics-on-dataflow), "
+                 "or metrics_pushgateway= to push no metrics")
+    if value:
+        params[key] = value
+    else:  # KEY= leaves KEY out
+        params.pop(key, None)
 open(out, "w").write(json.dumps(params, indent=2) + "\n")
 print(f"wrote {out} (from {src}): " + ", ".join(f"{k}={v}" for k, v in params.items()), file=sys.stderr)
+if params.get("metrics_pushgateway", "").rstrip("/") == example_gateway:
+    print(f"flex.sh: note: metrics_pushgateway is still the example's {example_gateway}; a launch refuses it: "
+          "set metrics_pushgateway=YOUR_URL (docs/deploy-dataflow.md#10-metrics-on-dataflow), "
+          "or metrics_pushgateway= to push no metrics", file=sys.stderr)
 EOF
   exit 0
 fi
@@ -136,6 +153,20 @@ check_mapping() {  # PARAMS.json: the mapping is where the launcher and the work
   done
 }
 
+check_pushgateway() {  # PARAMS.json: a metrics_pushgateway the workers can reach, not the example's
+  local file="$1" gateway
+  gateway="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("metrics_pushgateway", ""))' "$file")"
+  case "${gateway%/}" in
+    "") ;;
+    "$EXAMPLE_PUSHGATEWAY")
+      die "$file: metrics_pushgateway $gateway is still the example's; set it to your Pushgateway (docs/deploy-dataflow.md#10-metrics-on-dataflow: flex.sh params ... metrics_pushgateway=http://HOST:9091), or remove the key to push no metrics" ;;
+    http://localhost*|https://localhost*|http://127.*|https://127.*)
+      die "$file: metrics_pushgateway $gateway is a loopback address: a Dataflow worker would push to itself; give an address the workers reach (docs/deploy-dataflow.md#10-metrics-on-dataflow)" ;;
+    http://*|https://*) ;;
+    *) die "$file: metrics_pushgateway $gateway is not an http:// or https:// URL (e.g. http://HOST:9091)" ;;
+  esac
+}
+
 check_sizing() {  # PARAMS.json: partitions, tasks, segments fit the workers and vCPUs asked for
   local file="$1" most="${max_workers:-$workers}" vcpus=""
   [ "$sizing_check" = 1 ] && [ -n "$most" ] || return 0
@@ -178,6 +209,7 @@ launch() {  # JOB PARAMS.json [extra gcloud flags...]
   [ -f "$file" ] || die "no parameter file $file"
   check_sizing "$file"
   check_mapping "$file"
+  check_pushgateway "$file"
   local sizing=()
   [ -n "$workers" ] && sizing+=(--num-workers="$workers")
   [ -n "$max_workers" ] && sizing+=(--max-workers="$max_workers")

@@ -1,6 +1,13 @@
 """One retry policy for every remote call: exponential backoff with full jitter,
 bounded by a total deadline, retrying only what was classified retryable.
 
+Built on tenacity (the library the project card chose): ``wait_random_exponential``
+is the full-jitter backoff, ``stop_after_delay`` the deadline,
+``retry_if_exception`` the classification, ``before_sleep`` the warnings and the
+between-attempts check, ``retry_error_callback`` the final error. Time is
+injected: the call's start and each failure are stamped from the caller's clock,
+and tenacity sleeps through the caller's sleep (simulated time in tests).
+
 Failures speak: the first failure of a call is logged at WARNING at once, then
 again with backoff (after 1, 2, 4, 8 ... seconds of failing, at least every
 ``MAX_LOG_GAP_S``), each time saying what fails (the operation), where (the
@@ -11,10 +18,11 @@ silently for minutes.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
+
+import tenacity
 
 from ddb2bt.transforms.errors import Ddb2btError, RetryableError
 
@@ -49,6 +57,23 @@ def _code(exc: BaseException) -> str:
     return str(getattr(exc, "code", "") or type(exc).__name__)
 
 
+class _Call:
+    """What one call of a ``Retrying`` keeps between its attempts (tenacity hands
+    it back to the callbacks as the attempt's argument): the policy object is
+    shared by threads, a call's state is not."""
+    __slots__ = ("fn", "start", "elapsed", "left", "next_log", "logged", "failures")
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+        self.start = self.elapsed = self.left = self.next_log = 0.0
+        self.logged = False
+        self.failures = 0
+
+
+def _attempt(call: _Call) -> object:
+    return call.fn()
+
+
 class Retrying:
     """Calls ``fn`` until it succeeds, raises something not retryable, or the
     deadline passes. Clock and sleep are injected for tests. ``between_attempts``
@@ -58,48 +83,72 @@ class Retrying:
 
     def __init__(self, policy: RetryPolicy, what: str, on_retry: Optional[Callable[[BaseException], None]],
                  sleep: Callable[[float], None], retry_on: tuple, where: str,
-                 clock: Callable[[], float] = time.monotonic, rng: Optional[random.Random] = None,
+                 clock: Callable[[], float] = time.monotonic,
                  between_attempts: Callable[[], None] = no_check) -> None:
         self._policy, self._what, self._on_retry = policy, what, on_retry
         self._between_attempts = between_attempts
-        self._sleep, self._retry_on, self._where = sleep, retry_on, where
-        self._clock = clock
-        self._rng = rng or random
+        self._retry_on, self._where, self._clock = retry_on, where, clock
+        self._backoff = tenacity.wait_random_exponential(multiplier=policy.initial_s, max=policy.max_backoff_s)
+        self._controller = tenacity.Retrying(
+            sleep=sleep,
+            retry=tenacity.retry_if_exception(self._retryable),
+            stop=tenacity.stop_after_delay(policy.deadline_s),
+            wait=self._wait,
+            before=self._before_attempt,
+            after=self._failed,
+            before_sleep=self._before_sleep,
+            retry_error_callback=self._give_up)
 
     def _label(self) -> str:
         return f"{self._what} at {self._where}" if self._where else self._what
 
+    def _retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._retry_on)
+
+    def _before_attempt(self, state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == 1:
+            call: _Call = state.args[0]
+            call.start = state.start_time = self._clock()
+
+    def _failed(self, state: tenacity.RetryCallState) -> None:
+        """A retryable failure: stamped on the caller's clock (stop_after_delay
+        reads it), then handed to ``on_retry``."""
+        call: _Call = state.args[0]
+        state.outcome_timestamp = self._clock()
+        call.elapsed = state.outcome_timestamp - call.start
+        call.left = self._policy.deadline_s - call.elapsed
+        call.failures = state.attempt_number
+        if self._on_retry is not None:
+            self._on_retry(state.outcome.exception())
+
+    def _wait(self, state: tenacity.RetryCallState) -> float:
+        return min(self._backoff(state), max(state.args[0].left, 0.0))
+
+    def _before_sleep(self, state: tenacity.RetryCallState) -> None:
+        call: _Call = state.args[0]
+        if call.elapsed >= call.next_log:
+            exc = state.outcome.exception()
+            attempt = state.attempt_number
+            log.warning("%s failing for %.1fs (%d attempt%s): %s: %s; retrying with backoff, giving up in %.0fs",
+                        self._label(), call.elapsed, attempt, "" if attempt == 1 else "s", _code(exc), exc, call.left)
+            call.logged = True
+            call.next_log = min(max(1.0, 2 * call.elapsed), call.elapsed + MAX_LOG_GAP_S)
+        self._between_attempts()
+
+    def _give_up(self, state: tenacity.RetryCallState) -> None:
+        call: _Call = state.args[0]
+        exc = state.outcome.exception()
+        raise gave_up(exc, f"gave up on {self._label()} after {call.elapsed:.0f}s of retries "
+                           f"({state.attempt_number} attempts; deadline {self._policy.deadline_s:g}s): "
+                           f"{exc}") from exc
+
     def __call__(self, fn: Callable[[], T]) -> T:
-        policy = self._policy
-        start = self._clock()
-        attempt = 0
-        next_log = 0.0
-        logged = False
-        while True:
-            attempt += 1
-            try:
-                result = fn()
-            except self._retry_on as exc:
-                elapsed = self._clock() - start
-                if self._on_retry is not None:
-                    self._on_retry(exc)
-                left = policy.deadline_s - elapsed
-                if left <= 0:
-                    raise gave_up(exc, f"gave up on {self._label()} after {elapsed:.0f}s of retries "
-                                       f"({attempt} attempts; deadline {policy.deadline_s:g}s): {exc}") from exc
-                if elapsed >= next_log:
-                    log.warning("%s failing for %.1fs (%d attempt%s): %s: %s; retrying with backoff, giving up in "
-                                "%.0fs", self._label(), elapsed, attempt, "" if attempt == 1 else "s", _code(exc),
-                                exc, left)
-                    logged = True
-                    next_log = min(max(1.0, 2 * elapsed), elapsed + MAX_LOG_GAP_S)
-                self._between_attempts()
-                ceiling = min(policy.max_backoff_s, policy.initial_s * 2.0 ** min(attempt - 1, 60))
-                self._sleep(min(self._rng.uniform(0, ceiling), max(left, 0.0)))
-                continue
-            if logged:
-                log.warning("%s recovered after %.1fs (%d attempts)", self._label(), self._clock() - start, attempt)
-            return result
+        call = _Call(fn)
+        result = self._controller(_attempt, call)
+        if call.logged:
+            log.warning("%s recovered after %.1fs (%d attempts)", self._label(), self._clock() - call.start,
+                        call.failures + 1)
+        return result
 
 
 def gave_up(exc: BaseException, message: str) -> BaseException:

@@ -20,7 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 GUIDE = ROOT / "docs/deploy-dataflow.md"
-SCRIPTS = ["deploy/lib.sh", "deploy/dataflow/flex.sh", "deploy/gcp/setup.sh", "deploy/aws/setup.sh"]
+SCRIPTS = ["deploy/lib.sh", "deploy/dataflow/flex.sh", "deploy/gcp/setup.sh", "deploy/aws/setup.sh",
+           "deploy/gcp/metrics.sh", "deploy/gcp/metrics-startup.sh"]
 ENV = {"PROJECT": "my-project", "REGION": "us-central1", "BUCKET": "my-bucket", "TAG": "v1"}
 
 
@@ -47,12 +48,21 @@ def test_the_scripts_pass_shellcheck():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_flex_run_dry_run_prints_the_exact_gcloud_command_with_sizing():
+def example(tmp_path: Path, name: str) -> str:
+    """An example parameter file as `flex.sh params` writes it with a Pushgateway
+    of the reader's (the example's own address is refused at launch)."""
+    sh(["deploy/dataflow/flex.sh", "params", name, f"{name}.json", "metrics_pushgateway=http://10.128.0.9:9091"], {},
+       cwd=tmp_path)
+    return str(tmp_path / f"{name}.json")
+
+
+def test_flex_run_dry_run_prints_the_exact_gcloud_command_with_sizing(tmp_path):
+    migrate = example(tmp_path, "migrate")
     out = sh(["deploy/dataflow/flex.sh", "run", "--dry-run", "--workers", "2", "--max-workers=8",
               "--machine-type", "n2-standard-4", "--subnetwork", "regions/us-central1/subnetworks/dataflow",
               "--no-public-ips", "--service-account", "ddb2bt-worker@my-project.iam.gserviceaccount.com",
-              "deploy/dataflow/params/migrate.json", "ddb2bt-orders"], ENV)
-    params = json.loads((ROOT / "deploy/dataflow/params/migrate.json").read_text())
+              migrate, "ddb2bt-orders"], ENV)
+    params = json.loads(Path(migrate).read_text())
     joined = "~".join(f"{k}={v}" for k, v in params.items())
     assert out.stdout.splitlines() == [
         "gcloud storage ls gs://my-bucket/ddb2bt/product_catalog.yaml",  # the mapping is readable
@@ -69,22 +79,23 @@ def test_flex_run_dry_run_prints_the_exact_gcloud_command_with_sizing():
     assert f"--parameters=^~^{joined}" in words
 
 
-def test_flex_backfill_is_batch_and_update_replaces_the_job_in_place():
+def test_flex_backfill_is_batch_and_update_replaces_the_job_in_place(tmp_path):
+    run_json = example(tmp_path, "run")
     backfill = sh(["deploy/dataflow/flex.sh", "--dry-run", "run", "deploy/dataflow/params/backfill.json", "bf"], ENV)
     assert "--enable-streaming-engine" not in backfill.stdout  # a batch job
-    update = sh(["deploy/dataflow/flex.sh", "--dry-run", "update", "deploy/dataflow/params/run.json", "ddb2bt-orders",
+    update = sh(["deploy/dataflow/flex.sh", "--dry-run", "update", run_json, "ddb2bt-orders",
                  "ReadStream=ReadChanges"], {**ENV, "SERVICE_ACCOUNT": "w@my-project.iam.gserviceaccount.com"})
     check, launch = update.stdout.splitlines()
     assert check == "gcloud storage ls gs://my-bucket/ddb2bt/product_catalog.yaml"
     words = shlex.split(launch)
     assert words[:5] == ["gcloud", "dataflow", "flex-template", "run", "ddb2bt-orders"]
     assert words[-2:] == ["--update", "--transform-name-mappings=ReadStream=ReadChanges"]
-    bad = sh(["deploy/dataflow/flex.sh", "--dry-run", "update", "deploy/dataflow/params/run.json", "j",
+    bad = sh(["deploy/dataflow/flex.sh", "--dry-run", "update", run_json, "j",
               '{"ReadStream": "ReadChanges"}'], ENV, check=False)
     assert bad.returncode == 2 and "MAPPINGS must be OldName=NewName" in bad.stderr
     assert "--service-account-email=w@my-project.iam.gserviceaccount.com" in words
     no_se = sh(["deploy/dataflow/flex.sh", "--dry-run", "run", "--no-streaming-engine",
-                "deploy/dataflow/params/run.json", "j"], ENV)
+                run_json, "j"], ENV)
     assert "--enable-streaming-engine" not in no_se.stdout
 
 
@@ -172,6 +183,59 @@ def test_aws_setup_dry_run_creates_the_role_from_the_policy_files():
     assert bad.returncode == 2 and "numeric unique id, not its email" in bad.stderr
 
 
+def test_the_metrics_vm_takes_pushes_from_the_workers_only_and_serves_the_rest_on_its_loopback():
+    out = sh(["deploy/gcp/metrics.sh", "--dry-run"], ENV).stdout.splitlines()
+    push, ssh, vm, gateway, tunnel = out
+    assert "--allow=tcp:9091" in push and "--source-tags=dataflow" in push and "--source-ranges" not in push
+    assert "--allow=tcp:22" in ssh and "--source-ranges=35.235.240.0/20" in ssh  # IAP's range only
+    words = shlex.split(vm)
+    assert {"--no-address", "--no-service-account", "--no-scopes", "--zone=us-central1-a"} <= set(words)
+    files = dict(pair.split("=", 1) for pair in
+                 next(w for w in words if w.startswith("--metadata-from-file="))[len("--metadata-from-file="):].split(","))
+    assert set(files) == {"startup-script", "ddb2bt-alerts", "ddb2bt-dashboard"}
+    assert all((ROOT / path).is_file() for path in files.values()), files
+    assert gateway.endswith("metrics_pushgateway=http://ddb2bt-metrics.us-central1-a.c.my-project.internal:9091")
+    startup = (ROOT / files["startup-script"]).read_text()
+    assert "honor_labels: true" in startup and "-p 9091:9091" in startup
+    assert "-p 127.0.0.1:9090:9090" in startup and "-p 127.0.0.1:3000:3000" in startup
+    elsewhere = sh(["deploy/gcp/metrics.sh", "--dry-run"], {**ENV, "ZONE": "europe-west1-b"}, check=False)
+    assert elsewhere.returncode == 2 and "is not in REGION" in elsewhere.stderr
+
+
+def _heredoc(script: str, path_end: str) -> str:
+    """The text a `cat > "...<path_end>" <<'YAML'` block of the script writes."""
+    match = re.search(rf'cat > "[^"]*{re.escape(path_end)}" <<\'YAML\'\n(.*?)\nYAML\n', script, flags=re.S)
+    assert match, path_end
+    return match.group(1)
+
+
+def test_the_metrics_vm_configuration_is_valid_for_prometheus_and_grafana(tmp_path):
+    """What the VM's startup script writes: a Prometheus configuration promtool
+    accepts, with the repository's alert rules (checked too) and the gateway
+    scraped with honor_labels; Grafana's data source and dashboard provider."""
+    import yaml
+
+    startup = (ROOT / "deploy/gcp/metrics-startup.sh").read_text()
+    config = yaml.safe_load(_heredoc(startup, "/prometheus/prometheus.yml"))
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]  # where the script mounts deploy/prometheus/alerts.yml
+    (job,) = config["scrape_configs"]
+    assert job["honor_labels"] is True and job["static_configs"] == [{"targets": ["pushgateway:9091"]}]
+    shutil.copy(ROOT / "deploy/prometheus/alerts.yml", tmp_path / "alerts.yml")
+    config["rule_files"] = [str(tmp_path / "alerts.yml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: install the Debian package 'prometheus' (deploy/local/setup.sh does it)"
+    out = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and "SUCCESS" in out.stdout + out.stderr, out.stdout + out.stderr
+    (source,) = yaml.safe_load(_heredoc(startup, "/grafana/datasources/prometheus.yml"))["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090" and source["isDefault"]
+    (provider,) = yaml.safe_load(_heredoc(startup, "/grafana/dashboards/ddb2bt.yml"))["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/json"  # where the dashboard's directory is mounted
+    assert '-v "$base/grafana/json:/var/lib/grafana/json:ro"' in startup
+    assert json.loads((ROOT / "deploy/grafana/dashboard.json").read_text())["uid"]
+
+
 # --- the guide, run -------------------------------------------------------------
 
 
@@ -250,7 +314,7 @@ def test_the_guides_transcripts_are_exactly_what_the_scripts_print(tmp_path):
     assert checked >= 4
 
 
-@pytest.mark.parametrize("script", SCRIPTS[1:])
+@pytest.mark.parametrize("script", SCRIPTS[1:5])
 def test_help_needs_no_environment_and_teaches_dry_run(script):
     out = sh([script, "--help"], {})
     assert "--dry-run" in out.stdout and not out.stdout.startswith("#") and "set -euo" not in out.stdout
@@ -293,6 +357,63 @@ def test_flex_refuses_a_mapping_the_workers_cannot_read_and_warns_outside_the_bu
     assert inside.returncode == 0 and inside.stderr == ""
     assert inside.stdout.splitlines()[:2] == ["gcloud storage ls gs://acme-ddb2bt/a.yaml",
                                               "gcloud storage ls gs://acme-ddb2bt/b.yaml"]
+
+
+EXAMPLE_PUSHGATEWAY = "http://pushgateway.monitoring.internal:9091"
+
+
+def test_flex_params_refuses_the_example_pushgateway_url_and_a_launch_refuses_it_too(tmp_path):
+    """The examples' metrics_pushgateway is a placeholder, refused as the example's
+    mapping is: given to `params` it is refused at once; left in from the example,
+    `params` says so and a launch refuses the file until it names a Pushgateway."""
+    for example in ("run", "migrate"):
+        assert json.loads((ROOT / f"deploy/dataflow/params/{example}.json").read_text())[
+            "metrics_pushgateway"] == EXAMPLE_PUSHGATEWAY
+    given = sh(["deploy/dataflow/flex.sh", "params", "run", "given.json", "mapping=gs://my-bucket/o.yaml",
+                f"metrics_pushgateway={EXAMPLE_PUSHGATEWAY}"], {}, cwd=tmp_path, check=False)
+    assert given.returncode == 2 and "is the example's address" in given.stderr
+    assert "docs/deploy-dataflow.md#10-metrics-on-dataflow" in given.stderr
+    assert not (tmp_path / "given.json").exists()
+    kept = sh(["deploy/dataflow/flex.sh", "params", "run", "kept.json", "mapping=gs://my-bucket/o.yaml"], {},
+              cwd=tmp_path)
+    assert "metrics_pushgateway is still the example's" in kept.stderr
+    launch = lambda p: sh(["deploy/dataflow/flex.sh", "--dry-run", "run", p, "j"], ENV, check=False)  # noqa: E731
+    refused = launch(str(tmp_path / "kept.json"))
+    assert refused.returncode == 2 and "gcloud dataflow" not in refused.stdout
+    assert "metrics_pushgateway http://pushgateway.monitoring.internal:9091 is still the example's" in refused.stderr
+    loopback = launch(_params(tmp_path, mapping="gs://my-bucket/o.yaml", metrics_pushgateway="http://127.0.0.1:9091"))
+    assert loopback.returncode == 2 and "loopback" in loopback.stderr
+    not_url = launch(_params(tmp_path, mapping="gs://my-bucket/o.yaml", metrics_pushgateway="gateway:9091"))
+    assert not_url.returncode == 2 and "not an http:// or https:// URL" in not_url.stderr
+    yours = launch(_params(tmp_path, mapping="gs://my-bucket/o.yaml", metrics_pushgateway="http://10.128.0.9:9091"))
+    assert yours.returncode == 0 and "metrics_pushgateway=http://10.128.0.9:9091" in yours.stdout
+    sh(["deploy/dataflow/flex.sh", "params", "run", "none.json", "mapping=gs://my-bucket/o.yaml",
+        "metrics_pushgateway="], {}, cwd=tmp_path)
+    assert "metrics_pushgateway" not in json.loads((tmp_path / "none.json").read_text())
+    assert launch(str(tmp_path / "none.json")).returncode == 0
+
+
+def _aws_cli(tmp_path: Path, version: str) -> dict:
+    bin_dir = tmp_path / version.split()[0].replace("/", "-")
+    bin_dir.mkdir()
+    (bin_dir / "aws").write_text(f"#!/bin/sh\necho '{version}'\n")
+    (bin_dir / "aws").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_aws_setup_needs_the_aws_cli_v2_and_its_dry_run_checks_it(tmp_path):
+    env = {"AWS_ACCOUNT": "123456789012", "AWS_REGION": "eu-west-1", "TABLES": "Orders",
+           "GOOGLE_SA_UNIQUE_ID": "112233445566778899001"}
+    v1 = sh(["deploy/aws/setup.sh", "--dry-run"],
+            {**env, **_aws_cli(tmp_path, "aws-cli/1.29.62 Python/3.11.7 Linux/6.1 botocore/1.31.62")}, check=False)
+    assert v1.returncode == 2 and v1.stdout == "" and "needs the AWS CLI v2, found 'aws-cli/1.29.62'" in v1.stderr
+    v2 = sh(["deploy/aws/setup.sh", "--dry-run"],
+            {**env, **_aws_cli(tmp_path, "aws-cli/2.15.30 Python/3.11.8 Linux/6.1 exe/x86_64.debian.12")})
+    assert v2.stdout.startswith("aws iam create-role") and v2.stderr == ""
+    missing = sh(["deploy/aws/setup.sh", "--dry-run"], env)  # no aws on PATH: noted, the commands printed
+    assert "need the AWS CLI v2" in missing.stderr and missing.stdout.startswith("aws iam create-role")
+    real = sh(["deploy/aws/setup.sh"], env, check=False)
+    assert real.returncode == 2 and "AWS CLI v2 (aws) is not on PATH" in real.stderr
 
 
 def test_flex_refuses_partitions_tasks_segments_that_do_not_fit_the_workers(tmp_path):

@@ -277,3 +277,32 @@ def test_every_runbook_command_is_run_by_the_test_the_runbook_names():
         for command in commands:
             for word in command.split():
                 assert word in words, f"{where[1]} does not run `ddb2bt {command}` ({word!r} never passed)"
+
+
+# --- docs are for users: no work notes --------------------------------------------
+
+# "issue 36", "Issues 16 and 36", "ticket #4", "PR 12": the project's own tracker,
+# which a user of the docs cannot see; "#57" as GitHub writes a reference.
+TRACKER_WORDS = re.compile(r"\b(?:issues?|tickets?|bugs?|PRs?|pull requests?)\s*#?\d+", re.I)
+HASH_REFERENCE = re.compile(r"(?<![\w&/#])#\d+\b(?![-\w])")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+
+
+def tracker_references(text: str) -> list:
+    prose = CODE.sub("", text)  # a value such as `#86751345` in an example is data
+    return [m.group(0) for pattern in (TRACKER_WORDS, HASH_REFERENCE) for m in pattern.finditer(prose)]
+
+
+def test_no_page_names_an_issue_number():
+    """The docs and the README say what is so for a user; which issue moved what
+    belongs in the commit log."""
+    found = {str(page.relative_to(ROOT)): refs for page in [*sorted(DOCS.rglob("*.md")), ROOT / "README.md"]
+             if (refs := tracker_references(page.read_text()))}
+    assert not found, found
+
+
+def test_the_issue_number_check_sees_the_usual_spellings():
+    assert tracker_references("Since issue 36 the row runs twice; Issues 16 and #57; see PR 12.") == [
+        "issue 36", "Issues 16", "PR 12", "#57"]
+    assert tracker_references("[sizing](deploy-dataflow.md#7-sizing), `VideoComment#98765481`, §7.4, "
+                              "&#8212;") == []

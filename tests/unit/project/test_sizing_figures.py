@@ -52,6 +52,23 @@ def test_per_core_and_per_vcpu_figures_are_the_measured_ones():
     assert cpu and all(v == LATEST["throughput"]["ddb2bt"]["client_cpu_s_per_1M"] for _, v in cpu), cpu
     backfill = quotes(r"([\d,]+) items/s per vCPU")
     assert backfill and all(v == LATEST["backfill"]["export_items_per_s"] for _, v in backfill), backfill
+    from ddb2bt.transforms.draft import BACKFILL_ITEMS_PER_VCPU_S  # what `ddb2bt draft` sizes with
+    assert BACKFILL_ITEMS_PER_VCPU_S == LATEST["backfill"]["export_items_per_s"]
+
+
+def test_one_cost_per_million_changes_everywhere_and_it_is_step_8s_arithmetic():
+    """Every "$X per million changes" in the docs is the same figure, and it is
+    the sum of step 8's lines: the measured CPU at the planned share (vCPU and
+    its 4 GB), AWS egress and Cloud NAT for 2 GB (old and new image of a ~1 KB item)."""
+    guide = (ROOT / "docs/deploy-dataflow.md").read_text()
+    cited = quotes(r"\$([\d.]+) per million changes")
+    assert {doc for doc, _ in cited} >= {Path("docs/deploy-dataflow.md")}, cited
+    cpu_h = LATEST["throughput"]["ddb2bt"]["client_cpu_s_per_1M"] / 3600 / PLANNING_SHARE
+    vcpu_h = price(guide, "Dataflow streaming worker vCPU") + 4 * price(guide, "Dataflow worker memory")
+    gb = 2
+    total = cpu_h * vcpu_h + gb * price(guide, "AWS data transfer out to the internet") + gb * price(
+        guide, "Cloud NAT data processing")
+    assert {value for _, value in cited} == {round(total, 2)}, (cited, total)
 
 
 def price(guide: str, label: str) -> float:
