@@ -18,7 +18,7 @@ from ddb2bt.pipeline.control.lease import BACKFILL, TAIL, LeaseState
 from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_MS, STREAM_RETENTION_S, SourceTableMissing,
                                               describe_table, list_shards)
-from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
+from ddb2bt.pipeline.source.heads import nothing_lost_since_head, oldest_record_ms
 from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint
 from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
 from ddb2bt.pipeline.control.markers import Bookkeeping
@@ -29,8 +29,9 @@ from ddb2bt.pipeline.source.kinesis_share import share_text, held_shares
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
 LAG_READY_MS = 60 * 1000
 # The readers save what they see of their shards every 30 s (stream_sdf.READER_REPORT_S)
-# and when they end: a report older than this is from a reader that stopped.
-REPORT_FRESH_MS = 5 * 60 * 1000
+# and when they end: a report older than two of those periods (and a little
+# slack for a slow round) is from a reader that stopped or stalled.
+REPORT_FRESH_MS = 75 * 1000
 # Meta row: when a multi-table migrate queued this table (its backfill follows the
 # tables before it); status tells "waiting its turn" from "never migrated".
 QUEUED_META = "migrate_queued_ms"
@@ -75,6 +76,8 @@ class Facts:
     # None: not known (facts built without the state's leases).
     backfill_held: Optional[bool] = None
     tail_held: Optional[bool] = None
+    # When the tail lease was last released or lapsed (None: held now, or never held).
+    tail_stopped_ms: Optional[int] = None
     # A multi-table migrate queued this table (it backfills one table after another).
     queued_ms: Optional[int] = None
     # The mapping the job's tail runs ({"fingerprint", "since_ms", "previous", ...},
@@ -106,6 +109,11 @@ def assess(f: Facts, flags: str = "") -> tuple:
         reasons.append(f"backfill running: {f.backfill_done_parts}/{f.backfill_parts} parts done")
     elif f.phase == CATCHING_UP:
         reasons.append("backfill done; the tail is still catching up")
+    if f.phase is not None and f.phase != BACKFILLING and f.tail_held is not True:
+        # Every change made while nobody tails the stream waits unapplied.
+        since = f" since {_when(f.tail_stopped_ms)}" if f.tail_stopped_ms else ""
+        reasons.append(f"the tail is not running (no process holds the job's tail lease{since}): resume it with "
+                       f"ddb2bt run{f_ or ' -m <mapping>'}")
     if f.bookkeeping_tables:
         reasons.append(f"bookkeeping cells may remain in {', '.join(f.bookkeeping_tables)} (touch-marker family "
                        f"not dropped yet: the migration has not finished; rerun ddb2bt migrate{f_} or keep the "
@@ -114,7 +122,7 @@ def assess(f: Facts, flags: str = "") -> tuple:
                                                                            or s.reported_ago_ms > REPORT_FRESH_MS)]
     if silent:
         reasons.append(f"{len(silent)} shard(s) without a report from a running reader in the last "
-                       f"{REPORT_FRESH_MS // 60000} min: is the tail (ddb2bt run{f_} / migrate) running?")
+                       f"{REPORT_FRESH_MS // 1000} s: the tail is stalled or stopped (restart it with ddb2bt run{f_})")
     lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
     if lagging:
         worst = max(s.lag_ms(f.now_ms) for s in lagging)
@@ -222,6 +230,9 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
     )
     held = lambda role: bool((lease := LeaseState.parse(store.load_lease(role))) and lease.live(facts.now_ms))
     facts.backfill_held, facts.tail_held = held(BACKFILL), held(TAIL)
+    tail = LeaseState.parse(store.load_lease(TAIL))
+    if tail is not None and not facts.tail_held:
+        facts.tail_stopped_ms = tail.expires_ms  # a released lease's is its release time
     queued = store.load_meta(QUEUED_META)
     facts.queued_ms = int(queued) if queued else None
     facts.running_mapping = running_mapping(store)
@@ -251,7 +262,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
             # GetShardIterator and no record read (docs/operations.md, AWS's limits).
             running = facts.tail_held and not ended and reported_ago is not None and reported_ago <= REPORT_FRESH_MS
             trimmed = not finished and not running and _trimmed(streams, stream_arn, shard_id, seq)
-            if trimmed and nothing_lost_since_head(heads.get(shard_id), facts.now_ms, retention_s):
+            if trimmed and heads.get(shard_id) is not None and nothing_lost_since_head(
+                    heads[shard_id], facts.now_ms, retention_s, oldest_record_ms(streams, stream_arn, shard_id)):
                 trimmed = False  # the tail goes on from the oldest record, nothing lost (docs/design.md §8.2)
             facts.shards.append(ShardStatus(
                 shard_id, seq, finished, None if finished or trimmed else pending,
