@@ -359,7 +359,6 @@ def build_live_jobs(args, mappings: list) -> list:
                             partitions=partitions, sink=sink,
                             client_factory=client_factory, marking=PhaseMarking(state),
                             pushgateway=getattr(args, "metrics_pushgateway", None)))
-    note_mapping_changes(args, jobs)
     return jobs
 
 
@@ -401,7 +400,9 @@ def take_kinesis_shares(args, mappings: list, sources: list, states: list, check
 
 def note_mapping_changes(args, jobs: list) -> None:
     """Record the mapping each tail runs; tell the user what changed since the
-    job last ran (docs/cutover.md, "Changing the mapping")."""
+    job last ran (docs/cutover.md, "Changing the mapping"). Called once the job
+    runs: a local job as it starts, a remote one once its launch was accepted (a
+    rejected Dataflow --update leaves the recorded mapping as it was)."""
     import sys
 
     if getattr(args, "dry", False):
