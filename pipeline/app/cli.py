@@ -661,10 +661,11 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
 
     honour_aws_region()
     from ddb2bt.pipeline.signals import run_command
+    from ddb2bt.pipeline.services.jobs import resume_command
 
     try:
         return run_command(lambda: args.func(args) or 0, enabled=getattr(args, "beam", False),
-                           exit_when_interrupted=as_program)
+                           exit_when_interrupted=as_program, resume=resume_command(argv))
     except ConfigError as exc:
         print(f"ddb2bt: configuration error: {exc}", file=sys.stderr)
         return 2

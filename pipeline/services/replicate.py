@@ -58,6 +58,15 @@ def cmd_run(args) -> int:
     return 0
 
 
+def interrupted() -> bool:
+    """This command was stopped by Ctrl-C / SIGTERM: its last line (signals.py)
+    names the command that resumes it, and nothing else may name another."""
+    from ddb2bt.pipeline.signals import current
+
+    scope = current()
+    return scope is not None and scope.interrupted is not None
+
+
 @contextlib.contextmanager
 def summary_at_end(args, mappings: list, states: list, local: bool = True):
     """Every command that writes ends with the same summary (``write_summary``):
@@ -171,6 +180,6 @@ def cmd_migrate(args) -> int:
         if args.until_idle is not None:
             print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify "
                   f"{mapping_flags(args)}")
-        else:  # the tail ended by itself (a stop request, the stream gone): say it is not running
+        elif not interrupted():  # the tail ended by itself (the stream gone): say it is not running
             print(f"the tail stopped; resume with: ddb2bt run {mapping_flags(args)}")
     return 0

@@ -167,3 +167,15 @@ def test_a_changed_mapping_is_recorded_only_once_the_remote_job_launched(monkeyp
     monkeypatch.setattr(graph, "make_pipeline", lambda beam_args: Launch(refused=False))
     replicate.cmd_run(args)
     assert running_mapping(store)["fingerprint"] == fingerprint_of(new)
+
+
+def test_the_re_copy_is_not_advised_to_the_re_copy_itself(tmp_path):
+    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    record_mapping(store, load_mapping(HR), lambda: NOW)
+
+    def edit(doc):
+        doc["rules"][1]["columns"]["JobTitle"]["column"] = "emp:Title"
+    change = record_mapping(store, edited(tmp_path, edit), lambda: NOW + 1)
+    notice = change_notice("hr_orders", change, "--mapping m.yaml", recopying=True)
+    assert "migrate --restart --mapping" not in notice and "This re-copy (migrate --restart)" in notice
+    assert "ddb2bt verify --mapping m.yaml" in notice
