@@ -44,7 +44,7 @@ from ddb2bt.pipeline.services.mappings import (
     EXIT_DEAD_LETTER, cmd_create_table, cmd_draft, cmd_explain, cmd_lint, cmd_validate,
 )
 from ddb2bt.pipeline.observe.logs import JsonFormatter, setup_logging  # noqa: F401
-from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, option_strings, check_beam_args,
+from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, option_strings, check_beam_args, misspelt_options,
                                      describe_failure, joined_beam_args, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
@@ -641,6 +641,9 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         exit_quietly_on_interrupt()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    misspelt = misspelt_options(parser, argv)
+    if misspelt:
+        parser.error(misspelt)
     args, unknown = parser.parse_known_args(argv)
     own = option_strings(parser, args)
     elsewhere = options_by_command(parser) if unknown else {}
