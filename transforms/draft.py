@@ -656,6 +656,11 @@ def _mb(n: float) -> str:
     return f"{n / 10**3:,.1f} KB"
 
 
+def percent_text(p: float) -> str:
+    """A share for a report: 100%, 20%, 2.5%, 0.05% (never 1e+02%)."""
+    return f"{p:,.0f}%" if p >= 10 else f"{p:.2g}%" if p >= 0.01 else "under 0.01%"
+
+
 def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: MappingConfig, findings: Sequence,
            splits: int) -> Assessment:
     """The report printed beside the draft. ``findings``: lint's on the drafted
@@ -663,7 +668,7 @@ def assess(facts: TableFacts, sample: SampleFacts, items: list, mapping: Mapping
     out = [f"Assessment of DynamoDB table {facts.name}", ""]
     out.append(f"table: {facts.item_count:,} items, {_mb(facts.size_bytes)} (DescribeTable; DynamoDB updates "
                "these about every six hours)")
-    share = f", {100 * sample.items / facts.item_count:.2g}% of the items" if facts.item_count else ""
+    share = f", {percent_text(100 * sample.items / facts.item_count)} of the items" if facts.item_count else ""
     out.append(f"sample: {sample.items:,} items in {sample.scanned_pages} page(s) over {sample.segments} "
                f"segment(s), {sample.consumed_rcu:,.1f} RCU, {sample.seconds:.1f} s, stopped at "
                f"{_STOPPED.get(sample.stopped, sample.stopped)}{share}")
