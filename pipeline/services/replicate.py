@@ -14,6 +14,7 @@ from ddb2bt.pipeline.services.jobs import (
     outcome_since, outcome_snapshot, start_metrics_server, state_spec, submitted, with_backfill_leases,
     write_summary,
 )
+from ddb2bt.pipeline import signals
 from ddb2bt.pipeline.connect.preflight import check_target, ensure_state_table
 
 log = logging.getLogger("ddb2bt")
@@ -61,9 +62,7 @@ def cmd_run(args) -> int:
 def interrupted() -> bool:
     """This command was stopped by Ctrl-C / SIGTERM: its last line (signals.py)
     names the command that resumes it, and nothing else may name another."""
-    from ddb2bt.pipeline.signals import current
-
-    scope = current()
+    scope = signals.current()
     return scope is not None and scope.interrupted is not None
 
 

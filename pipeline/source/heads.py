@@ -49,6 +49,19 @@ def nothing_lost_since_head(head_ms: Optional[int], now_ms: int, retention_s: fl
     return now_ms - head_ms < (retention_s - HEAD_PROOF_MARGIN_S) * 1000 and oldest_ms <= head_ms - HEAD_PROOF_SLACK_MS
 
 
+def unproven_note(head_ms: Optional[int], now_ms: int, retention_s: float, oldest_ms: Optional[int]) -> str:
+    """Why a shard's last head sighting does not prove its trimmed checkpoint
+    lost nothing, for the LOST message ("" when it was never seen at its head)."""
+    if head_ms is None:
+        return ""
+    held = ("the shard holds no record now" if oldest_ms is None else
+            f"the oldest record the shard still holds is {(oldest_ms - head_ms) / 1000:+.0f} s from it")
+    return (f" (The job last saw this shard at its head {(now_ms - head_ms) / 3_600_000:.1f} h ago and "
+            f"{held}: that does not prove that nothing after it was trimmed, which takes a record "
+            f"from before the sighting still held, and a sighting within the stream's "
+            f"{retention_s / 3600:.0f} h retention less {HEAD_PROOF_MARGIN_S / 3600:.0f} h.)")
+
+
 def record_created_ms(record: dict) -> Optional[int]:
     """A GetRecords record's ApproximateCreationDateTime in ms (None: none)."""
     created = (record.get("dynamodb") or {}).get("ApproximateCreationDateTime")

@@ -43,7 +43,7 @@ from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpire
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
-from ddb2bt.pipeline.source.heads import HEAD_PROOF_MARGIN_S, ShardHeads, nothing_lost_since_head, oldest_record_ms
+from ddb2bt.pipeline.source.heads import ShardHeads, nothing_lost_since_head, oldest_record_ms, unproven_note
 from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.control.state import ShardCheckpoint
@@ -567,13 +567,7 @@ class PartitionReader:
             return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
                 StreamArn=self._partition.stream_arn, ShardId=shard_id,
                 ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
-        if head_ms is not None:
-            held = ("the shard holds no record now" if oldest_ms is None else
-                    f"the oldest record the shard still holds is {(oldest_ms - head_ms) / 1000:+.0f} s from it")
-            message += (f" (The job last saw this shard at its head {(now - head_ms) / 3_600_000:.1f} h ago and "
-                        f"{held}: that does not prove that nothing after it was trimmed, which takes a record "
-                        f"from before the sighting still held, and a sighting within the stream's "
-                        f"{retention_s / 3600:.0f} h retention less {HEAD_PROOF_MARGIN_S / 3600:.0f} h.)")
+        message += unproven_note(head_ms, now, retention_s, oldest_ms)
         if self._options.on_trimmed != "restart":
             raise ChangesLostError(message)
         log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart (or a re-copy, migrate "
