@@ -112,8 +112,8 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
                         "record kept); a job that has run starts them at the oldest record, and refuses latest")
     p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
                    help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
-                        "from the oldest record with a loud warning; a quiet shard the job saw at its head less "
-                        "than the retention - 1 h ago lost nothing and goes on either way")
+                        "from the oldest record with a loud warning; a shard whose oldest record still held "
+                        "predates the job's last sighting of its head lost nothing and goes on either way")
     p.add_argument("--until-idle", type=number(float, above=0), metavar="SECONDS",
                    help="stop once every shard has been at the stream head this long (tests, catch-up runs; "
                         "migrate: after the backfill, then phase LIVE)")
