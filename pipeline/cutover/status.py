@@ -109,7 +109,8 @@ def assess(f: Facts, flags: str = "") -> tuple:
         reasons.append(f"backfill running: {f.backfill_done_parts}/{f.backfill_parts} parts done")
     elif f.phase == CATCHING_UP:
         reasons.append("backfill done; the tail is still catching up")
-    if f.phase is not None and f.phase != BACKFILLING and f.tail_held is not True:
+    tail_stopped = f.phase is not None and f.phase != BACKFILLING and f.tail_held is not True
+    if tail_stopped:
         # Every change made while nobody tails the stream waits unapplied.
         since = f" since {_when(f.tail_stopped_ms)}" if f.tail_stopped_ms else ""
         reasons.append(f"the tail is not running (no process holds the job's tail lease{since}): resume it with "
@@ -120,7 +121,7 @@ def assess(f: Facts, flags: str = "") -> tuple:
                        "tail running)")
     silent = [s for s in f.shards if not s.finished and not s.trimmed and (s.reported_ago_ms is None
                                                                            or s.reported_ago_ms > REPORT_FRESH_MS)]
-    if silent:
+    if silent and not tail_stopped:  # with no tail running, that it does not report goes without saying
         reasons.append(f"{len(silent)} shard(s) without a report from a running reader in the last "
                        f"{REPORT_FRESH_MS // 1000} s: the tail is stalled or stopped (restart it with ddb2bt run{f_})")
     lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
