@@ -126,3 +126,16 @@ def test_a_kinesis_letter_is_read_back_from_its_kinesis_stream():
     assert record is not None and record.new_image["n"] == {"N": "2"} and record.old_image["n"] == {"N": "1"}
     fake.trimmed["shardId-1"] = 2  # expired: Kinesis starts at the oldest record kept, not this one
     assert reads.record(StreamPosition(arn, "shardId-1", "42")) is None
+
+
+def test_a_kinesis_job_reads_its_letters_from_its_kinesis_stream_not_dynamodb_streams(monkeypatch):
+    from dataclasses import replace
+
+    from ddb2bt.pipeline.recover.redrive import letter_streams
+    from ddb2bt.transforms.config import KinesisSourceConfig
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    mapping = replace(CATALOG, source=replace(CATALOG.source, kinesis=KinesisSourceConfig("cdc", "millisecond")))
+    client = letter_streams(mapping)
+    assert isinstance(client, KinesisStreamsClient)
+    assert type(letter_streams(CATALOG)).__name__ != "KinesisStreamsClient"
