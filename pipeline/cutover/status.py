@@ -6,6 +6,7 @@ them into READY / NOT READY with every reason.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
@@ -25,6 +26,8 @@ from ddb2bt.pipeline.control.markers import Bookkeeping
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
 from ddb2bt.pipeline.source.kinesis_share import share_text, held_shares
+
+log = logging.getLogger(__name__)
 
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
 LAG_READY_MS = 60 * 1000
@@ -206,6 +209,18 @@ def _trimmed(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> b
     return False
 
 
+def _oldest_held_ms(streams, stream_arn: str, shard_id: str) -> Optional[int]:
+    """The shard's oldest record's time (heads.oldest_record_ms), or None when the
+    stream does not answer now: then nothing is proven, and the shard stays
+    trimmed (the tail, which retries, decides for itself when it starts)."""
+    try:
+        return oldest_record_ms(streams, stream_arn, shard_id)
+    except ClientError as exc:
+        log.warning("cannot read the oldest record of %s (%s): a trimmed checkpoint there is not proven harmless",
+                    shard_id, exc.response.get("Error", {}).get("Code"))
+        return None
+
+
 def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = None,
            bookkeeping=None, tables: tuple = (), mapping=None) -> Facts:
     """``bookkeeping`` (a ``control.markers.Bookkeeping``) is asked which of
@@ -264,7 +279,7 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
             running = facts.tail_held and not ended and reported_ago is not None and reported_ago <= REPORT_FRESH_MS
             trimmed = not finished and not running and _trimmed(streams, stream_arn, shard_id, seq)
             if trimmed and heads.get(shard_id) is not None and nothing_lost_since_head(
-                    heads[shard_id], facts.now_ms, retention_s, oldest_record_ms(streams, stream_arn, shard_id)):
+                    heads[shard_id], facts.now_ms, retention_s, _oldest_held_ms(streams, stream_arn, shard_id)):
                 trimmed = False  # the tail goes on from the oldest record, nothing lost (docs/design.md §8.2)
             facts.shards.append(ShardStatus(
                 shard_id, seq, finished, None if finished or trimmed else pending,
@@ -311,8 +326,6 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     marker family. A missing source table is an error: with no stream, a
     retention headroom would be a made-up number. ``describe=False``: the source
     is known to be unreachable (ddb2bt.pipeline.connect.reachability): no stream facts."""
-    import logging
-
     arn = kinesis_arn = None
     kinesis = mapping.source.kinesis
     streams_factory = StreamsClientFactory(mapping.source.region)
@@ -330,7 +343,7 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     except SourceTableMissing:
         raise
     except Exception as exc:  # status must work even when the source is unreachable
-        logging.getLogger(__name__).warning("cannot describe %s: %s", mapping.source.table, exc)
+        log.warning("cannot describe %s: %s", mapping.source.table, exc)
     facts = gather(store, streams_factory(), arn,
                    bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
                    tables=mapping.tables, mapping=mapping)

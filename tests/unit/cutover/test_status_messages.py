@@ -174,3 +174,22 @@ def test_a_live_job_whose_tail_nobody_holds_is_not_ready_saying_since_when_and_h
     f = gather(store, FakeStreamsClient(), None, now_ms=NOW)
     _, reasons = assess(Facts(**{**vars(f), "phase": "LIVE"}))
     assert (f.tail_held, f.tail_stopped_ms) == (True, None) and not any("tail is not running" in r for r in reasons)
+
+
+def test_status_answers_when_the_oldest_record_cannot_be_read_now_and_claims_no_proof():
+    from ddb2bt.pipeline.testing.fakes import client_error
+
+    client = FakeStreamsClient()
+    client.add_shard("s0")
+    for i, created in enumerate((NOW - 3_700_000, NOW - 3_660_000)):
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}}, created_ms=created)
+    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", client.shards["s0"].records[0]["dynamodb"][
+        "SequenceNumber"])])
+    store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 3_600_000})
+    client.shards["s0"].trimmed_before = 1
+
+    def throttled(**kw):
+        raise client_error("ProvisionedThroughputExceededException")
+    client.get_records = throttled
+    assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]
