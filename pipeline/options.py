@@ -162,6 +162,39 @@ def check_beam_args(beam_args: list, own_options: Iterable[str], beam: bool = Tr
     return None
 
 
+def misspelt_options(parser: argparse.ArgumentParser, argv: list) -> Optional[str]:
+    """Before parsing: the options the chosen (sub)command does not take, each
+    with its did-you-mean, as ``check_beam_args`` says them after parsing. Run
+    first, so every command says it: argparse would otherwise stop at a required
+    option missing (``status --maping m.yaml``: "--mapping is required") and
+    never name the misspelling. None when every option is known (an
+    abbreviation argparse takes counts), or the command is not known (argparse
+    says so)."""
+    own = [o for a in parser._actions for o in a.option_strings]
+    p, rest = parser, list(argv)
+    while True:
+        subs = next((a.choices for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if not subs:
+            break
+        i = next((i for i, a in enumerate(rest) if not a.startswith("-")), None)
+        if i is None or rest[i] not in subs:
+            return None
+        p, rest = subs[rest[i]], rest[i + 1:]
+        own += [o for a in p._actions for o in a.option_strings]
+    if "--" in rest:
+        rest = rest[:rest.index("--")]
+    if any(a.nargs == argparse.REMAINDER for a in p._actions):
+        return None
+    beam = beam_option_strings() if p.get_default("beam") else []
+    flags = [a.split("=", 1)[0] for a in rest if a.startswith("--") and len(a) > 2]
+    unknown = [f for f in flags if not any(o.startswith(f) for o in own + beam)]
+    if not unknown:
+        return None
+    others = {o: c for o, c in options_by_command(parser).items() if o not in own}
+    hints = [_hint(flag, own, others, beam) for flag in unknown]
+    return f"unknown option{'s' if len(unknown) > 1 else ''}: {', '.join(hints)}"
+
+
 def _hint(flag: str, own: list, others: dict, beam_options: list) -> str:
     """The flag with the most likely meant option: this command's, then another
     command's (saying which), then Beam's."""

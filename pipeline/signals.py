@@ -36,6 +36,15 @@ CLEANUP_WAIT_S = 1.0  # cleanups (releasing the lease) at exit never take longer
 EXIT_INTERRUPTED = 130
 INTERRUPTED = ("ddb2bt: interrupted, stopped; what was acknowledged is checkpointed (changes in flight "
                "are read again): run the same command to resume")
+
+
+def interrupted_line(resume: str = "") -> str:
+    """The last line of an interrupted command: ``resume``, the one command that
+    resumes it (the CLI's, built from the command line), or the generic advice."""
+    if not resume:
+        return INTERRUPTED
+    return ("ddb2bt: interrupted, stopped; what was acknowledged is checkpointed (changes in flight are read "
+            f"again); resume with: {resume}")
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _scopes = threading.local()
@@ -45,8 +54,9 @@ class CommandScope:
     """One command's run: what to do at its end (``on_exit``), and whether it was
     interrupted."""
 
-    def __init__(self, stop: Callable[[], None], grace_s: float) -> None:
+    def __init__(self, stop: Callable[[], None], grace_s: float, last_line: str = INTERRUPTED) -> None:
         self._stop = stop
+        self.last_line = last_line
         self._grace_s = grace_s
         self._cleanups: list = []
         self._done = threading.Event()
@@ -105,7 +115,7 @@ class CommandScope:
             if self._done.is_set():
                 return
             run_hard_exit_hooks()
-            _say(INTERRUPTED)
+            _say(self.last_line)
             os._exit(EXIT_INTERRUPTED)
 
     def finish(self) -> None:
@@ -206,9 +216,10 @@ def _stop_readers() -> None:
 
 
 def run_command(fn: Callable[[], int], *, enabled: bool = True, stop: Callable[[], None] = _stop_readers,
-                grace_s: float = GRACE_S, exit_when_interrupted: bool = False) -> int:
+                grace_s: float = GRACE_S, exit_when_interrupted: bool = False, resume: str = "") -> int:
     """Run a command with the behaviour above (``enabled``: a command that runs
-    a job). Returns its exit code, 130 when interrupted.
+    a job). Returns its exit code, 130 when interrupted. ``resume``: the command
+    that resumes it, named in the last line (``interrupted_line``).
 
     ``exit_when_interrupted`` (the ``ddb2bt`` program itself, not an embedding
     caller): after a clean stop, end the process at once instead of returning:
@@ -217,7 +228,7 @@ def run_command(fn: Callable[[], int], *, enabled: bool = True, stop: Callable[[
         return fn()
 
     clear_stop(STOP_ALL)  # a previous command in this process may have been interrupted
-    scope = CommandScope(stop, grace_s)
+    scope = CommandScope(stop, grace_s, interrupted_line(resume))
     previous, _scopes.scope = current(), scope
     watcher = _Watcher(scope) if threading.current_thread() is threading.main_thread() else None
     try:
@@ -235,7 +246,7 @@ def run_command(fn: Callable[[], int], *, enabled: bool = True, stop: Callable[[
         scope.run_cleanups(CLEANUP_WAIT_S)
         clear_stop(STOP_ALL)
     if scope.interrupted is not None:
-        _say(INTERRUPTED)
+        _say(scope.last_line)
         if exit_when_interrupted:
             logging.shutdown()
             os._exit(EXIT_INTERRUPTED)

@@ -181,3 +181,11 @@ def pytest_configure(config):
     # reports the controller receives too).
     if config.getoption("--store-durations") and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_DurationRecorder(), "ddb2bt-durations")
+
+
+def ready_but_for_the_tail(out: str) -> bool:
+    """``status`` output of a job whose tail has ended (a run with --until-idle)
+    where every other condition of READY holds: NOT READY, only because no tail
+    runs."""
+    last = out.strip().splitlines()[-1]
+    return last.startswith("NOT READY: the tail is not running") and "; " not in last

@@ -779,10 +779,14 @@ def _mb(n: float) -> str:
     return f"{n / 10**3:,.1f} KB"
 
 
+def percent_text(p: float) -> str:
+    """A share for a report: 100%, 20%, 2.5%, 0.05% (never 1e+02%)."""
+    return f"{p:,.0f}%" if p >= 10 else f"{p:.2g}%" if p >= 0.01 else "under 0.01%"
+
+
 def _percent(part: float, whole: float) -> str:
-    """A share as people write it: 100%, 37%, 0.4%, <0.1%."""
-    pct = 100 * part / whole
-    return "100%" if pct >= 99.95 else f"{pct:.0f}%" if pct >= 10 else f"{pct:.1f}%" if pct >= 0.1 else "<0.1%"
+    """``part`` as a share of ``whole``, written by ``percent_text``."""
+    return percent_text(100 * part / whole)
 
 
 def coverage_lines(facts: TableFacts, sample: SampleFacts, types: Sequence) -> list:

@@ -45,7 +45,7 @@ from ddb2bt.pipeline.services.mappings import (
     EXIT_DEAD_LETTER, cmd_create_table, cmd_draft, cmd_explain, cmd_lint, cmd_validate,
 )
 from ddb2bt.pipeline.observe.logs import JsonFormatter, setup_logging  # noqa: F401
-from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, option_strings, check_beam_args,
+from ddb2bt.pipeline.options import (METRICS_OFF, MAX_AUTO_PARTITIONS, SHARDS_PER_PARTITION, option_strings, check_beam_args, misspelt_options,
                                      describe_failure, joined_beam_args, number, options_by_command, partitions_arg)
 
 # Scan option bounds: DynamoDB takes at most 1,000,000 segments; the service caps
@@ -113,8 +113,8 @@ def add_tail_args(p: argparse.ArgumentParser) -> None:
                         "record kept); a job that has run starts them at the oldest record, and refuses latest")
     p.add_argument("--on-trimmed", choices=("fail", "restart"), default="fail",
                    help="if a checkpoint points at trimmed data (changes lost): stop (default) or restart "
-                        "from the oldest record with a loud warning; a quiet shard the job saw at its head less "
-                        "than the retention - 1 h ago lost nothing and goes on either way")
+                        "from the oldest record with a loud warning; a shard whose oldest record still held "
+                        "predates the job's last sighting of its head lost nothing and goes on either way")
     p.add_argument("--until-idle", type=number(float, above=0), metavar="SECONDS",
                    help="stop once every shard has been at the stream head this long (tests, catch-up runs; "
                         "migrate: after the backfill, then phase LIVE)")
@@ -653,6 +653,9 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         exit_quietly_on_interrupt()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    misspelt = misspelt_options(parser, argv)
+    if misspelt:
+        parser.error(misspelt)
     args, unknown = parser.parse_known_args(argv)
     own = option_strings(parser, args)
     elsewhere = options_by_command(parser) if unknown else {}
@@ -673,10 +676,11 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
 
     honour_aws_region()
     from ddb2bt.pipeline.signals import run_command
+    from ddb2bt.pipeline.services.jobs import resume_command
 
     try:
         return run_command(lambda: args.func(args) or 0, enabled=getattr(args, "beam", False),
-                           exit_when_interrupted=as_program)
+                           exit_when_interrupted=as_program, resume=resume_command(argv))
     except ConfigError as exc:
         print(f"ddb2bt: configuration error: {exc}", file=sys.stderr)
         return 2

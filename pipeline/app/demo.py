@@ -209,10 +209,37 @@ def run_demo(args) -> int:
                 column = rule.column_for(qualifier.decode())
                 encoding = column.encoding if column else rule.other.encoding
                 value = versions[0][1]
-                shown = value if encoding == "auto" else decode(encoding, value)
-                text = repr(shown)
+                text = shown_value(value if encoding == "auto" else decode(encoding, value))
                 print(f"    {family}:{qualifier.decode()} = {text[:70]}{'…' if len(text) > 70 else ''}")
         return 0 if diff.identical and not writer_error else 1
+
+
+def shown_value(value) -> str:
+    """A cell's value as a person reads it: a number's digits, a string in
+    quotes, raw bytes (encoding ``auto``) as their text, else JSON; never a
+    Python repr (``{'N': '90844'}`` beside ``b'1.4'``)."""
+    import base64
+    import json
+
+    from decimal import Decimal
+
+    if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return "0x" + bytes(value).hex()
+    if isinstance(value, dict) and len(value) == 1:
+        ((tag, inner),) = value.items()
+        if tag == "N":
+            return str(inner)
+        if tag == "S":
+            return json.dumps(inner, ensure_ascii=False)
+        if tag == "B":
+            return "base64:" + (inner if isinstance(inner, str) else base64.b64encode(inner).decode())
+    return json.dumps(value, ensure_ascii=False, sort_keys=True,
+                      default=lambda v: base64.b64encode(v).decode() if isinstance(v, (bytes, bytearray)) else str(v))
 
 
 def _with_kinesis(mapping):

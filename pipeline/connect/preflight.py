@@ -50,7 +50,11 @@ def resolve_stream(mapping: MappingConfig, dynamodb) -> SourceStream:
     if view != REQUIRED_VIEW:
         raise ConfigError(
             f"the stream of {table!r} is {view}; ddb2bt needs {REQUIRED_VIEW} to apply deletes and "
-            "removed attributes exactly", "source.table")
+            f"removed attributes exactly. A stream's view type cannot be changed in place: disable the stream, "
+            f"then enable one with {REQUIRED_VIEW}: aws dynamodb update-table --table-name {table} "
+            f"--stream-specification StreamEnabled=false, then aws dynamodb update-table --table-name {table} "
+            f"--stream-specification StreamEnabled=true,StreamViewType={REQUIRED_VIEW} (a new stream: a job "
+            "that already read the old one copies the table again, ddb2bt migrate --restart)", "source.table")
     key_names = {k["AttributeName"]: k["KeyType"] for k in desc.get("KeySchema", [])}
     expected = {mapping.source.partition_key: "HASH"}
     if mapping.source.sort_key:

@@ -1,7 +1,8 @@
 """Which mapping a job runs, and what changed when it starts with another.
 
 The job records the outline of its mapping (transforms/fingerprint.py) in its
-state when a tail starts (`run`, `migrate`); a start with a different mapping is
+state once its tail runs (`run`, `migrate`: a local job as it starts, a remote
+one once its launch was accepted); a start with a different mapping is
 told, line by line, what changed, and is recorded from then on. A verify
 records the fingerprint it checked, so `status` is READY only after a verify of
 the mapping the job now runs (docs/cutover.md, "Changing the mapping").
@@ -64,13 +65,21 @@ def record_mapping(store, mapping: MappingConfig, now_ms: Callable[[], int]) -> 
                          tuple(describe_changes(before.get("outline"), outline)))
 
 
-def change_notice(name: str, change: MappingChange, flags: str) -> str:
-    """What a user starting a job with a changed mapping is told."""
+def change_notice(name: str, change: MappingChange, flags: str, recopying: bool = False) -> str:
+    """What a user starting a job with a changed mapping is told. ``recopying``:
+    the command is the re-copy itself (`migrate --restart`), which is not advised
+    to the user running it."""
     lines = [f"ddb2bt: the mapping of {name} changed since this job last ran "
              f"({change.previous} → {change.current}):"]
     lines += [f"  - {line}" for line in change.changes] or ["  - (no difference in what it writes)"]
-    lines.append("  The tail applies the new mapping to changes from now on; rows of items that do not change keep "
-                 "what the old mapping wrote. To bring the whole table under the new mapping and remove what only "
-                 f"the old one wrote: ddb2bt migrate --restart {flags}, then ddb2bt verify {flags} "
-                 "(status is NOT READY until a verify of the new mapping).")
+    if recopying:
+        lines.append("  This re-copy (migrate --restart) brings the whole table under the new mapping and removes what "
+                     f"only the old one wrote; once it is LIVE: ddb2bt verify {flags} (status is NOT READY until a "
+                     "verify of the new mapping).")
+        return "\n".join(lines)
+    lines.append("  The tail applies the new mapping to changes from now on, but what the old mapping wrote stays: "
+                 "items that do not change keep it all, changed items keep the cells the new mapping no longer "
+                 "writes, and a deleted item's rows under the old mapping's row keys stay. To bring the whole table "
+                 f"under the new mapping and remove what only the old one wrote, re-copy it: ddb2bt migrate --restart "
+                 f"{flags}, then ddb2bt verify {flags} (status is NOT READY until a verify of the new mapping).")
     return "\n".join(lines)

@@ -3,8 +3,10 @@
 Row keys (``job`` is the mapping name unless ``--job-name`` says otherwise)::
 
   {job}#ckpt#{stream label}#{shard id}   ckpt:seq, ckpt:finished, ckpt:change_ms, ckpt:updated_ms
-  {job}#dlq#{failed at ms, 13 digits}#{n} dlq:reason, dlq:error_class, dlq:message,
+  {job}#dlq#{what it is, hashed}          dlq:reason, dlq:error_class, dlq:message, dlq:failed_at_ms,
                                           dlq:stage, dlq:record (JSON), dlq:position
+  (a dead letter's id is its record's position, stage and reason: a retry or a
+  replay that dead-letters the record again rewrites the same row)
 
 A checkpoint is written only after every write it covers is acknowledged by
 Bigtable, and a dead letter is written before the checkpoint that passes it, so
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import itertools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
@@ -85,6 +86,15 @@ class BackfillCheckpoint:
     done: bool = False
 
 
+def dead_letter_id(letter: DeadLetter, where: str) -> str:
+    """A dead letter's id: what it is (the record's position, or its keys and
+    change time where it has none; why and where it failed), not when it was
+    stored, so a retried or replayed bundle that dead-letters the same record
+    again overwrites its letter instead of adding one."""
+    what = where or record_to_json(letter.record, include_values=False)
+    return hashlib.sha1(f"{what}|{letter.stage}|{letter.reason}".encode()).hexdigest()[:20]
+
+
 class StateStore:
     def __init__(self, backend: StateBackend, job: str, now_ms: Callable[[], int],
                  include_values: bool = True) -> None:
@@ -92,7 +102,6 @@ class StateStore:
         self._job = job
         self._now_ms = now_ms
         self._include_values = include_values
-        self._dlq_counter = itertools.count()
 
     # -- checkpoints
 
@@ -236,8 +245,7 @@ class StateStore:
             # A stream record's position, or a backfilled item's (source/part#ordinal).
             where = (f"{pos.shard_id}/{pos.sequence_number}" if isinstance(pos, StreamPosition) else
                      f"{pos.source}/{pos.part}#{pos.count}" if pos is not None else "")
-            unique = hashlib.sha1(f"{where}:{next(self._dlq_counter)}:{now}".encode()).hexdigest()[:12]
-            key = f"{self._job}#dlq#{dl.failed_at_ms:0{TS_DIGITS}d}#{unique}".encode()
+            key = f"{self._job}#dlq#{dead_letter_id(dl, where)}".encode()
             cells = {
                 b"reason": dl.reason.encode(),
                 b"error_class": dl.error_class.encode(),
@@ -255,7 +263,7 @@ class StateStore:
     def list_dead_letters(self, reason: Optional[str] = None, since_ms: Optional[int] = None) -> list:
         prefix = f"{self._job}#dlq#".encode()
         out = []
-        for key, cells in sorted(self._backend.read_prefix(prefix).items()):
+        for key, cells in self._backend.read_prefix(prefix).items():
             entry = {q.decode(): v.decode("utf-8", "replace") for (fam, q), v in cells.items() if fam == DLQ}
             entry["id"] = key[len(prefix):].decode()
             if reason and entry.get("reason") != reason:
@@ -263,7 +271,7 @@ class StateStore:
             if since_ms is not None and int(entry.get("failed_at_ms", "0")) < since_ms:
                 continue
             out.append(entry)
-        return out
+        return sorted(out, key=lambda e: (int(e.get("failed_at_ms", "0") or 0), e["id"]))
 
     # -- versioned-cell ownership (versions.py)
     def versions(self):

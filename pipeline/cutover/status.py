@@ -6,6 +6,7 @@ them into READY / NOT READY with every reason.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
@@ -18,7 +19,7 @@ from ddb2bt.pipeline.control.lease import BACKFILL, TAIL, LeaseState
 from ddb2bt.pipeline.clients.retry import READ_ONLY_DEADLINE_S, RetryPolicy
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_MS, STREAM_RETENTION_S, SourceTableMissing,
                                               describe_table, list_shards)
-from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
+from ddb2bt.pipeline.source.heads import nothing_lost_since_head, oldest_record_ms
 from ddb2bt.transforms.fingerprint import describe_changes, mapping_outline, outline_fingerprint
 from ddb2bt.pipeline.connect.connections import StreamsClientFactory, dynamodb_client
 from ddb2bt.pipeline.control.markers import Bookkeeping
@@ -26,11 +27,14 @@ from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.source.kinesis import KinesisClientFactory, resolve_kinesis
 from ddb2bt.pipeline.source.kinesis_share import share_text, held_shares
 
+log = logging.getLogger(__name__)
+
 HEADROOM_READY_MS = 6 * 3600 * 1000  # the alert threshold too
 LAG_READY_MS = 60 * 1000
 # The readers save what they see of their shards every 30 s (stream_sdf.READER_REPORT_S)
-# and when they end: a report older than this is from a reader that stopped.
-REPORT_FRESH_MS = 5 * 60 * 1000
+# and when they end: a report older than two of those periods (and a little
+# slack for a slow round) is from a reader that stopped or stalled.
+REPORT_FRESH_MS = 75 * 1000
 # Meta row: when a multi-table migrate queued this table (its backfill follows the
 # tables before it); status tells "waiting its turn" from "never migrated".
 QUEUED_META = "migrate_queued_ms"
@@ -75,6 +79,8 @@ class Facts:
     # None: not known (facts built without the state's leases).
     backfill_held: Optional[bool] = None
     tail_held: Optional[bool] = None
+    # When the tail lease was last released or lapsed (None: held now, or never held).
+    tail_stopped_ms: Optional[int] = None
     # A multi-table migrate queued this table (it backfills one table after another).
     queued_ms: Optional[int] = None
     # The mapping the job's tail runs ({"fingerprint", "since_ms", "previous", ...},
@@ -106,15 +112,21 @@ def assess(f: Facts, flags: str = "") -> tuple:
         reasons.append(f"backfill running: {f.backfill_done_parts}/{f.backfill_parts} parts done")
     elif f.phase == CATCHING_UP:
         reasons.append("backfill done; the tail is still catching up")
+    tail_stopped = f.phase is not None and f.phase != BACKFILLING and f.tail_held is not True
+    if tail_stopped:
+        # Every change made while nobody tails the stream waits unapplied.
+        since = f" since {_when(f.tail_stopped_ms)}" if f.tail_stopped_ms else ""
+        reasons.append(f"the tail is not running (no process holds the job's tail lease{since}): resume it with "
+                       f"ddb2bt run{f_ or ' -m <mapping>'}")
     if f.bookkeeping_tables:
         reasons.append(f"bookkeeping cells may remain in {', '.join(f.bookkeeping_tables)} (touch-marker family "
                        f"not dropped yet: the migration has not finished; rerun ddb2bt migrate{f_} or keep the "
                        "tail running)")
     silent = [s for s in f.shards if not s.finished and not s.trimmed and (s.reported_ago_ms is None
                                                                            or s.reported_ago_ms > REPORT_FRESH_MS)]
-    if silent:
+    if silent and not tail_stopped:  # with no tail running, that it does not report goes without saying
         reasons.append(f"{len(silent)} shard(s) without a report from a running reader in the last "
-                       f"{REPORT_FRESH_MS // 60000} min: is the tail (ddb2bt run{f_} / migrate) running?")
+                       f"{REPORT_FRESH_MS // 1000} s: the tail is stalled or stopped (restart it with ddb2bt run{f_})")
     lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
     if lagging:
         worst = max(s.lag_ms(f.now_ms) for s in lagging)
@@ -197,6 +209,18 @@ def _trimmed(streams, stream_arn: str, shard_id: str, after: Optional[str]) -> b
     return False
 
 
+def _oldest_held_ms(streams, stream_arn: str, shard_id: str) -> Optional[int]:
+    """The shard's oldest record's time (heads.oldest_record_ms), or None when the
+    stream does not answer now: then nothing is proven, and the shard stays
+    trimmed (the tail, which retries, decides for itself when it starts)."""
+    try:
+        return oldest_record_ms(streams, stream_arn, shard_id)
+    except ClientError as exc:
+        log.warning("cannot read the oldest record of %s (%s): a trimmed checkpoint there is not proven harmless",
+                    shard_id, exc.response.get("Error", {}).get("Code"))
+        return None
+
+
 def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = None,
            bookkeeping=None, tables: tuple = (), mapping=None) -> Facts:
     """``bookkeeping`` (a ``control.markers.Bookkeeping``) is asked which of
@@ -222,6 +246,9 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
     )
     held = lambda role: bool((lease := LeaseState.parse(store.load_lease(role))) and lease.live(facts.now_ms))
     facts.backfill_held, facts.tail_held = held(BACKFILL), held(TAIL)
+    tail = LeaseState.parse(store.load_lease(TAIL))
+    if tail is not None and not facts.tail_held:
+        facts.tail_stopped_ms = tail.expires_ms  # a released lease's is its release time
     queued = store.load_meta(QUEUED_META)
     facts.queued_ms = int(queued) if queued else None
     facts.running_mapping = running_mapping(store)
@@ -251,7 +278,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
             # GetShardIterator and no record read (docs/operations.md, AWS's limits).
             running = facts.tail_held and not ended and reported_ago is not None and reported_ago <= REPORT_FRESH_MS
             trimmed = not finished and not running and _trimmed(streams, stream_arn, shard_id, seq)
-            if trimmed and nothing_lost_since_head(heads.get(shard_id), facts.now_ms, retention_s):
+            if trimmed and heads.get(shard_id) is not None and nothing_lost_since_head(
+                    heads[shard_id], facts.now_ms, retention_s, _oldest_held_ms(streams, stream_arn, shard_id)):
                 trimmed = False  # the tail goes on from the oldest record, nothing lost (docs/design.md §8.2)
             facts.shards.append(ShardStatus(
                 shard_id, seq, finished, None if finished or trimmed else pending,
@@ -298,8 +326,6 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     marker family. A missing source table is an error: with no stream, a
     retention headroom would be a made-up number. ``describe=False``: the source
     is known to be unreachable (ddb2bt.pipeline.connect.reachability): no stream facts."""
-    import logging
-
     arn = kinesis_arn = None
     kinesis = mapping.source.kinesis
     streams_factory = StreamsClientFactory(mapping.source.region)
@@ -317,7 +343,7 @@ def table_facts(mapping, store, read_retry, describe: bool = True) -> Facts:
     except SourceTableMissing:
         raise
     except Exception as exc:  # status must work even when the source is unreachable
-        logging.getLogger(__name__).warning("cannot describe %s: %s", mapping.source.table, exc)
+        log.warning("cannot describe %s: %s", mapping.source.table, exc)
     facts = gather(store, streams_factory(), arn,
                    bookkeeping=Bookkeeping.for_target(mapping.target.project, mapping.target.instance),
                    tables=mapping.tables, mapping=mapping)

@@ -57,7 +57,7 @@ from ddb2bt.pipeline.control.phases import LIVE, Migration, RECOVERING
 from ddb2bt.pipeline.source.snapshot import ExportSource
 from ddb2bt.pipeline.source.exports import parse_summary
 from ddb2bt.pipeline.sink.sink import BatchingWriter, SinkConfig
-from ddb2bt.pipeline.source.stream_source import nothing_lost_since_head
+from ddb2bt.pipeline.source.heads import nothing_lost_since_head
 from ddb2bt.transforms.attrs import item_from_dynamodb_json
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.mapping import backfill_cell_ms, handoff_second_ms
@@ -218,11 +218,12 @@ def find_gap(streams_client, stream_arn: str, checkpoints: dict, now_ms: int,
                 if exc.response.get("Error", {}).get("Code") != "TrimmedDataAccessException":
                     raise
             retention_s = getattr(streams_client, "retention_s", None) or STREAM_RETENTION_S
-            if nothing_lost_since_head((heads or {}).get(shard_id), now_ms, retention_s):
-                continue  # trimmed, nothing lost: the tail resumes it at TRIM_HORIZON
             it = streams_client.get_shard_iterator(StreamArn=stream_arn, ShardId=shard_id,
                                                    ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
             records = streams_client.get_records(ShardIterator=it, Limit=1).get("Records") or []
+            if nothing_lost_since_head((heads or {}).get(shard_id), now_ms, retention_s,
+                                       _record_ms(records[0]) if records else None):
+                continue  # trimmed, nothing lost: the oldest record held predates the head sighting
             if records:
                 oldest_held.append(_record_ms(records[0]))
                 resume.append((shard_id, records[0]["dynamodb"]["SequenceNumber"]))

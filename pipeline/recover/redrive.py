@@ -69,7 +69,11 @@ from ddb2bt.transforms.mapping import (MARKER_FAMILY, converge_change, expected_
                                        marker_qualifier)
 from ddb2bt.transforms.model import MODIFY, REMOVE, ChangeRecord, DeleteCells, MappedChange, SetCell, StreamPosition
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, converge_rows
-from ddb2bt.pipeline.clients.dynamodb import get_item
+from ddb2bt.pipeline.clients.dynamodb import (IteratorExpired, ShardPacer, StreamThrottled, classify_aws_error,
+                                              get_item)
+from ddb2bt.pipeline.clients.retry import retrying
+from ddb2bt.pipeline.source.kinesis import KinesisClientFactory
+from ddb2bt.transforms.errors import ChangesLostError, StreamGoneError
 from ddb2bt.pipeline.clients.bigtable.reads import read_rows
 from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory
 from ddb2bt.pipeline.control.phases import MarkingPolicy
@@ -178,25 +182,66 @@ def _has_images(record: ChangeRecord) -> bool:
     return record.old_image is not None or record.new_image is not None
 
 
-def _from_stream(streams, pos: Optional[StreamPosition]) -> Optional[ChangeRecord]:
-    """The letter's record read back from its stream position (keys and images),
-    or None: no streams client, no position, or the stream no longer holds it.
-    One GetShardIterator and one GetRecords of one record."""
-    from botocore.exceptions import ClientError
+# A redrive reads beside a running tail, which may spend a shard's whole 5
+# GetRecords/s: it takes at most this many per shard, and retries a throttled
+# call as the tail does, for up to the policy's deadline.
+REDRIVE_GET_RECORDS_PER_SHARD_PER_S = 1.0
+REDRIVE_STREAM_RETRY = RetryPolicy(initial_s=0.2, max_backoff_s=5.0, deadline_s=120.0)
 
-    if streams is None or pos is None or not pos.sequence_number:
-        return None
-    try:
-        it = streams.get_shard_iterator(StreamArn=pos.stream_arn, ShardId=pos.shard_id,
-                                        ShardIteratorType="AT_SEQUENCE_NUMBER",
-                                        SequenceNumber=pos.sequence_number)["ShardIterator"]
-        raw = streams.get_records(ShardIterator=it, Limit=1).get("Records", [])
-    except ClientError as exc:  # trimmed, or the stream is gone: the images are lost
-        log.info("a dead letter's record is no longer in its stream (%s)", exc.response.get("Error", {}).get("Code"))
-        return None
-    if not raw or raw[0].get("dynamodb", {}).get("SequenceNumber") != pos.sequence_number:
-        return None
-    return from_stream_record(raw[0], pos.stream_arn, pos.shard_id)
+
+class LetterStream:
+    """Reads a letter's record back from its stream position: paced
+    (REDRIVE_GET_RECORDS_PER_SHARD_PER_S), each call retried while throttled or
+    failing transiently (REDRIVE_STREAM_RETRY). Only the stream's own word that
+    the record is gone (trimmed, an expired iterator, the stream or shard gone)
+    makes it "no longer in its stream"; any other failure, a throttled read
+    that never got through included, stops the redrive with its error and
+    keeps the letters. ``streams``: a DynamoDB Streams client, or a Kinesis
+    stream's (source.kinesis.KinesisStreamsClient) for a Kinesis job."""
+
+    def __init__(self, streams, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic, policy: RetryPolicy = REDRIVE_STREAM_RETRY) -> None:
+        self._streams = streams
+        self._sleep = sleep
+        self._policy = policy
+        self._pacer = ShardPacer(REDRIVE_GET_RECORDS_PER_SHARD_PER_S, clock=clock, sleep=sleep)
+
+    def _call(self, operation: str, fn: Callable, shard_id: Optional[str] = None):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        def attempt():
+            if shard_id is not None:
+                self._pacer.wait(shard_id)
+            try:
+                return fn()
+            except (ClientError, BotoCoreError) as exc:
+                raise classify_aws_error(exc, operation) from exc
+
+        return retrying(self._policy, f"{operation} (dlq redrive)", sleep=self._sleep,
+                        retry_on=(StreamThrottled,))(attempt)
+
+    def record(self, pos: Optional[StreamPosition]) -> Optional[ChangeRecord]:
+        """The letter's record (keys and images), or None: no position, or the
+        stream no longer holds it. One GetShardIterator and one GetRecords of one
+        record, each retried."""
+        if pos is None or not pos.sequence_number:
+            return None
+        try:
+            it = self._call("GetShardIterator", lambda: self._streams.get_shard_iterator(
+                StreamArn=pos.stream_arn, ShardId=pos.shard_id, ShardIteratorType="AT_SEQUENCE_NUMBER",
+                SequenceNumber=pos.sequence_number))["ShardIterator"]
+            raw = self._call("GetRecords", lambda: self._streams.get_records(ShardIterator=it, Limit=1),
+                             pos.shard_id).get("Records", [])
+        except (ChangesLostError, IteratorExpired, StreamGoneError) as exc:  # the images are lost
+            log.info("a dead letter's record is no longer in its stream (%s)", exc)
+            return None
+        if not raw or raw[0].get("dynamodb", {}).get("SequenceNumber") != pos.sequence_number:
+            return None
+        return from_stream_record(raw[0], pos.stream_arn, pos.shard_id)
+
+
+def _from_stream(streams: Optional[LetterStream], pos: Optional[StreamPosition]) -> Optional[ChangeRecord]:
+    return None if streams is None else streams.record(pos)
 
 
 def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions = RedriveOptions(),
@@ -216,7 +261,7 @@ def redrive(mapping, store, batcher, reader: ItemReader, options: RedriveOptions
     # targets have no marker family: a redrive there marks nothing.
     marking = policy.active if mapping.source.kinesis is None else (lambda: False)
     letters = store.list_dead_letters(reason=options.reason, since_ms=options.since_ms)
-    groups, redacted, imageless = _group(letters, streams)
+    groups, redacted, imageless = _group(letters, LetterStream(streams, sleep) if streams is not None else None)
     outcome: dict = {}
     final: dict = {}
     items = list(groups.items())
@@ -397,6 +442,17 @@ def _converge(mapping, groups: dict, batcher, reader, options: RedriveOptions, n
                 pending.append(key)
 
 
+def letter_streams(mapping):
+    """The client a redrive reads letters' records back with: the job's own
+    stream, its Kinesis stream for a Kinesis job (whose letters' positions name
+    a Kinesis shard and sequence number under the job's per-table stream name,
+    not a DynamoDB stream)."""
+    kinesis = mapping.source.kinesis
+    if kinesis is not None:
+        return KinesisClientFactory(kinesis.stream, mapping.source.table, mapping.source.region, kinesis.precision)()
+    return StreamsClientFactory(mapping.source.region)()
+
+
 def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions()) -> RedriveResult:
     """`ddb2bt dlq redrive` against the real services: the sink's writer (the same
     limits, retries and version ownership as the pipeline, but no checkpoints: a
@@ -412,7 +468,7 @@ def redrive_job(mapping, state_spec, options: RedriveOptions = RedriveOptions())
     try:
         reader = ItemReader(DynamoDBClientFactory(mapping.source.region)(), mapping.source.table,
                             metrics_table=store.job)
-        return redrive(mapping, store, batcher, reader, options, streams=StreamsClientFactory(mapping.source.region)(),
+        return redrive(mapping, store, batcher, reader, options, streams=letter_streams(mapping),
                        read_rows=lambda table, keys: read_rows(t.project, t.instance, table, keys,
                                                                app_profile=t.app_profile),
                        delete_cells=lambda table, row, mutations: writer.mutate_rows(table, [(row, mutations)]))

@@ -224,6 +224,31 @@ def mapping_flags(args, mappings: Optional[list] = None) -> str:
     return " ".join(flags)
 
 
+# Options that make a command start over rather than resume: left out of the
+# command an interrupted run names to resume it (a `migrate --restart` resumed
+# with --restart would copy the table again).
+RESTARTING_OPTIONS = ("--restart", "--start")
+RESTARTING_WITH_VALUE = ("--start",)
+
+
+def resume_command(argv: list) -> str:
+    """The command that resumes an interrupted ``ddb2bt`` command line: the
+    same, without the options that start over (RESTARTING_OPTIONS)."""
+    from shlex import join
+
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in RESTARTING_OPTIONS:
+            skip = name in RESTARTING_WITH_VALUE and "=" not in arg
+            continue
+        kept.append(arg)
+    return "ddb2bt " + join(kept)
+
+
 def submitted(result, args) -> int:
     """After launching on a remote runner: say what was launched (or dry-run)."""
     job = getattr(result, "job", None)
@@ -359,7 +384,6 @@ def build_live_jobs(args, mappings: list) -> list:
                             partitions=partitions, sink=sink,
                             client_factory=client_factory, marking=PhaseMarking(state),
                             pushgateway=getattr(args, "metrics_pushgateway", None)))
-    note_mapping_changes(args, jobs)
     return jobs
 
 
@@ -401,7 +425,9 @@ def take_kinesis_shares(args, mappings: list, sources: list, states: list, check
 
 def note_mapping_changes(args, jobs: list) -> None:
     """Record the mapping each tail runs; tell the user what changed since the
-    job last ran (docs/cutover.md, "Changing the mapping")."""
+    job last ran (docs/cutover.md, "Changing the mapping"). Called once the job
+    runs: a local job as it starts, a remote one once its launch was accepted (a
+    rejected Dataflow --update leaves the recorded mapping as it was)."""
     import sys
 
     if getattr(args, "dry", False):
@@ -410,7 +436,9 @@ def note_mapping_changes(args, jobs: list) -> None:
         change = record_mapping(job.state.store(), job.mapping, lambda: time.time_ns() // 1_000_000)
         if change is not None:
             print(change_notice(job.mapping.name, change, mapping_flags(args, None if len(jobs) == 1 else
-                                                                        [job.mapping.origin])), file=sys.stderr)
+                                                                        [job.mapping.origin]),
+                                recopying=getattr(args, "command", None) == "migrate" and bool(
+                                    getattr(args, "restart", False))), file=sys.stderr)
 
 
 OUTCOMES = ("applied", "dead_lettered", "skipped")

@@ -12,11 +12,54 @@ from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
 from ddb2bt.pipeline.observe.metrics import default_metrics
 
 
+class RecoverBars:
+    """The recover's progress bars (data files; the boundary sweep's rows) on
+    ``file`` (stderr), for the length of a ``with`` block. The log lines written
+    meanwhile go above the bars (tqdm.write), never into a bar's line; with no
+    terminal (a log file, CI) there are no bars: carriage returns would only
+    clutter the log."""
+
+    def __init__(self, file=None) -> None:
+        self._file = file or sys.stderr
+        self._bars: dict = {}
+        self._redirect = None
+
+    def __enter__(self) -> "RecoverBars":
+        import logging
+
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        self._redirect = logging_redirect_tqdm(loggers=[logging.getLogger()])
+        self._redirect.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for bar in self._bars.values():
+            bar.close()
+        self._redirect.__exit__(*exc)
+
+    def _bar(self, name: str, **kw):
+        from tqdm import tqdm
+
+        if name not in self._bars:
+            tty = getattr(self._file, "isatty", lambda: False)()
+            self._bars[name] = tqdm(dynamic_ncols=True, file=self._file, disable=not tty, **kw)
+        return self._bars[name]
+
+    def progress(self, done: int, total: int) -> None:
+        bar = self._bar("files", total=total, unit="file", desc="recover")
+        bar.n = done
+        bar.update(0)
+
+    def sweep_progress(self, rows: int) -> None:  # the boundary sweep's scan (docs/recover.md): no total known
+        bar = self._bar("sweep", unit="row", desc="boundary sweep")
+        bar.n = rows
+        bar.update(0)
+
+
 def cmd_recover(args) -> int:
     """Say what a trimmed checkpoint lost and how to export it; with --from-export,
     apply the exports and set the trimmed shards to resume (docs/recover.md)."""
-    from tqdm import tqdm
-
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.recover.recover import RecoverOptions, recover_job, refuse_kinesis
     mapping = load(args)
@@ -40,27 +83,12 @@ def cmd_recover(args) -> int:
         start_metrics_server(args.metrics_port, args.metrics_host)
         held = join(acquire_lease(args, spec, "tail"))
         fence = held.check if held is not None else fence
-    bars: dict = {}
-
-    def progress(done: int, total: int) -> None:
-        if "files" not in bars:
-            bars["files"] = tqdm(total=total, unit="file", desc="recover", dynamic_ncols=True, file=sys.stderr)
-        bars["files"].n = done
-        bars["files"].update(0)
-
-    def sweep_progress(rows: int) -> None:  # the boundary sweep's scan (docs/recover.md): no total known
-        if "sweep" not in bars:
-            bars["sweep"] = tqdm(unit="row", desc="boundary sweep", dynamic_ncols=True, file=sys.stderr)
-        bars["sweep"].n = rows
-        bars["sweep"].update(0)
-
     try:
-        outcome = recover_job(mapping, spec, options, progress=progress,
-                              fence=fence, sweep_progress=sweep_progress,
-                              metrics=default_metrics().for_table(spec.job))
+        with RecoverBars() as bars:
+            outcome = recover_job(mapping, spec, options, progress=bars.progress,
+                                  fence=fence, sweep_progress=bars.sweep_progress,
+                                  metrics=default_metrics().for_table(spec.job))
     finally:
-        for bar in bars.values():
-            bar.close()
         if held is not None:  # released at once: the tail (`ddb2bt run`) starts next
             held.release()
     for line in outcome.lines():

@@ -10,9 +10,11 @@ import logging
 
 from ddb2bt.pipeline.services.jobs import (
     backfill_options, build_live_jobs, check_profiles, claim_target_tables, dlq_values, load_all, mapping_flags,
+    note_mapping_changes,
     outcome_since, outcome_snapshot, start_metrics_server, state_spec, submitted, with_backfill_leases,
     write_summary,
 )
+from ddb2bt.pipeline import signals
 from ddb2bt.pipeline.connect.preflight import check_target, ensure_state_table
 
 log = logging.getLogger("ddb2bt")
@@ -44,14 +46,24 @@ def cmd_run(args) -> int:
     stop_checks = start_continuous_checks(args, jobs) if is_local(args.beam_args) else None
     try:
         with summary_at_end(args, [j.mapping for j in jobs], [j.state for j in jobs], is_local(args.beam_args)):
+            if is_local(args.beam_args):
+                note_mapping_changes(args, jobs)  # p.run() runs the job here
             result = p.run()
             if not is_local(args.beam_args):
+                note_mapping_changes(args, jobs)  # launched: a refused launch or --update raised above
                 return submitted(result, args)  # a streaming job runs on; drain it to stop
             result.wait_until_finish()
     finally:
         if stop_checks is not None:
             stop_checks.set()
     return 0
+
+
+def interrupted() -> bool:
+    """This command was stopped by Ctrl-C / SIGTERM: its last line (signals.py)
+    names the command that resumes it, and nothing else may name another."""
+    scope = signals.current()
+    return scope is not None and scope.interrupted is not None
 
 
 @contextlib.contextmanager
@@ -154,15 +166,19 @@ def cmd_migrate(args) -> int:
     with summary_at_end(args, mappings, [job.state for job in jobs], local=local), \
             continuous_checks(args, jobs if local and not args.dry else []):
         check = continuous_options(args) if getattr(args, "continuous_check", None) else None
+        if local:
+            note_mapping_changes(args, jobs)  # migrate runs the job here
         outcome = migrate(jobs, per_table, args.beam_args, args.until_idle, dry_run=args.dry, check=check,
                           on_live=lambda: print("migration LIVE" + ("" if args.until_idle is not None else
                                                 "; the tail goes on replicating (Ctrl-C stops it; a restart "
                                                 "resumes)"), flush=True))
         if outcome.launched is not None:
+            if not local:
+                note_mapping_changes(args, jobs)  # launched: a refused launch or --update raised above
             return submitted(outcome.launched, args)
         if args.until_idle is not None:
             print(f"tail idle; nothing of ddb2bt's is left in the target; verify with: ddb2bt verify "
                   f"{mapping_flags(args)}")
-        else:  # the tail ended by itself (a stop request, the stream gone): say it is not running
+        elif not interrupted():  # the tail ended by itself (the stream gone): say it is not running
             print(f"the tail stopped; resume with: ddb2bt run {mapping_flags(args)}")
     return 0

@@ -283,6 +283,18 @@ class KinesisStreamsClient:
             self._check_not_trimmed(ShardId, SequenceNumber)
             self._last_seen[ShardId] = int(SequenceNumber)
             kwargs.update(ShardIteratorType="AFTER_SEQUENCE_NUMBER", StartingSequenceNumber=SequenceNumber)
+        elif ShardIteratorType == "AT_SEQUENCE_NUMBER":  # one record read back (a dead letter's, dlq redrive)
+            kwargs.update(ShardIteratorType="AT_SEQUENCE_NUMBER", StartingSequenceNumber=SequenceNumber)
+            try:
+                iterator = self._k.get_shard_iterator(**kwargs)["ShardIterator"]
+            except ClientError as exc:  # not a position of the shard (any more): as AWS says of a trimmed one
+                if exc.response.get("Error", {}).get("Code") != "InvalidArgumentException":
+                    raise
+                raise ClientError({"Error": {"Code": "TrimmedDataAccessException", "Message": (
+                    f"sequence number {SequenceNumber} is not in shard {ShardId} of Kinesis stream {self._name}: "
+                    f"{exc.response['Error'].get('Message', '')}")}}, "GetShardIterator") from None
+            self._iterators[iterator] = ShardId
+            return {"ShardIterator": iterator}
         elif self._start_timestamp is not None:
             kwargs.update(ShardIteratorType="AT_TIMESTAMP", Timestamp=self._start_timestamp)
         else:

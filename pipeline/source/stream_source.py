@@ -43,7 +43,7 @@ from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpire
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
-from ddb2bt.pipeline.source.heads import ShardHeads
+from ddb2bt.pipeline.source.heads import ShardHeads, nothing_lost_since_head, oldest_record_ms, unproven_note
 from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 from ddb2bt.pipeline.control.state import ShardCheckpoint
@@ -78,22 +78,6 @@ PAGES_PER_ROUND = 10
 # After a shard closes its children may be listed: a listing of the stream at
 # most this old (another partition's, shared through the ShardDirectory) will do.
 REDISCOVERY_MAX_AGE_S = 1.0
-# A trimmed checkpoint loses nothing when the shard was seen at its head (every
-# record up to then read and applied) less than the retention minus this margin
-# ago: every change since has a record younger than the retention, which the
-# stream still holds (docs/design.md §8.2). The margin covers AWS's record times
-# (rounded down to the second), the reporting host's clock against this one's
-# and AWS's (NTP: seconds; §6.6), and any slack in when the service trims. An
-# hour costs little: a quiet table stopped for up to 23 h of 24 resumes by itself.
-HEAD_PROOF_MARGIN_S = 3600.0
-
-
-def nothing_lost_since_head(head_ms: Optional[int], now_ms: int, retention_s: float) -> bool:
-    """Pure: a checkpoint found trimmed lost no change when its shard was seen at
-    its head at ``head_ms`` (docs/design.md §7.8's head: a run of empty pages over
-    seconds, nothing pending) less than ``retention_s`` − HEAD_PROOF_MARGIN_S ago:
-    every change after ``head_ms`` has a record younger than that, still held."""
-    return head_ms is not None and now_ms - head_ms < (retention_s - HEAD_PROOF_MARGIN_S) * 1000
 
 _STOP_REQUESTS: set = set()
 STOP_ALL = "*"  # every reader in this process (Ctrl-C, SIGTERM: ddb2bt.pipeline.signals)
@@ -567,22 +551,23 @@ class PartitionReader:
         head_ms = self._shard_heads.last_head_ms(shard_id)
         retention_s = getattr(self._client, "retention_s", None) or STREAM_RETENTION_S
         now = self._now_ms()
-        if nothing_lost_since_head(head_ms, now, retention_s):
+        oldest_ms = None if head_ms is None else oldest_record_ms(
+            self._client, self._partition.stream_arn, shard_id, self._call, lambda: self._pacer.wait(shard_id))
+        if nothing_lost_since_head(head_ms, now, retention_s, oldest_ms):
             # Seen at its head (every record up to then read, applied and
-            # checkpointed) recently enough that every later record is still
-            # held: the oldest record on is exactly what was not applied yet.
+            # checkpointed), and the stream still holds a record from before
+            # then: it trimmed nothing after, and the oldest record on is exactly
+            # what was not applied yet.
             log.warning("shard %s of %s: its checkpoint (%s) has aged out of the stream, but no change was "
-                        "lost: the job saw the shard at its head %.1f h ago, within the stream's %.0f h retention "
-                        "less %.0f h, so every change since is still in the stream. Continuing from TRIM_HORIZON "
-                        "(docs/design.md §8.2).", shard_id, self._partition.stream_arn, where,
-                        (now - head_ms) / 3_600_000, retention_s / 3600, HEAD_PROOF_MARGIN_S / 3600)
+                        "lost: the job saw the shard at its head %.1f h ago and the oldest record the shard "
+                        "still holds is %.1f h older than that, so every change since is still in the stream. "
+                        "Continuing from TRIM_HORIZON (docs/design.md §8.2).", shard_id,
+                        self._partition.stream_arn, where, (now - head_ms) / 3_600_000,
+                        (head_ms - oldest_ms) / 3_600_000)
             return self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
                 StreamArn=self._partition.stream_arn, ShardId=shard_id,
                 ShardIteratorType="TRIM_HORIZON"))["ShardIterator"]
-        if head_ms is not None:
-            message += (f" (The job last saw this shard at its head {(now - head_ms) / 3_600_000:.1f} h ago: "
-                        f"too long ago, against the stream's {retention_s / 3600:.0f} h retention less a "
-                        f"{HEAD_PROOF_MARGIN_S / 3600:.0f} h margin, to prove that nothing after it was trimmed.)")
+        message += unproven_note(head_ms, now, retention_s, oldest_ms)
         if self._options.on_trimmed != "restart":
             raise ChangesLostError(message)
         log.error("%s Continuing from TRIM_HORIZON because --on-trimmed=restart (or a re-copy, migrate "

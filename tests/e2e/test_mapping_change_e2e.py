@@ -11,7 +11,7 @@ import pytest
 
 from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.transforms.config import load_mapping
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ready_but_for_the_tail
 from tests.e2e.test_cutover import assert_target_is_exactly_the_mapping, preload, random_changes, setup
 
 pytestmark = pytest.mark.e2e
@@ -36,7 +36,9 @@ def test_a_mapping_edit_on_a_running_job_ends_identical_under_the_new_mapping(st
                    "--poll-interval", "0.2"]) == 0
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
     capsys.readouterr()
-    assert ddb2bt(["status", "--mapping", str(path)]) == 0, capsys.readouterr().out
+    assert ddb2bt(["status", "--mapping", str(path)]) == 1  # the migrate ended: no tail runs
+    out = capsys.readouterr().out
+    assert ready_but_for_the_tail(out), out
 
     # The edit: Description renamed, Thumbnail moved to a new family, the hats rule removed.
     edited = yaml.safe_load(path.read_text())
@@ -68,4 +70,6 @@ def test_a_mapping_edit_on_a_running_job_ends_identical_under_the_new_mapping(st
     assert ddb2bt(["verify", "--mapping", str(new_path)]) == 0
     assert_target_is_exactly_the_mapping(new, ddb)  # nothing of the old mapping is left
     capsys.readouterr()
-    assert ddb2bt(["status", "--mapping", str(new_path)]) == 0, capsys.readouterr().out
+    assert ddb2bt(["status", "--mapping", str(new_path)]) == 1
+    out = capsys.readouterr().out
+    assert ready_but_for_the_tail(out), out

@@ -32,6 +32,16 @@ def test_a_misspelled_option_is_refused_with_a_suggestion(capsys):
     assert "--jsn (did you mean --json?)" in err
 
 
+def test_every_command_suggests_the_option_meant_even_when_a_required_one_is_then_missing(capsys):
+    """`status --maping m.yaml` misses the required --mapping too: the misspelling
+    is what to say, as for `migrate --until-idel`, whatever the command."""
+    for argv in (["status", "--maping", MAPPING], ["verify", "--maping", MAPPING], ["migrate", "--maping", MAPPING],
+                 ["dlq", "list", "--maping", MAPPING], ["create-table", "--maping", MAPPING]):
+        err = refused(argv, capsys)
+        assert "unknown option: --maping (did you mean --mapping?)" in err, (argv, err)
+        assert "required" not in err, (argv, err)
+
+
 def test_an_option_of_another_command_is_named_as_such_not_guessed_among_beams(capsys):
     """`run` has no --segments: say whose option it is, rather than offer one of
     Beam's hundreds of options that happens to look a little alike."""

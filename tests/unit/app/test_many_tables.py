@@ -156,7 +156,7 @@ def test_a_job_is_live_when_every_table_is(phases, overall):
 def facts(phase, dead=0, lag_ms=0) -> Facts:
     now = 1_700_000_000_000
     return Facts(now_ms=now, phase=phase, handoff_ms=None, backfill_parts=4, backfill_done_parts=4,
-                 backfill_items=10, backfill_expected=None, backfill_done_ms=now - 1000, dead_letters=dead,
+                 backfill_items=10, backfill_expected=None, backfill_done_ms=now - 1000, dead_letters=dead, tail_held=True,
                  last_verify={"identical": True, "checked_at_ms": now},
                  shards=[ShardStatus("s1", "1", False, now - lag_ms if lag_ms else None, None)])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from ddb2bt.pipeline.control.mapping_change import change_notice, fingerprint_of, record_mapping, running_mapping
@@ -70,6 +71,8 @@ def test_the_job_records_its_mapping_and_a_start_with_another_is_told_what_chang
     assert change.changes == ("rule employee column JobTitle: emp:Title utf8 (was emp:JobTitle utf8)",)
     notice = change_notice("hr_orders", change, "--mapping m.yaml")
     assert "ddb2bt migrate --restart --mapping m.yaml" in notice and "emp:Title" in notice
+    assert "changed items keep the cells the new mapping no longer writes" in notice
+    assert "a deleted item's rows under the old mapping's row keys stay" in notice
     recorded = running_mapping(store)
     assert (recorded["since_ms"], recorded["previous"]) == (NOW + 2, fingerprint_of(first))
 
@@ -112,3 +115,67 @@ def test_a_verify_recorded_before_fingerprints_counts_until_the_mapping_changes(
     assert not any("another mapping" in r for r in assess(f)[1])
     f.running_mapping = {"fingerprint": "b", "previous": "a", "since_ms": NOW - 5}
     assert any("another mapping" in r for r in assess(f)[1])
+
+
+def test_a_changed_mapping_is_recorded_only_once_the_remote_job_launched(monkeypatch, tmp_path):
+    """A Dataflow launch (or --update) that is refused must not leave the state
+    saying the new mapping runs; an accepted one records it."""
+    import argparse
+    from types import SimpleNamespace
+
+    import ddb2bt.pipeline.graph as graph
+    import ddb2bt.pipeline.io as io
+    import ddb2bt.pipeline.services.replicate as replicate
+
+    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    old = load_mapping(HR)
+    record_mapping(store, old, lambda: NOW)
+
+    def edit(doc):
+        doc["rules"][1]["columns"]["JobTitle"]["column"] = "emp:Title"
+    new = edited(tmp_path, edit)
+    job = SimpleNamespace(mapping=new, state=SimpleNamespace(store=lambda: store), stream_arn="arn:s/stream/1",
+                          partitions=1, reader=SimpleNamespace(start="trim_horizon"))
+    monkeypatch.setattr(replicate, "build_live_jobs", lambda args, mappings: [job])
+    monkeypatch.setattr(replicate, "load_all", lambda args: [new])
+    monkeypatch.setattr(replicate, "start_metrics_server", lambda *a: None)
+    class Transform:
+        def __rrshift__(self, label):
+            return self
+
+    monkeypatch.setattr(io.ReplicateToBigtable, "from_jobs", classmethod(lambda cls, jobs: Transform()))
+
+    class Launch:
+        def __init__(self, refused):
+            self.refused = refused
+
+        def __or__(self, other):
+            return None
+
+        def run(self):
+            if self.refused:
+                raise RuntimeError("The workflow could not be updated: the new job is not compatible")
+            return SimpleNamespace(job=None)
+
+    args = argparse.Namespace(mapping="m.yaml", beam_args=["--runner=DataflowRunner"], metrics_port=-1,
+                              metrics_host="127.0.0.1", until_idle=None, continuous_check=None, dry=False)
+    monkeypatch.setattr(graph, "make_pipeline", lambda beam_args: Launch(refused=True))
+    monkeypatch.setattr(replicate, "write_summary", lambda *a, **k: "")
+    with pytest.raises(RuntimeError, match="could not be updated"):
+        replicate.cmd_run(args)
+    assert running_mapping(store)["fingerprint"] == fingerprint_of(old)  # the old mapping still runs
+    monkeypatch.setattr(graph, "make_pipeline", lambda beam_args: Launch(refused=False))
+    replicate.cmd_run(args)
+    assert running_mapping(store)["fingerprint"] == fingerprint_of(new)
+
+
+def test_the_re_copy_is_not_advised_to_the_re_copy_itself(tmp_path):
+    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    record_mapping(store, load_mapping(HR), lambda: NOW)
+
+    def edit(doc):
+        doc["rules"][1]["columns"]["JobTitle"]["column"] = "emp:Title"
+    change = record_mapping(store, edited(tmp_path, edit), lambda: NOW + 1)
+    notice = change_notice("hr_orders", change, "--mapping m.yaml", recopying=True)
+    assert "migrate --restart --mapping" not in notice and "This re-copy (migrate --restart)" in notice
+    assert "ddb2bt verify --mapping m.yaml" in notice

@@ -156,7 +156,7 @@ def test_export_lines_decode_as_json_loads_decodes_their_bytes():
 
 def facts(**kw):
     base = dict(now_ms=10**13, phase="LIVE", handoff_ms=1, backfill_parts=4, backfill_done_parts=4,
-                backfill_items=100, backfill_expected=100, backfill_done_ms=5,
+                backfill_items=100, backfill_expected=100, backfill_done_ms=5, tail_held=True,
                 last_verify={"identical": True, "sampled": False, "checked_at_ms": 10})
     base.update(kw)
     return Facts(**base)
@@ -174,6 +174,9 @@ def test_ready_only_when_everything_holds():
         "found differences": facts(last_verify={"identical": False}),
         "was sampled": facts(last_verify={"identical": True, "sampled": True, "checked_at_ms": 10}),
         "older than the end of the backfill": facts(backfill_done_ms=20),
+        "the tail is not running": facts(tail_held=False),
+        "without a report from a running reader": facts(shards=[ShardStatus("s", "1", False, None, None,
+                                                                          reported_ago_ms=80_000)]),
     }
     for fragment, f in cases.items():
         ready, reasons = assess(f)

@@ -86,23 +86,29 @@ def test_a_trimmed_checkpoint_is_reported_even_right_after_its_reader_reported()
     assert [s.trimmed for s in f.shards] == [False] and "GetShardIterator" not in client.calls
 
 
-def test_a_trimmed_checkpoint_of_a_shard_seen_at_its_head_recently_is_not_reported_as_lost():
-    """docs/design.md §8.2: the tail goes on from the oldest record, losing
-    nothing; status must not send the operator to a recovery."""
+def test_a_trimmed_checkpoint_is_lost_unless_the_stream_still_holds_a_record_from_before_the_head_sighting():
+    """docs/design.md §8.2: a checkpoint that aged out lost nothing only when the
+    oldest record the shard holds predates the job's last head sighting; status
+    must not send the operator to a recovery then, and must otherwise."""
     client = FakeStreamsClient()
     client.add_shard("s0")
-    for i in range(3):
-        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}})
+    head_ms = NOW - 3_600_000
+    for i, created in enumerate((head_ms - 90_000, head_ms - 60_000, head_ms + 60_000)):
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}}, created_ms=created)
     store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
-    seq = client.shards["s0"].records[-1]["dynamodb"]["SequenceNumber"]
+    seq = client.shards["s0"].records[0]["dynamodb"]["SequenceNumber"]
     store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", seq)])
-    store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 3_600_000})
-    client.shards["s0"].trimmed_before = 3  # the quiet shard's last record aged out
+    store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": head_ms})
+    client.shards["s0"].trimmed_before = 1  # the checkpoint aged out; a record from before the sighting is held
     f = gather(store, client, client.stream_arn, now_ms=NOW)
     assert [s.trimmed for s in f.shards] == [False]
     _, reasons = assess(f)
     assert not any(r.startswith("trimmed") for r in reasons)
-    # seen at its head too long ago: lost, as before
+    # the stream trimmed past the sighting: what came after it may be gone
+    client.shards["s0"].trimmed_before = 2
+    assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]
+    # seen at its head too long ago: lost, whatever the stream holds
+    client.shards["s0"].trimmed_before = 1
     store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 24 * 3_600_000})
     assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]
 
@@ -150,3 +156,40 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_live_job_whose_tail_nobody_holds_is_not_ready_saying_since_when_and_how_to_resume():
+    """Ctrl-C releases the tail lease, a SIGKILL lets it lapse (its TTL): either
+    way the readers' last reports are still fresh, and the job is not READY."""
+    bt = InMemoryBigtable()
+    store = StateStore(bt, "job", lambda: NOW)
+    hold(bt, TAIL, NOW - 12_000)  # lapsed 12 s ago
+    f = gather(store, FakeStreamsClient(), None, now_ms=NOW)
+    assert (f.tail_held, f.tail_stopped_ms) == (False, NOW - 12_000)
+    ready, reasons = assess(Facts(**{**vars(f), "phase": "LIVE"}), "-m orders.yaml")
+    assert not ready
+    assert ("the tail is not running (no process holds the job's tail lease since 2023-11-14T22:13:08Z): "
+            "resume it with ddb2bt run -m orders.yaml") in reasons
+    hold(bt, TAIL, NOW + 20_000)  # running again
+    f = gather(store, FakeStreamsClient(), None, now_ms=NOW)
+    _, reasons = assess(Facts(**{**vars(f), "phase": "LIVE"}))
+    assert (f.tail_held, f.tail_stopped_ms) == (True, None) and not any("tail is not running" in r for r in reasons)
+
+
+def test_status_answers_when_the_oldest_record_cannot_be_read_now_and_claims_no_proof():
+    from ddb2bt.pipeline.testing.fakes import client_error
+
+    client = FakeStreamsClient()
+    client.add_shard("s0")
+    for i, created in enumerate((NOW - 3_700_000, NOW - 3_660_000)):
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}}, created_ms=created)
+    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", client.shards["s0"].records[0]["dynamodb"][
+        "SequenceNumber"])])
+    store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 3_600_000})
+    client.shards["s0"].trimmed_before = 1
+
+    def throttled(**kw):
+        raise client_error("ProvisionedThroughputExceededException")
+    client.get_records = throttled
+    assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]

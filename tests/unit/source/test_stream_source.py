@@ -245,23 +245,63 @@ def _restart(client, state, metrics, clock_ms, options=None):
                            now_ms=clock, sleep=lambda s: None, load_heads=state.load_shard_heads)
 
 
-def test_a_quiet_shard_seen_at_its_head_within_the_retention_resumes_its_trimmed_checkpoint_losing_nothing():
+def test_a_trimmed_checkpoint_is_lost_when_the_oldest_record_left_is_newer_than_the_last_head_sighting():
+    """The stream trimmed past the sighting (as `ddb2bt local trim`, a replaced
+    stream or a clock off by hours can): the records after the checkpoint that
+    were created before the oldest one left may be gone, however recent the
+    sighting. LOST, naming recover."""
     from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_MS
-    from ddb2bt.pipeline.source.stream_source import HEAD_PROOF_MARGIN_S
+    from ddb2bt.pipeline.source.heads import HEAD_PROOF_MARGIN_S
 
     client, state, metrics, s = _quiet_shard_seen_at_head()
     head_ms = state.load_shard_heads(client.stream_arn)["s"]
-    later = put(client, "s", 2, start=10)  # changes after the head, while the job is down
-    client.shards["s"].trimmed_before = 3  # the checkpoint (the last applied record) ages out
+    client.put("s", "INSERT", {"pk": {"S": "gone"}}, created_ms=head_ms + 30_000)  # written while the job is down
+    put_at(client, "s", head_ms + 60_000, 2)
+    client.shards["s"].trimmed_before = 4  # the checkpoint and the change after it: trimmed
     reader = _restart(client, state, metrics, head_ms + STREAM_RETENTION_MS - HEAD_PROOF_MARGIN_S * 1000 - 1)
-    out, _ = drain_round(reader, LocalTracker())
-    assert seqs(out) == later  # from the oldest record held: exactly what was not applied
+    with pytest.raises(ChangesLostError) as err:
+        drain_round(reader, LocalTracker())
+    assert "LOST" in str(err.value) and "ddb2bt recover" in str(err.value)
+    assert "the oldest record the shard still holds is +60 s from it" in str(err.value)
+
+
+def test_a_trimmed_checkpoint_is_lost_when_the_shard_holds_no_record():
+    client, state, metrics, s = _quiet_shard_seen_at_head()
+    head_ms = state.load_shard_heads(client.stream_arn)["s"]
+    client.shards["s"].trimmed_before = 3  # everything aged out: whatever came after the sighting too
+    with pytest.raises(ChangesLostError) as err:
+        drain_round(_restart(client, state, metrics, head_ms + 60_000), LocalTracker())
+    assert "the shard holds no record now" in str(err.value)
+
+
+def test_a_trimmed_checkpoint_resumes_when_the_stream_still_holds_a_record_from_before_the_sighting():
+    client, state, metrics, s = _quiet_shard_seen_at_head()
+    head_ms = state.load_shard_heads(client.stream_arn)["s"]
+    # A checkpoint behind what was applied at the sighting: its record aged out,
+    # the next one (created before the sighting) is still held, so nothing after
+    # the sighting was trimmed.
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "s", s[0])])
+    client.shards["s"].records[1]["dynamodb"]["ApproximateCreationDateTime"] = _utc(head_ms - 60_000)
+    later = put_at(client, "s", head_ms + 60_000, 2)
+    client.shards["s"].trimmed_before = 1
+    out, _ = drain_round(_restart(client, state, metrics, head_ms + 120_000), LocalTracker())
+    assert seqs(out) == s[1:] + later  # from the oldest record held: nothing skipped
     assert sample(metrics, "ddb2bt_trimmed_restarts_total", table="Fake") == 0  # nothing lost
+
+
+def _utc(ms):
+    import datetime as dt
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+
+
+def put_at(client, shard, created_ms, n):
+    return [client.put(shard, "INSERT", {"pk": {"S": f"t{created_ms}-{i}"}}, {"pk": {"S": f"t{created_ms}-{i}"}},
+                       created_ms=created_ms + i) for i in range(n)]
 
 
 def test_a_trimmed_checkpoint_is_lost_when_the_head_was_seen_too_long_ago():
     from ddb2bt.pipeline.clients.dynamodb import STREAM_RETENTION_MS
-    from ddb2bt.pipeline.source.stream_source import HEAD_PROOF_MARGIN_S
+    from ddb2bt.pipeline.source.heads import HEAD_PROOF_MARGIN_S
 
     client, state, metrics, s = _quiet_shard_seen_at_head()
     head_ms = state.load_shard_heads(client.stream_arn)["s"]
