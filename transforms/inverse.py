@@ -208,6 +208,13 @@ def rule_inversion(mapping: MappingConfig, rule: RuleConfig) -> RuleInversion:
                         f"{ts_col.timestamp.attribute!r}, rounded to the millisecond",)
     if reasons:
         status = NO
+    shared = sorted({f"{c.family}:{c.qualifier.decode('utf-8', 'replace')}" for other in mapping.rules
+                     if other is not rule for o in other.columns for c in rule.columns
+                     if c.qualifier_template is None and c.kind == "value" and o.qualifier_template is None
+                     and (o.family, o.qualifier) == (c.family, c.qualifier)})
+    if shared:
+        notes += (f"{', '.join(shared)} is also a column of another rule: a cell is read back as the item "
+                  "DynamoDB holds, a new one by the first of those rules in the mapping",)
     ordered = tuple((k, sources[k]) for k in mapping.source.key_attributes if k in sources)
     return RuleInversion(rule.name, status, reasons, notes, ordered)
 

@@ -337,7 +337,9 @@ def _explains(mapping: MappingConfig, rule: RuleConfig, item: dict, row: dict) -
             return None
         if kind == "list" and tuple(v for _, v in sorted(have)) != want:
             return None
-    return set(cells)
+    # a versioned column is shared version by version (one comment per version)
+    return {col + (ts,) for col, (kind, want) in cells.items() if kind == "versions" for ts in want} | {
+        col for col, (kind, _) in cells.items() if kind != "versions"}
 
 
 def invert_row(mapping: MappingConfig, row_key: bytes, cells: dict, key_types: dict,
@@ -349,8 +351,8 @@ def invert_row(mapping: MappingConfig, row_key: bytes, cells: dict, key_types: d
     row = {col: versions for col, versions in cells.items()
            if versions and col[0] not in derived and not col[0].startswith(RESERVED_FAMILY_PREFIX)}
     statuses = memo(mapping, "_inverse_statuses", lambda: {i.rule: i.status for i in mapping_inversion(mapping)})
-    items, explained = [], set()
-    for rule in mapping.rules:
+    candidates = []
+    for order, rule in enumerate(mapping.rules):
         if statuses[rule.name] == NO:
             continue
         for known, captures, prev in _rule_slots(mapping, rule, statuses[rule.name], row_key, row, key_types,
@@ -361,18 +363,28 @@ def invert_row(mapping: MappingConfig, row_key: bytes, cells: dict, key_types: d
             if not claimed:
                 continue  # no cell of this item in the row: it is not there (or was deleted)
             cols = _explains(mapping, rule, item, row)
-            if cols is None:
-                continue
-            explained |= cols
-            items.append(InvertedItem(rule.name, key_of(mapping, item), item))
+            if cols is not None:
+                candidates.append((prev is None, order, rule, item, cols))
+    # Two rules can read one cell (two entity types on one column): the item DynamoDB
+    # holds wins, else the first rule in the mapping's order.
+    items, explained = [], set()
+    for _, _, rule, item, cols in sorted(candidates, key=lambda c: (c[0], c[1])):
+        if cols & explained:
+            continue
+        explained |= cols
+        items.append(InvertedItem(rule.name, key_of(mapping, item), item))
     kept = {i.keys for i in items}
     for p in previous:  # an item that owns no cell at all is invisible in Bigtable: left alone
         if key_of(mapping, p) not in kept and not owned_row_cells_safe(mapping, p):
             kept.add(key_of(mapping, p))
     deleted = tuple(key_values(mapping, p) for p in previous
                     if key_of(mapping, p) not in kept and _invertible_rule(mapping, p, statuses))
-    unexplained = tuple((f, q, "no item of an invertible rule reads back to this cell")
-                        for f, q in sorted(set(row) - explained))
+    columns = {c[:2] for c in explained}
+    versioned = {c[:2] for c in explained if len(c) == 3}
+    why = "no item of an invertible rule reads back to this cell"
+    unexplained = tuple((f, q, why) for f, q in sorted(set(row) - columns)) + tuple(
+        (f, q, f"version {ts}: {why}") for f, q in sorted(versioned) for ts, _ in row[(f, q)]
+        if (f, q, ts) not in explained)
     return RowInverse(row_key, tuple(items), deleted, unexplained)
 
 
