@@ -280,9 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
                               f"exit code: 0 every change maps (or is skipped), {EXIT_DEAD_LETTER} at least one "
                               "would be a dead letter, 1 an input DynamoDB would refuse, 2 a bad mapping")
     add_mapping_args(p, several=False)
-    p.add_argument("--item", required=True,
+    p.add_argument("--item", default=None,
                    help="a DynamoDB JSON item, {\"Item\": …} (GetItem output, export line), a stream record or "
-                        "Lambda event, or a plain JSON item; a file or '-' for stdin")
+                        "Lambda event, or a plain JSON item; a file or '-' for stdin (required without --reverse)")
+    p.add_argument("--reverse", action="store_true",
+                   help="the way back (ddb2bt rollback): which rules invert and why not; with --item, the item "
+                        "mapped forward and read back from its row")
     p.add_argument("--timestamp-ms", type=number(int, minimum=0), default=1_700_000_000_000, help="change time to show")
     p.set_defaults(func=cmd_explain)
 
