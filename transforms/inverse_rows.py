@@ -41,6 +41,41 @@ class RowInverse:
     unexplained: tuple  # (family, qualifier, why), ...: cells no item explains (not written back)
 
 
+@dataclass(frozen=True)
+class PutItem:
+    """Put the whole item, unless DynamoDB holds a version at or after ``version_us``."""
+
+    table: str
+    item: dict
+    key: dict
+    version_us: int
+
+
+@dataclass(frozen=True)
+class DeleteItem:
+    """Delete the item, unless DynamoDB holds a version at or after ``version_us``."""
+
+    table: str
+    key: dict
+    version_us: int
+
+
+def plan_writes(mapping: MappingConfig, inverse: RowInverse, previous: tuple, table: str,
+                version_us: int) -> tuple:
+    """The writes that make DynamoDB hold what the row holds: a PutItem of each
+    item that differs from the one DynamoDB holds (whole items, so a change that
+    carried part of the row still writes the item the row holds now), a
+    DeleteItem of each item the row no longer holds. Nothing for an item already
+    equal: a forward write read back, or a replay, writes nothing."""
+    held = {key_of(mapping, p): canonical_typed_json({"M": p}) for p in previous}
+    out: list = []
+    for got in inverse.items:
+        if held.get(got.keys) != canonical_typed_json({"M": got.item}):
+            out.append(PutItem(table, got.item, key_values(mapping, got.item), version_us))
+    out += [DeleteItem(table, key, version_us) for key in inverse.deleted]
+    return tuple(out)
+
+
 def key_of(mapping: MappingConfig, item: dict) -> tuple:
     """The item's key, hashable: ((attribute, canonical typed JSON of the value), ...)."""
     return tuple((k, canonical_typed_json(item[k])) for k in mapping.source.key_attributes if k in item)

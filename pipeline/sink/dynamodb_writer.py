@@ -26,6 +26,7 @@ from ddb2bt.pipeline.clients.dynamodb import (
 )
 from ddb2bt.pipeline.clients.retry import DEFAULT_POLICY, RetryPolicy, retrying
 from ddb2bt.transforms.attrs import canonical_typed_json
+from ddb2bt.transforms.inverse_rows import DeleteItem, PutItem
 
 VERSION_KEY = "item"  # the side table's key: the item's key as canonical typed JSON
 VERSION_ATTRIBUTE = "v"  # the version (commit time, microseconds) of the state written
@@ -37,25 +38,6 @@ NEWER_HELD = "ConditionalCheckFailed"
 def versions_table_name(table: str) -> str:
     """The side table of versions for the application's table ``table``."""
     return f"{table}.ddb2bt-rollback"
-
-
-@dataclass(frozen=True)
-class PutItem:
-    """Put the whole item, unless a version at or after ``version_us`` is held."""
-
-    table: str
-    item: dict
-    key: dict
-    version_us: int
-
-
-@dataclass(frozen=True)
-class DeleteItem:
-    """Delete the item, unless a version at or after ``version_us`` is held."""
-
-    table: str
-    key: dict
-    version_us: int
 
 
 @dataclass(frozen=True)

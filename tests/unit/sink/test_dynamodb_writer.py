@@ -5,9 +5,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from ddb2bt.pipeline.sink.dynamodb_writer import (
-    DeleteItem, DynamoDBWriter, PutItem, ensure_versions_table, versions_table_name,
-)
+from ddb2bt.pipeline.sink.dynamodb_writer import DynamoDBWriter, ensure_versions_table, versions_table_name
+from ddb2bt.transforms.inverse_rows import DeleteItem, PutItem
 
 TABLE = "Catalog"
 

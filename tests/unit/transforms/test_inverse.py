@@ -220,3 +220,16 @@ def test_property_new_payments_read_back_without_any_previous_item(specs):
             for inv, pay, details, ms in specs]
     items, unexplained = read_back(INVOICES, bigtable_of(INVOICES, seed))
     assert canon(items) == canon(seed) and unexplained == []
+
+
+def test_the_writes_planned_for_a_row_put_what_differs_delete_what_is_gone_and_skip_what_is_equal():
+    from ddb2bt.transforms.inverse_rows import DeleteItem, PutItem, plan_writes
+    held = tuple(INVOICE_SEED[:3])
+    changed = dict(INVOICE_SEED[1], Details={"M": {"amount_usd": {"N": "121"}}})
+    rows = bigtable_of(INVOICES, [INVOICE_SEED[0], changed])  # payment 0789 deleted, 0680 changed
+    inv = invert_row(INVOICES, b"0123", rows[b"0123"], STRINGS, held)
+    writes = plan_writes(INVOICES, inv, held, "Invoices", 42)
+    assert writes == (PutItem("Invoices", changed, {"pk": changed["pk"], "sk": changed["sk"]}, 42),
+                      DeleteItem("Invoices", {"pk": INVOICE_SEED[2]["pk"], "sk": INVOICE_SEED[2]["sk"]}, 42))
+    same = invert_row(INVOICES, b"0123", bigtable_of(INVOICES, held)[b"0123"], STRINGS, held)
+    assert plan_writes(INVOICES, same, held, "Invoices", 43) == ()  # a forward write read back writes nothing
