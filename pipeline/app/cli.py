@@ -580,6 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="examples:\n  ddb2bt local up              # foreground, Ctrl-C stops\n"
                               "  ddb2bt local up --detach && eval \"$(ddb2bt local env)\"\n"
                               "  ddb2bt local up --dynamodb ministack   # the other AWS emulator\n"
+                              "  ddb2bt local up --change-streams       # Bigtable change streams (rollback)\n"
                               "  ddb2bt local run -- pytest tests/e2e\n  ddb2bt local down")
     lsub = p.add_subparsers(dest="local_cmd", required=True)
     up = lsub.add_parser("up", help="start both servers on free 127.0.0.1 ports")
@@ -595,6 +596,10 @@ def build_parser() -> argparse.ArgumentParser:
                                   "two independent implementations; ministack is closer to AWS on streams "
                                   "(whole-second record times, trimming, iterator expiry, 1 MB pages). "
                                   f"Default: ${LOCAL_DYNAMODB_ENV}, else {LOCAL_DYNAMODB_DEFAULT}")
+        command.add_argument("--change-streams", action="store_true",
+                             help="put the test change-stream server in front of cbtemulator (which has none), "
+                                  "so tables created with a change stream can be read back: the rollback's "
+                                  "rehearsal (docs/development.md)")
     run.add_argument("command", nargs=argparse.REMAINDER)
     # Rehearsing a recovery on the local stack (docs/recover.md, "Rehearse it locally").
     ch = lsub.add_parser("changes", formatter_class=raw, help="write changes to a mapping's source table on the "

@@ -70,6 +70,10 @@ def cmd_local(args) -> int:
     if running is not None and args.dynamodb and ls.recorded_dynamodb(running) != args.dynamodb:
         raise ConfigError(f"a local stack with {ls.recorded_dynamodb(running)} is already running; stop it first "
                           f"({self_command()} local down) to start one with {args.dynamodb}", "--dynamodb")
+    wants_streams = bool(getattr(args, "change_streams", False))
+    if running is not None and wants_streams and not ls.recorded_change_streams(running):
+        raise ConfigError(f"a local stack without change streams is already running; stop it first "
+                          f"({self_command()} local down) to start one with them", "--change-streams")
     if args.local_cmd == "up" and args.detach and ls.load_state() is not None:
         print(f"a local stack is already running ({ls.state_file()}); use it with:  {env_hint()}")
         return 0
@@ -86,7 +90,8 @@ def cmd_local(args) -> int:
         print(f"local stack restarted ({', '.join(revived)} started again on the same port; the rest kept its "
               f"data); use it with:  {env_hint()}")
         return 0
-    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs", dynamodb=args.dynamodb or ls.default_dynamodb())
+    stack = ls.LocalStack(log_dir=ls.state_dir() / "logs", dynamodb=args.dynamodb or ls.default_dynamodb(),
+                          change_streams=wants_streams)
     if args.local_cmd == "run":
         command = [c for c in args.command if c != "--"]
         if not command:

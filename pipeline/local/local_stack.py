@@ -59,6 +59,9 @@ MINISTACK_LAUNCHER = Path(__file__).with_name("ministack_server.py")
 # Dummy credentials: moto accepts anything; real ones must never be needed locally.
 DUMMY_KEY_ID = "testing"
 DUMMY_SECRET = "testing"
+# The test change-stream server in front of cbtemulator (``LocalStack.change_streams``).
+CHANGE_STREAMS = "change-streams"
+CHANGE_STREAM_SERVER = "ddb2bt.pipeline.testing.change_stream_server"
 STATE_DIR_ENV = "DDB2BT_STATE_DIR"
 STATE_FILE_NAME = "local-stack.json"
 # Where `ddb2bt local up --detach` recorded its stack before it had one place per user.
@@ -230,7 +233,13 @@ class LocalStack:
     context manager, or start()/stop().
 
     ``stream_retention_s`` (ministack only) shortens its streams' 24-hour retention,
-    so a test or a rehearsal sees records trimmed; moto never trims."""
+    so a test or a rehearsal sees records trimmed; moto never trims.
+
+    ``change_streams``: cbtemulator (which has no change streams) listens on a
+    port of its own behind the test change-stream server
+    (``ddb2bt.pipeline.testing.change_stream_server``), which takes
+    ``bigtable_port``: every Bigtable call goes through it, and a table created
+    with a change stream can be read back as one (the rollback's rehearsal)."""
 
     region: str = DEFAULT_REGION
     log_dir: Optional[Path] = None
@@ -238,6 +247,8 @@ class LocalStack:
     aws_port: int = 0
     dynamodb: str = field(default_factory=default_dynamodb)
     stream_retention_s: Optional[float] = None
+    change_streams: bool = False
+    emulator_port: int = 0  # cbtemulator's own port: bigtable_port unless change_streams puts a front there
     _procs: dict = field(default_factory=dict)
     _logs: list = field(default_factory=list)
 
@@ -256,19 +267,25 @@ class LocalStack:
         binary = find_cbtemulator()
         self.bigtable_port = self.bigtable_port or free_port()
         self.aws_port = self.aws_port or free_port()
+        self.emulator_port = self.emulator_port or (free_port() if self.change_streams else self.bigtable_port)
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
             self._procs["bigtable"] = self._spawn(
-                "cbtemulator", [binary, "-host", LOOPBACK, "-port", str(self.bigtable_port)]
+                "cbtemulator", [binary, "-host", LOOPBACK, "-port", str(self.emulator_port)]
             )
             self._procs[self.dynamodb] = self._spawn_aws()
-            _wait_tcp(self.bigtable_port, self._procs["bigtable"], "cbtemulator", deadline)
+            _wait_tcp(self.emulator_port, self._procs["bigtable"], "cbtemulator", deadline)
+            if self.change_streams:
+                self._procs[CHANGE_STREAMS] = self._spawn(CHANGE_STREAMS, [
+                    sys.executable, "-m", CHANGE_STREAM_SERVER, "--upstream", f"{LOOPBACK}:{self.emulator_port}",
+                    "--port", str(self.bigtable_port)])
+                _wait_tcp(self.bigtable_port, self._procs[CHANGE_STREAMS], "the change-stream server", deadline)
             _wait_http(self._ready_url(), self._procs[self.dynamodb], f"{self.dynamodb} server", deadline)
         except BaseException:
             self.stop()
             raise
-        log.info("local stack up: bigtable %s:%d, %s %s:%d", LOOPBACK, self.bigtable_port, self.dynamodb,
-                 LOOPBACK, self.aws_port)
+        log.info("local stack up: bigtable %s:%d%s, %s %s:%d", LOOPBACK, self.bigtable_port,
+                 " (change streams)" if self.change_streams else "", self.dynamodb, LOOPBACK, self.aws_port)
         return self
 
     def _spawn_aws(self) -> subprocess.Popen:
@@ -327,10 +344,11 @@ class LocalStack:
         proc = self._procs.pop("bigtable", None)
         if proc:
             _terminate(proc)
+        port = self.emulator_port or self.bigtable_port
         self._procs["bigtable"] = self._spawn(
-            "cbtemulator", [find_cbtemulator(), "-host", LOOPBACK, "-port", str(self.bigtable_port)]
+            "cbtemulator", [find_cbtemulator(), "-host", LOOPBACK, "-port", str(port)]
         )
-        _wait_tcp(self.bigtable_port, self._procs["bigtable"], "cbtemulator", time.monotonic() + READY_TIMEOUT_S)
+        _wait_tcp(port, self._procs["bigtable"], "cbtemulator", time.monotonic() + READY_TIMEOUT_S)
 
     @property
     def pids(self) -> dict:
@@ -338,7 +356,7 @@ class LocalStack:
 
     def stop(self) -> None:
         # The AWS emulator first, then Bigtable (the order a writer would stop in).
-        for name in (*DYNAMODB_EMULATORS, "bigtable"):
+        for name in (*DYNAMODB_EMULATORS, CHANGE_STREAMS, "bigtable"):
             proc = self._procs.pop(name, None)
             if proc is not None:
                 _terminate(proc)
@@ -422,6 +440,11 @@ def save_state(stack: LocalStack, path: Optional[Path] = None) -> None:
     path.write_text(json.dumps({"stacks": stacks}, indent=2))
 
 
+def recorded_change_streams(stack: dict) -> bool:
+    """Whether a recorded stack serves change streams (its front is one of its servers)."""
+    return CHANGE_STREAMS in stack.get("pids", {})
+
+
 def recorded_dynamodb(stack: dict) -> str:
     """The AWS emulator of a recorded stack (records from before ministack: moto)."""
     return stack.get("dynamodb", MOTO)
@@ -453,6 +476,8 @@ def revive(stack: dict, path: Optional[Path] = None) -> list:
                          dynamodb=recorded_dynamodb(stack))
     dead = dead_servers(stack)
     unknown = [name for name in dead if name not in ("bigtable", revived.dynamodb)]
+    if recorded_change_streams(stack):  # cbtemulator's own port is not recorded: nothing starts again here
+        unknown = dead
     if unknown:  # e.g. `local trim`'s proxy: not a server this can start again
         raise StackError(f"{', '.join(unknown)} cannot be started again here")
     try:
