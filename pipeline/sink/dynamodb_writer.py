@@ -45,6 +45,11 @@ class WriteOutcome:
     written: int = 0
     stale: int = 0  # refused: a newer version was already written
     capacity_units: float = 0.0
+    deletes: int = 0  # of ``written``, the deletes
+
+    @property
+    def puts(self) -> int:
+        return self.written - self.deletes
 
 
 def _version_put(versions_table: str, write, deleted: bool) -> dict:
@@ -100,7 +105,7 @@ class DynamoDBWriter:
         self._retry, self._metrics_table, self._sleep = retry, metrics_table, sleep
 
     def write(self, writes: Sequence) -> WriteOutcome:
-        written = stale = 0
+        written = stale = deletes = 0
         units = 0.0
         for chunk in transactions(writes):
             pending = chunk
@@ -108,6 +113,7 @@ class DynamoDBWriter:
                 try:
                     units += self._send(pending)
                     written += len(pending)
+                    deletes += sum(1 for w in pending if isinstance(w, DeleteItem))
                     pending = []
                 except Cancelled as cancelled:
                     stale += len(cancelled.stale)
@@ -115,7 +121,7 @@ class DynamoDBWriter:
                     if not cancelled.retry_others:
                         raise StreamThrottled("TransactWriteItems: cancelled for a reason other than a newer "
                                               "version", code="TransactionCanceled") from None
-        return WriteOutcome(written, stale, units)
+        return WriteOutcome(written, stale, units, deletes)
 
     def _send(self, writes: list) -> float:
         actions = [a for w in writes for a in transaction_actions(self._versions, w)]

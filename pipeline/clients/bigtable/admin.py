@@ -110,6 +110,25 @@ class BigtableAdmin:
         except gexc.NotFound:
             pass  # dropped concurrently
 
+    def change_stream_retention_s(self, table_id: str) -> Optional[float]:
+        """The table's change-stream retention in seconds, or None when it has no change stream."""
+        response = self._client.table_admin_client.get_table(
+            request={"name": self.table(table_id).name, "view": "SCHEMA_VIEW"}, timeout=FAMILY_LIST_TIMEOUT_S,
+            retry=None)
+        config = response.change_stream_config
+        if config is None or not config.retention_period:
+            return None
+        period = config.retention_period
+        return period.total_seconds() if hasattr(period, "total_seconds") else period.seconds + period.nanos / 1e9
+
+    def enable_change_stream(self, table_id: str, retention_s: int) -> None:
+        """Turn on (or re-set the retention of) the table's change stream (UpdateTable)."""
+        operation = self._client.table_admin_client.update_table(request={
+            "table": {"name": self.table(table_id).name,
+                      "change_stream_config": {"retention_period": {"seconds": int(retention_s)}}},
+            "update_mask": {"paths": ["change_stream_config"]}})
+        operation.result(timeout=FAMILY_LIST_TIMEOUT_S * 4)
+
     def delete_table(self, table_id: str) -> None:
         table = self.table(table_id)
         if table.exists():
