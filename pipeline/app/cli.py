@@ -528,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="end a pass over the change stream once no change arrived for this long (default "
                          "%(default)s)")
     pr.add_argument("--follow", action="store_true",
-                    help="keep going, pass after pass, until a pass finds no change")
+                    help="keep following the change stream, pass after pass, until stopped (Ctrl-C, SIGTERM): the "
+                         "way back kept current from the cutover on")
     pr.add_argument("--full", action="store_true",
                     help="write every row back and delete every item whose row is gone (the whole table, not the "
                          "change stream): DynamoDB made equal to the inverse of Bigtable")

@@ -123,9 +123,8 @@ def cmd_rollback_run(args) -> int:
                                                                      app_profile=target.app_profile),
                               store, _now_us, metrics=rollback_metrics(), metrics_table=spec.job, fence=fence)
             while True:
-                outcome = job.one_pass(cutover_us)
-                total.add(outcome)
-                if outcome.rows == 0 or not args.follow:
+                total.add(job.one_pass(cutover_us))
+                if not args.follow:
                     break
         seen = int(store.load_meta(UNEXPLAINED_META) or 0) + total.unexplained
         store.save_meta(UNEXPLAINED_META, str(seen))

@@ -1,0 +1,156 @@
+"""The cutover and the way back, end to end on the local stack with the test
+change-stream server: migrate → LIVE → verify → the forward job stopped → the
+application writes to Bigtable (new items, updates, deletes, items the forward path
+created) → rollback run → rollback verify IDENTICAL, and DynamoDB holds exactly the
+items the application's writes mean."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+import pytest
+
+from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
+from ddb2bt.pipeline.control.phases import CUT_OVER, Migration
+from ddb2bt.pipeline.local import workload
+from ddb2bt.pipeline.local.local_stack import MOTO, LocalStack
+from ddb2bt.transforms.attrs import canonical_typed_json
+from ddb2bt.transforms.config import load_mapping
+from tests.conftest import write_mapping
+from tests.unit.transforms.test_examples import INVOICE_SEED, item
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cs_stack(tmp_path_factory):
+    """A stack whose Bigtable has change streams (the test server in front of cbtemulator)."""
+    with LocalStack(log_dir=tmp_path_factory.mktemp("rollback-stack"), dynamodb=MOTO, change_streams=True) as stack:
+        previous = stack.apply_env()
+        try:
+            yield stack
+        finally:
+            for k, v in previous.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def canon(items):
+    return sorted(canonical_typed_json({"M": i}) for i in items)
+
+
+def bigtable_table(mapping):
+    from google.cloud.bigtable import Client
+
+    return Client(project=mapping.target.project, admin=True).instance(mapping.target.instance).table(
+        mapping.target.table)
+
+
+def at_ms(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+
+
+def migrate_to_live(path, mapping, seed, capsys):
+    ddb = dynamodb_client()
+    workload.create_table(ddb, mapping.source.table, mapping.source.partition_key, mapping.source.sort_key)
+    assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
+    assert ddb2bt(["rollback", "prepare", "--mapping", str(path), "--retention-hours", "24"]) == 0
+    for it in seed:
+        ddb.put_item(TableName=mapping.source.table, Item=it)
+    assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "2", "--until-idle", "1.5",
+                   "--poll-interval", "0.2"]) == 0
+    assert ddb2bt(["verify", "--mapping", str(path)]) == 0
+    capsys.readouterr()
+    assert ddb2bt(["status", "--mapping", str(path)]) == 0
+    # The cutover: the forward job has stopped (migrate --until-idle ended); the way
+    # back starts before the application writes to Bigtable, and finds nothing yet.
+    assert ddb2bt(["rollback", "run", "--mapping", str(path), "--until-idle", "0.5"]) == 0
+    assert "0 row(s) read back" in capsys.readouterr().out
+    assert Migration(StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance),
+                               job=mapping.name).store()).phase == CUT_OVER
+    return ddb
+
+
+def roll_back(path, mapping, ddb, capsys):
+    capsys.readouterr()
+    assert ddb2bt(["rollback", "run", "--mapping", str(path), "--until-idle", "1.5", "--max-wcu", "500"]) == 0
+    run = capsys.readouterr().out
+    assert ddb2bt(["rollback", "verify", "--mapping", str(path), "--show-keys"]) == 0, run
+    verify = capsys.readouterr().out
+    assert "IDENTICAL" in verify
+    assert ddb2bt(["rollback", "status", "--mapping", str(path)]) == 0
+    status = capsys.readouterr().out
+    assert "READY to switch back" in status and "NOT READY" not in status
+    return run, workload.scan_all(ddb, mapping.source.table)
+
+
+def test_product_catalog_cutover_and_the_way_back(cs_stack, tmp_path, unique, capsys):
+    path = write_mapping(tmp_path, "product_catalog.yaml", source__table=f"Catalog_{unique}",
+                         target__table=f"catalog_{unique}", name=f"catalog_{unique}")
+    mapping = load_mapping(path)
+    seed = [item(pk="hats", sk="fedoras#brandA", Description="A fedora", Price=30, Colour="red"),
+            item(pk="hats", sk="caps#brandB", Description="A cap", Price=12, Rating=4.5),
+            item(pk="a#b", sk="x\\y", Description="escaped keys", Price=1)]
+    ddb = migrate_to_live(path, mapping, seed, capsys)
+
+    # The application now writes to Bigtable.
+    table = bigtable_table(mapping)
+    now = at_ms(1_800_000_000_000)
+    row = table.direct_row(b"hats#fedoras#brandA")  # an item the forward path created: updated
+    row.set_cell("SKU", b"Price", (31).to_bytes(8, "big", signed=True), timestamp=now)
+    row.set_cell("SKU", b"Colour", b"blue", timestamp=now)  # keeps its type (S) from the item
+    row.set_cell("SKU", b"Rating", b"4.9", timestamp=now)  # a new attribute: a string
+    row.commit()
+    row = table.direct_row(b"hats#caps#brandB")  # a forward-created item deleted
+    row.delete()
+    row.commit()
+    row = table.direct_row(b"shoes\\#boots#brand#C")  # a new item: its pk escaped, its sk (the last part) not
+    row.set_cell("SKU", b"Description", b"Boots", timestamp=now)
+    row.set_cell("SKU", b"Price", (90).to_bytes(8, "big", signed=True), timestamp=now)
+    row.commit()
+    row = table.direct_row(b"a\\#b#x\\y")  # one cell of an item removed
+    row.delete_cell("SKU", b"Price")
+    row.commit()
+
+    run, items = roll_back(path, mapping, ddb, capsys)
+    assert "3 item(s) put, 1 deleted" in run
+    assert canon(items) == canon([
+        item(pk="hats", sk="fedoras#brandA", Description="A fedora", Price=31, Colour="blue", Rating="4.9"),
+        item(pk="shoes#boots", sk="brand#C", Description="Boots", Price=90),
+        item(pk="a#b", sk="x\\y", Description="escaped keys")])
+
+    # A replay (the whole table again) changes nothing; the forward job cannot start again.
+    capsys.readouterr()
+    assert ddb2bt(["rollback", "run", "--mapping", str(path), "--full"]) == 0
+    assert "0 item(s) put, 0 deleted" in capsys.readouterr().out
+    assert canon(workload.scan_all(ddb, mapping.source.table)) == canon(items)
+
+
+def test_invoices_cutover_and_the_way_back(cs_stack, tmp_path, unique, capsys):
+    path = write_mapping(tmp_path, "invoices.yaml", source__table=f"Invoices_{unique}",
+                         target__table=f"invoices_{unique}", name=f"invoices_{unique}")
+    mapping = load_mapping(path)
+    ddb = migrate_to_live(path, mapping, INVOICE_SEED, capsys)
+
+    table = bigtable_table(mapping)
+    created = 1_700_000_000_000
+    row = table.direct_row(b"0123")
+    row.set_cell("Payment", b"0999", b'{"amount_usd":5,"bill_to":"Zoe"}', timestamp=at_ms(created))  # a new payment
+    row.delete_cell("Payment", b"0789")  # a payment the forward path created, deleted
+    row.commit()
+    row = table.direct_row(b"0124")  # the invoice's details updated: a new version at a new time
+    row.delete_cell("Invoice", b"Details")
+    row.set_cell("Invoice", b"Details", b'{"discount":0.3}', timestamp=at_ms(created + 1000))
+    row.commit()
+
+    run, items = roll_back(path, mapping, ddb, capsys)
+    assert "2 item(s) put, 1 deleted" in run
+    expected = [it for it in INVOICE_SEED if it["sk"]["S"] not in ("Payment-0789", "Invoice-0124")]
+    expected += [item(pk="Invoice-0123", sk="Payment-0999", DateCreated="2023-11-14T22:13:20",
+                      Details={"amount_usd": 5, "bill_to": "Zoe"}),
+                 item(pk="Invoice-0124", sk="Invoice-0124", DateCreated="2023-11-14T22:13:21",
+                      Details={"discount": 0.3})]
+    assert canon(items) == canon(expected)
