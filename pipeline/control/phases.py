@@ -424,6 +424,16 @@ class Migration:
         return now
 
 
+def refuse_forward_after_cutover(migration: Migration, table: str) -> None:
+    """The forward tail never runs after the cutover: it would copy the rollback's
+    writes to DynamoDB back to Bigtable (a loop). Only a new migration begins."""
+    if migration.phase == CUT_OVER:
+        raise ConfigError(f"{table} was cut over: the application writes to Bigtable and `ddb2bt rollback` writes "
+                          "its changes back to DynamoDB, so forward replication must not run again (it would copy "
+                          "them back). To migrate anew, `ddb2bt migrate --restart` copies the table again",
+                          "--mapping")
+
+
 def advance(migration: Migration, bookkeeping, at_head: bool, promote_live: bool) -> Optional[Phase]:
     """One step of the machine for a process without a controller (the tail's
     readers on Dataflow, or next to a separate batch backfill): BACKFILLING →

@@ -127,6 +127,8 @@ def test_product_catalog_cutover_and_the_way_back(cs_stack, tmp_path, unique, ca
     assert ddb2bt(["rollback", "run", "--mapping", str(path), "--full"]) == 0
     assert "0 item(s) put, 0 deleted" in capsys.readouterr().out
     assert canon(workload.scan_all(ddb, mapping.source.table)) == canon(items)
+    assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "0.5"]) == 2
+    assert "was cut over" in capsys.readouterr().err
 
 
 def test_invoices_cutover_and_the_way_back(cs_stack, tmp_path, unique, capsys):
