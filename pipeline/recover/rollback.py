@@ -157,6 +157,8 @@ class RollbackJob:
         done = self._rows_back.apply(batch)
         if self._metrics is not None:
             self._metrics.wrote(self._table, done.puts, done.deletes, done.stale, done.unexplained)
+            # within a pass: the newest change written back (the checkpoint moves when the pass ends)
+            self._metrics.applied_until_s(self._table, max(batch.values()) / 1e6)
         return done
 
 
