@@ -356,6 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --split-from-sample: items to sample (default %(default)s)")
     p.add_argument("--max-rcu", type=number(float, above=0),
                    help="with --split-from-sample: the sample's read budget in capacity units per second")
+    p.add_argument("--change-stream", action="store_true",
+                   help="turn on the target table's change stream, which the way back after a cutover reads "
+                        "(ddb2bt rollback; docs/rollback.md)")
+    p.add_argument("--change-stream-retention-hours", type=number(float, minimum=1, maximum=168), default=168.0,
+                   metavar="HOURS", help="with --change-stream: how long Bigtable keeps the changes (default "
+                                         "%(default)s)")
     p.set_defaults(func=cmd_create_table)
 
     def add_continuous_check_args(p) -> None:

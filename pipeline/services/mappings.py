@@ -187,6 +187,15 @@ def cmd_create_table(args) -> int:
             print(f"{mapping.name}: {len(splits)} split point(s) from {sample.items} sampled item(s) of "
                   f"{mapping.source.table}")
         changes = ensure_mapping_table(mapping, splits)
+        if getattr(args, "change_stream", False):  # the way back reads it (docs/rollback.md)
+            # inside: loaded when the command runs, not by --help (the CLI imports every service)
+            from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
+
+            admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
+            admin.enable_change_stream(mapping.target.table, int(args.change_stream_retention_hours * 3600))
+            kept = admin.change_stream_retention_s(mapping.target.table)
+            changes.append(f"change stream of {mapping.target.table}: " + (
+                f"on, changes kept {kept / 3600:g} hour(s)" if kept else "still off after enabling it"))
         changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
                                                                 args.state_table)]
         prefix = f"{mapping.name}: " if len(mappings) > 1 else ""

@@ -53,11 +53,15 @@ def at_ms(ms: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
 
 
-def migrate_to_live(path, mapping, seed, capsys):
+def migrate_to_live(path, mapping, seed, capsys, change_stream_by="prepare"):
     ddb = dynamodb_client()
     workload.create_table(ddb, mapping.source.table, mapping.source.partition_key, mapping.source.sort_key)
-    assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
-    assert ddb2bt(["rollback", "prepare", "--mapping", str(path), "--retention-hours", "24"]) == 0
+    if change_stream_by == "create-table":
+        assert ddb2bt(["create-table", "--mapping", str(path), "--change-stream"]) == 0
+        assert "change stream of" in capsys.readouterr().out
+    else:
+        assert ddb2bt(["create-table", "--mapping", str(path)]) == 0
+        assert ddb2bt(["rollback", "prepare", "--mapping", str(path), "--retention-hours", "24"]) == 0
     for it in seed:
         ddb.put_item(TableName=mapping.source.table, Item=it)
     assert ddb2bt(["migrate", "--mapping", str(path), "--segments", "2", "--until-idle", "1.5",
@@ -135,7 +139,7 @@ def test_invoices_cutover_and_the_way_back(cs_stack, tmp_path, unique, capsys):
     path = write_mapping(tmp_path, "invoices.yaml", source__table=f"Invoices_{unique}",
                          target__table=f"invoices_{unique}", name=f"invoices_{unique}")
     mapping = load_mapping(path)
-    ddb = migrate_to_live(path, mapping, INVOICE_SEED, capsys)
+    ddb = migrate_to_live(path, mapping, INVOICE_SEED, capsys, change_stream_by="create-table")
 
     table = bigtable_table(mapping)
     created = 1_700_000_000_000
