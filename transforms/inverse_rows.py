@@ -266,7 +266,8 @@ def _rule_slots(mapping: MappingConfig, rule: RuleConfig, status: str, row_key: 
     return out
 
 
-def _value_columns(rule: RuleConfig, item: dict, captures: dict, row: dict, prev: Optional[dict]) -> set:
+def _value_columns(rule: RuleConfig, item: dict, captures: dict, row: dict, prev: Optional[dict],
+                   shared: frozenset = frozenset()) -> set:
     claimed = set()
     for col in rule.columns:
         hint = prev.get(col.attribute) if prev else None
@@ -313,12 +314,31 @@ def _value_columns(rule: RuleConfig, item: dict, captures: dict, row: dict, prev
             if ts_hint is not None:
                 try:
                     at = parse_timestamp_ms(ts_hint, col.timestamp.format, col.timestamp.attribute)
-                    chosen = next((v for v in versions if v[0] == at), chosen)
+                    own = next((v for v in versions if v[0] == at), None)
                 except MappingError:
-                    pass
+                    own = None
+                if own is None and (col.family, qualifier) in shared:
+                    claimed.discard((col.family, qualifier))
+                    continue  # a column several items hold as versions: this item's version is gone
+                chosen = own or chosen
             item[col.timestamp.attribute] = timestamp_value(col.timestamp.format, chosen[0], ts_hint)
         item[col.attribute] = decode_value(col.encoding, chosen[1], hint)
     return claimed
+
+
+def shared_columns(mapping: MappingConfig, rule: RuleConfig, previous: tuple) -> frozenset:
+    """Columns two or more of the items DynamoDB holds for the row keep under
+    ``rule`` (versions of one column, one item each: comments at their times)."""
+    seen: dict = {}
+    for p in previous:
+        try:
+            if select_rule(mapping, key_values(mapping, p), p)[0] is not rule:
+                continue
+            for col in owned_row_cells(mapping, p):
+                seen[col] = seen.get(col, 0) + 1
+        except MappingError:
+            continue
+    return frozenset(col for col, n in seen.items() if n > 1)
 
 
 def _other_columns(mapping: MappingConfig, rule: RuleConfig, item: dict, row: dict, claimed: set,
@@ -393,7 +413,7 @@ def invert_row(mapping: MappingConfig, row_key: bytes, cells: dict, key_types: d
         for known, captures, prev in _rule_slots(mapping, rule, statuses[rule.name], row_key, row, key_types,
                                                  previous):
             item = dict(known)
-            claimed = _value_columns(rule, item, captures, row, prev)
+            claimed = _value_columns(rule, item, captures, row, prev, shared_columns(mapping, rule, previous))
             _other_columns(mapping, rule, item, row, claimed, prev)
             if not claimed:
                 continue  # no cell of this item in the row: it is not there (or was deleted)

@@ -18,7 +18,10 @@ from ddb2bt.pipeline.local.local_stack import MOTO, LocalStack
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import load_mapping
 from tests.conftest import write_mapping
-from tests.unit.transforms.test_examples import INVOICE_SEED, item
+from google.cloud.bigtable.row_filters import TimestampRange
+
+from tests.unit.transforms.test_examples import INVOICE_SEED, VIDEO_SEED, item, ms
+from tests.unit.transforms.test_inverse import HR_SEED
 
 pytestmark = pytest.mark.e2e
 
@@ -159,4 +162,67 @@ def test_invoices_cutover_and_the_way_back(cs_stack, tmp_path, unique, capsys):
                       Details={"amount_usd": 5, "bill_to": "Zoe"}),
                  item(pk="Invoice-0124", sk="Invoice-0124", DateCreated="2023-11-14T22:13:21",
                       Details={"discount": 0.3})]
+    assert canon(items) == canon(expected)
+
+
+def test_videos_rules_that_invert_are_rolled_back(cs_stack, tmp_path, unique, capsys):
+    path = write_mapping(tmp_path, "videos.yaml", source__table=f"Videos_{unique}", target__table=f"videos_{unique}",
+                         name=f"videos_{unique}")
+    mapping = load_mapping(path)
+    ddb = migrate_to_live(path, mapping, VIDEO_SEED, capsys)
+    table = bigtable_table(mapping)
+    upload, later = 1_700_000_000_000, at_ms(1_800_000_000_000)  # a video's time; a counter's (after the forward's)
+    row = table.direct_row(b"0125")  # a new video (rule video: sk from its 'equals' condition)
+    row.set_cell("video", b"Formats", b'{"480":"https://storage.example/0125/480"}', timestamp=at_ms(upload))
+    row.set_cell("stats", b"Likes", (1).to_bytes(8, "big", signed=True), timestamp=later)
+    row.commit()
+    row = table.direct_row(b"0123")  # a like counted; the audio-glitch comment (an existing item) deleted
+    row.set_cell("stats", b"Likes", (4).to_bytes(8, "big", signed=True), timestamp=later)
+    glitch = ms("2023-09-10T16:30:42")
+    row.delete_cell("comments", b"UserComments", time_range=TimestampRange(start=at_ms(glitch),
+                                                                             end=at_ms(glitch + 1)))
+    row.commit()
+    row = table.direct_row(b"0124")  # a view counted on the legacy item the column also reads as
+    row.set_cell("stats", b"Views", (46).to_bytes(8, "big", signed=True), timestamp=later)
+    row.commit()
+
+    run, items = roll_back(path, mapping, ddb, capsys)
+    expected = [it for it in VIDEO_SEED if not (it["pk"]["S"] == "0123" and it["sk"]["S"] == "VideoComment#86751345")]
+    expected = [dict(it, Count={"N": "4"}) if it["sk"]["S"] == "VideoStatsLikes" else
+                dict(it, ViewCount={"N": "46"}) if it["sk"]["S"] == "VideoStats" else it for it in expected]
+    expected += [item(pk="0125", sk="Video", UploadDate="2023-11-14T22:13:20",
+                      Formats={"480": "https://storage.example/0125/480"}),
+                 item(pk="0125", sk="VideoStatsLikes", Count=1)]
+    assert canon(items) == canon(expected)
+    assert "4 item(s) put, 1 deleted" in run
+
+
+def test_hr_orders_rules_that_invert_are_rolled_back(cs_stack, tmp_path, unique, capsys):
+    path = write_mapping(tmp_path, "hr_orders.yaml", source__table=f"HR_{unique}", target__table=f"hr_{unique}",
+                         name=f"hr_{unique}", rules__3__indexes__1__table=f"hr_open_{unique}")
+    mapping = load_mapping(path)
+    ddb = migrate_to_live(path, mapping, HR_SEED, capsys)
+    table = bigtable_table(mapping)
+    now = at_ms(1_800_000_000_000)
+    row = table.direct_row(b"emp#0001")  # a new job history entry; an existing employee's title changed
+    row.set_cell("jobs", b"2024-01-01", b'{"department":"R&D","title":"Lead"}', timestamp=now)
+    row.set_cell("emp", b"JobTitle", b"Lead", timestamp=now)
+    row.commit()
+    row = table.direct_row(b"order#O1")  # an order line gone
+    row.delete_cell("lines", b"P1")
+    row.commit()
+    row = table.direct_row(b"product#P1")  # stock in a new warehouse
+    row.set_cell("inventory", b"W2", (7).to_bytes(8, "big", signed=True), timestamp=now)
+    row.commit()
+    row = table.direct_row(b"entity#HR-REGION\\#2#Asia")  # a new reference entity
+    row.set_cell("entity", b"Countries", b"12", timestamp=now)
+    row.commit()
+
+    run, items = roll_back(path, mapping, ddb, capsys)
+    assert "4 item(s) put, 1 deleted" in run
+    expected = [dict(it, JobTitle={"S": "Lead"}) if it["SK"]["S"] == "HR-EMPLOYEE#0001" else it
+                for it in HR_SEED if it["SK"]["S"] != "ITEM#P1"]
+    expected += [item(PK="HR-EMPLOYEE#0001", SK="JH#2024-01-01", Job={"title": "Lead", "department": "R&D"}),
+                 item(PK="OE-PRODUCT#P1", SK="WAREHOUSE#W2", Quantity=7),
+                 item(PK="HR-REGION#2", SK="Asia", Countries="12")]  # auto: a new attribute is a string
     assert canon(items) == canon(expected)

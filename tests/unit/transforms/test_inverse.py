@@ -233,3 +233,14 @@ def test_the_writes_planned_for_a_row_put_what_differs_delete_what_is_gone_and_s
                       DeleteItem("Invoices", {"pk": INVOICE_SEED[2]["pk"], "sk": INVOICE_SEED[2]["sk"]}, 42))
     same = invert_row(INVOICES, b"0123", bigtable_of(INVOICES, held)[b"0123"], STRINGS, held)
     assert plan_writes(INVOICES, same, held, "Invoices", 43) == ()  # a forward write read back writes nothing
+
+
+@pytest.mark.parametrize("order", [1, -1], ids=["kept_first", "gone_first"])
+def test_a_comment_whose_version_is_gone_is_deleted_not_read_as_another_comments_version(order):
+    comments = [it for it in VIDEO_SEED if it["pk"]["S"] == "0123" and it["sk"]["S"].startswith("VideoComment#")]
+    kept = [c for c in comments if c["CreatedAt"]["S"] == "2023-09-10T19:01:15"]
+    rows = bigtable_of(VIDEOS, kept)
+    inv = invert_row(VIDEOS, b"0123", rows[b"0123"], STRINGS, tuple(comments[::order]))
+    assert canon(i.item for i in inv.items) == canon(kept)
+    gone = [c for c in comments if c not in kept][0]
+    assert inv.deleted == ({"pk": gone["pk"], "sk": gone["sk"]},)
