@@ -108,6 +108,9 @@ class TargetConfig:
     instance: str
     table: str
     app_profile: Optional[str] = None
+    # The target table's change stream (the way back to DynamoDB reads it):
+    # ``create-table`` enables it with this retention; None: no change stream asked.
+    change_stream_retention_hours: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,10 @@ class FamilyConfig:
     # choice); "intersection" only when both do.
     gc: str = "union"
 
+
+# Bigtable keeps a change stream's records for 1 to 7 days.
+CHANGE_STREAM_MIN_HOURS = 24
+CHANGE_STREAM_MAX_HOURS = 7 * 24
 
 TIMESTAMP_FORMATS = ("iso8601", "epoch_seconds", "epoch_millis")
 COLUMN_KINDS = ("value", "set", "map", "list_versions")
@@ -408,7 +415,13 @@ def _parse_target(root: "_Node") -> TargetConfig:
         instance=tgt.string("instance", required=True),
         table=tgt.string("table", required=True),
         app_profile=tgt.string("app_profile"),
+        change_stream_retention_hours=tgt.integer("change_stream_retention_hours", minimum=1),
     )
+    retention = target.change_stream_retention_hours
+    if retention is not None and not CHANGE_STREAM_MIN_HOURS <= retention <= CHANGE_STREAM_MAX_HOURS:
+        _report(ConfigError(f"a change stream keeps its changes {CHANGE_STREAM_MIN_HOURS} to "
+                            f"{CHANGE_STREAM_MAX_HOURS} hours (1 to 7 days), got {retention}",
+                            tgt.sub("change_stream_retention_hours")))
     if not _TABLE_ID.match(target.table):
         _report(ConfigError(f"{target.table!r} is not a valid Bigtable table id", tgt.sub("table")))
     tgt.done()

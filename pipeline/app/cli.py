@@ -17,6 +17,7 @@ import re
 import sys
 from typing import Optional, Sequence
 
+from ddb2bt.transforms.config import CHANGE_STREAM_MAX_HOURS, CHANGE_STREAM_MIN_HOURS
 from ddb2bt.transforms.errors import ConfigError, PermanentError
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.pipeline.services.jobs import (  # noqa: F401  (also the CLI's public surface for tests and embedders)
@@ -356,12 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --split-from-sample: items to sample (default %(default)s)")
     p.add_argument("--max-rcu", type=number(float, above=0),
                    help="with --split-from-sample: the sample's read budget in capacity units per second")
-    p.add_argument("--change-stream", action="store_true",
-                   help="turn on the target table's change stream, which the way back after a cutover reads "
-                        "(ddb2bt rollback; docs/rollback.md)")
-    p.add_argument("--change-stream-retention-hours", type=number(float, minimum=1, maximum=168), default=168.0,
-                   metavar="HOURS", help="with --change-stream: how long Bigtable keeps the changes (default "
-                                         "%(default)s)")
+    p.add_argument("--change-stream", type=number(int, minimum=1), nargs="?", const=CHANGE_STREAM_MIN_HOURS,
+                   metavar="HOURS", help="turn the target table's change stream on (what the way back to DynamoDB "
+                   f"reads), keeping changes HOURS ({CHANGE_STREAM_MIN_HOURS}-{CHANGE_STREAM_MAX_HOURS}; default "
+                   f"{CHANGE_STREAM_MIN_HOURS}); the mapping's target.change_stream_retention_hours asks the same")
     p.set_defaults(func=cmd_create_table)
 
     def add_continuous_check_args(p) -> None:

@@ -202,3 +202,15 @@ def check_app_profiles(project: str, instance: str, app_profile: Optional[str], 
         raise ConfigError(f"app profile {app_profile!r} of Bigtable instance {instance} does not exist",
                           "target.app_profile")
     return None
+
+
+def check_change_stream(mapping: MappingConfig, admin: Optional[BigtableAdmin] = None) -> float:
+    """The retention (seconds) of the target table's change stream, which the way
+    back to DynamoDB reads; ConfigError naming the fix when the table has none."""
+    admin = admin or BigtableAdmin(mapping.target.project, mapping.target.instance)
+    retention = admin.change_stream_retention_s(mapping.target.table)
+    if retention is None:
+        raise ConfigError(f"Bigtable table {mapping.target.table!r} has no change stream, which the way back to "
+                          f"DynamoDB reads; turn it on with: ddb2bt create-table --mapping {mapping.origin} "
+                          "--change-stream", "target.change_stream_retention_hours")
+    return retention

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from ddb2bt.pipeline.services.jobs import load, load_all, load_sources
 from ddb2bt.pipeline.connect.reachability import check_reachable
+from ddb2bt.transforms.config import CHANGE_STREAM_MAX_HOURS, CHANGE_STREAM_MIN_HOURS
 from ddb2bt.transforms.errors import ConfigError, ConfigProblems, MappingError
+from ddb2bt.pipeline.clients.bigtable.admin import change_stream_hours, ensure_mapping_table
 from ddb2bt.transforms.inverse import describe, mapping_inversion
-from ddb2bt.pipeline.clients.bigtable.admin import ensure_mapping_table
 from ddb2bt.pipeline.clients.dynamodb import scan_items
 from ddb2bt.pipeline.connect.connections import dynamodb_client
 from ddb2bt.pipeline.connect.preflight import ensure_state_table
@@ -174,6 +175,10 @@ def cmd_lint(args) -> int:
 
 
 def cmd_create_table(args) -> int:
+    hours = getattr(args, "change_stream", None)
+    if hours is not None and not CHANGE_STREAM_MIN_HOURS <= hours <= CHANGE_STREAM_MAX_HOURS:
+        raise ConfigError(f"a change stream keeps its changes {CHANGE_STREAM_MIN_HOURS} to {CHANGE_STREAM_MAX_HOURS} "
+                          f"hours (1 to 7 days), got {hours}", "--change-stream")
     mappings = load_all(args)
     check_reachable(mappings, dynamodb="skip")  # within ~30 s, naming the endpoint, like the read-only commands
     for mapping in mappings:
@@ -186,16 +191,7 @@ def cmd_create_table(args) -> int:
                                                   SampleBounds(items=args.sample, max_rcu=args.max_rcu))
             print(f"{mapping.name}: {len(splits)} split point(s) from {sample.items} sampled item(s) of "
                   f"{mapping.source.table}")
-        changes = ensure_mapping_table(mapping, splits)
-        if getattr(args, "change_stream", False):  # the way back reads it (docs/rollback.md)
-            # inside: loaded when the command runs, not by --help (the CLI imports every service)
-            from ddb2bt.pipeline.clients.bigtable.admin import BigtableAdmin
-
-            admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
-            admin.enable_change_stream(mapping.target.table, int(args.change_stream_retention_hours * 3600))
-            kept = admin.change_stream_retention_s(mapping.target.table)
-            changes.append(f"change stream of {mapping.target.table}: " + (
-                f"on, changes kept {kept / 3600:g} hour(s)" if kept else "still off after enabling it"))
+        changes = ensure_mapping_table(mapping, splits, change_stream_hours(mapping, hours))
         changes += [f"state: {c}" for c in ensure_state_table(mapping.target.project, mapping.target.instance,
                                                                 args.state_table)]
         prefix = f"{mapping.name}: " if len(mappings) > 1 else ""

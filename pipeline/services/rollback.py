@@ -62,7 +62,9 @@ def cmd_rollback_prepare(args) -> int:
     mapping = load(args)
     target = mapping.target
     admin = BigtableAdmin(target.project, target.instance)
-    admin.enable_change_stream(target.table, int(args.retention_hours * 3600))
+    changed = admin.enable_change_stream(target.table, int(args.retention_hours * 3600))
+    if changed:
+        print(changed)
     retention = admin.change_stream_retention_s(target.table)
     if retention is None:
         print(f"the change stream of {target.table} is still off after enabling it", file=sys.stderr)

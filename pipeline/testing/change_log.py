@@ -28,7 +28,7 @@ class Expired(ValueError):
     """A start time or token older than the change stream's retention."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Range:
     """A row range [start, end); an empty ``end`` is the end of the table."""
 

@@ -21,7 +21,8 @@ the partitions (the key space cut at every split so far); ReadChangeStream
 serves a partition from a start time or continuation tokens, with heartbeats
 (token and low watermark), values over ``chunk_bytes`` in chunks, CloseStream
 with the two halves after a split, CloseStream OK past ``end_time``, and
-OUT_OF_RANGE for a start or token older than the retention. Loopback only.
+OUT_OF_RANGE for a start or token older than the retention. A split and a
+garbage collection (GARBAGE_COLLECTION changes) are played on request. Loopback only.
 """
 from __future__ import annotations
 
@@ -105,6 +106,24 @@ class ChangeStreamServer(grpc.GenericRpcHandler):
     def split(self, table_name: str, key: bytes) -> None:
         """Split the partition of ``table_name`` holding ``key`` at ``key``."""
         self.log.split(table_name, key)
+
+    def garbage_collect(self, table_name: str, row_key: bytes, family: str, qualifier: bytes, before_us: int) -> None:
+        """What a GC policy does: delete the column's cells older than
+        ``before_us`` in the emulator, shown in the stream as a GARBAGE_COLLECTION change."""
+        req_type, _ = self._types["MutateRow"]
+        req = req_type(table_name=table_name, row_key=row_key)
+        cells = req.mutations.add().delete_from_column
+        cells.family_name, cells.column_qualifier = family, qualifier
+        cells.time_range.end_timestamp_micros = before_us
+        with self._write_lock:
+            commit_us = self._begin()
+            try:
+                self._channel.unary_unary(DATA + "MutateRow")(req.SerializeToString(), timeout=10.0)
+                if self.log.enabled(table_name):
+                    with self.log.cond:
+                        self.log.append(table_name, commit_us, row_key, wire.as_logged(req.mutations, ()), gc=True)
+            finally:
+                self._end()
 
     # --- dispatch ----------------------------------------------------------------
     def service(self, details):
@@ -248,6 +267,9 @@ class ChangeStreamServer(grpc.GenericRpcHandler):
                 self.split(args["table"], bytes.fromhex(args["key"]))
             elif name == "Trim":
                 self.log.trim(args["table"])
+            elif name == "GarbageCollect":
+                self.garbage_collect(args["table"], bytes.fromhex(args["row"]), args["family"],
+                                     bytes.fromhex(args["qualifier"]), int(args["before_us"]))
             else:
                 ctx.abort(grpc.StatusCode.UNIMPLEMENTED, f"no control {name}")
         except (KeyError, ValueError) as exc:
@@ -255,11 +277,22 @@ class ChangeStreamServer(grpc.GenericRpcHandler):
         return b"{}"
 
 
+def _control_call(address: str, name: str, args: dict, timeout_s: float) -> None:
+    with grpc.insecure_channel(address) as channel:
+        channel.unary_unary(CONTROL + name)(json.dumps(args).encode(), timeout=timeout_s)
+
+
 def request_split(address: str, table_name: str, key: bytes, timeout_s: float = 10.0) -> None:
     """Ask a running change-stream server (host:port) to split ``table_name`` at ``key``."""
-    with grpc.insecure_channel(address) as channel:
-        channel.unary_unary(CONTROL + "Split")(json.dumps({"table": table_name, "key": key.hex()}).encode(),
-                                               timeout=timeout_s)
+    _control_call(address, "Split", {"table": table_name, "key": key.hex()}, timeout_s)
+
+
+def request_garbage_collection(address: str, table_name: str, row_key: bytes, family: str, qualifier: bytes,
+                               before_us: int, timeout_s: float = 10.0) -> None:
+    """Ask a running change-stream server to garbage-collect a column's cells
+    older than ``before_us`` (``ChangeStreamServer.garbage_collect``)."""
+    _control_call(address, "GarbageCollect", {"table": table_name, "row": row_key.hex(), "family": family,
+                                              "qualifier": qualifier.hex(), "before_us": before_us}, timeout_s)
 
 
 def main(argv: Optional[list] = None) -> int:

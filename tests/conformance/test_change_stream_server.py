@@ -15,7 +15,8 @@ from ddb2bt.pipeline.clients.bigtable.changestream import (ChangeStreamClient, C
                                                           Partition, PartitionClosed, data_api_client,
                                                           read_changes, table_name)
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent
-from ddb2bt.pipeline.testing.change_stream_server import ChangeStreamServer, request_split
+from ddb2bt.pipeline.testing.change_stream_server import (ChangeStreamServer, request_garbage_collection,
+                                                           request_split)
 from ddb2bt.transforms.change_records import DeleteCells, DeleteFamily, RowChange, SetCell
 
 PROJECT, INSTANCE = "p", "i"
@@ -214,6 +215,28 @@ def test_heartbeats_carry_a_token_and_a_watermark_below_every_later_change(env, 
     assert change.row_key == b"later" and change.commit_time_us > beats[-1].watermark_us
 
 
+def test_garbage_collection_deletes_the_cells_and_shows_as_a_gc_change(env, front, clock):
+    client, api = env
+    table, name = make_table(client)
+    start = now_us(clock)
+    for ts_ms in (1_000, 2_000):
+        row = table.direct_row(b"r")
+        row.set_cell("cf", b"q", b"v%d" % ts_ms, timestamp=_dt(ts_ms))
+        row.commit()
+    request_garbage_collection(front.address, name, b"r", "cf", b"q", 1_500_000)
+    changes = changes_of(api, name, start)
+    assert [c.source for c in changes] == ["USER", "USER", "GC"]
+    assert changes[-1].mutations == (DeleteCells("cf", b"q", None, 1_500_000),)
+    [row] = list(table.read_rows())
+    assert [c.value for c in row.cells["cf"][b"q"]] == [b"v2000"]  # the older cell is gone from the table too
+
+
+def _dt(ms: int):
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc)
+
+
 def test_end_time_closes_the_stream_ok_without_partitions(env, clock):
     client, api = env
     _, name = make_table(client)
@@ -246,6 +269,31 @@ def test_a_split_closes_the_stream_with_both_halves_and_their_tokens(env, front,
     with pytest.raises(grpc.RpcError) as refused:
         request_split(front.address, name, b"m")
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_tokens_that_together_cover_a_partition_resume_each_part_from_its_own(env, front, clock):
+    """The request form of a merge: several tokens whose partitions exactly cover
+    the request's; each part resumes after its own token."""
+    client, api = env
+    table, name = make_table(client)
+    start = now_us(clock)
+    front.split(name, b"m")
+    halves = (Partition(b"", b"m"), Partition(b"m", b""))
+    stream = ChangeStreamClient(api, name)
+    _set(table, b"a", b"1").commit()
+    _set(table, b"x", b"1").commit()
+    [a1] = [e for e in stream.read(halves[0], start, end_time_us=now_us(clock) + 100_000) if isinstance(e, RowChange)]
+    _set(table, b"a", b"2").commit()
+    _set(table, b"x", b"2").commit()
+    x_beat = [e for e in stream.read(halves[1], start, end_time_us=now_us(clock) + 300_000, heartbeat_s=0.1)
+              if isinstance(e, Heartbeat)][-1]  # x's part read past both of its changes
+    _set(table, b"x", b"3").commit()
+    merged = [(e.row_key, e.mutations[0].value) for e in
+              stream.read(Partition(), tokens=[(halves[0], a1.token), (halves[1], x_beat.token)],
+                          end_time_us=now_us(clock) + 100_000) if isinstance(e, RowChange)]
+    assert merged == [(b"a", b"2"), (b"x", b"3")]
+    with pytest.raises(BigtablePermanent, match="do not exactly cover"):
+        list(stream.read(Partition(), tokens=[(halves[0], a1.token)]))
 
 
 def test_read_changes_follows_a_split_and_yields_each_change_once(env, front, clock):

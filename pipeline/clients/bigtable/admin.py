@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from ddb2bt.pipeline.clients.bigtable.channel import probe_bigtable
 from ddb2bt.transforms.config import FamilyConfig, MappingConfig
+from ddb2bt.transforms.errors import PermanentError
 from ddb2bt.transforms.ordering import CLOCK_FAMILY
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ def _gc_rule(family: FamilyConfig):
 # A column-family listing answers in milliseconds; this bounds it when Bigtable
 # does not answer at all.
 FAMILY_LIST_TIMEOUT_S = 10.0
+# Enabling a change stream is a long-running operation; it ends in seconds.
+CHANGE_STREAM_UPDATE_TIMEOUT_S = 120.0
+SECONDS_PER_HOUR = 3600
 
 
 class BigtableAdmin:
@@ -93,6 +97,38 @@ class BigtableAdmin:
                 changes.append(f"updated GC policy of family {f.name}")
         return changes
 
+    def change_stream_retention_s(self, table_id: str) -> Optional[float]:
+        """The retention of the table's change stream, or None when it has none (GetTable)."""
+        table = self._client.table_admin_client.get_table(
+            request={"name": self.table(table_id).name}, timeout=FAMILY_LIST_TIMEOUT_S, retry=None)
+        config = type(table).pb(table).change_stream_config
+        if not config.HasField("retention_period"):
+            return None
+        return config.retention_period.seconds + config.retention_period.nanos / 1e9
+
+    def enable_change_stream(self, table_id: str, retention_s: float) -> Optional[str]:
+        """Turn the table's change stream on with ``retention_s`` (UpdateTable),
+        then read it back; returns what changed, None when it already was so.
+        PermanentError when the table does not show it after (an emulator
+        without change streams accepts the call and keeps nothing)."""
+        before = self.change_stream_retention_s(table_id)
+        if before == retention_s:
+            return None
+        operation = self._client.table_admin_client.update_table(request={
+            "table": {"name": self.table(table_id).name,
+                      "change_stream_config": {"retention_period": {"seconds": int(retention_s)}}},
+            "update_mask": {"paths": ["change_stream_config"]}})
+        operation.result(timeout=CHANGE_STREAM_UPDATE_TIMEOUT_S)
+        after = self.change_stream_retention_s(table_id)
+        if after != retention_s:
+            raise PermanentError(
+                f"Bigtable accepted the change stream on {table_id} but the table shows "
+                f"{'none' if after is None else f'a retention of {after:g}s'}: this Bigtable has no change "
+                "streams (cbtemulator has none; start the local stack with `ddb2bt local up --change-streams`)")
+        hours = retention_s / 3600
+        return (f"enabled the change stream of {table_id} (retention {hours:g} h)" if before is None else
+                f"changed the change stream retention of {table_id} from {before / 3600:g} h to {hours:g} h")
+
     def add_family(self, table_id: str, family: FamilyConfig) -> None:
         from google.api_core import exceptions as gexc
 
@@ -109,25 +145,6 @@ class BigtableAdmin:
             self.table(table_id).column_family(name).delete()
         except gexc.NotFound:
             pass  # dropped concurrently
-
-    def change_stream_retention_s(self, table_id: str) -> Optional[float]:
-        """The table's change-stream retention in seconds, or None when it has no change stream."""
-        response = self._client.table_admin_client.get_table(
-            request={"name": self.table(table_id).name, "view": "SCHEMA_VIEW"}, timeout=FAMILY_LIST_TIMEOUT_S,
-            retry=None)
-        config = response.change_stream_config
-        if config is None or not config.retention_period:
-            return None
-        period = config.retention_period
-        return period.total_seconds() if hasattr(period, "total_seconds") else period.seconds + period.nanos / 1e9
-
-    def enable_change_stream(self, table_id: str, retention_s: int) -> None:
-        """Turn on (or re-set the retention of) the table's change stream (UpdateTable)."""
-        operation = self._client.table_admin_client.update_table(request={
-            "table": {"name": self.table(table_id).name,
-                      "change_stream_config": {"retention_period": {"seconds": int(retention_s)}}},
-            "update_mask": {"paths": ["change_stream_config"]}})
-        operation.result(timeout=FAMILY_LIST_TIMEOUT_S * 4)
 
     def delete_table(self, table_id: str) -> None:
         table = self.table(table_id)
@@ -243,9 +260,17 @@ def forget_process_admins() -> None:
         _PROCESS_FAMILIES.clear()
 
 
-def ensure_mapping_table(mapping: MappingConfig, splits: Sequence[bytes] = ()) -> list:
+def change_stream_hours(mapping: MappingConfig, flag_hours: Optional[int] = None) -> Optional[int]:
+    """The target's change-stream retention asked for: the flag's, else the mapping's, else None."""
+    return flag_hours if flag_hours is not None else mapping.target.change_stream_retention_hours
+
+
+def ensure_mapping_table(mapping: MappingConfig, splits: Sequence[bytes] = (),
+                         change_stream_hours: Optional[int] = None) -> list:
     """Create or update every table the mapping writes (target and index tables).
-    ``splits``: initial split points of the target table, if it is created now."""
+    ``splits``: initial split points of the target table, if it is created now.
+    ``change_stream_hours``: turn the target table's change stream on with this
+    retention (index tables never have one: nothing derived is read back)."""
     admin = BigtableAdmin(mapping.target.project, mapping.target.instance)
     changes = []
     for table, families in mapping.table_families().items():
@@ -253,4 +278,7 @@ def ensure_mapping_table(mapping: MappingConfig, splits: Sequence[bytes] = ()) -
 
             families = list(families) + [FamilyConfig(CLOCK_FAMILY, max_versions=1)]
         changes += admin.ensure_table(table, families, splits if table == mapping.target.table else ())
+    if change_stream_hours is not None:
+        changed = admin.enable_change_stream(mapping.target.table, change_stream_hours * SECONDS_PER_HOUR)
+        changes += [changed] if changed else []
     return changes

@@ -13,8 +13,10 @@ partition by partition with checkpoints in the job's state table.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Sequence, Union
 
@@ -30,9 +32,9 @@ log = logging.getLogger(__name__)
 US_PER_S = 1_000_000
 # How often the server is asked for a heartbeat (token and low watermark) on a quiet stream.
 HEARTBEAT_S = 1.0
-# One bounded read of a partition covers at most this much of the stream; a
-# reader that wants to follow the stream reads again from the token it got.
-READ_WINDOW_S = 10.0
+# Partitions read at once in one pass (each a bounded ReadChangeStream that ends
+# once the stream passed the pass's end time, a wait of about a heartbeat on the service).
+PARALLEL_READS = 16
 
 
 class ChangeStreamError(PermanentError):
@@ -287,22 +289,128 @@ class Frontier:
 
     def __init__(self, start_time_us: Optional[int]) -> None:
         self.start_time_us = start_time_us
-        self.cursors: dict = {}  # Partition -> [(Partition, token)] (empty: from the start time)
+        self.cursors: dict = {}  # Partition -> [(Partition, token)] (empty: from its start time)
+        self.starts: dict = {}  # Partition without a token yet -> its start time, when not start_time_us
+        self.watermarks: dict = {}  # Partition -> no change not yet read there is older than this (us)
         self._waiting: dict = {}  # new Partition -> tokens gathered so far
+        self._waiting_marks: dict = {}  # new Partition -> the least mark of its parents so far
+
+    def low_watermark_us(self) -> Optional[int]:
+        """No change not yet read is older than this (the least of the partitions'
+        marks; a partition without one holds it at the start time): the reader's
+        lag is the wall time minus this. None before any partition has a mark."""
+        marks = [self.watermarks.get(p, self.start_of(p)) for p in self.cursors]
+        return None if not marks or None in marks else min(marks)
+
+    def mark(self, partition: Partition, watermark_us: int) -> None:
+        if partition in self.cursors:
+            self.watermarks[partition] = max(watermark_us, self.watermarks.get(partition, 0))
+
+    def start_of(self, partition: Partition) -> int:
+        return self.starts.get(partition, self.start_time_us)
+
+    def finished(self, partition: Partition, end_us: int) -> None:
+        """A read of ``partition`` up to ``end_us`` ended with no token: nothing
+        up to ``end_us`` is left there, so it starts after it next time."""
+        if not self.cursors.get(partition):
+            self.starts[partition] = end_us + 1
+        self.mark(partition, end_us + 1)
 
     def advance(self, partition: Partition, token: str) -> None:
         self.cursors[partition] = [(partition, token)]
+        self.starts.pop(partition, None)
+
+    def to_json(self) -> str:
+        """The frontier as text for a checkpoint (``from_json`` reads it back)."""
+        def tokens(ts: Sequence) -> list:
+            return [[p.id, t] for p, t in ts]
+
+        return json.dumps({"start_time_us": self.start_time_us,
+                           "cursors": {p.id: tokens(ts) for p, ts in sorted(self.cursors.items())},
+                           "starts": {p.id: us for p, us in sorted(self.starts.items())},
+                           "watermarks": {p.id: us for p, us in sorted(self.watermarks.items())},
+                           "waiting": {p.id: tokens(ts) for p, ts in sorted(self._waiting.items())},
+                           "waiting_marks": {p.id: us for p, us in sorted(self._waiting_marks.items())}})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Frontier":
+        data = json.loads(text)
+        frontier = cls(data["start_time_us"])
+
+        def tokens(ts: list) -> list:
+            return [(Partition.parse(p), t) for p, t in ts]
+
+        frontier.cursors = {Partition.parse(p): tokens(ts) for p, ts in data["cursors"].items()}
+        frontier.starts = {Partition.parse(p): us for p, us in data["starts"].items()}
+        frontier.watermarks = {Partition.parse(p): us for p, us in data.get("watermarks", {}).items()}
+        frontier._waiting = {Partition.parse(p): tokens(ts) for p, ts in data["waiting"].items()}
+        frontier._waiting_marks = {Partition.parse(p): us for p, us in data.get("waiting_marks", {}).items()}
+        return frontier
 
     def close(self, closed: PartitionClosed) -> None:
         """The stream of a partition ended; a finished one (past its end time) stays to be read again."""
         if not closed.new_partitions:
             return
         del self.cursors[closed.partition]
+        self.starts.pop(closed.partition, None)
+        parent_mark = self.watermarks.pop(closed.partition, None)
         for new in closed.new_partitions:
             gathered = self._waiting.setdefault(new, [])
             gathered += [t for t in closed.tokens_for(new) if t not in gathered]
+            if parent_mark is not None:
+                self._waiting_marks[new] = min(parent_mark, self._waiting_marks.get(new, parent_mark))
             if _covers(gathered, new):
                 self.cursors[new] = self._waiting.pop(new)
+                mark = self._waiting_marks.pop(new, None)
+                if mark is not None:
+                    self.watermarks[new] = mark
+
+
+def initial_frontier(stream: ChangeStreamClient, start_time_us: int) -> Frontier:
+    """Every partition of the table now, each to be read from ``start_time_us``."""
+    frontier = Frontier(start_time_us)
+    frontier.cursors = {p: [] for p in stream.partitions()}
+    return frontier
+
+
+def read_pass(stream: ChangeStreamClient, frontier: Frontier, end_us: int,
+              sleep: Callable[[float], None] = time.sleep) -> list:
+    """Read every partition of ``frontier`` up to ``end_us`` (one bounded
+    ReadChangeStream each, retried by the client policy from the partition's
+    last token; up to PARALLEL_READS partitions at once), advancing ``frontier``
+    past what was read; the changes, partition after partition, each in commit
+    order. A partition split or merged on the way is
+    replaced by its new partitions, read in the next pass."""
+    def read(partition: Partition, tokens: list) -> list:
+        def step() -> list:
+            return list(stream.read(partition, None if tokens else frontier.start_of(partition), tokens, end_us))
+
+        return retrying(stream.policy, f"ReadChangeStream on {stream.table} partition {partition.id}",
+                        where=f"Bigtable ({bigtable_endpoint()})", sleep=sleep)(step)
+
+    cursors = sorted(frontier.cursors.items())
+    if len(cursors) == 1:
+        read_events = [read(*cursors[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_READS, len(cursors)), thread_name_prefix="changes") as pool:
+            read_events = list(pool.map(lambda cursor: read(*cursor), cursors))
+    changes: list = []
+    for (partition, _), events in zip(cursors, read_events):
+        for event in events:
+            if isinstance(event, RowChange):
+                changes.append(event)
+                frontier.advance(partition, event.token)
+            elif isinstance(event, Heartbeat):
+                frontier.advance(partition, event.token)
+                frontier.mark(partition, event.watermark_us)
+            elif event.status_code:
+                raise ChangeStreamError(f"the change stream of {stream.table} partition {partition.id} closed with "
+                                        f"status {event.status_code}: {event.message}", reason="closed_with_error")
+            elif event.new_partitions:
+                frontier.close(event)
+            else:
+                frontier.finished(partition, end_us)
+    return changes
 
 
 def read_changes(client, table: str, start_time_us: Optional[int], until_idle_s: float,
@@ -316,27 +424,12 @@ def read_changes(client, table: str, start_time_us: Optional[int], until_idle_s:
     time of the step; a failed step is retried by the client policy from the
     last token (no change is yielded twice, none skipped)."""
     stream = ChangeStreamClient(client, table, app_profile, sleep=sleep)
-    frontier = Frontier(start_time_us)
-    frontier.cursors = {p: [] for p in stream.partitions()}
+    frontier = initial_frontier(stream, start_time_us if start_time_us is not None else wall_us())
     last_change = clock()
     while True:
-        end_us = wall_us()
-        got = False
-        for partition, tokens in sorted(frontier.cursors.items()):
-            def step(partition=partition, tokens=tokens) -> list:
-                return list(stream.read(partition, None if tokens else start_time_us, tokens, end_us))
-
-            for event in retrying(stream.policy, f"ReadChangeStream on {table} partition {partition.id}",
-                                  where=f"Bigtable ({bigtable_endpoint()})", sleep=sleep)(step):
-                if isinstance(event, RowChange):
-                    got = True
-                    frontier.advance(partition, event.token)
-                    yield event
-                elif isinstance(event, Heartbeat):
-                    frontier.advance(partition, event.token)
-                else:
-                    frontier.close(event)
-        if got:
+        changes = read_pass(stream, frontier, wall_us(), sleep)
+        yield from changes
+        if changes:
             last_change = clock()
         elif clock() - last_change >= until_idle_s:
             return

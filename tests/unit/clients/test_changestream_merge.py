@@ -152,3 +152,45 @@ def test_partition_ids_round_trip():
     assert Partition.parse(p.id) == p
     with pytest.raises(ValueError, match="not a change-stream partition id"):
         Partition.parse("nocolon")
+
+
+def test_a_quiet_partition_read_to_its_end_starts_after_it_and_a_token_clears_that():
+    frontier = Frontier(1_000)
+    frontier.cursors = {WHOLE: []}
+    assert frontier.start_of(WHOLE) == 1_000
+    frontier.finished(WHOLE, 5_000)
+    assert frontier.start_of(WHOLE) == 5_001  # nothing up to 5000 is left: not from 1000 again (retention)
+    frontier.advance(WHOLE, "t")
+    assert frontier.start_of(WHOLE) == 1_000 and frontier.cursors[WHOLE] == [(WHOLE, "t")]
+    frontier.finished(WHOLE, 9_000)  # with a token the token says where
+    assert frontier.cursors[WHOLE] == [(WHOLE, "t")] and WHOLE not in frontier.starts
+
+
+def test_the_frontier_survives_its_checkpoint_text():
+    a, b, merged = Partition(b"", b"m"), Partition(b"m", b""), Partition()
+    frontier = Frontier(7)
+    frontier.cursors = {a: [(a, "ta")], b: []}
+    frontier.finished(b, 100)
+    frontier.close(PartitionClosed(a, ((a, "ta2"),), (merged,)))  # waits for b's token
+    again = Frontier.from_json(frontier.to_json())
+    assert (again.start_time_us, again.cursors, again.starts) == (7, {b: []}, {b: 101})
+    again.close(PartitionClosed(b, ((b, "tb2"),), (merged,)))
+    assert again.cursors == {merged: [(a, "ta2"), (b, "tb2")]}
+
+
+def test_the_low_watermark_is_the_least_partition_mark_and_a_merge_keeps_the_lesser_parent():
+    a, b, merged = Partition(b"", b"m"), Partition(b"m", b""), Partition()
+    frontier = Frontier(100)
+    frontier.cursors = {a: [], b: []}
+    assert frontier.low_watermark_us() == 100  # nothing read yet: the start time
+    frontier.advance(a, "ta")
+    frontier.mark(a, 500)
+    assert frontier.low_watermark_us() == 100  # b holds it back
+    frontier.finished(b, 900)
+    assert frontier.low_watermark_us() == 500
+    frontier.mark(a, 400)  # a mark never goes back
+    assert frontier.watermarks[a] == 500
+    frontier.close(PartitionClosed(b, ((b, "tb"),), (merged,)))
+    frontier = Frontier.from_json(frontier.to_json())  # a checkpoint between the two closes
+    frontier.close(PartitionClosed(a, ((a, "ta2"),), (merged,)))
+    assert frontier.watermarks == {merged: 500} and frontier.low_watermark_us() == 500
