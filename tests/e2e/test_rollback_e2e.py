@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from ddb2bt.pipeline.app.cli import main as ddb2bt
+from ddb2bt.pipeline.clients.bigtable.changestream import table_name
+from ddb2bt.pipeline.recover.rollback import APPLIED_META
+from ddb2bt.pipeline.sink.dynamodb_writer import DynamoDBWriter, versions_table_name
+from ddb2bt.pipeline.testing.change_stream_server import request_garbage_collection, request_split
+from ddb2bt.transforms.inverse_rows import PutItem
 from ddb2bt.pipeline.connect.connections import BigtableSpec, StateSpec, dynamodb_client
 from ddb2bt.pipeline.control.phases import CUT_OVER, Migration
 from ddb2bt.pipeline.local import workload
@@ -226,3 +234,65 @@ def test_hr_orders_rules_that_invert_are_rolled_back(cs_stack, tmp_path, unique,
                  item(PK="OE-PRODUCT#P1", SK="WAREHOUSE#W2", Quantity=7),
                  item(PK="HR-REGION#2", SK="Asia", Countries="12")]  # auto: a new attribute is a string
     assert canon(items) == canon(expected)
+
+
+def test_the_way_back_survives_sigkill_a_split_garbage_collection_and_a_replay(cs_stack, tmp_path, unique, capsys):
+    path = write_mapping(tmp_path, "product_catalog.yaml", source__table=f"Kill_{unique}",
+                         target__table=f"kill_{unique}", name=f"kill_{unique}")
+    mapping = load_mapping(path)
+    seed = [item(pk="hats", sk="fedoras#brandA", Description="A fedora", Price=30)]
+    ddb = migrate_to_live(path, mapping, seed, capsys)
+    table = bigtable_table(mapping)
+    address = f"127.0.0.1:{cs_stack.bigtable_port}"
+    name = table_name(mapping.target.project, mapping.target.instance, mapping.target.table)
+    now = 1_800_000_000_000
+
+    def write(n0, n1, price, at):
+        for n in range(n0, n1):
+            row = table.direct_row(f"k{n:02d}#item".encode())
+            row.set_cell("SKU", b"Price", price.to_bytes(8, "big", signed=True), timestamp=at_ms(at))
+            row.commit()
+
+    write(0, 30, 1, now)
+    request_split(address, name, b"k15")  # a partition split in the middle of the stream
+    write(0, 30, 2, now + 1000)  # every item changed again, on both sides of the split
+    # garbage collection of the older versions: a change of Bigtable's, not the application's
+    for n in (3, 20):
+        request_garbage_collection(address, name, f"k{n:02d}#item".encode(), "SKU", b"Price", (now + 1000) * 1000)
+
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "rollback", "run", "--mapping",
+                             str(path), "--follow", "--until-idle", "1", "--max-wcu", "20"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while len(workload.scan_all(ddb, mapping.source.table)) < 6 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        assert len(workload.scan_all(ddb, mapping.source.table)) >= 6, "the rollback wrote nothing to kill"
+    finally:
+        proc.kill()  # SIGKILL: no release of its lease, no checkpoint of the pass
+        proc.communicate()
+    partial = len(workload.scan_all(ddb, mapping.source.table))
+    assert partial < 31, "killed after everything was written: the restart would prove nothing"
+
+    # The restart resumes (the dead holder's lease is free) and writes the rest.
+    assert ddb2bt(["rollback", "run", "--mapping", str(path), "--until-idle", "1.5"]) == 0
+    expected = seed + [item(pk=f"k{n:02d}", sk="item", Price=2) for n in range(30)]
+    assert canon(workload.scan_all(ddb, mapping.source.table)) == canon(expected)
+
+    # A replayed batch (the checkpoint set back to the cutover) writes nothing.
+    store = StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
+    store.save_meta(APPLIED_META, str(Migration(store).cutover_ms * 1000))
+    capsys.readouterr()
+    assert ddb2bt(["rollback", "run", "--mapping", str(path), "--until-idle", "1.5"]) == 0
+    assert "30 row(s) read back: 0 item(s) put, 0 deleted" in capsys.readouterr().out
+    assert canon(workload.scan_all(ddb, mapping.source.table)) == canon(expected)
+
+    # An older version never overwrites a newer one: the versions table refuses it.
+    writer = DynamoDBWriter(ddb, versions_table_name(mapping.source.table))
+    stale = item(pk="k05", sk="item", Price=1)
+    cutover_us = Migration(store).cutover_ms * 1000  # before every commit the rollback wrote
+    out = writer.write([PutItem(mapping.source.table, stale, {"pk": stale["pk"], "sk": stale["sk"]}, cutover_us)])
+    assert (out.written, out.stale) == (0, 1)
+    assert ddb2bt(["rollback", "verify", "--mapping", str(path)]) == 0
