@@ -144,6 +144,9 @@ def decode_value(encoding: str, data: bytes, hint) -> dict:
             return decode("json", data)
         except ValueError:
             return {"S": data.decode("utf-8", "replace")}
+    null = encode(encoding, {"NULL": True})
+    if data == null and null != encode(encoding, {"S": ""}):
+        return {"NULL": True}  # an encoding that tells NULL from the empty string
     try:
         return {"S": data.decode("utf-8")}
     except UnicodeDecodeError:

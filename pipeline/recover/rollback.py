@@ -1,5 +1,5 @@
 """The way back after a cutover: Bigtable rows written back to DynamoDB as the items
-they hold (docs/rollback.md, docs/design.md "The way back").
+they hold (docs/rollback.md, docs/design.md §12).
 
 State-based: a change names a row; the row's *current* cells are read from
 Bigtable after the change, read back through the mapping's inverse

@@ -1,6 +1,6 @@
 """The rollback's DynamoDB writer: whole items put or deleted, each conditional on
 the version it replaces, so a replayed or reordered change never overwrites a
-newer one (docs/design.md, "The way back").
+newer one (docs/design.md §12.2).
 
 The version (the Bigtable commit time, in microseconds, of the change after which
 the row was read) is kept in a side table beside the application's table, never

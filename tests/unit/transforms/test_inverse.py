@@ -244,3 +244,11 @@ def test_a_comment_whose_version_is_gone_is_deleted_not_read_as_another_comments
     assert canon(i.item for i in inv.items) == canon(kept)
     gone = [c for c in comments if c not in kept][0]
     assert inv.deleted == ({"pk": gone["pk"], "sk": gone["sk"]},)
+
+
+def test_auto_values_keep_null_and_the_empty_string_apart_when_dynamodb_holds_them():
+    from ddb2bt.transforms.encoding import encode
+    from ddb2bt.transforms.inverse_rows import decode_value
+    for held in ({"NULL": True}, {"S": ""}, {"N": "7"}, {"BOOL": True}, {"SS": ["a", "b"]}):
+        assert decode_value("auto", encode("auto", held), held) == held
+    assert decode_value("auto", encode("auto", {"S": ""}), None) == {"S": ""}
