@@ -1,6 +1,8 @@
 """The rollback's DynamoDB writer against moto's DynamoDB: every write conditional
 on the version it replaces; a replayed or reordered write never overwrites a newer
 one, a delete's tombstone keeps a late put out, transactions batch 25 items."""
+import os
+
 import boto3
 import pytest
 from moto import mock_aws
@@ -16,6 +18,8 @@ def ddb(monkeypatch):
     for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                         "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(name, value)
+    for name in [n for n in os.environ if n.startswith("AWS_ENDPOINT_URL")]:
+        monkeypatch.delenv(name)  # moto in this process, not a local stack another test pointed us at
     with mock_aws():
         client = boto3.client("dynamodb", region_name="us-east-1")
         client.create_table(TableName=TABLE, BillingMode="PAY_PER_REQUEST",
