@@ -413,10 +413,11 @@ def invert_row(mapping: MappingConfig, row_key: bytes, cells: dict, key_types: d
     for order, rule in enumerate(mapping.rules):
         if statuses[rule.name] == NO:
             continue
+        shared = shared_columns(mapping, rule, previous)
         for known, captures, prev in _rule_slots(mapping, rule, statuses[rule.name], row_key, row, key_types,
                                                  previous):
             item = dict(known)
-            claimed = _value_columns(rule, item, captures, row, prev, shared_columns(mapping, rule, previous))
+            claimed = _value_columns(rule, item, captures, row, prev, shared)
             _other_columns(mapping, rule, item, row, claimed, prev)
             if not claimed:
                 continue  # no cell of this item in the row: it is not there (or was deleted)

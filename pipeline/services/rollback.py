@@ -85,6 +85,7 @@ def cmd_rollback_run(args) -> int:
     from ddb2bt.pipeline.clients.dynamodb import scan_items
     from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.control.coordinator import join
+    from ddb2bt.pipeline.control.lease import TAIL
     from ddb2bt.pipeline.control.phases import Migration
     from ddb2bt.pipeline.observe.metrics import rollback_metrics
     from ddb2bt.pipeline.recover.rollback import APPLIED_META, RollbackJob, RollbackOutcome, reconcile
@@ -99,7 +100,7 @@ def cmd_rollback_run(args) -> int:
     start_metrics_server(args.metrics_port, args.metrics_host)
     # The forward tail holds this lease while it writes: taking it proves it stopped,
     # and holding it keeps a forward `run` from starting while the way back writes.
-    held = join(acquire_lease(args, spec, "tail"))
+    held = join(acquire_lease(args, spec, TAIL))
     fence = held.check if held is not None else (lambda: None)
     close = None
     try:

@@ -296,3 +296,31 @@ def test_the_way_back_survives_sigkill_a_split_garbage_collection_and_a_replay(c
     out = writer.write([PutItem(mapping.source.table, stale, {"pk": stale["pk"], "sk": stale["sk"]}, cutover_us)])
     assert (out.written, out.stale) == (0, 1)
     assert ddb2bt(["rollback", "verify", "--mapping", str(path)]) == 0
+
+
+def test_the_way_back_is_refused_while_the_forward_job_runs(cs_stack, tmp_path, unique, capsys):
+    path = write_mapping(tmp_path, "product_catalog.yaml", source__table=f"Busy_{unique}",
+                         target__table=f"busy_{unique}", name=f"busy_{unique}")
+    mapping = load_mapping(path)
+    ddb = dynamodb_client()
+    workload.create_table(ddb, mapping.source.table, mapping.source.partition_key, mapping.source.sort_key)
+    assert ddb2bt(["create-table", "--mapping", str(path), "--change-stream"]) == 0
+    ddb.put_item(TableName=mapping.source.table, Item=item(pk="hats", sk="cap", Price=1))
+    assert ddb2bt(["migrate", "--mapping", str(path), "--until-idle", "1", "--poll-interval", "0.2"]) == 0
+    forward = subprocess.Popen([sys.executable, "-m", "ddb2bt.pipeline.app.cli", "run", "--mapping", str(path),
+                                "--poll-interval", "0.2"], env=dict(os.environ), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        seen = ""
+        while "replicating" not in seen:  # logged once the forward tail holds its lease
+            line = forward.stdout.readline()
+            assert line, f"the forward job ended: {seen}"
+            seen += line
+        capsys.readouterr()
+        assert ddb2bt(["rollback", "run", "--mapping", str(path), "--until-idle", "0.5"]) != 0
+        assert "lease" in capsys.readouterr().err.lower()
+        store = StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
+        assert Migration(store).phase == "LIVE"  # not cut over: the forward tail still runs
+    finally:
+        forward.kill()
+        forward.communicate()
