@@ -18,6 +18,7 @@ stream, pass after pass, and keeps its checkpoint in the job's state table;
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -31,6 +32,8 @@ from ddb2bt.transforms.inverse_rows import (
 log = logging.getLogger(__name__)
 
 APPLIED_META = "rollback_applied_us"  # every change committed before this is written back
+FRONTIER_META = "rollback_frontier"  # where each change-stream partition is read from next (JSON)
+POLL_S = 0.5  # between passes that found nothing
 BATCH_ROWS = 500  # rows read and written back together
 USER = "USER"  # a change made by a client, not by garbage collection
 
@@ -115,50 +118,64 @@ def changed_rows(changes: Iterable) -> dict:
 
 
 class RollbackJob:
-    """Passes over the change stream. ``read_changes(start_us)`` yields RowChange
-    values committed at or after ``start_us`` and returns once idle; ``store``
-    keeps the checkpoint (``APPLIED_META``); ``now_us`` the wall clock."""
+    """Passes over the change stream, each bounded: every partition read up to the
+    time the pass began (``read(frontier, end_us)`` → RowChange values, advancing
+    the frontier), the rows it names written back, then the frontier saved in the
+    job's state table (``FRONTIER_META``; ``APPLIED_META``: its low watermark, the
+    commit time before which every change is written back). A restart resumes at
+    the saved frontier; a pass cut short by a crash is read again (harmless: the
+    writes are idempotent). ``start(start_us)`` and ``load(text)`` make a frontier."""
 
-    def __init__(self, rows_back: RowsBack, read_changes: Callable, store, now_us: Callable[[], int],
-                 metrics=None, metrics_table: str = "", batch_rows: int = BATCH_ROWS,
-                 fence: Callable[[], None] = lambda: None) -> None:
-        self._rows_back, self._read, self._store = rows_back, read_changes, store
-        self._now_us, self._metrics, self._table = now_us, metrics, metrics_table
+    def __init__(self, rows_back: RowsBack, read: Callable, start: Callable, load: Callable, store,
+                 now_us: Callable[[], int], metrics=None, metrics_table: str = "", batch_rows: int = BATCH_ROWS,
+                 fence: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, poll_s: float = POLL_S) -> None:
+        self._rows_back, self._read, self._start, self._load = rows_back, read, start, load
+        self._store, self._now_us, self._metrics, self._table = store, now_us, metrics, metrics_table
         self._batch_rows, self._fence = batch_rows, fence
+        self._clock, self._sleep, self._poll_s = clock, sleep, poll_s
 
-    def checkpoint(self, cutover_us: int) -> int:
-        saved = self._store.load_meta(APPLIED_META)
-        return max(int(saved), cutover_us) if saved else cutover_us
+    def frontier(self, cutover_us: int):
+        saved = self._store.load_meta(FRONTIER_META)
+        return self._load(saved) if saved else self._start(cutover_us)
 
-    def one_pass(self, cutover_us: int) -> RollbackOutcome:
-        """Every change since the checkpoint written back; the checkpoint then moves
-        to the time this pass began (everything committed before it was read)."""
-        start = self.checkpoint(cutover_us)
-        began = self._now_us()
+    def one_pass(self, frontier) -> tuple:
+        """(outcome, changes read) of one bounded pass; the frontier saved after it."""
+        end_us = self._now_us()
+        changes = self._read(frontier, end_us)
+        rows = changed_rows(changes)
         total = RollbackOutcome()
-        batch: dict = {}
-        for change in self._read(start):
-            if change.source != USER:
-                continue
-            batch[change.row_key] = max(change.commit_time_us, batch.get(change.row_key, -1))
-            if len(batch) >= self._batch_rows:
-                total.add(self._apply(batch))
-                batch = {}
-        if batch:
-            total.add(self._apply(batch))
+        keys = list(rows)
+        for i in range(0, len(keys), self._batch_rows):
+            total.add(self._apply({k: rows[k] for k in keys[i:i + self._batch_rows]}))
         self._fence()
-        self._store.save_meta(APPLIED_META, str(began))
+        applied = frontier.low_watermark_us() or end_us
+        self._store.save_meta(FRONTIER_META, frontier.to_json())
+        self._store.save_meta(APPLIED_META, str(applied))
         if self._metrics is not None:
-            self._metrics.applied_until_s(self._table, began / 1e6)
-        return total
+            self._metrics.applied_until_s(self._table, applied / 1e6)
+        return total, len(changes)
+
+    def run(self, cutover_us: int, until_idle_s: float, follow: bool = False) -> RollbackOutcome:
+        """Passes until none found a change for ``until_idle_s`` (``follow``: until stopped)."""
+        frontier = self.frontier(cutover_us)
+        total = RollbackOutcome()
+        last_change = self._clock()
+        while True:
+            outcome, read = self.one_pass(frontier)
+            total.add(outcome)
+            if read:
+                last_change = self._clock()
+            elif not follow and self._clock() - last_change >= until_idle_s:
+                return total
+            else:
+                self._sleep(self._poll_s)
 
     def _apply(self, batch: dict) -> RollbackOutcome:
         self._fence()
         done = self._rows_back.apply(batch)
         if self._metrics is not None:
             self._metrics.wrote(self._table, done.puts, done.deletes, done.stale, done.unexplained)
-            # within a pass: the newest change written back (the checkpoint moves when the pass ends)
-            self._metrics.applied_until_s(self._table, max(batch.values()) / 1e6)
         return done
 
 

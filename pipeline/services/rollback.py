@@ -80,7 +80,9 @@ def cmd_rollback_run(args) -> int:
     """Cut over (LIVE → CUT_OVER, holding the forward tail's lease), then write every
     Bigtable change since the cutover back to DynamoDB (docs/rollback.md)."""
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
-    from ddb2bt.pipeline.clients.bigtable.changestream import open_client, read_changes, table_name
+    from ddb2bt.pipeline.clients.bigtable.changestream import (
+        ChangeStreamClient, Frontier, initial_frontier, open_client, read_pass, table_name,
+    )
     from ddb2bt.pipeline.clients.bigtable.reads import read_table
     from ddb2bt.pipeline.clients.dynamodb import scan_items
     from ddb2bt.pipeline.connect.connections import dynamodb_client
@@ -121,14 +123,13 @@ def cmd_rollback_run(args) -> int:
             rollback_metrics().applied_until_s(spec.job, began / 1e6)
         else:
             api, close = open_client()
-            path = table_name(target.project, target.instance, target.table)
-            job = RollbackJob(rows_back, lambda start: read_changes(api, path, start, args.until_idle,
-                                                                     app_profile=target.app_profile),
-                              store, _now_us, metrics=rollback_metrics(), metrics_table=spec.job, fence=fence)
-            while True:
-                total.add(job.one_pass(cutover_us))
-                if not args.follow:
-                    break
+            stream = ChangeStreamClient(api, table_name(target.project, target.instance, target.table),
+                                        target.app_profile)
+            job = RollbackJob(rows_back, read=lambda frontier, end_us: read_pass(stream, frontier, end_us),
+                              start=lambda start_us: initial_frontier(stream, start_us), load=Frontier.from_json,
+                              store=store, now_us=_now_us, metrics=rollback_metrics(), metrics_table=spec.job,
+                              fence=fence)
+            total = job.run(cutover_us, args.until_idle, follow=args.follow)
         seen = int(store.load_meta(UNEXPLAINED_META) or 0) + total.unexplained
         store.save_meta(UNEXPLAINED_META, str(seen))
     finally:

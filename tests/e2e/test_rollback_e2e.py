@@ -15,7 +15,7 @@ import pytest
 
 from ddb2bt.pipeline.app.cli import main as ddb2bt
 from ddb2bt.pipeline.clients.bigtable.changestream import table_name
-from ddb2bt.pipeline.recover.rollback import APPLIED_META
+from ddb2bt.pipeline.recover.rollback import FRONTIER_META
 from ddb2bt.pipeline.sink.dynamodb_writer import DynamoDBWriter, versions_table_name
 from ddb2bt.pipeline.testing.change_stream_server import request_garbage_collection, request_split
 from ddb2bt.transforms.inverse_rows import PutItem
@@ -283,7 +283,7 @@ def test_the_way_back_survives_sigkill_a_split_garbage_collection_and_a_replay(c
 
     # A replayed batch (the checkpoint set back to the cutover) writes nothing.
     store = StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
-    store.save_meta(APPLIED_META, str(Migration(store).cutover_ms * 1000))
+    store.save_meta(FRONTIER_META, "")  # no saved frontier: read again from the cutover
     capsys.readouterr()
     assert ddb2bt(["rollback", "run", "--mapping", str(path), "--until-idle", "1.5"]) == 0
     assert "30 row(s) read back: 0 item(s) put, 0 deleted" in capsys.readouterr().out

@@ -2,7 +2,9 @@
 as whole items; garbage collection ignored; the checkpoint moves to the start of a
 finished pass and a restart resumes there; a replay writes nothing new."""
 from ddb2bt.pipeline.control.state import StateStore
-from ddb2bt.pipeline.recover.rollback import APPLIED_META, RollbackJob, RowsBack, changed_rows, reconcile
+from ddb2bt.pipeline.recover.rollback import (
+    APPLIED_META, FRONTIER_META, RollbackJob, RowsBack, changed_rows, reconcile,
+)
 from ddb2bt.pipeline.sink.dynamodb_writer import WriteOutcome
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.transforms.change_records import SOURCE_GC, SOURCE_USER, RowChange, SetCell
@@ -59,29 +61,58 @@ def test_changed_rows_keep_each_rows_newest_client_change_and_ignore_garbage_col
     assert got == {b"a": 9}
 
 
-def test_a_pass_writes_the_rows_state_back_moves_the_checkpoint_and_a_replay_writes_nothing():
+class FakeFrontier:
+    """Read up to ``at`` (µs): a stand-in for the change-stream frontier."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def low_watermark_us(self):
+        return self.at
+
+    def to_json(self):
+        return str(self.at)
+
+
+def reader(stream, log):
+    def read(frontier, end_us):
+        log.append((frontier.at, end_us))
+        got = [c for c in stream if frontier.at <= c.commit_time_us < end_us]
+        frontier.at = end_us
+        return got
+    return read
+
+
+def test_passes_write_the_rows_state_back_save_the_frontier_and_a_restart_resumes_there():
     old = CATALOG_SEED[0]
     new = dict(old, Price={"N": "99"})
     rows = bigtable_of(CATALOG, [new, CATALOG_SEED[2]])
     ddb, back = world(rows, [old, CATALOG_SEED[1]])  # DynamoDB: the old item, and one Bigtable no longer holds
     store = StateStore(InMemoryBigtable(), "job", lambda: 1)
-    clock = iter([1_000, 2_000, 3_000])
-    starts, fenced = [], []
+    clock = iter(range(1_000, 100_000, 1_000))
     stream = [change(b"hats#fedoras#brandA", 500), change(b"hats#caps#brandB", 600),
               change(b"hats#fedoras#brandA", 700, SOURCE_GC)]
-    job = RollbackJob(back, lambda start: (starts.append(start), [c for c in stream if c.commit_time_us >= start])[1],
-                      store, lambda: next(clock), fence=lambda: fenced.append(1))
-    outcome = job.one_pass(cutover_us=100)
-    assert starts == [100] and fenced
+    log, fenced, ticks = [], [], iter(range(100))
+    job = RollbackJob(back, reader(stream, log), FakeFrontier, lambda text: FakeFrontier(int(text)), store,
+                      lambda: next(clock), fence=lambda: fenced.append(1), clock=lambda: next(ticks),
+                      sleep=lambda s: None)
+    outcome = job.run(cutover_us=100, until_idle_s=2)
+    assert log[0] == (100, 1_000) and fenced  # the first pass: from the cutover to its own start
     assert (outcome.rows, outcome.puts, outcome.deletes, outcome.stale) == (2, 1, 1, 0)
     assert ddb.items == {("hats", "fedoras#brandA"): new}  # a row the stream did not name is not touched
     assert [(type(w), w.key["sk"]["S"], w.version_us) for w in ddb.writes] == [
         (PutItem, "fedoras#brandA", 500), (DeleteItem, "caps#brandB", 600)]
-    assert store.load_meta(APPLIED_META) == "1000"
-    # a restart resumes at the checkpoint; the same changes replayed write nothing
-    again = RollbackJob(back, lambda start: (starts.append(start), stream)[1], store, lambda: next(clock))
-    replay = again.one_pass(cutover_us=100)
-    assert starts[-1] == 1000 and (replay.puts, replay.deletes) == (0, 0)
+    last = log[-1][1]
+    assert store.load_meta(FRONTIER_META) == str(last) and store.load_meta(APPLIED_META) == str(last)
+    # a restart resumes at the saved frontier; the same changes replayed from the cutover write nothing
+    again = RollbackJob(back, reader(stream, log), FakeFrontier, lambda text: FakeFrontier(int(text)), store,
+                        lambda: next(clock), clock=lambda: next(ticks), sleep=lambda s: None)
+    before = len(log)
+    again.run(cutover_us=100, until_idle_s=1)
+    assert log[before][0] == last
+    store.save_meta(FRONTIER_META, "")
+    replay = again.run(cutover_us=100, until_idle_s=1)
+    assert (replay.rows, replay.puts, replay.deletes) == (2, 0, 0)
 
 
 def test_the_full_reconcile_writes_rows_back_and_deletes_items_whose_row_is_gone():
