@@ -172,6 +172,22 @@ def test_invoices_cutover_and_the_way_back(cs_stack, tmp_path, unique, capsys):
                       Details={"discount": 0.3})]
     assert canon(items) == canon(expected)
 
+    # A new invoice: its sk is nowhere in the row (the rule inverts for existing items
+    # only), so it is reported, not guessed; nothing says READY or IDENTICAL.
+    row = table.direct_row(b"0125")
+    row.set_cell("Invoice", b"Details", b'{"discount":0}', timestamp=at_ms(created))
+    row.commit()
+    capsys.readouterr()
+    assert ddb2bt(["rollback", "run", "--mapping", str(path), "--until-idle", "1", "--show-keys"]) == 1
+    out = capsys.readouterr().out
+    assert "1 cell(s) not written back" in out and "row b'0125' Invoice:Details" in out
+    assert ddb2bt(["rollback", "status", "--mapping", str(path)]) == 1
+    assert "1 cell(s) changed since the cutover were not written back" in capsys.readouterr().out
+    assert ddb2bt(["rollback", "verify", "--mapping", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERENT: 1 row(s) differ" in out and "IDENTICAL" not in out
+    assert canon(workload.scan_all(ddb, mapping.source.table)) == canon(expected)
+
 
 def test_videos_rules_that_invert_are_rolled_back(cs_stack, tmp_path, unique, capsys):
     path = write_mapping(tmp_path, "videos.yaml", source__table=f"Videos_{unique}", target__table=f"videos_{unique}",
@@ -321,6 +337,10 @@ def test_the_way_back_is_refused_while_the_forward_job_runs(cs_stack, tmp_path, 
         assert "lease" in capsys.readouterr().err.lower()
         store = StateSpec(BigtableSpec(mapping.target.project, mapping.target.instance), job=mapping.name).store()
         assert Migration(store).phase == "LIVE"  # not cut over: the forward tail still runs
+        assert ddb2bt(["rollback", "status", "--mapping", str(path)]) == 1
+        out = capsys.readouterr().out
+        assert "not ready: the migration is LIVE, not CUT_OVER" in out and "NOT READY to switch back" in out
+        assert "nothing has been written back yet" in out
     finally:
         forward.kill()
         forward.communicate()
