@@ -218,7 +218,9 @@ def cmd_rollback_verify(args) -> int:
     target = mapping.target
     items = list(scan_items(dynamodb_client(mapping.source.region), mapping.source.table))
     derived = derived_families(mapping)
-    expected = expected_layout(mapping, items).get(target.table, {})
+    refused: list = []  # items the mapping cannot map: Bigtable cannot hold them, so never IDENTICAL
+    expected = expected_layout(mapping, items, on_unmappable=lambda it, exc: refused.append(exc.reason)).get(
+        target.table, {})
     expected = {row: cols for row, cols in ((r, {c: v for c, v in cols.items() if c[0] not in derived})
                                             for r, cols in expected.items()) if cols}
     actual = without_clocks(read_table(target.project, target.instance, target.table, app_profile=target.app_profile))
@@ -232,9 +234,12 @@ def cmd_rollback_verify(args) -> int:
     if args.show_keys:
         for row in sorted(diff.rows())[:20]:
             print(f"  differs: row {row!r}")
-    if diff.identical:
+    if refused:
+        print(f"{len(refused)} DynamoDB item(s) the mapping refuses ({', '.join(sorted(set(refused)))}): Bigtable "
+              "cannot hold them")
+    if diff.identical and not refused:
         print(f"IDENTICAL: DynamoDB table {mapping.source.table} holds exactly the items Bigtable table "
               f"{target.table} reads back to")
         return 0
-    print(f"DIFFERENT: {len(diff.rows())} row(s) differ (--show-keys lists them)")
+    print(f"DIFFERENT: {len(diff.rows())} row(s) differ (--show-keys lists them), {len(refused)} item(s) refused")
     return 1

@@ -186,6 +186,15 @@ def test_invoices_cutover_and_the_way_back(cs_stack, tmp_path, unique, capsys):
     assert ddb2bt(["rollback", "verify", "--mapping", str(path)]) == 1
     out = capsys.readouterr().out
     assert "DIFFERENT: 1 row(s) differ" in out and "IDENTICAL" not in out
+    # an item in DynamoDB the mapping refuses (no rule matches it) is no IDENTICAL either
+    ddb.put_item(TableName=mapping.source.table, Item=item(pk="Invoice-0123", sk="Refund-1"))
+    row = table.direct_row(b"0125")
+    row.delete()
+    row.commit()
+    assert ddb2bt(["rollback", "verify", "--mapping", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 DynamoDB item(s) the mapping refuses (no_matching_rule)" in out and "IDENTICAL" not in out
+    ddb.delete_item(TableName=mapping.source.table, Key={"pk": {"S": "Invoice-0123"}, "sk": {"S": "Refund-1"}})
     assert canon(workload.scan_all(ddb, mapping.source.table)) == canon(expected)
 
 
