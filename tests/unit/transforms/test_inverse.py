@@ -252,3 +252,22 @@ def test_auto_values_keep_null_and_the_empty_string_apart_when_dynamodb_holds_th
     for held in ({"NULL": True}, {"S": ""}, {"N": "7"}, {"BOOL": True}, {"SS": ["a", "b"]}):
         assert decode_value("auto", encode("auto", held), held) == held
     assert decode_value("auto", encode("auto", {"S": ""}), None) == {"S": ""}
+
+
+hr_text = st.text(alphabet=st.sampled_from("ab#\\-1é"), min_size=1, max_size=6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["entity", "inventory", "job"]), hr_text, hr_text, st.integers(0, 10**6)),
+                min_size=1, max_size=6, unique_by=lambda t: t[:3]))
+def test_property_hr_orders_new_items_of_the_rules_that_invert_read_back_without_any_previous_item(specs):
+    seed = []
+    for kind, a, b, n in specs:
+        if kind == "entity":  # reference_entity: PK and SK both in the row key; other attributes as strings
+            seed.append(item(PK=f"HR-REGION#{a}", SK=b, Countries=str(n)))
+        elif kind == "inventory":  # the sort key folded into a qualifier
+            seed.append(item(PK=f"OE-PRODUCT#{a}", SK=f"WAREHOUSE#{b}", Quantity=n))
+        else:
+            seed.append(item(PK=f"HR-EMPLOYEE#{a}", SK=f"JH#{b}", Job={"n": n}))
+    items, unexplained = read_back(HR, bigtable_of(HR, seed))
+    assert canon(items) == canon(seed) and unexplained == []
