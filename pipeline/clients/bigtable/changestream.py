@@ -30,6 +30,8 @@ from ddb2bt.transforms.errors import PermanentError
 log = logging.getLogger(__name__)
 
 US_PER_S = 1_000_000
+# ReadChangeStreamResponse.DataChange.Type
+GARBAGE_COLLECTION, CONTINUATION = 2, 3
 # How often the server is asked for a heartbeat (token and low watermark) on a quiet stream.
 HEARTBEAT_S = 1.0
 # Partitions read at once in one pass (each a bounded ReadChangeStream that ends
@@ -144,7 +146,7 @@ class ChangeMerger:
         return self._data(msg.data_change)
 
     def _data(self, d) -> Optional[RowChange]:
-        continuation = d.type_ == 3  # CONTINUATION
+        continuation = d.type_ == CONTINUATION
         if continuation != (self._head is not None):
             raise ChangeStreamError(f"a DataChange {'continuation without a start' if continuation else 'started inside another'}"
                                     f" on partition {self.partition.id}")
@@ -159,7 +161,7 @@ class ChangeMerger:
         head, mutations = self._head, tuple(self._mutations)
         self._head, self._mutations = None, []
         return RowChange(head.row_key, _us(head.commit_timestamp), head.tiebreaker,
-                         SOURCE_GC if head.type_ == 2 else SOURCE_USER, mutations, self.partition.id, d.token)
+                         SOURCE_GC if head.type_ == GARBAGE_COLLECTION else SOURCE_USER, mutations, self.partition.id, d.token)
 
     def _chunk(self, chunk) -> None:
         if not chunk.HasField("chunk_info"):
