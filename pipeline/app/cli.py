@@ -40,6 +40,9 @@ from ddb2bt.pipeline.services.verify import cmd_verify
 from ddb2bt.pipeline.services.status import STATUS_DEADLINE_S, cmd_status  # noqa: F401
 from ddb2bt.pipeline.services.tombstones import cmd_sweep_tombstones
 from ddb2bt.pipeline.services.recover import cmd_recover
+from ddb2bt.pipeline.services.rollback import (
+    cmd_rollback_prepare, cmd_rollback_run, cmd_rollback_status, cmd_rollback_verify,
+)
 from ddb2bt.pipeline.services.replicate import cmd_backfill, cmd_migrate, cmd_run
 from ddb2bt.pipeline.services.mappings import (
     EXIT_DEAD_LETTER, cmd_create_table, cmd_draft, cmd_explain, cmd_lint, cmd_validate,
@@ -281,9 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
                               f"exit code: 0 every change maps (or is skipped), {EXIT_DEAD_LETTER} at least one "
                               "would be a dead letter, 1 an input DynamoDB would refuse, 2 a bad mapping")
     add_mapping_args(p, several=False)
-    p.add_argument("--item", required=True,
+    p.add_argument("--item", default=None,
                    help="a DynamoDB JSON item, {\"Item\": …} (GetItem output, export line), a stream record or "
-                        "Lambda event, or a plain JSON item; a file or '-' for stdin")
+                        "Lambda event, or a plain JSON item; a file or '-' for stdin (required without --reverse)")
+    p.add_argument("--reverse", action="store_true",
+                   help="the way back (ddb2bt rollback): which rules invert and why not; with --item, the item "
+                        "mapped forward and read back from its row")
     p.add_argument("--timestamp-ms", type=number(int, minimum=0), default=1_700_000_000_000, help="change time to show")
     p.set_defaults(func=cmd_explain)
 
@@ -505,6 +511,55 @@ def build_parser() -> argparse.ArgumentParser:
     add_metrics_args(p)
     add_ops_args(p)
     p.set_defaults(func=cmd_recover)
+
+    p = sub.add_parser("rollback", help="the way back after a cutover: Bigtable's changes written back to DynamoDB",
+                       formatter_class=raw, description=(
+                           "After the cutover the application writes to Bigtable. `rollback run` stops the forward "
+                           "replication for good (it takes the forward tail's lease; the job becomes CUT_OVER) and "
+                           "writes every Bigtable change since the cutover back to DynamoDB, as whole items, each "
+                           "conditional on the version it replaces. `status` says READY to switch back; `verify` "
+                           "compares DynamoDB with Bigtable. See docs/rollback.md."),
+                       epilog="examples:\n  ddb2bt rollback prepare -m m.yaml\n  ddb2bt rollback run -m m.yaml --until-idle 10\n"
+                              "  ddb2bt rollback status -m m.yaml\n  ddb2bt rollback verify -m m.yaml")
+    rsub = p.add_subparsers(dest="rollback_cmd", required=True)
+    pp = rsub.add_parser("prepare", help="before the cutover: turn on the target table's change stream")
+    add_mapping_args(pp, several=False)
+    pp.add_argument("--retention-hours", type=number(float, minimum=1, maximum=168), default=168.0, metavar="HOURS",
+                    help="how long Bigtable keeps the changes (1 to 168; default %(default)s): a switch back "
+                         "decided later than this after the cutover cannot be written back from the stream")
+    pp.set_defaults(func=cmd_rollback_prepare)
+    pr = rsub.add_parser("run", help="write Bigtable's changes since the cutover back to DynamoDB")
+    add_mapping_args(pr, several=False)
+    add_state_args(pr)
+    pr.add_argument("--until-idle", type=number(float, above=0), default=5.0, metavar="SECONDS",
+                    help="end a pass over the change stream once no change arrived for this long (default "
+                         "%(default)s)")
+    pr.add_argument("--follow", action="store_true",
+                    help="keep following the change stream, pass after pass, until stopped (Ctrl-C, SIGTERM): the "
+                         "way back kept current from the cutover on")
+    pr.add_argument("--full", action="store_true",
+                    help="write every row back and delete every item whose row is gone (the whole table, not the "
+                         "change stream): DynamoDB made equal to the inverse of Bigtable")
+    pr.add_argument("--max-wcu", type=number(float, above=0), metavar="UNITS",
+                    help="at most this many DynamoDB write capacity units per second (default: no limit)")
+    pr.add_argument("--versions-table", metavar="TABLE",
+                    help="the DynamoDB table keeping each written item's version (default: <source table>"
+                         ".ddb2bt-rollback, created on first use)")
+    add_show_keys_arg(pr)
+    add_metrics_args(pr)
+    add_ops_args(pr)
+    pr.set_defaults(func=cmd_rollback_run)
+    ps = rsub.add_parser("status", help="READY to switch back to DynamoDB, or why not")
+    add_mapping_args(ps, several=False)
+    add_state_args(ps)
+    ps.add_argument("--max-lag", type=number(float, above=0), default=60.0, metavar="SECONDS",
+                    help="READY only when every change older than this is written back (default %(default)s)")
+    ps.set_defaults(func=cmd_rollback_status)
+    pv = rsub.add_parser("verify", help="compare DynamoDB with the inverse of Bigtable: IDENTICAL or not")
+    add_mapping_args(pv, several=False)
+    add_show_keys_arg(pv)
+    pv.add_argument("--verbose", action="store_true", help="also say rule by rule what inverts")
+    pv.set_defaults(func=cmd_rollback_verify)
 
     p = sub.add_parser("dlq", help="inspect dead letters", formatter_class=raw,
                        epilog="examples:\n  ddb2bt dlq list -m example:product_catalog\n"

@@ -63,7 +63,7 @@ THROTTLE_CODES = frozenset({
 })
 
 
-TABLE_OPERATIONS = ("Scan", "GetItem", "DescribeTable")
+TABLE_OPERATIONS = ("Scan", "GetItem", "DescribeTable", "Query")
 
 
 class StreamThrottled(RetryableError):
@@ -588,3 +588,20 @@ _DIRECTORY = ShardDirectory()
 def shard_directory() -> ShardDirectory:
     """This process's shard directory."""
     return _DIRECTORY
+
+
+# --- Query (the rollback reads the items of one partition) -----------------------------
+
+def query_partition(client, table: str, attribute: str, value: dict, retry: RetryPolicy = DEFAULT_READ_RETRY,
+                    metrics_table: Optional[str] = None) -> list:
+    """Every item whose partition key ``attribute`` is ``value`` (strongly consistent)."""
+    items: list = []
+    kwargs = {"TableName": table, "ConsistentRead": True, "KeyConditionExpression": "#p = :p",
+              "ExpressionAttributeNames": {"#p": attribute}, "ExpressionAttributeValues": {":p": value}}
+    while True:
+        page = _retried("Query", lambda: client.query(**kwargs), retry, table=table, where=endpoint_of(client),
+                        metrics_table=metrics_table)
+        items += page.get("Items", [])
+        if not page.get("LastEvaluatedKey"):
+            return items
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]

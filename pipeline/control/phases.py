@@ -58,9 +58,15 @@ class Phase(enum.StrEnum):
     BACKFILLING = "BACKFILLING"
     CATCHING_UP = "CATCHING_UP"
     LIVE = "LIVE"
+    # Cut over: the forward tail stopped (`ddb2bt rollback run` took its lease from a
+    # LIVE job and holds it) and the application writes to Bigtable; the way back
+    # (rollback) writes DynamoDB. A forward run refuses to start (it would copy the
+    # rollback's writes back): after switching back, a new migration begins anew.
+    CUT_OVER = "CUT_OVER"
 
 
 BACKFILLING, CATCHING_UP, LIVE = Phase.BACKFILLING, Phase.CATCHING_UP, Phase.LIVE
+CUT_OVER = Phase.CUT_OVER
 RECOVERING = Phase.RECOVERING
 PHASES = tuple(Phase)
 # Allowed moves. BACKFILLING → BACKFILLING is a restarted backfill (new handoff);
@@ -78,6 +84,9 @@ for _p in (None, CATCHING_UP, LIVE):
 # A re-copy (`migrate --restart`, §7.7) supersedes a recovery given up half-way:
 # its backfill restores what the recovery was to restore.
 TRANSITIONS[RECOVERING] = frozenset({RECOVERING, LIVE, BACKFILLING})
+# The cutover: only from LIVE (verified, caught up); after it only a new migration.
+TRANSITIONS[LIVE] = TRANSITIONS[LIVE] | {CUT_OVER}
+TRANSITIONS[CUT_OVER] = frozenset({BACKFILLING})
 # The tail re-reads the phase this often; the backfill waits for two refreshes
 # plus a second before fixing T, so no change at or after T's second goes unmarked.
 PHASE_CACHE_S = 2.0
@@ -391,6 +400,38 @@ class Migration:
         if self.finished_ms is None:
             raise PhaseError("the migration cannot go LIVE before its bookkeeping is removed (finish)")
         self.transition(LIVE, seen, based_on_read=True)
+
+    @property
+    def cutover_ms(self) -> Optional[int]:
+        """When the job was cut over (the forward tail stopped), or None."""
+        value = self.store.load_meta("cutover_ms")
+        return int(value) if value else None
+
+    def cut_over(self) -> int:
+        """LIVE → CUT_OVER, by a caller holding the tail's lease (so no forward tail
+        runs: it holds that lease while it writes, and a tail that lost it is
+        fenced). Returns the cutover time in ms; idempotent once cut over."""
+        seen = self.phase_value()
+        phase = parse_phase(seen)
+        if phase == CUT_OVER and self.cutover_ms is not None:
+            return self.cutover_ms
+        if phase != LIVE:
+            raise PhaseError(f"the migration is {phase or 'not started'}, not LIVE: the way back begins only after a "
+                             "migration that went LIVE and was verified (ddb2bt status, ddb2bt verify)")
+        now = self._now_ms()
+        self.store.save_meta("cutover_ms", str(now))
+        self.transition(CUT_OVER, seen, based_on_read=True)
+        return now
+
+
+def refuse_forward_after_cutover(migration: Migration, table: str) -> None:
+    """The forward tail never runs after the cutover: it would copy the rollback's
+    writes to DynamoDB back to Bigtable (a loop). Only a new migration begins."""
+    if migration.phase == CUT_OVER:
+        raise ConfigError(f"{table} was cut over: the application writes to Bigtable and `ddb2bt rollback` writes "
+                          "its changes back to DynamoDB, so forward replication must not run again (it would copy "
+                          "them back). To migrate anew, `ddb2bt migrate --restart` copies the table again",
+                          "--mapping")
 
 
 def advance(migration: Migration, bookkeeping, at_head: bool, promote_live: bool) -> Optional[Phase]:

@@ -99,6 +99,9 @@ def assess(f: Facts, flags: str = "") -> tuple:
     job's state (--mapping, --job-name, --state-table, …), appended to every
     command a reason suggests, so it looks at the same state."""
     f_ = f" {flags}" if flags else ""
+    if f.phase == "CUT_OVER":  # the forward tail stopped for good: its shards report no more
+        return False, [f"cut over: forward replication stopped for good, the way back runs; whether switching back "
+                       f"is READY: ddb2bt rollback status{f_}"]
     reasons = []
     if f.phase is None and f.queued_ms is not None and f.tail_held:
         reasons.append("waiting its turn: the running multi-table migrate backfills one table after another, "

@@ -647,3 +647,53 @@ def serve_metrics(port: Optional[int], host: str = "127.0.0.1") -> Optional[str]
     url = f"http://{host}:{server.server_port}/metrics"
     logging.getLogger(__name__).info("metrics at %s", url)
     return url
+
+
+# --- The way back (ddb2bt rollback, docs/rollback.md) ------------------------------------
+# Its own block: the reverse job's lag and writes. Labels: the table's name in the
+# job only (never a key or a value).
+
+
+class RollbackMetrics:
+    """The reverse job's metrics: ``ddb2bt_rollback_lag_seconds`` (how far behind
+    Bigtable's changes DynamoDB is: now minus the commit time up to which every
+    change is written back), the items written, the writes refused as stale (a
+    newer version held) and the cells no item explains (not written back)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY, clock: Callable[[], float] = _wall_s) -> None:
+        self._clock = clock
+        self.applied_until = Gauge(f"{NAMESPACE}_rollback_applied_until_timestamp_seconds",
+                                   "Commit time up to which every Bigtable change is written back to DynamoDB",
+                                   ["table"], registry=registry)
+        self.lag = Gauge(f"{NAMESPACE}_rollback_lag_seconds",
+                         "Now minus the commit time up to which every Bigtable change is written back",
+                         ["table"], registry=registry)
+        self.written = Counter(f"{NAMESPACE}_rollback_items_written", "DynamoDB items the rollback wrote, by kind",
+                               ["table", "kind"], registry=registry)
+        self.stale = Counter(f"{NAMESPACE}_rollback_stale_writes",
+                             "Rollback writes refused because DynamoDB held a newer version", ["table"],
+                             registry=registry)
+        self.unexplained = Counter(f"{NAMESPACE}_rollback_unexplained_cells",
+                                   "Bigtable cells no item of an invertible rule reads back to (not written back)",
+                                   ["table"], registry=registry)
+
+    def applied_until_s(self, table: str, at_s: float) -> None:
+        self.applied_until.labels(table).set(at_s)
+        self.lag.labels(table).set(max(0.0, self._clock() - at_s))
+
+    def wrote(self, table: str, puts: int, deletes: int, stale: int, unexplained: int) -> None:
+        self.written.labels(table, "put").inc(puts)
+        self.written.labels(table, "delete").inc(deletes)
+        self.stale.labels(table).inc(stale)
+        self.unexplained.labels(table).inc(unexplained)
+
+
+_ROLLBACK: list = []
+
+
+def rollback_metrics() -> RollbackMetrics:
+    """The process-wide rollback metrics on the default registry."""
+    with _DEFAULT_LOCK:
+        if not _ROLLBACK:
+            _ROLLBACK.append(RollbackMetrics())
+        return _ROLLBACK[0]

@@ -20,7 +20,7 @@ from ddb2bt.pipeline.connect.preflight import (check_app_profiles, check_stream_
                                                ensure_state_table, resolve_stream, settle_start)
 from ddb2bt.pipeline.control.lease import TAIL, BACKFILL
 from ddb2bt.pipeline.control.ownership import claim_targets
-from ddb2bt.pipeline.control.phases import PhaseMarking
+from ddb2bt.pipeline.control.phases import Migration, PhaseMarking, refuse_forward_after_cutover
 from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
 from ddb2bt.pipeline.control.mapping_change import change_notice, record_mapping
 from ddb2bt.pipeline.dataflow import option_value, read_text
@@ -336,7 +336,10 @@ def build_live_jobs(args, mappings: list) -> list:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
         # `migrate --restart` is the recovery the refusal names: a new backfill
         # copies the table again and its tail follows the new stream.
-        check_stream_continuity(state_spec(args, mapping).store(), source.stream_arn, accept_new_stream)
+        store = state_spec(args, mapping).store()
+        check_stream_continuity(store, source.stream_arn, accept_new_stream)
+        if not getattr(args, "restart", False):  # a new migration may begin after a cutover
+            refuse_forward_after_cutover(Migration(store), mapping.source.table)
     states = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
     claim_target_tables(args, mappings, states)
     # Before the leases: with --take-over, acquiring them displaces the running

@@ -13,6 +13,7 @@ from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.transforms.config import CHANGE_STREAM_MAX_HOURS, CHANGE_STREAM_MIN_HOURS
 from ddb2bt.transforms.errors import ConfigError, ConfigProblems, MappingError
 from ddb2bt.pipeline.clients.bigtable.admin import change_stream_hours, ensure_mapping_table
+from ddb2bt.transforms.inverse import describe, mapping_inversion
 from ddb2bt.pipeline.connect.connections import dynamodb_client
 from ddb2bt.pipeline.connect.preflight import ensure_state_table
 from ddb2bt.pipeline.source.records import from_stream_record
@@ -54,6 +55,8 @@ def cmd_validate(args) -> int:
               f"{mapping.target.table}; families {', '.join(sorted(mapping.family_names))}; rules {rules}")
         for why in inexact_features(mapping):  # said before a recovery writes anything (docs/recover.md)
             print(f"note: ddb2bt recover (incremental exports) cannot restore this exactly: {why}")
+        for line in describe(mapping_inversion(mapping)):  # what `rollback` can write back (docs/rollback.md)
+            print(f"rollback: {line}")
     if bad:
         return EXIT_CONFIG_ERROR
     return 1 if failed else 0
@@ -63,6 +66,10 @@ def cmd_explain(args) -> int:
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.transforms.inputs import ITEM, parse_user_input
     mapping = load(args)
+    if getattr(args, "reverse", False):
+        return explain_reverse(mapping, args)
+    if args.item is None:
+        raise ConfigError("explain needs --item (a file or '-'), or --reverse", "--item")
     # Parsed exactly (numbers keep their digits) and strictly: what DynamoDB would
     # refuse is an error here, with the reason (transforms/inputs.py).
     given = parse_user_input(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
@@ -99,6 +106,47 @@ def cmd_explain(args) -> int:
                 else:
                     print(f"    delete {m.family}:{m.qualifier.decode('utf-8', 'replace')} in [{m.start_ms}, {m.end_ms}) ms")
     return EXIT_DEAD_LETTER if dead else 0
+
+
+def explain_reverse(mapping, args) -> int:
+    """`explain --reverse`: rule by rule what a rollback writes back, and with --item
+    the item mapped forward and read back from its row, as a new item would be."""
+    # inside: loaded when the command runs, not by --help (the CLI imports every service)
+    from ddb2bt.transforms.attrs import canonical_typed_json
+    from ddb2bt.transforms.inputs import ITEM, parse_user_input
+    from ddb2bt.transforms.inverse_rows import invert_row, owned_row_cells
+    from ddb2bt.transforms.mapping import expected_row
+
+    for line in describe(mapping_inversion(mapping)):
+        print(line)
+    if args.item is None:
+        return 0
+    given = parse_user_input(Path(args.item).read_text() if args.item != "-" else sys.stdin.read())
+    if given.kind != ITEM:
+        raise ConfigError("explain --reverse reads one item, not stream records", "--item")
+    item = given.item
+    try:
+        row = expected_row(mapping, item)
+        cells = owned_row_cells(mapping, item)
+    except MappingError as exc:
+        print(f"== the item is a dead letter on the way in [{exc.reason}]: {exc.message}")
+        return EXIT_DEAD_LETTER
+    if row is None:
+        print("== the item is skipped on the way in: nothing to read back")
+        return 0
+    versions = {col: ([(ts, v) for ts, v in sorted(want.items(), reverse=True)] if kind == "versions" else
+                      [(i, v) for i, v in reversed(list(enumerate(want)))] if kind == "list" else [(0, want)])
+                for col, (kind, want) in cells.items()}
+    types = {k: next(iter(item[k])) for k in mapping.source.key_attributes if k in item}
+    back = invert_row(mapping, row[0], versions, types, ())
+    print(f"== row {row[0]!r} read back as a new item")
+    for got in back.items:
+        same = "the same item" if canonical_typed_json({"M": got.item}) == canonical_typed_json({"M": item}) else \
+            "differs from the item given"
+        print(f"  rule {got.rule}: {canonical_typed_json({'M': got.item})} ({same})")
+    for family, qualifier, why in back.unexplained:
+        print(f"  not written back: {family}:{qualifier.decode('utf-8', 'replace')}: {why}")
+    return 0
 
 
 def cmd_lint(args) -> int:

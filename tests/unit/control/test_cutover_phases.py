@@ -62,14 +62,16 @@ def world(tables=("t", "t_idx")):
     return clock, store, admin, Bookkeeping(admin), Migration(store, clock.now_ms, clock.sleep)
 
 
-STATES = (None, BACKFILLING, CATCHING_UP, LIVE, Phase.RECOVERING)
+STATES = (None, BACKFILLING, CATCHING_UP, LIVE, Phase.RECOVERING, Phase.CUT_OVER)
 ALLOWED = {(None, BACKFILLING), (BACKFILLING, BACKFILLING), (BACKFILLING, CATCHING_UP), (CATCHING_UP, LIVE),
            (CATCHING_UP, BACKFILLING), (LIVE, BACKFILLING),
            # recovery of a trimmed tail (recover/recover.py): from a replicating job, resumed, back to LIVE
            (None, Phase.RECOVERING), (CATCHING_UP, Phase.RECOVERING), (LIVE, Phase.RECOVERING),
            (Phase.RECOVERING, Phase.RECOVERING), (Phase.RECOVERING, LIVE),
            # a re-copy (migrate --restart) supersedes a recovery given up half-way
-           (Phase.RECOVERING, BACKFILLING)}
+           (Phase.RECOVERING, BACKFILLING),
+           # the cutover (rollback run takes the stopped tail's lease), then only a new migration
+           (LIVE, Phase.CUT_OVER), (Phase.CUT_OVER, BACKFILLING)}
 
 
 @pytest.mark.parametrize("current,target", list(itertools.product(STATES, tuple(Phase))))
@@ -236,3 +238,18 @@ def test_only_the_cutover_and_recover_packages_write_the_phase():
             if needle in text:
                 offenders.append(f"{path.relative_to(root)}: {needle}")
     assert offenders == []
+
+
+def test_the_cutover_is_taken_only_from_live_once_and_records_its_time():
+    clock, store, admin, bk, m = world()
+    with pytest.raises(PhaseError, match="not LIVE"):
+        m.cut_over()
+    m.transition(BACKFILLING)
+    m.transition(CATCHING_UP)
+    with pytest.raises(PhaseError, match="CATCHING_UP, not LIVE"):
+        m.cut_over()
+    m.transition(LIVE)
+    at = m.cut_over()
+    assert m.phase == Phase.CUT_OVER and m.cutover_ms == at
+    clock.sleep(5)
+    assert m.cut_over() == at  # idempotent: a restarted rollback keeps the first cutover time

@@ -193,3 +193,11 @@ def test_status_answers_when_the_oldest_record_cannot_be_read_now_and_claims_no_
         raise client_error("ProvisionedThroughputExceededException")
     client.get_records = throttled
     assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]
+
+
+def test_a_job_that_was_cut_over_points_at_the_way_back_not_at_a_stopped_tail():
+    silent = ShardStatus("s1", None, False, None, None, reported_ago_ms=None)
+    ready, reasons = assess(facts(phase="CUT_OVER", shards=[silent]), "-m orders.yaml")
+    assert not ready
+    assert reasons == ["cut over: forward replication stopped for good, the way back runs; whether switching back is "
+                       "READY: ddb2bt rollback status -m orders.yaml"]

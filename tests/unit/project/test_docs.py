@@ -257,16 +257,17 @@ def test_version_clashes_on_kinesis_are_one_statement_in_every_page():
     assert "With a Kinesis source the later one overwrites" in " ".join((ROOT / "docs/design.md").read_text().split())
 
 
-def test_every_runbook_command_is_run_by_the_test_the_runbook_names():
-    """docs/cutover.md's runbook table: each row's test exists, and its source
-    runs each command of the row (as a CLI argument list: "migrate",
-    "--restart", ...)."""
+@pytest.mark.parametrize("page,least", [("docs/cutover.md", 10), ("docs/rollback.md", 5)])
+def test_every_runbook_command_is_run_by_the_test_the_runbook_names(page, least):
+    """A runbook's table (the cutover's, the way back's): each row's test exists,
+    and its source runs each command of the row (as a CLI argument list:
+    "migrate", "--restart", ...)."""
     import ast
 
-    text = (ROOT / "docs/cutover.md").read_text()
+    text = (ROOT / page).read_text()
     table = text.split("### The runbook, as tested", 1)[1].split("\n## ", 1)[0]
     rows = [r for r in table.splitlines() if r.startswith("| ") and "`tests/" in r]
-    assert len(rows) >= 10
+    assert len(rows) >= least
     for row in rows:
         commands = re.findall(r"`ddb2bt ([^`]+)`", row.split("|")[2])
         where = re.search(r"`(tests/[^`]+\.py)::(\w+)`", row).groups()
