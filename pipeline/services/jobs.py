@@ -20,7 +20,7 @@ from ddb2bt.pipeline.connect.preflight import (check_app_profiles, check_stream_
                                                ensure_state_table, resolve_stream, settle_start)
 from ddb2bt.pipeline.control.lease import TAIL, BACKFILL
 from ddb2bt.pipeline.control.ownership import claim_targets
-from ddb2bt.pipeline.control.phases import PhaseMarking
+from ddb2bt.pipeline.control.phases import Migration, PhaseMarking
 from ddb2bt.pipeline.control.state import DEFAULT_STATE_TABLE
 from ddb2bt.pipeline.control.mapping_change import change_notice, record_mapping
 from ddb2bt.pipeline.dataflow import option_value, read_text
@@ -335,6 +335,9 @@ def build_live_jobs(args, mappings: list) -> list:
         try:
             start = settle_start(store, source.stream_arn, args.start, wall_ms(),
                                  kinesis=mapping.source.kinesis is not None)
+            # The stored phase and backfill progress on the metrics from the first
+            # scrape (a re-copy clears that progress when it begins: not shown before)
+            Migration(store).publish(progress=not getattr(args, "restart", False))
         finally:
             store.close()
         reader = ReaderOptions(
