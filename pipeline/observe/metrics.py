@@ -271,12 +271,11 @@ class _LagCollector:
         expected = {s.labels["table"]: s.value for m in self._expected.collect() for s in m.samples}
         eta = GaugeMetricFamily(f"{NAMESPACE}_backfill_eta_seconds",
                                 "Estimated seconds until the backfill has read the expected items "
-                                "(from the last minute's rate; absent while unknown)", labels=["table"])
+                                "(from the last minute's rate; 0 once it is done; absent while unknown)", labels=["table"])
         for table in sorted(set(done) | set(expected)):
             rate = self._rates.setdefault(table, RateWindow()).rate(done.get(table, 0.0))
-            if table in self.backfill_over:
-                continue  # done: an estimate of the item count is no reason for an ETA
-            if expected.get(table) and done.get(table, 0.0) >= expected[table]:
+            if table in self.backfill_over or (expected.get(table) and done.get(table, 0.0) >= expected[table]):
+                # done (the expected count is an estimate: the phase says it is over)
                 eta.add_metric([table], 0.0)
             elif expected.get(table) and rate > 0:
                 eta.add_metric([table], max(0.0, (expected[table] - done.get(table, 0.0)) / rate))
