@@ -37,7 +37,7 @@ NAMESPACE = "ddb2bt"
 UNNAMED_TABLE = "unnamed"
 # The alerts talk about lags of 1-10 minutes (DDB2BTReplicationLagHigh: 300 s):
 # buckets every minute or two there, so a p99 near 300 s reads as ~300 s.
-LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 180, 240, 300, 360, 450, 600, 900, 1800, 3600)
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 180, 240, 300, 360, 450, 600, 750, 900, 1800, 3600)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000)
 # A reader polls a shard at its head every --poll-interval (default
@@ -63,7 +63,7 @@ DEAD_LETTER_REASONS = (
     "bad_attribute", "bad_input", "bad_number", "bad_record", "cell_too_large", "column_collision", "encoding",
     "hook_error", "missing_key_attribute", "no_matching_rule", "qualifier_too_long", "row_filter_too_large",
     "row_key", "row_key_empty", "row_key_too_long", "row_too_large", "timestamp", "timestamp_unit",
-    "too_many_mutations", "unmapped_attribute", "write_failed", "version_clash")
+    "too_many_mutations", "unmapped_attribute", "write_failed", "version_clash", "unknown_family", "sweep")
 
 
 def _wall_s() -> float:

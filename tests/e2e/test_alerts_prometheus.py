@@ -248,7 +248,7 @@ view = metrics.for_table("orders")
 arn = "arn:aws:dynamodb:us-east-1:1:table/Orders/stream/x"
 metrics.lag.label(arn, "orders")
 view.shards.labels("open").set(1)
-view.set_phase("LIVE", ("BACKFILLING", "CATCHING_UP", "LIVE"), backfill_over=True)
+view.set_phase("LIVE", ("BACKFILLING", "CATCHING_UP", "LIVE"))
 metrics.lag.on_read(arn, "shard-1", int((time.time() - lag_s) * 1000))  # behind by lag_s, nothing applied
 if lag_s == 0:
     metrics.lag.on_applied(arn, "shard-1", int(time.time() * 1000), 1)
