@@ -667,7 +667,7 @@ PUSH_INTERVAL_S = 15.0
 # The rules and panels (deploy/prometheus/alerts.yml, deploy/grafana) ignore a
 # group not pushed for this long: 4 missed pushes, a worker that is gone.
 PUSH_STALE_S = 60.0
-DELETE_TIMEOUT_S = 2.0  # at exit: how long deleting the group may take
+DELETE_TIMEOUT_S = 1.0  # at exit: how long the last push and deleting the group may each take
 _PUSHERS: dict = {}
 _PUSHERS_LOCK = threading.Lock()
 
