@@ -116,7 +116,8 @@ def test_dead_letters_divergence_dashboard_sigkill_and_restart_at_live(stack, tm
             # (no Pushgateway on this path: its freshness query has none)
             prom.wait_scraped(f'rate(ddb2bt_changes_applied_total{{table="{table}"}}[1m]) > 0', 30)
             values = check_dashboard(prom, table, no_data_expected=("time() - max by (job) (push_time_seconds",))
-            assert max(values[f'sum by (table) (rate(ddb2bt_changes_applied_total{{table=~"{table}"}}[1m]))']) > 0
+            applied = 'sum by (table) (rate(ddb2bt_changes_applied_total{table=~"%s", event!="BACKFILL"}[1m]))'
+            assert max(values[applied % table]) > 0
             assert not prom.alerts("DDB2BTJobDown") and not prom.alerts("DDB2BTNoProgress")
             # 4. SIGKILL under writes: JobDown, then a restart at LIVE
             kill(job)
@@ -165,7 +166,8 @@ def test_a_restart_mid_backfill_shows_its_phase_and_progress_from_the_first_scra
             killed = time.time()
             stored = sum(p.count for p in store.load_backfill_progress().values())
             assert Migration(store).phase == "BACKFILLING"
-            args[args.index("--max-rcu") + 1] = "6"
+            # resumed at the same pace: ~12 s of backfill left, so the first scrape finds it
+            # running even when a loaded machine delays the metrics server's first answers
             job = spawn(args, log)
             first = first_scrape_after(prom, killed)
             phase = prom.query(f'ddb2bt_migration_phase{{table="{table}"}} == 1', at=first)
