@@ -26,7 +26,8 @@ import signal
 import sys
 import threading
 from typing import Callable, Optional
-from ddb2bt.pipeline.local.exits import run_hard_exit_hooks
+from ddb2bt.pipeline.local.exits import on_hard_exit, run_hard_exit_hooks
+from ddb2bt.pipeline.observe.metrics import stop_pushers
 from ddb2bt.pipeline.source.stream_source import clear_stop, request_stop, STOP_ALL
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ def interrupted_line(resume: str = "") -> str:
     return ("ddb2bt: interrupted, stopped; what was acknowledged is checkpointed (changes in flight are read "
             f"again); resume with: {resume}")
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+on_hard_exit(stop_pushers)  # a stop past its grace skips atexit: the metrics group goes all the same
 
 _scopes = threading.local()
 

@@ -70,8 +70,10 @@ if ! .venv/bin/python -c "from ddb2bt.pipeline.local.local_stack import find_cbt
 else
   .venv/bin/python -c "from ddb2bt.pipeline.local.local_stack import find_cbtemulator; print('setup: cbtemulator at', find_cbtemulator())"
 fi
-# promtool (Debian package "prometheus") validates and unit-tests the alert rules.
-if ! command -v promtool >/dev/null 2>&1; then
+# promtool (Debian package "prometheus") validates and unit-tests the alert rules;
+# the Prometheus server of the same package runs them in the alert tests
+# (tests/e2e/test_alerts_prometheus.py: a real Prometheus scraping a running job).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "setup: installing promtool (Debian package prometheus)"
     # Never let the package start a Prometheus server: we only need the tool.
@@ -82,6 +84,8 @@ if ! command -v promtool >/dev/null 2>&1; then
   fi
   command -v promtool >/dev/null 2>&1 && echo "setup: promtool $(promtool --version 2>&1 | head -1 | cut -d' ' -f3)" \
     || echo "setup: WARNING promtool not installed (apt-get install prometheus); the alert-rule tests will fail"
+  command -v prometheus >/dev/null 2>&1 && echo "setup: prometheus installed" \
+    || echo "setup: WARNING prometheus not installed (apt-get install prometheus); the alert tests will fail"
 fi
 # The Pushgateway (Debian package "prometheus-pushgateway"): the metrics-freshness
 # test runs the real gateway on 127.0.0.1, as Dataflow workers push to one.

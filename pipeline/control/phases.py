@@ -200,6 +200,24 @@ class Migration:
         """The module's logger naming this migration's table (its job) on every line."""
         return table_logger(log, getattr(self.store, "job", ""))
 
+    def _metrics(self):
+        return default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE)
+
+    def publish(self, progress: bool = True) -> None:
+        """What the state table holds, on this process's metrics from its start:
+        the phase (set otherwise only when it changes), and with ``progress`` the
+        backfill's stored progress and item estimate (a resumed backfill goes on
+        from there, not from 0 of the whole table)."""
+        metrics, phase = self._metrics(), self.phase
+        if phase is not None:
+            metrics.set_phase(str(phase), PHASES, backfill_over=phase not in (BACKFILLING, RECOVERING))
+        if progress:
+            counts: dict = {}
+            for (source, _), ckpt in self.store.load_backfill_progress().items():
+                counts[source] = counts.get(source, 0) + ckpt.count
+            expected = self.store.load_meta("backfill_expected")
+            metrics.seed_backfill(counts, int(expected) if expected else None)
+
     # -- reading
     @property
     def phase(self) -> Optional[Phase]:
@@ -308,7 +326,7 @@ class Migration:
             raise PhaseMoved(f"the migration phase changed (another process moved it) before it could move to "
                              f"{target}")
         self.store.save_meta("phase_changed_ms", str(self._now_ms()))
-        default_metrics().for_table(getattr(self.store, "job", "") or UNNAMED_TABLE).set_phase(str(target), PHASES)
+        self._metrics().set_phase(str(target), PHASES, backfill_over=target not in (BACKFILLING, RECOVERING))
         self.log.info("migration phase: %s", target)
 
     def begin_backfill(self, source_spec: dict, bookkeeping, tables: Sequence[str],

@@ -164,7 +164,7 @@ def _begin(mapping, migration: Migration, options: BackfillOptions) -> tuple:
     handoff = migration.resume_or_begin(source_spec, options.restart, _bookkeeping(mapping), mapping.tables,
                                         export_time)
     migration.store.save_meta("backfill_expected", str(expected))
-    default_metrics().for_table(migration.store.job).backfill_expected.set(expected)
+    migration.publish()  # a resumed backfill's progress so far, the phase it is in
     table_logger(log, mapping.name).info("backfill of %s from %s, handoff %d (cells at %d ms)", mapping.source.table, source_spec["kind"],
              handoff, handoff - handoff % 1000 - 1)
     return source, handoff, expected

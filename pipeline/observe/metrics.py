@@ -35,7 +35,9 @@ from ddb2bt.transforms.limits import STREAM_RETENTION_S
 NAMESPACE = "ddb2bt"
 # The table label of a component without a job name (a state store without one: tests, tools).
 UNNAMED_TABLE = "unnamed"
-LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600)
+# The alerts talk about lags of 1-10 minutes (DDB2BTReplicationLagHigh: 300 s):
+# buckets every minute or two there, so a p99 near 300 s reads as ~300 s.
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 180, 240, 300, 360, 450, 600, 750, 900, 1800, 3600)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000)
 # A reader polls a shard at its head every --poll-interval (default
@@ -44,6 +46,24 @@ BATCH_BUCKETS = (1, 5, 10, 50, 100, 250, 500, 1000, 2500, 5000)
 # have changes nobody read, so its lag counts from the report
 # (docs/operations.md "Replication lag"). A --poll-interval near this shows as lag.
 HEAD_FRESH_S = 30.0
+
+# The label sets every table's counters carry from the start, at 0: a rule's
+# increase() and a panel's rate() see a first increment only of a series that
+# was already scraped (a series born at 5 reads as no rise at all).
+EVENTS = ("INSERT", "MODIFY", "REMOVE")  # a stream change's event name
+BACKFILL_EVENT = "BACKFILL"  # ddb2bt_changes_applied{event}: an item the backfill copied, not a change
+STREAM_OPERATIONS = ("DescribeStream", "GetShardIterator", "GetRecords")  # the throttles a reader can meet
+# The gRPC codes an unreachable or overloaded Bigtable answers with: the retry
+# counter of each is there before an outage.
+RETRY_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "INTERNAL")
+DEAD_LETTER_STAGES = ("map", "write")
+# Every reason a record is dead-lettered for (MappingError.reason, the sink's
+# permanent outcomes): tests/unit/observe check that it names every reason the code uses.
+DEAD_LETTER_REASONS = (
+    "bad_attribute", "bad_input", "bad_number", "bad_record", "cell_too_large", "column_collision", "encoding",
+    "hook_error", "missing_key_attribute", "no_matching_rule", "qualifier_too_long", "row_filter_too_large",
+    "row_key", "row_key_empty", "row_key_too_long", "row_too_large", "timestamp", "timestamp_unit",
+    "too_many_mutations", "unmapped_attribute", "write_failed", "version_clash", "unknown_family", "sweep")
 
 
 def _wall_s() -> float:
@@ -239,6 +259,7 @@ class _LagCollector:
         self._rates: dict = {}  # table -> RateWindow of its backfill
         self._items = backfill_items
         self._expected = backfill_expected
+        self.backfill_over: set = set()  # tables whose phase is past their backfill: no ETA
 
     def collect(self):
         done: dict = {}
@@ -250,10 +271,13 @@ class _LagCollector:
         expected = {s.labels["table"]: s.value for m in self._expected.collect() for s in m.samples}
         eta = GaugeMetricFamily(f"{NAMESPACE}_backfill_eta_seconds",
                                 "Estimated seconds until the backfill has read the expected items "
-                                "(from the last minute's rate; absent while unknown)", labels=["table"])
+                                "(from the last minute's rate; 0 once it is done; absent while unknown)", labels=["table"])
         for table in sorted(set(done) | set(expected)):
             rate = self._rates.setdefault(table, RateWindow()).rate(done.get(table, 0.0))
-            if expected.get(table) and rate > 0:
+            if table in self.backfill_over or (expected.get(table) and done.get(table, 0.0) >= expected[table]):
+                # done (the expected count is an estimate: the phase says it is over)
+                eta.add_metric([table], 0.0)
+            elif expected.get(table) and rate > 0:
                 eta.add_metric([table], max(0.0, (expected[table] - done.get(table, 0.0)) / rate))
         yield eta
         lag = GaugeMetricFamily(f"{NAMESPACE}_replication_lag_seconds",
@@ -322,8 +346,12 @@ class PipelineMetrics:
                                         ["table"], buckets=LATENCY_BUCKETS, registry=r)
         self.batch_rows = Histogram(f"{NAMESPACE}_bigtable_batch_rows", "Row entries per MutateRows call",
                                     ["table"], buckets=BATCH_BUCKETS, registry=r)
-        self.bigtable_retries = Counter(f"{NAMESPACE}_bigtable_retries", "Entries retried, by status code",
+        self.bigtable_retries = Counter(f"{NAMESPACE}_bigtable_retries", "Entries retried, by the gRPC status "
+                                        "code Bigtable answered (or the error's name where none came back)",
                                         ["table", "code"], registry=r)
+        self.lease_waits = Counter(f"{NAMESPACE}_lease_waits", "Write attempts held back while this process "
+                                   "could not prove it still holds its lease (a Bigtable blip, a paused process): "
+                                   "the job's own pause, not an answer of Bigtable's", ["table"], registry=r)
         self.dynamodb_throttles = Counter(f"{NAMESPACE}_dynamodb_throttles", "Throttled DynamoDB Streams calls",
                                           ["table", "operation"], registry=r)
         # Every attempt of every DynamoDB / Streams call, by API: the rates the AWS
@@ -374,7 +402,8 @@ class PipelineMetrics:
                                       ["table"], registry=r)
         self.build = Info(f"{NAMESPACE}_build", "Build information", registry=r)
         self.build.info(build_info())
-        r.register(_LagCollector(self.lag, self.backfill_items, self.backfill_expected))
+        self._collector = _LagCollector(self.lag, self.backfill_items, self.backfill_expected)
+        r.register(self._collector)
         # Beam mirrors, visible in the Dataflow UI where workers cannot be scraped.
         # inside: Beam takes ~1.5 s of CPU to import, and the commands that never count
         # (--help, local, validate, status, dlq list) would pay it on every start
@@ -388,6 +417,7 @@ class PipelineMetrics:
         self._beam_dead_by_reason: dict = {}
         self._children: dict = {}
         self._views: dict = {}
+        self._dead_seen: set = set()  # (table, reason) dead-lettered in this process: the first is logged
 
     def for_table(self, table: str) -> "TableMetrics":
         """This process's metrics with ``table`` bound: what a component of one
@@ -420,6 +450,11 @@ class PipelineMetrics:
         self._child(self.changes_read, table, event).inc(count)
 
     def dead_lettered(self, table: str, stage: str, reason: str) -> None:
+        if (table, reason) not in self._dead_seen:
+            self._dead_seen.add((table, reason))
+            logging.getLogger("ddb2bt").warning(
+                "%s: a first record dead-lettered (%s, at %s); inspect with: ddb2bt dlq list --reason %s",
+                table, reason, stage, reason)
         self.dead_letters.labels(table, stage, reason).inc()
         self._beam_dead.inc()
         counter = self._beam_dead_by_reason.get(reason)
@@ -437,6 +472,11 @@ class PipelineMetrics:
     def verify_checked_items(self, table: str, count: int) -> None:
         self._child(self.verify_checked, table).inc(count)
         self._beam.counter(NAMESPACE, f"verify_checked_{table}").inc(count)
+
+    def verify_kinds(self, table: str, kinds) -> None:
+        """The divergence counter of each of ``kinds`` at 0: the check's first confirmation is a rise."""
+        for kind in kinds:
+            self._child(self.verify_divergent, table, kind)
 
     def verify_divergence(self, table: str, kind: str) -> None:
         self._child(self.verify_divergent, table, kind).inc()
@@ -471,6 +511,17 @@ class _Bound:
         return self._metric.labels(self._table, *rest)
 
 
+class _Lazy:
+    """A gauge's child of one table, created at its first ``set``: a series that
+    has no value yet (no checkpoint so far) is absent, not 0."""
+
+    def __init__(self, metric, table: str) -> None:
+        self._metric, self._table = metric, table
+
+    def set(self, value: float) -> None:
+        self._metric.labels(self._table).set(value)
+
+
 class TableMetrics:
     """One table's view of the process's metrics: the same names, with the
     ``table`` label bound (``retries.labels(code)``, ``iterator_refreshes.inc()``,
@@ -479,8 +530,8 @@ class TableMetrics:
     _BOUND = ("bigtable_retries", "dynamodb_throttles", "backfill_items", "shards", "migration_phase",
               "aws_api_calls", "ordering_guard")
     _CHILDREN = ("end_to_end_lag", "mutate_latency", "batch_rows", "iterator_refreshes", "trimmed_restarts",
-                 "backfill_superseded", "markers_stripped", "version_clashes", "backfill_expected",
-                 "checkpoint_time", "recovered_items")
+                 "backfill_superseded", "markers_stripped", "version_clashes", "recovered_items", "lease_waits")
+    _LAZY = ("backfill_expected", "checkpoint_time")  # no value until there is one
 
     def __init__(self, metrics: PipelineMetrics, table: str) -> None:
         self.metrics, self.table = metrics, table
@@ -488,6 +539,43 @@ class TableMetrics:
             setattr(self, name, _Bound(getattr(metrics, name), table))
         for name in self._CHILDREN:
             setattr(self, name, getattr(metrics, name).labels(table))
+        for name in self._LAZY:
+            setattr(self, name, _Lazy(getattr(metrics, name), table))
+        self._seed()
+
+    def _seed(self) -> None:
+        """Every counter series this table can produce, at 0 (see EVENTS)."""
+        m = self.metrics
+        for event in EVENTS:
+            m._child(m.changes_read, self.table, event)
+            m._child(m.changes_applied, self.table, event)
+        m._child(m.changes_applied, self.table, BACKFILL_EVENT)
+        m._child(m.changes_coalesced, self.table)
+        m._child(m.changes_skipped, self.table)
+        for stage in DEAD_LETTER_STAGES:
+            for reason in DEAD_LETTER_REASONS:
+                m.dead_letters.labels(self.table, stage, reason)
+        for code in RETRY_CODES:
+            self.bigtable_retries.labels(code)
+        for operation in STREAM_OPERATIONS:
+            self.dynamodb_throttles.labels(operation)
+
+    def seed_backfill(self, counts: dict, expected: Optional[int]) -> None:
+        """A resumed backfill: ``counts`` ({source: items}) its stored progress,
+        ``expected`` its item estimate. The scanned counter is raised to the stored
+        count (never lowered: this process may have read more since)."""
+        for source, count in counts.items():
+            child = self.backfill_items.labels(source)
+            have = child._value.get()
+            if count > have:
+                child.inc(count - have)
+        if expected:
+            self.backfill_expected.set(expected)
+
+    def backfill_over(self, over: bool) -> None:
+        """Past its backfill (or back in one): the ETA is shown only during one."""
+        (self.metrics._collector.backfill_over.add if over else self.metrics._collector.backfill_over.discard)(
+            self.table)
 
     def __getattr__(self, name):  # lag, registry, changes_*, applied(), read(), ... are the process's
         return getattr(self.metrics, name)
@@ -504,16 +592,23 @@ class TableMetrics:
     def verify_checked_items(self, count: int) -> None:
         self.metrics.verify_checked_items(self.table, count)
 
+    def verify_kinds(self, kinds) -> None:
+        self.metrics.verify_kinds(self.table, kinds)
+        self.metrics._child(self.metrics.verify_checked, self.table)
+
     def verify_divergence(self, kind: str) -> None:
         self.metrics.verify_divergence(self.table, kind)
 
     def verify_pass_finished(self, at_s: float) -> None:
         self.metrics.verify_pass_finished(self.table, at_s)
 
-    def set_phase(self, phase: str, phases) -> None:
-        """``phase`` is 1 and every other of ``phases`` (the control floor's names) 0."""
+    def set_phase(self, phase: str, phases, backfill_over: Optional[bool] = None) -> None:
+        """``phase`` is 1 and every other of ``phases`` (the control floor's names)
+        0; ``backfill_over``: whether the phase is past the backfill (no ETA then)."""
         for p in phases:
             self.migration_phase.labels(p).set(1 if p == phase else 0)
+        if backfill_over is not None:
+            self.backfill_over(backfill_over)
 
 
 def observe_counted(histogram, counts: dict) -> None:
@@ -569,6 +664,10 @@ def build_info() -> dict:
 # --- Pushgateway (Dataflow workers cannot be scraped) ------------------------------
 
 PUSH_INTERVAL_S = 15.0
+# The rules and panels (deploy/prometheus/alerts.yml, deploy/grafana) ignore a
+# group not pushed for this long: 4 missed pushes, a worker that is gone.
+PUSH_STALE_S = 60.0
+DELETE_TIMEOUT_S = 1.0  # at exit: how long the last push and deleting the group may each take
 _PUSHERS: dict = {}
 _PUSHERS_LOCK = threading.Lock()
 
@@ -583,7 +682,11 @@ def grouping_key(worker: Optional[str] = None) -> dict:
 def start_pusher(url: str, job: str, registry: CollectorRegistry = REGISTRY, interval_s: float = PUSH_INTERVAL_S,
                  worker: Optional[str] = None) -> threading.Thread:
     """Push the process's metrics to a Prometheus Pushgateway every ``interval_s``,
-    grouped by job and worker; one pusher per (url, job) per process."""
+    grouped by job and worker; one pusher per (url, job) per process. The
+    group is deleted when the process exits normally (``stop_pushers``, also run
+    by a command's stop on SIGTERM or Ctrl-C): a worker that is gone no longer
+    speaks for the job. A group left behind (a SIGKILL, a lost VM) stops
+    counting once it is PUSH_STALE_S old."""
     from prometheus_client import push_to_gateway
 
     key = (url, job)
@@ -604,9 +707,33 @@ def start_pusher(url: str, job: str, registry: CollectorRegistry = REGISTRY, int
 
         thread = threading.Thread(target=loop, name="metrics-pusher", daemon=True)
         thread.stop = stop.set  # type: ignore[attr-defined]
+        thread.group = (url, job, group)  # type: ignore[attr-defined]
         thread.start()
+        if not _PUSHERS:
+            import atexit
+
+            atexit.register(stop_pushers)
         _PUSHERS[key] = thread
         return thread
+
+
+def stop_pushers() -> None:
+    """Stop this process's pushers and delete their groups from the gateway
+    (quick: at most DELETE_TIMEOUT_S each; a gateway that does not answer leaves
+    the group to go stale)."""
+    from prometheus_client import delete_from_gateway
+
+    with _PUSHERS_LOCK:
+        pushers = list(_PUSHERS.values())
+        _PUSHERS.clear()
+    for thread in pushers:
+        thread.stop()
+        thread.join(DELETE_TIMEOUT_S)  # a push in flight would put the group back after its deletion
+        url, job, group = thread.group
+        try:
+            delete_from_gateway(url, job=job, grouping_key=group, timeout=DELETE_TIMEOUT_S)
+        except Exception as exc:  # exiting: monitoring being down must not keep the process
+            logging.getLogger(__name__).debug("deleting the metrics group at %s failed: %s", url, type(exc).__name__)
 
 
 _DEFAULT: Optional[PipelineMetrics] = None

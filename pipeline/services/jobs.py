@@ -363,6 +363,9 @@ def build_live_jobs(args, mappings: list) -> list:
         try:
             start = settle_start(store, source.stream_arn, args.start, wall_ms(),
                                  kinesis=mapping.source.kinesis is not None)
+            # The stored phase and backfill progress on the metrics from the first
+            # scrape (a re-copy clears that progress when it begins: not shown before)
+            Migration(store).publish(progress=not getattr(args, "restart", False))
         finally:
             store.close()
         reader = ReaderOptions(

@@ -1,6 +1,8 @@
 """The metrics of a committed sink batch."""
 from __future__ import annotations
 
+from ddb2bt.transforms.model import BackfillPosition
+from ddb2bt.pipeline.observe.metrics import BACKFILL_EVENT
 from ddb2bt.pipeline.sink.batch import Batch
 
 __all__ = ["report_batch"]
@@ -25,7 +27,8 @@ def report_batch(m, batch: Batch, dead: list, ack_ms: int) -> list:
         if not element.rows:
             skipped += 1
             continue
-        event = record.event_name
+        # a backfilled item is a copy, not a change: counted apart from the stream's INSERTs
+        event = BACKFILL_EVENT if isinstance(record.position, BackfillPosition) else record.event_name
         applied[event] = applied.get(event, 0) + 1
         change_ms = record.change_ms
         at_ms[change_ms] = at_ms.get(change_ms, 0) + 1

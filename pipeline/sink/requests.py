@@ -19,6 +19,7 @@ from ddb2bt.pipeline.clients.bigtable.channel import bigtable_endpoint
 from ddb2bt.pipeline.clients.bigtable.errors import (FATAL_CODES, INVALID_ARGUMENT, BigtablePermanent,
                                                      BigtableRetryable, EntryStatus, code_name)
 from ddb2bt.pipeline.clients.retry import retrying
+from ddb2bt.pipeline.control.lease import LeaseUnproven
 from ddb2bt.pipeline.sink.batch import Row
 from ddb2bt.pipeline.sink.config import SinkConfig
 
@@ -218,8 +219,12 @@ class RequestWriter:
                                     f"{first.message}", code=code_name(first.code))
 
         def count_rpc_retry(exc: BaseException) -> None:
-            if self._metrics and not isinstance(exc, StillFailing):
-                self._metrics.bigtable_retries.labels(getattr(exc, "code", "RPC")).inc(len(pending))
+            if not self._metrics or isinstance(exc, StillFailing):
+                return
+            if isinstance(exc, LeaseUnproven):  # the job's own pause, not an answer of Bigtable's
+                self._metrics.lease_waits.inc(len(pending))
+            else:  # a gRPC status code, else what failed (a connection error has none)
+                self._metrics.bigtable_retries.labels(getattr(exc, "code", "") or type(exc).__name__).inc(len(pending))
 
         where = f"Bigtable ({bigtable_endpoint()})"
         try:

@@ -4,6 +4,10 @@ cannot play. Test-only; production code never imports this module.
 
     with PausableProxy(upstream_port) as proxy:   # listens on 127.0.0.1:proxy.port
         proxy.pause(); ...; proxy.resume()
+
+``cut()`` plays the other outage, a service that is down: every connection is
+closed and new ones are closed at once (what a client sees as "connection
+refused"/reset, so gRPC backs off reconnecting) until ``resume()``.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ class PausableProxy:
         self._forwarding = threading.Event()
         self._forwarding.set()
         self._closed = threading.Event()
+        self._cut = threading.Event()
         self._listener = socket.create_server((LOOPBACK, 0))  # loopback only
         self.port = self._listener.getsockname()[1]
         self._sockets: list = []
@@ -43,7 +48,19 @@ class PausableProxy:
         self._forwarding.clear()
 
     def resume(self) -> None:
+        self._cut.clear()
         self._forwarding.set()
+
+    def cut(self) -> None:
+        """Close every connection, and each new one at once, until ``resume``."""
+        self._cut.set()
+        sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -54,6 +71,9 @@ class PausableProxy:
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
 
     def _connect(self, client: socket.socket) -> None:
+        if self._cut.is_set():
+            client.close()
+            return
         self._wait_forwarding()
         try:
             upstream = socket.create_connection(self._upstream)

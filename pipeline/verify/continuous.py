@@ -151,6 +151,7 @@ class ContinuousCheck:
         # (a rare false "extra row" was seen under load and not yet explained).
         # Loaded from and saved with the position by every step.
         self.suspected: set = set()
+        metrics.verify_kinds(KINDS)  # each kind's counter at 0 from the start: its first confirmation is a rise
 
     def step(self, limit: Optional[int] = None) -> int:
         """Check the next slice of the table — at most ``limit`` items (None: the

@@ -96,6 +96,15 @@ def probe_bigtable(deadline_s: Optional[float] = None, channel_factory=None, clo
         close_bounded(channel.close, "probe channel", 0.5)
 
 
+# gRPC's default reconnect back-off grows to 120 s: after an outage of Bigtable
+# (or of the network to it) a channel would stay idle for up to two minutes after
+# the service is back. Reconnect within seconds instead: the first retry after
+# 1 s, never more than RECONNECT_MAX_MS apart (docs/operations.md, "After an outage").
+RECONNECT_MAX_MS = 5_000
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 1_000), ("grpc.min_reconnect_backoff_ms", 1_000),
+                     ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS))
+
+
 def make_channel(endpoint: Optional[str] = None, interceptors: Sequence = ()) -> grpc.Channel:
     """A channel to the emulator (BIGTABLE_EMULATOR_HOST, insecure, loopback) or to
     the service with Application Default Credentials.
@@ -105,7 +114,7 @@ def make_channel(endpoint: Optional[str] = None, interceptors: Sequence = ()) ->
     caller passes them explicitly; nothing here reads them from the environment.
     """
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+               ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *RECONNECT_OPTIONS]
     emulator = os.environ.get(EMULATOR_ENV)
     if emulator and not endpoint:
         channel = grpc.insecure_channel(emulator, options=options)
