@@ -36,7 +36,7 @@ def test_alert_rules_are_valid():
     out = subprocess.run([promtool(), "check", "rules", "deploy/prometheus/alerts.yml"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "10 rules found" in out.stdout
+    assert "11 rules found" in out.stdout
 
 
 def test_alert_rules_unit_tests_pass():

@@ -51,10 +51,15 @@ def test_a_tables_counters_exist_at_zero_from_its_start():
     assert value(metrics, "ddb2bt_checkpoint_timestamp_seconds", table="orders") == 1700000000.0
 
 
+# The Bigtable change-stream reader's errors carry reasons too, but only the
+# rollback reads a change stream, and it stops on them: it writes no dead letter.
+NEVER_DEAD_LETTERED = {ROOT / "pipeline" / "clients" / "bigtable" / "changestream.py"}
+
+
 def test_every_dead_letter_reason_the_code_uses_has_its_series_from_the_start():
     used = set()
     for folder in ("pipeline", "transforms"):
-        for path in (ROOT / folder).rglob("*.py"):
+        for path in set((ROOT / folder).rglob("*.py")) - NEVER_DEAD_LETTERED:
             used |= set(re.findall(r'reason="([a-z_]+)"', path.read_text()))
             used |= set(re.findall(r'permanent_reason or "([a-z_]+)"', path.read_text()))
     errors = (ROOT / "pipeline" / "clients" / "bigtable" / "errors.py").read_text()
