@@ -25,7 +25,7 @@ from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.local.local_stack import MOTO, LocalStack
 from ddb2bt.transforms.attrs import canonical_typed_json
 from ddb2bt.transforms.config import load_mapping
-from tests.conftest import write_mapping
+from tests.conftest import ready_but_for_the_tail, write_mapping
 from google.cloud.bigtable.row_filters import TimestampRange
 
 from tests.unit.transforms.test_examples import INVOICE_SEED, VIDEO_SEED, item, ms
@@ -79,7 +79,10 @@ def migrate_to_live(path, mapping, seed, capsys, change_stream_by="prepare"):
                    "--poll-interval", "0.2"]) == 0
     assert ddb2bt(["verify", "--mapping", str(path)]) == 0
     capsys.readouterr()
-    assert ddb2bt(["status", "--mapping", str(path)]) == 0
+    # migrate --until-idle has ended: every condition of READY holds but a running tail
+    assert ddb2bt(["status", "--mapping", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert ready_but_for_the_tail(out), out
     # The cutover: the forward job has stopped (migrate --until-idle ended); the way
     # back starts before the application writes to Bigtable, and finds nothing yet.
     assert ddb2bt(["rollback", "run", "--mapping", str(path), "--until-idle", "0.5"]) == 0
