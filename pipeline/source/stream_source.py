@@ -28,24 +28,23 @@ import logging
 import time
 import zlib
 from collections import Counter
+from datetime import datetime, timezone
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Callable, Iterator, Optional
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
-                                      StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
-                                      fast_records_decoding,
-                                      table_of_stream)
+                                      StreamThrottled, endpoint_of, fast_records_decoding, table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
+from ddb2bt.pipeline.source.calls import StreamCalls
 from ddb2bt.pipeline.source.heads import ShardHeads, nothing_lost_since_head, oldest_record_ms, unproven_note
+from ddb2bt.pipeline.source.pace import ShardPace
 from ddb2bt.pipeline.source.records import from_stream_record
-from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.control.state import ShardCheckpoint
 
 log = logging.getLogger(__name__)
@@ -180,17 +179,48 @@ class StreamPartition:
         return zlib.crc32(shard_id.encode()) % self.count == self.index
 
 
+# A shard started at LATEST whose first iterator cannot be used again (another
+# DoFn instance, a worker failover, a rebalanced partition, an iterator expired
+# after 15 minutes) is read again from TRIM_HORIZON, its records stamped more
+# than this before the first LATEST iterator skipped: AWS stamps records to the
+# second on its own clock, this host's clock may differ by seconds (NTP), and
+# re-reading a little more is harmless (a restarted job re-reads from
+# TRIM_HORIZON, docs/design.md §6.3).
+LATEST_REREAD_MARGIN_MS = 300_000
+
+
 @dataclass(frozen=True)
 class ShardPos:
-    """Where to resume a shard: after a sequence number, or at a start mode."""
+    """Where to resume a shard: after a sequence number, or at a start mode.
+
+    ``since_ms``: a LATEST position whose first iterator was made at that time
+    (this host's clock). Only that first GetShardIterator is LATEST: any later
+    one of the position (it never advanced: no record read yet) reads from
+    TRIM_HORIZON and skips the records stamped before ``since_ms`` less
+    LATEST_REREAD_MARGIN_MS (``skips``), so nothing written after the first
+    iterator is skipped, whichever instance makes the next one."""
 
     after: Optional[str] = None
     mode: str = TRIM_HORIZON
+    since_ms: Optional[int] = None
 
     def iterator_args(self) -> dict:
         if self.after is not None:
             return {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": self.after}
+        if self.mode == LATEST and self.since_ms is not None:
+            return {"ShardIteratorType": "TRIM_HORIZON"}
         return {"ShardIteratorType": self.mode.upper()}
+
+    @property
+    def unstamped_latest(self) -> bool:
+        """A LATEST position no iterator was made for yet."""
+        return self.after is None and self.mode == LATEST and self.since_ms is None
+
+    def skips_before_ms(self) -> Optional[int]:
+        """Records stamped before this (ms) are older than the start: not emitted."""
+        if self.after is None and self.mode == LATEST and self.since_ms is not None:
+            return self.since_ms - LATEST_REREAD_MARGIN_MS
+        return None
 
 
 @dataclass(frozen=True)
@@ -203,6 +233,11 @@ class PartitionRestriction:
     discovered_once: bool = False
     idle_since_ms: Optional[int] = None
     done: bool = False
+    # Wall ms of the partition's latest GetRecords call: the shards' pace travels
+    # with the restriction, so a residual resumed by another DoFn instance or
+    # worker waits out AWS's 5 calls per second per shard from it (every shard
+    # taken as called then: never sooner than the previous holder allowed).
+    last_call_ms: Optional[int] = None
 
     def position_map(self) -> dict:
         return dict(self.positions)
@@ -246,6 +281,13 @@ class ClaimEnd:
     pass
 
 
+@dataclass(frozen=True)
+class ClaimCalled:
+    """A GetRecords call is made at ``at_ms`` (wall clock)."""
+
+    at_ms: int
+
+
 # The per-record claim builds a ShardPos and a PartitionRestriction for every
 # record read: filled in one dict update instead of a frozen dataclass __init__
 # (one object.__setattr__ per field), about half the cost. Same fields, values,
@@ -255,15 +297,15 @@ _new_object = object.__new__
 
 def _shard_pos_after(sequence_number: str) -> ShardPos:
     pos = _new_object(ShardPos)
-    pos.__dict__.update(after=sequence_number, mode=TRIM_HORIZON)
+    pos.__dict__.update(after=sequence_number, mode=TRIM_HORIZON, since_ms=None)
     return pos
 
 
 def _restriction(positions: tuple, closed: frozenset, discovered_once: bool, idle_since_ms: Optional[int],
-                 done: bool) -> PartitionRestriction:
+                 done: bool, last_call_ms: Optional[int]) -> PartitionRestriction:
     r = _new_object(PartitionRestriction)
     r.__dict__.update(positions=positions, closed=closed, discovered_once=discovered_once,
-                      idle_since_ms=idle_since_ms, done=done)
+                      idle_since_ms=idle_since_ms, done=done, last_call_ms=last_call_ms)
     return r
 
 
@@ -278,7 +320,9 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
             pos = dict(positions)
             pos[claim.shard_id] = entry[1]
             positions = tuple(sorted(pos.items()))
-        return _restriction(positions, r.closed, r.discovered_once, None, r.done)
+        return _restriction(positions, r.closed, r.discovered_once, None, r.done, r.last_call_ms)
+    if type(claim) is ClaimCalled:  # once per GetRecords call: O(1), whatever the shard count
+        return _restriction(r.positions, r.closed, r.discovered_once, r.idle_since_ms, r.done, claim.at_ms)
     if isinstance(claim, ClaimStart):
         pos = r.position_map()
         pos[claim.shard_id] = claim.pos
@@ -363,6 +407,25 @@ class RoundResult:
     idle_wait_s: Optional[float] = None
 
 
+def iterator_args_for(client, pos: ShardPos) -> dict:
+    """GetShardIterator's arguments for ``pos``: a LATEST position re-read from
+    its first iterator's time starts at AT_TIMESTAMP on a stream that has it
+    (Kinesis: ``reads_at_timestamp``) rather than re-reading its retention."""
+    skips_before = pos.skips_before_ms()
+    if skips_before is not None and getattr(client, "reads_at_timestamp", False):
+        return {"ShardIteratorType": "AT_TIMESTAMP",
+                "Timestamp": datetime.fromtimestamp(skips_before / 1000, timezone.utc)}
+    return pos.iterator_args()
+
+
+def skip_older(decoded: list, before_ms: Optional[int]) -> list:
+    """The records of a page to emit: all, or those stamped at or after ``before_ms``
+    (a LATEST position re-read from TRIM_HORIZON, ShardPos.skips_before_ms)."""
+    if before_ms is None:
+        return decoded
+    return [rec for rec in decoded if rec.change_ms >= before_ms]
+
+
 def page_is_full(records: list) -> bool:
     """Whether a GetRecords page (its ChangeRecords) may have stopped at one of the
     service's bounds rather than at the shard's head: 1,000 records, or 1 MB —
@@ -433,7 +496,6 @@ class PartitionReader:
                  load_heads: Optional[Callable[[str], dict]] = None,
                  between_attempts: Optional[Callable[[], None]] = None) -> None:
         self._client = client
-        self._between_attempts = between_attempts  # its coordinator's lease check: no retry outlives the lease
         fast_records_decoding(client)  # GetRecords pages through the C JSON parser
         # Within AWS's limits (docs/operations.md): the stream's shards are listed
         # once per process for all its partitions (the SDF passes the process's
@@ -445,11 +507,11 @@ class PartitionReader:
         rate = getattr(client, "calls_per_s", None)
         if pacer is None:
             pacer = ShardPacer(rate, sleep=sleep) if isinstance(rate, (int, float)) else ShardPacer(sleep=sleep)
-        self._pacer = pacer
+        self._pace = ShardPace(pacer, options.poll_interval_s)
         # The splittable DoFn's readers: a round that would wait for the pacer ends
         # and returns the wait to the runner (RoundResult.paced_s).
         self._hand_back_pacing = hand_back_pacing
-        self._rediscover = False
+        self._closed_since: list = []  # shards closed since the last discovery: their children are asked for
         self._partition = partition
         self._options = options
         self._load_checkpoints = load_checkpoints
@@ -463,52 +525,32 @@ class PartitionReader:
         # shard id -> creation ms of the oldest record not read yet (None: at the
         # head), for `status` (saved by the SDF, see pending_since)
         self._pending: dict = {}
-        # Shards whose last page had changes: read again at AWS's pace (5/s) like a
-        # backlog — under steady writes every page reaches the head. An empty page:
-        # idle again, polled every poll_interval_s (docs/operations.md "Within AWS's limits").
-        self._busy: set = set()
         self._last_discovery_ms: Optional[int] = None
         self._waiting: list = []
         self._table = self._metrics.table if self._metrics is not None else table_of_stream(partition.stream_arn)
         if self._metrics is not None:
             self._metrics.lag.label(partition.stream_arn, self._table)
-        self._where = endpoint_of(client, "DynamoDB Streams")
+        # Remote calls under one retry policy; between attempts, the coordinator's
+        # lease check: no retry outlives the lease.
+        self._call = StreamCalls(self._metrics, self._table, options.retry, sleep,
+                                 endpoint_of(client, "DynamoDB Streams"), between_attempts)
         # When each shard was last seen at its head: what proves that a trimmed
         # checkpoint lost nothing (docs/design.md §8.2).
         self._shard_heads = ShardHeads(partition.stream_arn, now_ms, self._metrics, load_heads)
-
-    # -- remote calls with one retry policy
-    def _call(self, operation: str, fn: Callable):
-        def attempt():
-            if self._metrics is not None:
-                self._metrics.aws_api_calls.labels(operation).inc()
-            else:
-                count_api_call(operation, self._table)
-            try:
-                return fn()
-            except (ClientError, BotoCoreError) as exc:
-                raise classify_aws_error(exc, operation) from exc
-
-        def count(exc: BaseException) -> None:
-            if self._metrics and isinstance(exc, StreamThrottled):
-                self._metrics.dynamodb_throttles.labels(operation).inc()
-
-        policy = self._options.retry
-        # The table in the label: a job of several tables logs which one is failing.
-        return retrying(policy, f"{operation} of {self._table}", count, self._sleep,
-                        retry_on=(StreamThrottled,), where=self._where,
-                        between_attempts=self._between_attempts)(attempt)
 
     # -- discovery
     def discover(self, tracker) -> bool:
         r = tracker.current_restriction()
         claim = tracker.try_claim
-        max_age = REDISCOVERY_MAX_AGE_S if self._rediscover else self._options.discovery_interval_s
-        listing = self._directory.listing(self._client, self._partition.stream_arn, self._call, max_age)
-        self._rediscover = False
-        checkpoints = self._load_checkpoints(self._partition.stream_arn)
-        claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints, self._options.start,
-                                            self._options.fresh)
+        stream_arn, closed = self._partition.stream_arn, self._closed_since
+        if closed:  # their children only (CHILD_SHARDS), not the whole stream again
+            listing = self._directory.children(self._client, stream_arn, closed, self._call, REDISCOVERY_MAX_AGE_S)
+        else:  # spaced so that every partition count stays within AWS's DescribeStream limit
+            listing = self._directory.listing(self._client, stream_arn, self._call,
+                                              self._options.discovery_interval_s, listers=self._partition.count)
+        self._closed_since = []
+        claims, self._waiting = plan_starts(listing, self._partition, r, self._load_checkpoints(stream_arn),
+                                            self._options.start, self._options.fresh)
         for c in claims + [ClaimDiscovered()]:
             if not claim(c):
                 return False
@@ -529,9 +571,10 @@ class PartitionReader:
         cached = self._iterators.get(shard_id)
         if cached is not None and cached[0] == pos:
             return cached[1]
+        args = iterator_args_for(self._client, pos)
         try:
             it = self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
-                StreamArn=self._partition.stream_arn, ShardId=shard_id, **pos.iterator_args()))["ShardIterator"]
+                StreamArn=self._partition.stream_arn, ShardId=shard_id, **args))["ShardIterator"]
         except ChangesLostError:
             it = self._on_trimmed(shard_id, pos)
         self._iterators[shard_id] = (pos, it)
@@ -552,7 +595,7 @@ class PartitionReader:
         retention_s = getattr(self._client, "retention_s", None) or STREAM_RETENTION_S
         now = self._now_ms()
         oldest_ms = None if head_ms is None else oldest_record_ms(
-            self._client, self._partition.stream_arn, shard_id, self._call, lambda: self._pacer.wait(shard_id))
+            self._client, self._partition.stream_arn, shard_id, self._call, lambda: self._pace.pacer.wait(shard_id))
         if nothing_lost_since_head(head_ms, now, retention_s, oldest_ms):
             # Seen at its head (every record up to then read, applied and
             # checkpointed), and the stream still holds a record from before
@@ -585,7 +628,7 @@ class PartitionReader:
     def _get_records(self, shard_id: str, pos: ShardPos) -> dict:
         for _ in range(3):  # an iterator can expire between renewal and use; renew at most twice
             iterator = self._iterator(shard_id, pos)
-            self._pacer.wait(shard_id)  # at most GET_RECORDS_PER_SHARD_PER_S on this shard
+            self._pace.pacer.wait(shard_id)  # at most GET_RECORDS_PER_SHARD_PER_S on this shard
             try:
                 return self._call("GetRecords", lambda: self._client.get_records(
                     ShardIterator=iterator, Limit=GET_RECORDS_LIMIT))
@@ -598,11 +641,18 @@ class PartitionReader:
                 self._iterators[shard_id] = (pos, self._on_trimmed(shard_id, pos))
         raise StreamThrottled(f"GetRecords on {shard_id}: iterator kept expiring")
 
+    def _stamp_latest(self, tracker, shard_id: str, pos: ShardPos) -> bool:
+        """Make the LATEST position's first (and only LATEST) iterator and claim
+        its time; False when the claim fails (the runner split us)."""
+        stamped = ShardPos(mode=LATEST, since_ms=self._now_ms())
+        iterator = self._iterator(shard_id, pos)
+        if not tracker.try_claim(ClaimStart(shard_id, stamped)):
+            return False
+        self._iterators[shard_id] = (stamped, iterator)
+        return True
+
     def _wait_for(self, shard_id: str) -> float:
-        """Seconds until ``shard_id`` may be read: AWS's pace, or the idle poll for
-        an idle shard (at its head, its last page empty), whoever else is read."""
-        idle = shard_id not in self._busy and self._pending.get(shard_id) is None
-        return self._pacer.ready_in(shard_id, self._options.poll_interval_s if idle else 0.0)
+        return self._pace.ready_in(shard_id, self._pending.get(shard_id))
 
     def read_round(self, tracker) -> Iterator:
         """Discover if due, then read every active shard (a page, or up to
@@ -627,6 +677,7 @@ class PartitionReader:
         stream_arn, metrics = self._partition.stream_arn, self._metrics
         on_read = metrics.lag.on_read if metrics else None
         turns = list(tracker.current_restriction().positions)
+        self._pace.resume(tracker.current_restriction().last_call_ms, turns, self._now_ms())  # whoever read last
         for _ in range(PAGES_PER_ROUND):
             if not turns:
                 break
@@ -643,6 +694,19 @@ class PartitionReader:
                 if tracker.current_restriction().done:  # split: the rest is the residual's; a page read
                     result.stopped = True  # now (1 of the shard's 5 calls/s) could not be claimed
                     return result
+                if not pos.unstamped_latest:
+                    if not claim(ClaimCalled(self._pace.calling(self._now_ms()))):
+                        result.stopped = True  # the call's time travels with the restriction (its pace)
+                        return result
+                if pos.unstamped_latest:
+                    # The shard's first iterator, at LATEST: its time goes into the
+                    # restriction before anything is read from it, so whichever instance
+                    # makes the next iterator starts where this one did (ShardPos.since_ms).
+                    # Read from the next round on (the restriction committed by then).
+                    if not self._stamp_latest(tracker, shard_id, pos):
+                        result.stopped = True
+                        return result
+                    continue
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
                 rec = None
@@ -655,12 +719,13 @@ class PartitionReader:
                     if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
                         result.stopped = True
                         return result
-                    if on_read is not None:  # per page and event type, before a record can reach the sink
-                        on_read(stream_arn, shard_id, decoded[0].change_ms, len(decoded))
-                        for event_name, count in Counter(map(_EVENT_OF, decoded)).items():
+                    emitted = skip_older(decoded, pos.skips_before_ms())
+                    if on_read is not None and emitted:  # per page and event type, before the sink
+                        on_read(stream_arn, shard_id, emitted[0].change_ms, len(emitted))
+                        for event_name, count in Counter(map(_EVENT_OF, emitted)).items():
                             metrics.read(self._table, event_name, count)
-                    yield from decoded
-                    result.records += len(decoded)
+                    yield from emitted
+                    result.records += len(emitted)
                     result.at_head = False
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
@@ -668,20 +733,19 @@ class PartitionReader:
                                                   self._pending.get(shard_id))
                 result.at_head = result.at_head and empty
                 self._pending[shard_id] = pending if nxt is not None else None
-                (self._busy.discard if empty else self._busy.add)(shard_id)
+                self._pace.page(shard_id, empty)
                 if nxt is None:
                     if not claim(ClaimClosed(shard_id)):
                         result.stopped = True
                         return result
                     self._iterators.pop(shard_id, None)
                     self._pending.pop(shard_id, None)
-                    self._busy.discard(shard_id)
                     yield ShardClosed(self._partition.stream_arn, shard_id, new_pos.after)
                     # Discover again next round: this shard's children can start as
                     # soon as the sink has recorded it finished.
                     self._last_discovery_ms = None
-                    self._rediscover = True
-                    self._pacer.forget(shard_id)
+                    self._closed_since.append(shard_id)
+                    self._pace.closed(shard_id)
                     result.at_head = False
                     continue  # closed: out of the round
                 self._iterators[shard_id] = (new_pos, nxt)
@@ -689,7 +753,7 @@ class PartitionReader:
                 if full:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us
-                if result.records == 0 and all(self._pending.get(s) is None and s not in self._busy
+                if result.records == 0 and all(self._pace.idle(s, self._pending.get(s))
                                                for _, s, _ in paced):
                     # Every shard was at its head, and empty, when last read: an idle
                     # poll that came early, an idle round, and the wait until it is due.
