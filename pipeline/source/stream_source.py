@@ -597,10 +597,8 @@ class PartitionReader:
         oldest_ms = None if head_ms is None else oldest_record_ms(
             self._client, self._partition.stream_arn, shard_id, self._call, lambda: self._pace.pacer.wait(shard_id))
         if nothing_lost_since_head(head_ms, now, retention_s, oldest_ms):
-            # Seen at its head (every record up to then read, applied and
-            # checkpointed), and the stream still holds a record from before
-            # then: it trimmed nothing after, and the oldest record on is exactly
-            # what was not applied yet.
+            # Seen at its head, and a record from before then still held: nothing
+            # after the sighting was trimmed (heads.py, nothing_lost_since_head).
             log.warning("shard %s of %s: its checkpoint (%s) has aged out of the stream, but no change was "
                         "lost: the job saw the shard at its head %.1f h ago and the oldest record the shard "
                         "still holds is %.1f h older than that, so every change since is still in the stream. "
