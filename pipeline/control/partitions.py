@@ -164,6 +164,28 @@ class PartitionOwners:
             with self._lock:
                 lease.round_ends()
 
+    @contextlib.contextmanager
+    def in_use(self, positions):
+        """A commit of changes of ``positions`` ((stream_arn, shard_id) pairs) runs
+        (the sink's last batch in finish_bundle, after its reading round ended):
+        their partitions' leases are not idle until it ends, however long the
+        writes take (MutateRows throttled, many CheckAndMutateRow), so the
+        commit's own checkpoint still finds them owned."""
+        leases = []
+        with self._lock:
+            for stream_arn, shard_id in positions:
+                count = self._counts.get(stream_arn)
+                lease = None if count is None else self._leases.get((stream_arn, partition_index(shard_id, count)))
+                if lease is not None and all(lease is not held for held in leases):
+                    lease.round_begins()
+                    leases.append(lease)
+        try:
+            yield
+        finally:
+            with self._lock:
+                for lease in leases:
+                    lease.round_ends()
+
     def check_partition(self, stream_arn: str, index: int) -> float:
         """This process owns the partition now (else LeaseUnproven / LeaseLost)."""
         lease = self._leases.get((stream_arn, index))
@@ -179,4 +201,5 @@ class PartitionOwners:
             for lease in self._leases.values():
                 lease.release()
             self._leases.clear()
+
 

@@ -26,6 +26,7 @@ fails, nothing is checkpointed, the runner or a restart replays: no loss).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
@@ -259,9 +260,21 @@ class BatchingWriter:
         # moved must not land old images (docs/design.md §6.5). One batch commits at a time.
         self._requests.still_owner = lambda: self._fence_partitions(batch)
         try:
-            return self._commit_owned(batch)
+            # The partitions are in use while the commit runs (it may outlast the idle
+            # release: the last batch commits in finish_bundle, after the reading round).
+            with self._partitions_in_use(batch):
+                return self._commit_owned(batch)
         finally:
             self._requests.still_owner = None
+
+    def _partitions_in_use(self, batch: Batch):
+        """The fence's ``in_use(positions)`` hold, if it has one: the fence is
+        PartitionOwners.check (coordinator.partition_fence), its owner's."""
+        fence = self._partition_fence
+        hold = getattr(getattr(fence, "__self__", fence), "in_use", None)
+        if hold is None or not (batch.positions or batch.closed):
+            return contextlib.nullcontext()
+        return hold(list(batch.positions) + [(c.stream_arn, c.shard_id) for c in batch.closed])
 
     def _commit_owned(self, batch: Batch) -> tuple:
         self._fence_partitions(batch)

@@ -194,6 +194,8 @@ class RequestWriter:
                     return
                 # The request as a whole was rejected: find the culprit row by row.
                 for row in rejected:
+                    if self.still_owner is not None:  # each re-send is a first attempt: fenced here
+                        self.still_owner()
                     permanent.extend(self.write_with_retry(table, [row], transactional))
                 return
             finally:

@@ -276,13 +276,19 @@ class KinesisStreamsClient:
         return {"StreamDescription": {"StreamArn": StreamArn, "Shards": shards, "StreamStatus": "ENABLED",
                                       "StreamViewType": "NEW_AND_OLD_IMAGES"}}
 
+    # The reader may ask for AT_TIMESTAMP (Kinesis has it, DynamoDB Streams not): a
+    # LATEST position re-read from its first iterator's time, not from TRIM_HORIZON.
+    reads_at_timestamp = True
+
     def get_shard_iterator(self, StreamArn: str, ShardId: str, ShardIteratorType: str,
-                           SequenceNumber: Optional[str] = None) -> dict:
+                           SequenceNumber: Optional[str] = None, Timestamp=None) -> dict:
         kwargs: dict = dict(self._stream, ShardId=ShardId)
         if ShardIteratorType == "AFTER_SEQUENCE_NUMBER":
             self._check_not_trimmed(ShardId, SequenceNumber)
             self._last_seen[ShardId] = int(SequenceNumber)
             kwargs.update(ShardIteratorType="AFTER_SEQUENCE_NUMBER", StartingSequenceNumber=SequenceNumber)
+        elif ShardIteratorType == "AT_TIMESTAMP":
+            kwargs.update(ShardIteratorType="AT_TIMESTAMP", Timestamp=Timestamp)
         elif self._start_timestamp is not None:
             kwargs.update(ShardIteratorType="AT_TIMESTAMP", Timestamp=self._start_timestamp)
         else:

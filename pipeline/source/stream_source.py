@@ -28,6 +28,7 @@ import logging
 import time
 import zlib
 from collections import Counter
+from datetime import datetime, timezone
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Callable, Iterator, Optional
@@ -196,17 +197,48 @@ class StreamPartition:
         return zlib.crc32(shard_id.encode()) % self.count == self.index
 
 
+# A shard started at LATEST whose first iterator cannot be used again (another
+# DoFn instance, a worker failover, a rebalanced partition, an iterator expired
+# after 15 minutes) is read again from TRIM_HORIZON, its records stamped more
+# than this before the first LATEST iterator skipped: AWS stamps records to the
+# second on its own clock, this host's clock may differ by seconds (NTP), and
+# re-reading a little more is harmless (a restarted job re-reads from
+# TRIM_HORIZON, docs/design.md §6.3).
+LATEST_REREAD_MARGIN_MS = 300_000
+
+
 @dataclass(frozen=True)
 class ShardPos:
-    """Where to resume a shard: after a sequence number, or at a start mode."""
+    """Where to resume a shard: after a sequence number, or at a start mode.
+
+    ``since_ms``: a LATEST position whose first iterator was made at that time
+    (this host's clock). Only that first GetShardIterator is LATEST: any later
+    one of the position (it never advanced: no record read yet) reads from
+    TRIM_HORIZON and skips the records stamped before ``since_ms`` less
+    LATEST_REREAD_MARGIN_MS (``skips``), so nothing written after the first
+    iterator is skipped, whichever instance makes the next one."""
 
     after: Optional[str] = None
     mode: str = TRIM_HORIZON
+    since_ms: Optional[int] = None
 
     def iterator_args(self) -> dict:
         if self.after is not None:
             return {"ShardIteratorType": "AFTER_SEQUENCE_NUMBER", "SequenceNumber": self.after}
+        if self.mode == LATEST and self.since_ms is not None:
+            return {"ShardIteratorType": "TRIM_HORIZON"}
         return {"ShardIteratorType": self.mode.upper()}
+
+    @property
+    def unstamped_latest(self) -> bool:
+        """A LATEST position no iterator was made for yet."""
+        return self.after is None and self.mode == LATEST and self.since_ms is None
+
+    def skips_before_ms(self) -> Optional[int]:
+        """Records stamped before this (ms) are older than the start: not emitted."""
+        if self.after is None and self.mode == LATEST and self.since_ms is not None:
+            return self.since_ms - LATEST_REREAD_MARGIN_MS
+        return None
 
 
 @dataclass(frozen=True)
@@ -271,7 +303,7 @@ _new_object = object.__new__
 
 def _shard_pos_after(sequence_number: str) -> ShardPos:
     pos = _new_object(ShardPos)
-    pos.__dict__.update(after=sequence_number, mode=TRIM_HORIZON)
+    pos.__dict__.update(after=sequence_number, mode=TRIM_HORIZON, since_ms=None)
     return pos
 
 
@@ -377,6 +409,14 @@ class RoundResult:
     # An idle round that came before its idle poll was due (no call): seconds
     # until it is (None: a full poll interval, the round read every shard).
     idle_wait_s: Optional[float] = None
+
+
+def skip_older(decoded: list, before_ms: Optional[int]) -> list:
+    """The records of a page to emit: all, or those stamped at or after ``before_ms``
+    (a LATEST position re-read from TRIM_HORIZON, ShardPos.skips_before_ms)."""
+    if before_ms is None:
+        return decoded
+    return [rec for rec in decoded if rec.change_ms >= before_ms]
 
 
 def page_is_full(records: list) -> bool:
@@ -545,9 +585,15 @@ class PartitionReader:
         cached = self._iterators.get(shard_id)
         if cached is not None and cached[0] == pos:
             return cached[1]
+        args = pos.iterator_args()
+        skips_before = pos.skips_before_ms()
+        if skips_before is not None and getattr(self._client, "reads_at_timestamp", False):
+            # A stream that has AT_TIMESTAMP (Kinesis) starts there rather than re-reading its retention.
+            args = {"ShardIteratorType": "AT_TIMESTAMP",
+                    "Timestamp": datetime.fromtimestamp(skips_before / 1000, timezone.utc)}
         try:
             it = self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
-                StreamArn=self._partition.stream_arn, ShardId=shard_id, **pos.iterator_args()))["ShardIterator"]
+                StreamArn=self._partition.stream_arn, ShardId=shard_id, **args))["ShardIterator"]
         except ChangesLostError:
             it = self._on_trimmed(shard_id, pos)
         self._iterators[shard_id] = (pos, it)
@@ -613,6 +659,16 @@ class PartitionReader:
                 self._iterators[shard_id] = (pos, self._on_trimmed(shard_id, pos))
         raise StreamThrottled(f"GetRecords on {shard_id}: iterator kept expiring")
 
+    def _stamp_latest(self, tracker, shard_id: str, pos: ShardPos) -> bool:
+        """Make the LATEST position's first (and only LATEST) iterator and claim
+        its time; False when the claim fails (the runner split us)."""
+        stamped = ShardPos(mode=LATEST, since_ms=self._now_ms())
+        iterator = self._iterator(shard_id, pos)
+        if not tracker.try_claim(ClaimStart(shard_id, stamped)):
+            return False
+        self._iterators[shard_id] = (stamped, iterator)
+        return True
+
     def _wait_for(self, shard_id: str) -> float:
         """Seconds until ``shard_id`` may be read: AWS's pace, or the idle poll for
         an idle shard (at its head, its last page empty), whoever else is read."""
@@ -658,6 +714,15 @@ class PartitionReader:
                 if tracker.current_restriction().done:  # split: the rest is the residual's; a page read
                     result.stopped = True  # now (1 of the shard's 5 calls/s) could not be claimed
                     return result
+                if pos.unstamped_latest:
+                    # The shard's first iterator, at LATEST: its time goes into the
+                    # restriction before anything is read from it, so whichever instance
+                    # makes the next iterator starts where this one did (ShardPos.since_ms).
+                    # Read from the next round on (the restriction committed by then).
+                    if not self._stamp_latest(tracker, shard_id, pos):
+                        result.stopped = True
+                        return result
+                    continue
                 page = self._get_records(shard_id, pos)
                 records = page.get("Records", [])
                 rec = None
@@ -670,12 +735,13 @@ class PartitionReader:
                     if not claim(ClaimRecord(shard_id, rec.position.sequence_number)):
                         result.stopped = True
                         return result
-                    if on_read is not None:  # per page and event type, before a record can reach the sink
-                        on_read(stream_arn, shard_id, decoded[0].change_ms, len(decoded))
-                        for event_name, count in Counter(map(_EVENT_OF, decoded)).items():
+                    emitted = skip_older(decoded, pos.skips_before_ms())
+                    if on_read is not None and emitted:  # per page and event type, before the sink
+                        on_read(stream_arn, shard_id, emitted[0].change_ms, len(emitted))
+                        for event_name, count in Counter(map(_EVENT_OF, emitted)).items():
                             metrics.read(self._table, event_name, count)
-                    yield from decoded
-                    result.records += len(decoded)
+                    yield from emitted
+                    result.records += len(emitted)
                     result.at_head = False
                 new_pos = ShardPos(after=records[-1]["dynamodb"]["SequenceNumber"]) if records else pos
                 nxt = page.get("NextShardIterator")
