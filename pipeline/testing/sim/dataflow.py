@@ -115,6 +115,8 @@ class SimDataflow:
                         self.rebalances += 1
                     if n == fail_at:
                         raise InjectedFailure("in process")
+                if fail_at is not None:  # a bundle of fewer elements fails at its end
+                    raise InjectedFailure("in process")
                 self.dead_letters += len(instance.sink.finish())
                 if fail_after_finish:
                     raise InjectedFailure("after finish_bundle")

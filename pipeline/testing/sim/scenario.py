@@ -48,6 +48,9 @@ class SimConfig:
     shards: int = 8  # open shards at the start
     partitions: int = 6
     start: str = "trim_horizon"
+    # The writers begin this long after the job (at --start latest a change made
+    # before the readers' first iterators is not owed).
+    writers_after_s: float = 0.0
     settle_s: float = 1800.0  # after the writers stop, time the job has to acknowledge everything
     max_ack_lag_s: float = 900.0  # no change unacknowledged longer while the job runs
     stream: StreamLimits = StreamLimits()
@@ -166,7 +169,7 @@ class _Run:
                 break
             if t == next_second:
                 clock.advance_to(t)
-                if t < write_end:
+                if config.writers_after_s <= t < write_end:
                     self.writers.second()
                 next_second += 1.0
                 continue
