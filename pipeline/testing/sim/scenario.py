@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.control.state import StateStore
+from ddb2bt.pipeline.observe.metrics import default_metrics
 from ddb2bt.pipeline.sink.config import SinkConfig
 from ddb2bt.pipeline.source.stream_sdf import StreamSource
 from ddb2bt.pipeline.source.stream_source import ReaderOptions, StreamPartition
@@ -58,14 +59,18 @@ class SimConfig:
     bigtable: BigtablePressure = BigtablePressure()
     dataflow: DataflowChaos = DataflowChaos()
     reader: ReaderOptions = ReaderOptions(sleep_when_idle=False)
+    measure_memory: bool = False  # every 10 simulated minutes, each worker's footprint (slow at scale)
     sink: SinkConfig = SinkConfig(overlap_writes=False, parallel_requests=1,
                                   retry=RetryPolicy(initial_s=0.2, max_backoff_s=10.0, deadline_s=60.0))
 
     def command(self) -> str:
-        """The one command that replays this run."""
+        """The bench command that replays this run (for a run built from the
+        bench's options; a test's scenario names its own configuration too)."""
         d = self.dataflow
         return (f"python bench/simulate.py --replay {self.seed} --hours {self.hours:g} --shards {self.shards} "
-                f"--workers {d.workers} --partitions {self.partitions} --start {self.start}")
+                f"--workers {d.workers} --instances {d.instances} --partitions {self.partitions} "
+                f"--start {self.start} --writes-per-s {self.writers.per_second:g} "
+                f"--shard-life-h {self.stream.shard_life_s / 3600:g}")
 
 
 @dataclass
@@ -153,6 +158,9 @@ class _Run:
         self.oracle = Oracle(self.stream, self.bigtable, self.state, self.writers, MAPPING, ledger,
                              config.max_ack_lag_s)
         self.worker_losses = 0
+        self.peak_worker_bytes = 0
+        self._shared = {id(self.stream), id(self.bigtable), id(clock), id(MAPPING), id(self.writers), id(ledger),
+                        id(default_metrics())}
 
     def _next_loss(self) -> float:
         rate = self.config.dataflow.worker_losses_per_hour
@@ -185,6 +193,8 @@ class _Run:
                     break  # everything acknowledged: drain
                 continue
             df.step()
+        if config.measure_memory:
+            self.measure()
         df.drain()
         return self._report()
 
@@ -195,6 +205,12 @@ class _Run:
             self.worker_losses += 1
         if self.clock.now_s < write_end:
             self.oracle.sample()
+        if self.config.measure_memory and int(self.clock.now_s) % 600 == 0:
+            self.measure()
+
+    def measure(self) -> None:
+        for worker in self.dataflow.workers:
+            self.peak_worker_bytes = max(self.peak_worker_bytes, worker.footprint(self._shared))
 
     def _report(self) -> SimReport:
         df, bt, stream, w = self.dataflow, self.bigtable, self.stream, self.writers
@@ -207,7 +223,8 @@ class _Run:
                   "bursts": w.bursts}
         return SimReport(self.config, verdict, self.clock.now_s, faults, self.ledger.summary(),
                          {"changes": w.changes, "deletes": w.deletes, "shards": len(stream.shards),
-                          "bundles": df.bundles, "errors": dict(df.errors)})
+                          "bundles": df.bundles, "errors": dict(df.errors),
+                          "peak worker bytes": self.peak_worker_bytes})
 
 
 def reader_restriction():

@@ -25,7 +25,7 @@ from ddb2bt.pipeline.testing.sim.clock import SimClock
 from ddb2bt.transforms.dofns import map_record
 from ddb2bt.transforms.model import MappedBatch, RecordBatch
 
-__all__ = ["ProcessGlobals", "SimTracker", "SimSink", "SimInstance", "SimWorker"]
+__all__ = ["ProcessGlobals", "SimTracker", "SimSink", "SimInstance", "SimWorker", "deep_size"]
 
 
 @dataclass(frozen=True)
@@ -180,3 +180,27 @@ class SimWorker:
 
     def active(self):
         return self.process.active()
+
+    def footprint(self, shared_ids: set) -> int:
+        """Bytes this worker's process holds: its DoFn instances and process state."""
+        return deep_size([self.instances, self.process], shared_ids)
+
+
+def deep_size(root, shared_ids: set) -> int:
+    """Bytes of the objects reachable from ``root``, without modules, classes,
+    functions and the objects in ``shared_ids`` (the simulated services: what a
+    worker reaches but does not hold)."""
+    import gc
+    import sys
+    import types
+
+    skip = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+    seen, stack, total = set(shared_ids), [root], 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj, 0)
+        stack.extend(gc.get_referents(obj))
+    return total
