@@ -44,6 +44,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--start", choices=("trim_horizon", "latest"), default="trim_horizon")
     p.add_argument("--writes-per-s", type=float, default=5.0, help="the writers' changes per simulated second")
     p.add_argument("--shard-life-h", type=float, default=4.0, help="a shard's life before it rolls over")
+    p.add_argument("--lease", action="store_true", help="the job's lease and partition leases, as on Dataflow")
     p.add_argument("--memory", action="store_true", help="measure each worker's footprint (slow at scale)")
     p.add_argument("--json", type=Path, help="write the summary here too")
     args = p.parse_args(argv)
@@ -65,13 +66,14 @@ def config_of(args, seed: int) -> SimConfig:
                      stream=StreamLimits(shard_life_s=args.shard_life_h * 3600),
                      writers=WriterMix(per_second=args.writes_per_s),
                      dataflow=DataflowChaos(workers=args.workers, instances=args.instances),
-                     measure_memory=args.memory)
+                     lease=args.lease, measure_memory=args.memory)
 
 
 def replay_command(args, seed: int) -> str:
     return (f"python bench/simulate.py --replay {seed} --hours {args.hours:g} --shards {args.shards} "
             f"--workers {args.workers} --instances {args.instances} --partitions {args.partitions} "
-            f"--start {args.start} --writes-per-s {args.writes_per_s:g} --shard-life-h {args.shard_life_h:g}")
+            f"--start {args.start} --writes-per-s {args.writes_per_s:g} --shard-life-h {args.shard_life_h:g}"
+            + (" --lease" if args.lease else ""))
 
 
 def bar(done: int, total: int, fraction: float, failed: int, started: float) -> None:

@@ -48,12 +48,29 @@ class SimBigtable(InMemoryBigtable):
         self.over_limit: list = []  # (what, mutations, bytes) of requests past Bigtable's limits
         self.peak_mutations = 0
 
-    def _fault(self, table_id: str, entries: Sequence, call_no: int) -> Optional[list]:
+    def _takes_time(self) -> None:
+        """A call's simulated time, spent before the store is touched (outside its
+        lock: other threads' calls, a heartbeat's renewal, run meanwhile)."""
         p, rng = self.pressure, self.rng
         self.requests += 1
         slow = rng.random() < p.slow_share
         self.slow += slow
         self.clock.sleep(p.slow_s if slow else p.latency_s * rng.uniform(0.5, 1.5))
+
+    def mutate_rows(self, table_id: str, entries: Sequence) -> list:
+        self._takes_time()
+        return super().mutate_rows(table_id, entries)
+
+    def swap_cell(self, *args, **kwargs) -> bool:
+        self._takes_time()
+        return super().swap_cell(*args, **kwargs)
+
+    def swap_row(self, *args, **kwargs) -> bool:
+        self._takes_time()
+        return super().swap_row(*args, **kwargs)
+
+    def _fault(self, table_id: str, entries: Sequence, call_no: int) -> Optional[list]:
+        p, rng = self.pressure, self.rng
         mutations = sum(len(m) for _, m in entries)
         size = sum(len(k) + sum(len(getattr(m, "value", b"")) + len(m.qualifier) + len(m.family) for m in ms)
                    for k, ms in entries)
@@ -72,6 +89,7 @@ class SimBigtable(InMemoryBigtable):
         return None
 
     def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
+        self._takes_time()
         self.clock.sleep(self.pressure.check_and_mutate_s)
         return super().check_and_mutate(table_id, row_key, unless, mutations)
 

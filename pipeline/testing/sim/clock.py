@@ -30,6 +30,9 @@ class SimClock:
     def __init__(self, start_s: float = 0.0) -> None:
         self.now_s = start_s
         self.slept_s = 0.0  # time passed inside product sleeps (retries, pacing)
+        # Run after each sleep: what other threads do meanwhile (the leases'
+        # heartbeats run while a bundle waits on a slow call).
+        self.while_asleep: list = []
 
     def monotonic(self) -> float:
         return self.now_s
@@ -47,6 +50,8 @@ class SimClock:
         if seconds > 0:
             self.now_s += seconds
             self.slept_s += seconds
+            for run in self.while_asleep:
+                run()
 
     def advance_to(self, t_s: float) -> None:
         if t_s > self.now_s:

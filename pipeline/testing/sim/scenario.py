@@ -22,6 +22,7 @@ from ddb2bt.pipeline.testing.sim.aws import SimStream, StreamLimits
 from ddb2bt.pipeline.testing.sim.bigtable import BigtablePressure, SimBigtable
 from ddb2bt.pipeline.testing.sim.clock import SimClock, simulated_time
 from ddb2bt.pipeline.testing.sim.dataflow import DataflowChaos, PartitionRun, SimDataflow
+from ddb2bt.pipeline.testing.sim.leases import SimHeartbeats, job_lease
 from ddb2bt.pipeline.testing.sim.ledger import CallLedger
 from ddb2bt.pipeline.testing.sim.oracle import Oracle, Verdict
 from ddb2bt.pipeline.testing.sim.workers import SimInstance, SimSink, SimWorker
@@ -31,6 +32,7 @@ from ddb2bt.transforms.config import parse_mapping
 __all__ = ["SimConfig", "SimReport", "run_simulation", "MAPPING"]
 
 TARGET = "catalog"
+STATE_TABLE = "__state__"  # the in-memory Bigtable's state table (fakes.InMemoryBigtable)
 MAPPING = parse_mapping({
     "version": 1, "name": "sim", "source": {"table": "SimTable", "key": {"partition": "pk", "sort": "sk"}},
     "target": {"project": "sim", "instance": "sim", "table": TARGET},
@@ -59,6 +61,9 @@ class SimConfig:
     bigtable: BigtablePressure = BigtablePressure()
     dataflow: DataflowChaos = DataflowChaos()
     reader: ReaderOptions = ReaderOptions(sleep_when_idle=False)
+    # The job's lease and its partitions' leases (Dataflow's: shared by the
+    # workers, each partition owned by one worker process), heartbeats and all.
+    lease: bool = False
     measure_memory: bool = False  # every 10 simulated minutes, each worker's footprint (slow at scale)
     sink: SinkConfig = SinkConfig(overlap_writes=False, parallel_requests=1,
                                   retry=RetryPolicy(initial_s=0.2, max_backoff_s=10.0, deadline_s=60.0))
@@ -70,7 +75,7 @@ class SimConfig:
         return (f"python bench/simulate.py --replay {self.seed} --hours {self.hours:g} --shards {self.shards} "
                 f"--workers {d.workers} --instances {d.instances} --partitions {self.partitions} "
                 f"--start {self.start} --writes-per-s {self.writers.per_second:g} "
-                f"--shard-life-h {self.stream.shard_life_s / 3600:g}")
+                f"--shard-life-h {self.stream.shard_life_s / 3600:g}" + (" --lease" if self.lease else ""))
 
 
 @dataclass
@@ -103,7 +108,11 @@ class SimStateSpec:
     key: str
 
     def __call__(self) -> StateStore:
-        return STATE_STORES[self.key]()
+        return self.store()
+
+    def store(self, writer=None) -> StateStore:
+        """The job's state store, through ``writer`` (a fenced one) when given."""
+        return STATE_STORES[self.key](writer)
 
 
 def _rng(parent: random.Random) -> random.Random:
@@ -122,7 +131,9 @@ def run_simulation(config: SimConfig, progress: Optional[Callable[[float], None]
     key = f"sim-{id(clock)}"
     try:
         with simulated_time(clock):
-            report = _Run(config, root, clock, ledger, key).run(progress)
+            run = _Run(config, root, clock, ledger, key)
+            with run.heartbeats.installed():
+                report = run.run(progress)
     finally:
         random.setstate(saved_random)
         STATE_STORES.pop(key, None)
@@ -140,17 +151,22 @@ class _Run:
         self.writers = Writers(self.stream, _rng(root), config.writers)
         self.state = StateStore(self.bigtable, "sim", clock.wall_ms)
         self.rng = _rng(root)
-        reader = replace(config.reader, start=config.start)
-        STATE_STORES[key] = lambda: StateStore(self.bigtable, "sim", clock.wall_ms)
+        self.heartbeats = SimHeartbeats(clock, self.bigtable)
+        reader, sink_config = replace(config.reader, start=config.start), config.sink
+        if config.lease:
+            with self.heartbeats.installed():
+                lease = job_lease(self.heartbeats, STATE_TABLE, "sim")
+            reader, sink_config = replace(reader, lease=lease), replace(sink_config, lease=lease)
+        STATE_STORES[key] = lambda writer=None: StateStore(writer or self.bigtable, "sim", clock.wall_ms)
         FAKE_CLIENTS[key] = self.stream
         spec = SimStateSpec("sim", key)
         sources = [StreamSource(self.stream.stream_arn, reader, RegisteredClient(key), spec, config.partitions)]
 
         def make_sink() -> SimSink:
-            return SimSink(self.bigtable, spec(), MAPPING, config.sink, clock, {TARGET: frozenset({"SKU"})})
+            return SimSink(self.bigtable, spec, MAPPING, sink_config, clock, {TARGET: frozenset({"SKU"})})
 
         chaos = config.dataflow
-        workers = [SimWorker(n, chaos.instances, clock, lambda: SimInstance(sources, make_sink))
+        workers = [SimWorker(n, chaos.instances, clock, lambda: SimInstance(sources, make_sink), self.heartbeats)
                    for n in range(chaos.workers)]
         runs = [PartitionRun(StreamPartition(self.stream.stream_arn, i, config.partitions),
                              reader_restriction()) for i in range(config.partitions)]
@@ -179,6 +195,7 @@ class _Run:
                 clock.advance_to(t)
                 if config.writers_after_s <= t < write_end:
                     self.writers.second()
+                self.heartbeats.run_due()
                 next_second += 1.0
                 continue
             if t == next_minute:
@@ -219,6 +236,7 @@ class _Run:
                   "bundle failures (other)": df.failures - df.errors.get("InjectedFailure", 0),
                   "rebalance splits": df.rebalances, "bundle moves": df.moves,
                   "RESOURCE_EXHAUSTED": bt.exhausted, "partial MutateRows": bt.partial, "slow calls": bt.slow,
+                  "partition leases released idle": self.heartbeats.released_idle,
                   "rollovers": stream.rollovers, "splits": stream.splits, "records trimmed": stream.trimmed,
                   "bursts": w.bursts}
         return SimReport(self.config, verdict, self.clock.now_s, faults, self.ledger.summary(),

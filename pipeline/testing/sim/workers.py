@@ -17,6 +17,7 @@ from typing import Callable, Optional
 from prometheus_client import CollectorRegistry
 
 from ddb2bt.pipeline.clients.dynamodb import ShardDirectory
+from ddb2bt.pipeline.control.coordinator import coordinator_for
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.sink.batching import BatchingWriter
 from ddb2bt.pipeline.sink.config import SinkConfig
@@ -35,25 +36,29 @@ class ProcessGlobal:
 
     module: str
     attribute: str
-    make: Callable[[SimClock], object]
+    make: Callable[[SimClock, str], object]  # (clock, the process's name) -> its value
 
 
-# The product's per-process state (each simulated worker gets its own).
+# The product's per-process state and identity (each simulated worker process
+# gets its own: the simulation runs them all in one real process).
 PROCESS_GLOBALS = (
-    ProcessGlobal("ddb2bt.pipeline.control.coordinator", "_COORDINATORS", lambda clock: {}),
-    ProcessGlobal("ddb2bt.pipeline.clients.dynamodb", "_DIRECTORY", lambda clock: ShardDirectory(clock.monotonic)),
+    ProcessGlobal("ddb2bt.pipeline.control.coordinator", "_COORDINATORS", lambda clock, name: {}),
+    ProcessGlobal("ddb2bt.pipeline.clients.dynamodb", "_DIRECTORY",
+                  lambda clock, name: ShardDirectory(clock.monotonic)),
+    ProcessGlobal("ddb2bt.pipeline.control.partitions", "WORKER_ID", lambda clock, name: f"worker:sim-{name}"),
+    ProcessGlobal("ddb2bt.pipeline.control.lease", "node_id", lambda clock, name: lambda: f"sim-node-{name}"),
 )
 
 
 class ProcessGlobals:
     """One worker process's copy of PROCESS_GLOBALS, swapped in by ``active()``."""
 
-    def __init__(self, clock: SimClock) -> None:
+    def __init__(self, clock: SimClock, name: str) -> None:
         self._values = {}
         for g in PROCESS_GLOBALS:
             module = importlib.import_module(g.module)
             if hasattr(module, g.attribute):  # a global the product no longer has is skipped
-                self._values[(module, g.attribute)] = g.make(clock)
+                self._values[(module, g.attribute)] = g.make(clock, name)
 
     @contextlib.contextmanager
     def active(self):
@@ -112,11 +117,19 @@ class SimSink:
     """The sink DoFn's work on one instance, as ``sink/sink.py`` sets it up: the
     product's BatchingWriter over the job's state store, in stream order."""
 
-    def __init__(self, bigtable, state, mapping, config: SinkConfig, clock: SimClock, families: dict) -> None:
+    def __init__(self, bigtable, state_spec, mapping, config: SinkConfig, clock: SimClock, families: dict) -> None:
         self.mapping, self.clock = mapping, clock
-        self.batcher = BatchingWriter(bigtable, state, config, PipelineMetrics(CollectorRegistry()),
+        lease = config.lease
+        fence = None
+        writer = bigtable
+        if lease is not None:  # as the sink DoFn's setup: every write fenced, partitions owned
+            coordinator = coordinator_for(lease, state_spec)
+            writer = coordinator.fence(bigtable, lease)
+            fence = coordinator.partition_fence(lease)
+        state = state_spec.store(writer)
+        self.batcher = BatchingWriter(writer, state, config, PipelineMetrics(CollectorRegistry()),
                                       lambda table: families.get(table), now_ms=clock.wall_ms, sleep=clock.sleep,
-                                      overlap=False, versions=state.versions())
+                                      overlap=False, versions=state.versions(), partition_fence=fence)
 
     def add(self, element) -> list:
         if type(element) is RecordBatch:
@@ -146,18 +159,21 @@ class SimInstance:
 class SimWorker:
     """A worker VM: its process (globals) and DoFn instances, made on first use."""
 
-    def __init__(self, number: int, instances: int, clock: SimClock, make_instance: Callable[[], SimInstance]) -> None:
+    def __init__(self, number: int, instances: int, clock: SimClock, make_instance: Callable[[], SimInstance],
+                 heartbeats=None) -> None:
         self.number, self.clock = number, clock
         self.make_instance = make_instance
+        self.heartbeats = heartbeats  # the leases' heartbeats (SimHeartbeats), told which worker runs
         self.instances: list = [None] * instances
-        self.process = ProcessGlobals(clock)
+        self.incarnation = 0
+        self.process = ProcessGlobals(clock, f"{number}.0")
         self.alive = True
         self.down_until = 0.0
         self.losses = 0
 
     def instance(self, i: int) -> SimInstance:
         if self.instances[i] is None:
-            with self.process.active():
+            with self.active():
                 self.instances[i] = self.make_instance()
         return self.instances[i]
 
@@ -165,7 +181,7 @@ class SimWorker:
         """After a failed bundle the SDK drops the instance (torn down)."""
         inst, self.instances[i] = self.instances[i], None
         if inst is not None:
-            with self.process.active():
+            with self.active():
                 inst.teardown()
 
     def lose(self, restart_s: float) -> None:
@@ -173,13 +189,26 @@ class SimWorker:
         self.alive, self.down_until = False, self.clock.now_s + restart_s
         self.instances = [None] * len(self.instances)
         self.losses += 1
+        if self.heartbeats is not None:
+            self.heartbeats.forget(self)
 
     def restart(self) -> None:
         self.alive = True
-        self.process = ProcessGlobals(self.clock)
+        self.incarnation += 1
+        self.process = ProcessGlobals(self.clock, f"{self.number}.{self.incarnation}")
 
+    @contextlib.contextmanager
     def active(self):
-        return self.process.active()
+        """This worker's process is the one running (its globals, its heartbeats)."""
+        previous = self.heartbeats.current if self.heartbeats is not None else None
+        if self.heartbeats is not None:
+            self.heartbeats.current = self
+        try:
+            with self.process.active():
+                yield
+        finally:
+            if self.heartbeats is not None:
+                self.heartbeats.current = previous
 
     def footprint(self, shared_ids: set) -> int:
         """Bytes this worker's process holds: its DoFn instances and process state."""
