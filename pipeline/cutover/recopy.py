@@ -18,8 +18,8 @@ before deleting a column that a clock in the row lists with a value digest, the
 sweep clears those digests by a swap on the clock's token (docs/design.md
 §7.7, §10.2): the item's next change writes the cell again whatever it held,
 and a clock that moved since the read (the item changed) keeps the column. Each
-such delete is one CheckAndMutateRow of exactly the cells read, applied only if
-the column still has nothing newer, so a tail write
+such delete is CheckAndMutateRows of exactly the cells read (at most
+DELETES_PER_REQUEST each), applied only while the column has nothing newer, so a tail write
 landing between the read and the delete wins. In a versioned column items still
 own, a version no scanned item holds goes when its owner record says a change
 before T claimed it (one after T is the tail's), and is released.
@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Optional
 
 from ddb2bt.transforms.ordering import CLOCK_FAMILY, Clock, decode_clock, encode_clock, swap_expectation
 from ddb2bt.pipeline.verify.spill import Spill, SpillDir, bucket_count, paired_groups
-from ddb2bt.transforms.model import DeleteCells, SetCell
+from ddb2bt.transforms.model import MUTATION_OVERHEAD_BYTES, DeleteCells, SetCell
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table
 from ddb2bt.pipeline.clients.dynamodb import describe_table
@@ -49,6 +49,11 @@ log = logging.getLogger(__name__)
 # by the finish) and the ordering guard's clocks (docs/design.md §10). The sweep
 # judges only the mapping's cells.
 OWN_FAMILY_PREFIX = "ddb2bt_"
+# One delete request's bounds: well within Bigtable's 100,000 mutations and
+# 256 MiB per request (transforms.limits), whatever a column holds (a folded
+# column may keep more than 100,000 versions in one row).
+DELETES_PER_REQUEST = 10_000
+DELETE_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -186,13 +191,27 @@ def sweep(mapping, ddb, scan_target: Callable[[str], Iterable], delete: Callable
     return SweepResult(rows_read, items, deleted, kept, findings._unmappable_count)
 
 
+def delete_chunks(versions, column_bytes: int, per_request: int = DELETES_PER_REQUEST,
+                  budget_bytes: int = DELETE_REQUEST_BYTES) -> Iterable[tuple]:
+    """``versions`` in runs of at most ``per_request``, each run's DeleteCells
+    (``column_bytes``: family and qualifier, plus the mutation's overhead) within
+    ``budget_bytes``: one request per run stays within Bigtable's 100,000
+    mutations and 256 MiB per request however many versions a column holds."""
+    each = column_bytes + MUTATION_OVERHEAD_BYTES
+    size = max(1, min(per_request, budget_bytes // each))
+    versions = tuple(versions)
+    for i in range(0, len(versions), size):
+        yield versions[i:i + size]
+
+
 def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn], bool]:
     """``delete(column) -> bool`` through ``writer`` (GrpcMutationWriter), with
     ``owners`` the version-ownership registry (None: none kept). Every delete is
     exact (the versions read, ``[v, v + 1)``), never a range that could take a
-    cell written since. A whole stale column is deleted by one atomic
-    CheckAndMutateRow, only if nothing newer than what was read arrived
-    meanwhile (the tail's writes are newer). A stale version of an owned
+    cell written since, in requests within Bigtable's limits (delete_chunks).
+    A whole stale column is deleted by atomic CheckAndMutateRows, each only if
+    nothing newer than what was read arrived meanwhile (the tail's writes are
+    newer). A stale version of an owned
     versioned column goes only if its owner claimed it before the handoff second
     (or nobody owns it and it is older than the backfill): a version claimed
     after the handoff is the tail's. Deleted versions are released."""
@@ -205,6 +224,11 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
 
     def exact(column: StaleColumn, versions) -> list:
         return [DeleteCells(column.family, column.qualifier, v, v + 1) for v in versions]
+
+    def chunked(column: StaleColumn, versions) -> list:
+        """The versions in runs each deleted by one request within Bigtable's
+        limits (delete_chunks): a folded column may hold more than 100,000."""
+        return list(delete_chunks(versions, len(column.family) + len(column.qualifier)))
 
     def forget(column: StaleColumn) -> bool:
         """Clear the clocks' digests of the column first: a delete around the
@@ -220,12 +244,15 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
         if not forget(column):
             return False
         if not column.owned:
-            applied = writer.check_and_mutate(column.table, column.row_key,
-                                              _Unless(column.family, column.qualifier, column.newest_ms + 1),
-                                              exact(column, column.versions))
-            if applied:
-                release(column, column.versions)
-            return applied
+            # Each run is one atomic CheckAndMutateRow, applied only while the column has
+            # nothing newer than what was read: a tail write landing between two runs keeps
+            # the rest (older versions under a newer cell: a later sweep takes them).
+            unless = _Unless(column.family, column.qualifier, column.newest_ms + 1)
+            for run in chunked(column, column.versions):
+                if not writer.check_and_mutate(column.table, column.row_key, unless, exact(column, run)):
+                    return False
+                release(column, run)
+            return True
         stale = []
         for v in column.versions:
             key = owners.key(column.table, column.row_key, column.family, column.qualifier, v) \
@@ -235,13 +262,13 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
                 stale.append(v)
         if not stale:
             return False
-        statuses = writer.mutate_rows(column.table, [(column.row_key, exact(column, stale))])
-        bad = next((st for st in statuses if st is not None and not st.ok), None)
-        if bad is not None:  # the sweep stops; it is still owed, so a rerun sweeps again
-
-            raise (BigtableRetryable if bad.retryable else BigtablePermanent)(
-                f"the re-copy sweep's delete in {column.table} failed: {bad.message}")
-        release(column, stale)
+        for run in chunked(column, stale):
+            statuses = writer.mutate_rows(column.table, [(column.row_key, exact(column, run))])
+            bad = next((st for st in statuses if st is not None and not st.ok), None)
+            if bad is not None:  # the sweep stops; it is still owed, so a rerun sweeps again
+                raise (BigtableRetryable if bad.retryable else BigtablePermanent)(
+                    f"the re-copy sweep's delete in {column.table} failed: {bad.message}")
+            release(column, run)
         return True
 
     return delete

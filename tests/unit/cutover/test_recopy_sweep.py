@@ -197,3 +197,74 @@ def test_a_column_whose_clock_moved_since_the_read_is_kept():
     assert stale.clocks == ((b"item", 10, read),)
     assert deleter(bt, None, BACKFILL_MS)(stale) is False
     assert bt.latest("t")[b"r"][("f", b"q")] == b"1"
+
+
+class LimitedBigtable(InMemoryBigtable):
+    """Refuses a request over Bigtable's 100,000 mutations, as the service does."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def _limit(self, mutations):
+        from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent
+        from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST
+        self.largest = max(self.largest, len(mutations))
+        if len(mutations) > MAX_MUTATIONS_PER_REQUEST:
+            raise BigtablePermanent(f"INVALID_ARGUMENT: too many mutations: {len(mutations)}")
+
+    def mutate_rows(self, table_id, entries):
+        self._limit([m for _, ms in entries for m in ms])
+        return super().mutate_rows(table_id, entries)
+
+    def check_and_mutate(self, table_id, row_key, unless, mutations):
+        self._limit(mutations)
+        return super().check_and_mutate(table_id, row_key, unless, mutations)
+
+
+def _folded_column(bt, versions):
+    for start in range(0, len(versions), 50_000):
+        bt.mutate_rows("t", [(b"video", [SetCell("c", b"comments", b"x", v) for v in versions[start:start + 50_000]])])
+
+
+def test_a_stale_column_of_more_than_100000_versions_is_deleted_within_the_request_limit():
+    from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST
+    bt = LimitedBigtable()
+    versions = tuple(range(1, MAX_MUTATIONS_PER_REQUEST + 2))
+    _folded_column(bt, versions)
+    assert deleter(bt)(StaleColumn("t", b"video", "c", b"comments", versions[-1], versions)) is True
+    assert not bt.versions("t").get(b"video", {}).get(("c", b"comments"))
+    assert 0 < bt.largest <= MAX_MUTATIONS_PER_REQUEST
+
+
+def test_stale_versions_of_an_owned_column_beyond_100000_are_deleted_within_the_request_limit():
+    from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST
+    bt = LimitedBigtable()
+    versions = tuple(range(1, MAX_MUTATIONS_PER_REQUEST + 3))
+    _folded_column(bt, versions)
+    stale = versions[1:]  # the oldest is still owned by a scanned item
+    assert deleter(bt, None, BACKFILL_MS)(StaleColumn("t", b"video", "c", b"comments", versions[-1], stale,
+                                                      owned=True)) is True
+    assert set(bt.versions("t")[b"video"][("c", b"comments")]) == {1}
+    assert 0 < bt.largest <= MAX_MUTATIONS_PER_REQUEST
+
+
+def test_a_tail_write_between_two_delete_requests_keeps_the_rest():
+    from ddb2bt.pipeline.cutover.recopy import DELETES_PER_REQUEST
+    bt = LimitedBigtable()
+    versions = tuple(range(1, DELETES_PER_REQUEST + 11))
+    _folded_column(bt, versions)
+    calls = []
+    real = bt.check_and_mutate
+
+    def tail_lands_after_the_first(*args):
+        applied = real(*args)
+        if not calls:
+            bt.mutate_rows("t", [(b"video", [SetCell("c", b"comments", b"tail", BACKFILL_MS + 5_000)])])
+        calls.append(applied)
+        return applied
+    bt.check_and_mutate = tail_lands_after_the_first
+    assert deleter(bt)(StaleColumn("t", b"video", "c", b"comments", versions[-1], versions)) is False
+    assert calls == [True, False]
+    assert set(bt.versions("t")[b"video"][("c", b"comments")]) == set(versions[DELETES_PER_REQUEST:]) | {
+        BACKFILL_MS + 5_000}
