@@ -300,6 +300,9 @@ class _NoPacer:
     def forget(self, shard_id: str) -> None:
         pass
 
+    def called_ago(self, shard_id: str, seconds: float) -> None:
+        pass
+
 
 class unpaced:
     """Within this block the live readers of this process have no pacer: the fake

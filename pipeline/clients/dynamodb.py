@@ -520,7 +520,9 @@ STREAMS_READ_TIMEOUT_S = 5.0
 class ShardPacer:
     """At most ``per_second`` calls per second per shard: a call waits until
     1/per_second after the previous call on the same shard (other shards' calls
-    in between count as waiting). One per reader (a shard has one reader)."""
+    in between count as waiting). One per reader (a shard has one reader);
+    a reader that takes over a shard learns its last call (``called_ago``) from
+    the restriction it resumes (stream_source.PartitionRestriction.called)."""
 
     def __init__(self, per_second: float = GET_RECORDS_PER_SHARD_PER_S,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -544,6 +546,14 @@ class ShardPacer:
 
     def forget(self, shard_id: str) -> None:
         self._last.pop(shard_id, None)
+
+    def called_ago(self, shard_id: str, seconds: float) -> None:
+        """A call on ``shard_id`` was made ``seconds`` ago by another reader (the
+        restriction's last holder): known unless this pacer saw a later one."""
+        at = self._clock() - seconds
+        last = self._last.get(shard_id)
+        if last is None or at > last:
+            self._last[shard_id] = at
 
 
 class ShardDirectory:

@@ -33,20 +33,18 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Callable, Iterator, Optional
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from ddb2bt.transforms.errors import ChangesLostError
 from ddb2bt.pipeline.control.state import RESUME_AT_TRIM_HORIZON
 from ddb2bt.pipeline.clients.dynamodb import (STREAM_RETENTION_S, IteratorExpired, Listing, ShardDirectory, ShardPacer,
-                                      StreamThrottled, classify_aws_error, count_api_call, endpoint_of,
-                                      fast_records_decoding,
-                                      table_of_stream)
+                                      StreamThrottled, endpoint_of, fast_records_decoding, table_of_stream)
 from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
+from ddb2bt.pipeline.source.calls import StreamCalls
 from ddb2bt.pipeline.source.heads import ShardHeads
+from ddb2bt.pipeline.source.pace import ShardPace
 from ddb2bt.pipeline.source.records import from_stream_record
-from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
+from ddb2bt.pipeline.clients.retry import RetryPolicy
 from ddb2bt.pipeline.control.state import ShardCheckpoint
 
 log = logging.getLogger(__name__)
@@ -251,6 +249,10 @@ class PartitionRestriction:
     discovered_once: bool = False
     idle_since_ms: Optional[int] = None
     done: bool = False
+    # ((shard_id, wall ms of its latest GetRecords), ...): the shard's pace travels
+    # with the restriction, so a residual resumed by another DoFn instance or
+    # worker waits out AWS's 5 calls per second per shard like the one before.
+    called: tuple = ()
 
     def position_map(self) -> dict:
         return dict(self.positions)
@@ -294,6 +296,14 @@ class ClaimEnd:
     pass
 
 
+@dataclass(frozen=True)
+class ClaimCalled:
+    """A GetRecords call on ``shard_id`` is made at ``at_ms`` (wall clock)."""
+
+    shard_id: str
+    at_ms: int
+
+
 # The per-record claim builds a ShardPos and a PartitionRestriction for every
 # record read: filled in one dict update instead of a frozen dataclass __init__
 # (one object.__setattr__ per field), about half the cost. Same fields, values,
@@ -308,11 +318,18 @@ def _shard_pos_after(sequence_number: str) -> ShardPos:
 
 
 def _restriction(positions: tuple, closed: frozenset, discovered_once: bool, idle_since_ms: Optional[int],
-                 done: bool) -> PartitionRestriction:
+                 done: bool, called: tuple) -> PartitionRestriction:
     r = _new_object(PartitionRestriction)
     r.__dict__.update(positions=positions, closed=closed, discovered_once=discovered_once,
-                      idle_since_ms=idle_since_ms, done=done)
+                      idle_since_ms=idle_since_ms, done=done, called=called)
     return r
+
+
+def _called(called: tuple, shard_id: str, at_ms: Optional[int]) -> tuple:
+    entries = {s: t for s, t in called if s != shard_id}
+    if at_ms is not None:
+        entries[shard_id] = at_ms
+    return tuple(sorted(entries.items()))
 
 
 def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
@@ -326,7 +343,10 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
             pos = dict(positions)
             pos[claim.shard_id] = entry[1]
             positions = tuple(sorted(pos.items()))
-        return _restriction(positions, r.closed, r.discovered_once, None, r.done)
+        return _restriction(positions, r.closed, r.discovered_once, None, r.done, r.called)
+    if type(claim) is ClaimCalled:  # once per GetRecords call
+        return _restriction(r.positions, r.closed, r.discovered_once, r.idle_since_ms, r.done,
+                            _called(r.called, claim.shard_id, claim.at_ms))
     if isinstance(claim, ClaimStart):
         pos = r.position_map()
         pos[claim.shard_id] = claim.pos
@@ -334,7 +354,8 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
     if isinstance(claim, ClaimClosed):
         pos = r.position_map()
         pos.pop(claim.shard_id, None)
-        return replace(r, positions=tuple(sorted(pos.items())), closed=r.closed | {claim.shard_id})
+        return replace(r, positions=tuple(sorted(pos.items())), closed=r.closed | {claim.shard_id},
+                       called=_called(r.called, claim.shard_id, None))
     if isinstance(claim, ClaimForget):
         return replace(r, closed=r.closed - {claim.shard_id})
     if isinstance(claim, ClaimIdle):
@@ -409,6 +430,17 @@ class RoundResult:
     # An idle round that came before its idle poll was due (no call): seconds
     # until it is (None: a full poll interval, the round read every shard).
     idle_wait_s: Optional[float] = None
+
+
+def iterator_args_for(client, pos: ShardPos) -> dict:
+    """GetShardIterator's arguments for ``pos``: a LATEST position re-read from
+    its first iterator's time starts at AT_TIMESTAMP on a stream that has it
+    (Kinesis: ``reads_at_timestamp``) rather than re-reading its retention."""
+    skips_before = pos.skips_before_ms()
+    if skips_before is not None and getattr(client, "reads_at_timestamp", False):
+        return {"ShardIteratorType": "AT_TIMESTAMP",
+                "Timestamp": datetime.fromtimestamp(skips_before / 1000, timezone.utc)}
+    return pos.iterator_args()
 
 
 def skip_older(decoded: list, before_ms: Optional[int]) -> list:
@@ -489,7 +521,6 @@ class PartitionReader:
                  load_heads: Optional[Callable[[str], dict]] = None,
                  between_attempts: Optional[Callable[[], None]] = None) -> None:
         self._client = client
-        self._between_attempts = between_attempts  # its coordinator's lease check: no retry outlives the lease
         fast_records_decoding(client)  # GetRecords pages through the C JSON parser
         # Within AWS's limits (docs/operations.md): the stream's shards are listed
         # once per process for all its partitions (the SDF passes the process's
@@ -501,7 +532,7 @@ class PartitionReader:
         rate = getattr(client, "calls_per_s", None)
         if pacer is None:
             pacer = ShardPacer(rate, sleep=sleep) if isinstance(rate, (int, float)) else ShardPacer(sleep=sleep)
-        self._pacer = pacer
+        self._pace = ShardPace(pacer, options.poll_interval_s)
         # The splittable DoFn's readers: a round that would wait for the pacer ends
         # and returns the wait to the runner (RoundResult.paced_s).
         self._hand_back_pacing = hand_back_pacing
@@ -519,41 +550,18 @@ class PartitionReader:
         # shard id -> creation ms of the oldest record not read yet (None: at the
         # head), for `status` (saved by the SDF, see pending_since)
         self._pending: dict = {}
-        # Shards whose last page had changes: read again at AWS's pace (5/s) like a
-        # backlog — under steady writes every page reaches the head. An empty page:
-        # idle again, polled every poll_interval_s (docs/operations.md "Within AWS's limits").
-        self._busy: set = set()
         self._last_discovery_ms: Optional[int] = None
         self._waiting: list = []
         self._table = self._metrics.table if self._metrics is not None else table_of_stream(partition.stream_arn)
         if self._metrics is not None:
             self._metrics.lag.label(partition.stream_arn, self._table)
-        self._where = endpoint_of(client, "DynamoDB Streams")
+        # Remote calls under one retry policy; between attempts, the coordinator's
+        # lease check: no retry outlives the lease.
+        self._call = StreamCalls(self._metrics, self._table, options.retry, sleep,
+                                 endpoint_of(client, "DynamoDB Streams"), between_attempts)
         # When each shard was last seen at its head: what proves that a trimmed
         # checkpoint lost nothing (docs/design.md §8.2).
         self._shard_heads = ShardHeads(partition.stream_arn, now_ms, self._metrics, load_heads)
-
-    # -- remote calls with one retry policy
-    def _call(self, operation: str, fn: Callable):
-        def attempt():
-            if self._metrics is not None:
-                self._metrics.aws_api_calls.labels(operation).inc()
-            else:
-                count_api_call(operation, self._table)
-            try:
-                return fn()
-            except (ClientError, BotoCoreError) as exc:
-                raise classify_aws_error(exc, operation) from exc
-
-        def count(exc: BaseException) -> None:
-            if self._metrics and isinstance(exc, StreamThrottled):
-                self._metrics.dynamodb_throttles.labels(operation).inc()
-
-        policy = self._options.retry
-        # The table in the label: a job of several tables logs which one is failing.
-        return retrying(policy, f"{operation} of {self._table}", count, self._sleep,
-                        retry_on=(StreamThrottled,), where=self._where,
-                        between_attempts=self._between_attempts)(attempt)
 
     # -- discovery
     def discover(self, tracker) -> bool:
@@ -585,12 +593,7 @@ class PartitionReader:
         cached = self._iterators.get(shard_id)
         if cached is not None and cached[0] == pos:
             return cached[1]
-        args = pos.iterator_args()
-        skips_before = pos.skips_before_ms()
-        if skips_before is not None and getattr(self._client, "reads_at_timestamp", False):
-            # A stream that has AT_TIMESTAMP (Kinesis) starts there rather than re-reading its retention.
-            args = {"ShardIteratorType": "AT_TIMESTAMP",
-                    "Timestamp": datetime.fromtimestamp(skips_before / 1000, timezone.utc)}
+        args = iterator_args_for(self._client, pos)
         try:
             it = self._call("GetShardIterator", lambda: self._client.get_shard_iterator(
                 StreamArn=self._partition.stream_arn, ShardId=shard_id, **args))["ShardIterator"]
@@ -646,7 +649,7 @@ class PartitionReader:
     def _get_records(self, shard_id: str, pos: ShardPos) -> dict:
         for _ in range(3):  # an iterator can expire between renewal and use; renew at most twice
             iterator = self._iterator(shard_id, pos)
-            self._pacer.wait(shard_id)  # at most GET_RECORDS_PER_SHARD_PER_S on this shard
+            self._pace.pacer.wait(shard_id)  # at most GET_RECORDS_PER_SHARD_PER_S on this shard
             try:
                 return self._call("GetRecords", lambda: self._client.get_records(
                     ShardIterator=iterator, Limit=GET_RECORDS_LIMIT))
@@ -670,10 +673,7 @@ class PartitionReader:
         return True
 
     def _wait_for(self, shard_id: str) -> float:
-        """Seconds until ``shard_id`` may be read: AWS's pace, or the idle poll for
-        an idle shard (at its head, its last page empty), whoever else is read."""
-        idle = shard_id not in self._busy and self._pending.get(shard_id) is None
-        return self._pacer.ready_in(shard_id, self._options.poll_interval_s if idle else 0.0)
+        return self._pace.ready_in(shard_id, self._pending.get(shard_id))
 
     def read_round(self, tracker) -> Iterator:
         """Discover if due, then read every active shard (a page, or up to
@@ -698,6 +698,7 @@ class PartitionReader:
         stream_arn, metrics = self._partition.stream_arn, self._metrics
         on_read = metrics.lag.on_read if metrics else None
         turns = list(tracker.current_restriction().positions)
+        self._pace.resume(tracker.current_restriction().called, self._now_ms())  # the shards' pace, whoever read
         for _ in range(PAGES_PER_ROUND):
             if not turns:
                 break
@@ -714,6 +715,10 @@ class PartitionReader:
                 if tracker.current_restriction().done:  # split: the rest is the residual's; a page read
                     result.stopped = True  # now (1 of the shard's 5 calls/s) could not be claimed
                     return result
+                if not pos.unstamped_latest:
+                    if not claim(ClaimCalled(shard_id, self._pace.calling(shard_id, self._now_ms()))):
+                        result.stopped = True  # the call's time travels with the restriction (its pace)
+                        return result
                 if pos.unstamped_latest:
                     # The shard's first iterator, at LATEST: its time goes into the
                     # restriction before anything is read from it, so whichever instance
@@ -749,20 +754,19 @@ class PartitionReader:
                                                   self._pending.get(shard_id))
                 result.at_head = result.at_head and empty
                 self._pending[shard_id] = pending if nxt is not None else None
-                (self._busy.discard if empty else self._busy.add)(shard_id)
+                self._pace.page(shard_id, empty)
                 if nxt is None:
                     if not claim(ClaimClosed(shard_id)):
                         result.stopped = True
                         return result
                     self._iterators.pop(shard_id, None)
                     self._pending.pop(shard_id, None)
-                    self._busy.discard(shard_id)
                     yield ShardClosed(self._partition.stream_arn, shard_id, new_pos.after)
                     # Discover again next round: this shard's children can start as
                     # soon as the sink has recorded it finished.
                     self._last_discovery_ms = None
                     self._rediscover = True
-                    self._pacer.forget(shard_id)
+                    self._pace.closed(shard_id)
                     result.at_head = False
                     continue  # closed: out of the round
                 self._iterators[shard_id] = (new_pos, nxt)
@@ -770,7 +774,7 @@ class PartitionReader:
                 if full:
                     still_full.append((shard_id, new_pos))  # more may follow: another turn
             if paced and not still_full:  # nothing left to read now: the runner waits, not us
-                if result.records == 0 and all(self._pending.get(s) is None and s not in self._busy
+                if result.records == 0 and all(self._pace.idle(s, self._pending.get(s))
                                                for _, s, _ in paced):
                     # Every shard was at its head, and empty, when last read: an idle
                     # poll that came early, an idle round, and the wait until it is due.
