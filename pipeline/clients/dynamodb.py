@@ -476,6 +476,24 @@ class Listing:
     descriptions: dict = field(default_factory=dict)  # shard id -> the service's shard description
 
 
+def list_children(client, stream_arn: str, shard_id: str, call: Callable) -> dict:
+    """{child id: description} of ``shard_id``: DescribeStream with ShardFilter
+    CHILD_SHARDS (one call, not a listing of every shard of the stream)."""
+    children: dict = {}
+    start: Optional[str] = None
+    while True:
+        kwargs = {"StreamArn": stream_arn, "Limit": DESCRIBE_LIMIT,
+                  "ShardFilter": {"Type": "CHILD_SHARDS", "ShardId": shard_id}}
+        if start:
+            kwargs["ExclusiveStartShardId"] = start
+        desc = call("DescribeStream", lambda: client.describe_stream(**kwargs))["StreamDescription"]
+        for s in desc.get("Shards", []):
+            children[s["ShardId"]] = s
+        start = desc.get("LastEvaluatedShardId")
+        if not start:
+            return children
+
+
 def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
                 retry: RetryPolicy = DEFAULT_READ_RETRY, metrics_table: Optional[str] = None) -> Listing:
     """All shards of the stream (DescribeStream, paginated). ``call(operation, fn)``
@@ -505,6 +523,12 @@ def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
 
 
 # --- AWS's limits --------------------------------------------------------------------
+
+# DynamoDB Streams allows 10 DescribeStream calls per second per stream (more are
+# throttled): the full listings of a stream by all the job's processes keep to
+# half of it, leaving the rest to the CHILD_SHARDS look-ups after a shard closes
+# and to other readers of the stream (status, another job).
+DESCRIBE_STREAM_BUDGET_PER_S = 5.0
 
 # DynamoDB Streams allows 5 GetRecords calls per second per shard (more are
 # throttled, and a Lambda trigger on the table shares the budget).
@@ -556,33 +580,76 @@ class ShardPacer:
             self._last[shard_id] = at
 
 
+def listing_spacing_s(shards: int, listers: int, budget_per_s: float = DESCRIBE_STREAM_BUDGET_PER_S) -> float:
+    """Seconds between two full listings of a stream of ``shards`` by each of
+    ``listers`` processes, for all of them together to make at most
+    ``budget_per_s`` DescribeStream calls per second (a listing is one call per
+    100 shards)."""
+    pages = max(1, -(-shards // DESCRIBE_LIMIT))
+    return pages * max(1, listers) / budget_per_s
+
+
 class ShardDirectory:
     """One shard discovery per stream per process, shared by its partitions.
 
-    DescribeStream has a low per-account rate limit and a large table has
-    thousands of shards (ten 100-shard pages per 1,000): each partition listing
-    them every discovery interval would multiply the calls by the partition
-    count. ``listing(max_age_s)`` returns the stream's last listing when it is
-    younger than that, else lists once — partitions asking meanwhile wait for that
-    one listing — so the calls per minute depend on the stream, not on how many
-    partitions read it."""
+    DescribeStream is limited per stream (10 calls per second) and a large table
+    has thousands of shards (ten 100-shard pages per 1,000): each partition
+    listing them every discovery interval would multiply the calls by the
+    partition count. ``listing(max_age_s, listers)`` returns the stream's last
+    listing when it is younger than that — or than the spacing that keeps
+    ``listers`` processes listing it within DESCRIBE_STREAM_BUDGET_PER_S
+    together (listing_spacing_s) — else lists once; partitions asking meanwhile
+    wait for that one listing. So the calls per second depend on the stream and
+    the number of listing processes, never on how many partitions read it.
+    After a shard closes, ``children`` asks for its children only (ShardFilter
+    CHILD_SHARDS: one call) and adds them to the listing every partition of
+    the process sees."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._streams: dict = {}  # stream arn -> (monotonic time listed, Listing)
         self._listing_locks: dict = {}
+        self._no_filter: set = set()  # streams whose endpoint has no ShardFilter (emulators, Kinesis)
 
-    def listing(self, client, stream_arn: str, call: Optional[Callable], max_age_s: float) -> Listing:
+    def _stream_lock(self, stream_arn: str) -> threading.Lock:
         with self._lock:
-            lock = self._listing_locks.setdefault(stream_arn, threading.Lock())
-        with lock:  # one listing of a stream at a time; the others then reuse it
+            return self._listing_locks.setdefault(stream_arn, threading.Lock())
+
+    def listing(self, client, stream_arn: str, call: Optional[Callable], max_age_s: float,
+                listers: int = 1) -> Listing:
+        with self._stream_lock(stream_arn):  # one listing of a stream at a time; the others then reuse it
             cached = self._streams.get(stream_arn)
-            if cached is not None and self._clock() - cached[0] < max_age_s:
-                return cached[1]
+            if cached is not None:
+                age_s = max(max_age_s, listing_spacing_s(len(cached[1].shards), listers))
+                if self._clock() - cached[0] < age_s:
+                    return cached[1]
             listing = list_shards(client, stream_arn, call)
             self._streams[stream_arn] = (self._clock(), listing)
             return listing
+
+    def children(self, client, stream_arn: str, closed: list, call: Callable, max_age_s: float,
+                 listers: int = 1) -> Listing:
+        """The listing with the children of the ``closed`` shards added (one
+        CHILD_SHARDS call each); a full listing when there is none yet or the
+        endpoint has no ShardFilter (then at most ``max_age_s`` old)."""
+        with self._stream_lock(stream_arn):
+            cached = self._streams.get(stream_arn)
+            if cached is not None and stream_arn not in self._no_filter:
+                listed_at, listing = cached
+                shards, descriptions = dict(listing.shards), dict(listing.descriptions)
+                try:
+                    for parent in closed:
+                        for child_id, desc in list_children(client, stream_arn, parent, call).items():
+                            shards[child_id] = desc.get("ParentShardId")
+                            descriptions[child_id] = desc
+                except (PermanentError, TypeError):  # no ShardFilter here (an emulator, the Kinesis adapter)
+                    self._no_filter.add(stream_arn)
+                else:
+                    listing = Listing(shards, listing.closed_ids | frozenset(closed), descriptions)
+                    self._streams[stream_arn] = (listed_at, listing)
+                    return listing
+        return self.listing(client, stream_arn, call, max_age_s)
 
     def forget(self, stream_arn: Optional[str] = None) -> None:
         with self._lock:

@@ -536,7 +536,7 @@ class PartitionReader:
         # The splittable DoFn's readers: a round that would wait for the pacer ends
         # and returns the wait to the runner (RoundResult.paced_s).
         self._hand_back_pacing = hand_back_pacing
-        self._rediscover = False
+        self._closed_since: list = []  # shards closed since the last discovery: their children are asked for
         self._partition = partition
         self._options = options
         self._load_checkpoints = load_checkpoints
@@ -567,12 +567,15 @@ class PartitionReader:
     def discover(self, tracker) -> bool:
         r = tracker.current_restriction()
         claim = tracker.try_claim
-        max_age = REDISCOVERY_MAX_AGE_S if self._rediscover else self._options.discovery_interval_s
-        listing = self._directory.listing(self._client, self._partition.stream_arn, self._call, max_age)
-        self._rediscover = False
-        checkpoints = self._load_checkpoints(self._partition.stream_arn)
-        claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints, self._options.start,
-                                            self._options.fresh)
+        stream_arn, closed = self._partition.stream_arn, self._closed_since
+        if closed:  # their children only (CHILD_SHARDS), not the whole stream again
+            listing = self._directory.children(self._client, stream_arn, closed, self._call, REDISCOVERY_MAX_AGE_S)
+        else:  # spaced so that every partition count stays within AWS's DescribeStream limit
+            listing = self._directory.listing(self._client, stream_arn, self._call,
+                                              self._options.discovery_interval_s, listers=self._partition.count)
+        self._closed_since = []
+        claims, self._waiting = plan_starts(listing, self._partition, r, self._load_checkpoints(stream_arn),
+                                            self._options.start, self._options.fresh)
         for c in claims + [ClaimDiscovered()]:
             if not claim(c):
                 return False
@@ -765,7 +768,7 @@ class PartitionReader:
                     # Discover again next round: this shard's children can start as
                     # soon as the sink has recorded it finished.
                     self._last_discovery_ms = None
-                    self._rediscover = True
+                    self._closed_since.append(shard_id)
                     self._pace.closed(shard_id)
                     result.at_head = False
                     continue  # closed: out of the round

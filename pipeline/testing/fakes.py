@@ -329,12 +329,17 @@ class FakeStreamsClient:
             if fault is not None:
                 raise fault
 
-    def describe_stream(self, StreamArn: str, Limit: int = 100, ExclusiveStartShardId: Optional[str] = None) -> dict:
+    def describe_stream(self, StreamArn: str, Limit: int = 100, ExclusiveStartShardId: Optional[str] = None,
+                        ShardFilter: Optional[dict] = None) -> dict:
         self._call("DescribeStream")
         if StreamArn != self.stream_arn:
             raise client_error("ResourceNotFoundException", f"Requested resource not found: {StreamArn}",
                                "DescribeStream")
         listed = [s for s in self.shards.values() if s.listed]
+        if ShardFilter is not None:  # CHILD_SHARDS, the only type: the children of one shard
+            if ShardFilter.get("Type") != "CHILD_SHARDS" or not ShardFilter.get("ShardId"):
+                raise client_error("ValidationException", f"bad ShardFilter {ShardFilter}", "DescribeStream")
+            listed = [s for s in listed if s.parent_id == ShardFilter["ShardId"]]
         ids = [s.shard_id for s in listed]
         start = ids.index(ExclusiveStartShardId) + 1 if ExclusiveStartShardId in ids else 0
         page = listed[start:start + min(Limit, self.describe_page)]
