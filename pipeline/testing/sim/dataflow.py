@@ -30,7 +30,10 @@ class DataflowChaos:
     worker_losses_per_hour: float = 0.5  # across the job
     restart_s: float = 120.0
     retry_s: float = 5.0  # a failed bundle is retried after this
-    bundle_s: float = 0.002  # a bundle's own time on the runner (without it a 0 s deferral spins)
+    # A bundle's own time on the runner: its partition's next bundle comes at least
+    # this much later (without it a 0 s deferral spins). Only its partition waits:
+    # other threads and workers run bundles meanwhile.
+    bundle_s: float = 0.002
 
 
 class InjectedFailure(Exception):
@@ -103,7 +106,6 @@ class SimDataflow:
         split_at = rng.randrange(1, 4) if rng.random() < chaos.rebalance_share else None
         fail_after_finish = rng.random() < chaos.finish_failure_share
         tracker = SimTracker(run.restriction)
-        self.clock.sleep(chaos.bundle_s)
         try:
             instance = worker.instance(i)
             with worker.active():
@@ -132,7 +134,7 @@ class SimDataflow:
             others = [x for x in self.workers if x.alive and x.number != w] or [worker]
             other = rng.choice(others)
             run.where = (other.number, rng.randrange(len(other.instances)))
-        self._push(run, self.clock.now_s + delay)
+        self._push(run, self.clock.now_s + max(delay, chaos.bundle_s))
 
     def _failed(self, run: PartitionRun, w: int, i: int, exc: BaseException) -> None:
         self.failures += 1
