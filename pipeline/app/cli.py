@@ -451,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-values", action="store_true", help="show cell values in examples (keys too)")
     add_show_keys_arg(p)
     p.add_argument("--eventually-consistent", action="store_true", help="cheaper, eventually consistent Scan")
+    p.add_argument("--max-rcu", type=number(float, above=0),
+                   help="read budget of the Scan in capacity units per second (default: unpaced)")
     p.add_argument("--report", metavar="FILE.json", help="write the machine-readable report here")
     p.add_argument("--recheck-wait", type=number(float, minimum=0), default=300.0, metavar="SECONDS",
                    help="re-check each difference once the live tail has applied every change up to then "

@@ -73,9 +73,9 @@ TAIL_ONLY = {"partitions", "start", "on_trimmed", "poll_interval", "discovery_in
              "kinesis_share"}
 VERIFY_ONLY = {"report", "show_keys", "show_values", "eventually_consistent", "recheck_wait"}
 CHECK = {"continuous_check", "continuous_check_segments"}  # run and migrate
-# verify reads (Scan segments or an export) and writes a report: no tail, no lease,
-# no read budget, no dead letters
-NOT_VERIFY = TAIL_ONLY | {"tasks", "max_rcu", "page_size", "consistent_read", "restart", "dlq_include_values",
+# verify reads (Scan segments or an export, within --max-rcu) and writes a report:
+# no tail, no lease, no dead letters
+NOT_VERIFY = TAIL_ONLY | {"tasks", "page_size", "consistent_read", "restart", "dlq_include_values",
                           "metrics_pushgateway", "take_over", "adopt_target", "standby", "lease_ttl", "lease_renew",
                           "bigtable_deadline", "dynamodb_deadline"}
 NOT_FOR = {"run": BACKFILL_ONLY | VERIFY_ONLY, "backfill": TAIL_ONLY | VERIFY_ONLY | CHECK,

@@ -201,4 +201,16 @@ def check_app_profiles(project: str, instance: str, app_profile: Optional[str], 
     if data is not None and not data.exists:
         raise ConfigError(f"app profile {app_profile!r} of Bigtable instance {instance} does not exist",
                           "target.app_profile")
+    if data is not None and (data.routing == MULTI_CLUSTER or data.cluster_id != facts.cluster_id):
+        # docs/design.md §10.4: every write of a row through one cluster.
+        routed = "to any cluster" if data.routing == MULTI_CLUSTER else f"to cluster {data.cluster_id}"
+        raise ConfigError(
+            f"app profile {app_profile!r} of Bigtable instance {instance} routes the data writes {routed}, and the "
+            f"state profile {state!r} (which writes a row's changes while a backfill runs) to cluster "
+            f"{facts.cluster_id}: two changes of one row could be written on two clusters, and Bigtable's "
+            "replication does not keep their order (each cell's last write by server time wins), so a later "
+            "delete could be undone by an earlier write replicated from the other cluster. Write through the "
+            f"state profile's cluster: drop target.app_profile, or set it to a single-cluster profile routed to "
+            f"{facts.cluster_id} (gcloud bigtable app-profiles create ddb2bt-data --instance={instance} "
+            f"--route-to={facts.cluster_id}) (docs/operations.md, HA instances)", "target.app_profile")
     return None

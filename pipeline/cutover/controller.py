@@ -231,7 +231,8 @@ def recopy_sweep(mapping, state_spec, migration: Migration, handoff: int, option
     logger = table_logger(log, mapping.name)
     logger.info("re-copy sweep of %s: removing what no item owns any more", ", ".join(mapping.tables))
     result = run_in_thread(f"re-copy sweep {mapping.name}",
-                           lambda: sweep_target(mapping, state_spec, handoff - handoff % 1000 - 1, options.segments))
+                           lambda: sweep_target(mapping, state_spec, handoff - handoff % 1000 - 1, options.segments,
+                                                options.max_rcu))
     migration.recopy_done()
     logger.info("re-copy sweep of %s done: %d row(s) read, %d item(s) scanned, %d stale column(s) deleted, %d "
                 "written meanwhile (kept)", mapping.name, result.rows_read, result.items, result.deleted,

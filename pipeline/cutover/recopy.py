@@ -38,7 +38,7 @@ from ddb2bt.pipeline.verify.spill import Spill, SpillDir, bucket_count, paired_g
 from ddb2bt.transforms.model import MUTATION_OVERHEAD_BYTES, DeleteCells, SetCell
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table
-from ddb2bt.pipeline.clients.dynamodb import describe_table
+from ddb2bt.pipeline.clients.dynamodb import TokenBucket, describe_table
 from ddb2bt.pipeline.connect.connections import dynamodb_client
 from ddb2bt.pipeline.verify.compare import VERSIONS
 from ddb2bt.pipeline.verify.verify import expected_of_records, Findings, scan_expected
@@ -159,9 +159,13 @@ def forget_digests(column: StaleColumn) -> list:
 
 def sweep(mapping, ddb, scan_target: Callable[[str], Iterable], delete: Callable[[StaleColumn], bool],
           backfill_ms: int, segments: int = 8, estimated_items: int = 0,
-          workdir: Optional[str] = None) -> SweepResult:
+          workdir: Optional[str] = None, bucket: Optional[TokenBucket] = None) -> SweepResult:
     """Read every target table, scan the source, delete the stale columns
-    (``delete(column) -> False`` when the column got a newer cell meanwhile)."""
+    (``delete(column) -> False`` when the column got a newer cell meanwhile).
+    The Scan is paced by ``bucket`` (the backfill's --max-rcu) and strongly
+    consistent: a column is judged stale by what no item owns, and an item
+    an eventually consistent read missed would lose a cell the ordering guard
+    kept from before the handoff (docs/design.md §7.7)."""
     buckets = bucket_count(estimated_items)
     findings = Findings()
     rows_read = deleted = kept = 0
@@ -175,7 +179,8 @@ def sweep(mapping, ddb, scan_target: Callable[[str], Iterable], delete: Callable
                 rows_read += 1
         actual.flush()
         expected = Spill(spill_dir.path, "expected", buckets)
-        items = scan_expected(mapping, ddb, segments, True, lambda n: None, None, expected, findings, mapping.name)
+        items = scan_expected(mapping, ddb, segments, True, lambda n: None, None, expected, findings, mapping.name,
+                              bucket=bucket)
         expected.flush()
         for exp_records, act_records in paired_groups(expected, actual):
             want = expected_of_records(mapping, exp_records)[0]
@@ -274,8 +279,10 @@ def deleter(writer, owners=None, backfill_ms: int = 0) -> Callable[[StaleColumn]
     return delete
 
 
-def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8) -> SweepResult:
-    """The sweep against the mapping's source and target (``run_backfill`` calls it)."""
+def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8,
+                 max_rcu: Optional[float] = None) -> SweepResult:
+    """The sweep against the mapping's source and target (``run_backfill`` calls
+    it), its Scan within ``max_rcu`` capacity units per second like the backfill's."""
     ddb = dynamodb_client(mapping.source.region)
     t = mapping.target
     expected = describe_table(ddb, mapping.source.table).get("ItemCount", 0)
@@ -284,7 +291,7 @@ def sweep_target(mapping, state_spec, backfill_ms: int, segments: int = 8) -> Sw
     try:
         return sweep(mapping, ddb, lambda table: iter_table(t.project, t.instance, table),
                      deleter(writer, store.versions(), backfill_ms), backfill_ms, segments=segments,
-                     estimated_items=int(expected))
+                     estimated_items=int(expected), bucket=TokenBucket(max_rcu) if max_rcu else None)
     finally:
         writer.close()
         store.close()

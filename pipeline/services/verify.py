@@ -30,7 +30,8 @@ def cmd_verify(args) -> int:
         reports[mapping.name] = report = verify_target(
             mapping, state_spec(args, mapping).store(), segments=args.segments, sample_rate=args.sample_rate,
             consistent=not args.eventually_consistent, show_values=args.show_values, show_keys=args.show_keys,
-            recheck_options=RecheckOptions(wait_s=args.recheck_wait), workdir=args.spill_dir)
+            recheck_options=RecheckOptions(wait_s=args.recheck_wait), workdir=args.spill_dir,
+            max_rcu=args.max_rcu)
         print_report(report)
     identical = all(r.identical for r in reports.values())
     if len(mappings) > 1:
@@ -56,6 +57,7 @@ def cmd_verify_beam(args, mappings: list) -> int:
 
     if args.sample_rate < 1:
         raise ConfigError("the Beam verify checks every item; drop it or run the local verify", "--sample-rate")
+
     if args.from_export and len(mappings) > 1:
         raise ConfigError("an export holds one table: verify one mapping with it", "--from-export")
     local = is_local(args.beam_args)
@@ -65,7 +67,7 @@ def cmd_verify_beam(args, mappings: list) -> int:
     for m in mappings:
         source = (ExportSource(args.from_export, m.source.region) if args.from_export else
                   ScanSource(m.source.table, args.segments, m.source.region,
-                             consistent_read=not args.eventually_consistent))
+                             consistent_read=not args.eventually_consistent, max_rcu=args.max_rcu))
         if args.from_export:
             source.check(m.source.table, m.source.region)
         tables.append(VerifyTable(m, source, args.show_values, args.show_keys, state=state_spec(args, m),

@@ -249,10 +249,11 @@ class PartitionRestriction:
     discovered_once: bool = False
     idle_since_ms: Optional[int] = None
     done: bool = False
-    # ((shard_id, wall ms of its latest GetRecords), ...): the shard's pace travels
+    # Wall ms of the partition's latest GetRecords call: the shards' pace travels
     # with the restriction, so a residual resumed by another DoFn instance or
-    # worker waits out AWS's 5 calls per second per shard like the one before.
-    called: tuple = ()
+    # worker waits out AWS's 5 calls per second per shard from it (every shard
+    # taken as called then: never sooner than the previous holder allowed).
+    last_call_ms: Optional[int] = None
 
     def position_map(self) -> dict:
         return dict(self.positions)
@@ -298,9 +299,8 @@ class ClaimEnd:
 
 @dataclass(frozen=True)
 class ClaimCalled:
-    """A GetRecords call on ``shard_id`` is made at ``at_ms`` (wall clock)."""
+    """A GetRecords call is made at ``at_ms`` (wall clock)."""
 
-    shard_id: str
     at_ms: int
 
 
@@ -318,18 +318,11 @@ def _shard_pos_after(sequence_number: str) -> ShardPos:
 
 
 def _restriction(positions: tuple, closed: frozenset, discovered_once: bool, idle_since_ms: Optional[int],
-                 done: bool, called: tuple) -> PartitionRestriction:
+                 done: bool, last_call_ms: Optional[int]) -> PartitionRestriction:
     r = _new_object(PartitionRestriction)
     r.__dict__.update(positions=positions, closed=closed, discovered_once=discovered_once,
-                      idle_since_ms=idle_since_ms, done=done, called=called)
+                      idle_since_ms=idle_since_ms, done=done, last_call_ms=last_call_ms)
     return r
-
-
-def _called(called: tuple, shard_id: str, at_ms: Optional[int]) -> tuple:
-    entries = {s: t for s, t in called if s != shard_id}
-    if at_ms is not None:
-        entries[shard_id] = at_ms
-    return tuple(sorted(entries.items()))
 
 
 def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
@@ -343,10 +336,9 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
             pos = dict(positions)
             pos[claim.shard_id] = entry[1]
             positions = tuple(sorted(pos.items()))
-        return _restriction(positions, r.closed, r.discovered_once, None, r.done, r.called)
-    if type(claim) is ClaimCalled:  # once per GetRecords call
-        return _restriction(r.positions, r.closed, r.discovered_once, r.idle_since_ms, r.done,
-                            _called(r.called, claim.shard_id, claim.at_ms))
+        return _restriction(positions, r.closed, r.discovered_once, None, r.done, r.last_call_ms)
+    if type(claim) is ClaimCalled:  # once per GetRecords call: O(1), whatever the shard count
+        return _restriction(r.positions, r.closed, r.discovered_once, r.idle_since_ms, r.done, claim.at_ms)
     if isinstance(claim, ClaimStart):
         pos = r.position_map()
         pos[claim.shard_id] = claim.pos
@@ -354,8 +346,7 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
     if isinstance(claim, ClaimClosed):
         pos = r.position_map()
         pos.pop(claim.shard_id, None)
-        return replace(r, positions=tuple(sorted(pos.items())), closed=r.closed | {claim.shard_id},
-                       called=_called(r.called, claim.shard_id, None))
+        return replace(r, positions=tuple(sorted(pos.items())), closed=r.closed | {claim.shard_id})
     if isinstance(claim, ClaimForget):
         return replace(r, closed=r.closed - {claim.shard_id})
     if isinstance(claim, ClaimIdle):
@@ -701,7 +692,7 @@ class PartitionReader:
         stream_arn, metrics = self._partition.stream_arn, self._metrics
         on_read = metrics.lag.on_read if metrics else None
         turns = list(tracker.current_restriction().positions)
-        self._pace.resume(tracker.current_restriction().called, self._now_ms())  # the shards' pace, whoever read
+        self._pace.resume(tracker.current_restriction().last_call_ms, turns, self._now_ms())  # whoever read last
         for _ in range(PAGES_PER_ROUND):
             if not turns:
                 break
@@ -719,7 +710,7 @@ class PartitionReader:
                     result.stopped = True  # now (1 of the shard's 5 calls/s) could not be claimed
                     return result
                 if not pos.unstamped_latest:
-                    if not claim(ClaimCalled(shard_id, self._pace.calling(shard_id, self._now_ms()))):
+                    if not claim(ClaimCalled(self._pace.calling(self._now_ms()))):
                         result.stopped = True  # the call's time travels with the restriction (its pace)
                         return result
                 if pos.unstamped_latest:

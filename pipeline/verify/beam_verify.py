@@ -42,7 +42,7 @@ from ddb2bt.transforms.errors import MappingError
 from ddb2bt.transforms.mapping import expected_cells
 from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
 from ddb2bt.pipeline.clients.bigtable.reads import data_client, iter_table, read_rows, table_ranges
-from ddb2bt.pipeline.clients.dynamodb import describe_table, get_item, scan_pages
+from ddb2bt.pipeline.clients.dynamodb import TokenBucket, describe_table, get_item, scan_pages
 from ddb2bt.pipeline.connect.connections import DynamoDBClientFactory, StreamsClientFactory
 from ddb2bt.pipeline.verify.recheck import recheck, stream_watermark
 from ddb2bt.pipeline.verify.verify import Findings, findings_of
@@ -97,9 +97,12 @@ class _ReadSourceItemsFn(beam.DoFn):
         src = self._source
         if isinstance(src, ScanSource):
             segment, total = parse_segment(part)
+            # --max-rcu: each segment keeps to its share, so all together stay within it
+            # however many of them run at once.
+            bucket = TokenBucket(src.max_rcu / total) if src.max_rcu else None
             for page in scan_pages(self._client, src.table, segment=segment, total_segments=total,
                                    consistent_read=src.consistent_read, page_limit=None, what=f"Scan {part}",
-                                   metrics_table=self._metrics_table):
+                                   metrics_table=self._metrics_table, bucket=bucket):
                 yield from page.items
         else:
             yield from src.items(part)

@@ -30,7 +30,7 @@ from ddb2bt.pipeline.verify.recheck import RecheckOptions, RecheckResult, rechec
 from ddb2bt.pipeline.control.mapping_change import fingerprint_of
 from ddb2bt.pipeline.verify.spill import Spill, SpillDir, bucket_count, paired_groups
 from ddb2bt.pipeline.observe.progress import run_in_thread
-from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, describe_table, get_item, scan_pages
+from ddb2bt.pipeline.clients.dynamodb import MAX_SCAN_THREADS, TokenBucket, describe_table, get_item, scan_pages
 from ddb2bt.pipeline.observe.redaction import Redaction
 from ddb2bt.pipeline.clients.bigtable.reads import iter_table, read_rows
 from ddb2bt.pipeline.connect.connections import dynamodb_client, StreamsClientFactory
@@ -103,7 +103,8 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
            sample_rate: float = 1.0, consistent: bool = True, show_values: bool = False,
            on_page: Callable[[int], None] = lambda n: None, estimated_items: int = 0,
            workdir: Optional[str] = None, recheck_with: Optional["Rechecker"] = None,
-           show_keys: bool = False, metrics_table: Optional[str] = None) -> VerifyReport:
+           show_keys: bool = False, metrics_table: Optional[str] = None,
+           bucket: Optional[TokenBucket] = None) -> VerifyReport:
     """Bounded memory (docs/design.md §11): the target tables are read first
     (``scan_target(table)`` → iterable of ``(row_key, cells)``), then the source
     is scanned in parallel segments; both sides are spilled to hash buckets on
@@ -129,7 +130,7 @@ def verify(mapping: MappingConfig, ddb, scan_target: Callable, read_rows: Callab
             actual.flush()
         expected = Spill(spill_dir.path, "expected", buckets)
         scanned = scan_expected(mapping, ddb, segments, consistent, on_page, keep, expected, findings,
-                             metrics_table or mapping.name, sample_rate)
+                                metrics_table or mapping.name, sample_rate, bucket=bucket)
         expected.flush()
         report = VerifyReport(identical=True, sampled=is_sample, items=scanned, rows_expected=0,
                               checked_at_ms=time.time_ns() // 1_000_000)
@@ -204,18 +205,20 @@ class Rechecker:
 
 def scan_expected(mapping: MappingConfig, ddb, segments: int, consistent: bool, on_page: Callable[[int], None],
                   keep: Optional[Callable[[str, bytes], bool]], expected: Spill, findings: "Findings",
-                  metrics_table: str, sample_rate: float = 1.0) -> int:
+                  metrics_table: str, sample_rate: float = 1.0, bucket: Optional[TokenBucket] = None) -> int:
     """Scan the source in parallel segments; each item's owned cells go to the
     spill, one record per (table, row) it maps to — of the sampled rows only
     when ``keep(table, row_key)`` is given. Returns the items compared (those
-    with a kept row)."""
+    with a kept row). ``bucket``: the read budget (--max-rcu), shared by the
+    segments' threads: each page's consumed capacity is charged to it."""
     count = [0]
     lock = threading.Lock()
 
     def segment(i: int) -> None:
         kept = 0
         for page in scan_pages(ddb, mapping.source.table, segment=i, total_segments=segments,
-                               consistent_read=consistent, page_limit=None, metrics_table=metrics_table):
+                               consistent_read=consistent, page_limit=None, metrics_table=metrics_table,
+                               bucket=bucket):
             # Each item is released once spilled, and the page before the next
             # one is fetched: a segment thread holds at most one decoded page.
             items = page.items
@@ -443,7 +446,7 @@ def print_report(report: VerifyReport, out=print) -> None:
 def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate: float = 1.0,
                   consistent: bool = True, show_values: bool = False, progress: bool = True,
                   recheck_options: RecheckOptions = RecheckOptions(), workdir: Optional[str] = None,
-                  show_keys: bool = False) -> VerifyReport:
+                  show_keys: bool = False, max_rcu: Optional[float] = None) -> VerifyReport:
     """`ddb2bt verify`: compare, with a progress bar, and record the summary in the
     state table (``status`` reads it)."""
     if not 0 < sample_rate <= 1:
@@ -467,7 +470,8 @@ def verify_target(mapping: MappingConfig, store, segments: int = 8, sample_rate:
                       lambda table, keys: read_rows(t.project, t.instance, table, keys),
                       segments=segments, sample_rate=sample_rate, consistent=consistent, show_values=show_values,
                       on_page=lambda n: scanned.__setitem__(0, scanned[0] + n), estimated_items=expected,
-                      workdir=workdir, recheck_with=rechecker, show_keys=show_keys, metrics_table=job)
+                      workdir=workdir, recheck_with=rechecker, show_keys=show_keys, metrics_table=job,
+                      bucket=TokenBucket(max_rcu) if max_rcu else None)
 
     report = run_in_thread("verify", run, expected, (lambda: scanned[0]) if progress else None)
     summary = {k: v for k, v in report.to_json().items() if k != "tables"}

@@ -64,12 +64,25 @@ def test_single_cluster_without_transactions_is_refused_with_the_update_command(
     assert "app-profiles update single --instance=inst --route-to=c1 --transactional-writes" in str(err.value)
 
 
-def test_a_single_cluster_transactional_state_profile_next_to_a_multi_cluster_data_profile_passes():
-    admin = FakeAdmin(HA, STATE)
-    assert check_app_profiles("p", "inst", "ha", "state", admin=admin) is None
-    assert admin.asked == ["state", "ha"]  # the data profile is only checked to exist
+def test_a_data_profile_on_the_state_profiles_cluster_passes():
+    data = AppProfileFacts("data", routing=SINGLE_CLUSTER, cluster_id="c1")
+    admin = FakeAdmin(data, STATE)
+    assert check_app_profiles("p", "inst", "data", "state", admin=admin) is None
+    assert admin.asked == ["state", "data"]
     # one single-cluster transactional profile for everything passes too
     assert check_app_profiles("p", "inst", "state", None, admin=FakeAdmin(STATE)) is None
+
+
+@pytest.mark.parametrize("data", [HA, AppProfileFacts("other", routing=SINGLE_CLUSTER, cluster_id="c2")],
+                         ids=["multi-cluster", "another-cluster"])
+def test_data_writes_that_could_land_on_another_cluster_than_the_states_are_refused(data):
+    """Two changes of one row written on two clusters (the data profile's, and the
+    state profile's while a backfill runs) are not ordered by replication: a later
+    delete could be undone by an earlier write replicated from the other cluster."""
+    with pytest.raises(ConfigError) as err:
+        check_app_profiles("p", "inst", data.profile_id, "state", admin=FakeAdmin(data, STATE))
+    assert err.value.field == "target.app_profile"
+    assert f"'{data.profile_id}'" in str(err.value) and "--route-to=c1" in str(err.value)
 
 
 def test_missing_profiles_are_named():

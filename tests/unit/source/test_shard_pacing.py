@@ -1,7 +1,7 @@
 """A shard's pace (AWS allows 5 GetRecords per second per shard) follows the
-shard, not the DoFn instance: the time of each call travels in the restriction,
-so a residual resumed by another instance or worker waits from the last call
-its previous holder made instead of calling at once."""
+shard, not the DoFn instance: the time of the partition's latest call travels
+in the restriction, so a residual resumed by another instance or worker waits
+from the last call its previous holder made instead of calling at once."""
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -67,11 +67,3 @@ def test_the_reader_that_made_the_call_keeps_its_own_pace():
     client.put("s", "INSERT", {"pk": {"S": "k9"}}, {"pk": {"S": "k9"}})
     out, result = drain_round(reader, tracker)
     assert result.paced_s is None and len(out) == 1
-
-
-def test_a_closed_shard_leaves_the_restrictions_pace():
-    client, state = busy_stream()
-    client.close_shard("s")
-    tracker = LocalTracker()
-    drain_round(instance(client, state, Time()), tracker)
-    assert tracker.current_restriction().called == ()

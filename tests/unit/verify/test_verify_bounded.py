@@ -415,3 +415,40 @@ def test_the_beam_verify_rechecks_a_bundles_divergent_rows_in_one_batch():
     with beam.Pipeline() as p:  # the local runner: one bundle
         sizes = p | beam.Create(range(rows), reshuffle=False) | batch_divergent_rows() | beam.Map(len)
         assert_that(sizes, equal_to([RECHECK_BATCH_ROWS, RECHECK_BATCH_ROWS, 7]))
+
+
+class MeteredDynamo(FakeDynamo):
+    """Each Scan page reports the capacity it consumed, as DynamoDB does."""
+
+    def __init__(self, items, units_per_page):
+        super().__init__(items)
+        self.units_per_page = units_per_page
+
+    def scan(self, **kw):
+        page = super().scan(**kw)
+        page["ConsumedCapacity"] = {"CapacityUnits": self.units_per_page}
+        return page
+
+
+def test_verify_and_the_recopy_sweep_scan_within_max_rcu(tmp_path):
+    """The Scans of verify and of the re-copy sweep are charged to a read budget
+    (--max-rcu) like the backfill's: pages that consumed 3 x 100 units at 50 per
+    second wait ~6 s (less the bucket's first second)."""
+    from ddb2bt.pipeline.clients.dynamodb import TokenBucket
+    from ddb2bt.pipeline.cutover.recopy import sweep
+    items, bt = catalog_world(12)
+    read = reader(bt)
+    for run_scan in (
+        lambda ddb, bucket: verify(CATALOG, ddb, lambda table: sorted(read(table).items()),
+                                   lambda table, keys: {}, segments=3, workdir=str(tmp_path), bucket=bucket),
+        lambda ddb, bucket: sweep(CATALOG, ddb, lambda table: sorted(read(table).items()), lambda column: True,
+                                  T, segments=3, workdir=str(tmp_path), bucket=bucket),
+    ):
+        now, slept = [0.0], []
+
+        def sleep(s):
+            slept.append(s)
+            now[0] += s
+        bucket = TokenBucket(50.0, clock=lambda: now[0], sleep=sleep)
+        run_scan(MeteredDynamo(items, 100.0), bucket)
+        assert sum(slept) >= (3 * 100.0 - 50.0) / 50.0 - 1e-6
