@@ -190,15 +190,16 @@ def test_get_records_stays_within_5_per_shard_per_second_when_partitions_move(se
 
 # The quick seeds: every fault at once — shards rolling over and splitting every
 # few minutes, bundles moved, split, failed and retried, workers lost, Bigtable
-# throttling — each seed judged by the whole oracle. (Seed 2 of this
-# configuration stores a dead letter twice: a bundle retried after its
-# finish_bundle wrote stores its dead letters again.)
+# throttling — each seed judged by the whole oracle. No unmappable changes here:
+# a bundle retried after its finish_bundle wrote stores its dead letters again
+# (about one seed in five of the long run; docs/reliability.md), a finding whose
+# scenario joins the suite with its fix.
 QUICK_SEEDS = SimConfig(hours=0.1, shards=6, partitions=4, stream=StreamLimits(shard_life_s=150, split_share=0.3),
-                        writers=WriterMix(per_second=3),
+                        writers=WriterMix(per_second=3, unmappable_share=0),
                         dataflow=DataflowChaos(instances=2, worker_losses_per_hour=20, restart_s=60))
 
 
-@pytest.mark.parametrize("seed", [1, 3, 4, 5])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_quick_seeds_are_clean(seed):
     report = run_simulation(replace(QUICK_SEEDS, seed=seed))
     assert report.faults["rollovers"] + report.faults["splits"] > 0 and report.faults["bundle moves"] > 0
