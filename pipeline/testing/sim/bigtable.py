@@ -1,0 +1,99 @@
+"""The Bigtable side of the simulation: the in-memory Bigtable
+(``pipeline/testing/fakes.py``) on the simulated clock, under pressure:
+
+* every MutateRows and CheckAndMutateRow takes simulated time (a latency drawn
+  per call, sometimes slow);
+* RESOURCE_EXHAUSTED (the whole request refused, the server overloaded) and
+  requests partly failed (some entries UNAVAILABLE, the rest applied);
+* Bigtable's request limits enforced: 100,000 mutations and 256 MB per
+  request, past which the request fails INVALID_ARGUMENT — and the ledger
+  counts it (a limit exceeded is a finding, whatever the writer does next).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable, EntryStatus
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
+from ddb2bt.pipeline.testing.sim.clock import SimClock
+from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
+
+__all__ = ["BigtablePressure", "SimBigtable"]
+
+RESOURCE_EXHAUSTED = 8
+UNAVAILABLE = 14
+
+
+@dataclass(frozen=True)
+class BigtablePressure:
+    latency_s: float = 0.01  # a call's usual time
+    slow_share: float = 0.01  # calls that take ``slow_s`` instead
+    slow_s: float = 2.0
+    exhausted_share: float = 0.01  # requests refused whole: RESOURCE_EXHAUSTED
+    partial_share: float = 0.01  # requests with some entries UNAVAILABLE
+    check_and_mutate_s: float = 0.02  # a CheckAndMutateRow's time
+
+
+class SimBigtable(InMemoryBigtable):
+    """The target and the state table (see the module docstring)."""
+
+    def __init__(self, clock: SimClock, rng: random.Random, pressure: BigtablePressure,
+                 families: Optional[dict] = None) -> None:
+        super().__init__(families=families, fault=self._fault)
+        self.clock, self.rng, self.pressure = clock, rng, pressure
+        self.requests = 0
+        self.exhausted = self.partial = self.slow = 0
+        self.over_limit: list = []  # (what, mutations, bytes) of requests past Bigtable's limits
+        self.peak_mutations = 0
+
+    def _takes_time(self) -> None:
+        """A call's simulated time, spent before the store is touched (outside its
+        lock: other threads' calls, a heartbeat's renewal, run meanwhile)."""
+        p, rng = self.pressure, self.rng
+        self.requests += 1
+        slow = rng.random() < p.slow_share
+        self.slow += slow
+        self.clock.sleep(p.slow_s if slow else p.latency_s * rng.uniform(0.5, 1.5))
+
+    def mutate_rows(self, table_id: str, entries: Sequence) -> list:
+        self._takes_time()
+        return super().mutate_rows(table_id, entries)
+
+    def swap_cell(self, *args, **kwargs) -> bool:
+        self._takes_time()
+        return super().swap_cell(*args, **kwargs)
+
+    def swap_row(self, *args, **kwargs) -> bool:
+        self._takes_time()
+        return super().swap_row(*args, **kwargs)
+
+    def _fault(self, table_id: str, entries: Sequence, call_no: int) -> Optional[list]:
+        p, rng = self.pressure, self.rng
+        mutations = sum(len(m) for _, m in entries)
+        size = sum(len(k) + sum(len(getattr(m, "value", b"")) + len(m.qualifier) + len(m.family) for m in ms)
+                   for k, ms in entries)
+        self.peak_mutations = max(self.peak_mutations, mutations)
+        if mutations > MAX_MUTATIONS_PER_REQUEST or size > MAX_REQUEST_BYTES:
+            self.over_limit.append((table_id, mutations, size))
+            raise BigtablePermanent(f"INVALID_ARGUMENT: request of {mutations} mutations, {size} bytes "
+                                    "is over Bigtable's limits")
+        if rng.random() < p.exhausted_share:
+            self.exhausted += 1
+            raise BigtableRetryable("RESOURCE_EXHAUSTED: server overloaded (simulated)")
+        if len(entries) > 1 and rng.random() < p.partial_share:
+            self.partial += 1
+            return [EntryStatus(UNAVAILABLE, "UNAVAILABLE (simulated)") if rng.random() < 0.3 else None
+                    for _ in entries]
+        return None
+
+    def check_and_mutate(self, table_id: str, row_key: bytes, unless, mutations: Sequence) -> bool:
+        self._takes_time()
+        self.clock.sleep(self.pressure.check_and_mutate_s)
+        return super().check_and_mutate(table_id, row_key, unless, mutations)
+
+    def read_table(self, table_id: str) -> dict:
+        """{row: {(family, qualifier): [(ts, value)] newest first}}: what verify reads."""
+        return {k: {c: sorted(v.items(), reverse=True) for c, v in cols.items()}
+                for k, cols in self.versions(table_id).items()}
