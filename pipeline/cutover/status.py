@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.pipeline.control.mapping_change import running_mapping
 from ddb2bt.pipeline.control.phases import BACKFILLING, CATCHING_UP, Migration
@@ -130,6 +130,12 @@ def assess(f: Facts, flags: str = "") -> tuple:
     if silent and not tail_stopped:  # with no tail running, that it does not report goes without saying
         reasons.append(f"{len(silent)} shard(s) without a report from a running reader in the last "
                        f"{REPORT_FRESH_MS // 1000} s: the tail is stalled or stopped (restart it with ddb2bt run{f_})")
+    if f.phase not in (None, BACKFILLING) and not f.shards:
+        # No shard listed (the stream not described or not answering): nothing
+        # shows the tail is caught up, so it is not READY on faith.
+        which = f"stream {f.stream_arn}" if f.stream_arn else "no stream described"
+        reasons.append(f"no shard of the source's stream could be listed now ({which}): that the tail is caught "
+                       f"up is not shown; check the source is reachable and run ddb2bt status{f_} again")
     lagging = [s for s in f.shards if not s.finished and s.lag_ms(f.now_ms) > LAG_READY_MS]
     if lagging:
         worst = max(s.lag_ms(f.now_ms) for s in lagging)
@@ -218,9 +224,10 @@ def _oldest_held_ms(streams, stream_arn: str, shard_id: str) -> Optional[int]:
     trimmed (the tail, which retries, decides for itself when it starts)."""
     try:
         return oldest_record_ms(streams, stream_arn, shard_id)
-    except ClientError as exc:
+    except (ClientError, BotoCoreError) as exc:  # an error answer, or none (a timeout, no connection)
+        code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else type(exc).__name__
         log.warning("cannot read the oldest record of %s (%s): a trimmed checkpoint there is not proven harmless",
-                    shard_id, exc.response.get("Error", {}).get("Code"))
+                    shard_id, code)
         return None
 
 

@@ -13,6 +13,7 @@ from ddb2bt.pipeline.services.jobs import load_all, mapping_flags, state_spec, w
 from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.pipeline.control.letters import REDACTED, key_text
 from ddb2bt.pipeline.control.ownership import release_targets
+from ddb2bt.pipeline.control.phases import Migration, refuse_forward_after_cutover
 
 
 def cmd_dlq_list(args) -> int:
@@ -78,6 +79,9 @@ def cmd_dlq_redrive(args) -> int:
                              dry_run=args.dry_run)
     kept = 0
     states = [state_spec(args, mapping) for mapping in mappings]
+    if not args.dry_run:  # after the cutover a redrive would overwrite the application's writes to Bigtable
+        for mapping, state in zip(mappings, states):
+            refuse_forward_after_cutover(Migration(state.store()), mapping.source.table)
     counts = {}
     for mapping, state in zip(mappings, states):
         result = redrive_job(mapping, state, options)

@@ -16,6 +16,7 @@ from ddb2bt.pipeline.services.jobs import (
 )
 from ddb2bt.pipeline import signals
 from ddb2bt.pipeline.connect.preflight import check_target, ensure_state_table
+from ddb2bt.pipeline.control.phases import Migration, refuse_forward_after_cutover
 
 log = logging.getLogger("ddb2bt")
 
@@ -136,6 +137,9 @@ def cmd_backfill(args) -> int:
     for mapping in mappings:
         ensure_state_table(mapping.target.project, mapping.target.instance, args.state_table)
     specs = [state_spec(args, mapping, dlq_values(args)) for mapping in mappings]
+    if not getattr(args, "restart", False):  # after the cutover: it would copy DynamoDB over the app's writes
+        for mapping, spec in zip(mappings, specs):
+            refuse_forward_after_cutover(Migration(spec.store()), mapping.source.table)
     claim_target_tables(args, mappings, specs)
     tables = [TableBackfill(m, spec, opts)
               for m, spec, opts in zip(mappings, specs, with_backfill_leases(args, options, specs))]

@@ -147,6 +147,11 @@ def test_product_catalog_cutover_and_the_way_back(cs_stack, tmp_path, unique, ca
     assert canon(workload.scan_all(ddb, mapping.source.table)) == canon(items)
     assert ddb2bt(["run", "--mapping", str(path), "--until-idle", "0.5"]) == 2
     assert "was cut over" in capsys.readouterr().err
+    # Nor anything else that copies DynamoDB into Bigtable over the application's writes.
+    for command in (["backfill"], ["dlq", "redrive"], ["repair"]):
+        assert ddb2bt(command + ["--mapping", str(path)]) == 2, command
+        assert "was cut over" in capsys.readouterr().err, command
+    assert canon(workload.scan_all(ddb, mapping.source.table)) == canon(items)
 
 
 def test_invoices_cutover_and_the_way_back(cs_stack, tmp_path, unique, capsys):

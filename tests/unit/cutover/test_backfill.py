@@ -157,7 +157,8 @@ def test_export_lines_decode_as_json_loads_decodes_their_bytes():
 def facts(**kw):
     base = dict(now_ms=10**13, phase="LIVE", handoff_ms=1, backfill_parts=4, backfill_done_parts=4,
                 backfill_items=100, backfill_expected=100, backfill_done_ms=5, tail_held=True,
-                last_verify={"identical": True, "sampled": False, "checked_at_ms": 10})
+                last_verify={"identical": True, "sampled": False, "checked_at_ms": 10},
+                shards=[ShardStatus("s", "1", False, None, 10**13 - 1_000, False, 1_000)])
     base.update(kw)
     return Facts(**base)
 
@@ -170,6 +171,7 @@ def test_ready_only_when_everything_holds():
         "shard(s) behind": facts(shards=[ShardStatus("s", "1", False, 10**13 - 120_000, None)]),
         "retention headroom": facts(shards=[ShardStatus("s", "1", False, 10**13 - 20 * 3600_000, None)]),
         "dead letter": facts(dead_letters=2),
+        "could be listed now (no stream described)": facts(shards=[]),
         "never verified": facts(last_verify=None),
         "found differences": facts(last_verify={"identical": False}),
         "was sampled": facts(last_verify={"identical": True, "sampled": True, "checked_at_ms": 10}),

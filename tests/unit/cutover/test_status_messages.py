@@ -201,3 +201,24 @@ def test_a_job_that_was_cut_over_points_at_the_way_back_not_at_a_stopped_tail():
     assert not ready
     assert reasons == ["cut over: forward replication stopped for good, the way back runs; whether switching back is "
                        "READY: ddb2bt rollback status -m orders.yaml"]
+
+
+def test_status_answers_when_the_oldest_record_read_gets_no_answer_at_all():
+    """A timeout or a refused connection (botocore's errors, not an AWS answer)
+    proves nothing either: the shard stays trimmed, and status still answers."""
+    from botocore.exceptions import ReadTimeoutError
+
+    client = FakeStreamsClient()
+    client.add_shard("s0")
+    for i, created in enumerate((NOW - 3_700_000, NOW - 3_660_000)):
+        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}}, created_ms=created)
+    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
+    store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", client.shards["s0"].records[0]["dynamodb"][
+        "SequenceNumber"])])
+    store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 3_600_000})
+    client.shards["s0"].trimmed_before = 1
+
+    def no_answer(**kw):
+        raise ReadTimeoutError(endpoint_url="http://streams.example")
+    client.get_records = no_answer
+    assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]
