@@ -131,7 +131,9 @@ def test_dlq_redrive_ends_with_the_same_summary_and_hints_with_the_state_options
     import ddb2bt.pipeline.recover.redrive as redrive
     import ddb2bt.pipeline.services.dead_letters as dead_letters  # the dlq commands' service
 
-    monkeypatch.setattr(dead_letters, "state_spec", lambda args, mapping, *a: SimpleNamespace(job=args.job_name))
+    monkeypatch.setattr(dead_letters, "state_spec", lambda args, mapping, *a: SimpleNamespace(
+        job=args.job_name, store=lambda: "store"))
+    monkeypatch.setattr(dead_letters, "Migration", lambda store: SimpleNamespace(phase="LIVE"))
     monkeypatch.setattr(redrive, "redrive_job", lambda *a: redrive.RedriveResult(items=3, resolved=2,
                                                                                   still_failing=1))
     assert main(["dlq", "redrive", "-m", "example:product_catalog", "--job-name", "shpo"]) == 1
