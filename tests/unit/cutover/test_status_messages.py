@@ -176,9 +176,9 @@ def test_a_live_job_whose_tail_nobody_holds_is_not_ready_saying_since_when_and_h
     assert (f.tail_held, f.tail_stopped_ms) == (True, None) and not any("tail is not running" in r for r in reasons)
 
 
-def test_status_answers_when_the_oldest_record_cannot_be_read_now_and_claims_no_proof():
-    from ddb2bt.pipeline.testing.fakes import client_error
-
+def trimmed_shard_seen_at_its_head(failure: Exception) -> list:
+    """``gather``'s trimmed flags for a shard whose checkpoint was trimmed after
+    a head sighting, when reading its oldest record raises ``failure``."""
     client = FakeStreamsClient()
     client.add_shard("s0")
     for i, created in enumerate((NOW - 3_700_000, NOW - 3_660_000)):
@@ -189,10 +189,16 @@ def test_status_answers_when_the_oldest_record_cannot_be_read_now_and_claims_no_
     store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 3_600_000})
     client.shards["s0"].trimmed_before = 1
 
-    def throttled(**kw):
-        raise client_error("ProvisionedThroughputExceededException")
-    client.get_records = throttled
-    assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]
+    def failing(**kw):
+        raise failure
+    client.get_records = failing
+    return [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards]
+
+
+def test_status_answers_when_the_oldest_record_cannot_be_read_now_and_claims_no_proof():
+    from ddb2bt.pipeline.testing.fakes import client_error
+
+    assert trimmed_shard_seen_at_its_head(client_error("ProvisionedThroughputExceededException")) == [True]
 
 
 def test_a_job_that_was_cut_over_points_at_the_way_back_not_at_a_stopped_tail():
@@ -208,17 +214,4 @@ def test_status_answers_when_the_oldest_record_read_gets_no_answer_at_all():
     proves nothing either: the shard stays trimmed, and status still answers."""
     from botocore.exceptions import ReadTimeoutError
 
-    client = FakeStreamsClient()
-    client.add_shard("s0")
-    for i, created in enumerate((NOW - 3_700_000, NOW - 3_660_000)):
-        client.put("s0", "INSERT", {"pk": {"S": f"k{i}"}}, {"pk": {"S": f"k{i}"}}, created_ms=created)
-    store = StateStore(InMemoryBigtable(), "job", lambda: NOW)
-    store.save_checkpoints([ShardCheckpoint(client.stream_arn, "s0", client.shards["s0"].records[0]["dynamodb"][
-        "SequenceNumber"])])
-    store.save_reader_report(client.stream_arn, "0-1", {"s0": None}, ended=True, heads={"s0": NOW - 3_600_000})
-    client.shards["s0"].trimmed_before = 1
-
-    def no_answer(**kw):
-        raise ReadTimeoutError(endpoint_url="http://streams.example")
-    client.get_records = no_answer
-    assert [s.trimmed for s in gather(store, client, client.stream_arn, now_ms=NOW).shards] == [True]
+    assert trimmed_shard_seen_at_its_head(ReadTimeoutError(endpoint_url="http://streams.example")) == [True]
