@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -77,6 +78,18 @@ def patch_everywhere(monkeypatch, module, name: str, value) -> None:
     for loaded in list(sys.modules.values()):
         if getattr(loaded, "__name__", "").startswith("ddb2bt.") and getattr(loaded, name, None) is original:
             monkeypatch.setattr(loaded, name, value)
+
+
+def wait_for(predicate, timeout: float, what: str, step: float = 0.1, detail=lambda: ""):
+    """Polls ``predicate`` every ``step`` s until it returns something truthy (returned),
+    or fails after ``timeout`` s naming ``what`` (and ``detail()``, when given)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail()}")
 
 
 def write_mapping(tmp_path: Path, base: str = "product_catalog.yaml", **changes) -> Path:

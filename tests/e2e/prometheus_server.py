@@ -22,7 +22,7 @@ from typing import Optional
 
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboard.json"
@@ -124,14 +124,8 @@ class Prometheus:
                 if a["labels"]["alertname"] == name and a["state"] == state]
 
     def wait(self, predicate, timeout: float, what: str, step: float = 0.5):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(step)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; firing: "
-                             f"{[a['labels'] for a in self._get('/api/v1/alerts')['alerts']]}")
+        return wait_for(predicate, timeout, what, step,
+                        lambda: f"; firing: {[a['labels'] for a in self._get('/api/v1/alerts')['alerts']]}")
 
     def wait_firing(self, name: str, timeout: float) -> list:
         return self.wait(lambda: self.alerts(name), timeout, f"{name} to fire")

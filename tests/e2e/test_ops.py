@@ -22,7 +22,7 @@ from ddb2bt.pipeline.local import workload
 from ddb2bt.pipeline.local.local_stack import LocalStack
 from ddb2bt.pipeline.services.jobs import resume_command
 from ddb2bt.pipeline.signals import INTERRUPTED, interrupted_line
-from tests.conftest import ROOT, write_mapping
+from tests.conftest import ROOT, wait_for, write_mapping
 from tests.e2e.test_live_replication import check_identical, setup_tables
 
 pytestmark = pytest.mark.e2e
@@ -57,16 +57,6 @@ def writes(path: Path) -> list:
     if not path.exists():
         return []
     return [float(line.split()[0]) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_for(predicate, timeout: float, what: str, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def kill(*procs) -> None:
