@@ -58,10 +58,3 @@ class RowChange:
     mutations: tuple[Mutation, ...]
     partition: str
     token: str
-
-    @property
-    def is_row_delete(self) -> bool:
-        """True when every mutation is a DeleteFamily: how a whole-row delete
-        arrives (one DeleteFamily per family of the table). Whether the families
-        are all of the table's is for the caller, who knows them, to check."""
-        return bool(self.mutations) and all(isinstance(m, DeleteFamily) for m in self.mutations)

@@ -41,7 +41,7 @@ from ddb2bt.pipeline.services.status import STATUS_DEADLINE_S, cmd_status  # noq
 from ddb2bt.pipeline.services.tombstones import cmd_sweep_tombstones
 from ddb2bt.pipeline.services.recover import cmd_recover
 from ddb2bt.pipeline.services.rollback import (
-    cmd_rollback_prepare, cmd_rollback_run, cmd_rollback_status, cmd_rollback_verify,
+    DEFAULT_MAX_LAG_S, cmd_rollback_prepare, cmd_rollback_run, cmd_rollback_status, cmd_rollback_verify,
 )
 from ddb2bt.pipeline.services.replicate import cmd_backfill, cmd_migrate, cmd_run
 from ddb2bt.pipeline.services.mappings import (
@@ -526,8 +526,11 @@ def build_parser() -> argparse.ArgumentParser:
     rsub = p.add_subparsers(dest="rollback_cmd", required=True)
     pp = rsub.add_parser("prepare", help="before the cutover: turn on the target table's change stream")
     add_mapping_args(pp, several=False)
-    pp.add_argument("--retention-hours", type=number(float, minimum=1, maximum=168), default=168.0, metavar="HOURS",
-                    help="how long Bigtable keeps the changes (1 to 168; default %(default)s): a switch back "
+    pp.add_argument("--retention-hours", type=number(float, minimum=CHANGE_STREAM_MIN_HOURS,
+                                                     maximum=CHANGE_STREAM_MAX_HOURS),
+                    default=float(CHANGE_STREAM_MAX_HOURS), metavar="HOURS",
+                    help=f"how long Bigtable keeps the changes ({CHANGE_STREAM_MIN_HOURS} to {CHANGE_STREAM_MAX_HOURS}; "
+                         "default %(default)s): a switch back "
                          "decided later than this after the cutover cannot be written back from the stream")
     pp.set_defaults(func=cmd_rollback_prepare)
     pr = rsub.add_parser("run", help="write Bigtable's changes since the cutover back to DynamoDB")
@@ -554,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps = rsub.add_parser("status", help="READY to switch back to DynamoDB, or why not")
     add_mapping_args(ps, several=False)
     add_state_args(ps)
-    ps.add_argument("--max-lag", type=number(float, above=0), default=60.0, metavar="SECONDS",
+    ps.add_argument("--max-lag", type=number(float, above=0), default=DEFAULT_MAX_LAG_S, metavar="SECONDS",
                     help="READY only when every change older than this is written back (default %(default)s)")
     ps.set_defaults(func=cmd_rollback_status)
     pv = rsub.add_parser("verify", help="compare DynamoDB with the inverse of Bigtable: IDENTICAL or not")

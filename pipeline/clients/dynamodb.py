@@ -649,7 +649,7 @@ class ShardDirectory:
                     listing = Listing(shards, listing.closed_ids | frozenset(closed), descriptions)
                     self._streams[stream_arn] = (listed_at, listing)
                     return listing
-        return self.listing(client, stream_arn, call, max_age_s)
+        return self.listing(client, stream_arn, call, max_age_s, listers=listers)
 
     def forget(self, stream_arn: Optional[str] = None) -> None:
         with self._lock:

@@ -39,7 +39,6 @@ STATE_FAMILIES = (
     FamilyConfig(DLQ, max_versions=1),
     FamilyConfig(META, max_versions=1),
 )
-TS_DIGITS = 13  # ms since epoch fit in 13 digits until the year 2286
 DLQ_QUALIFIERS = (b"reason", b"error_class", b"message", b"stage", b"failed_at_ms", b"record", b"position")
 
 

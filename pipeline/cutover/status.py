@@ -254,9 +254,8 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
         last_verify=json.loads(verify_text) if verify_text else None,
         stream_arn=stream_arn,
     )
-    held = lambda role: bool((lease := LeaseState.parse(store.load_lease(role))) and lease.live(facts.now_ms))
-    facts.backfill_held, facts.tail_held = held(BACKFILL), held(TAIL)
-    tail = LeaseState.parse(store.load_lease(TAIL))
+    backfill, tail = (LeaseState.parse(store.load_lease(role)) for role in (BACKFILL, TAIL))
+    facts.backfill_held, facts.tail_held = (bool(lease and lease.live(facts.now_ms)) for lease in (backfill, tail))
     if tail is not None and not facts.tail_held:
         facts.tail_stopped_ms = tail.expires_ms  # a released lease's is its release time
     queued = store.load_meta(QUEUED_META)

@@ -16,6 +16,8 @@ from ddb2bt.transforms.inverse import NO, describe, mapping_inversion
 US_PER_MS = 1000
 UNEXPLAINED_META = "rollback_unexplained"  # cells not written back since the cutover (a count)
 DEFAULT_MAX_LAG_S = 60.0
+# How far this host's clock may run ahead of Bigtable's commit times.
+FULL_PASS_CLOCK_MARGIN_US = 5_000_000
 
 
 def _now_us() -> int:
@@ -114,7 +116,10 @@ def cmd_rollback_run(args) -> int:
         target = mapping.target
         total = RollbackOutcome()
         if args.full:
-            began = _now_us()
+            # The version of every write of this pass: this host's clock, less a margin,
+            # so a delete Bigtable commits after the read below (its commit time on
+            # Bigtable's clock) is never refused as older than this pass's writes.
+            began = _now_us() - FULL_PASS_CLOCK_MARGIN_US
             rows = read_table(target.project, target.instance, target.table, app_profile=target.app_profile)
             total = reconcile(rows_back, mapping, rows, scan_items(ddb, mapping.source.table, metrics_table=spec.job),
                               began)

@@ -89,9 +89,9 @@ class Cancelled(Exception):
     """A transaction the service cancelled; ``stale``: the indexes of the writes
     whose version condition failed (a newer version is held)."""
 
-    def __init__(self, stale: set, retry_others: bool) -> None:
+    def __init__(self, stale: set) -> None:
         super().__init__(f"{len(stale)} stale")
-        self.stale, self.retry_others = stale, retry_others
+        self.stale = stale
 
 
 class DynamoDBWriter:
@@ -118,9 +118,6 @@ class DynamoDBWriter:
                 except Cancelled as cancelled:
                     stale += len(cancelled.stale)
                     pending = [w for i, w in enumerate(pending) if i not in cancelled.stale]
-                    if not cancelled.retry_others:
-                        raise StreamThrottled("TransactWriteItems: cancelled for a reason other than a newer "
-                                              "version", code="TransactionCanceled") from None
         return WriteOutcome(written, stale, units, deletes)
 
     def _send(self, writes: list) -> float:
@@ -137,7 +134,7 @@ class DynamoDBWriter:
                     stale = {i // 2 for i, r in enumerate(reasons) if (r or {}).get("Code") == NEWER_HELD}
                     others = [r for r in reasons if (r or {}).get("Code") not in (None, "None", NEWER_HELD)]
                     if stale and not others:
-                        raise Cancelled(stale, True) from None
+                        raise Cancelled(stale) from None
                     if any((r or {}).get("Code") in ("TransactionConflict", "ThrottlingError",
                                                      "ProvisionedThroughputExceeded") for r in others):
                         raise StreamThrottled(f"TransactWriteItems: {error.get('Message', '')}",

@@ -544,7 +544,8 @@ class PartitionReader:
         claim = tracker.try_claim
         stream_arn, closed = self._partition.stream_arn, self._closed_since
         if closed:  # their children only (CHILD_SHARDS), not the whole stream again
-            listing = self._directory.children(self._client, stream_arn, closed, self._call, REDISCOVERY_MAX_AGE_S)
+            listing = self._directory.children(self._client, stream_arn, closed, self._call, REDISCOVERY_MAX_AGE_S,
+                                               listers=self._partition.count)
         else:  # spaced so that every partition count stays within AWS's DescribeStream limit
             listing = self._directory.listing(self._client, stream_arn, self._call,
                                               self._options.discovery_interval_s, listers=self._partition.count)
