@@ -529,6 +529,12 @@ def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
 # half of it, leaving the rest to the CHILD_SHARDS look-ups after a shard closes
 # and to other readers of the stream (status, another job).
 DESCRIBE_STREAM_BUDGET_PER_S = 5.0
+# Every DescribeStream call of the job's readers, over all their processes (and
+# every job of the same state table), takes a slot of one shared schedule of
+# this many per second (control/shared_rate.py): the limit holds even when 16
+# workers start together and each lists every page; 2 per second stay free for
+# `status` and other readers of the stream.
+DESCRIBE_STREAM_SHARED_PER_S = 8.0
 
 # DynamoDB Streams allows 5 GetRecords calls per second per shard (more are
 # throttled, and a Lambda trigger on the table shares the budget).

@@ -363,6 +363,19 @@ class StateStore:
         return self._backend.swap(stream_shares_key(stream), META, b"value",
                                   None if expected is None else expected.encode(), value.encode(), self._now_ms())
 
+    # -- a call rate shared by every process (and job) of this state table
+    # (pipeline/control/shared_rate.py): one row per rate, outside every job's rows
+    def load_shared_rate(self, name: str) -> Optional[str]:
+        key = shared_rate_key(name)
+        cells = self._backend.read_prefix(key).get(key)
+        value = cells.get((META, b"value")) if cells else None
+        return value.decode() if value is not None else None
+
+    def swap_shared_rate(self, name: str, expected: Optional[str], value: str) -> bool:
+        """Compare-and-set of the rate's row (CheckAndMutateRow)."""
+        return self._backend.swap(shared_rate_key(name), META, b"value",
+                                  None if expected is None else expected.encode(), value.encode(), self._now_ms())
+
     def load_job_lease(self, job: str, role: str) -> Optional[bytes]:
         """The raw ``role`` lease cell of another job in this state table."""
         key = f"{job}#lease#{role}".encode()
@@ -377,6 +390,14 @@ STREAM_SHARES_PREFIX = "#kinesis-share#"
 
 def stream_shares_key(stream: str) -> bytes:
     return f"{STREAM_SHARES_PREFIX}{stream}".encode()
+
+
+# A shared rate's row (shared_rate.SharedRate): "#" first, like the shares row.
+SHARED_RATE_PREFIX = "#rate#"
+
+
+def shared_rate_key(name: str) -> bytes:
+    return f"{SHARED_RATE_PREFIX}{name}".encode()
 
 
 def _set_latest(family: str, cells: dict, ts_ms: int) -> list:

@@ -17,14 +17,20 @@ class StreamCalls:
     """``calls(operation, fn)``: ``fn()`` run as one remote call of ``operation``."""
 
     def __init__(self, metrics, table: str, retry: RetryPolicy, sleep: Callable[[float], None], where: str,
-                 between_attempts: Optional[Callable[[], None]] = None) -> None:
+                 between_attempts: Optional[Callable[[], None]] = None, slots: Optional[dict] = None) -> None:
         self._metrics, self._table, self._retry = metrics, table, retry
         self._sleep, self._where, self._between_attempts = sleep, where, between_attempts
+        # {operation: wait for a slot}: each attempt of such a call waits for its slot
+        # first (DescribeStream's schedule shared by every process: control/shared_rate.py)
+        self._slots = slots or {}
 
     def __call__(self, operation: str, fn: Callable):
         metrics, table = self._metrics, self._table
+        slot = self._slots.get(operation)
 
         def attempt():
+            if slot is not None:
+                slot()
             if metrics is not None:
                 metrics.aws_api_calls.labels(operation).inc()
             else:

@@ -49,6 +49,16 @@ def nothing_lost_since_head(head_ms: Optional[int], now_ms: int, retention_s: fl
     return now_ms - head_ms < (retention_s - HEAD_PROOF_MARGIN_S) * 1000 and oldest_ms <= head_ms - HEAD_PROOF_SLACK_MS
 
 
+def trimmed_message(shard_id: str, stream_arn: str, where: str) -> str:
+    """What a reader says when a shard no longer holds the changes ``where``
+    (after a sequence number, or the start mode) of its checkpoint."""
+    return (f"shard {shard_id} of {stream_arn} no longer holds the changes {where}: they were trimmed (older than "
+            "the stream's 24 h retention) before being applied, so changes were LOST. Recover them from "
+            "incremental exports (ddb2bt recover -m <mapping>: it prints the export commands, then applies them), "
+            "or by copying the table again with a new backfill (ddb2bt migrate --restart); or rerun with "
+            "--on-trimmed=restart to continue from the oldest available record (the lost changes stay lost).")
+
+
 def unproven_note(head_ms: Optional[int], now_ms: int, retention_s: float, oldest_ms: Optional[int]) -> str:
     """Why a shard's last head sighting does not prove its trimmed checkpoint
     lost nothing, for the LOST message ("" when it was never seen at its head)."""

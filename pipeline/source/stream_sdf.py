@@ -11,9 +11,10 @@ from apache_beam.io.watermark_estimators import WalltimeWatermarkEstimator
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import Duration
 
-from ddb2bt.pipeline.clients.dynamodb import shard_directory, table_of_stream
+from ddb2bt.pipeline.clients.dynamodb import DESCRIBE_STREAM_SHARED_PER_S, shard_directory, table_of_stream
 from ddb2bt.pipeline.control.catchup import CatchUpReport, summarize
 from ddb2bt.pipeline.control.coordinator import coordinator_for
+from ddb2bt.pipeline.control.shared_rate import SharedRate, describe_rate_name
 from ddb2bt.pipeline.observe.metrics import default_metrics
 from ddb2bt.pipeline.source.restriction import CheckpointOnlyTracker
 from ddb2bt.pipeline.source.records import batch_records
@@ -112,6 +113,10 @@ class _StreamContext:
         # Series labelled by the table's name in the job (its state key).
         self.metrics = metrics.for_table(getattr(source.state_factory, "job", None)
                                          or table_of_stream(source.stream_arn))
+        # AWS's DescribeStream limit is the stream's: one schedule for every process
+        # and job that lists it (a start of many workers queues instead of bursting).
+        self.describe_rate = SharedRate(self.state, describe_rate_name(stream_label(source.stream_arn)),
+                                        DESCRIBE_STREAM_SHARED_PER_S)
         self.readers: dict = {}
         self.keeper = None  # whether this stream reports to its job's cutover keeper (None: not asked yet)
         self.reported: dict = {}  # partition -> monotonic time of its last reader report
@@ -138,7 +143,8 @@ class _StreamContext:
                 directory=shard_directory(),  # one shard listing per stream per process
                 hand_back_pacing=True,  # a paced shard's wait goes to the runner (RoundResult.paced_s)
                 load_heads=self.state.load_shard_heads,  # what proves a trimmed checkpoint harmless
-                between_attempts=self.coordinator.check_held)  # no retry loop outlives a lost lease
+                between_attempts=self.coordinator.check_held,  # no retry loop outlives a lost lease
+                describe_slot=self.describe_rate.take)  # the stream's DescribeStream calls, every process's
         return reader
 
     def close(self) -> None:

@@ -41,7 +41,8 @@ from ddb2bt.transforms.limits import DEFAULT_POLL_INTERVAL_S
 from ddb2bt.transforms.model import ShardClosed
 from ddb2bt.pipeline.observe.metrics import PipelineMetrics
 from ddb2bt.pipeline.source.calls import StreamCalls
-from ddb2bt.pipeline.source.heads import ShardHeads, nothing_lost_since_head, oldest_record_ms, unproven_note
+from ddb2bt.pipeline.source.heads import (ShardHeads, nothing_lost_since_head, oldest_record_ms, trimmed_message,
+                                          unproven_note)
 from ddb2bt.pipeline.source.pace import ShardPace
 from ddb2bt.pipeline.source.records import from_stream_record
 from ddb2bt.pipeline.clients.retry import RetryPolicy
@@ -494,7 +495,8 @@ class PartitionReader:
                  sleep: Callable[[float], None] = time.sleep, directory: Optional[ShardDirectory] = None,
                  pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False,
                  load_heads: Optional[Callable[[str], dict]] = None,
-                 between_attempts: Optional[Callable[[], None]] = None) -> None:
+                 between_attempts: Optional[Callable[[], None]] = None,
+                 describe_slot: Optional[Callable[[], object]] = None) -> None:
         self._client = client
         fast_records_decoding(client)  # GetRecords pages through the C JSON parser
         # Within AWS's limits (docs/operations.md): the stream's shards are listed
@@ -532,8 +534,11 @@ class PartitionReader:
             self._metrics.lag.label(partition.stream_arn, self._table)
         # Remote calls under one retry policy; between attempts, the coordinator's
         # lease check: no retry outlives the lease.
+        # Each DescribeStream attempt first waits for its slot of the stream's
+        # schedule shared by every process (control/shared_rate.py; the SDF passes it).
         self._call = StreamCalls(self._metrics, self._table, options.retry, sleep,
-                                 endpoint_of(client, "DynamoDB Streams"), between_attempts)
+                                 endpoint_of(client, "DynamoDB Streams"), between_attempts,
+                                 slots={"DescribeStream": describe_slot} if describe_slot else None)
         # When each shard was last seen at its head: what proves that a trimmed
         # checkpoint lost nothing (docs/design.md §8.2).
         self._shard_heads = ShardHeads(partition.stream_arn, now_ms, self._metrics, load_heads)
@@ -544,7 +549,8 @@ class PartitionReader:
         claim = tracker.try_claim
         stream_arn, closed = self._partition.stream_arn, self._closed_since
         if closed:  # their children only (CHILD_SHARDS), not the whole stream again
-            listing = self._directory.children(self._client, stream_arn, closed, self._call, REDISCOVERY_MAX_AGE_S,
+            listing = self._directory.children(self._client, stream_arn, closed, self._call,
+                                               REDISCOVERY_MAX_AGE_S,
                                                listers=self._partition.count)
         else:  # spaced so that every partition count stays within AWS's DescribeStream limit
             listing = self._directory.listing(self._client, stream_arn, self._call,
@@ -583,15 +589,7 @@ class PartitionReader:
 
     def _on_trimmed(self, shard_id: str, pos: ShardPos) -> str:
         where = f"after sequence number {pos.after}" if pos.after else pos.mode
-        message = (
-            f"shard {shard_id} of {self._partition.stream_arn} no longer holds the changes {where}: "
-            "they were trimmed (older than the stream's 24 h retention) before being applied, so "
-            "changes were LOST. Recover them from incremental exports (ddb2bt recover -m <mapping>: it "
-            "prints the export commands, then applies them), or by copying the table again with a new backfill "
-            "(ddb2bt migrate --restart); "
-            "or rerun with --on-trimmed=restart to continue from the oldest available record "
-            "(the lost changes stay lost)."
-        )
+        message = trimmed_message(shard_id, self._partition.stream_arn, where)
         head_ms = self._shard_heads.last_head_ms(shard_id)
         retention_s = getattr(self._client, "retention_s", None) or STREAM_RETENTION_S
         now = self._now_ms()

@@ -307,6 +307,46 @@ def test_partitions_in_one_process_share_one_listing_even_when_a_shard_closes():
         partition_index("shardId-child", 8)]
 
 
+def test_every_describe_stream_attempt_waits_for_its_slot_of_the_shared_schedule():
+    """A listing's pages, a retried page and a closed shard's CHILD_SHARDS call each
+    take one slot of the stream's schedule shared by every process
+    (control/shared_rate.py); GetShardIterator and GetRecords take none."""
+    from botocore.exceptions import ClientError
+
+    client = FakeStreamsClient(describe_page=LISTING_PAGE)
+    for i in range(250):
+        client.add_shard(f"shardId-{i:05d}")
+    clock = SimClock()
+    order: list = []
+    describe, throttled = client.describe_stream, []
+
+    def describe_once_throttled(**kw):
+        order.append("DescribeStream")
+        if not throttled:  # the first page is throttled once, then retried
+            throttled.append(kw)
+            raise ClientError({"Error": {"Code": "LimitExceededException", "Message": "slow down"}},
+                              "DescribeStream")
+        return describe(**kw)
+
+    client.describe_stream = describe_once_throttled
+    state = StateStore(InMemoryBigtable(), "job", clock.ms)
+    reader = PartitionReader(client, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
+                             state.load_checkpoints, PipelineMetrics(CollectorRegistry()), now_ms=clock.ms,
+                             sleep=clock.sleep, directory=ShardDirectory(clock),
+                             pacer=ShardPacer(clock=clock, sleep=clock.sleep),
+                             describe_slot=lambda: order.append("slot"))
+    tracker = LocalTracker()
+    drain_round(reader, tracker)
+    # three pages, the first attempted twice: each attempt right after its slot
+    assert order == ["slot", "DescribeStream"] * 4
+    client.close_shard("shardId-00000")
+    clock.sleep(1.0)
+    order.clear()
+    drain_round(reader, tracker)
+    drain_round(reader, tracker)
+    assert order == ["slot", "DescribeStream"]  # the closed shard's children: one call, one slot
+
+
 def test_status_reads_no_shard_records_and_takes_the_lag_from_the_readers_reports():
     client = FakeStreamsClient()
     for shard in ("s0", "s1"):
