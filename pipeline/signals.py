@@ -37,6 +37,9 @@ CLEANUP_WAIT_S = 1.0  # cleanups (releasing the lease) at exit never take longer
 EXIT_INTERRUPTED = 130
 INTERRUPTED = ("ddb2bt: interrupted, stopped; what was acknowledged is checkpointed (changes in flight "
                "are read again): run the same command to resume")
+# A command that runs no job (status, verify, create-table, ...), or a job's
+# command before its job began: nothing was read, so nothing is claimed.
+INTERRUPTED_NO_JOB = "ddb2bt: interrupted"
 
 
 def interrupted_line(resume: str = "") -> str:
@@ -199,14 +202,16 @@ def _noop(signum, frame) -> None:  # the watcher thread does the work
 
 def exit_quietly_on_interrupt() -> None:
     """For the ddb2bt program, first thing: until a command installs its own
-    handling, Ctrl-C / SIGTERM end the process with the usual line instead of a
-    KeyboardInterrupt traceback from whatever module was being imported."""
+    handling (a command that runs no job never does), Ctrl-C / SIGTERM end the
+    process with one line, "ddb2bt: interrupted", instead of a KeyboardInterrupt
+    traceback from whatever module was being imported; the line claims nothing
+    about checkpoints (no job of this command ran)."""
     if threading.current_thread() is not threading.main_thread():
         return
 
     def handler(signum, frame) -> None:
         run_hard_exit_hooks()
-        _say(INTERRUPTED)
+        _say(INTERRUPTED_NO_JOB)
         os._exit(EXIT_INTERRUPTED)
 
     for s in _SIGNALS:

@@ -28,7 +28,7 @@ from ddb2bt.pipeline.connect.reachability import check_reachable
 from ddb2bt.pipeline.local.local_stack import (DEFAULT_DYNAMODB as LOCAL_DYNAMODB_DEFAULT,
                                                DYNAMODB_EMULATORS as LOCAL_DYNAMODB_EMULATORS,
                                                DYNAMODB_ENV as LOCAL_DYNAMODB_ENV)
-from ddb2bt.pipeline.signals import INTERRUPTED
+from ddb2bt.pipeline.signals import INTERRUPTED, INTERRUPTED_NO_JOB
 # The commands' services: the CLI parses and calls one per command (names kept here for embedders and tests).
 from ddb2bt.pipeline.app.local_commands import (  # noqa: F401
     REHEARSAL_COMMANDS, cmd_demo, cmd_examples, cmd_local, cmd_local_rehearsal, env_hint, self_command,
@@ -747,8 +747,8 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
     except PermanentError as exc:
         print(f"ddb2bt: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(INTERRUPTED, file=sys.stderr)
+    except KeyboardInterrupt:  # a job's command says what its checkpoints hold; another claims nothing
+        print(INTERRUPTED if getattr(args, "beam", False) else INTERRUPTED_NO_JOB, file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader of our output went away (`ddb2bt dlq list | head`): not an error

@@ -211,3 +211,26 @@ def test_a_hard_exit_runs_the_hooks_of_what_must_not_outlive_the_process(tmp_pat
     _, err = p.communicate(timeout=10)
     assert p.returncode == EXIT_INTERRUPTED and "Traceback" not in err
     assert mark.read_text() == "ended twice"
+
+
+QUIET = textwrap.dedent("""
+    import time
+    from ddb2bt.pipeline.signals import exit_quietly_on_interrupt
+    exit_quietly_on_interrupt()  # what the ddb2bt program does first, for every command
+    print("ready", flush=True)
+    time.sleep(60)  # a command that runs no job (status, verify): no scope of its own
+""")
+
+
+def test_a_command_that_runs_no_job_claims_no_checkpoints_when_interrupted():
+    """`status` or `verify` stopped by Ctrl-C read nothing to checkpoint: the last
+    line must not say that what was acknowledged is checkpointed."""
+    from ddb2bt.pipeline.signals import INTERRUPTED_NO_JOB
+
+    p = subprocess.Popen([sys.executable, "-c", QUIET], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=10)
+    assert p.returncode == EXIT_INTERRUPTED and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == INTERRUPTED_NO_JOB and "checkpointed" not in err
