@@ -218,20 +218,21 @@ class _ReadStreamPartitionsFn(beam.DoFn):
             return False
         reader = ctx.reader(partition)
         # While the round runs (it may back off on throttling for minutes) the
-        # partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S).
+        # partition's lease is in use, not idle (PARTITION_IDLE_RELEASE_S); so
+        # while its report is saved (a write that may be slow under Bigtable
+        # throttling): what the round read is committed after it.
         with ctx.coordinator.reading(partition):
             result = yield from batch_records(reader.read_round(tracker))
-        if result.stopped:
-            return False
+            if result.stopped:
+                return False
+            decision = None if result.paced_s is not None else reader.idle_decision(tracker, result)
+            ctx.report(partition, reader, force=decision == "end")
         if result.paced_s is not None:
             # Every shard of the partition was read a moment ago (5 GetRecords/s
             # per shard): the wait goes back to the runner, which reads the other
             # partitions meanwhile, instead of this thread sleeping through it.
-            ctx.report(partition, reader)
             self._tick_cutover(ctx, partition, reader)
             return self._wait(tracker, options, result.paced_s)
-        decision = reader.idle_decision(tracker, result)
-        ctx.report(partition, reader, force=decision == "end")
         if decision == "end":
             self._tick_cutover(ctx, partition, reader, ended_idle=True)
             log.info("partition %d/%d of %s idle for %ss: done", partition.index, partition.count,

@@ -3,6 +3,8 @@
 
 * every MutateRows and CheckAndMutateRow takes simulated time (a latency drawn
   per call, sometimes slow);
+* a stretch of overload (``stall_*``): for a while every MutateRows is held
+  before it is answered (a slow call: counted as one);
 * RESOURCE_EXHAUSTED (the whole request refused, the server overloaded) and
   requests partly failed (some entries UNAVAILABLE, the rest applied);
 * Bigtable's request limits enforced: 100,000 mutations and 256 MB per
@@ -34,6 +36,14 @@ class BigtablePressure:
     exhausted_share: float = 0.01  # requests refused whole: RESOURCE_EXHAUSTED
     partial_share: float = 0.01  # requests with some entries UNAVAILABLE
     check_and_mutate_s: float = 0.02  # a CheckAndMutateRow's time
+    # A stretch of overload: from ``stall_from_s`` (simulated) for ``stall_for_s``
+    # every MutateRows on ``stall_tables`` (empty: on every table) is held
+    # ``stall_call_s`` (well within its 60 s deadline) before it is answered.
+    # CheckAndMutateRow (the leases' renewals among them) is not held.
+    stall_from_s: float = 0.0
+    stall_for_s: float = 0.0
+    stall_call_s: float = 0.0
+    stall_tables: tuple = ()
 
 
 class SimBigtable(InMemoryBigtable):
@@ -59,7 +69,21 @@ class SimBigtable(InMemoryBigtable):
 
     def mutate_rows(self, table_id: str, entries: Sequence) -> list:
         self._takes_time()
+        self._held(table_id)
         return super().mutate_rows(table_id, entries)
+
+    def _held(self, table_id: str) -> None:
+        """Within the overload stretch, the call is held ``stall_call_s``: in
+        one-second steps, so the heartbeats run meanwhile as their threads would."""
+        p = self.pressure
+        if not (p.stall_call_s > 0 and p.stall_from_s <= self.clock.now_s < p.stall_from_s + p.stall_for_s
+                and (not p.stall_tables or table_id in p.stall_tables)):
+            return
+        self.slow += 1
+        left = p.stall_call_s
+        while left > 0:
+            self.clock.sleep(min(1.0, left))
+            left -= 1.0
 
     def swap_cell(self, *args, **kwargs) -> bool:
         self._takes_time()
