@@ -85,9 +85,19 @@ class RowsBack:
                     out.append(known[pk])
         return out
 
-    def previous(self, row_key: bytes) -> tuple:
+    def previous(self, row_key: bytes, queried: Optional[dict] = None) -> tuple:
+        """The items the row's main row holds now in DynamoDB. ``queried``: the
+        partitions already read for this batch ({repr of the key value: items}),
+        so rows of one partition cost one Query, not one each."""
         pk = self._mapping.source.partition_key
-        items = [it for value in self.partitions_of(row_key) for it in self._query(pk, value)]
+        items: list = []
+        for value in self.partitions_of(row_key):
+            seen = None if queried is None else queried.get(repr(value))
+            if seen is None:
+                seen = self._query(pk, value)
+                if queried is not None:
+                    queried[repr(value)] = seen
+            items += seen
         return tuple(it for it in items if main_row_of(self._mapping, it) == row_key)
 
     def apply(self, rows: dict, cells: Optional[dict] = None, previous: Optional[dict] = None) -> RollbackOutcome:
@@ -96,8 +106,9 @@ class RowsBack:
         cells = self._read_rows(list(rows)) if cells is None else cells
         out = RollbackOutcome(rows=len(rows))
         writes: list = []
+        queried: dict = {}  # every read comes before the batch's writes: one Query per partition
         for row, version in rows.items():
-            held = self.previous(row) if previous is None else tuple(previous.get(row, ()))
+            held = self.previous(row, queried) if previous is None else tuple(previous.get(row, ()))
             inverse = invert_row(self._mapping, row, cells.get(row, {}), self._types, held)
             writes += plan_writes(self._mapping, inverse, held, self._table, version)
             out.unexplained += len(inverse.unexplained)

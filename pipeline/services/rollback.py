@@ -38,7 +38,7 @@ def key_types(ddb, table: str) -> dict:
     return {a["AttributeName"]: a["AttributeType"] for a in describe_table(ddb, table).get("AttributeDefinitions", [])}
 
 
-def _rows_back(args, mapping, ddb, spec, writer):
+def _rows_back(args, mapping, ddb, spec, writer, bigtable=None):
     # inside: loaded when the command runs, not by --help (the CLI imports every service)
     from ddb2bt.pipeline.clients.bigtable.reads import read_rows
     from ddb2bt.pipeline.clients.dynamodb import query_partition
@@ -47,7 +47,7 @@ def _rows_back(args, mapping, ddb, spec, writer):
     target = mapping.target
     return RowsBack(
         mapping, mapping.source.table,
-        read_rows=lambda keys: read_rows(target.project, target.instance, target.table, keys,
+        read_rows=lambda keys: read_rows(target.project, target.instance, target.table, keys, client=bigtable,
                                          app_profile=target.app_profile),
         query_partition=lambda attribute, value: query_partition(ddb, mapping.source.table, attribute, value,
                                                                   metrics_table=spec.job),
@@ -85,7 +85,8 @@ def cmd_rollback_run(args) -> int:
     from ddb2bt.pipeline.clients.bigtable.changestream import (
         ChangeStreamClient, Frontier, initial_frontier, open_client, read_pass, table_name,
     )
-    from ddb2bt.pipeline.clients.bigtable.reads import read_table
+    from ddb2bt.pipeline.clients.bigtable.channel import close_bounded
+    from ddb2bt.pipeline.clients.bigtable.reads import data_client, read_table
     from ddb2bt.pipeline.clients.dynamodb import scan_items
     from ddb2bt.pipeline.connect.connections import dynamodb_client
     from ddb2bt.pipeline.control.coordinator import join
@@ -106,21 +107,23 @@ def cmd_rollback_run(args) -> int:
     # and holding it keeps a forward `run` from starting while the way back writes.
     held = join(acquire_lease(args, spec, TAIL))
     fence = held.check if held is not None else (lambda: None)
-    close = None
+    close = bigtable = None
     try:
         cutover_us = Migration(store).cut_over() * US_PER_MS
         ddb = dynamodb_client(mapping.source.region)
         ensure_versions_table(ddb, versions_table(args, mapping))
         writer = DynamoDBWriter(ddb, versions_table(args, mapping), max_wcu=args.max_wcu, metrics_table=spec.job)
-        rows_back = _rows_back(args, mapping, ddb, spec, writer)
         target = mapping.target
+        bigtable = data_client(target.project)  # one for every batch of the run, closed at its end
+        rows_back = _rows_back(args, mapping, ddb, spec, writer, bigtable)
         total = RollbackOutcome()
         if args.full:
             # The version of every write of this pass: this host's clock, less a margin,
             # so a delete Bigtable commits after the read below (its commit time on
             # Bigtable's clock) is never refused as older than this pass's writes.
             began = _now_us() - FULL_PASS_CLOCK_MARGIN_US
-            rows = read_table(target.project, target.instance, target.table, app_profile=target.app_profile)
+            rows = read_table(target.project, target.instance, target.table, client=bigtable,
+                              app_profile=target.app_profile)
             total = reconcile(rows_back, mapping, rows, scan_items(ddb, mapping.source.table, metrics_table=spec.job),
                               began)
             fence()
@@ -140,6 +143,8 @@ def cmd_rollback_run(args) -> int:
     finally:
         if close is not None:
             close()
+        if bigtable is not None:
+            close_bounded(bigtable.close, "Bigtable data client")
         if held is not None:
             held.release()
     print(f"rollback of {mapping.source.table}: {total.line()}")

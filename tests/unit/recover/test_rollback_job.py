@@ -121,3 +121,17 @@ def test_the_full_reconcile_writes_rows_back_and_deletes_items_whose_row_is_gone
     outcome = reconcile(back, CATALOG, rows, list(ddb.items.values()), version_us=10)
     assert (outcome.puts, outcome.deletes) == (0, 2)
     assert list(ddb.items) == [("hats", "fedoras#brandA")]
+
+
+def test_rows_of_one_partition_cost_one_query_per_batch():
+    """Both hats rows of the catalog are read back with one Query of the hats
+    partition, not one per row; the items written are the same."""
+    rows = bigtable_of(CATALOG, CATALOG_SEED[:2])
+    ddb, back = world(rows, [])
+    queries = []
+    query = ddb.query
+    back._query = lambda attribute, value: (queries.append(value), query(attribute, value))[1]
+    outcome = back.apply({b"hats#fedoras#brandA": 500, b"hats#caps#brandB": 600})
+    assert queries == [{"S": "hats"}]
+    assert (outcome.rows, outcome.puts) == (2, 2) and set(ddb.items) == {("hats", "fedoras#brandA"),
+                                                                          ("hats", "caps#brandB")}
