@@ -476,22 +476,25 @@ class Listing:
     descriptions: dict = field(default_factory=dict)  # shard id -> the service's shard description
 
 
-def list_children(client, stream_arn: str, shard_id: str, call: Callable) -> dict:
-    """{child id: description} of ``shard_id``: DescribeStream with ShardFilter
-    CHILD_SHARDS (one call, not a listing of every shard of the stream)."""
-    children: dict = {}
+def _describe_pages(client, stream_arn: str, call: Callable, **extra) -> Iterator[dict]:
+    """Every page of DescribeStream (``extra``: a ShardFilter), one call each."""
     start: Optional[str] = None
     while True:
-        kwargs = {"StreamArn": stream_arn, "Limit": DESCRIBE_LIMIT,
-                  "ShardFilter": {"Type": "CHILD_SHARDS", "ShardId": shard_id}}
+        kwargs = {"StreamArn": stream_arn, "Limit": DESCRIBE_LIMIT, **extra}
         if start:
             kwargs["ExclusiveStartShardId"] = start
         desc = call("DescribeStream", lambda: client.describe_stream(**kwargs))["StreamDescription"]
-        for s in desc.get("Shards", []):
-            children[s["ShardId"]] = s
+        yield desc
         start = desc.get("LastEvaluatedShardId")
         if not start:
-            return children
+            return
+
+
+def list_children(client, stream_arn: str, shard_id: str, call: Callable) -> dict:
+    """{child id: description} of ``shard_id``: DescribeStream with ShardFilter
+    CHILD_SHARDS (one call, not a listing of every shard of the stream)."""
+    return {s["ShardId"]: s for desc in _describe_pages(client, stream_arn, call, ShardFilter={
+        "Type": "CHILD_SHARDS", "ShardId": shard_id}) for s in desc.get("Shards", [])}
 
 
 def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
@@ -506,20 +509,13 @@ def list_shards(client, stream_arn: str, call: Optional[Callable] = None,
     shards: dict = {}
     descriptions: dict = {}
     closed = set()
-    start: Optional[str] = None
-    while True:
-        kwargs = {"StreamArn": stream_arn, "Limit": DESCRIBE_LIMIT}
-        if start:
-            kwargs["ExclusiveStartShardId"] = start
-        desc = call("DescribeStream", lambda: client.describe_stream(**kwargs))["StreamDescription"]
+    for desc in _describe_pages(client, stream_arn, call):
         for s in desc.get("Shards", []):
             shards[s["ShardId"]] = s.get("ParentShardId")
             descriptions[s["ShardId"]] = s
             if s.get("SequenceNumberRange", {}).get("EndingSequenceNumber"):
                 closed.add(s["ShardId"])
-        start = desc.get("LastEvaluatedShardId")
-        if not start:
-            return Listing(shards, frozenset(closed), descriptions)
+    return Listing(shards, frozenset(closed), descriptions)
 
 
 # --- AWS's limits --------------------------------------------------------------------
