@@ -113,7 +113,7 @@ def test_every_prescription_of_migrate_restart_names_a_command_that_recopies():
              *root.glob("pipeline/**/*.py")]
     prescriptions = [f for f in files if re.search(r"migrate[^`\n]{0,40}--restart", f.read_text())]
     assert {p.name for p in prescriptions} >= {"alerts.yml", "cutover.md", "recover.md", "preflight.py",
-                                               "stream_source.py"}
+                                               "heads.py"}
     for f in files:
         assert not re.search(r"backfill \(ddb2bt migrate\)", f.read_text()), f
     # On Dataflow a re-copy is refused (refuse_remote_recopy): the alert a
