@@ -92,17 +92,23 @@ class Retrying:
                  between_attempts: Callable[[], None] = no_check) -> None:
         self._policy, self._what, self._on_retry = policy, what, on_retry
         self._between_attempts = between_attempts
-        self._retry_on, self._where, self._clock = retry_on, where, clock
-        self._backoff = tenacity.wait_random_exponential(multiplier=policy.initial_s, max=policy.max_backoff_s)
-        self._controller = tenacity.Retrying(
-            sleep=sleep,
-            retry=tenacity.retry_if_exception(self._retryable),
-            stop=tenacity.stop_after_delay(policy.deadline_s),
-            wait=self._wait,
-            before=self._before_attempt,
-            after=self._failed,
-            before_sleep=self._before_sleep,
-            retry_error_callback=self._give_up)
+        self._retry_on, self._where, self._clock, self._sleep = retry_on, where, clock, sleep
+        self._controller: Optional[tenacity.Retrying] = None  # made when a first attempt fails
+
+    def _retrying(self) -> tenacity.Retrying:
+        if self._controller is None:
+            policy = self._policy
+            self._backoff = tenacity.wait_random_exponential(multiplier=policy.initial_s, max=policy.max_backoff_s)
+            self._controller = tenacity.Retrying(
+                sleep=self._sleep,
+                retry=tenacity.retry_if_exception(self._retryable),
+                stop=tenacity.stop_after_delay(policy.deadline_s),
+                wait=self._wait,
+                before=self._before_attempt,
+                after=self._failed,
+                before_sleep=self._before_sleep,
+                retry_error_callback=self._give_up)
+        return self._controller
 
     def _label(self) -> str:
         return f"{self._what} at {self._where}" if self._where else self._what
@@ -149,15 +155,15 @@ class Retrying:
     def __call__(self, fn: Callable[[], T]) -> T:
         call = _Call(fn, self._clock())
         # The first attempt runs outside tenacity: most calls succeed at once, and
-        # the controller's bookkeeping would cost more than a fast call. A failure
-        # is handed to the controller as its first attempt's outcome.
+        # making the controller and its bookkeeping would cost more than a fast
+        # call. A failure is handed to the controller as its first attempt's outcome.
         try:
             return fn()
         except BaseException as exc:  # noqa: B902 (as tenacity: what is not retryable is raised)
             if not self._retryable(exc):
                 raise
             call.first_failure = exc
-        result = self._controller(_attempt, call)
+        result = self._retrying()(_attempt, call)
         if call.logged:
             log.warning("%s recovered after %.1fs (%d attempts)", self._label(), self._clock() - call.start,
                         call.failures + 1)

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ddb2bt.pipeline.clients.dynamodb import StreamThrottled, classify_aws_error, count_api_call
-from ddb2bt.pipeline.clients.retry import RetryPolicy, Retrying, retrying
+from ddb2bt.pipeline.clients.retry import RetryPolicy, retrying
 
 
 class StreamCalls:
@@ -20,7 +20,6 @@ class StreamCalls:
                  between_attempts: Optional[Callable[[], None]] = None) -> None:
         self._metrics, self._table, self._retry = metrics, table, retry
         self._sleep, self._where, self._between_attempts = sleep, where, between_attempts
-        self._retrying: dict = {}  # operation -> its Retrying (made once: a reader calls thousands of times)
 
     def __call__(self, operation: str, fn: Callable):
         metrics, table = self._metrics, self._table
@@ -35,19 +34,10 @@ class StreamCalls:
             except (ClientError, BotoCoreError) as exc:
                 raise classify_aws_error(exc, operation) from exc
 
-        return self._retrying_of(operation)(attempt)
+        def count(exc: BaseException) -> None:
+            if metrics and isinstance(exc, StreamThrottled):
+                metrics.dynamodb_throttles.labels(operation).inc()
 
-    def _retrying_of(self, operation: str) -> Retrying:
-        retry = self._retrying.get(operation)
-        if retry is None:
-            metrics = self._metrics
-
-            def count(exc: BaseException) -> None:
-                if metrics and isinstance(exc, StreamThrottled):
-                    metrics.dynamodb_throttles.labels(operation).inc()
-
-            # The table in the label: a job of several tables logs which one is failing.
-            retry = self._retrying[operation] = retrying(
-                self._retry, f"{operation} of {self._table}", count, self._sleep, retry_on=(StreamThrottled,),
-                where=self._where, between_attempts=self._between_attempts)
-        return retry
+        # The table in the label: a job of several tables logs which one is failing.
+        return retrying(self._retry, f"{operation} of {table}", count, self._sleep, retry_on=(StreamThrottled,),
+                        where=self._where, between_attempts=self._between_attempts)(attempt)
