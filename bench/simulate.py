@@ -11,6 +11,13 @@ workers that moves, splits, fails and loses work; the oracle judges the run
 (0 divergent cells, no wedge, AWS's and Bigtable's limits kept, dead letters
 once). Prints a progress bar, a summary table and, for each failing seed, the
 one command that replays it. Exit status 1 when any seed failed.
+
+The table ends with the four figures of a run at scale (e.g. ``--shards 2000
+--workers 16 --memory``): DescribeStream calls per second per stream, summed
+over every worker, peak in any one second (AWS: 10); GetRecords per shard per
+second, peak in any one second (AWS: 5); the peak footprint of one worker
+(``--memory``); simulated hours per wall minute (and per CPU minute: the
+machine may be shared).
 """
 from __future__ import annotations
 
@@ -18,10 +25,12 @@ import argparse
 import json
 import logging
 import math
+import resource
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -85,7 +94,7 @@ def bar(done: int, total: int, fraction: float, failed: int, started: float) -> 
     sys.stderr.flush()
 
 
-def summarize(args, reports: list, wall_s: float) -> dict:
+def summarize(args, reports: list, wall_s: float, cpu_s: Optional[float] = None) -> dict:
     sim_s = sum(r.simulated_s for r in reports)
     faults: dict = {}
     for r in reports:
@@ -100,6 +109,7 @@ def summarize(args, reports: list, wall_s: float) -> dict:
         "shards": args.shards, "workers": args.workers, "instances per worker": args.instances,
         "partitions": args.partitions, "simulated hours": round(sim_s / 3600, 2),
         "simulated hours per wall minute": round(sim_s / 3600 / (wall_s / 60), 3) if wall_s else None,
+        "simulated hours per CPU minute": round(sim_s / 3600 / (cpu_s / 60), 3) if cpu_s else None,
         "changes written": sum(r.stream["changes"] for r in reports),
         "bundles": sum(r.stream["bundles"] for r in reports),
         "DescribeStream per stream per s (mean, all workers)": round(sum(d.get("calls", 0) for d in describe)
@@ -115,7 +125,31 @@ def summarize(args, reports: list, wall_s: float) -> dict:
             round(max(r.stream.get("peak worker bytes", 0) for r in reports) / 1e6, 2) if args.memory else None,
         "max ack lag (s)": max(r.verdict.max_ack_lag_s for r in reports),
         "faults injected": faults, "wall s": round(wall_s, 1),
+        "CPU s": round(cpu_s, 1) if cpu_s is not None else None,
+        "peak RSS of the simulation (MB)": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+
+
+# The four figures of a run at scale, each with AWS's limit where it has one.
+FIGURES = (("DescribeStream per stream per s, all workers (peak in any 1 s)",
+            "DescribeStream per stream per s (peak in any 1 s)", 10),
+           ("GetRecords per shard per s (peak in any 1 s)", "GetRecords per shard per s (peak in any 1 s)", 5),
+           ("peak memory per worker (MB)", "peak memory per worker (MB, its DoFns and process state)", None),
+           ("simulated hours per wall minute", "simulated hours per wall minute", None))
+
+
+def figures(summary: dict) -> list:
+    """[(name, value, limit text)]: the four figures, as the summary has them."""
+    out = []
+    for name, key, limit in FIGURES:
+        value = summary.get(key)
+        if value is None:
+            out.append((name, "not measured (add --memory)", ""))
+        elif limit is None:
+            out.append((name, value, ""))
+        else:
+            out.append((name, value, f"limit {limit}: {'within' if value <= limit else 'EXCEEDED'}"))
+    return out
 
 
 def print_table(summary: dict) -> None:
@@ -127,6 +161,11 @@ def print_table(summary: dict) -> None:
                 print(f"  {fault:<{width - 2}}  {n}")
         else:
             print(f"{key:<{width}}  {value}")
+    print(f"at {summary['shards']} shards x {summary['workers']} workers:")
+    rows = figures(summary)
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, limit in rows:
+        print(f"  {name:<{width}}  {str(value):>8}  {limit}".rstrip())
 
 
 def main(argv=None) -> int:
@@ -140,7 +179,7 @@ def main(argv=None) -> int:
                           "simulated_s": report.simulated_s, "wall_s": round(report.wall_s, 1)}, indent=1,
                          default=str))
         return 0 if report.clean else 1
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     reports = []
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     for n, seed in enumerate(seeds):
@@ -152,7 +191,7 @@ def main(argv=None) -> int:
             sys.stderr.write(f"\nseed {seed} FAILED: {report.verdict.problems[0]}\n")
     bar(args.seeds - 1, args.seeds, 1.0, sum(not r.clean for r in reports), started)
     sys.stderr.write("\n")
-    summary = summarize(args, reports, time.perf_counter() - started)
+    summary = summarize(args, reports, time.perf_counter() - started, time.process_time() - cpu_started)
     print_table(summary)
     for r in reports:
         if not r.clean:

@@ -61,16 +61,21 @@ class _Call:
     """What one call of a ``Retrying`` keeps between its attempts (tenacity hands
     it back to the callbacks as the attempt's argument): the policy object is
     shared by threads, a call's state is not."""
-    __slots__ = ("fn", "start", "elapsed", "left", "next_log", "logged", "failures")
+    __slots__ = ("fn", "start", "elapsed", "left", "next_log", "logged", "failures", "first_failure")
 
-    def __init__(self, fn: Callable[[], object]) -> None:
+    def __init__(self, fn: Callable[[], object], start: float) -> None:
         self.fn = fn
-        self.start = self.elapsed = self.left = self.next_log = 0.0
+        self.start = start
+        self.elapsed = self.left = self.next_log = 0.0
         self.logged = False
         self.failures = 0
+        self.first_failure: Optional[BaseException] = None
 
 
 def _attempt(call: _Call) -> object:
+    first, call.first_failure = call.first_failure, None
+    if first is not None:  # the first attempt, made before the retrying began: its failure
+        raise first
     return call.fn()
 
 
@@ -87,17 +92,23 @@ class Retrying:
                  between_attempts: Callable[[], None] = no_check) -> None:
         self._policy, self._what, self._on_retry = policy, what, on_retry
         self._between_attempts = between_attempts
-        self._retry_on, self._where, self._clock = retry_on, where, clock
-        self._backoff = tenacity.wait_random_exponential(multiplier=policy.initial_s, max=policy.max_backoff_s)
-        self._controller = tenacity.Retrying(
-            sleep=sleep,
-            retry=tenacity.retry_if_exception(self._retryable),
-            stop=tenacity.stop_after_delay(policy.deadline_s),
-            wait=self._wait,
-            before=self._before_attempt,
-            after=self._failed,
-            before_sleep=self._before_sleep,
-            retry_error_callback=self._give_up)
+        self._retry_on, self._where, self._clock, self._sleep = retry_on, where, clock, sleep
+        self._controller: Optional[tenacity.Retrying] = None  # made when a first attempt fails
+
+    def _retrying(self) -> tenacity.Retrying:
+        if self._controller is None:
+            policy = self._policy
+            self._backoff = tenacity.wait_random_exponential(multiplier=policy.initial_s, max=policy.max_backoff_s)
+            self._controller = tenacity.Retrying(
+                sleep=self._sleep,
+                retry=tenacity.retry_if_exception(self._retryable),
+                stop=tenacity.stop_after_delay(policy.deadline_s),
+                wait=self._wait,
+                before=self._before_attempt,
+                after=self._failed,
+                before_sleep=self._before_sleep,
+                retry_error_callback=self._give_up)
+        return self._controller
 
     def _label(self) -> str:
         return f"{self._what} at {self._where}" if self._where else self._what
@@ -107,8 +118,7 @@ class Retrying:
 
     def _before_attempt(self, state: tenacity.RetryCallState) -> None:
         if state.attempt_number == 1:
-            call: _Call = state.args[0]
-            call.start = state.start_time = self._clock()
+            state.start_time = state.args[0].start
 
     def _failed(self, state: tenacity.RetryCallState) -> None:
         """A retryable failure: stamped on the caller's clock (stop_after_delay
@@ -143,8 +153,17 @@ class Retrying:
                            f"{exc}") from exc
 
     def __call__(self, fn: Callable[[], T]) -> T:
-        call = _Call(fn)
-        result = self._controller(_attempt, call)
+        call = _Call(fn, self._clock())
+        # The first attempt runs outside tenacity: most calls succeed at once, and
+        # making the controller and its bookkeeping would cost more than a fast
+        # call. A failure is handed to the controller as its first attempt's outcome.
+        try:
+            return fn()
+        except BaseException as exc:  # noqa: B902 (as tenacity: what is not retryable is raised)
+            if not self._retryable(exc):
+                raise
+            call.first_failure = exc
+        result = self._retrying()(_attempt, call)
         if call.logged:
             log.warning("%s recovered after %.1fs (%d attempts)", self._label(), self._clock() - call.start,
                         call.failures + 1)

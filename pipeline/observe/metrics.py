@@ -17,6 +17,7 @@ never shows 0).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -648,6 +649,14 @@ def outcome_counts(metrics: "PipelineMetrics") -> dict:
 
 
 def build_info() -> dict:
+    """{version, python, apache_beam, google_cloud_bigtable}: this process's build."""
+    return dict(_build_info())
+
+
+@functools.lru_cache(maxsize=1)
+def _build_info() -> tuple:
+    """Read once per process: the installed packages' metadata does not change
+    under a running job, and each DoFn instance's metrics ask for it."""
     import platform
     from importlib import metadata
 
@@ -657,8 +666,8 @@ def build_info() -> dict:
         except metadata.PackageNotFoundError:
             return "unknown"
 
-    return {"version": version("ddb2bt"), "python": platform.python_version(),
-            "apache_beam": version("apache-beam"), "google_cloud_bigtable": version("google-cloud-bigtable")}
+    return (("version", version("ddb2bt")), ("python", platform.python_version()),
+            ("apache_beam", version("apache-beam")), ("google_cloud_bigtable", version("google-cloud-bigtable")))
 
 
 # --- Pushgateway (Dataflow workers cannot be scraped) ------------------------------

@@ -24,6 +24,7 @@ Correctness, per docs/design.md §4 (per-row order) and §8 (trimmed data):
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import zlib
@@ -170,6 +171,14 @@ class ReaderOptions:
             raise ValueError(f"on_trimmed must be one of {ON_TRIMMED}")
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def shard_hash(shard_id: str) -> int:
+    """The CRC-32 of a shard id, which places the shard in a partition;
+    remembered, as every partition asks it of every listed shard on each
+    discovery."""
+    return zlib.crc32(shard_id.encode())
+
+
 @dataclass(frozen=True)
 class StreamPartition:
     stream_arn: str
@@ -177,7 +186,7 @@ class StreamPartition:
     count: int
 
     def owns(self, shard_id: str) -> bool:
-        return zlib.crc32(shard_id.encode()) % self.count == self.index
+        return shard_hash(shard_id) % self.count == self.index
 
 
 # A shard started at LATEST whose first iterator cannot be used again (another

@@ -23,7 +23,7 @@ from typing import Optional
 
 from ddb2bt.pipeline.testing.fakes import FakeStreamsClient, client_error
 from ddb2bt.pipeline.testing.sim.clock import SimClock
-from ddb2bt.pipeline.testing.sim.ledger import CallLedger
+from ddb2bt.pipeline.testing.sim.ledger import CallCount, CallLedger
 
 __all__ = ["StreamLimits", "SimStream"]
 
@@ -58,6 +58,7 @@ class SimStream(FakeStreamsClient):
         super().__init__(table=table)
         self.clock, self.rng, self.ledger, self.limits = clock, rng, ledger, limits
         self.retention_s = limits.retention_s
+        self.calls = CallCount()
         self._get_records = ledger.limit("GetRecords per shard", limits.get_records_per_shard_s)
         self._describe = ledger.limit("DescribeStream per stream", limits.describe_per_stream_s)
         self._created_ms: dict = {}  # shard id -> [record creation ms], for trimming

@@ -10,6 +10,10 @@
 * Bigtable's request limits enforced: 100,000 mutations and 256 MB per
   request, past which the request fails INVALID_ARGUMENT — and the ledger
   counts it (a limit exceeded is a finding, whatever the writer does next).
+
+Its own bookkeeping stays small over a day of simulated time: calls are
+counted, not listed, and each row's newest cells are kept between reads (the
+readers' discovery reads every checkpoint of the stream, every few seconds).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Optional, Sequence
 from ddb2bt.pipeline.clients.bigtable.errors import BigtablePermanent, BigtableRetryable, EntryStatus
 from ddb2bt.pipeline.testing.fakes import InMemoryBigtable
 from ddb2bt.pipeline.testing.sim.clock import SimClock
+from ddb2bt.pipeline.testing.sim.ledger import CallCount
 from ddb2bt.transforms.limits import MAX_MUTATIONS_PER_REQUEST, MAX_REQUEST_BYTES
 
 __all__ = ["BigtablePressure", "SimBigtable"]
@@ -57,6 +62,8 @@ class SimBigtable(InMemoryBigtable):
         self.exhausted = self.partial = self.slow = 0
         self.over_limit: list = []  # (what, mutations, bytes) of requests past Bigtable's limits
         self.peak_mutations = 0
+        self.calls = CallCount()
+        self._latest: dict = {}  # table -> {row key: {(family, qualifier): newest value}}, dropped on a write
 
     def _takes_time(self) -> None:
         """A call's simulated time, spent before the store is touched (outside its
@@ -85,13 +92,35 @@ class SimBigtable(InMemoryBigtable):
             self.clock.sleep(min(1.0, left))
             left -= 1.0
 
-    def swap_cell(self, *args, **kwargs) -> bool:
+    def swap_cell(self, table_id: str, row_key: bytes, *args, **kwargs) -> bool:
         self._takes_time()
-        return super().swap_cell(*args, **kwargs)
+        self._latest.get(table_id, {}).pop(row_key, None)
+        return super().swap_cell(table_id, row_key, *args, **kwargs)
 
-    def swap_row(self, *args, **kwargs) -> bool:
-        self._takes_time()
-        return super().swap_row(*args, **kwargs)
+    def _apply(self, table_id: str, row_key: bytes, mutations: Sequence):
+        self._latest.get(table_id, {}).pop(row_key, None)
+        return super()._apply(table_id, row_key, mutations)
+
+    def latest(self, table_id: str) -> dict:
+        """As the in-memory Bigtable's, each row's newest cells computed once per write."""
+        return self._newest(table_id, b"")
+
+    def read_prefix(self, prefix: bytes) -> dict:
+        return self._newest("__state__", prefix)
+
+    def _newest(self, table_id: str, prefix: bytes) -> dict:
+        """{row key: {(family, qualifier): newest value}} of the rows starting with ``prefix``."""
+        with self._lock:
+            cache = self._latest.setdefault(table_id, {})
+            out = {}
+            for key, row in self.tables.get(table_id, {}).items():
+                if not key.startswith(prefix):
+                    continue
+                cells = cache.get(key)
+                if cells is None:
+                    cells = cache[key] = {col: versions[max(versions)] for col, versions in row.items()}
+                out[key] = dict(cells)
+            return out
 
     def _fault(self, table_id: str, entries: Sequence, call_no: int) -> Optional[list]:
         p, rng = self.pressure, self.rng

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-__all__ = ["RateLimit", "CallLedger"]
+__all__ = ["RateLimit", "CallLedger", "CallCount"]
 
 # Floating-point slack: calls paced exactly 1/rate apart must not count as one too many.
 EPSILON_S = 1e-6
@@ -56,3 +56,18 @@ class CallLedger:
     def summary(self) -> dict:
         return {name: {"calls": lim.total, "over": lim.over, "peak_per_s": lim.peak, "limit": lim.per_second}
                 for name, lim in sorted(self.limits.items())}
+
+
+class CallCount:
+    """Stands in for a fake's list of calls (the in-memory Bigtable's, the fake
+    stream's): their number only (a day of simulated calls, listed, would take
+    gigabytes)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def append(self, _call) -> None:
+        self.n += 1
+
+    def __len__(self) -> int:
+        return self.n

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from ddb2bt.pipeline.testing.fakes import client_error
+from ddb2bt.pipeline.testing.fakes import InMemoryBigtable, client_error
 from ddb2bt.pipeline.testing.sim.aws import SimStream, StreamLimits
 from ddb2bt.pipeline.testing.sim.bigtable import BigtablePressure, SimBigtable
 from ddb2bt.pipeline.testing.sim.clock import SimClock, simulated_time
@@ -19,7 +19,7 @@ from ddb2bt.pipeline.testing.sim.dataflow import DataflowChaos
 from ddb2bt.pipeline.testing.sim.ledger import CallLedger
 from ddb2bt.pipeline.testing.sim.scenario import SimConfig, run_simulation
 from ddb2bt.pipeline.testing.sim.writers import WriterMix
-from ddb2bt.transforms.model import SetCell
+from ddb2bt.transforms.model import DeleteCells, SetCell
 
 CALM_BIGTABLE = BigtablePressure(exhausted_share=0, partial_share=0, slow_share=0)
 
@@ -80,6 +80,32 @@ def test_shards_roll_over_split_and_age_out_of_the_listing_with_their_records():
     s.clock.sleep(3600)
     s.maintain()
     assert s.trimmed == 1 and not any(s.shards[p].listed for p in first)
+
+
+def test_the_simulated_bigtable_reads_each_rows_newest_cells_as_written_since():
+    """Its newest-cells view is kept between reads: every kind of write (a
+    newer version, an older one, a delete, a compare-and-set, a row emptied)
+    shows in the next read exactly as in the in-memory Bigtable it stands on."""
+    sim, plain = SimBigtable(SimClock(), random.Random(1), CALM_BIGTABLE), InMemoryBigtable()
+    writes = [
+        lambda bt: bt.mutate_rows("__state__", [(b"j#ckpt#a", [SetCell("ckpt", b"seq", b"1", 10)]),
+                                                (b"j#ckpt#b", [SetCell("ckpt", b"seq", b"5", 10)])]),
+        lambda bt: bt.mutate_rows("__state__", [(b"j#ckpt#a", [SetCell("ckpt", b"seq", b"2", 20)])]),
+        lambda bt: bt.mutate_rows("__state__", [(b"j#ckpt#a", [SetCell("ckpt", b"seq", b"0", 5)])]),
+        lambda bt: bt.mutate_rows("__state__", [(b"j#ckpt#a", [DeleteCells("ckpt", b"seq", 15, 25)])]),
+        lambda bt: bt.swap_cell("__state__", b"j#lease#p", "lease", b"owner", None, b"w1", 30),
+        lambda bt: bt.swap_cell("__state__", b"j#lease#p", "lease", b"owner", b"w1", b"w2", 31),
+        lambda bt: bt.swap_row("__state__", b"j#ckpt#b", "ckpt", b"seq", b"5", [SetCell("ckpt", b"seq", b"6", 40)]),
+        lambda bt: bt.mutate_rows("__state__", [(b"j#ckpt#b", [DeleteCells("ckpt", b"seq", 0, 0)])]),
+    ]
+    for write in writes:
+        for bt in (sim, plain):
+            write(bt)
+        assert sim.read_prefix(b"j#ckpt#") == plain.read_prefix(b"j#ckpt#")
+        assert sim.latest("__state__") == plain.latest("__state__")
+    assert sim.read_prefix(b"j#") == {b"j#ckpt#a": {("ckpt", b"seq"): b"1"}, b"j#lease#p": {("lease", b"owner"): b"w2"}}
+    sim.read_prefix(b"j#")[b"j#ckpt#a"][("ckpt", b"seq")] = b"changed by a caller"
+    assert sim.read_prefix(b"j#ckpt#a") == {b"j#ckpt#a": {("ckpt", b"seq"): b"1"}}
 
 
 def test_bigtable_refuses_a_request_over_100000_mutations_and_throttles_on_the_seed():
