@@ -99,7 +99,7 @@ def read_case(n: int):
 
     def run():
         # No pacing sleeps: this measures the reader's CPU, not the 5 calls/s per shard limit.
-        reader = PartitionReader(client, partition, ReaderOptions(), lambda arn: {}, metrics,
+        reader = PartitionReader(client, partition, ReaderOptions(), lambda *_: {}, metrics,
                                  pacer=ShardPacer(sleep=lambda s: None))
         tracker = ThreadsafeRestrictionTracker(PartitionTracker(PartitionRestriction()))
         total = 0

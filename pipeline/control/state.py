@@ -52,6 +52,9 @@ class StateBackend(Protocol):
     def read_prefix(self, prefix: bytes) -> dict:
         """{row_key: {(family, qualifier): value}} latest versions only."""
 
+    def read_keys(self, keys: Sequence) -> dict:
+        """As read_prefix, for the given rows only (missing rows are absent)."""
+
 
 # A checkpoint's sequence number after `ddb2bt recover` (recover/recover.py): the
 # changes up to the shard's oldest record are applied, so it resumes at TRIM_HORIZON.
@@ -145,10 +148,18 @@ class StateStore:
         prefix = f"{self._job}#ckpt#".encode()
         return {key[len(prefix):].split(b"#", 1)[0].decode() for key in self._backend.read_prefix(prefix)}
 
-    def load_checkpoints(self, stream_arn: str) -> dict:
+    def load_checkpoints(self, stream_arn: str, shard_ids: Optional[Iterable[str]] = None) -> dict:
+        """{shard id: ShardCheckpoint} of the stream: every shard's, or only those
+        of ``shard_ids`` (a reader's discovery needs its own shards' and their
+        parents': a few rows, not the thousands a long-lived stream accumulates)."""
         prefix = self._ckpt_prefix(stream_arn)
+        if shard_ids is None:
+            rows = self._backend.read_prefix(prefix)
+        else:
+            keys = [prefix + shard_id.encode() for shard_id in sorted(set(shard_ids))]
+            rows = self._backend.read_keys(keys) if keys else {}
         out = {}
-        for key, cells in self._backend.read_prefix(prefix).items():
+        for key, cells in rows.items():
             shard_id = key[len(prefix):].decode()
             seq = cells.get((CKPT, b"seq"))
             change = cells.get((CKPT, b"change_ms"))

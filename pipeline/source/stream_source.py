@@ -352,6 +352,19 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
     raise TypeError(f"unknown claim {claim!r}")
 
 
+def checkpoints_needed(listing: Listing, partition: StreamPartition, r: PartitionRestriction) -> set:
+    """Pure: the shards whose checkpoints ``plan_starts`` reads — the partition's
+    listed shards it is not reading, their parents, and its closed ones."""
+    active = r.position_map()
+    needed = set(r.closed)
+    for shard_id, parent in listing.shards.items():
+        if partition.owns(shard_id) and shard_id not in active and shard_id not in r.closed:
+            needed.add(shard_id)
+            if parent:
+                needed.add(parent)
+    return needed
+
+
 def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestriction,
                 checkpoints: dict, start_mode: str, fresh: bool = True) -> tuple:
     """Pure lineage planning: ([ClaimStart/ClaimClosed/ClaimForget...], waiting ids).
@@ -499,7 +512,7 @@ class PartitionReader:
     ``read_round`` with its tracker's claim function; tests call it directly."""
 
     def __init__(self, client, partition: StreamPartition, options: ReaderOptions,
-                 load_checkpoints: Callable[[str], dict], metrics: Optional[PipelineMetrics] = None,
+                 load_checkpoints: Callable[[str, set], dict], metrics: Optional[PipelineMetrics] = None,
                  now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
                  sleep: Callable[[float], None] = time.sleep, directory: Optional[ShardDirectory] = None,
                  pacer: Optional[ShardPacer] = None, hand_back_pacing: bool = False,
@@ -565,7 +578,8 @@ class PartitionReader:
             listing = self._directory.listing(self._client, stream_arn, self._call,
                                               self._options.discovery_interval_s, listers=self._partition.count)
         self._closed_since = []
-        claims, self._waiting = plan_starts(listing, self._partition, r, self._load_checkpoints(stream_arn),
+        checkpoints = self._load_checkpoints(stream_arn, checkpoints_needed(listing, self._partition, r))
+        claims, self._waiting = plan_starts(listing, self._partition, r, checkpoints,
                                             self._options.start, self._options.fresh)
         for c in claims + [ClaimDiscovered()]:
             if not claim(c):

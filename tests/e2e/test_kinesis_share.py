@@ -120,7 +120,7 @@ def test_one_job_of_two_tables_on_two_workers_keeps_each_shard_within_its_budget
         # Each table on a worker of its own: a process pacer of its own.
         monkeypatch.setattr(kinesis_source, "PROCESS_PACER", ShardPacer(clock=clock, sleep=clock.sleep))
         reader = PartitionReader(job.client_factory(), StreamPartition(job.stream_arn, 0, 1), ReaderOptions(),
-                                 lambda _: {}, sleep=lambda s: None)
+                                 lambda *_: {}, sleep=lambda s: None)
         readers.append((job.mapping.source.table, reader, LocalTracker()))
     read = dict.fromkeys(published, 0)
     while clock.now < SIMULATED_S:

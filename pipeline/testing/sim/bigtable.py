@@ -108,6 +108,19 @@ class SimBigtable(InMemoryBigtable):
     def read_prefix(self, prefix: bytes) -> dict:
         return self._newest("__state__", prefix)
 
+    def read_keys(self, keys: Sequence) -> dict:
+        with self._lock:
+            rows, cache = self.tables.get("__state__", {}), self._latest.setdefault("__state__", {})
+            out = {}
+            for key in keys:
+                row = rows.get(key)
+                if row:
+                    cells = cache.get(key)
+                    if cells is None:
+                        cells = cache[key] = {col: versions[max(versions)] for col, versions in row.items()}
+                    out[key] = dict(cells)
+            return out
+
     def _newest(self, table_id: str, prefix: bytes) -> dict:
         """{row key: {(family, qualifier): newest value}} of the rows starting with ``prefix``."""
         with self._lock:

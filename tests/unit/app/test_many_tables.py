@@ -190,7 +190,7 @@ class Tracker:
 
 
 class NoState:
-    def load_checkpoints(self, stream_arn):
+    def load_checkpoints(self, stream_arn, shard_ids=None):
         return {}
 
     def load_shard_heads(self, stream_arn):

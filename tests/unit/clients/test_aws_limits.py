@@ -464,3 +464,58 @@ def test_partitions_can_follow_the_shard_count():
     assert partitions_arg("auto") == "auto" and partitions_arg("3") == 3
     with pytest.raises(argparse.ArgumentTypeError):
         partitions_arg("0")
+
+
+class CountingState(InMemoryBigtable):
+    """The in-memory state table, counting the checkpoint rows each read returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows_read = []
+
+    def read_prefix(self, prefix):
+        out = super().read_prefix(prefix)
+        if b"#ckpt#" in prefix:
+            self.rows_read.append(len(out))
+        return out
+
+    def read_keys(self, keys):
+        out = super().read_keys(keys)
+        self.rows_read.append(len(out))
+        return out
+
+
+def test_discovery_reads_the_checkpoints_of_its_own_shards_not_the_streams_history():
+    """A stream that ran for months has a checkpoint row for every shard it ever
+    had (finished). A partition's discovery reads only the rows it plans with —
+    its shards and their parents — not the thousands of the stream's past."""
+    from ddb2bt.pipeline.control.state import ShardCheckpoint
+
+    client = FakeStreamsClient(describe_page=LISTING_PAGE)
+    for i in range(40):
+        client.add_shard(f"shardId-{i:05d}")
+    clock = SimClock()
+    backend = CountingState()
+    state = StateStore(backend, "job", clock.ms)
+    state.save_checkpoints(ShardCheckpoint(client.stream_arn, f"shardId-old-{i:05d}", "1", finished=True)
+                           for i in range(3_000))
+    readers = [PartitionReader(client, StreamPartition(client.stream_arn, i, 8), ReaderOptions(retry=FAST),
+                               state.load_checkpoints, now_ms=clock.ms, sleep=clock.sleep,
+                               directory=ShardDirectory(clock), pacer=ShardPacer(clock=clock, sleep=clock.sleep))
+               for i in range(8)]
+    trackers = [LocalTracker() for _ in readers]
+    for reader, tracker in zip(readers, trackers):
+        drain_round(reader, tracker)
+    assert sorted(s for r in readers for s in r.shard_ids()) == sorted(client.shards)  # every shard read
+    assert max(backend.rows_read) == 0  # nothing checkpointed yet among the 40 (the old rows never read)
+    state.save_checkpoints(ShardCheckpoint(client.stream_arn, s, "5") for s in list(client.shards)[:20])
+    client.close_shard("shardId-00000")
+    client.add_shard("shardId-child", parent_id="shardId-00000")
+    state.save_checkpoints([ShardCheckpoint(client.stream_arn, "shardId-00000", "9", finished=True)])
+    backend.rows_read.clear()
+    clock.sleep(30.0)
+    for _ in range(2):
+        for reader, tracker in zip(readers, trackers):
+            drain_round(reader, tracker)
+    assert "shardId-child" in {s for r in readers for s in r.shard_ids()}  # started: its parent is finished
+    assert backend.rows_read and max(backend.rows_read) <= 2  # the child's parent, the closed shard: not 3,000

@@ -33,7 +33,7 @@ class World:
         self.metrics = PipelineMetrics(CollectorRegistry(), clock=lambda: self.now_ms / 1000)
         self.reader = PartitionReader(self.client, StreamPartition(self.client.stream_arn, 0, 1),
                                       ReaderOptions(retry=RetryPolicy(0.001, 0.001, 1.0), discovery_interval_s=3600),
-                                      lambda arn: {}, self.metrics, now_ms=lambda: self.now_ms,
+                                      lambda *_: {}, self.metrics, now_ms=lambda: self.now_ms,
                                       sleep=lambda s: None)
         self.tracker = LocalTracker()
         self.n = 0

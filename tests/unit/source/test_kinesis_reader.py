@@ -59,7 +59,7 @@ def reader_over(fake, table="Catalog", options=ReaderOptions(), checkpoints=None
     client = KinesisStreamsClient(fake, "cdc", table, precision, pacer=ShardPacer(clock=clock, sleep=clock.sleep),
                                   now_ms=lambda: NOW_MS)
     arn = kinesis_stream_arn(table, "cdc")
-    reader = PartitionReader(client, StreamPartition(arn, 0, 1), options, lambda _: dict(checkpoints or {}),
+    reader = PartitionReader(client, StreamPartition(arn, 0, 1), options, lambda *_: dict(checkpoints or {}),
                              sleep=lambda s: None)
     return reader, arn
 
@@ -94,7 +94,7 @@ def test_the_services_behind_latest_reaches_the_readers_catch_up_rule():
     assert client.get_records(ShardIterator=it)["MillisBehindLatest"] == 0
     metrics = PipelineMetrics(CollectorRegistry())
     arn = kinesis_stream_arn("Catalog", "cdc")
-    reader = PartitionReader(client, StreamPartition(arn, 0, 1), ReaderOptions(), lambda _: {}, metrics,
+    reader = PartitionReader(client, StreamPartition(arn, 0, 1), ReaderOptions(), lambda *_: {}, metrics,
                              sleep=lambda s: None)
     drain(reader.read_round(LocalTracker()))
     assert metrics.lag.view(arn, "a").behind_ms == 0
@@ -272,7 +272,7 @@ class SharedStream:
                                       pacer=ShardPacer(clock=self.clock, sleep=self.clock.sleep), now_ms=lambda: NOW_MS)
         self.arn = kinesis_stream_arn("Catalog", "cdc")
         pacer = ReaderPacer(clock=self.clock, sleep=self.clock.sleep) if hand_back else None
-        self.reader = PartitionReader(client, StreamPartition(self.arn, 0, 1), ReaderOptions(), lambda _: {},
+        self.reader = PartitionReader(client, StreamPartition(self.arn, 0, 1), ReaderOptions(), lambda *_: {},
                                       self.metrics, now_ms=self.now_ms, sleep=lambda s: None, pacer=pacer,
                                       hand_back_pacing=hand_back)
 

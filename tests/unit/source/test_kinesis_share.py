@@ -68,7 +68,7 @@ def read_as_workers(metered: MeteredKinesis, clock: Clock, tables: list, shares:
         client = KinesisStreamsClient(metered, "cdc", table, pacer=ShardPacer(clock=clock, sleep=clock.sleep),
                                       now_ms=lambda: NOW_MS, share=float(share))
         reader = PartitionReader(client, StreamPartition(kinesis_stream_arn(table, "cdc"), 0, 1), ReaderOptions(),
-                                 lambda _: {}, sleep=lambda s: None)
+                                 lambda *_: {}, sleep=lambda s: None)
         readers.append((table, reader, LocalTracker()))
     read = dict.fromkeys(tables, 0)
     while clock.now < SIMULATED_S:

@@ -354,7 +354,7 @@ def test_deleted_stream_is_reported():
     client, _, _, _, _ = setup()
     other = FakeStreamsClient(table="Other")
     reader = PartitionReader(other, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
-                             lambda arn: {}, None, sleep=lambda s: None)
+                             lambda *_: {}, None, sleep=lambda s: None)
     with pytest.raises(StreamGoneError):
         drain_round(reader, LocalTracker())
 
@@ -478,7 +478,7 @@ def test_vanished_stream_message_says_how_to_recover():
     client, _, _, _, _ = setup()
     other = FakeStreamsClient(table="Other")
     reader = PartitionReader(other, StreamPartition(client.stream_arn, 0, 1), ReaderOptions(retry=FAST),
-                             lambda arn: {}, None, sleep=lambda s: None)
+                             lambda *_: {}, None, sleep=lambda s: None)
     with pytest.raises(StreamGoneError, match="re-enabled stream has a new ARN.*back-fill again"):
         drain_round(reader, LocalTracker())
 
