@@ -271,7 +271,7 @@ def gather(store, streams, stream_arn: Optional[str], now_ms: Optional[int] = No
         # status answers within ~30 s even when the stream endpoint is unreachable
         listed = list_shards(streams, stream_arn, retry=RetryPolicy(0.2, 5.0, READ_ONLY_DEADLINE_S),
                              metrics_table=getattr(store, "job", None)).shards
-        ckpts = store.load_checkpoints(stream_arn)
+        ckpts = store.load_checkpoints(stream_arn, listed)  # the listed shards', not every one the stream had
         reports = reported_shards(store, stream_arn)
         heads = store.load_shard_heads(stream_arn)
         retention_s = getattr(streams, "retention_s", None) or STREAM_RETENTION_S

@@ -305,7 +305,7 @@ def stream_watermark(streams, stream_arn: Optional[str], store, now_ms: Callable
 
     def passed(t: int) -> bool:
         listed = list_shards(streams, stream_arn, metrics_table=getattr(store, "job", None)).shards
-        checkpoints = store.load_checkpoints(stream_arn)
+        checkpoints = store.load_checkpoints(stream_arn, listed)  # the listed shards': not the stream's history
         positions = {s: (c.sequence_number, c.finished) for s, c in checkpoints.items()}
         if positions != seen["positions"]:
             seen["positions"], seen["moved"] = positions, time.monotonic()
