@@ -528,9 +528,10 @@ DESCRIBE_STREAM_BUDGET_PER_S = 5.0
 # Every DescribeStream call of the job's readers, over all their processes (and
 # every job of the same state table), takes a slot of one shared schedule of
 # this many per second (control/shared_rate.py): the limit holds even when 16
-# workers start together and each lists every page; 2 per second stay free for
-# `status` and other readers of the stream.
-DESCRIBE_STREAM_SHARED_PER_S = 8.0
+# workers start together and each lists every page. Six a second, evenly
+# spaced, are at most seven in any one-second window (a call runs a little after
+# its slot): 3 stay free for `status` and other readers of the stream.
+DESCRIBE_STREAM_SHARED_PER_S = 6.0
 
 # DynamoDB Streams allows 5 GetRecords calls per second per shard (more are
 # throttled, and a Lambda trigger on the table shares the budget).

@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 # Processes racing for the cell: each round of compare-and-set one of them wins;
 # past this many losses in a row a caller spaces its call itself.
 SWAP_ATTEMPTS = 32
-# A next-free time this far ahead is not a queue (at 8 per second, 300 s is a
-# queue of 2,400 calls): a clock far ahead wrote it. It is taken as free now.
+# A next-free time this far ahead is not a queue (at 6 per second, 300 s is a
+# queue of 1,800 calls): a clock far ahead wrote it. It is taken as free now.
 MAX_AHEAD_S = 300.0
 STATE_TABLE_ERRORS = (BigtableRetryable, BigtablePermanent, BigtableUnreachable)
 _TOKENS = itertools.count()
