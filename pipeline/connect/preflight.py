@@ -177,7 +177,7 @@ def settle_start(store, stream_arn: str, mode: str, now_ms: int, kinesis: bool =
 
     name = f"{START_META}#{stream_label(stream_arn)}"
     recorded = store.load_meta(name)
-    has_checkpoints = bool(store.load_checkpoints(stream_arn))
+    has_checkpoints = store.has_checkpoints(stream_arn)
     if recorded is None and not has_checkpoints:
         value = json.dumps({"mode": mode, "at_ms": now_ms}, sort_keys=True)
         if store.swap_meta(name, None, value):

@@ -49,8 +49,9 @@ class StateBackend(Protocol):
         """rows: (row_key, [SetCell|DeleteCells...]); durable when this returns.
         ``before_retry()`` runs before each retry of the write and may raise to stop it."""
 
-    def read_prefix(self, prefix: bytes) -> dict:
-        """{row_key: {(family, qualifier): value}} latest versions only."""
+    def read_prefix(self, prefix: bytes, limit: Optional[int] = None) -> dict:
+        """{row_key: {(family, qualifier): value}} latest versions only (the
+        first ``limit`` rows, in key order, when given)."""
 
     def read_keys(self, keys: Sequence) -> dict:
         """As read_prefix, for the given rows only (missing rows are absent)."""
@@ -172,6 +173,11 @@ class StateStore:
                 updated_ms=int(cells.get((CKPT, b"updated_ms"), b"0")),
             )
         return out
+
+    def has_checkpoints(self, stream_arn: str) -> bool:
+        """Whether the job ever checkpointed a shard of the stream (one row read,
+        not the row of every shard the stream ever had)."""
+        return bool(self._backend.read_prefix(self._ckpt_prefix(stream_arn), limit=1))
 
     # -- backfill progress
     def save_backfill_progress(self, parts: Iterable[BackfillCheckpoint]) -> None:
@@ -465,8 +471,8 @@ class BigtableStateBackend:
             self._client = data_client(self._project)
         return self._client
 
-    def read_prefix(self, prefix: bytes) -> dict:
-        rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True,
+    def read_prefix(self, prefix: bytes, limit: Optional[int] = None) -> dict:
+        rows = read_table(self._project, self._instance, self._table_id, prefix=prefix, latest_only=True, limit=limit,
                           client=self._data_client(), deadline_s=self._deadline_s,
                           attempt_timeout_s=SMALL_ATTEMPT_TIMEOUT_S, app_profile=self._app_profile,
                           between_attempts=self.between_attempts)

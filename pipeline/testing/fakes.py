@@ -187,8 +187,9 @@ class InMemoryBigtable:
         if not all(s.ok for s in statuses):
             raise BigtableRetryable("state write failed")
 
-    def read_prefix(self, prefix: bytes) -> dict:
-        return {k: v for k, v in self.latest("__state__").items() if k.startswith(prefix)}
+    def read_prefix(self, prefix: bytes, limit: Optional[int] = None) -> dict:
+        rows = sorted((k, v) for k, v in self.latest("__state__").items() if k.startswith(prefix))
+        return dict(rows if limit is None else rows[:limit])
 
     def keys_written_since(self, prefix: bytes, since_ms: int) -> dict:
         with self._lock:

@@ -81,15 +81,18 @@ def ms_datetime(ms: int):
 def read_table(project: str, instance: str, table_id: str, prefix: Optional[bytes] = None,
                latest_only: bool = False, client=None, deadline_s: Optional[float] = None,
                attempt_timeout_s: float = BULK_ATTEMPT_TIMEOUT_S, app_profile: Optional[str] = None,
-               between_attempts: Optional[Callable[[], None]] = None) -> dict:
+               between_attempts: Optional[Callable[[], None]] = None, limit: Optional[int] = None) -> dict:
     """{row_key: {(family, qualifier): [(timestamp_ms, value), ...] newest first}}.
-    ``between_attempts`` runs before each retry (a job's lease check)."""
+    ``between_attempts`` runs before each retry (a job's lease check); ``limit``:
+    the first rows only."""
     from google.cloud.bigtable.data import ReadRowsQuery, RowRange
     from google.cloud.bigtable.data import row_filters
 
     query = ReadRowsQuery()
     if prefix is not None:
-        query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=prefix_end(prefix)))
+        query = ReadRowsQuery(row_ranges=RowRange(start_key=prefix, end_key=prefix_end(prefix)), limit=limit)
+    elif limit is not None:
+        query = ReadRowsQuery(limit=limit)
     if latest_only:
         query.filter = row_filters.CellsColumnLimitFilter(1)
     return _read(project, instance, table_id, [query], client, deadline_s, attempt_timeout_s, app_profile,

@@ -105,8 +105,9 @@ class SimBigtable(InMemoryBigtable):
         """As the in-memory Bigtable's, each row's newest cells computed once per write."""
         return self._newest(table_id, b"")
 
-    def read_prefix(self, prefix: bytes) -> dict:
-        return self._newest("__state__", prefix)
+    def read_prefix(self, prefix: bytes, limit: Optional[int] = None) -> dict:
+        rows = self._newest("__state__", prefix)
+        return rows if limit is None else dict(sorted(rows.items())[:limit])
 
     def read_keys(self, keys: Sequence) -> dict:
         with self._lock:

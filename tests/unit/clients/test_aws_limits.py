@@ -473,8 +473,8 @@ class CountingState(InMemoryBigtable):
         super().__init__()
         self.rows_read = []
 
-    def read_prefix(self, prefix):
-        out = super().read_prefix(prefix)
+    def read_prefix(self, prefix, limit=None):
+        out = super().read_prefix(prefix, limit)
         if b"#ckpt#" in prefix:
             self.rows_read.append(len(out))
         return out
@@ -519,3 +519,15 @@ def test_discovery_reads_the_checkpoints_of_its_own_shards_not_the_streams_histo
             drain_round(reader, tracker)
     assert "shardId-child" in {s for r in readers for s in r.shard_ids()}  # started: its parent is finished
     assert backend.rows_read and max(backend.rows_read) <= 2  # the child's parent, the closed shard: not 3,000
+
+
+def test_a_launch_asks_whether_the_job_ran_before_with_one_row_not_the_streams_history():
+    from ddb2bt.pipeline.connect.preflight import settle_start
+    from ddb2bt.pipeline.control.state import ShardCheckpoint
+
+    backend = CountingState()
+    state = StateStore(backend, "job", lambda: 1)
+    arn = "arn:aws:dynamodb:us-east-1:1:table/T/stream/2024-01-01T00:00:00.000"
+    state.save_checkpoints(ShardCheckpoint(arn, f"shardId-{i:05d}", "1", finished=True) for i in range(500))
+    assert settle_start(state, arn, "trim_horizon", 1).fresh is False  # it ran before: not a fresh start
+    assert backend.rows_read == [1]
