@@ -303,11 +303,8 @@ class StateStore:
         self._backend.write_rows([(f"{self._job}#meta#{name}".encode(), _set_latest(META, {b"value": value.encode()}, now))])
 
     def load_meta(self, name: str) -> Optional[str]:
-        key = f"{self._job}#meta#{name}".encode()
-        # A prefix read also returns longer names ("phase" → "phase_changed_ms"): take the exact row.
-        cells = self._backend.read_prefix(key).get(key)
-        value = cells.get((META, b"value")) if cells else None
-        return value.decode() if value is not None else None
+        # A prefix read also returns longer names ("phase" → "phase_changed_ms"): _load_value takes the exact row.
+        return self._load_value(f"{self._job}#meta#{name}".encode())
 
 
     def load_lease(self, role: str) -> Optional[bytes]:
@@ -319,10 +316,7 @@ class StateStore:
 
     def load_job_meta(self, job: str, name: str) -> Optional[str]:
         """Another job's meta cell ``name`` (``load_meta`` of that job)."""
-        key = f"{job}#meta#{name}".encode()
-        cells = self._backend.read_prefix(key).get(key)
-        value = cells.get((META, b"value")) if cells else None
-        return value.decode() if value is not None else None
+        return self._load_value(f"{job}#meta#{name}".encode())
 
     def swap_meta(self, name: str, expected: Optional[str], value: str) -> bool:
         """Compare-and-set of a meta value (CheckAndMutateRow): write ``value`` iff
@@ -369,29 +363,30 @@ class StateStore:
     # -- the shares of a Kinesis stream's read budget (pipeline/source/kinesis_share.py):
     # one row per stream for every job that reads it, so outside every job's rows
     def load_stream_shares(self, stream: str) -> Optional[str]:
-        key = stream_shares_key(stream)
-        cells = self._backend.read_prefix(key).get(key)
-        value = cells.get((META, b"value")) if cells else None
-        return value.decode() if value is not None else None
+        return self._load_value(stream_shares_key(stream))
 
     def swap_stream_shares(self, stream: str, expected: Optional[str], value: str) -> bool:
         """Compare-and-set of the stream's shares row: two jobs starting at once
         cannot both take the last of the budget."""
-        return self._backend.swap(stream_shares_key(stream), META, b"value",
-                                  None if expected is None else expected.encode(), value.encode(), self._now_ms())
+        return self._swap_value(stream_shares_key(stream), expected, value)
 
     # -- a call rate shared by every process (and job) of this state table
     # (pipeline/control/shared_rate.py): one row per rate, outside every job's rows
     def load_shared_rate(self, name: str) -> Optional[str]:
-        key = shared_rate_key(name)
+        return self._load_value(shared_rate_key(name))
+
+    def swap_shared_rate(self, name: str, expected: Optional[str], value: str) -> bool:
+        """Compare-and-set of the rate's row (CheckAndMutateRow)."""
+        return self._swap_value(shared_rate_key(name), expected, value)
+
+    def _load_value(self, key: bytes) -> Optional[str]:
         cells = self._backend.read_prefix(key).get(key)
         value = cells.get((META, b"value")) if cells else None
         return value.decode() if value is not None else None
 
-    def swap_shared_rate(self, name: str, expected: Optional[str], value: str) -> bool:
-        """Compare-and-set of the rate's row (CheckAndMutateRow)."""
-        return self._backend.swap(shared_rate_key(name), META, b"value",
-                                  None if expected is None else expected.encode(), value.encode(), self._now_ms())
+    def _swap_value(self, key: bytes, expected: Optional[str], value: str) -> bool:
+        return self._backend.swap(key, META, b"value", None if expected is None else expected.encode(),
+                                  value.encode(), self._now_ms())
 
     def load_job_lease(self, job: str, role: str) -> Optional[bytes]:
         """The raw ``role`` lease cell of another job in this state table."""
