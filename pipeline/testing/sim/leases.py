@@ -14,6 +14,8 @@ from typing import Optional
 
 from ddb2bt.pipeline.control.lease import (DATAFLOW_START_GRACE_S, FAIL, Heartbeat, Lease, LeaseCell, LeaseSpec,
                                            dataflow_holder)
+from ddb2bt.pipeline.clients.retry import RetryPolicy
+from ddb2bt.pipeline.control.coordinator import HOLD_RETRY_INITIAL_S, HOLD_RETRY_MAX_BACKOFF_S
 from ddb2bt.pipeline.testing.sim.clock import SimClock
 
 __all__ = ["SimBigtableSpec", "SimHeartbeats", "job_lease"]
@@ -123,6 +125,8 @@ def job_lease(heartbeats: SimHeartbeats, state_table: str, job: str, role: str =
     its start-up grace) and hand it to the workers; the spec the DoFns fence with."""
     spec = LeaseSpec(SimBigtableSpec(), state_table, job, role, dataflow_holder(job), shared=True, give_up_s=60.0)
     lease = Lease(spec, heartbeats.cell(spec), command="run")
-    lease.acquire(FAIL, ttl_s=spec.ttl_s + DATAFLOW_START_GRACE_S, heartbeat=False)
+    # retried as the launcher retries it (coordinator.hold): Bigtable may refuse a call here too
+    retry = RetryPolicy(initial_s=HOLD_RETRY_INITIAL_S, max_backoff_s=HOLD_RETRY_MAX_BACKOFF_S, deadline_s=60.0)
+    lease.acquire(FAIL, ttl_s=spec.ttl_s + DATAFLOW_START_GRACE_S, heartbeat=False, retry=retry)
     lease.detach()
     return spec

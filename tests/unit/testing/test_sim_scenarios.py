@@ -54,3 +54,24 @@ def test_a_report_longer_than_the_idle_release_keeps_its_partition(seed):
     assert report.faults["slow calls"] >= 20 and report.faults["partition leases released idle"] > 0
     assert report.clean, f"{report.verdict.problems}; scenario SLOW_EVERY_WRITE, seed {seed}"
     assert "LeaseLost" not in report.stream["errors"], f"{report.stream['errors']}"
+
+
+def test_the_launch_takes_the_job_lease_through_a_refusing_bigtable():
+    """The launcher retries taking the job's lease (coordinator.hold); so does the
+    simulation's: seeds whose CheckAndMutateRow is refused RESOURCE_EXHAUSTED at
+    launch run (the long run once stopped at such a seed)."""
+    import random
+
+    from ddb2bt.pipeline.testing.sim.bigtable import BigtablePressure, SimBigtable
+    from ddb2bt.pipeline.testing.sim.clock import SimClock, simulated_time
+    from ddb2bt.pipeline.testing.sim.leases import SimHeartbeats, job_lease
+
+    refused = 0
+    for seed in range(10):
+        clock = SimClock()
+        bigtable = SimBigtable(clock, random.Random(seed), BigtablePressure(exhausted_share=0.5))
+        heartbeats = SimHeartbeats(clock, bigtable)
+        with simulated_time(clock), heartbeats.installed():
+            assert job_lease(heartbeats, "__state__", "sim").job == "sim"
+        refused += bigtable.exhausted
+    assert refused >= 3  # about half the launches met a refusal, and every one took its lease
