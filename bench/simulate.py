@@ -122,8 +122,9 @@ def summarize(args, reports: list, wall_s: float, cpu_s: Optional[float] = None)
         "GetRecords per shard per s (peak in any 1 s)": max((g.get("peak_per_s", 0) for g in get_records), default=0),
         "GetRecords refused (over 5/s)": sum(g.get("over", 0) for g in get_records),
         "peak memory per worker (MB, its DoFns and process state)":
-            round(max(r.stream.get("peak worker bytes", 0) for r in reports) / 1e6, 2) if args.memory else None,
-        "max ack lag (s)": max(r.verdict.max_ack_lag_s for r in reports),
+            round(max((r.stream.get("peak worker bytes", 0) for r in reports), default=0) / 1e6, 2)
+            if args.memory else None,
+        "max ack lag (s)": max((r.verdict.max_ack_lag_s for r in reports), default=0.0),
         "faults injected": faults, "wall s": round(wall_s, 1),
         "CPU s": round(cpu_s, 1) if cpu_s is not None else None,
         "peak RSS of the simulation (MB)": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
@@ -182,24 +183,32 @@ def main(argv=None) -> int:
     started, cpu_started = time.perf_counter(), time.process_time()
     reports = []
     seeds = range(args.first_seed, args.first_seed + args.seeds)
+    crashed: dict = {}  # seed -> the exception that ended its run (a finding too: the run goes on)
     for n, seed in enumerate(seeds):
-        failed = sum(not r.clean for r in reports)
-        report = run_simulation(config_of(args, seed),
-                                progress=lambda f, n=n, failed=failed: bar(n, args.seeds, f, failed, started))
+        failed = sum(not r.clean for r in reports) + len(crashed)
+        try:
+            report = run_simulation(config_of(args, seed),
+                                    progress=lambda f, n=n, failed=failed: bar(n, args.seeds, f, failed, started))
+        except Exception as exc:  # noqa: BLE001 - any exception out of a run is that seed's failure
+            crashed[seed] = f"the run raised {type(exc).__name__}: {exc}"
+            sys.stderr.write(f"\nseed {seed} FAILED: {crashed[seed]}\n")
+            continue
         reports.append(report)
         if not report.clean:
             sys.stderr.write(f"\nseed {seed} FAILED: {report.verdict.problems[0]}\n")
-    bar(args.seeds - 1, args.seeds, 1.0, sum(not r.clean for r in reports), started)
+    bar(args.seeds - 1, args.seeds, 1.0, sum(not r.clean for r in reports) + len(crashed), started)
     sys.stderr.write("\n")
     summary = summarize(args, reports, time.perf_counter() - started, time.process_time() - cpu_started)
+    summary["seeds"] += len(crashed)
+    summary["failed seeds"] = sorted(summary["failed seeds"] + list(crashed))
     print_table(summary)
-    for r in reports:
-        if not r.clean:
-            print(f"FAILED seed {r.config.seed}: {'; '.join(r.verdict.problems)[:400]}")
-            print(f"  replay: {replay_command(args, r.config.seed)}")
+    failures = {r.config.seed: "; ".join(r.verdict.problems) for r in reports if not r.clean} | crashed
+    for seed, why in sorted(failures.items()):
+        print(f"FAILED seed {seed}: {why[:400]}")
+        print(f"  replay: {replay_command(args, seed)}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    return 0 if all(r.clean for r in reports) else 1
+    return 0 if not failures else 1
 
 
 if __name__ == "__main__":

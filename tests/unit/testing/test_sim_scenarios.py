@@ -75,3 +75,25 @@ def test_the_launch_takes_the_job_lease_through_a_refusing_bigtable():
             assert job_lease(heartbeats, "__state__", "sim").job == "sim"
         refused += bigtable.exhausted
     assert refused >= 3  # about half the launches met a refusal, and every one took its lease
+
+
+def test_a_seed_whose_run_raises_is_a_failing_seed_with_its_replay_not_the_end_of_the_run(monkeypatch, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "bench" / "simulate.py"
+    spec = importlib.util.spec_from_file_location("bench_simulate", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ran = []
+
+    def run_simulation(config, progress=None):
+        ran.append(config.seed)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(bench, "run_simulation", run_simulation)
+    assert bench.main(["--seeds", "2", "--first-seed", "7", "--hours", "0.01"]) == 1
+    out = capsys.readouterr().out
+    assert ran == [7, 8]  # the second seed still ran
+    assert "FAILED seed 7: the run raised RuntimeError: boom" in out
+    assert "replay: python bench/simulate.py --replay 8" in out
