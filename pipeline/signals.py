@@ -223,10 +223,12 @@ def _stop_readers() -> None:
 
 
 def run_command(fn: Callable[[], int], *, enabled: bool = True, stop: Callable[[], None] = _stop_readers,
-                grace_s: float = GRACE_S, exit_when_interrupted: bool = False, resume: str = "") -> int:
+                grace_s: float = GRACE_S, exit_when_interrupted: bool = False, resume: str = "",
+                checkpoints: bool = True) -> int:
     """Run a command with the behaviour above (``enabled``: a command that runs
     a job). Returns its exit code, 130 when interrupted. ``resume``: the command
-    that resumes it, named in the last line (``interrupted_line``).
+    that resumes it, named in the last line (``interrupted_line``); ``checkpoints``:
+    False for a job that checkpoints nothing (verify), whose last line claims none.
 
     ``exit_when_interrupted`` (the ``ddb2bt`` program itself, not an embedding
     caller): after a clean stop, end the process at once instead of returning:
@@ -235,7 +237,8 @@ def run_command(fn: Callable[[], int], *, enabled: bool = True, stop: Callable[[
         return fn()
 
     clear_stop(STOP_ALL)  # a previous command in this process may have been interrupted
-    scope = CommandScope(stop, grace_s, interrupted_line(resume))
+    # A job that reads nothing it checkpoints (verify) claims nothing of checkpoints.
+    scope = CommandScope(stop, grace_s, interrupted_line(resume) if checkpoints else INTERRUPTED_NO_JOB)
     previous, _scopes.scope = current(), scope
     watcher = _Watcher(scope) if threading.current_thread() is threading.main_thread() else None
     try:

@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-export", metavar="DIR_OR_S3",
                    help="read the source from a DynamoDB export instead of a Scan (no RCUs); runs verify as a "
                         "Beam job. Compare against a target that holds exactly the export's state")
-    p.set_defaults(func=cmd_verify, beam=True)
+    p.set_defaults(func=cmd_verify, beam=True, checkpoints=False)  # a Beam job that checkpoints nothing
 
     p = sub.add_parser("status", help="phase, lag, backfill progress, READY / NOT READY for cutover",
                        formatter_class=raw,
@@ -740,7 +740,8 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
 
     try:
         return run_command(lambda: args.func(args) or 0, enabled=getattr(args, "beam", False),
-                           exit_when_interrupted=as_program, resume=resume_command(argv))
+                           exit_when_interrupted=as_program, resume=resume_command(argv),
+                           checkpoints=getattr(args, "checkpoints", True))
     except ConfigError as exc:
         print(f"ddb2bt: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -748,7 +749,8 @@ def main(argv: Optional[list] = None, *, bigtable_interceptors: Sequence = ()) -
         print(f"ddb2bt: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a job's command says what its checkpoints hold; another claims nothing
-        print(INTERRUPTED if getattr(args, "beam", False) else INTERRUPTED_NO_JOB, file=sys.stderr)
+        job = getattr(args, "beam", False) and getattr(args, "checkpoints", True)
+        print(INTERRUPTED if job else INTERRUPTED_NO_JOB, file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader of our output went away (`ddb2bt dlq list | head`): not an error

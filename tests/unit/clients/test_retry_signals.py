@@ -116,6 +116,29 @@ def test_an_interrupted_command_stops_gracefully_runs_its_cleanups_and_exits_130
     assert current() is None and not on_exit(lambda: None)
 
 
+def test_an_interrupted_job_that_checkpoints_nothing_claims_no_checkpoints(capsys):
+    """verify runs a Beam job but checkpoints nothing: its last line says only
+    that it was interrupted."""
+    from ddb2bt.pipeline.signals import INTERRUPTED_NO_JOB
+
+    def command():
+        current().on_signal(signal.SIGINT)
+        return 0
+
+    assert run_command(command, stop=lambda: None, grace_s=30, resume="ddb2bt verify -m m.yaml",
+                       checkpoints=False) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == INTERRUPTED_NO_JOB and "checkpointed" not in err.splitlines()[-1]
+
+
+def test_the_cli_marks_verify_as_a_job_that_checkpoints_nothing():
+    from ddb2bt.pipeline.app.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["verify", "-m", "m.yaml"]).checkpoints is False
+    assert getattr(parser.parse_args(["run", "-m", "m.yaml"]), "checkpoints", True) is True
+
+
 def test_an_error_after_an_interruption_is_reported_as_the_interruption(capsys):
     def command():
         current().on_signal(signal.SIGINT)
