@@ -528,9 +528,10 @@ DESCRIBE_STREAM_BUDGET_PER_S = 5.0
 # Every DescribeStream call of the job's readers, over all their processes (and
 # every job of the same state table), takes a slot of one shared schedule of
 # this many per second (control/shared_rate.py): the limit holds even when 16
-# workers start together and each lists every page. Six a second, evenly
-# spaced, are at most seven in any one-second window (a call runs a little after
-# its slot): 3 stay free for `status` and other readers of the stream.
+# workers start together and each lists every page. The slots are 1/6 s apart;
+# a call runs a little after its slot (later when taking the slot was slow), so
+# a one-second window may see a few more than six: 7 to 8 at most in the
+# simulation's runs, leaving room for `status` and other readers of the stream.
 DESCRIBE_STREAM_SHARED_PER_S = 6.0
 
 # DynamoDB Streams allows 5 GetRecords calls per second per shard (more are

@@ -22,6 +22,6 @@ def test_sixteen_workers_starting_together_stay_within_the_describe_limit():
     report = run_simulation(config)
     describe = report.calls["DescribeStream per stream"]
     assert describe["calls"] >= 64, describe  # every worker listed the whole stream
-    # the shared schedule: 6 a second, at most 7 in any one-second window
+    # the shared schedule: slots 1/6 s apart, 7 in this run's busiest second
     assert describe["over"] == 0 and describe["peak_per_s"] <= 7, describe
     assert report.clean, report.verdict.problems
