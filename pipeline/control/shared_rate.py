@@ -63,7 +63,6 @@ class SharedRate:
         self._now_ms, self._sleep = now_ms, sleep
         self._who = f"{os.getpid()}-{id(self):x}"
         self._warned_ms: Optional[int] = None
-        self.waited_s = 0.0  # time spent waiting for slots (the metrics and tests read it)
         self.fallbacks = 0  # calls spaced locally (state table unreachable, or contention)
 
     def take(self) -> float:
@@ -92,7 +91,6 @@ class SharedRate:
     def _wait_s(self, seconds: float) -> float:
         if seconds > 0:
             self._sleep(seconds)
-            self.waited_s += seconds
         return seconds
 
     def _warn(self, exc: BaseException) -> None:

@@ -352,16 +352,20 @@ def apply_claim(r: PartitionRestriction, claim) -> PartitionRestriction:
     raise TypeError(f"unknown claim {claim!r}")
 
 
+def _not_started(listing: Listing, partition: StreamPartition, r: PartitionRestriction) -> list:
+    """The partition's listed shards it neither reads nor knows closed, in order."""
+    active = r.position_map()
+    return [s for s in sorted(listing.shards) if partition.owns(s) and s not in active and s not in r.closed]
+
+
 def checkpoints_needed(listing: Listing, partition: StreamPartition, r: PartitionRestriction) -> set:
     """Pure: the shards whose checkpoints ``plan_starts`` reads — the partition's
-    listed shards it is not reading, their parents, and its closed ones."""
-    active = r.position_map()
+    listed shards not started, their parents, and its closed ones."""
     needed = set(r.closed)
-    for shard_id, parent in listing.shards.items():
-        if partition.owns(shard_id) and shard_id not in active and shard_id not in r.closed:
-            needed.add(shard_id)
-            if parent:
-                needed.add(parent)
+    for shard_id in _not_started(listing, partition, r):
+        needed.add(shard_id)
+        if listing.shards[shard_id]:
+            needed.add(listing.shards[shard_id])
     return needed
 
 
@@ -380,10 +384,7 @@ def plan_starts(listing: Listing, partition: StreamPartition, r: PartitionRestri
     """
     claims: list = []
     waiting: list = []
-    active = r.position_map()
-    for shard_id in sorted(listing.shards):
-        if not partition.owns(shard_id) or shard_id in active or shard_id in r.closed:
-            continue
+    for shard_id in _not_started(listing, partition, r):
         ckpt: Optional[ShardCheckpoint] = checkpoints.get(shard_id)
         if ckpt is not None and ckpt.finished:
             # Recorded finished in the state table: nothing to read, and nothing

@@ -13,7 +13,7 @@
 
 Its own bookkeeping stays small over a day of simulated time: calls are
 counted, not listed, and each row's newest cells are kept between reads (the
-readers' discovery reads every checkpoint of the stream, every few seconds).
+state rows are read far more often than written: checkpoints, reports, leases).
 """
 from __future__ import annotations
 
@@ -116,10 +116,7 @@ class SimBigtable(InMemoryBigtable):
             for key in keys:
                 row = rows.get(key)
                 if row:
-                    cells = cache.get(key)
-                    if cells is None:
-                        cells = cache[key] = {col: versions[max(versions)] for col, versions in row.items()}
-                    out[key] = dict(cells)
+                    out[key] = _newest_cells(cache, key, row)
             return out
 
     def _newest(self, table_id: str, prefix: bytes) -> dict:
@@ -128,12 +125,8 @@ class SimBigtable(InMemoryBigtable):
             cache = self._latest.setdefault(table_id, {})
             out = {}
             for key, row in self.tables.get(table_id, {}).items():
-                if not key.startswith(prefix):
-                    continue
-                cells = cache.get(key)
-                if cells is None:
-                    cells = cache[key] = {col: versions[max(versions)] for col, versions in row.items()}
-                out[key] = dict(cells)
+                if key.startswith(prefix):
+                    out[key] = _newest_cells(cache, key, row)
             return out
 
     def _fault(self, table_id: str, entries: Sequence, call_no: int) -> Optional[list]:
@@ -164,3 +157,11 @@ class SimBigtable(InMemoryBigtable):
         """{row: {(family, qualifier): [(ts, value)] newest first}}: what verify reads."""
         return {k: {c: sorted(v.items(), reverse=True) for c, v in cols.items()}
                 for k, cols in self.versions(table_id).items()}
+
+
+def _newest_cells(cache: dict, key: bytes, row: dict) -> dict:
+    """A copy of the row's newest cells, computed once per write (``cache``)."""
+    cells = cache.get(key)
+    if cells is None:
+        cells = cache[key] = {col: versions[max(versions)] for col, versions in row.items()}
+    return dict(cells)
