@@ -15,6 +15,9 @@ are at least ``1 / per_s`` apart: the burst of a start becomes a queue, each
 listing finishing a few seconds later than it would alone. A process that
 dies after taking a slot wastes it, nothing more; the cell needs no cleanup.
 
+A job of one process (a local run) needs no cell: ``store=None`` spaces the
+process's own calls by ``1 / per_s``, the state table untouched.
+
 When the state table cannot be reached the caller falls back to spacing its
 own calls by ``1 / per_s`` (and AWS's throttling, retried, stays the last
 guard): discovery never waits on the state table for longer than its own
@@ -63,10 +66,15 @@ class SharedRate:
         self._now_ms, self._sleep = now_ms, sleep
         self._who = f"{os.getpid()}-{id(self):x}"
         self._warned_ms: Optional[int] = None
+        self._own_free_ms = 0.0  # store None: this process's own next free time
         self.fallbacks = 0  # calls spaced locally (state table unreachable, or contention)
 
     def take(self) -> float:
         """Waits for a slot; the seconds waited."""
+        if self._store is None:  # one process: its own schedule
+            slot = max(float(self._now_ms()), self._own_free_ms)
+            self._own_free_ms = slot + self._gap_ms
+            return self._wait_for(slot)
         written: Optional[str] = None
         for _ in range(SWAP_ATTEMPTS):
             try:

@@ -113,9 +113,13 @@ class _StreamContext:
         # Series labelled by the table's name in the job (its state key).
         self.metrics = metrics.for_table(getattr(source.state_factory, "job", None)
                                          or table_of_stream(source.stream_arn))
-        # AWS's DescribeStream limit is the stream's: one schedule for every process
-        # and job that lists it (a start of many workers queues instead of bursting).
-        self.describe_rate = SharedRate(self.state, describe_rate_name(stream_label(source.stream_arn)),
+        # AWS's DescribeStream limit is the stream's: on Dataflow (a shared lease: many
+        # worker processes) one schedule in the state table for every process and job
+        # that lists it, so a start of many workers queues instead of bursting; a
+        # local run's one process keeps its own.
+        shared = lease is not None and getattr(lease, "shared", False)
+        self.describe_rate = SharedRate(self.state if shared else None,
+                                        describe_rate_name(stream_label(source.stream_arn)),
                                         DESCRIBE_STREAM_SHARED_PER_S)
         self.readers: dict = {}
         self.keeper = None  # whether this stream reports to its job's cutover keeper (None: not asked yet)

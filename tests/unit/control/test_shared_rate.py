@@ -148,3 +148,12 @@ def test_the_rate_lives_outside_every_jobs_rows():
 def test_a_rate_must_be_positive():
     with pytest.raises(ValueError, match="positive"):
         SharedRate(Unreachable(), NAME, 0.0)
+
+
+def test_one_process_without_a_store_spaces_its_own_calls():
+    """A local run (one process) keeps its own schedule: no state-table call."""
+    clock = Clock()
+    rate = SharedRate(None, NAME, 6.0, clock.now_ms, clock.sleep)
+    waits = [rate.take() for _ in range(4)]
+    assert waits[0] == 0.0 and all(w == pytest.approx(1 / 6, abs=0.002) for w in waits[1:])
+    assert rate.fallbacks == 0

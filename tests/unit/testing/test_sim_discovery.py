@@ -18,7 +18,7 @@ def test_sixteen_workers_starting_together_stay_within_the_describe_limit():
     config = SimConfig(seed=3, hours=0.002, shards=400, partitions=16, writers=WriterMix(per_second=2),
                        dataflow=DataflowChaos(workers=16, instances=1, process_failure_share=0.0,
                                               finish_failure_share=0.0, worker_losses_per_hour=0.0),
-                       bigtable=CALM, settle_s=60.0)
+                       bigtable=CALM, settle_s=60.0, lease=True)  # Dataflow's: one lease shared by the workers
     report = run_simulation(config)
     describe = report.calls["DescribeStream per stream"]
     assert describe["calls"] >= 64, describe  # every worker listed the whole stream
